@@ -1,0 +1,29 @@
+# two entry points: `make run` (the main job on the embedded default) and `make test`.
+# both bootstrap .venv from nothing; the stamp makes the second call fast.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: run test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "[make] installing into $(VENV) (first time only)"
+	@# the CPU build of torch lies on this machine's disk: installing it by exact version downloads nothing
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
+	@$(PY) -c "import torch, numpy, safetensors, transformers, pytest" || (echo "[make] install failed" && exit 1)
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+run: $(STAMP)
+	$(PY) -m trtllm_dasc.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,45 @@
+"""`dasc` command line: one subcommand per module, imported only when used (keeps `dasc plan` light).
+
+Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Errors a user can fix
+(bad config, bad flags, missing tensors) are raised as ``UserError`` subclasses and printed as one line.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+SUBCOMMANDS = {
+    "plan": ("trtllm_dasc.plan.cli", "plan dasc compression from the decay weights and report capacity"),
+    "synth": ("trtllm_dasc.plan.synthetic", "write a synthetic decay checkpoint (config.json + safetensors)"),
+    "logits": ("trtllm_dasc.engine.logits_cli", "prefill token ids and write float32 logits (.npy)"),
+}
+
+
+def _user_error_types():
+    from trtllm_dasc.config import ConfigError
+    from trtllm_dasc.errors import UserError
+    return (UserError, ConfigError)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="dasc", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(argv)
+    try:
+        return importlib.import_module(SUBCOMMANDS[args.command][0]).run(args) or 0
+    except _user_error_types() as e:
+        print(f"dasc {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
