@@ -18,9 +18,8 @@ SUBCOMMANDS = {
 
 
 def _user_error_types():
-    from trtllm_dasc.config import ConfigError
     from trtllm_dasc.errors import UserError
-    return (UserError, ConfigError)
+    return (UserError,)
 
 
 def main(argv=None) -> int:

@@ -16,13 +16,15 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from trtllm_dasc.errors import UserError
+
 # bytes per element; kept free of torch so the planner imports nothing heavy
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 
 SUPPORTED_MODEL_TYPES = ("qwen3_next", "kimi_linear")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A config.json that cannot describe a supported hybrid model (message names the field)."""
 
 
