@@ -1,0 +1,89 @@
+"""Checkpoint bytes, compression ratios and slot counts, exactly as the paper counts them (App. C.1).
+
+    bytes_r     = temporal_r + conv                  conv stays uncompressed in its own dtype
+    bottleneck  = max_r bytes_r                      a logical checkpoint spans every rank
+    N           = floor(B / bottleneck) - 1          slot 0 is reserved by the allocator
+    C_temp      = sum n_l / sum r_l  (ragged)        sum n_l / (L R_max)  (padded)   [x codec bytes]
+    C_ckpt      = dense bytes per rank / bottleneck  what capacity grows by at a fixed budget
+"""
+from __future__ import annotations
+
+from statistics import median
+
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.plan.selection import padded_width, ragged_offsets
+
+
+def slot_bytes_per_rank(cfg: HybridConfig, tp: int, rank_widths: list[int], codec: str) -> list[int]:
+    unit = cfg.unit_bytes(codec)
+    conv = cfg.conv_bytes_per_rank(tp)
+    return [w * unit + conv for w in rank_widths]
+
+
+def slots_for_budget(budget_bytes: int, slot_bytes: int) -> int:
+    """Deployable slots N = floor(B / b) - 1; a budget that holds none is an error, not zero."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+        raise UserError(f"--budget-bytes must be a positive integer, got {budget_bytes!r}")
+    n = budget_bytes // slot_bytes - 1
+    if n < 1:
+        raise UserError(f"budget of {budget_bytes} B holds no deployable slot: one slot takes {slot_bytes} B "
+                        f"per rank and slot 0 is reserved, so at least {2 * slot_bytes} B are needed")
+    return n
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def report(plan, budget_bytes: int | None = None) -> dict:
+    """The `dasc plan --json` object: the contract keys first, then the plan itself (reloadable)."""
+    cfg, opt = plan.config, plan.options
+    units = [cfg.units_per_layer] * cfg.num_linear_layers
+    kept = [len(k) for k in plan.retained]
+    native_unit, unit = cfg.unit_bytes("native"), cfg.unit_bytes(opt.codec)
+    dense_temporal = sum(units) * native_unit
+    stored_units = sum(kept) if opt.layout == "ragged" else cfg.num_linear_layers * padded_width(kept)
+    slot_bytes = plan.slot_bytes_per_rank()
+    dense = cfg.dense_checkpoint_bytes_per_rank(opt.tp)
+    bottleneck = max(slot_bytes)
+    conv = cfg.conv_bytes_per_rank(opt.tp)
+    out = {
+        "arch": cfg.arch,
+        "model_type": cfg.model_type,
+        "num_linear_layers": cfg.num_linear_layers,
+        "units_per_layer": units,
+        "retained_per_layer": kept,
+        "dense_slot_bytes_per_rank": dense,
+        "slot_bytes_per_rank": slot_bytes,
+        "bottleneck_slot_bytes": bottleneck,
+        # model-wide temporal payload ratio (paper Sec. 4.1 / App. B), in bytes so the codec counts
+        "compression_temporal": _ratio(dense_temporal, stored_units * unit),
+        "compression_ckpt": dense / bottleneck,
+        "wmax": opt.wmax, "tp": opt.tp, "placement": opt.placement, "codec": opt.codec, "layout": opt.layout,
+        "a": opt.a, "eps": opt.eps,
+        "temporal_dtype": cfg.temporal_dtype, "conv_dtype": cfg.conv_dtype,
+        "unit_bytes": unit,
+        "conv_bytes_per_rank": conv,
+        "temporal_bytes_per_rank": [b - conv for b in slot_bytes],
+        "units_per_rank": plan.rank_units(),
+        "slot_units_per_rank": plan.rank_widths(),
+        "ragged_offsets_per_rank": [ragged_offsets([len(units) for units in plan.local_retained(r)])
+                                    for r in range(opt.tp)],
+        "padded_width": padded_width(kept),
+        "compression_temporal_ragged": _ratio(dense_temporal, sum(kept) * unit),
+        "compression_temporal_padded": _ratio(dense_temporal, cfg.num_linear_layers * padded_width(kept) * unit),
+        "layout_gain": _ratio(padded_width(kept), sum(kept) / len(kept)) if kept else None,
+        "moved_units_per_store": plan.moved_units,
+        "median_retained_fraction": median(k / n for k, n in zip(kept, units)),
+        "wr_window": plan.wr_window,
+        "permutation_optimal": plan.permutation_optimal,
+    }
+    if budget_bytes is not None:
+        out["budget_bytes"] = budget_bytes
+        out["dense_slots"] = slots_for_budget(budget_bytes, dense)
+        out["slots"] = slots_for_budget(budget_bytes, bottleneck)
+        out["capacity_ratio"] = out["slots"] / out["dense_slots"]
+    out.update(plan.to_dict())
+    return out
+

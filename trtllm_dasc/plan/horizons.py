@@ -1,0 +1,132 @@
+"""Static retention horizons from the decay weights alone (paper Eqs. 2-3).
+
+    g   = -exp(A_log) * softplus(a + dt_bias)      a = -0.3: a fixed, slightly slow-decay gate logit
+    H_s = ln(eps) / g                              tokens until the decay factor falls to eps (1e-3)
+
+gdn: one horizon per value head (A_log [HV], dt_bias [HV]).
+kda: one per (head, key channel): A_log is per head ([1, 1, H, 1] in the checkpoint), dt_bias per channel
+     ([H * K]); unit index u = h * K + k.
+
+Only the two tensors per linear layer are read, lazily, from whichever shard holds them, so planning an
+80B checkpoint reads a few kilobytes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.errors import UserError
+
+DEFAULT_A = -0.3
+DEFAULT_EPS = 1e-3
+
+# model.layers.{i}.<anything>.A_log / dt_bias: the released checkpoints use linear_attn. (gdn) and
+# self_attn. (kda); transformers' in-memory kda module nests them under forget_gate.
+_DECAY_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:[\w.]*\.)?(A_log|dt_bias)$")
+
+
+@dataclass(slots=True)
+class DecayParams:
+    """The decay tensors of one linear layer, as float64 numpy arrays (flattened)."""
+
+    layer: int          # 0-indexed model layer id
+    A_log: np.ndarray
+    dt_bias: np.ndarray
+
+
+class MissingDecayTensors(UserError):
+    pass
+
+
+def _safetensors_files(model_dir: str) -> dict[str, str]:
+    """Tensor name -> shard file, from the index when sharded, else from the single file's header."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise UserError(f"{index} is not a valid safetensors index: {e}") from None
+        return {name: os.path.join(model_dir, shard) for name, shard in weight_map.items()}
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.isfile(single):
+        from safetensors import safe_open
+        with safe_open(single, framework="pt") as f:
+            return {name: single for name in f.keys()}
+    raise MissingDecayTensors(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
+
+
+def read_decay_params(model_dir: str, cfg: HybridConfig) -> list[DecayParams]:
+    """A_log and dt_bias of every linear layer, validated against the config's shapes."""
+    from safetensors import safe_open
+
+    files = _safetensors_files(model_dir)
+    wanted: dict[int, dict[str, str]] = {}
+    for name in files:
+        m = _DECAY_NAME.search(name)
+        if m:
+            wanted.setdefault(int(m.group(1)), {})[m.group(2)] = name
+    out = []
+    for layer in cfg.linear_layers:
+        names = wanted.get(layer, {})
+        for kind in ("A_log", "dt_bias"):
+            if kind not in names:
+                raise MissingDecayTensors(
+                    f"linear layer {layer} has no '{kind}' tensor in {model_dir} "
+                    f"(looked for model.layers.{layer}.*.{kind}); dasc needs A_log and dt_bias when --wmax > 0")
+        arrays = {}
+        for kind, name in names.items():
+            if not os.path.isfile(files[name]):
+                raise UserError(f"shard {files[name]} (holding {name}) is missing")
+            with safe_open(files[name], framework="pt") as f:
+                # float64 on the host: bf16/fp32 checkpoints both read exactly
+                arrays[kind] = f.get_tensor(name).double().flatten().numpy()
+        out.append(DecayParams(layer=layer, A_log=arrays["A_log"], dt_bias=arrays["dt_bias"]))
+    _check_shapes(out, cfg)
+    return out
+
+
+def _check_shapes(params: list[DecayParams], cfg: HybridConfig) -> None:
+    heads = cfg.num_value_heads if cfg.arch == "gdn" else cfg.num_key_heads
+    dt_len = cfg.units_per_layer
+    for p in params:
+        if p.A_log.size != heads:
+            raise UserError(f"layer {p.layer}: A_log has {p.A_log.size} values, config implies {heads} heads")
+        if p.dt_bias.size != dt_len:
+            raise UserError(f"layer {p.layer}: dt_bias has {p.dt_bias.size} values, config implies {dt_len}")
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0.0, x)
+
+
+def log_decay(p: DecayParams, cfg: HybridConfig, a: float = DEFAULT_A) -> np.ndarray:
+    """g per unit (float64, <= 0): gdn [HV], kda [H*K] head-major."""
+    rate = np.exp(p.A_log)
+    if cfg.arch == "kda":
+        rate = np.repeat(rate, cfg.key_head_dim)
+    return -rate * _softplus(a + p.dt_bias)
+
+
+def horizons_from_params(params: list[DecayParams], cfg: HybridConfig, a: float = DEFAULT_A,
+                         eps: float = DEFAULT_EPS) -> list[np.ndarray]:
+    """H_s per unit for every linear layer. A unit that never decays (g == 0) has an infinite horizon."""
+    if not 0.0 < eps < 1.0:
+        raise UserError(f"eps must lie in (0, 1), got {eps}")
+    out = []
+    for p in params:
+        g = log_decay(p, cfg, a)
+        with np.errstate(divide="ignore"):
+            h = np.where(g < 0.0, np.log(eps) / np.where(g < 0.0, g, -1.0), np.inf)
+        out.append(h)
+    return out
+
+
+def decay_factors(params: list[DecayParams], cfg: HybridConfig, a: float = DEFAULT_A) -> np.ndarray:
+    """alpha = exp(g) of every unit, pooled over layers (the paper's Figure 2 profile)."""
+    return np.exp(np.concatenate([log_decay(p, cfg, a) for p in params]))

@@ -1,0 +1,215 @@
+"""DascPlan: the offline compression plan the engine, the state store and the Triton backend consume.
+
+It fixes which units every checkpoint keeps, where they live (head-bundle permutation, storage-balanced
+slot positions) and what a checkpoint costs per rank. It serialises to JSON (``to_dict``/``from_dict``,
+versioned); everything derived is recomputed on load from the decisions it stores, and checked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.plan import accounting
+from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
+from trtllm_dasc.plan.permutation import balance_bundles, identity_order
+from trtllm_dasc.plan.selection import check_wmax, select_units, wr_window
+from trtllm_dasc.plan.storage import StoragePlan, balance_storage
+
+PLAN_VERSION = 1
+PLACEMENTS = ("off", "storage", "hybrid")
+CODECS = ("native", "int8")
+LAYOUTS = ("ragged", "padded")
+
+
+@dataclass(slots=True)
+class PlanOptions:
+    wmax: int = 16
+    tp: int = 1
+    placement: str = "hybrid"
+    codec: str = "native"
+    layout: str = "ragged"
+    a: float = DEFAULT_A
+    eps: float = DEFAULT_EPS
+
+    def __post_init__(self):
+        check_wmax(self.wmax)
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
+            raise UserError(f"--tp must be a positive integer, got {self.tp!r}")
+        for name, allowed in (("placement", PLACEMENTS), ("codec", CODECS), ("layout", LAYOUTS)):
+            if getattr(self, name) not in allowed:
+                raise UserError(f"--{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
+        if not 0.0 < self.eps < 1.0:
+            raise UserError(f"--eps must lie in (0, 1), got {self.eps}")
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(slots=True)
+class DascPlan:
+    config: HybridConfig
+    options: PlanOptions
+    retained: list[list[int]]          # per linear layer: kept original unit ids, sorted
+    bundle_order: list[list[int]]      # per linear layer: position p holds original bundle [l][p]
+    permutation_optimal: bool
+    wr_window: int                     # dasc-wr replay length in tokens (0: nothing omitted)
+    decay_summary: dict = field(default_factory=dict)
+    storage: StoragePlan | None = None  # derived: None for placement 'off'
+
+    def __post_init__(self):
+        cfg, opt = self.config, self.options
+        shard = cfg.shard(opt.tp)   # raises on a TP degree that does not divide the heads
+        if len(self.retained) != cfg.num_linear_layers or len(self.bundle_order) != cfg.num_linear_layers:
+            raise UserError("plan lists do not match the number of linear layers")
+        for order in self.bundle_order:
+            if sorted(order) != list(range(cfg.num_bundles)):
+                raise UserError("bundle_order must be a permutation of whole bundles in every layer")
+        if opt.placement != "off":
+            self.storage = balance_storage(self._segment_counts())
+        del shard
+
+    # ---- where units live ----------------------------------------------------------------------------
+    def local_retained(self, rank: int) -> list[list[int]]:
+        """Per layer, the kept units rank ``rank`` computes, as sorted *local* unit ids after the
+        permutation (gdn: local value head; kda: local_head * K + k)."""
+        cfg, tp = self.config, self.options.tp
+        per_rank, upb = cfg.num_bundles // tp, cfg.units_per_bundle
+        out = []
+        for kept, order in zip(self.retained, self.bundle_order):
+            kept_set = set(kept)
+            local = []
+            for p in range(rank * per_rank, (rank + 1) * per_rank):
+                b = order[p]
+                base_local = (p - rank * per_rank) * upb
+                local.extend(base_local + j for j in range(upb) if b * upb + j in kept_set)
+            out.append(local)
+        return out
+
+    def rank_layer_counts(self) -> list[list[int]]:
+        """[l][r]: kept units of layer l computed on rank r."""
+        cfg, tp = self.config, self.options.tp
+        per_rank, upb = cfg.num_bundles // tp, cfg.units_per_bundle
+        counts = []
+        for kept, order in zip(self.retained, self.bundle_order):
+            rank_of_bundle = {b: p // per_rank for p, b in enumerate(order)}
+            row = [0] * tp
+            for u in kept:
+                row[rank_of_bundle[u // upb]] += 1
+            counts.append(row)
+        return counts
+
+    def rank_units(self) -> list[int]:
+        """U_r: kept units each rank computes (before storage balancing)."""
+        return [sum(col) for col in zip(*self.rank_layer_counts())]
+
+    def _segment_counts(self) -> list[list[int]]:
+        if self.options.layout == "ragged":
+            return [self.rank_units()]
+        return self.rank_layer_counts()
+
+    def rank_widths(self) -> list[int]:
+        """Unit positions each rank allocates per slot (layout and placement applied)."""
+        L, tp = self.config.num_linear_layers, self.options.tp
+        if self.options.layout == "ragged":
+            if self.storage is None:
+                return self.rank_units()
+            return [self.storage.widths[0]] * tp
+        if self.storage is None:
+            return [L * max(col, default=0) for col in zip(*self.rank_layer_counts())]
+        return [L * max(self.storage.widths, default=0)] * tp
+
+    @property
+    def moved_units(self) -> int:
+        return self.storage.moved_units if self.storage else 0
+
+    # ---- accounting ----------------------------------------------------------------------------------
+    def slot_bytes_per_rank(self) -> list[int]:
+        return accounting.slot_bytes_per_rank(self.config, self.options.tp, self.rank_widths(),
+                                              self.options.codec)
+
+    def bottleneck_slot_bytes(self) -> int:
+        return max(self.slot_bytes_per_rank())
+
+    def report(self, budget_bytes: int | None = None) -> dict:
+        return accounting.report(self, budget_bytes)
+
+    # ---- serialisation -------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"plan_version": PLAN_VERSION, "config": self.config.to_dict(), "options": self.options.to_dict(),
+                "retained_units": self.retained, "bundle_order": self.bundle_order,
+                "permutation_optimal": self.permutation_optimal, "wr_window": self.wr_window,
+                "decay_summary": self.decay_summary,
+                "storage_transfers": [t.to_dict() for t in self.storage.transfers] if self.storage else []}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DascPlan":
+        if d.get("plan_version") != PLAN_VERSION:
+            raise UserError(f"plan version {d.get('plan_version')!r} is not {PLAN_VERSION}; re-run dasc plan")
+        c = dict(d["config"])
+        cfg = HybridConfig(**{k: c[k] for k in HybridConfig.__slots__ if k in c and k != "raw"})
+        plan = cls(config=cfg, options=PlanOptions(**d["options"]), retained=d["retained_units"],
+                   bundle_order=d["bundle_order"], permutation_optimal=d["permutation_optimal"],
+                   wr_window=d["wr_window"], decay_summary=d.get("decay_summary", {}))
+        stored = d.get("storage_transfers", [])
+        derived = [t.to_dict() for t in plan.storage.transfers] if plan.storage else []
+        if stored != derived:
+            raise UserError("plan's storage_transfers disagree with its retained units; the file was edited")
+        return plan
+
+
+def build_plan(cfg: HybridConfig, horizons: list[np.ndarray] | None, options: PlanOptions) -> DascPlan:
+    """Select, lay out and place. ``horizons`` may be None only for W_max = 0 (keep everything)."""
+    cfg.shard(options.tp)
+    if horizons is None:
+        if options.wmax != 0:
+            raise UserError("--wmax > 0 needs the decay weights (A_log, dt_bias): pass a checkpoint "
+                            "directory, not a bare config.json")
+        retained = [list(range(cfg.units_per_layer)) for _ in cfg.linear_layers]
+        window = 0
+    else:
+        retained = select_units(horizons, options.wmax)
+        window = wr_window(horizons, retained, options.wmax)
+    order, optimal = identity_order(cfg.num_linear_layers, cfg.num_bundles), True
+    if options.placement == "hybrid":
+        upb = cfg.units_per_bundle
+        loads = []
+        for kept in retained:
+            row = [0] * cfg.num_bundles
+            for u in kept:
+                row[u // upb] += 1
+            loads.append(row)
+        perm = balance_bundles(loads, options.tp)
+        order, optimal = perm.bundle_order, perm.optimal
+    return DascPlan(config=cfg, options=options, retained=retained, bundle_order=order,
+                    permutation_optimal=optimal, wr_window=window)
+
+
+def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float32",
+                   conv_dtype: str = "bfloat16") -> tuple[DascPlan, list[np.ndarray] | None]:
+    """Plan a checkpoint directory (reads config.json + A_log/dt_bias) or a bare config.json (W=0 only).
+    Returns the plan and the per-layer horizons (None when no weights were read)."""
+    import os
+
+    from trtllm_dasc.plan.horizons import decay_factors, horizons_from_params, read_decay_params
+
+    cfg = HybridConfig.from_path(path, temporal_dtype=temporal_dtype, conv_dtype=conv_dtype)
+    cfg.shard(options.tp)
+    horizons, summary = None, {}
+    if os.path.isdir(path) and (options.wmax > 0 or _has_weights(path)):
+        params = read_decay_params(path, cfg)
+        horizons = horizons_from_params(params, cfg, options.a, options.eps)
+        alpha = decay_factors(params, cfg, options.a)
+        q1, med, q3 = np.quantile(alpha, [0.25, 0.5, 0.75])
+        summary = {"decay_median": float(med), "decay_iqr": [float(q1), float(q3)],
+                   "horizon_median": float(np.median(np.concatenate(horizons)))}
+    plan = build_plan(cfg, horizons, options)
+    plan.decay_summary = summary
+    return plan, horizons
+
+
+def _has_weights(path: str) -> bool:
+    import os
+    return any(os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "model.safetensors.index.json"))

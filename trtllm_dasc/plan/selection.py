@@ -1,0 +1,59 @@
+"""Unit selection for a threshold W_max, the ragged / padded temporal layouts, and the dasc-wr window.
+
+A unit is *global* (kept in the checkpoint) iff H_s > W_max (paper Sec. 4.1); W_max = 0 keeps every unit.
+Ragged layout: layer l's r_l kept units are flat-packed at offsets o_0 = 0, o_{l+1} = o_l + r_l.
+Padded layout: every layer reserves R_max = max_l r_l positions (App. B, Scheme 1).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from trtllm_dasc.errors import UserError
+
+
+def check_wmax(wmax) -> int:
+    if isinstance(wmax, bool) or not isinstance(wmax, int):
+        raise UserError(f"--wmax must be an integer number of tokens, got {wmax!r}")
+    if wmax < 0:
+        raise UserError(f"--wmax must be >= 0 (0 keeps every unit), got {wmax}")
+    return wmax
+
+
+def select_units(horizons: list[np.ndarray], wmax: int) -> list[list[int]]:
+    """Sorted kept unit ids per linear layer."""
+    check_wmax(wmax)
+    if wmax == 0:
+        return [list(range(len(h))) for h in horizons]
+    return [np.flatnonzero(h > wmax).tolist() for h in horizons]
+
+
+def ragged_offsets(retained_counts: list[int]) -> list[int]:
+    """o_0 = 0, o_{l+1} = o_l + r_l: L + 1 entries, the last is the slot width sum_l r_l."""
+    offsets = [0]
+    for r in retained_counts:
+        offsets.append(offsets[-1] + r)
+    return offsets
+
+
+def padded_width(retained_counts: list[int]) -> int:
+    """R_max: positions every layer reserves in the padded layout."""
+    return max(retained_counts, default=0)
+
+
+def wr_unit_window(horizon: float, wmax: int) -> int:
+    """One omitted unit's replay window: its horizon rounded up to a power of two, clamped to [4, W_max]."""
+    pow2 = 1 if horizon <= 1 else 1 << math.ceil(math.log2(horizon))
+    return int(min(max(pow2, 4), wmax))
+
+
+def wr_window(horizons: list[np.ndarray], retained: list[list[int]], wmax: int) -> int:
+    """dasc-wr replays the longest window over all omitted units (paper Sec. 4.2); 0 when none is omitted."""
+    longest = 0
+    for h, kept in zip(horizons, retained):
+        omitted = np.ones(len(h), dtype=bool)
+        omitted[kept] = False
+        if omitted.any():
+            longest = max(longest, wr_unit_window(float(h[omitted].max()), wmax))
+    return longest

@@ -1,0 +1,137 @@
+"""Synthetic decay checkpoints: config.json + sharded safetensors holding only A_log and dt_bias.
+
+Real Kimi-Linear-48B / Qwen3-Next-80B weights are not reachable here, but the planner reads nothing else,
+so a checkpoint whose decay tensors follow the paper's reported profiles (Sec. 3.3, Fig. 2) exercises it
+at full size:
+  kda channel decay alpha = exp(g): median 0.471, IQR [0.170, 0.774]
+  gdn head decay:                   median 0.969, IQR [0.894, 0.997]
+with layer-to-layer (and head-to-head) variation, so ragged storage beats padded as in App. B.
+
+Construction: the pooled alphas are exact quantiles of a piecewise-linear (in logit space) quantile
+function through those three points; units are ranked by a per-layer + per-head + per-unit score and the
+i-th ranked unit gets the i-th alpha. Then A_log is drawn per head and dt_bias solved so that
+-exp(A_log) * softplus(a + dt_bias) = ln(alpha) at the planner's a = -0.3.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.plan.horizons import DEFAULT_A
+
+# the decay profile targets (quartiles) and the tails we extend them to
+PROFILES = {
+    "kda": {"q": (0.010, 0.170, 0.471, 0.774, 0.995), "layer_sd": 1.0, "head_sd": 0.8, "heavy_layer": 2.5},
+    "gdn": {"q": (0.600, 0.894, 0.969, 0.997, 0.9995), "layer_sd": 0.5, "head_sd": 0.0, "heavy_layer": 0.0},
+}
+
+# shapes of the released models (../shared/reference), embedded so a fresh clone needs nothing else
+KIMI_48B = {
+    "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"], "vocab_size": 163840,
+    "hidden_size": 2304, "intermediate_size": 9216, "moe_intermediate_size": 1024, "num_hidden_layers": 27,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "kv_lora_rank": 512, "q_lora_rank": None,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "rms_norm_eps": 1e-5,
+    "linear_attn_config": {"head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4,
+                           "kda_layers": [i for i in range(1, 27) if i % 4], "full_attn_layers": [4, 8, 12, 16,
+                                                                                                  20, 24, 27]},
+}
+QWEN3_NEXT_80B = {
+    "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "vocab_size": 151936,
+    "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 48, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "linear_num_value_heads": 32, "linear_num_key_heads": 16,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+    "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(48)],
+    "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "rms_norm_eps": 1e-6,
+}
+
+
+def _quantile_alphas(q: tuple, n: int) -> np.ndarray:
+    """n alphas at probabilities (i + 0.5) / n of the piecewise-logit-linear quantile function."""
+    logit = np.log(np.array(q) / (1 - np.array(q)))
+    probs = (np.arange(n) + 0.5) / n
+    x = np.interp(probs, [0.0, 0.25, 0.5, 0.75, 1.0], logit)
+    return 1 / (1 + np.exp(-x))
+
+
+def synthetic_decay(arch: str, num_layers: int, num_heads: int, units_per_head: int, seed: int = 0):
+    """alpha[l, u] for u = head * units_per_head + j (gdn: units_per_head = 1)."""
+    prof = PROFILES[arch]
+    rng = np.random.default_rng(seed)
+    layer_bias = rng.normal(0.0, prof["layer_sd"], num_layers)
+    # one long-memory layer, as the paper's KDA profile has
+    layer_bias[rng.integers(num_layers)] += prof["heavy_layer"]
+    head_bias = rng.normal(0.0, prof["head_sd"], (num_layers, num_heads))
+    score = (layer_bias[:, None, None] + head_bias[:, :, None]
+             + rng.normal(0.0, 1.0, (num_layers, num_heads, units_per_head))).reshape(num_layers, -1)
+    alphas = _quantile_alphas(prof["q"], score.size)
+    out = np.empty(score.size)
+    out[np.argsort(score, axis=None, kind="stable")] = alphas
+    return out.reshape(score.shape)
+
+
+def decay_tensors(alpha: np.ndarray, units_per_head: int, seed: int = 0, a: float = DEFAULT_A):
+    """Per layer (A_log [heads], dt_bias [units]) reproducing ln(alpha) at gate logit a."""
+    rng = np.random.default_rng(seed + 1)
+    layers, units = alpha.shape
+    heads = units // units_per_head
+    A_log = np.log(rng.uniform(1.0, 16.0, (layers, heads)))
+    y = -np.log(alpha) / np.repeat(np.exp(A_log), units_per_head, axis=1)    # softplus(a + dt_bias)
+    dt_bias = y + np.log(-np.expm1(-y)) - a                                   # inverse softplus
+    return A_log, dt_bias
+
+
+def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2) -> str:
+    """Write config.json + decay-only safetensors (sharded with an index when shards > 1)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from trtllm_dasc.config import HybridConfig
+
+    if arch not in PROFILES:
+        raise UserError(f"--arch must be kda or gdn, got {arch!r}")
+    if shards < 1:
+        raise UserError(f"--shards must be >= 1, got {shards}")
+    raw = dict(KIMI_48B if arch == "kda" else QWEN3_NEXT_80B)
+    cfg = HybridConfig.from_dict(raw)
+    per_head = cfg.key_head_dim if arch == "kda" else 1
+    alpha = synthetic_decay(arch, cfg.num_linear_layers, cfg.num_value_heads, per_head, seed)
+    A_log, dt_bias = decay_tensors(alpha, per_head, seed)
+    module = "self_attn" if arch == "kda" else "linear_attn"
+    tensors = {}
+    for i, layer in enumerate(cfg.linear_layers):
+        a_log = torch.tensor(A_log[i], dtype=torch.float32)
+        tensors[f"model.layers.{layer}.{module}.A_log"] = a_log.view(1, 1, -1, 1) if arch == "kda" else a_log
+        tensors[f"model.layers.{layer}.{module}.dt_bias"] = torch.tensor(dt_bias[i], dtype=torch.float32)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(raw, f, indent=2)
+    names = sorted(tensors)
+    if shards == 1:
+        save_file(tensors, os.path.join(out_dir, "model.safetensors"))
+        return out_dir
+    weight_map = {}
+    for s, chunk in enumerate(np.array_split(np.array(names), shards)):
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: tensors[n] for n in chunk}, os.path.join(out_dir, file))
+        weight_map.update({n: file for n in chunk})
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"synthetic": "dasc decay-only"}, "weight_map": weight_map}, f, indent=2)
+    return out_dir
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--arch", required=True, choices=["kda", "gdn"],
+                   help="kda: Kimi-Linear-48B shapes; gdn: Qwen3-Next-80B shapes")
+    p.add_argument("--out", required=True, help="output directory (created)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shards", type=int, default=2, help="safetensors shards (1 writes model.safetensors)")
+
+
+def run(args) -> int:
+    out = write_checkpoint(args.out, args.arch, args.seed, args.shards)
+    print(f"wrote synthetic {args.arch} decay checkpoint to {out}")
+    return 0
