@@ -38,6 +38,10 @@ def main(argv=None) -> int:
     except _user_error_types() as e:
         print(f"dasc {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader (head, a closed pipe) went away: not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,109 @@
+"""`dasc plan`: plan dasc compression for a checkpoint and report what a checkpoint costs.
+
+    dasc plan --model DIR --wmax 16 --tp 8 --placement hybrid --budget-bytes 694681600
+    dasc plan --model DIR --wmax 16,64,128,512 --tp 8          # one table row per W_max
+    dasc plan --model DIR --wmax 16 --tp 8 --json > plan.json  # one JSON object (reloadable plan)
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
+from trtllm_dasc.plan.plan import CODECS, LAYOUTS, PLACEMENTS, PlanOptions, plan_from_path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", required=True,
+                   help="checkpoint directory (config.json + safetensors) or a bare config.json (then --wmax 0)")
+    p.add_argument("--wmax", default="16",
+                   help="W_max in tokens: units with horizon <= W_max are omitted; 0 keeps all. A comma list "
+                        "(16,64,128) prints one table row per value (default 16)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    p.add_argument("--placement", choices=PLACEMENTS, default="hybrid",
+                   help="TP balancing: off, storage (balanced slot widths), hybrid (bundle permutation + storage)")
+    p.add_argument("--codec", choices=CODECS, default="native", help="temporal state codec (default native)")
+    p.add_argument("--layout", choices=LAYOUTS, default="ragged", help="temporal layout (default ragged)")
+    p.add_argument("--budget-bytes", type=int, default=None,
+                   help="per-rank checkpoint memory budget: reports dense_slots and slots = floor(B/b) - 1")
+    p.add_argument("--a", type=float, default=DEFAULT_A, help=f"static gate logit (default {DEFAULT_A})")
+    p.add_argument("--eps", type=float, default=DEFAULT_EPS, help=f"horizon threshold (default {DEFAULT_EPS})")
+    p.add_argument("--temporal-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--conv-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--json", action="store_true", help="print one JSON object (needs a single --wmax)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw per-layer horizon profiles and capacity vs W_max")
+
+
+def parse_wmax_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip() != ""]
+    except ValueError:
+        raise UserError(f"--wmax must be an integer or a comma list of integers, got {text!r}") from None
+    if not values:
+        raise UserError("--wmax is empty")
+    return values
+
+
+def _options(args, wmax: int) -> PlanOptions:
+    return PlanOptions(wmax=wmax, tp=args.tp, placement=args.placement, codec=args.codec, layout=args.layout,
+                       a=args.a, eps=args.eps)
+
+
+def run(args) -> int:
+    wmaxes = parse_wmax_list(args.wmax)
+    if args.json and len(wmaxes) != 1:
+        raise UserError("--json prints one plan: give a single --wmax")
+    dtypes = {"temporal_dtype": args.temporal_dtype, "conv_dtype": args.conv_dtype}
+    reports, horizons = [], None
+    for w in wmaxes:
+        plan, horizons = plan_from_path(args.model, _options(args, w), **dtypes)
+        reports.append(plan.report(args.budget_bytes))
+    if args.plot:
+        if horizons is None:
+            raise UserError("--plot needs the decay weights: pass a checkpoint directory")
+        from trtllm_dasc.plan.plot import plot_plan
+        plot_plan(args.plot, plan.config, horizons, _options(args, wmaxes[0]), args.budget_bytes)
+    if args.json:
+        json.dump(reports[0], sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(format_table(reports))
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def format_table(reports: list[dict]) -> str:
+    r0 = reports[0]
+    lines = [f"model: {r0['model_type']} ({r0['arch']}), {r0['num_linear_layers']} linear layers x "
+             f"{r0['units_per_layer'][0]} units; TP{r0['tp']} placement={r0['placement']} codec={r0['codec']} "
+             f"layout={r0['layout']}",
+             f"dense checkpoint: {r0['dense_slot_bytes_per_rank']:,} B/rank "
+             f"(conv {r0['conv_bytes_per_rank']:,} B)"]
+    if r0.get("decay_summary"):
+        d = r0["decay_summary"]
+        lines.append(f"decay alpha median {d['decay_median']:.3f} IQR [{d['decay_iqr'][0]:.3f}, "
+                     f"{d['decay_iqr'][1]:.3f}]; horizon median {d['horizon_median']:.1f} tokens")
+    budget = "budget_bytes" in r0
+    head = f"{'W_max':>6} {'kept':>7} {'C_temp':>7} {'C_pad':>6} {'worst B/rank':>13} {'C_ckpt':>7}"
+    head += f" {'slots':>6} {'x dense':>7}" if budget else ""
+    head += f" {'moved':>6} {'wr W':>5}"
+    lines += ["", head, "-" * len(head)]
+    for r in reports:
+        kept = sum(r["retained_per_layer"]) / sum(r["units_per_layer"])
+        row = (f"{r['wmax']:>6} {kept:>7.1%} {_num(r['compression_temporal']):>7} "
+               f"{_num(r['compression_temporal_padded']):>6} {r['bottleneck_slot_bytes']:>13,} "
+               f"{r['compression_ckpt']:>7.2f}")
+        if budget:
+            row += f" {r['slots']:>6} {r['capacity_ratio']:>7.2f}"
+        row += f" {r['moved_units_per_store']:>6} {r['wr_window']:>5}"
+        lines.append(row)
+    if budget:
+        lines.append(f"\nbudget {r0['budget_bytes']:,} B/rank: dense {r0['dense_slots']} slots (slot 0 reserved)")
+    return "\n".join(lines)
+
+
+def _num(x) -> str:
+    # None: nothing kept, the temporal payload is empty
+    return "inf" if x is None else f"{x:.2f}"
