@@ -140,3 +140,22 @@ def test_plan_json_round_trip_and_tamper_check(synthetic_kda, tmp_path):
     d["retained_units"][0] = d["retained_units"][0][1:]
     with pytest.raises(ValueError, match="edited"):
         DascPlan.from_dict(d)
+
+
+@pytest.mark.parametrize("layout", ["ragged", "padded"])
+def test_transfer_unit_lists_are_exact(synthetic_kda, layout):
+    plan, _ = plan_from_path(synthetic_kda, PlanOptions(wmax=128, tp=8, placement="storage", layout=layout))
+    moved = []
+    for t in plan.storage.transfers:
+        units = plan.transfer_units(t)
+        assert len(units) == t.count
+        local = plan.local_retained(t.src)
+        assert all(u in local[l] for l, u in units)            # only units the source really computes
+        moved += [(t.src, l, u) for l, u in units]
+    assert len(moved) == len(set(moved)) == plan.moved_units  # each moved once
+    widths = plan.rank_widths()
+    assert len(set(widths)) == 1
+    if layout == "padded":
+        # per-layer balance: every layer reserves the widest balanced layer's width
+        kept = plan.report()["retained_per_layer"]
+        assert widths[0] == len(kept) * max(math.ceil(k / 8) for k in kept)

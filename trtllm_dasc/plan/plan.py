@@ -121,6 +121,16 @@ class DascPlan:
             return [L * max(col, default=0) for col in zip(*self.rank_layer_counts())]
         return [L * max(self.storage.widths, default=0)] * tp
 
+    def transfer_units(self, t) -> list[tuple[int, int]]:
+        """The exact units a storage transfer moves, in order, as (linear layer index, local unit id) on
+        the source rank: the all-to-all's send list (and, reversed, the receive list of the load)."""
+        local = self.local_retained(t.src)
+        if self.options.layout == "ragged":
+            flat = [(l, u) for l, units in enumerate(local) for u in units]
+        else:
+            flat = [(t.segment, u) for u in local[t.segment]]
+        return flat[t.src_start:t.src_start + t.count]
+
     @property
     def moved_units(self) -> int:
         return self.storage.moved_units if self.storage else 0
