@@ -1,0 +1,287 @@
+"""Radix prefix cache over token ids: full-attention KV blocks plus recurrent-state checkpoint slots.
+
+A hybrid model can reuse a prefix only where it has both the KV of every token before it and a
+checkpoint of the recurrent state exactly there. So a match reports two depths: ``kv_len`` (common
+prefix with KV) and ``ckpt_len`` (the deepest checkpointed boundary within it, at most len - 1 so the
+last prompt token is always computed and gives the first output's logits).
+
+Invariant (``sanity_check`` asserts it; tests call it after every step):
+  1. shape: each non-root node has a non-empty edge ``tokens``, ``child.start == parent.end``, and
+     ``parent.children[child.tokens[0]] is child``.
+  2. KV: ``node.blocks`` holds one block id per block index its edge touches, [start//bs, (end-1)//bs];
+     each such block holds valid KV for every position of that block below ``node.end`` (positions of
+     the parent's part included: a split shares the block, a copy-on-write copies those rows).
+     The tree owns one reference per (node, block) entry; blocks with no reference are free.
+  3. checkpoints: ``node.ckpt_slot`` is the recurrent state after position ``node.end``; slot ids are
+     distinct, allocated, never 0.
+  4. locks: ``lock_ref(parent) >= sum(lock_ref(children))`` (a lock counts on the node and every
+     ancestor). A locked node loses neither its KV nor its checkpoint.
+  5. eviction: checkpoints and KV are evicted by LRU independently. KV goes leaf by leaf; a node keeps
+     its KV after losing its checkpoint, and loses its checkpoint with its KV.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from trtllm_dasc.cache.allocators import BlockAllocator
+
+
+class Node:
+    __slots__ = ("parent", "children", "tokens", "start", "blocks", "ckpt_slot", "lock_ref",
+                 "last_access", "ckpt_access")
+
+    def __init__(self, parent, tokens, start, blocks):
+        self.parent, self.children = parent, {}
+        self.tokens, self.start, self.blocks = list(tokens), start, list(blocks)
+        self.ckpt_slot, self.lock_ref, self.last_access, self.ckpt_access = None, 0, 0, 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+    def path(self):
+        """Root-side first, this node last (the root itself excluded)."""
+        out, node = [], self
+        while node.parent is not None:
+            out.append(node)
+            node = node.parent
+        return out[::-1]
+
+
+class MatchResult(NamedTuple):
+    node: Node            # deepest node whose end is kv_len (lock it for the request's lifetime)
+    kv_len: int           # tokens of the common prefix that have KV in the tree
+    ckpt_len: int         # the usable prefix: deepest checkpoint <= min(kv_len, len - 1); 0 if none
+    ckpt_slot: int | None
+    block_table: list     # KV blocks covering [0, ckpt_len); the last one is partial when unaligned
+
+
+class RadixCache:
+    def __init__(self, block_size: int, blocks: BlockAllocator, slots, interval: int = 256,
+                 prompt_only: bool = False):
+        if block_size < 1 or interval < 1:
+            raise ValueError("block_size and interval must be >= 1")
+        self.bs, self.blocks, self.slots = block_size, blocks, slots
+        self.interval, self.prompt_only = interval, prompt_only
+        self.root = Node(None, [], 0, [])
+        self._clock = 0
+        self.evictions = {"kv_nodes": 0, "kv_blocks": 0, "checkpoints": 0, "checkpoints_with_kv": 0}
+
+    # ---- lookup ------------------------------------------------------------------------------------
+    def match(self, tokens: list[int]) -> MatchResult:
+        node, pos = self.root, 0
+        self._clock += 1
+        while pos < len(tokens) and tokens[pos] in node.children:
+            child = node.children[tokens[pos]]
+            n = _common(child.tokens, tokens, pos)
+            if n < len(child.tokens):
+                child = self._split(child, child.start + n)
+            child.last_access = self._clock
+            node, pos = child, pos + n
+        limit = min(pos, len(tokens) - 1)
+        ckpt = next((n for n in reversed(node.path()) if n.ckpt_slot is not None and n.end <= limit), None)
+        if ckpt is None:
+            return MatchResult(node, pos, 0, None, [])
+        ckpt.ckpt_access = self._clock
+        return MatchResult(node, pos, ckpt.end, ckpt.ckpt_slot, self.block_table(ckpt))
+
+    def block_table(self, node: Node) -> list[int]:
+        """Blocks covering [0, node.end): per block index, the deepest node's block (see invariant 2)."""
+        table = []
+        for n in node.path():
+            first = n.start // self.bs
+            for i, block in enumerate(n.blocks):
+                if first + i < len(table):
+                    table[first + i] = block
+                else:
+                    table.append(block)
+        return table
+
+    def checkpoint_positions(self, prompt_len: int, match: MatchResult) -> list[int]:
+        """Where this prompt's prefill stores checkpoints: the interval grid, the branch point (where it
+        leaves the cached path: KV there but no checkpoint) and the prompt end. The prompt-end checkpoint
+        sits at len - 1, so that a repeat of the same prompt hits it and computes only its last token."""
+        last, start = prompt_len - 1, match.ckpt_len
+        if last <= start:
+            return []
+        if self.prompt_only:
+            return [last]
+        grid = range((start // self.interval + 1) * self.interval, last, self.interval)
+        branch = min(match.kv_len, last)
+        return sorted({last, *grid} | ({branch} if branch > start else set()))
+
+    # ---- locks and references ----------------------------------------------------------------------
+    def lock(self, node: Node) -> None:
+        while node is not None:
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node is not None:
+            if node.lock_ref <= 0:
+                raise RuntimeError("unlock of a node that is not locked")
+            node.lock_ref -= 1
+            node = node.parent
+
+    def acquire_blocks(self, blocks: list[int]) -> None:
+        """A request takes its own reference on reused blocks."""
+        for b in blocks:
+            self.blocks.incref(b)
+
+    def release_blocks(self, blocks: list[int]) -> None:
+        for b in blocks:
+            self.blocks.decref(b)
+
+    # ---- allocation with eviction ------------------------------------------------------------------
+    def alloc_block(self) -> int | None:
+        """A fresh KV block (one reference, the caller's), evicting LRU leaves; None if all are pinned."""
+        while (block := self.blocks.try_alloc()) is None:
+            if not self._evict_kv_leaf():
+                return None
+        return block
+
+    def alloc_slot(self) -> int | None:
+        """A free checkpoint slot, evicting the LRU unlocked checkpoint; None if every one is pinned."""
+        while (slot := self.slots.try_alloc()) is None:
+            if not self._evict_checkpoint():
+                return None
+        return slot
+
+    def _evict_checkpoint(self) -> bool:
+        victim = min((n for n in self._nodes() if n.ckpt_slot is not None and n.lock_ref == 0),
+                     key=lambda n: n.ckpt_access, default=None)
+        if victim is None:
+            return False
+        self.slots.free(victim.ckpt_slot)
+        victim.ckpt_slot = None
+        self.evictions["checkpoints"] += 1
+        return True
+
+    def _evict_kv_leaf(self) -> bool:
+        victim = min((n for n in self._nodes() if not n.children and n.lock_ref == 0),
+                     key=lambda n: n.last_access, default=None)
+        if victim is None:
+            return False
+        if victim.ckpt_slot is not None:
+            self.slots.free(victim.ckpt_slot)
+            self.evictions["checkpoints_with_kv"] += 1
+        self.release_blocks(victim.blocks)
+        del victim.parent.children[victim.tokens[0]]
+        self.evictions["kv_nodes"] += 1
+        self.evictions["kv_blocks"] += len(victim.blocks)
+        return True
+
+    # ---- insertion ---------------------------------------------------------------------------------
+    def insert(self, tokens: list[int], block_table: list[int], checkpoints: dict[int, int]) -> list[int]:
+        """Give the tree a finished prefill: ``block_table`` covers every position of ``tokens`` with valid
+        KV; ``checkpoints`` maps position -> slot (the state after that many tokens). The tree takes its
+        own block references (the request keeps and later releases its own) and takes ownership of the
+        slots; a slot whose position already has a checkpoint is freed. Returns those freed slots."""
+        if len(block_table) * self.bs < len(tokens):
+            raise ValueError("block_table does not cover the tokens")
+        self._clock += 1
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                blocks = block_table[pos // self.bs:(len(tokens) - 1) // self.bs + 1]
+                child = Node(node, tokens[pos:], pos, blocks)
+                self.acquire_blocks(blocks)
+                node.children[tokens[pos]] = child
+            n = _common(child.tokens, tokens, pos)
+            if n < len(child.tokens):
+                child = self._split(child, child.start + n)
+            child.last_access = self._clock
+            node, pos = child, pos + n
+        duplicates = []
+        for p, slot in sorted(checkpoints.items()):
+            if not 0 < p <= len(tokens):
+                raise ValueError(f"checkpoint position {p} outside 1..{len(tokens)}")
+            at = self._boundary(node, p)
+            if at.ckpt_slot is None:
+                at.ckpt_slot, at.ckpt_access = slot, self._clock
+            else:
+                self.slots.free(slot)
+                duplicates.append(slot)
+        return duplicates
+
+    def _boundary(self, leaf: Node, p: int) -> Node:
+        """The node ending exactly at position p on the path to ``leaf`` (splitting an edge if needed)."""
+        node = leaf
+        while node.start >= p:
+            node = node.parent
+        return node if node.end == p else self._split(node, p)
+
+    def _split(self, node: Node, p: int) -> Node:
+        """Cut ``node`` at absolute position p: a new parent keeps [start, p); ``node`` keeps [p, end) and
+        its identity (requests hold locks on it), its checkpoint and children."""
+        k = p - node.start
+        first, split_block = node.start // self.bs, (p - 1) // self.bs
+        top = Node(node.parent, node.tokens[:k], node.start, node.blocks[:split_block - first + 1])
+        top.lock_ref, top.last_access, top.children = node.lock_ref, node.last_access, {node.tokens[k]: node}
+        node.parent.children[node.tokens[0]] = top
+        rest = node.blocks[p // self.bs - first:]
+        if p % self.bs:
+            # both halves touch the block that holds position p: the tree now holds it twice
+            self.blocks.incref(rest[0])
+        node.parent, node.tokens, node.start, node.blocks = top, node.tokens[k:], p, rest
+        return top
+
+    def flush(self) -> None:
+        """Drop every unlocked checkpoint and KV node (the paper's flush between workload phases)."""
+        while self._evict_checkpoint():
+            pass
+        while self._evict_kv_leaf():
+            pass
+
+    # ---- introspection -----------------------------------------------------------------------------
+    def _nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            yield n
+
+    def num_checkpoints(self) -> int:
+        return sum(n.ckpt_slot is not None for n in self._nodes())
+
+    def tree_block_refs(self) -> dict[int, int]:
+        refs: dict[int, int] = {}
+        for n in self._nodes():
+            for b in n.blocks:
+                refs[b] = refs.get(b, 0) + 1
+        return refs
+
+    def sanity_check(self, request_block_refs: dict[int, int] | None = None) -> None:
+        """Assert the invariant. ``request_block_refs``: the in-flight requests' references, if known
+        (then every allocator count must equal tree + request references exactly)."""
+        slots = set()
+        assert self.root.lock_ref >= sum(c.lock_ref for c in self.root.children.values()), "root lock refs"
+        for n in self._nodes():
+            assert n.tokens, "empty edge"
+            assert n.parent.children.get(n.tokens[0]) is n, "child keyed by the wrong token"
+            assert n.start == n.parent.end, "child does not start where its parent ends"
+            assert len(n.blocks) == (n.end - 1) // self.bs - n.start // self.bs + 1, "block count"
+            assert n.lock_ref >= sum(c.lock_ref for c in n.children.values()) >= 0, "lock refs"
+            if n.ckpt_slot is not None:
+                assert n.ckpt_slot != 0 and n.ckpt_slot not in slots, "checkpoint slot reused"
+                slots.add(n.ckpt_slot)
+        if hasattr(self.slots, "used_ids"):
+            assert slots <= self.slots.used_ids(), "tree checkpoint in a free slot"
+        tree = self.tree_block_refs()
+        free = self.blocks.free_ids()
+        for b, count in enumerate(self.blocks.refs):
+            held = tree.get(b, 0) + (request_block_refs or {}).get(b, 0)
+            if request_block_refs is None:
+                assert count >= held, f"block {b}: {count} refs < {held} held by the tree"
+            else:
+                assert count == held, f"block {b}: {count} refs != {held} held"
+            assert (count == 0) == (b in free), f"block {b}: free list disagrees with refs"
+
+
+def _common(edge: list[int], tokens: list[int], pos: int) -> int:
+    n = 0
+    limit = min(len(edge), len(tokens) - pos)
+    while n < limit and edge[n] == tokens[pos + n]:
+        n += 1
+    return n
