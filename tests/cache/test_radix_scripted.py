@@ -116,3 +116,26 @@ def test_identical_prompt_repeat_hits_all_but_last_token():
     assert sim.cache.checkpoint_positions(7, m) == []
     sim.finish()
     sim.check()
+
+
+def test_shared_few_shot_prefix_hits_in_full_from_the_third_request():
+    # prefix of 37 tokens, interval 16: a fixed grid alone would only ever offer 32
+    c, sim = make(bs=4, blocks=200, slots=64, interval=16)
+    prefix = list(range(100, 137))
+    for i in range(10):
+        question = [1000 + i, 7, 8, 9 + i]
+        m = sim.start(prefix + question)
+        if i >= 2:
+            assert m.ckpt_len == len(prefix), i
+        sim.finish()
+        sim.check()
+    # prompts shorter than the interval hit too (prompt-end and branch checkpoints)
+    short = [5, 6, 7]
+    sim.start(short + [1])
+    sim.finish()
+    sim.start(short + [2])
+    sim.finish()
+    m = sim.start(short + [3])
+    assert m.ckpt_len == 3
+    sim.finish()
+    sim.check()
