@@ -1,0 +1,41 @@
+"""Global cache and checkpoint counters, readable by the serving layer (and its metrics endpoint)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from trtllm_dasc.engine.request import RequestStats
+
+
+@dataclass(slots=True)
+class Telemetry:
+    requests: int = 0
+    prompt_tokens: int = 0           # sum L_i
+    cached_tokens: int = 0           # sum C_i
+    replayed_tokens: int = 0
+    checkpoint_loads: dict = field(default_factory=lambda: {"nr": 0, "wr": 0})
+    checkpoint_stores: int = 0
+    rejected_requests: int = 0
+
+    def record(self, stats: RequestStats, policy: str) -> None:
+        self.requests += 1
+        self.prompt_tokens += stats.prompt_tokens
+        self.cached_tokens += stats.cached_tokens
+        self.replayed_tokens += stats.replayed_tokens
+        self.checkpoint_stores += stats.checkpoints_stored
+        if stats.checkpoint_loaded:
+            self.checkpoint_loads[policy] += 1
+
+    @property
+    def hit_rate(self) -> float:
+        """Token-weighted external cache hit, paper Eq. 9: sum C_i / sum L_i."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def snapshot(self, cache=None) -> dict:
+        out = asdict(self)
+        out["hit_rate"] = self.hit_rate
+        if cache is not None:
+            out["evictions"] = dict(cache.evictions)
+            out["checkpoint_slots_free"] = cache.slots.num_free
+            out["checkpoints_cached"] = cache.num_checkpoints()
+            out["kv_blocks_free"] = cache.blocks.num_free
+        return out
