@@ -1,0 +1,191 @@
+"""Triton kernels of the state ops. Host wrappers (stride checks, grids) live in ``triton_ops``.
+
+Every unit is R rows of V contiguous elements (gdn: R = K, kda: R = 1), so one kernel shape serves both
+granularities: a program owns BLOCK_R rows of one request and moves them as a [BLOCK_R, BLOCK_V] tile,
+each row a vectorised V-contiguous load. Grids are (row blocks [+ conv blocks], requests): store and load
+copy the conv state in the same launch. Addresses are int64.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round_half_even(x):
+    # 1.5 * 2**23: the sum leaves no fraction bits, so the fpu's round-to-nearest-even does the rounding
+    # (exact for |x| < 2**22; callers clip to 127 first). libdevice.rint has no interpreter twin.
+    return (x + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _quantize_rows(x):
+    """[BLOCK_R, BLOCK_V] fp32 tile (masked lanes 0) -> (q fp32 integral, s [BLOCK_R]); paper Eq. 10."""
+    a = tl.max(tl.abs(x), axis=1)
+    # div_rn: ieee division, so scales and quotients equal torch's bit for bit
+    s = tl.math.div_rn(tl.maximum(a, 1e-8), tl.full(a.shape, 127.0, tl.float32))
+    y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
+    y = tl.minimum(tl.maximum(y, -127.0), 127.0)
+    return _round_half_even(y), s
+
+
+@triton.jit
+def _to_bf16_rtne(x):
+    # fp32 -> bf16 round-to-nearest-even on the bits: the interpreter's own cast does not round like
+    # torch, and this costs a few integer ops on a copy that is tiny next to the temporal state
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + (((bits >> 16) & 1) + 0x7FFF)
+    y = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return tl.where(x == x, y, x.to(tl.bfloat16))
+
+
+@triton.jit
+def _conv_block(src, dst, i_src, i_dst, blk, n_elem, cw, s_src_b, s_src_l, s_dst_b, s_dst_l,
+                BLOCK: tl.constexpr, TO_BF16: tl.constexpr):
+    """Flat elements [blk * BLOCK, +BLOCK) of one request's conv state: L layers of cw = conv_dim * width
+    contiguous elements, src at i_src * s_src_b + l * s_src_l, dst likewise; cast to dst's dtype
+    (TO_BF16: rounded to nearest even like torch)."""
+    idx = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n_elem
+    layer = idx // cw
+    e = idx - layer * cw
+    x = tl.load(src + i_src * s_src_b + layer * s_src_l + e, mask=mask, other=0)
+    if TO_BF16:
+        y = _to_bf16_rtne(x.to(tl.float32))
+    else:
+        y = x.to(dst.dtype.element_ty)
+    tl.store(dst + i_dst * s_dst_b + layer * s_dst_l + e, y, mask=mask)
+
+
+@triton.jit
+def _gather_rows(src, dst, dst_scale, n_src, n_dst, blk, unit_layer, unit_src, unit_dst, n_rows,
+                 stride_src_l, stride_src_n, stride_dst_b, stride_dst_l, stride_scale_b,
+                 R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+                 QUANT: tl.constexpr):
+    E: tl.constexpr = R * V
+    ri = blk * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = ri < n_rows
+    j = ri // R
+    r = (ri - j * R).to(tl.int64)
+    layer = tl.load(unit_layer + j, mask=rmask, other=0).to(tl.int64)
+    u_src = tl.load(unit_src + j, mask=rmask, other=0).to(tl.int64)
+    u_dst = tl.load(unit_dst + j, mask=rmask, other=0).to(tl.int64)
+    v = tl.arange(0, BLOCK_V)
+    mask = rmask[:, None] & (v < V)[None, :]
+    src_row = layer * stride_src_l + n_src * stride_src_n + u_src * E + r * V
+    x = tl.load(src + src_row[:, None] + v[None, :], mask=mask, other=0.0)
+    dst_row = n_dst * stride_dst_b + layer * stride_dst_l + u_dst * E + r * V
+    if QUANT:
+        q, s = _quantize_rows(x.to(tl.float32))
+        tl.store(dst + dst_row[:, None] + v[None, :], q.to(tl.int8), mask=mask)
+        tl.store(dst_scale + n_dst * stride_scale_b + u_dst * R + r, s.to(dst_scale.dtype.element_ty), mask=rmask)
+    else:
+        tl.store(dst + dst_row[:, None] + v[None, :], x.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gather_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, unit_dst, n_rows,
+                        stride_src_l, stride_src_n, stride_dst_b, stride_dst_l, stride_scale_b,
+                        conv_src, conv_dst, conv_elems, conv_cw, stride_csrc_b, stride_csrc_l,
+                        stride_cdst_b, stride_cdst_l,
+                        R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+                        QUANT: tl.constexpr, CONV_BLOCK: tl.constexpr, TO_BF16: tl.constexpr):
+    """For each listed unit j (n_rows = J * R rows): read src[layer_j, src_idx[b], unit_src[j]] and write
+    it at dst + dst_idx[b] * stride_dst_b + layer_j * stride_dst_l + unit_dst[j] * E. Pack/store use
+    stride_dst_l = 0 (dst = slots), refresh-merge dst = the active state. QUANT: int8 + one scale per row.
+    Programs past the row blocks copy the conv state (store fuses it into this one launch)."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    n_src = tl.load(src_idx + b).to(tl.int64)
+    n_dst = tl.load(dst_idx + b).to(tl.int64)
+    n_tb = tl.cdiv(n_rows, BLOCK_R)
+    if pid < n_tb:
+        _gather_rows(src, dst, dst_scale, n_src, n_dst, pid, unit_layer, unit_src, unit_dst, n_rows,
+                     stride_src_l, stride_src_n, stride_dst_b, stride_dst_l, stride_scale_b, R, V, BLOCK_R,
+                     BLOCK_V, QUANT)
+    else:
+        _conv_block(conv_src, conv_dst, n_src, n_dst, pid - n_tb, conv_elems, conv_cw, stride_csrc_b,
+                    stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16)
+
+
+@triton.jit
+def _scatter_rows(src, src_scale, dst, slot, n_dst, blk, pos_of_unit, n_rows, n_units,
+                  stride_src_b, stride_scale_b, stride_dst_l, stride_dst_n,
+                  R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+                  DEQUANT: tl.constexpr, ZERO_FILL: tl.constexpr):
+    E: tl.constexpr = R * V
+    ri = (blk * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rmask = ri < n_rows
+    layer_rows = n_units * R
+    layer = ri // layer_rows
+    # rest: row index inside one layer of one request, where units are contiguous
+    rest = ri - layer * layer_rows
+    u = rest // R
+    r = rest - u * R
+    pos = tl.load(pos_of_unit + layer * n_units + u, mask=rmask, other=-1).to(tl.int64)
+    keep = rmask & (pos >= 0)
+    pos = tl.where(keep, pos, 0)
+    v = tl.arange(0, BLOCK_V)
+    vmask = (v < V)[None, :]
+    src_row = slot * stride_src_b + pos * E + r * V
+    x = tl.load(src + src_row[:, None] + v[None, :], mask=keep[:, None] & vmask, other=0)
+    if DEQUANT:
+        s = tl.load(src_scale + slot * stride_scale_b + pos * R + r, mask=keep, other=0.0)
+        x = x.to(tl.float32) * s.to(tl.float32)[:, None]
+    dst_row = layer * stride_dst_l + n_dst * stride_dst_n + rest * V
+    if ZERO_FILL:
+        wmask = rmask[:, None] & vmask
+    else:
+        wmask = keep[:, None] & vmask
+    tl.store(dst + dst_row[:, None] + v[None, :], x.to(dst.dtype.element_ty), mask=wmask)
+
+
+@triton.jit
+def scatter_units_kernel(src, src_scale, dst, src_idx, dst_idx, pos_of_unit, n_rows, n_units,
+                         stride_src_b, stride_scale_b, stride_dst_l, stride_dst_n,
+                         conv_src, conv_dst, conv_elems, conv_cw, stride_csrc_b, stride_csrc_l,
+                         stride_cdst_b, stride_cdst_l,
+                         R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+                         DEQUANT: tl.constexpr, ZERO_FILL: tl.constexpr, CONV_BLOCK: tl.constexpr,
+                         TO_BF16: tl.constexpr):
+    """Walk every row of the active request dst[:, dst_idx[b]] (n_rows = L * n_units * R): a retained
+    unit reads its slot position pos_of_unit[l * n_units + u] of src[src_idx[b]] (dequantized when
+    DEQUANT), an omitted one (pos -1) is written as zero when ZERO_FILL, else skipped. Programs past
+    the row blocks copy the conv state back (load fuses it into this one launch)."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    slot = tl.load(src_idx + b).to(tl.int64)
+    n_dst = tl.load(dst_idx + b).to(tl.int64)
+    n_tb = tl.cdiv(n_rows, BLOCK_R)
+    if pid < n_tb:
+        _scatter_rows(src, src_scale, dst, slot, n_dst, pid, pos_of_unit, n_rows, n_units, stride_src_b,
+                      stride_scale_b, stride_dst_l, stride_dst_n, R, V, BLOCK_R, BLOCK_V, DEQUANT, ZERO_FILL)
+    else:
+        _conv_block(conv_src, conv_dst, slot, n_dst, pid - n_tb, conv_elems, conv_cw, stride_csrc_b,
+                    stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16)
+
+
+@triton.jit
+def quantize_kernel(x, q, s, n_rows, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """x [n_rows, V] contiguous -> q int8 [n_rows, V], s [n_rows]."""
+    ri = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    v = tl.arange(0, BLOCK_V)
+    mask = (ri < n_rows)[:, None] & (v < V)[None, :]
+    off = ri[:, None] * V + v[None, :]
+    qv, sv = _quantize_rows(tl.load(x + off, mask=mask, other=0.0).to(tl.float32))
+    tl.store(q + off, qv.to(tl.int8), mask=mask)
+    tl.store(s + ri, sv.to(s.dtype.element_ty), mask=ri < n_rows)
+
+
+@triton.jit
+def dequantize_kernel(q, s, x, n_rows, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """q int8 [n_rows, V], s [n_rows] -> x [n_rows, V] = q * s (fp32 product, cast to x's dtype)."""
+    ri = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    v = tl.arange(0, BLOCK_V)
+    rmask = ri < n_rows
+    mask = rmask[:, None] & (v < V)[None, :]
+    off = ri[:, None] * V + v[None, :]
+    sv = tl.load(s + ri, mask=rmask, other=0.0).to(tl.float32)
+    y = tl.load(q + off, mask=mask, other=0).to(tl.float32) * sv[:, None]
+    tl.store(x + off, y.to(x.dtype.element_ty), mask=mask)
+

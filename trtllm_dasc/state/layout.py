@@ -1,0 +1,206 @@
+"""StateLayout: where each retained state unit of one TP rank lives inside a checkpoint slot.
+
+Active temporal state of a rank: fp32 ``[L, N, HV, K, V]`` (fla's K-before-V layout), viewed as
+``[L, N, n_units, E]`` with E = unit_elements (gdn: a unit is a value head, E = K*V; kda: a unit is a key
+channel (h, k), E = V). Every unit is ``R = E // V`` rows of V contiguous elements; the int8 codec keeps
+one scale per row (paper Eq. 10: per (l, h, k), shared over d_v).
+
+A slot stores ``width`` unit positions. Retained unit j (ragged order: by layer, then unit) sits at
+``slot_pos[j]``: ragged ``j`` (layer l at [o_l, o_{l+1})), padded ``l * block + (j - o_l)`` with
+``block = width // L >= R_max`` (App. B, Scheme 1). Positions no retained unit maps to are unused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from trtllm_dasc.errors import UserError
+
+CODECS = ("native", "int8")
+LAYOUTS = ("ragged", "padded")
+
+
+class LayoutError(UserError):
+    """A retained-unit list or slot geometry that cannot describe a checkpoint slot."""
+
+
+class LayoutIndex(NamedTuple):
+    """int64 index tables of one layout on one device (what the ops and kernels read)."""
+
+    unit_layer: torch.Tensor    # [U] layer of retained unit j
+    unit_local: torch.Tensor    # [U] unit id inside its layer
+    slot_pos: torch.Tensor      # [U] position inside the slot
+    pos_of_unit: torch.Tensor   # [L * n_units] slot position of (l, u), -1 when omitted
+    omit_layer: torch.Tensor    # [M] layer of omitted unit i
+    omit_local: torch.Tensor    # [M] unit id inside its layer
+
+
+@dataclass(slots=True, eq=False)
+class StateLayout:
+    num_layers: int                     # L: linear-attention layers
+    units_per_layer: int                # n_units per rank per layer (gdn: HV, kda: H*K)
+    unit_elements: int                  # E
+    value_dim: int                      # V: contiguous row length; E // V rows per unit
+    layer_of_unit: torch.Tensor         # [U] int64, sorted by layer then unit
+    unit_in_layer: torch.Tensor         # [U] int64
+    offsets: torch.Tensor               # [L + 1] int64, o_l
+    width: int                          # unit positions per slot
+    codec: str = "native"
+    layout: str = "ragged"
+    conv_dim: int = 0                   # conv channels per layer per rank (0: no conv state)
+    conv_width: int = 0                 # kernel - 1
+    temporal_dtype: torch.dtype = torch.float32
+    conv_dtype: torch.dtype = torch.bfloat16
+    slot_pos: torch.Tensor = field(init=False, repr=False)
+    _cache: dict = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self):
+        if self.codec not in CODECS:
+            raise LayoutError(f"codec must be one of {CODECS}, got {self.codec!r}")
+        if self.layout not in LAYOUTS:
+            raise LayoutError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        for name in ("num_layers", "units_per_layer", "unit_elements", "value_dim"):
+            if getattr(self, name) < 1:
+                raise LayoutError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.unit_elements % self.value_dim:
+            raise LayoutError(f"unit_elements {self.unit_elements} is not a multiple of value_dim {self.value_dim}")
+        if self.conv_dim < 0 or self.conv_width < 0 or (self.conv_dim == 0) != (self.conv_width == 0):
+            raise LayoutError(f"conv shape ({self.conv_dim}, {self.conv_width}) must be both zero or both positive")
+        if self.temporal_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise LayoutError(f"temporal_dtype must be a float dtype, got {self.temporal_dtype}")
+        self.layer_of_unit = torch.as_tensor(self.layer_of_unit, dtype=torch.int64).flatten().cpu()
+        self.unit_in_layer = torch.as_tensor(self.unit_in_layer, dtype=torch.int64).flatten().cpu()
+        self.offsets = torch.as_tensor(self.offsets, dtype=torch.int64).flatten().cpu()
+        self._check_units()
+        counts = self.retained_counts
+        if self.layout == "ragged":
+            self.slot_pos = torch.arange(self.num_retained, dtype=torch.int64)
+            need = self.num_retained
+        else:
+            block = self.width // self.num_layers
+            if self.width % self.num_layers:
+                raise LayoutError(f"padded width {self.width} must be a multiple of L={self.num_layers}")
+            starts = self.offsets[:-1].repeat_interleave(torch.tensor(counts, dtype=torch.int64))
+            j = torch.arange(self.num_retained, dtype=torch.int64)
+            self.slot_pos = self.layer_of_unit * block + (j - starts)
+            need = self.num_layers * max(counts, default=0)
+        if self.width < need:
+            raise LayoutError(f"slot width {self.width} is smaller than the {need} positions the "
+                              f"{self.layout} layout needs")
+
+    def _check_units(self):
+        L, n, U = self.num_layers, self.units_per_layer, self.layer_of_unit.numel()
+        if self.unit_in_layer.numel() != U:
+            raise LayoutError(f"layer_of_unit has {U} entries but unit_in_layer {self.unit_in_layer.numel()}")
+        if self.offsets.numel() != L + 1:
+            raise LayoutError(f"offsets must have L+1={L + 1} entries, got {self.offsets.numel()}")
+        if U and (self.layer_of_unit.min() < 0 or self.layer_of_unit.max() >= L
+                  or self.unit_in_layer.min() < 0 or self.unit_in_layer.max() >= n):
+            raise LayoutError(f"retained unit outside layers [0, {L}) or units [0, {n})")
+        flat = self.layer_of_unit * n + self.unit_in_layer
+        if U > 1 and not bool((flat[1:] > flat[:-1]).all()):
+            raise LayoutError("retained units must be sorted by layer then unit, without repeats")
+        counts = torch.bincount(self.layer_of_unit, minlength=L)
+        expect = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        if not torch.equal(self.offsets, expect):
+            raise LayoutError(f"offsets {self.offsets.tolist()} disagree with the retained counts {counts.tolist()}")
+
+    # ---- construction -------------------------------------------------------------------------------
+    @classmethod
+    def from_retained(cls, retained_per_layer: list[list[int]], *, units_per_layer: int, unit_elements: int,
+                      value_dim: int, codec: str = "native", layout: str = "ragged", width: int | None = None,
+                      conv_dim: int = 0, conv_width: int = 0, temporal_dtype: torch.dtype = torch.float32,
+                      conv_dtype: torch.dtype = torch.bfloat16) -> "StateLayout":
+        """Build from per-layer sorted retained *local* unit ids; width defaults to the layout's minimum
+        (ragged: sum_l r_l, padded: L * R_max)."""
+        L = len(retained_per_layer)
+        layers, units = [], []
+        for l, kept in enumerate(retained_per_layer):
+            layers.extend([l] * len(kept))
+            units.extend(int(u) for u in kept)
+        counts = [len(k) for k in retained_per_layer]
+        offsets = [0]
+        for c in counts:
+            offsets.append(offsets[-1] + c)
+        if width is None:
+            width = offsets[-1] if layout == "ragged" else L * max(counts, default=0)
+        return cls(num_layers=L, units_per_layer=units_per_layer, unit_elements=unit_elements,
+                   value_dim=value_dim, layer_of_unit=torch.tensor(layers, dtype=torch.int64),
+                   unit_in_layer=torch.tensor(units, dtype=torch.int64), offsets=torch.tensor(offsets),
+                   width=width, codec=codec, layout=layout, conv_dim=conv_dim, conv_width=conv_width,
+                   temporal_dtype=temporal_dtype, conv_dtype=conv_dtype)
+
+    @classmethod
+    def from_config(cls, cfg, tp: int, retained_per_layer: list[list[int]] | None = None, *,
+                    codec: str = "native", layout: str = "ragged", width: int | None = None) -> "StateLayout":
+        """From a HybridConfig and one rank's retained local units (None: dense, every unit)."""
+        shard = cfg.shard(tp)
+        if retained_per_layer is None:
+            retained_per_layer = [list(range(shard.units))] * cfg.num_linear_layers
+        if len(retained_per_layer) != cfg.num_linear_layers:
+            raise LayoutError(f"{len(retained_per_layer)} retained lists for {cfg.num_linear_layers} linear layers")
+        dt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+        return cls.from_retained(retained_per_layer, units_per_layer=shard.units, unit_elements=cfg.unit_elements,
+                                 value_dim=cfg.value_head_dim, codec=codec, layout=layout, width=width,
+                                 conv_dim=shard.conv_dim, conv_width=cfg.conv_kernel - 1,
+                                 temporal_dtype=dt[cfg.temporal_dtype], conv_dtype=dt[cfg.conv_dtype])
+
+    # ---- shape facts --------------------------------------------------------------------------------
+    @property
+    def num_retained(self) -> int:
+        """U: retained units of this rank."""
+        return self.layer_of_unit.numel()
+
+    @property
+    def retained_counts(self) -> list[int]:
+        """r_l per layer."""
+        return (self.offsets[1:] - self.offsets[:-1]).tolist()
+
+    @property
+    def rows_per_unit(self) -> int:
+        """R = E // V: rows of V elements per unit, and int8 scales per unit."""
+        return self.unit_elements // self.value_dim
+
+    @property
+    def num_omitted(self) -> int:
+        return self.num_layers * self.units_per_layer - self.num_retained
+
+    # ---- bytes (equal to HybridConfig.unit_bytes / conv_bytes_per_rank to the byte) ------------------
+    def unit_bytes(self) -> int:
+        t = torch.finfo(self.temporal_dtype).bits // 8
+        if self.codec == "native":
+            return self.unit_elements * t
+        return self.unit_elements + self.rows_per_unit * t
+
+    def payload_bytes_per_slot(self) -> int:
+        """Temporal payload (native dtype or int8), scales excluded."""
+        per = torch.finfo(self.temporal_dtype).bits // 8 if self.codec == "native" else 1
+        return self.width * self.unit_elements * per
+
+    def scale_bytes_per_slot(self) -> int:
+        if self.codec == "native":
+            return 0
+        return self.width * self.rows_per_unit * (torch.finfo(self.temporal_dtype).bits // 8)
+
+    def conv_bytes_per_slot(self) -> int:
+        return self.num_layers * self.conv_dim * self.conv_width * (torch.finfo(self.conv_dtype).bits // 8)
+
+    def slot_bytes(self) -> int:
+        """width * unit_bytes(codec) + conv bytes: one physical slot of this rank."""
+        return self.width * self.unit_bytes() + self.conv_bytes_per_slot()
+
+    # ---- device tables ------------------------------------------------------------------------------
+    def index(self, device) -> LayoutIndex:
+        """The index tables on ``device`` (built once per device, then cached)."""
+        device = torch.device(device)
+        key = str(device)
+        if key not in self._cache:
+            L, n = self.num_layers, self.units_per_layer
+            pos = torch.full((L * n,), -1, dtype=torch.int64)
+            pos[self.layer_of_unit * n + self.unit_in_layer] = self.slot_pos
+            omitted = torch.nonzero(pos < 0).flatten()
+            tabs = (self.layer_of_unit, self.unit_in_layer, self.slot_pos, pos, omitted // n, omitted % n)
+            self._cache[key] = LayoutIndex(*(t.to(device) for t in tabs))
+        return self._cache[key]

@@ -1,0 +1,124 @@
+"""CheckpointPool: the per-rank slots that hold compressed recurrent-state checkpoints.
+
+Sized from a byte budget like the paper's Eq. 8: ``N = floor(B / slot_bytes) - 1`` deployable slots plus
+slot 0, which is allocated (so the budget covers it) but never handed out: a zero slot id can then mean
+"no checkpoint" in tables that the cache keeps.
+
+Invariant: ``free`` and ``used`` partition {1..N}; slot 0 is in neither; allocated tensor bytes
+(slot 0 included) == (N + 1) * slot_bytes <= budget.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.state import ops
+from trtllm_dasc.state.layout import StateLayout
+
+
+class PoolError(UserError):
+    """A pool that cannot be built from its budget, or a slot id misuse (double free, foreign id)."""
+
+
+class PoolFullError(PoolError):
+    """Every deployable slot is in use; the caller should evict (or skip the store) and retry."""
+
+
+class CheckpointPool:
+    """Tensors (S = N + 1 physical slots):
+      payload    [S, width, E]            temporal dtype (native) or int8
+      scales     [S, width, E // V]       temporal dtype, int8 codec only (else None)
+      conv       [S, L, conv_dim, conv_width]  layout.conv_dtype (None without conv state)
+    Slots are handed out lowest id first; freed slots go to the back of the queue (FIFO reuse).
+    """
+
+    def __init__(self, layout: StateLayout, budget_bytes: int, device="cpu", max_slots: int | None = None):
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+            raise PoolError(f"state budget must be a non-negative integer of bytes, got {budget_bytes!r}")
+        self.layout = layout
+        self.budget_bytes = budget_bytes
+        self.slot_bytes = layout.slot_bytes()
+        if self.slot_bytes <= 0:
+            raise PoolError("a checkpoint slot of 0 bytes: the layout holds no unit and no conv state")
+        n = budget_bytes // self.slot_bytes - 1
+        if max_slots is not None:
+            n = min(n, max_slots)
+        if n < 1:
+            raise PoolError(f"state budget {budget_bytes} B holds no deployable slot: one slot takes "
+                            f"{self.slot_bytes} B and slot 0 is reserved (need >= {2 * self.slot_bytes} B)")
+        self.num_slots = n
+        S, E, R = n + 1, layout.unit_elements, layout.rows_per_unit
+        pdt = torch.int8 if layout.codec == "int8" else layout.temporal_dtype
+        self.payload = torch.zeros((S, layout.width, E), dtype=pdt, device=device)
+        self.scales = (torch.zeros((S, layout.width, R), dtype=layout.temporal_dtype, device=device)
+                       if layout.codec == "int8" else None)
+        self.conv = (torch.zeros((S, layout.num_layers, layout.conv_dim, layout.conv_width),
+                                 dtype=layout.conv_dtype, device=device) if layout.conv_dim else None)
+        self._free: deque[int] = deque(range(1, n + 1))
+        self._used: set[int] = set()
+
+    # ---- allocation -------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return len(self._used)
+
+    def alloc(self, n: int = 1) -> list[int]:
+        """n slot ids (all or none)."""
+        if n < 0:
+            raise PoolError(f"cannot allocate {n} slots")
+        if n > len(self._free):
+            raise PoolFullError(f"checkpoint pool full: {n} slot(s) requested, {len(self._free)} of "
+                                f"{self.num_slots} free")
+        out = [self._free.popleft() for _ in range(n)]
+        self._used.update(out)
+        return out
+
+    def free(self, slots) -> None:
+        """Return slot ids (an int or an iterable); all are checked before any is freed."""
+        ids = [int(slots)] if isinstance(slots, int) else [int(s) for s in slots]
+        if len(set(ids)) != len(ids):
+            raise PoolError(f"slot ids {ids} repeat within one free() call (double free)")
+        for s in ids:
+            if s not in self._used:
+                what = "reserved slot 0" if s == 0 else ("not a slot" if not 0 < s <= self.num_slots else "free")
+                raise PoolError(f"double free or foreign slot id {s} ({what})")
+        for s in ids:
+            self._used.remove(s)
+            self._free.append(s)
+
+    def sanity_check(self) -> None:
+        free = set(self._free)
+        assert len(free) == len(self._free), "a slot is queued twice"
+        assert not free & self._used, "a slot is both free and used"
+        assert free | self._used == set(range(1, self.num_slots + 1)), "slots leaked or foreign ids present"
+        assert self.allocated_bytes() == (self.num_slots + 1) * self.slot_bytes <= self.budget_bytes
+
+    # ---- data movement (backend 'auto': Triton on CUDA tensors, torch otherwise) ---------------------
+    def store(self, temporal, conv, rows, slots, backend: str = "auto") -> None:
+        """Checkpoint active rows[b] (temporal [L, N, ...], conv [L, N, conv_dim, conv_width]) into slots[b]."""
+        ops.store(temporal, conv, rows, self.payload, self.scales, self.conv, slots, self.layout, backend=backend)
+
+    def load(self, slots, temporal, conv, rows, zero_fill: bool = True, backend: str = "auto") -> None:
+        """Restore slots[b] into active rows[b]; omitted units are zeroed (policy nr)."""
+        ops.load(self.payload, self.scales, self.conv, slots, temporal, conv, rows, self.layout,
+                 zero_fill=zero_fill, backend=backend)
+
+    # ---- accounting ------------------------------------------------------------------------------
+    def allocated_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.payload, self.scales, self.conv) if t is not None)
+
+    def memory_report(self) -> dict:
+        lay, S = self.layout, self.num_slots + 1
+        return {"slots": self.num_slots, "physical_slots": S, "slot_bytes": self.slot_bytes,
+                "codec": lay.codec, "layout": lay.layout, "width": lay.width,
+                "unit_bytes": lay.unit_bytes(), "temporal_bytes_per_slot": lay.payload_bytes_per_slot(),
+                "scale_bytes_per_slot": lay.scale_bytes_per_slot(), "conv_bytes_per_slot": lay.conv_bytes_per_slot(),
+                "temporal_bytes": S * lay.payload_bytes_per_slot(), "scale_bytes": S * lay.scale_bytes_per_slot(),
+                "conv_bytes": S * lay.conv_bytes_per_slot(), "total_bytes": self.allocated_bytes(),
+                "budget_bytes": self.budget_bytes, "free": self.num_free, "used": self.num_used}

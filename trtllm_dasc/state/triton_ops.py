@@ -1,0 +1,200 @@
+"""Host wrappers of the Triton state kernels: same signatures and shapes as ``naive`` (read its docstring).
+
+They assert strides (units contiguous inside one (layer, request); slots contiguous), pick block sizes and
+grids, and launch. On a machine without a GPU they run in Triton's interpreter (TRITON_INTERPRET=1 set
+before triton is imported) on CPU tensors.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from trtllm_dasc.state import kernels
+from trtllm_dasc.state.layout import StateLayout
+from trtllm_dasc.state.naive import as_units
+
+# elements per program tile: 4096 fp32 = 16 KiB read per program keeps enough bytes in flight per SM
+TILE_ELEMS = 4096
+NUM_WARPS = 4
+# grid axis 1 and 2 limits on CUDA
+MAX_BATCH = 65535
+
+
+# plain-python twins of triton.cdiv / next_power_of_2: those go through triton's constexpr-function
+# machinery, which costs microseconds per call on the launch path
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _blocks(n_rows: int, V: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_V): whole rows, about TILE_ELEMS elements per program (tests shrink TILE_ELEMS)."""
+    block_v = _pow2(V)
+    return max(1, min(TILE_ELEMS // block_v, _pow2(n_rows))), block_v
+
+
+def _idx(x, device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.int32, torch.int64) and x.dim() == 1 and x.is_contiguous():
+        t = x if x.device == device else x.to(device)
+    else:
+        t = torch.as_tensor(x, device=device).flatten().to(torch.int64).contiguous()
+    assert t.numel() <= MAX_BATCH, f"batch of {t.numel()} exceeds the grid limit {MAX_BATCH}"
+    return t
+
+
+def _check_units(t: torch.Tensor, layout: StateLayout) -> None:
+    st = t.stride()
+    assert st[3] == 1 and st[2] == layout.unit_elements, f"units of one (layer, request) must be contiguous: {st}"
+
+
+def _check_slots(payload: torch.Tensor, width: int, E: int) -> None:
+    assert payload.dim() == 3 and payload.shape[1] >= width and payload.shape[2] == E, \
+        f"payload {tuple(payload.shape)} is not [S, >={width}, {E}]"
+    st = payload.stride()
+    assert st[2] == 1 and st[1] == E, "payload rows must be contiguous"
+
+
+def _check_scales(scales: torch.Tensor, payload: torch.Tensor, R: int) -> None:
+    assert scales.shape == (payload.shape[0], payload.shape[1], R), \
+        f"scales {tuple(scales.shape)} must be [S, width, {R}]"
+    assert scales.stride(2) == 1 and scales.stride(1) == R, "scales must be contiguous per slot"
+
+
+def _conv_args(src, dst, src_strides, dst_strides, layout):
+    """(kernel args, conv blocks per request, CONV_BLOCK, TO_BF16) of the fused conv copy; src/dst are
+    the active conv [L, N, conv_dim, width] and the slots [S, L, conv_dim, width] in either order,
+    strides given as (request-or-slot stride, layer stride). None: no conv copy (dummy args)."""
+    if src is None:
+        return (None, None, 0, 1, 0, 0, 0, 0), 0, 16, False
+    for x in (src, dst):
+        assert x.shape[-2:] == (layout.conv_dim, layout.conv_width), f"conv {tuple(x.shape)} has the wrong shape"
+        st = x.stride()
+        assert st[-1] == 1 and st[-2] == layout.conv_width, "conv [.., conv_dim, width] must be contiguous"
+    cw = layout.conv_dim * layout.conv_width
+    n_elem = layout.num_layers * cw
+    block = max(16, min(TILE_ELEMS, _pow2(n_elem)))
+    to_bf16 = dst.dtype == torch.bfloat16 and src.dtype != torch.bfloat16
+    return (src, dst, n_elem, cw, *src_strides, *dst_strides), _cdiv(n_elem, block), block, to_bf16
+
+
+def _gather(src_units, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, unit_dst, stride_dst_b,
+            stride_dst_l, stride_scale_b, layout, quant, conv=None):
+    R, V = layout.rows_per_unit, layout.value_dim
+    n_rows, B = unit_layer.numel() * R, src_idx.numel()
+    (c_src, c_dst, *c_rest), n_conv, conv_block, to_bf16 = conv or _conv_args(None, None, None, None, layout)
+    BR, BV = _blocks(n_rows, V)
+    n_blocks = _cdiv(n_rows, BR) + n_conv
+    if n_blocks == 0 or B == 0:
+        return
+    kernels.gather_units_kernel[(n_blocks, B)](
+        src_units, dst, dst_scale if dst_scale is not None else dst, src_idx, dst_idx, unit_layer, unit_src,
+        unit_dst, n_rows, src_units.stride(0), src_units.stride(1), stride_dst_b, stride_dst_l, stride_scale_b,
+        c_src if c_src is not None else dst, c_dst if c_dst is not None else dst, *c_rest,
+        R=R, V=V, BLOCK_R=BR, BLOCK_V=BV, QUANT=quant, CONV_BLOCK=conv_block, TO_BF16=to_bf16,
+        num_warps=NUM_WARPS)
+
+
+def _scatter(payload, scales, slots, t, rows, layout, zero_fill, conv=None):
+    R, V = layout.rows_per_unit, layout.value_dim
+    n_rows, B = layout.num_layers * layout.units_per_layer * R, slots.numel()
+    if B == 0:
+        return
+    (c_src, c_dst, *c_rest), n_conv, conv_block, to_bf16 = conv or _conv_args(None, None, None, None, layout)
+    BR, BV = _blocks(n_rows, V)
+    ix = layout.index(t.device)
+    dequant = scales is not None
+    kernels.scatter_units_kernel[(_cdiv(n_rows, BR) + n_conv, B)](
+        payload, scales if dequant else payload, t, slots, rows, ix.pos_of_unit, n_rows, layout.units_per_layer,
+        payload.stride(0), scales.stride(0) if dequant else 0, t.stride(0), t.stride(1),
+        c_src if c_src is not None else t, c_dst if c_dst is not None else t, *c_rest,
+        R=R, V=V, BLOCK_R=BR, BLOCK_V=BV, DEQUANT=dequant, ZERO_FILL=zero_fill, CONV_BLOCK=conv_block,
+        TO_BF16=to_bf16, num_warps=NUM_WARPS)
+
+
+# ---- public twins of naive.* -------------------------------------------------------------------------
+def pack(temporal, rows, payload, slots, layout: StateLayout) -> None:
+    t = as_units(temporal, layout)
+    _check_units(t, layout)
+    _check_slots(payload, layout.width, layout.unit_elements)
+    ix = layout.index(t.device)
+    _gather(t, payload, None, _idx(rows, t.device), _idx(slots, t.device), ix.unit_layer, ix.unit_local,
+            ix.slot_pos, payload.stride(0), 0, 0, layout, False)
+
+
+def unpack(payload, slots, temporal, rows, layout: StateLayout, zero_fill: bool = True) -> None:
+    t = as_units(temporal, layout)
+    _check_units(t, layout)
+    _check_slots(payload, layout.width, layout.unit_elements)
+    _scatter(payload, None, _idx(slots, t.device), t, _idx(rows, t.device), layout, zero_fill)
+
+
+def refresh_merge(scratch, scratch_rows, temporal, rows, layout: StateLayout) -> None:
+    t, s = as_units(temporal, layout), as_units(scratch, layout)
+    _check_units(t, layout)
+    _check_units(s, layout)
+    ix = layout.index(t.device)
+    _gather(s, t, None, _idx(scratch_rows, t.device), _idx(rows, t.device), ix.omit_layer, ix.omit_local,
+            ix.omit_local, t.stride(1), t.stride(0), 0, layout, False)
+
+
+def quantize_int8(x: torch.Tensor, scale_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    V = x.shape[-1]
+    xc = x.contiguous()
+    q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    s = torch.empty(x.shape[:-1], dtype=scale_dtype, device=x.device)
+    n_rows = xc.numel() // max(V, 1)
+    if n_rows:
+        BR, BV = _blocks(n_rows, V)
+        kernels.quantize_kernel[(_cdiv(n_rows, BR),)](xc, q, s, n_rows, V=V, BLOCK_R=BR, BLOCK_V=BV)
+    return q, s
+
+
+def dequantize_int8(q: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    assert s.shape == q.shape[:-1], f"scales {tuple(s.shape)} do not match q {tuple(q.shape)}"
+    V = q.shape[-1]
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device) if out is None else out
+    assert out.shape == q.shape and out.is_contiguous(), "out must be contiguous and shaped like q"
+    n_rows = q.numel() // max(V, 1)
+    if n_rows:
+        BR, BV = _blocks(n_rows, V)
+        kernels.dequantize_kernel[(_cdiv(n_rows, BR),)](q.contiguous(), s.contiguous(), out, n_rows,
+                                                              V=V, BLOCK_R=BR, BLOCK_V=BV)
+    return out
+
+
+def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: StateLayout) -> None:
+    t = as_units(temporal, layout)
+    _check_units(t, layout)
+    _check_slots(payload, layout.width, layout.unit_elements)
+    quant = layout.codec == "int8"
+    if quant:
+        assert payload.dtype == torch.int8 and scales is not None, "int8 codec needs an int8 payload and scales"
+        _check_scales(scales, payload, layout.rows_per_unit)
+    rows, slots = _idx(rows, t.device), _idx(slots, t.device)
+    ix = layout.index(t.device)
+    conv_args = None
+    if conv is not None:
+        cs, ps = conv.stride(), conv_store.stride()
+        conv_args = _conv_args(conv, conv_store, (cs[1], cs[0]), (ps[0], ps[1]), layout)
+    _gather(t, payload, scales if quant else None, rows, slots, ix.unit_layer, ix.unit_local, ix.slot_pos,
+            payload.stride(0), 0, scales.stride(0) if quant else 0, layout, quant, conv_args)
+
+
+def load(payload, scales, conv_store, slots, temporal, conv, rows, layout: StateLayout,
+         zero_fill: bool = True) -> None:
+    t = as_units(temporal, layout)
+    _check_units(t, layout)
+    _check_slots(payload, layout.width, layout.unit_elements)
+    quant = layout.codec == "int8"
+    if quant:
+        assert payload.dtype == torch.int8 and scales is not None, "int8 codec needs an int8 payload and scales"
+        _check_scales(scales, payload, layout.rows_per_unit)
+    rows, slots = _idx(rows, t.device), _idx(slots, t.device)
+    conv_args = None
+    if conv is not None:
+        cs, ps = conv.stride(), conv_store.stride()
+        conv_args = _conv_args(conv_store, conv, (ps[0], ps[1]), (cs[1], cs[0]), layout)
+    _scatter(payload, scales if quant else None, slots, t, rows, layout, zero_fill, conv_args)
