@@ -1,12 +1,7 @@
-import os
-
 import pytest
 import torch
 
-# kernels run in triton's interpreter on CPU tensors when there is no GPU; the flag is read when a
-# kernel is decorated, so it must be set before trtllm_dasc.state.kernels is imported
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# TRITON_INTERPRET (kernels on the CPU without a GPU) is set in tests/conftest.py
 
 
 @pytest.fixture(scope="session")

@@ -147,6 +147,21 @@ class StateLayout:
                                  conv_dim=shard.conv_dim, conv_width=cfg.conv_kernel - 1,
                                  temporal_dtype=dt[cfg.temporal_dtype], conv_dtype=dt[cfg.conv_dtype])
 
+    @classmethod
+    def from_plan(cls, plan, rank: int = 0) -> "StateLayout":
+        """One rank's slot layout from a DascPlan: its retained local units, codec, layout and the slot
+        width the planner accounted for (so the pool matches the planner to the byte).
+
+        A rank that stores units of other ranks, or sends its own away (storage balancing at tp > 1 with
+        transfers touching it), needs the all-to-all of dist/, which is not built yet: refused clearly."""
+        if not 0 <= rank < plan.options.tp:
+            raise LayoutError(f"rank {rank} outside the plan's TP degree {plan.options.tp}")
+        if plan.storage is not None and any(rank in (t.src, t.dst) for t in plan.storage.transfers):
+            raise LayoutError(f"rank {rank} exchanges checkpoint units with other ranks under placement "
+                              f"'{plan.options.placement}'; the storage all-to-all is not available yet")
+        return cls.from_config(plan.config, plan.options.tp, plan.local_retained(rank), codec=plan.options.codec,
+                               layout=plan.options.layout, width=plan.rank_widths()[rank])
+
     # ---- shape facts --------------------------------------------------------------------------------
     @property
     def num_retained(self) -> int:

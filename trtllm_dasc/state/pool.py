@@ -59,6 +59,14 @@ class CheckpointPool:
         self._free: deque[int] = deque(range(1, n + 1))
         self._used: set[int] = set()
 
+    @classmethod
+    def from_plan(cls, plan, budget_bytes: int, rank: int = 0, device="cpu") -> "CheckpointPool":
+        """Rank ``rank``'s pool: every rank holds the same N slots, N set by the bottleneck rank
+        (a logical checkpoint spans all ranks), so lighter ranks use less than the budget."""
+        from trtllm_dasc.plan.accounting import slots_for_budget
+        n = slots_for_budget(budget_bytes, plan.bottleneck_slot_bytes())
+        return cls(StateLayout.from_plan(plan, rank), budget_bytes, device=device, max_slots=n)
+
     # ---- allocation -------------------------------------------------------------------------------
     @property
     def num_free(self) -> int:
@@ -78,6 +86,13 @@ class CheckpointPool:
         out = [self._free.popleft() for _ in range(n)]
         self._used.update(out)
         return out
+
+    def try_alloc(self) -> int | None:
+        """One slot id, or None when full (the radix cache's allocator interface: it evicts and retries)."""
+        return self.alloc(1)[0] if self._free else None
+
+    def used_ids(self) -> set[int]:
+        return set(self._used)
 
     def free(self, slots) -> None:
         """Return slot ids (an int or an iterable); all are checked before any is freed."""

@@ -1,0 +1,118 @@
+"""fla kernels (GPU) against the torch reference: recurrence ops and the whole model, bf16 tolerance.
+
+Skipped with a reason on machines without CUDA or without fla. The model checks build weights in memory
+(RandomWeights), so they do not depend on the GPU machine's transformers version.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trtllm_dasc.model.recurrence import fla as fla_backend
+from trtllm_dasc.model.recurrence import naive, run_recurrence
+
+_ok, _why = fla_backend.available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _ok, reason=_why)]
+
+
+def rms_rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """fla's check: RMS of the error relative to the RMS of the reference."""
+    out, ref = out.float(), ref.float()
+    return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-12)).item()
+
+
+def _inputs(kind, lens, H, HV, K, V, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T, dev = sum(lens), "cuda"
+    q = torch.randn(1, T, H, K, generator=g, device=dev).to(dtype)
+    k = torch.randn(1, T, H, K, generator=g, device=dev).to(dtype)
+    v = torch.randn(1, T, HV, V, generator=g, device=dev).to(dtype)
+    gshape = (1, T, HV) if kind == "gdn" else (1, T, HV, K)
+    gate = -torch.empty(gshape, device=dev).uniform_(-math.log(0.999), -math.log(0.2), generator=g)
+    beta = torch.rand(1, T, HV, generator=g, device=dev).to(dtype)
+    h0 = torch.randn(len(lens), HV, K, V, generator=g, device=dev) * 0.3
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    return q, k, v, gate, beta, h0, cu
+
+
+CASES = [("gdn", 2, 4, 64, 64), ("gdn", 4, 4, 128, 128), ("kda", 4, 4, 128, 128), ("kda", 2, 2, 64, 64)]
+IDS = [f"{c[0]}-H{c[1]}-HV{c[2]}-K{c[3]}-V{c[4]}" for c in CASES]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("kind, H, HV, K, V", CASES, ids=IDS)
+def test_chunk_matches_reference(kind, H, HV, K, V, dtype):
+    q, k, v, g, beta, h0, cu = _inputs(kind, [1, 300, 64, 1000], H, HV, K, V, dtype)
+    o, ht = getattr(fla_backend, kind)(q, k, v, g, beta, h0, cu)
+    ro, rh = getattr(naive, kind)(q, k, v, g, beta, h0, cu)
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    assert o.shape == ro.shape and ht.shape == rh.shape and ht.dtype == torch.float32
+    assert rms_rel_err(o, ro) < tol and rms_rel_err(ht, rh) < tol
+
+
+@pytest.mark.parametrize("kind, H, HV, K, V", CASES, ids=IDS)
+def test_decode_step_matches_reference(kind, H, HV, K, V):
+    # one token per sequence: the fused recurrent kernels
+    q, k, v, g, beta, h0, cu = _inputs(kind, [1, 1, 1], H, HV, K, V, torch.bfloat16, seed=1)
+    o, ht = getattr(fla_backend, kind)(q, k, v, g, beta, h0, cu)
+    ro, rh = getattr(naive, kind)(q, k, v, g, beta, h0, cu)
+    assert rms_rel_err(o, ro) < 1e-2 and rms_rel_err(ht, rh) < 1e-2
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_boundary_states_match_reference(kind):
+    H, HV = (2, 4) if kind == "gdn" else (4, 4)
+    q, k, v, g, beta, h0, cu = _inputs(kind, [500, 7, 200], H, HV, 128, 128, torch.bfloat16, seed=2)
+    cuts = [[1, 64, 100, 499, 500], [], [3, 128]]
+    o, ht, hb = run_recurrence(fla_backend, kind, q, k, v, g, beta, h0, cu, cuts)
+    ro, rh, rb = run_recurrence(naive, kind, q, k, v, g, beta, h0, cu, cuts)
+    assert hb.shape == rb.shape == (7, HV, 128, 128)
+    for a, b in ((o, ro), (ht, rh), (hb, rb)):
+        assert rms_rel_err(a, b) < 1e-2
+
+
+def _model(arch: str, backend: str, dtype: str):
+    from trtllm_dasc.config import HybridConfig
+    from trtllm_dasc.model import HybridModel, RandomWeights
+    if arch == "kda":
+        raw = {"model_type": "kimi_linear", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+               "moe_intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+               "num_key_value_heads": 4, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+               "v_head_dim": 32, "num_experts": 4, "num_experts_per_token": 2, "num_expert_group": 1,
+               "topk_group": 1, "mlp_layer_types": ["dense", "sparse", "dense", "sparse"],
+               "linear_attn_config": {"head_dim": 64, "num_heads": 4, "short_conv_kernel_size": 4,
+                                      "kda_layers": [1, 2, 4], "full_attn_layers": [3]}}
+    else:
+        raw = {"model_type": "qwen3_next", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+               "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+               "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64,
+               "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "num_experts": 4,
+               "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128,
+               "full_attention_interval": 4}
+    cfg = HybridConfig.from_dict(raw)
+    # weights drawn on the CPU so both backends get the same ones
+    return HybridModel.from_source(cfg, RandomWeights(seed=0, std=0.05), dtype=dtype, device="cuda",
+                                   backend=backend)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_model_fla_matches_torch_backend(arch, dtype):
+    from trtllm_dasc.model import SeqInput
+    ids = torch.randint(0, 1000, (700,), generator=torch.Generator().manual_seed(0))
+    outs = {}
+    for backend in ("fla", "torch"):
+        m = _model(arch, backend, dtype)
+        st, kv = m.new_state(2), m.new_kv_cache(64, 16)
+        # a prefill with checkpoints, then a continuation and two decode steps
+        first = m.forward([SeqInput(ids[:500], 1, capture_at=(128, 256, 500))], st, kv)
+        rest = m.forward([SeqInput(ids[500:698], 1)], st, kv).logits
+        steps = [m.forward([SeqInput(ids[t:t + 1], 1)], st, kv).logits for t in (698, 699)]
+        outs[backend] = (torch.cat([first.logits, rest, *steps]), first.capture_temporal, st.temporal[:, 1])
+    tol = 2e-2 if dtype == "bfloat16" else 2e-3
+    for a, b in zip(outs["fla"], outs["torch"]):
+        assert rms_rel_err(a, b) < tol

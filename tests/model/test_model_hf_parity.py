@@ -1,0 +1,71 @@
+"""Our runtime's logits and states equal transformers' Qwen3NextForCausalLM / KimiLinearForCausalLM."""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from hybrid_tiny import VOCAB, assert_logits_close, hf_logits
+
+from trtllm_dasc.model import HybridModel, SeqInput
+
+
+def _ids(T: int, seed: int = 0):
+    return torch.randint(0, VOCAB, (T,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+@pytest.mark.parametrize("T", [1, 63, 130])
+def test_logits_match_transformers(tiny, arch, T):
+    path, hf = tiny(arch)
+    ids = _ids(T, T)
+    assert_logits_close(HybridModel.from_pretrained(path).prefill(ids), hf_logits(hf, ids))
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_long_prompt_T1000(tiny, arch):
+    path, hf = tiny(arch, "long")
+    ids = _ids(1000, 7)
+    assert_logits_close(HybridModel.from_pretrained(path).prefill(ids), hf_logits(hf, ids))
+
+
+def test_mla_with_q_lora(tiny):
+    path, hf = tiny("kda", "qlora")
+    ids = _ids(40, 3)
+    assert_logits_close(HybridModel.from_pretrained(path).prefill(ids), hf_logits(hf, ids))
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_sharded_checkpoint(tiny, arch):
+    path, hf = tiny(arch, "sharded")
+    assert os.path.isfile(os.path.join(path, "model.safetensors.index.json"))
+    ids = _ids(20, 1)
+    assert_logits_close(HybridModel.from_pretrained(path).prefill(ids), hf_logits(hf, ids))
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_states_match_transformers_cache(tiny, arch):
+    """Temporal state [HV, K, V] and conv state (last W-1 inputs) equal transformers' cache, per linear layer."""
+    path, hf = tiny(arch)
+    ids = torch.tensor(_ids(45, 2))
+    with torch.no_grad():
+        cache = hf(ids[None], use_cache=True).cache
+    model = HybridModel.from_pretrained(path)
+    state, kv = model.new_state(2), model.new_kv_cache(8, 16)
+    model.forward([SeqInput(ids, 1)], state, kv)
+    for l, layer in enumerate(model.cfg.linear_layers):
+        ref_t, ref_c = cache.get_recurrent_state(layer)[0], cache.get_conv_state(layer)[0]
+        torch.testing.assert_close(state.temporal[l, 1], ref_t.float(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(state.conv[l, 1], ref_c[:, 1:], rtol=1e-4, atol=1e-5)
+    assert state.temporal[:, 0].abs().max() == 0
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_bf16_close_to_transformers_bf16(tiny, arch):
+    path, hf = tiny(arch)
+    ids = _ids(50, 4)
+    # a copy: the session's fp32 reference must not be rounded
+    ref = hf_logits(copy.deepcopy(hf).to(torch.bfloat16), ids)
+    out = HybridModel.from_pretrained(path, dtype="bfloat16").prefill(ids)
+    assert_logits_close(out, ref, rel=0.1)

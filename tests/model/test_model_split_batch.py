@@ -1,0 +1,93 @@
+"""Continuation is exact: split prefill (export state + KV, import into fresh objects) equals one prefill;
+a batch of different-length prompts equals running them one by one; checkpoints captured mid-prefill
+equal the state after prefilling exactly that prefix (checked against transformers' cache)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hybrid_tiny import VOCAB, assert_logits_close, hf_logits
+
+from trtllm_dasc.model import HybridModel, SeqInput
+
+
+def _ids(T, seed):
+    return torch.randint(0, VOCAB, (T,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def models(tiny):
+    return {arch: (HybridModel.from_pretrained(tiny(arch)[0]), tiny(arch)[1]) for arch in ("gdn", "kda")}
+
+
+def _split_run(model, ids, k, block_size=4):
+    state, kv = model.new_state(3), model.new_kv_cache(64, block_size)
+    first = model.forward([SeqInput(ids[:k], 2, seq_id="a")], state, kv).logits
+    rows, cached = state.export_rows([2]), kv.export_sequence("a")
+    state2, kv2 = model.new_state(1), model.new_kv_cache(64, block_size)
+    state2.import_rows([0], rows)
+    kv2.import_sequence("b", cached)
+    rest = model.forward([SeqInput(ids[k:], 0, seq_id="b")], state2, kv2).logits
+    kv2.sanity_check()
+    return torch.cat([first, rest])
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+@pytest.mark.parametrize("k", [1, 3, 17, 64, 69])
+def test_split_equals_unsplit(models, arch, k):
+    model, _ = models[arch]
+    ids = _ids(70, k)
+    full = model.prefill(ids)
+    split = _split_run(model, ids, k)
+    assert_logits_close(split, full, rel=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_token_by_token_decode_equals_transformers(models, arch):
+    model, hf = models[arch]
+    ids = _ids(12, 5)
+    state, kv = model.new_state(1), model.new_kv_cache(8, 4)
+    out = torch.cat([model.forward([SeqInput(ids[t:t + 1], 0)], state, kv).logits for t in range(12)])
+    assert_logits_close(out, hf_logits(hf, ids))
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_batch_equals_one_by_one(models, arch):
+    model, hf = models[arch]
+    prompts = [_ids(n, n) for n in (5, 33, 1, 70)]
+    state, kv = model.new_state(6), model.new_kv_cache(64, 8)
+    batch = [SeqInput(p, slot) for p, slot in zip(prompts, (4, 0, 5, 2))]
+    out = model.forward(batch, state, kv)
+    for i, p in enumerate(prompts):
+        rows = out.logits[out.cu_seqlens[i]:out.cu_seqlens[i + 1]]
+        assert_logits_close(rows, hf_logits(hf, p))
+    # a second batched step continues each sequence from its own state and cache
+    nxt = [_ids(n, 100 + n) for n in (3, 1, 4, 2)]
+    out2 = model.forward([SeqInput(t, b.slot) for t, b in zip(nxt, batch)], state, kv, logits="last")
+    for i, (p, t) in enumerate(zip(prompts, nxt)):
+        assert_logits_close(out2.logits[i:i + 1], hf_logits(hf, torch.cat([p, t]))[-1:])
+    kv.sanity_check()
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_captures_equal_prefix_states(models, arch):
+    """States captured at prefix lengths p equal transformers' cache after prefilling ids[:p]."""
+    model, hf = models[arch]
+    ids = _ids(50, 9)
+    state, kv = model.new_state(2), model.new_kv_cache(64, 16)
+    model.forward([SeqInput(ids[:6], 1)], state, kv)
+    caps = (16, 32, 48, 50)
+    other = SeqInput(_ids(9, 1), 0, capture_at=(4,))
+    out = model.forward([other, SeqInput(ids[6:], 1, capture_at=caps)], state, kv)
+    assert out.capture_seq == [0, 1, 1, 1, 1] and out.capture_pos == [4, *caps]
+    L = model.cfg.num_linear_layers
+    assert out.capture_temporal.shape[:2] == (5, L) and out.capture_conv.shape[:2] == (5, L)
+    for j, p in enumerate(caps):
+        with torch.no_grad():
+            cache = hf(ids[:p][None], use_cache=True).cache
+        for l, layer in enumerate(model.cfg.linear_layers):
+            torch.testing.assert_close(out.capture_temporal[1 + j, l], cache.get_recurrent_state(layer)[0].float(),
+                                       rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out.capture_conv[1 + j, l], cache.get_conv_state(layer)[0][:, 1:],
+                                       rtol=1e-4, atol=1e-5)
+    # the capture at the prompt end is the final state
+    torch.testing.assert_close(out.capture_temporal[-1], state.temporal[:, 1], rtol=0, atol=0)

@@ -1,0 +1,137 @@
+"""Full-attention layers over the paged KV cache: qwen3_next gated GQA, kimi_linear MLA.
+
+Each forward writes the batch's new tokens into the cache, reads every cached token of each sequence
+back, and attends causally (query at absolute position p sees keys 0..p). Replicated on every TP rank.
+MLA caches the compressed latent (kv_a_layernorm'd) and the shared k_rope part, one [kv_lora + rope]
+row per token, and expands keys/values with kv_b_proj at attention time. Like transformers' KimiLinear,
+MLA applies no RoPE (Kimi-Linear's MLA is NoPE); the k_rope channels are used as plain key channels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_dasc.model.ops import apply_partial_rope, linear, rms_norm, rope_cos_sin
+from trtllm_dasc.model.weights import load
+
+
+@dataclass(slots=True)
+class AttnBatch:
+    """Where the batch's tokens go: sequence i is rows cu_seqlens[i]:cu_seqlens[i+1], starting at
+    absolute position starts[i], cached under kv sequence id seq_ids[i]."""
+
+    cu_seqlens: list[int]
+    starts: list[int]
+    seq_ids: list
+    positions: torch.Tensor          # [T] absolute positions
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """q [T, H, E], k [S, Hk, E], v [S, Hk, Ev] with S = start + T. Returns [T, H, Ev]."""
+    T, S, Ev = q.shape[0], k.shape[0], v.shape[-1]
+    if Ev != q.shape[-1]:
+        # fused SDPA kernels want one head dim: pad v, slice the output
+        v = F.pad(v, (0, q.shape[-1] - Ev)) if Ev < q.shape[-1] else v
+    qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    gqa = q.shape[1] != k.shape[1]
+    if start == 0:
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+    else:
+        mask = torch.arange(S, device=q.device)[None, :] <= (start + torch.arange(T, device=q.device))[:, None]
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=gqa)
+    return out[0].transpose(0, 1)[..., :Ev]
+
+
+class GatedAttention:
+    """qwen3_next: q carries an output gate, q/k RMSNorm (1 + w), partial RoPE, GQA, sigmoid gate before o_proj."""
+
+    kind = "gqa"
+
+    def __init__(self, w: dict, spec):
+        self.w, self.spec = w, spec
+
+    @classmethod
+    def load(cls, src, prefix: str, spec, dtype, device) -> "GatedAttention":
+        D, H, Hk, hd = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+        p = prefix + "self_attn."
+        shapes = {"q_proj": (H * hd * 2, D), "k_proj": (Hk * hd, D), "v_proj": (Hk * hd, D), "o_proj": (D, H * hd)}
+        w = {n: load(src, p + n + ".weight", s, dtype, device) for n, s in shapes.items()}
+        if spec.attention_bias:
+            for n, s in shapes.items():
+                w[n + ".bias"] = load(src, p + n + ".bias", (s[0],), dtype, device) if n != "o_proj" else \
+                    load(src, p + n + ".bias", (D,), dtype, device)
+        w["q_norm"] = load(src, p + "q_norm.weight", (hd,), dtype, device)
+        w["k_norm"] = load(src, p + "k_norm.weight", (hd,), dtype, device)
+        return cls(w, spec)
+
+    def forward(self, x: torch.Tensor, batch: AttnBatch, kv, layer: int) -> torch.Tensor:
+        s, w, T = self.spec, self.w, x.shape[0]
+        H, Hk, hd, eps = s.num_attention_heads, s.num_key_value_heads, s.head_dim, s.rms_norm_eps
+        qg = linear(x, w["q_proj"], w.get("q_proj.bias")).view(T, H, 2 * hd)
+        q, gate = qg[..., :hd], qg[..., hd:].reshape(T, H * hd)
+        q = rms_norm(q, w["q_norm"], eps, offset=True)
+        k = rms_norm(linear(x, w["k_proj"], w.get("k_proj.bias")).view(T, Hk, hd), w["k_norm"], eps, offset=True)
+        v = linear(x, w["v_proj"], w.get("v_proj.bias")).view(T, Hk, hd)
+        cos, sin = rope_cos_sin(batch.positions, s.rotary_dim, s.rope_theta, x.dtype)
+        q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
+        out = torch.empty(T, H, hd, dtype=x.dtype, device=x.device)
+        for i, (a, b) in enumerate(zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])):
+            sid, start = batch.seq_ids[i], batch.starts[i]
+            kv.write(layer, sid, start, [k[a:b], v[a:b]])
+            k_all, v_all = kv.read(layer, sid, start + b - a)
+            out[a:b] = _attend(q[a:b], k_all, v_all, start)
+        out = out.reshape(T, H * hd) * torch.sigmoid(gate)
+        return linear(out, w["o_proj"], w.get("o_proj.bias"))
+
+
+class MLAttention:
+    """kimi_linear MLA (DeepSeek-V2 style, NoPE): optional q LoRA, compressed kv latent + shared k_rope part."""
+
+    kind = "mla"
+
+    def __init__(self, w: dict, spec):
+        self.w, self.spec = w, spec
+
+    @classmethod
+    def load(cls, src, prefix: str, spec, dtype, device) -> "MLAttention":
+        s, p = spec, prefix + "self_attn."
+        D, H, qk = s.hidden_size, s.num_attention_heads, s.qk_head_dim
+        shapes = {"kv_a_proj_with_mqa": (s.kv_lora_rank + s.qk_rope_head_dim, D), "kv_a_layernorm": (s.kv_lora_rank,),
+                  "kv_b_proj": (H * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank),
+                  "o_proj": (D, H * s.v_head_dim)}
+        if s.q_lora_rank is None:
+            shapes["q_proj"] = (H * qk, D)
+        else:
+            shapes.update(q_a_proj=(s.q_lora_rank, D), q_a_layernorm=(s.q_lora_rank,), q_b_proj=(H * qk, s.q_lora_rank))
+        w = {n: load(src, p + n + ".weight", shape, dtype, device) for n, shape in shapes.items()}
+        if s.attention_bias:
+            for n in ("q_a_proj", "kv_a_proj_with_mqa", "o_proj"):
+                if n in shapes:
+                    w[n + ".bias"] = load(src, p + n + ".bias", (shapes[n][0],), dtype, device)
+        return cls(w, spec)
+
+    def forward(self, x: torch.Tensor, batch: AttnBatch, kv, layer: int) -> torch.Tensor:
+        s, w, T = self.spec, self.w, x.shape[0]
+        H, nope, rope, lora, vd = (s.num_attention_heads, s.qk_nope_head_dim, s.qk_rope_head_dim,
+                                   s.kv_lora_rank, s.v_head_dim)
+        if s.q_lora_rank is None:
+            q = linear(x, w["q_proj"])
+        else:
+            # transformers builds q_a_layernorm / kv_a_layernorm with the default eps 1e-6, not rms_norm_eps
+            q = linear(rms_norm(linear(x, w["q_a_proj"], w.get("q_a_proj.bias")), w["q_a_layernorm"], 1e-6, False),
+                       w["q_b_proj"])
+        q = q.view(T, H, nope + rope)
+        ckv = linear(x, w["kv_a_proj_with_mqa"], w.get("kv_a_proj_with_mqa.bias"))
+        latent = torch.cat([rms_norm(ckv[:, :lora], w["kv_a_layernorm"], 1e-6, False), ckv[:, lora:]], dim=-1)
+        out = torch.empty(T, H, vd, dtype=x.dtype, device=x.device)
+        for i, (a, b) in enumerate(zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])):
+            sid, start = batch.seq_ids[i], batch.starts[i]
+            kv.write(layer, sid, start, [latent[a:b, None]])
+            (cached,) = kv.read(layer, sid, start + b - a)
+            S = cached.shape[0]
+            kvx = linear(cached[:, 0, :lora], w["kv_b_proj"]).view(S, H, nope + vd)
+            k = torch.cat([kvx[..., :nope], cached[:, :, lora:].expand(S, H, rope)], dim=-1)
+            out[a:b] = _attend(q[a:b], k, kvx[..., nope:], start)
+        return linear(out.reshape(T, H * vd), w["o_proj"], w.get("o_proj.bias"))

@@ -1,0 +1,112 @@
+"""Linear-attention token mixers: Gated DeltaNet (qwen3_next) and Kimi Delta Attention (kimi_linear).
+
+Both work on flattened varlen tokens x [T, D] and one TP rank's share of heads (tp.py). forward() reads
+the carried states of the batch's sequences (h0 [N, HV, K, V] fp32, conv0 [N, C, W-1]) and returns the
+row-parallel partial output (sum over ranks = the layer output; at TP=1 it is the output), the new
+states, and the states captured at the requested token counts (cuts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_dasc.model.ops import causal_conv, gated_rms_norm, linear
+from trtllm_dasc.model.recurrence import run_recurrence
+from trtllm_dasc.model.tp import GDNSlice, KDASlice
+from trtllm_dasc.model.weights import load
+
+
+@dataclass(slots=True)
+class MixerOut:
+    out: torch.Tensor       # [T, D] partial output of this rank
+    ht: torch.Tensor        # [N, HV, K, V] fp32 final temporal states
+    conv: torch.Tensor      # [N, C, W-1] final conv states
+    hb: torch.Tensor        # [n_cuts, HV, K, V] fp32 captured temporal states, (sequence, cut) order
+    conv_b: torch.Tensor    # [n_cuts, C, W-1] captured conv states
+
+
+class GDNLayer:
+    """Gated DeltaNet with short conv, per-head scalar decay, grouped value heads, gated RMSNorm."""
+
+    kind = "gdn"
+
+    def __init__(self, w: dict, H: int, HV: int, K: int, V: int, eps: float):
+        self.w, self.H, self.HV, self.K, self.V, self.eps = w, H, HV, K, V, eps
+
+    @classmethod
+    def load(cls, src, prefix: str, cfg, spec, bundles: list[int], dtype, device) -> "GDNLayer":
+        H, HV, K, V, W = (cfg.num_key_heads, cfg.num_value_heads, cfg.key_head_dim, cfg.value_head_dim,
+                          cfg.conv_kernel)
+        D, r = spec.hidden_size, HV // H
+        s = GDNSlice.build(bundles, H, HV, K, V)
+        p = prefix + "linear_attn."
+        w = {"qkvz": load(src, p + "in_proj_qkvz.weight", (H * (2 * K + 2 * r * V), D), dtype, device, s.qkvz_rows),
+             "ba": load(src, p + "in_proj_ba.weight", (2 * HV, D), dtype, device, s.ba_rows),
+             "conv": load(src, p + "conv1d.weight", (cfg.conv_dim, 1, W), dtype, device, s.conv_channels)[:, 0],
+             "A_log": load(src, p + "A_log", (HV,), torch.float32, device, s.value_heads),
+             "dt_bias": load(src, p + "dt_bias", (HV,), torch.float32, device, s.value_heads),
+             "norm": load(src, p + "norm.weight", (V,), dtype, device),
+             "out": load(src, p + "out_proj.weight", (D, HV * V), dtype, device, cols=s.out_cols)}
+        return cls(w, len(bundles), len(bundles) * r, K, V, spec.rms_norm_eps)
+
+    def forward(self, x, cu_seqlens: list[int], h0, conv0, backend, cuts=None) -> MixerOut:
+        T, H, HV, K, V, r = x.shape[0], self.H, self.HV, self.K, self.V, self.HV // self.H
+        qkvz = linear(x, self.w["qkvz"]).view(T, H, 2 * K + 2 * r * V)
+        q, k = qkvz[..., :K], qkvz[..., K:2 * K]
+        v, z = qkvz[..., 2 * K:2 * K + r * V], qkvz[..., 2 * K + r * V:]
+        ba = linear(x, self.w["ba"]).view(T, H, 2 * r)
+        b, a = ba[..., :r].reshape(T, HV), ba[..., r:].reshape(T, HV)
+        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)
+        y, conv, conv_b = causal_conv(mixed, self.w["conv"], conv0, cu_seqlens, cuts)
+        q, k, v = torch.split(y, [H * K, H * K, HV * V], dim=-1)
+        beta = torch.sigmoid(b)
+        g = -self.w["A_log"].exp() * F.softplus(a.float() + self.w["dt_bias"])
+        o, ht, hb = run_recurrence(backend, "gdn", q.reshape(1, T, H, K), k.reshape(1, T, H, K),
+                                   v.reshape(1, T, HV, V), g[None], beta[None], h0, cu_seqlens, cuts)
+        o = gated_rms_norm(o[0], z.reshape(T, HV, V), self.w["norm"], self.eps, "silu")
+        return MixerOut(linear(o.reshape(T, HV * V), self.w["out"]), ht, conv, hb, conv_b)
+
+
+class KDALayer:
+    """Kimi Delta Attention: q/k/v short convs, per-channel decay from a low-rank gate, sigmoid-gated norm."""
+
+    kind = "kda"
+
+    def __init__(self, w: dict, H: int, K: int, eps: float):
+        self.w, self.H, self.K, self.eps = w, H, K, eps
+
+    @classmethod
+    def load(cls, src, prefix: str, cfg, spec, bundles: list[int], dtype, device) -> "KDALayer":
+        H, K, W, D = cfg.num_key_heads, cfg.key_head_dim, cfg.conv_kernel, spec.hidden_size
+        s = KDASlice.build(bundles, K)
+        p = prefix + "self_attn."
+
+        def rows(name, shape, dt=dtype):
+            return load(src, p + name, shape, dt, device, s.head_rows)
+        w = {"qkv": torch.cat([rows(f"{n}_proj.weight", (H * K, D)) for n in "qkv"]),
+             "conv": torch.cat([rows(f"{n}_conv1d.weight", (H * K, 1, W))[:, 0] for n in "qkv"]),
+             "A_log": load(src, p + "A_log", (1, 1, H, 1), torch.float32, device).view(H)[s.heads.to(device)],
+             "dt_bias": rows("dt_bias", (H * K,), torch.float32),
+             "f_a": load(src, p + "f_a_proj.weight", (K, D), dtype, device),
+             "f_b": rows("f_b_proj.weight", (H * K, K)),
+             "b": load(src, p + "b_proj.weight", (H, D), dtype, device, s.heads),
+             "g_a": load(src, p + "g_a_proj.weight", (K, D), dtype, device),
+             "g_b": rows("g_b_proj.weight", (H * K, K)),
+             "o_norm": load(src, p + "o_norm.weight", (K,), dtype, device),
+             "o": load(src, p + "o_proj.weight", (D, H * K), dtype, device, cols=s.head_rows)}
+        return cls(w, len(bundles), K, spec.rms_norm_eps)
+
+    def forward(self, x, cu_seqlens: list[int], h0, conv0, backend, cuts=None) -> MixerOut:
+        T, H, K = x.shape[0], self.H, self.K
+        mixed = linear(x, self.w["qkv"])
+        y, conv, conv_b = causal_conv(mixed, self.w["conv"], conv0, cu_seqlens, cuts)
+        q, k, v = (t.reshape(1, T, H, K) for t in torch.split(y, H * K, dim=-1))
+        gate = linear(linear(x, self.w["f_a"]), self.w["f_b"]).float() + self.w["dt_bias"]
+        g = -self.w["A_log"].exp()[:, None] * F.softplus(gate.view(T, H, K))
+        beta = torch.sigmoid(linear(x, self.w["b"]))
+        o, ht, hb = run_recurrence(backend, "kda", q, k, v, g[None], beta[None], h0, cu_seqlens, cuts)
+        og = linear(linear(x, self.w["g_a"]), self.w["g_b"]).view(T, H, K)
+        o = gated_rms_norm(o[0], og, self.w["o_norm"], self.eps, "sigmoid")
+        return MixerOut(linear(o.reshape(T, H * K), self.w["o"]), ht, conv, hb, conv_b)

@@ -1,0 +1,56 @@
+"""fla (flash-linear-attention, fla-core 0.6.0) Triton kernels behind the reference's signatures. GPU only.
+
+Prefill uses the chunked kernels; a pure decode step (every sequence has one token) uses the fused
+recurrent ones. State layout is fla's default [N, HV, K, V] (state_v_first=False), fp32.
+Note the argument orders differ in fla: chunk_gated_delta_rule(q, k, v, g, beta) but
+naive_recurrent_gated_delta_rule(q, k, v, beta, g); keywords everywhere avoid the trap.
+"""
+from __future__ import annotations
+
+import torch
+
+try:  # fla is optional: the CPU machine runs the torch reference
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    from fla.ops.kda import chunk_kda, fused_recurrent_kda
+    IMPORT_ERROR: Exception | None = None
+except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+    IMPORT_ERROR = e
+
+
+def available() -> tuple[bool, str]:
+    """(usable, reason): needs the fla package and a CUDA device."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device (torch.cuda.is_available() is False); fla's Triton kernels need one"
+    if IMPORT_ERROR is not None:
+        return False, f"fla is not importable: {IMPORT_ERROR}"
+    return True, "ok"
+
+
+def _cu(cu_seqlens, device) -> torch.Tensor:
+    if isinstance(cu_seqlens, torch.Tensor):
+        return cu_seqlens.to(device=device, dtype=torch.long)
+    return torch.tensor(list(cu_seqlens), dtype=torch.long, device=device)
+
+
+def _decode_only(cu: torch.Tensor, T: int) -> bool:
+    return T == cu.numel() - 1
+
+
+def gdn(q, k, v, g, beta, initial_state, cu_seqlens, scale=None):
+    """Gated DeltaNet. q,k [1,T,H,K], v [1,T,HV,V], g [1,T,HV] fp32 log decay, beta [1,T,HV],
+    initial_state [N,HV,K,V] fp32. Returns o [1,T,HV,V] and ht [N,HV,K,V] fp32."""
+    cu = _cu(cu_seqlens, q.device)
+    fn = fused_recurrent_gated_delta_rule if _decode_only(cu, q.shape[1]) else chunk_gated_delta_rule
+    o, ht = fn(q=q, k=k, v=v, g=g, beta=beta.to(q.dtype), scale=scale, initial_state=initial_state.float(),
+               output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    return o, ht.float()
+
+
+def kda(q, k, v, g, beta, initial_state, cu_seqlens, scale=None):
+    """Kimi Delta Attention. q,k,v [1,T,H,K], g [1,T,H,K] fp32 log decay, beta [1,T,H],
+    initial_state [N,H,K,V] fp32. Returns o [1,T,H,V] and ht [N,H,K,V] fp32."""
+    cu = _cu(cu_seqlens, q.device)
+    fn = fused_recurrent_kda if _decode_only(cu, q.shape[1]) else chunk_kda
+    o, ht = fn(q=q, k=k, v=v, g=g, beta=beta.to(q.dtype), scale=scale, initial_state=initial_state.float(),
+               output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    return o, ht.float()
