@@ -99,20 +99,29 @@ def _model(arch: str, backend: str, dtype: str):
                                    backend=backend)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("arch", ["gdn", "kda"])
-def test_model_fla_matches_torch_backend(arch, dtype):
+def _run_model(arch: str, backend: str, dtype: str):
     from trtllm_dasc.model import SeqInput
-    ids = torch.randint(0, 1000, (700,), generator=torch.Generator().manual_seed(0))
-    outs = {}
-    for backend in ("fla", "torch"):
-        m = _model(arch, backend, dtype)
-        st, kv = m.new_state(2), m.new_kv_cache(64, 16)
-        # a prefill with checkpoints, then a continuation and two decode steps
-        first = m.forward([SeqInput(ids[:500], 1, capture_at=(128, 256, 500))], st, kv)
-        rest = m.forward([SeqInput(ids[500:698], 1)], st, kv).logits
-        steps = [m.forward([SeqInput(ids[t:t + 1], 1)], st, kv).logits for t in (698, 699)]
-        outs[backend] = (torch.cat([first.logits, rest, *steps]), first.capture_temporal, st.temporal[:, 1])
-    tol = 2e-2 if dtype == "bfloat16" else 2e-3
-    for a, b in zip(outs["fla"], outs["torch"]):
-        assert rms_rel_err(a, b) < tol
+    ids = torch.randint(0, 1000, (400,), generator=torch.Generator().manual_seed(0))
+    m = _model(arch, backend, dtype)
+    st, kv = m.new_state(2), m.new_kv_cache(64, 16)
+    # a prefill with checkpoints, then a continuation and two decode steps
+    first = m.forward([SeqInput(ids[:200], 1, capture_at=(64, 128, 200))], st, kv)
+    rest = m.forward([SeqInput(ids[200:398], 1)], st, kv).logits
+    steps = [m.forward([SeqInput(ids[t:t + 1], 1)], st, kv).logits for t in (398, 399)]
+    return torch.cat([first.logits, rest, *steps]), first.capture_temporal, st.temporal[:, 1]
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_model_fla_matches_torch_backend(arch):
+    # reference: the torch backend in fp32. fla's kernels compute their fp32 dots in TF32 and, in a bf16
+    # model, read bf16 q/k/v: so fla-bf16 must be about as close to the reference as the torch backend
+    # in bf16 is (measured on the H200: 4-7% logits RMS for both archs with these random weights), and
+    # fla-fp32 within TF32 rounding amplified over 4 layers
+    ref = _run_model(arch, "torch", "float32")
+    torch_bf16 = _run_model(arch, "torch", "bfloat16")
+    fla_bf16 = _run_model(arch, "fla", "bfloat16")
+    fla_fp32 = _run_model(arch, "fla", "float32")
+    for a, b, r in zip(fla_bf16, torch_bf16, ref):
+        assert rms_rel_err(a, r) <= 2 * rms_rel_err(b, r) + 1e-3
+    for a, r in zip(fla_fp32, ref):
+        assert rms_rel_err(a, r) < 2e-2
