@@ -140,6 +140,13 @@ class RadixCache:
                 return None
         return block
 
+    def make_room(self, num_blocks: int) -> bool:
+        """Evict LRU unlocked leaves until ``num_blocks`` KV blocks are free; False if they cannot be."""
+        while self.blocks.num_free < num_blocks:
+            if not self._evict_kv_leaf():
+                return False
+        return True
+
     def alloc_slot(self) -> int | None:
         """A free checkpoint slot, evicting the LRU unlocked checkpoint; None if every one is pinned."""
         while (slot := self.slots.try_alloc()) is None:

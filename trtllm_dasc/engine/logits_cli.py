@@ -1,8 +1,10 @@
 """`dasc logits`: prefill token ids through the model runtime and write float32 logits [T, vocab] (.npy).
 
-With --split K the first K tokens are prefilled, the recurrent state and KV cache of the request are
-exported, imported into fresh state/KV objects, and the remaining tokens continue from there; the result
-equals the unsplit run (the check that continuation from a stored prefix is exact).
+With --split K the first K tokens are prefilled and their recurrent state is stored as a checkpoint
+through the real checkpoint pool (--wmax/--codec decide what it keeps), loaded back into a fresh state
+row (omitted units zero-filled; --policy wr also replays the last W cached tokens and merges them), and
+the remaining tokens continue on the shared KV blocks. With --wmax 0 --codec native the result equals the
+unsplit run; other settings show what compression does to the logits.
 """
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "fla"], help="recurrence backend")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
+    p.add_argument("--wmax", type=int, default=0, help="dasc W_max for the --split checkpoint (0: dense)")
+    p.add_argument("--policy", default="nr", choices=["nr", "wr"], help="checkpoint load policy")
+    p.add_argument("--codec", default="native", choices=["native", "int8"], help="checkpoint temporal codec")
+    p.add_argument("--replay-window", type=int, default=None, help="wr replay length override (tokens)")
 
 
 def parse_ids(text: str) -> list[int]:
@@ -49,25 +55,28 @@ def run(args) -> int:
         raise UserError(f"--out directory {out_dir!r} does not exist")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {args.device} requested but CUDA is not available")
-    model = HybridModel.from_pretrained(args.model, dtype=args.dtype, device=args.device, backend=args.backend)
-    bad = [t for t in ids if not 0 <= t < model.spec.vocab_size]
-    if bad:
-        raise UserError(f"token id(s) {bad[:5]} outside the vocabulary 0..{model.spec.vocab_size - 1}")
-    blocks = -(-T // args.block_size)
-    state, kv = model.new_state(1), model.new_kv_cache(blocks, args.block_size)
     if args.split is None:
-        logits = model.forward([SeqInput(ids, 0)], state, kv).logits
+        model = HybridModel.from_pretrained(args.model, dtype=args.dtype, device=args.device,
+                                            backend=args.backend)
+        _check_vocab(ids, model.spec.vocab_size)
+        blocks = -(-T // args.block_size)
+        logits = model.forward([SeqInput(ids, 0)], model.new_state(1), model.new_kv_cache(blocks, args.block_size)).logits
     else:
-        K = args.split
-        first = model.forward([SeqInput(ids[:K], 0)], state, kv).logits
-        rows, cached = state.export_rows([0]), kv.export_sequence(0)
-        # fresh objects: nothing but the exported rows carries over
-        state, kv = model.new_state(1), model.new_kv_cache(blocks, args.block_size)
-        state.import_rows([0], rows)
-        kv.import_sequence(0, cached)
-        rest = model.forward([SeqInput(ids[K:], 0)], state, kv).logits
-        logits = torch.cat([first, rest])
+        from trtllm_dasc.engine.config import EngineConfig
+        from trtllm_dasc.engine.split import split_prefill_logits
+        cfg = EngineConfig(model=args.model, wmax=args.wmax, policy=args.policy, codec=args.codec, dtype=args.dtype,
+                           device=args.device, backend=args.backend, block_size=args.block_size, max_batch=2,
+                           num_kv_blocks=2 * (-(-T // args.block_size)) + 4, max_context=T + 1,
+                           replay_window=args.replay_window)
+        logits = split_prefill_logits(cfg, ids, args.split, _check_vocab)
     np.save(args.out, logits.float().cpu().numpy())
-    print(f"wrote {args.out}: float32 [{T}, {model.spec.vocab_size}]"
-          + (f" (split at {args.split})" if args.split is not None else ""))
+    print(f"wrote {args.out}: float32 [{T}, {logits.shape[1]}]"
+          + (f" (split at {args.split}, W_max {args.wmax}, {args.policy}, {args.codec})"
+             if args.split is not None else ""))
     return 0
+
+
+def _check_vocab(ids, vocab_size):
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise UserError(f"token id(s) {bad[:5]} outside the vocabulary 0..{vocab_size - 1}")

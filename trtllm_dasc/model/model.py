@@ -41,6 +41,20 @@ class SeqInput:
 
 
 @dataclass(slots=True)
+class Refresh:
+    """dasc-wr inside the same forward: the batch's first ``num_replay`` sequences replay a suffix from
+    zero scratch states; in every linear layer they run first, then ``merge(layer, src_slots, dst_slots)``
+    copies the units the checkpoint omitted from each replay's state into the state its request continues
+    from, then the other sequences run. Attention and MLP see all tokens in one pass, so a hit costs the
+    W replayed tokens, not a second forward."""
+
+    num_replay: int
+    src_slots: list[int]                  # replay sequences' state rows (in batch order)
+    dst_slots: list[int]                  # the rows each one refreshes
+    merge: object                         # callable(linear_layer_index, src_slots, dst_slots)
+
+
+@dataclass(slots=True)
 class ForwardOutput:
     logits: torch.Tensor | None           # fp32 [T_total, vocab] ("all") or [N, vocab] ("last")
     cu_seqlens: list[int]                 # sequence i's tokens are rows cu_seqlens[i]:cu_seqlens[i+1]
@@ -142,11 +156,12 @@ class HybridModel:
 
     @torch.inference_mode()
     def forward(self, batch: list[SeqInput], state: RecurrentState, kv: PagedKVCache, logits: str = "all",
-                timer=None) -> ForwardOutput:
+                timer=None, refresh: Refresh | None = None) -> ForwardOutput:
         """Prefill/decode a batch; updates the state rows of the batch's slots and their KV sequences.
 
         logits: 'all' (every token), 'last' (each sequence's last token) or 'none'.
         timer: optional callable(kind) -> context manager, kind in linear_attn/attention/mlp/head (profiling).
+        refresh: dasc-wr replay sequences at the head of the batch (see Refresh).
         """
         if self.tp_size > 1 and self.all_reduce is None:
             raise RuntimeError("tp_size > 1 needs model.all_reduce (set by the distributed runtime)")
@@ -165,9 +180,7 @@ class HybridModel:
             h = rms_norm(x, in_norm, eps, self.offset_norm)
             if mixer.kind in ("gdn", "kda"):
                 with timer("linear_attn"):
-                    res = mixer.forward(h, cu, state.temporal[lin, slots], state.conv[lin, slots], self.backend, cuts)
-                    state.temporal[lin, slots] = res.ht
-                    state.conv[lin, slots] = res.conv
+                    res = self._linear(mixer, lin, h, cu, slots, state, cuts, refresh)
                     out = res.out if self.tp_size == 1 else self.all_reduce(res.out)
                 hbs.append(res.hb)
                 convs.append(res.conv_b)
@@ -192,6 +205,25 @@ class HybridModel:
             out.capture_temporal = torch.stack(hbs, dim=1)
             out.capture_conv = torch.stack(convs, dim=1)
         return out
+
+    def _linear(self, mixer, lin, h, cu, slots, state, cuts, refresh):
+        """One linear layer over the batch; with a refresh, replays first, then merge, then the rest."""
+        def run(a, b):
+            base = cu[a]
+            res = mixer.forward(h[base:cu[b]], [c - base for c in cu[a:b + 1]], state.temporal[lin, slots[a:b]],
+                                state.conv[lin, slots[a:b]], self.backend, cuts[a:b])
+            state.temporal[lin, slots[a:b]] = res.ht
+            state.conv[lin, slots[a:b]] = res.conv
+            return res
+        n = len(cu) - 1
+        if refresh is None or refresh.num_replay == 0:
+            return run(0, n)
+        first = run(0, refresh.num_replay)
+        refresh.merge(lin, refresh.src_slots, refresh.dst_slots)
+        rest = run(refresh.num_replay, n)
+        # replay sequences capture nothing, so the captures are the rest's
+        rest.out = torch.cat([first.out, rest.out])
+        return rest
 
     def prefill(self, token_ids, logits: str = "all") -> torch.Tensor:
         """Logits of one sequence from scratch (fresh state and KV cache): fp32 [T, vocab]."""

@@ -1,0 +1,35 @@
+"""Helpers of the engine tests: tiny checkpoints (transformers' save_pretrained) and engine builders."""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+from hybrid_tiny import VOCAB, build  # noqa: E402
+
+from trtllm_dasc.engine.config import EngineConfig  # noqa: E402
+from trtllm_dasc.engine.request import GenerationRequest  # noqa: E402
+from trtllm_dasc.engine.sampling import SamplingParams  # noqa: E402
+from trtllm_dasc.engine.scheduler import Engine  # noqa: E402
+
+__all__ = ["VOCAB", "build", "make_engine", "greedy", "reference_greedy"]
+
+
+def make_engine(path, **over) -> Engine:
+    kw = dict(model=str(path), max_batch=4, block_size=4, num_kv_blocks=400, interval=8, max_context=512)
+    kw.update(over)
+    return Engine(EngineConfig(**kw))
+
+
+def greedy(rid, prompt, n=4, **kw) -> GenerationRequest:
+    return GenerationRequest(rid, list(prompt), n, SamplingParams(), **kw)
+
+
+def reference_greedy(hf_model, prompt, n) -> list[int]:
+    """Greedy continuation by transformers itself (full recompute each step): the independent reference."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = hf_model(torch.tensor(ids)[None]).logits[0, -1]
+            ids.append(int(torch.argmax(logits)))
+    return ids[len(prompt):]
