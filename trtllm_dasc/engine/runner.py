@@ -114,9 +114,9 @@ class ModelRunner:
         """wr replays the plan's window (paper Sec. 4.2) unless the config overrides it."""
         if self.cfg.policy != "wr":
             return 0
-        if self.cfg.replay_window is not None:
-            return self.cfg.replay_window
-        return self.plan.wr_window
+        window = self.plan.wr_window if self.cfg.replay_window is None else self.cfg.replay_window
+        # a replay never reaches further back than a prompt can be long
+        return min(window, self.cfg.max_context)
 
     def memory_report(self) -> dict:
         report = self.pool.memory_report()

@@ -41,7 +41,7 @@ class Engine:
         """Queue a request. Bad input raises UserError here, before anything is allocated."""
         try:
             req.validate(self.runner.model.spec.vocab_size, self.cfg.max_context)
-            worst = self._blocks_for(len(req.prompt) + req.max_new_tokens) + self._replay_blocks() + 1
+            worst = self._blocks_for(len(req.prompt) + req.max_new_tokens) + self._replay_blocks() + 2
             if worst > self.cfg.num_kv_blocks:
                 raise UserError(f"input_ids: the request needs {worst} KV blocks, the cache has "
                                 f"{self.cfg.num_kv_blocks}")
@@ -83,7 +83,7 @@ class Engine:
             m = self.cache.match(req.prompt)
             self.cache.lock(m.node)
             reuse = len(m.block_table)
-            need = self._blocks_for(len(req.prompt) + req.max_new_tokens) - reuse + 1 + self._replay_blocks()
+            need = self._blocks_for(len(req.prompt) + req.max_new_tokens) - reuse + 2 + self._replay_blocks()
             if not self.cache.make_room(self._reserved_blocks() + need):
                 self.cache.unlock(m.node)
                 return
@@ -129,6 +129,8 @@ class Engine:
             else:
                 batch.append(SeqInput([s.output[-1]], s.row, seq_id=s.seq_id))
                 stepping.append((s, None))
+        if not self.cache.make_room(self._blocks_for_step(batch)):
+            raise RuntimeError("KV blocks reserved at admission are gone: reservation accounting is broken")
         refresh = None
         if replays:
             refresh = Refresh(len(replays), [s.replay.row for s in replays], [s.row for s in replays],
@@ -149,6 +151,15 @@ class Engine:
             self._emit(s, s.sampler(logits))
         for s in [s for s in self.running if s.finished]:
             self._finish(s)
+
+    def _blocks_for_step(self, batch) -> int:
+        """Blocks this forward allocates: new tokens' blocks plus a copy of a shared, partly filled one."""
+        kv, bs, need = self.runner.kv, self.cfg.block_size, 0
+        for s in batch:
+            table, start = kv.block_table(s.seq_id), kv.seq_len(s.seq_id)
+            need += max(0, self._blocks_for(start + len(s.token_ids)) - len(table))
+            need += bool(start % bs and kv.ref[table[-1]] > 1)
+        return need
 
     def _store_checkpoints(self, out, stepping, offset: int) -> None:
         which, slots, owners = [], [], []

@@ -42,6 +42,9 @@ class Sequence:
         return self.done_tokens < len(self.req.prompt)
 
     def blocks_needed(self, block_size: int, have: int) -> int:
-        """KV blocks still to be allocated for the whole request, one spare for a copy-on-write."""
+        """KV blocks still to be allocated for the whole request: its tokens, two copy-on-writes (a hit
+        inside a shared block; the first decode into the prompt's last block, shared once inserted),
+        and a pending wr replay's forked sequence."""
         total = -(-(len(self.req.prompt) + self.req.max_new_tokens) // block_size)
-        return max(0, total - have) + 1
+        replay = -(-(self.replay.end - self.replay.start) // block_size) + 1 if self.replay else 0
+        return max(0, total - have) + 2 + replay

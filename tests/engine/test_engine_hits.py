@@ -1,0 +1,101 @@
+"""Cache hits through the whole engine, checked against transformers' own greedy decoding."""
+import random
+
+import pytest
+import torch
+
+from engine_helpers import VOCAB, greedy, make_engine, reference_greedy
+
+
+def run_one(engine, rid, prompt, n=3):
+    req = greedy(rid, prompt, n)
+    (out,) = engine.generate([req])
+    engine.sanity_check()
+    return out, req.stats
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_dense_hit_gives_the_same_tokens_as_no_cache(tiny_models, arch):
+    path, hf = tiny_models[arch]
+    engine = make_engine(path)
+    rng = random.Random(1)
+    prefix = [rng.randrange(VOCAB) for _ in range(19)]
+    for i in range(3):
+        prompt = prefix + [rng.randrange(VOCAB) for _ in range(4)]
+        out, stats = run_one(engine, i, prompt)
+        assert out == reference_greedy(hf, prompt, 3)
+        if i >= 1:
+            assert stats.checkpoint_loaded and stats.cached_tokens > 0
+    assert engine.stats()["hit_rate"] > 0
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_shared_prefix_hits_in_full_from_the_third_request(tiny_models, arch):
+    path, _ = tiny_models[arch]
+    engine = make_engine(path, wmax=16)           # interval 8; the prefix is 21 tokens, not a multiple
+    rng = random.Random(2)
+    prefix = [rng.randrange(VOCAB) for _ in range(21)]
+    for i in range(6):
+        _, stats = run_one(engine, i, prefix + [rng.randrange(VOCAB) for _ in range(5)])
+        if i >= 2:
+            assert stats.cached_tokens == len(prefix), (i, stats)
+    short = [rng.randrange(VOCAB) for _ in range(5)]
+    cached = [run_one(engine, 10 + i, short + [i])[1].cached_tokens for i in range(3)]
+    assert cached[2] == len(short)
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_wr_covering_the_whole_prefix_reproduces_dense(tiny_models, arch):
+    path, hf = tiny_models[arch]
+    engine = make_engine(path, wmax=10**6, policy="wr", replay_window=10**6)   # every unit omitted
+    rng = random.Random(3)
+    prefix = [rng.randrange(VOCAB) for _ in range(17)]
+    for i in range(3):
+        prompt = prefix + [rng.randrange(VOCAB) for _ in range(3)]
+        out, stats = run_one(engine, i, prompt, n=4)
+        assert out == reference_greedy(hf, prompt, 4)
+        if i:
+            assert stats.replayed_tokens == stats.cached_tokens > 0
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_nr_above_every_horizon_equals_a_zero_state(tiny_models, arch):
+    from trtllm_dasc.model import HybridModel, SeqInput
+    path, _ = tiny_models[arch]
+    engine = make_engine(path, wmax=10**6)
+    assert sum(len(k) for k in engine.runner.plan.retained) == 0
+    rng = random.Random(4)
+    prefix = [rng.randrange(VOCAB) for _ in range(13)]
+    # one more token: this prompt's end checkpoint (at len - 1) is the prefix, taken by an exact prefill
+    # (a checkpoint stored after an earlier lossy hit would carry that loss in its conv state and KV)
+    run_one(engine, 0, prefix + [1])
+    prompt = prefix + [3, 4, 5]
+    out, stats = run_one(engine, 1, prompt, n=4)
+    c = stats.cached_tokens
+    assert c == len(prefix)
+    # brute force: prefill the prefix, zero the temporal state (conv and KV stay exact), continue greedily
+    model = HybridModel.from_pretrained(str(path))
+    state, kv = model.new_state(1), model.new_kv_cache(64, 4)
+    model.forward([SeqInput(prompt[:c], 0)], state, kv, logits="none")
+    state.temporal.zero_()
+    logits = model.forward([SeqInput(prompt[c:], 0)], state, kv, logits="last").logits[0]
+    ref = []
+    for _ in range(4):
+        ref.append(int(torch.argmax(logits)))
+        logits = model.forward([SeqInput([ref[-1]], 0)], state, kv, logits="last").logits[0]
+    assert out == ref
+
+
+def test_concurrent_requests_match_one_by_one(tiny_models):
+    path, hf = tiny_models["kda"]
+    engine = make_engine(path, wmax=16, max_batch=3, prefill_chunk=7)
+    rng = random.Random(5)
+    prefix = [rng.randrange(VOCAB) for _ in range(11)]
+    prompts = [prefix[:rng.randrange(3, 11)] + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 20))]
+               for _ in range(7)]
+    dense = make_engine(path)
+    reqs = [greedy(i, p, 3) for i, p in enumerate(prompts)]
+    outs = dense.generate(reqs)
+    for p, o in zip(prompts, outs):
+        assert o == reference_greedy(hf, p, 3)
+    dense.sanity_check()

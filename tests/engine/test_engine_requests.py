@@ -1,0 +1,90 @@
+"""Bad requests, sampling, and a long randomized stream with the invariants checked after every step."""
+import random
+
+import pytest
+import torch
+
+from engine_helpers import VOCAB, greedy, make_engine
+from trtllm_dasc.engine.request import GenerationRequest
+from trtllm_dasc.engine.sampling import Sampler, SamplingParams
+from trtllm_dasc.errors import UserError
+
+
+def allocation(engine):
+    r = engine.runner
+    return (r.free_rows, r.kv.num_free_blocks, r.pool.num_free, engine.cache.num_checkpoints(), len(engine.waiting))
+
+
+@pytest.mark.parametrize("prompt,n,match", [
+    ([], 3, "prompt is empty"),
+    ([1] * 600, 3, "exceeds the max context"),
+    ([1, 2, 3], 0, "request_output_len"),
+    ([1, 2, 3], -2, "request_output_len"),
+    ([1, VOCAB, 3], 3, "outside the vocabulary"),
+    ([1, -1], 3, "outside the vocabulary"),
+], ids=["empty", "too-long", "zero-output", "negative-output", "id-too-big", "id-negative"])
+def test_bad_requests_are_refused_and_leave_nothing_allocated(tiny_models, prompt, n, match):
+    engine = make_engine(tiny_models["gdn"][0], wmax=16)
+    engine.generate([greedy(0, [5, 6, 7, 8, 9], 2)])
+    before = allocation(engine)
+    with pytest.raises(UserError, match=match):
+        engine.submit(GenerationRequest(1, prompt, n))
+    assert allocation(engine) == before
+    engine.sanity_check()
+    # and the engine keeps serving
+    assert len(engine.generate([greedy(2, [5, 6, 7, 1], 2)])[0]) == 2
+
+
+def test_sampling_params_are_validated():
+    for bad in (dict(temperature=-1.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(UserError):
+            SamplingParams(**bad)
+
+
+def test_seeded_sampling_is_reproducible_and_respects_top_k_top_p():
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    draw = lambda **kw: [Sampler(SamplingParams(temperature=1.0, seed=7, **kw))(logits) for _ in range(1)]
+    assert draw() == draw()
+    top5 = set(torch.topk(logits, 5).indices.tolist())
+    s = Sampler(SamplingParams(temperature=2.0, top_k=5, seed=3))
+    assert all(s(logits) in top5 for _ in range(200))
+    s = Sampler(SamplingParams(temperature=1.0, top_p=1e-6, seed=3))
+    assert all(s(logits) == int(torch.argmax(logits)) for _ in range(20))
+    assert Sampler(SamplingParams(temperature=0.7, top_k=1, seed=1))(logits) == int(torch.argmax(logits))
+
+
+def test_end_id_stops_a_request(tiny_models):
+    engine = make_engine(tiny_models["kda"][0])
+    (free_run,) = engine.generate([greedy(0, [3, 1, 4, 1, 5], 6)])
+    stop = free_run[2]
+    (out,) = engine.generate([greedy(1, [3, 1, 4, 1, 5], 6, end_id=stop)])
+    assert out == free_run[:free_run.index(stop) + 1]
+
+
+@pytest.mark.parametrize("arch,arm", [("gdn", dict(wmax=16)), ("kda", dict(wmax=16, policy="wr", codec="int8"))])
+def test_random_stream_keeps_invariants_and_frees_everything(tiny_models, arch, arm):
+    # small pools so that KV blocks and checkpoint slots are evicted all the time
+    engine = make_engine(tiny_models[arch][0], num_kv_blocks=60, max_batch=3, state_budget_bytes=None,
+                         interval=4, block_size=4, prefill_chunk=9, **arm)
+    engine.runner.pool.num_slots  # noqa: B018 - built
+    rng = random.Random(7)
+    bases = [[rng.randrange(VOCAB) for _ in range(rng.randrange(4, 24))] for _ in range(5)]
+    submitted = 0
+    for step in range(1200):
+        if rng.random() < 0.6 and len(engine.waiting) < 4:
+            base = rng.choice(bases)
+            prompt = base[:rng.randrange(1, len(base) + 1)] + [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 6))]
+            engine.submit(greedy(submitted, prompt, rng.randrange(1, 4)))
+            submitted += 1
+        engine.step()
+        engine.sanity_check()
+    engine.run_until_idle()
+    engine.sanity_check()
+    stats = engine.stats()
+    assert stats["requests"] == submitted and stats["hit_rate"] > 0.2
+    assert sum(stats["evictions"].values()) > 0
+    engine.flush()
+    engine.sanity_check()
+    r = engine.runner
+    assert r.kv.num_free_blocks == engine.cfg.num_kv_blocks
+    assert r.pool.num_free == r.pool.num_slots and r.free_rows == 2 * engine.cfg.max_batch
