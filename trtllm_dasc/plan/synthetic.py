@@ -135,3 +135,43 @@ def run(args) -> int:
     out = write_checkpoint(args.out, args.arch, args.seed, args.shards)
     print(f"wrote synthetic {args.arch} decay checkpoint to {out}")
     return 0
+
+
+def write_tiny_model(out_dir: str, arch: str = "kda", seed: int = 0) -> str:
+    """A small complete model (random weights, saved by transformers) whose decay weights follow the
+    paper's profile: the embedded default model of `make run` and the engine demos."""
+    import torch
+    from transformers import (KimiLinearConfig, KimiLinearForCausalLM, Qwen3NextConfig,
+                              Qwen3NextForCausalLM)
+
+    torch.manual_seed(seed)
+    if arch == "kda":
+        cfg = KimiLinearConfig(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+                               q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32,
+                               linear_head_dim=32, linear_num_heads=4, linear_conv_kernel_dim=4,
+                               num_local_experts=4, num_experts_per_tok=2, pad_token_id=0, bos_token_id=1,
+                               eos_token_id=2, mlp_layer_types=["dense"] * 4,
+                               layer_types=["linear_attention"] * 3 + ["full_attention"])
+        model, per_head = KimiLinearForCausalLM(cfg), 32
+    elif arch == "gdn":
+        cfg = Qwen3NextConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=4,
+                              linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32,
+                              moe_intermediate_size=64, shared_expert_intermediate_size=64, num_experts=4,
+                              num_experts_per_tok=2, mlp_only_layers=[0, 1, 2, 3],
+                              layer_types=["linear_attention"] * 3 + ["full_attention"])
+        model, per_head = Qwen3NextForCausalLM(cfg), 1
+    else:
+        raise UserError(f"arch must be kda or gdn, got {arch!r}")
+    # the modules holding A_log and dt_bias, one per linear layer, in model order
+    layers = [m for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "dt_bias")]
+    heads = layers[0].A_log.numel()
+    alpha = synthetic_decay(arch, len(layers), heads, per_head, seed)
+    A_log, dt_bias = decay_tensors(alpha, per_head, seed)
+    with torch.no_grad():
+        for i, m in enumerate(layers):
+            m.A_log.copy_(torch.tensor(A_log[i], dtype=torch.float32).view_as(m.A_log))
+            m.dt_bias.copy_(torch.tensor(dt_bias[i], dtype=torch.float32).view_as(m.dt_bias))
+    model.float().eval().save_pretrained(out_dir)
+    return out_dir

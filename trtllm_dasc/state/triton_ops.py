@@ -165,7 +165,9 @@ def dequantize_int8(q: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None =
     return out
 
 
-def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: StateLayout) -> None:
+def _checked(temporal, payload, scales, rows, slots, layout: StateLayout):
+    """The unit view of the active state, the codec flag and device index tensors, after the stride and
+    dtype checks both composed paths need."""
     t = as_units(temporal, layout)
     _check_units(t, layout)
     _check_slots(payload, layout.width, layout.unit_elements)
@@ -173,7 +175,11 @@ def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: Stat
     if quant:
         assert payload.dtype == torch.int8 and scales is not None, "int8 codec needs an int8 payload and scales"
         _check_scales(scales, payload, layout.rows_per_unit)
-    rows, slots = _idx(rows, t.device), _idx(slots, t.device)
+    return t, quant, _idx(rows, t.device), _idx(slots, t.device)
+
+
+def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: StateLayout) -> None:
+    t, quant, rows, slots = _checked(temporal, payload, scales, rows, slots, layout)
     ix = layout.index(t.device)
     conv_args = None
     if conv is not None:
@@ -185,14 +191,7 @@ def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: Stat
 
 def load(payload, scales, conv_store, slots, temporal, conv, rows, layout: StateLayout,
          zero_fill: bool = True) -> None:
-    t = as_units(temporal, layout)
-    _check_units(t, layout)
-    _check_slots(payload, layout.width, layout.unit_elements)
-    quant = layout.codec == "int8"
-    if quant:
-        assert payload.dtype == torch.int8 and scales is not None, "int8 codec needs an int8 payload and scales"
-        _check_scales(scales, payload, layout.rows_per_unit)
-    rows, slots = _idx(rows, t.device), _idx(slots, t.device)
+    t, quant, rows, slots = _checked(temporal, payload, scales, rows, slots, layout)
     conv_args = None
     if conv is not None:
         cs, ps = conv.stride(), conv_store.stride()
