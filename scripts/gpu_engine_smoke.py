@@ -1,0 +1,39 @@
+"""GPU smoke run of the whole engine: fla recurrence + Triton checkpoint kernels + radix cache.
+
+Runs the make-run prefix-reuse workload on CUDA for the dense and dasc arms and checks the invariants.
+    python scripts/gpu_engine_smoke.py MODEL_DIR [OUT_JSON]
+"""
+import json
+import sys
+import time
+
+import torch
+
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.engine.workload import prefix_reuse_workload, run_arm
+
+
+def main() -> int:
+    model = sys.argv[1]
+    if not torch.cuda.is_available():
+        sys.exit("gpu_engine_smoke: no CUDA device")
+    work = prefix_reuse_workload(num_docs=20, doc_len=96, questions_per_doc=3)
+    budget = 11 * HybridConfig.from_path(model, conv_dtype="bfloat16").dense_checkpoint_bytes_per_rank(1)
+    rows = []
+    for arm in ({}, {"wmax": 16}, {"wmax": 16, "policy": "wr"}, {"wmax": 16, "codec": "int8"}):
+        t = time.time()
+        cfg = EngineConfig(model=model, state_budget_bytes=budget, interval=work.doc_len, block_size=16,
+                           num_kv_blocks=4096, max_batch=4, device="cuda", dtype="bfloat16", **arm)
+        r = run_arm(cfg, work)
+        r["wall_s"] = time.time() - t
+        rows.append(r)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
