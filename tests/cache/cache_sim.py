@@ -25,7 +25,7 @@ class Sim:
         m = c.match(tokens)
         if expect is not None:
             assert (m.kv_len, m.ckpt_len) == (kv, ck), ((m.kv_len, m.ckpt_len), (kv, ck))
-        c.lock(m.node)
+        c.lock(m.ckpt_node)
         for p in range(m.ckpt_len):
             assert self.cells[m.block_table[p // self.bs]][p % self.bs] == self.cell(tokens, p), "stale KV reused"
         if m.ckpt_slot is not None:
@@ -60,12 +60,12 @@ class Sim:
     def _give_up(self, m, table):
         """Out of KV blocks while others are pinned: leave nothing allocated."""
         self.cache.release_blocks(table)
-        self.cache.unlock(m.node)
+        self.cache.unlock(m.ckpt_node)
         return None
 
     def finish(self, i=0):
         m, table, _ = self.inflight.pop(i)
-        self.cache.unlock(m.node)
+        self.cache.unlock(m.ckpt_node)
         self.cache.release_blocks(table)
 
     def request_refs(self):
@@ -83,7 +83,7 @@ class Sim:
                 assert self.slot_content[node.ckpt_slot] == tuple(prefix), "tree checkpoint corrupt"
         for m, _, tokens in self.inflight:
             # a locked request's path is still in the tree, with its checkpoint
-            n = m.node
+            n = m.ckpt_node
             while n.parent is not None:
                 n = n.parent
             assert n is c.root, "locked node evicted"

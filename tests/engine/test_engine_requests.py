@@ -88,3 +88,35 @@ def test_random_stream_keeps_invariants_and_frees_everything(tiny_models, arch, 
     r = engine.runner
     assert r.kv.num_free_blocks == engine.cfg.num_kv_blocks
     assert r.pool.num_free == r.pool.num_slots and r.free_rows == 2 * engine.cfg.max_batch
+
+
+def test_a_request_does_not_pin_the_kv_it_will_recompute(tiny_models):
+    # B shares 30 cached tokens with A but the only checkpoint below them is at 0: B recomputes them,
+    # so the tree's KV for them must stay evictable, or B could never fit in this small cache
+    engine = make_engine(tiny_models["kda"][0], num_kv_blocks=16, interval=256, block_size=4)
+    rng = random.Random(11)
+    a = [rng.randrange(VOCAB) for _ in range(40)]
+    engine.generate([greedy("a", a, 1)])
+    b = a[:30] + [rng.randrange(VOCAB) for _ in range(10)]
+    (out,) = engine.generate([greedy("b", b, 1)])
+    assert len(out) == 1
+    engine.sanity_check()
+
+
+def test_max_batch_bounds_the_running_requests(tiny_models):
+    engine = make_engine(tiny_models["gdn"][0], max_batch=2)
+    for i in range(6):
+        engine.submit(greedy(i, [1, 2, 3, i], 3))
+    peak = 0
+    while engine.has_work():
+        engine.step()
+        peak = max(peak, len(engine.running))
+    assert peak == 2
+    engine.sanity_check()
+
+
+def test_zero_state_budget_is_refused(tiny_models):
+    with pytest.raises(UserError, match="budget must be a positive integer"):
+        make_engine(tiny_models["gdn"][0], state_budget_bytes=0)
+    with pytest.raises(UserError, match="holds no deployable slot"):
+        make_engine(tiny_models["gdn"][0], state_budget_bytes=100)

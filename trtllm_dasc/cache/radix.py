@@ -49,11 +49,13 @@ class Node:
 
 
 class MatchResult(NamedTuple):
-    node: Node            # deepest node whose end is kv_len (lock it for the request's lifetime)
+    node: Node            # deepest node whose end is kv_len
     kv_len: int           # tokens of the common prefix that have KV in the tree
     ckpt_len: int         # the usable prefix: deepest checkpoint <= min(kv_len, len - 1); 0 if none
     ckpt_slot: int | None
     block_table: list     # KV blocks covering [0, ckpt_len); the last one is partial when unaligned
+    ckpt_node: Node       # the node ending at ckpt_len (the root if none): what a request reuses, so what
+                          # it locks; the KV beyond it is recomputed and stays evictable
 
 
 class RadixCache:
@@ -81,9 +83,9 @@ class RadixCache:
         limit = min(pos, len(tokens) - 1)
         ckpt = next((n for n in reversed(node.path()) if n.ckpt_slot is not None and n.end <= limit), None)
         if ckpt is None:
-            return MatchResult(node, pos, 0, None, [])
+            return MatchResult(node, pos, 0, None, [], self.root)
         ckpt.ckpt_access = self._clock
-        return MatchResult(node, pos, ckpt.end, ckpt.ckpt_slot, self.block_table(ckpt))
+        return MatchResult(node, pos, ckpt.end, ckpt.ckpt_slot, self.block_table(ckpt), ckpt)
 
     def block_table(self, node: Node) -> list[int]:
         """Blocks covering [0, node.end): per block index, the deepest node's block (see invariant 2)."""

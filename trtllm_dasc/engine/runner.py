@@ -63,7 +63,7 @@ class ModelRunner:
         self.plan, _ = plan_from_path(cfg.model, options, conv_dtype=cfg.dtype)
         self.layout = StateLayout.from_plan(self.plan, 0)
         dense = self.plan.config.dense_checkpoint_bytes_per_rank(1)
-        self.budget = cfg.state_budget_bytes or (DENSE_SLOTS_DEFAULT + 1) * dense
+        self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes
         self.pool = CheckpointPool.from_plan(self.plan, self.budget, 0, device=cfg.device)
         # one row per running request plus one scratch row each for a wr replay
         self.state = self.model.new_state(2 * cfg.max_batch)

@@ -41,7 +41,8 @@ class Engine:
         """Queue a request. Bad input raises UserError here, before anything is allocated."""
         try:
             req.validate(self.runner.model.spec.vocab_size, self.cfg.max_context)
-            worst = self._blocks_for(len(req.prompt) + req.max_new_tokens) + self._replay_blocks() + 2
+            worst = (self._blocks_for(len(req.prompt) + req.max_new_tokens)
+                     + self._replay_blocks(len(req.prompt) - 1) + 2)
             if worst > self.cfg.num_kv_blocks:
                 raise UserError(f"input_ids: the request needs {worst} KV blocks, the cache has "
                                 f"{self.cfg.num_kv_blocks}")
@@ -69,8 +70,10 @@ class Engine:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.cfg.block_size)
 
-    def _replay_blocks(self) -> int:
-        return self._blocks_for(self.runner.replay_window) + 1 if self.runner.replay_window else 0
+    def _replay_blocks(self, cached: int) -> int:
+        """Blocks a wr replay's forked sequence may take on a hit at ``cached`` tokens."""
+        window = min(self.runner.replay_window, cached)
+        return self._blocks_for(window) + 1 if window else 0
 
     def _reserved_blocks(self) -> int:
         kv = self.runner.kv
@@ -78,14 +81,17 @@ class Engine:
 
     def _admit(self) -> None:
         need_rows = 2 if self.runner.replay_window else 1
-        while self.waiting and self.runner.free_rows >= need_rows:
+        while (self.waiting and len(self.running) < self.cfg.max_batch
+               and self.runner.free_rows >= need_rows):
             req, on_token = self.waiting[0]
             m = self.cache.match(req.prompt)
-            self.cache.lock(m.node)
+            # only the reused prefix is pinned: the cached KV beyond the checkpoint gets recomputed
+            self.cache.lock(m.ckpt_node)
             reuse = len(m.block_table)
-            need = self._blocks_for(len(req.prompt) + req.max_new_tokens) - reuse + 2 + self._replay_blocks()
+            need = (self._blocks_for(len(req.prompt) + req.max_new_tokens) - reuse + 2
+                    + self._replay_blocks(m.ckpt_len))
             if not self.cache.make_room(self._reserved_blocks() + need):
-                self.cache.unlock(m.node)
+                self.cache.unlock(m.ckpt_node)
                 return
             self.waiting.popleft()
             self.running.append(self._start(req, on_token, m))
@@ -192,7 +198,7 @@ class Engine:
     def _finish(self, s: Sequence) -> None:
         self.running.remove(s)
         self.runner.kv.free_sequence(s.seq_id)
-        self.cache.unlock(s.match.node)
+        self.cache.unlock(s.match.ckpt_node)
         self.runner.give_row(s.row)
         self.telemetry.record(s.req.stats, self.cfg.policy)
 

@@ -54,4 +54,5 @@ def run_arm(cfg: EngineConfig, work: Workload, concurrency: int = 4) -> dict:
             "replay_requests": len(reqs), "hit_rate": cached / prompt, "prefilled_tokens": prompt - cached,
             "replayed_tokens": sum(r.stats.replayed_tokens for r in reqs),
             "ms_per_request": seconds * 1e3 / len(reqs), "input_tokens_per_s": prompt / seconds,
-            "checkpoint_evictions": after["evictions"]["checkpoints"] - before["evictions"]["checkpoints"]}
+            "checkpoint_evictions": sum(after["evictions"][k] - before["evictions"][k]
+                                        for k in ("checkpoints", "checkpoints_with_kv"))}

@@ -24,7 +24,7 @@ def slot_bytes_per_rank(cfg: HybridConfig, tp: int, rank_widths: list[int], code
 def slots_for_budget(budget_bytes: int, slot_bytes: int) -> int:
     """Deployable slots N = floor(B / b) - 1; a budget that holds none is an error, not zero."""
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
-        raise UserError(f"--budget-bytes must be a positive integer, got {budget_bytes!r}")
+        raise UserError(f"the checkpoint budget must be a positive integer of bytes, got {budget_bytes!r}")
     n = budget_bytes // slot_bytes - 1
     if n < 1:
         raise UserError(f"budget of {budget_bytes} B holds no deployable slot: one slot takes {slot_bytes} B "
