@@ -17,7 +17,8 @@ def add_arguments(p) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
     p.add_argument("--ids", required=True, help="comma-separated token ids, e.g. 1,5,9")
     p.add_argument("--out", required=True, help="output .npy file: float32 [T, vocab]")
-    p.add_argument("--split", type=int, default=None, help="prefill K tokens, export/import state + KV, continue")
+    p.add_argument("--split", type=int, default=None,
+                   help="prefill K tokens, store the state at K in the checkpoint pool, load it back, continue")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "fla"], help="recurrence backend")
