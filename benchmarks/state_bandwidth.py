@@ -41,6 +41,18 @@ def retained(L: int, n: int, frac: float, seed: int) -> list[list[int]]:
     return out
 
 
+def planner_lists(arch: str, W: int, root: str) -> list[list[int]]:
+    """Rank 0's retained local units from the planner (TP8, hybrid placement) on a synthetic decay
+    checkpoint with the released model's shapes and the paper's decay profile."""
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    from trtllm_dasc.plan.synthetic import write_checkpoint
+    path = os.path.join(root, arch)
+    if not os.path.isdir(path):
+        write_checkpoint(path, arch, seed=0, shards=1)
+    plan, _ = plan_from_path(path, PlanOptions(wmax=W, tp=8, placement="hybrid"))
+    return plan.local_retained(0)
+
+
 def bytes_moved(lay, op: str, B: int, model_bytes: int = 2) -> int:
     payload = lay.num_retained * (lay.unit_bytes())
     conv = lay.num_layers * lay.conv_dim * lay.conv_width
@@ -145,6 +157,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layout", choices=["ragged", "padded"], default="ragged")
     ap.add_argument("--plan", help="JSON with 'model' (a key of MODELS), 'wmax' and 'retained_local' "
                                    "(one rank's per-layer sorted local unit ids); replaces the synthetic masks")
+    ap.add_argument("--synthetic-plans", action="store_true",
+                    help="retained units from the planner on synthetic decay checkpoints (TP8 rank 0, hybrid) "
+                         "instead of uniformly random masks of the KEEP fractions")
     ap.add_argument("--quick", action="store_true", help="batch 64 only, W_max 16 only")
     ap.add_argument("--sweep", action="store_true", help="also time tile sizes and warps on batch-64 arms")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
@@ -163,6 +178,11 @@ def main(argv=None) -> int:
         with open(args.plan) as f:
             plan = json.load(f)
         grid = [(plan["model"], plan["wmax"], plan["retained_local"])]
+    elif args.synthetic_plans:
+        import tempfile
+        root = tempfile.mkdtemp()
+        grid = [(m, W, planner_lists(MODELS[m]["arch"], W, root)) for m in MODELS
+                for W in ((16,) if args.quick else (0, 16, 128))]
     else:
         grid = [(m, W, None) for m in MODELS for W in ((16,) if args.quick else (0, 16, 128))]
     for name, W, lists in grid:
