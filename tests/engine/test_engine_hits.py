@@ -86,16 +86,31 @@ def test_nr_above_every_horizon_equals_a_zero_state(tiny_models, arch):
     assert out == ref
 
 
-def test_concurrent_requests_match_one_by_one(tiny_models):
+def test_concurrent_chunked_requests_match_transformers(tiny_models):
     path, hf = tiny_models["kda"]
-    engine = make_engine(path, wmax=16, max_batch=3, prefill_chunk=7)
     rng = random.Random(5)
     prefix = [rng.randrange(VOCAB) for _ in range(11)]
     prompts = [prefix[:rng.randrange(3, 11)] + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 20))]
                for _ in range(7)]
-    dense = make_engine(path)
-    reqs = [greedy(i, p, 3) for i, p in enumerate(prompts)]
-    outs = dense.generate(reqs)
-    for p, o in zip(prompts, outs):
-        assert o == reference_greedy(hf, p, 3)
-    dense.sanity_check()
+    refs = [reference_greedy(hf, p, 3) for p in prompts]
+    # dense, and wr with a window over every prefix (exact again), both batched and chunked: replays ride
+    # in the same forward as other requests' prefill chunks and decode steps
+    for arm in ({}, {"wmax": 10**6, "policy": "wr", "replay_window": 10**6}):
+        engine = make_engine(path, max_batch=3, prefill_chunk=5, interval=4, **arm)
+        for wave in range(2):
+            outs = engine.generate([greedy((wave, i), p, 3) for i, p in enumerate(prompts)])
+            assert outs == refs, (arm, wave)
+            engine.sanity_check()
+        assert engine.stats()["hit_rate"] > 0.3
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(tiny_models):
+    from trtllm_dasc.engine.request import GenerationRequest
+    from trtllm_dasc.engine.sampling import SamplingParams
+    path, _ = tiny_models["gdn"]
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=123)
+    prompt = [4, 8, 15, 16, 23, 42]
+    alone = make_engine(path).generate([GenerationRequest("x", prompt, 6, params)])[0]
+    others = [GenerationRequest(i, [i + 1] * (i + 2), 5, SamplingParams(temperature=0.8, seed=i)) for i in range(3)]
+    batched = make_engine(path).generate(others + [GenerationRequest("x", prompt, 6, params)])[-1]
+    assert alone == batched and len(alone) == 6
