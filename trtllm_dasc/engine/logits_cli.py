@@ -47,8 +47,6 @@ def run(args) -> int:
 
     ids = parse_ids(args.ids)
     T = len(ids)
-    if args.split is not None and not 0 < args.split < T:
-        raise UserError(f"--split must be in 1..{T - 1} for {T} tokens, got {args.split}")
     if args.block_size < 1:
         raise UserError(f"--block-size must be positive, got {args.block_size}")
     out_dir = os.path.dirname(os.path.abspath(args.out))

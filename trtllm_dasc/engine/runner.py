@@ -86,6 +86,15 @@ class ModelRunner:
     def free_rows(self) -> int:
         return len(self._free_rows)
 
+    def fork_replay(self, block_table: list[int], cached: int, seq_id) -> tuple[int, int] | None:
+        """dasc-wr on a hit at ``cached`` tokens: a zero scratch row and a KV sequence forked at the replay
+        start (sharing the cached blocks before it). Returns (start, row), or None when nothing replays."""
+        if not (self.replay_window and cached):
+            return None
+        start = max(0, cached - self.replay_window)
+        self.kv.add_sequence(seq_id, blocks=block_table[:-(-start // self.cfg.block_size)], length=start)
+        return start, self.take_row()
+
     # ---- checkpoints -------------------------------------------------------------------------------
     def load_checkpoint(self, slot: int, row: int) -> None:
         """Restore a checkpoint into an active row: retained units exact, omitted ones zero (nr)."""
@@ -112,7 +121,8 @@ class ModelRunner:
 
     def _replay_window(self) -> int:
         """wr replays the plan's window (paper Sec. 4.2) unless the config overrides it."""
-        if self.cfg.policy != "wr":
+        # nothing to refresh when the checkpoint omits no unit (dense), whatever the policy says
+        if self.cfg.policy != "wr" or not self.plan.wr_window:
             return 0
         window = self.plan.wr_window if self.cfg.replay_window is None else self.cfg.replay_window
         # a replay never reaches further back than a prompt can be long

@@ -106,13 +106,11 @@ class Engine:
         if c:
             runner.load_checkpoint(m.ckpt_slot, row)
             req.stats.cached_tokens, req.stats.checkpoint_loaded = c, True
-            W = runner.replay_window
-            if W and runner.plan.wr_window:
-                start = max(0, c - W)
-                rseq = ("replay", seq_id[1])
-                runner.kv.add_sequence(rseq, blocks=m.block_table[:self._blocks_for(start)], length=start)
-                seq.replay = Replay(start, c, runner.take_row(), rseq)
-                req.stats.replayed_tokens = c - start
+            rseq = ("replay", seq_id[1])
+            fork = runner.fork_replay(m.block_table, c, rseq)
+            if fork is not None:
+                seq.replay = Replay(fork[0], c, fork[1], rseq)
+                req.stats.replayed_tokens = c - fork[0]
         return seq
 
     # ---- one step --------------------------------------------------------------------------------------

@@ -32,11 +32,9 @@ def split_prefill_logits(cfg: EngineConfig, ids: list[int], split: int, check_vo
     runner.load_checkpoint(slot, row)
     kv.add_sequence("rest", blocks=table, length=split)
     batch, refresh = [], None
-    W = runner.replay_window
-    if W and runner.plan.wr_window:
-        start = max(0, split - W)
-        scratch = runner.take_row()
-        kv.add_sequence("replay", blocks=table[:-(-start // cfg.block_size)], length=start)
+    fork = runner.fork_replay(table, split, "replay")
+    if fork is not None:
+        start, scratch = fork
         batch.append(SeqInput(ids[start:split], scratch, seq_id="replay"))
         refresh = Refresh(1, [scratch], [row], runner.merge_omitted)
     batch.append(SeqInput(ids[split:], row, seq_id="rest"))

@@ -7,7 +7,6 @@ before triton is imported) on CPU tensors.
 from __future__ import annotations
 
 import torch
-import triton
 
 from trtllm_dasc.state import kernels
 from trtllm_dasc.state.layout import StateLayout

@@ -36,21 +36,23 @@ def _decode_only(cu: torch.Tensor, T: int) -> bool:
     return T == cu.numel() - 1
 
 
-def gdn(q, k, v, g, beta, initial_state, cu_seqlens, scale=None):
-    """Gated DeltaNet. q,k [1,T,H,K], v [1,T,HV,V], g [1,T,HV] fp32 log decay, beta [1,T,HV],
-    initial_state [N,HV,K,V] fp32. Returns o [1,T,HV,V] and ht [N,HV,K,V] fp32."""
+def _call(chunk, fused, q, k, v, g, beta, initial_state, cu_seqlens, scale):
+    """Chunked kernel for prefill, fused recurrent one when every sequence has a single token."""
     cu = _cu(cu_seqlens, q.device)
-    fn = fused_recurrent_gated_delta_rule if _decode_only(cu, q.shape[1]) else chunk_gated_delta_rule
+    fn = fused if _decode_only(cu, q.shape[1]) else chunk
     o, ht = fn(q=q, k=k, v=v, g=g, beta=beta.to(q.dtype), scale=scale, initial_state=initial_state.float(),
                output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
     return o, ht.float()
+
+
+def gdn(q, k, v, g, beta, initial_state, cu_seqlens, scale=None):
+    """Gated DeltaNet. q,k [1,T,H,K], v [1,T,HV,V], g [1,T,HV] fp32 log decay, beta [1,T,HV],
+    initial_state [N,HV,K,V] fp32. Returns o [1,T,HV,V] and ht [N,HV,K,V] fp32."""
+    return _call(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, q, k, v, g, beta, initial_state,
+                 cu_seqlens, scale)
 
 
 def kda(q, k, v, g, beta, initial_state, cu_seqlens, scale=None):
     """Kimi Delta Attention. q,k,v [1,T,H,K], g [1,T,H,K] fp32 log decay, beta [1,T,H],
     initial_state [N,H,K,V] fp32. Returns o [1,T,H,V] and ht [N,H,K,V] fp32."""
-    cu = _cu(cu_seqlens, q.device)
-    fn = fused_recurrent_kda if _decode_only(cu, q.shape[1]) else chunk_kda
-    o, ht = fn(q=q, k=k, v=v, g=g, beta=beta.to(q.dtype), scale=scale, initial_state=initial_state.float(),
-               output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
-    return o, ht.float()
+    return _call(chunk_kda, fused_recurrent_kda, q, k, v, g, beta, initial_state, cu_seqlens, scale)
