@@ -100,15 +100,14 @@ def _model(arch: str, backend: str, dtype: str):
 
 
 def _run_model(arch: str, backend: str, dtype: str):
-    from trtllm_dasc.model import SeqInput
+    from trtllm_dasc.model.direct import DirectRunner
     ids = torch.randint(0, 1000, (400,), generator=torch.Generator().manual_seed(0))
-    m = _model(arch, backend, dtype)
-    st, kv = m.new_state(2), m.new_kv_cache(64, 16)
+    r = DirectRunner(_model(arch, backend, dtype), rows=2, max_tokens=400, block_size=16)
     # a prefill with checkpoints, then a continuation and two decode steps
-    first = m.forward([SeqInput(ids[:200], 1, capture_at=(64, 128, 200))], st, kv)
-    rest = m.forward([SeqInput(ids[200:398], 1)], st, kv).logits
-    steps = [m.forward([SeqInput(ids[t:t + 1], 1)], st, kv).logits for t in (398, 399)]
-    return torch.cat([first.logits, rest, *steps]), first.capture_temporal, st.temporal[:, 1]
+    first = r.run(ids[:200], row=1, capture_at=(64, 128, 200))
+    rest = r.run(ids[200:398], row=1).logits
+    steps = [r.run(ids[t:t + 1], row=1).logits for t in (398, 399)]
+    return torch.cat([first.logits, rest, *steps]), first.capture_temporal, r.state.temporal[:, 1]
 
 
 @pytest.mark.parametrize("arch", ["gdn", "kda"])

@@ -8,7 +8,8 @@ import pytest
 import torch
 from hybrid_tiny import VOCAB, assert_logits_close, hf_logits
 
-from trtllm_dasc.model import HybridModel, SeqInput
+from trtllm_dasc.model import HybridModel
+from trtllm_dasc.model.direct import DirectRunner
 
 
 def _ids(T: int, seed: int = 0):
@@ -52,8 +53,9 @@ def test_states_match_transformers_cache(tiny, arch):
     with torch.no_grad():
         cache = hf(ids[None], use_cache=True).cache
     model = HybridModel.from_pretrained(path)
-    state, kv = model.new_state(2), model.new_kv_cache(8, 16)
-    model.forward([SeqInput(ids, 1)], state, kv)
+    r = DirectRunner(model, rows=2, max_tokens=64, block_size=16)
+    r.run(ids, row=1)
+    state = r.state
     for l, layer in enumerate(model.cfg.linear_layers):
         ref_t, ref_c = cache.get_recurrent_state(layer)[0], cache.get_conv_state(layer)[0]
         torch.testing.assert_close(state.temporal[l, 1], ref_t.float(), rtol=1e-4, atol=1e-5)

@@ -1,11 +1,11 @@
-"""Paged KV cache bookkeeping (exact block ids, refcounts, copy on write) and state row export/import."""
+"""Paged KV cache addressing (block tables, exact pool positions, block copies) and state row export/import."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from trtllm_dasc.config import HybridConfig
-from trtllm_dasc.model import KVCacheConfig, KVCacheFull, PagedKVCache, RecurrentState
+from trtllm_dasc.model import KVCacheConfig, PagedKVCache, RecurrentState
 
 
 def _kv(num_blocks=6, block_size=4):
@@ -17,75 +17,50 @@ def _tok(n, base):
     return torch.arange(n * 6, dtype=torch.float32).view(n, 2, 3) + base
 
 
-def test_blocks_allocated_in_order_and_freed():
+def test_write_read_through_block_tables():
     kv = _kv()
-    kv.add_sequence("a")
-    kv.reserve("a", 9)
-    assert kv.block_table("a") == [0, 1, 2] and kv.num_free_blocks == 3
+    # a sequence on blocks [4, 1, 3]: position p lives in block table[p // 4], row p % 4
+    table = [4, 1, 3]
+    index = kv.token_index(table, 0, 9)
+    assert index.tolist() == [16, 17, 18, 19, 4, 5, 6, 7, 12]
     for layer in range(2):
-        kv.write(layer, "a", 0, [_tok(9, 0), _tok(9, 100)])
-    kv.commit("a", 9)
-    k, v = kv.read(1, "a", 9)
+        kv.write(layer, index, [_tok(9, 0), _tok(9, 100)])
+    k, v = kv.read(1, kv.token_index(table, 0, 9))
     torch.testing.assert_close(k, _tok(9, 0))
     torch.testing.assert_close(v, _tok(9, 100))
-    kv.free_sequence("a")
-    assert kv.num_free_blocks == 6 and list(kv.free) == [3, 4, 5, 0, 1, 2]
-    kv.sanity_check()
+    # position 5 sits in block 1, row 1
+    assert torch.equal(kv.pools[0][0][1][1], _tok(9, 0)[5])
+    with pytest.raises(ValueError, match="cannot hold"):
+        kv.token_index(table, 0, 13)
+    with pytest.raises(ValueError, match="outside"):
+        kv.token_index([0, 6], 0, 5)
 
 
-def test_shared_prefix_copy_on_write():
+def test_copy_blocks_copies_every_layer_and_component():
     kv = _kv()
-    kv.add_sequence("a")
-    kv.reserve("a", 6)
-    kv.write(0, "a", 0, [_tok(6, 0), _tok(6, 0)])
-    kv.commit("a", 6)
-    # the prefix cache keeps a's blocks alive beyond the request
-    held = kv.block_table("a")
-    kv.incref(held)
-    kv.free_sequence("a")
-    assert kv.ref[:2] == [1, 1]
-    kv.add_sequence("b", blocks=held, length=6)
-    assert kv.ref[:2] == [2, 2]
-    kv.reserve("b", 7)
-    # block 1 was shared and partly filled: b got a private copy (block 2), block 0 stays shared
-    assert kv.block_table("b") == [0, 2] and kv.ref[:3] == [2, 1, 1]
-    kv.write(0, "b", 6, [_tok(1, 50), _tok(1, 50)])
-    kv.commit("b", 7)
-    k, _ = kv.read(0, "b", 7)
-    torch.testing.assert_close(k[:6], _tok(6, 0))
-    torch.testing.assert_close(k[6:], _tok(1, 50))
-    # the held copy still holds the original token 5 in its second block
+    for layer in range(2):
+        kv.write(layer, kv.token_index([0, 1], 0, 6), [_tok(6, layer), _tok(6, 10 + layer)])
+    kv.copy_blocks([(1, 5), (0, 2)])
+    for layer in range(2):
+        for c in range(2):
+            assert torch.equal(kv.pools[layer][c][5], kv.pools[layer][c][1])
+            assert torch.equal(kv.pools[layer][c][2], kv.pools[layer][c][0])
+    # the copy is a copy: writing the destination leaves the source alone
+    kv.write(0, kv.token_index([0, 5], 5, 6), [_tok(1, 50), _tok(1, 50)])
     assert torch.equal(kv.pools[0][0][1][1], _tok(6, 0)[5])
-    kv.sanity_check()
-    kv.free_sequence("b")
-    kv.decref(held)
-    assert kv.num_free_blocks == 6
-    kv.sanity_check()
+    assert torch.equal(kv.pools[0][0][5][1], _tok(1, 50)[0])
 
 
-def test_full_cache_raises_before_changing_anything():
-    kv = _kv(num_blocks=2)
-    kv.add_sequence("a")
-    with pytest.raises(KVCacheFull):
-        kv.reserve("a", 9)
-    assert kv.num_free_blocks == 2 and kv.block_table("a") == []
-    with pytest.raises(ValueError):
-        kv.add_sequence("c", blocks=[0], length=5)
-
-
-def test_export_import_sequence():
+def test_export_import_tokens():
     kv = _kv()
-    kv.add_sequence(7)
-    kv.reserve(7, 5)
     for layer in range(2):
-        kv.write(layer, 7, 0, [_tok(5, layer), _tok(5, 10 + layer)])
-    kv.commit(7, 5)
-    data = kv.export_sequence(7)
+        kv.write(layer, kv.token_index([3, 0], 0, 5), [_tok(5, layer), _tok(5, 10 + layer)])
+    data = kv.export_tokens([3, 0], 5)
     other = _kv(block_size=2)
-    other.import_sequence("x", data)
-    assert other.seq_len("x") == 5 and other.block_table("x") == [0, 1, 2]
+    other.import_tokens([0, 1, 2], data)
     for layer in range(2):
-        for a, b in zip(other.read(layer, "x", 5), kv.read(layer, 7, 5)):
+        for a, b in zip(other.read(layer, other.token_index([0, 1, 2], 0, 5)),
+                        kv.read(layer, kv.token_index([3, 0], 0, 5))):
             torch.testing.assert_close(a, b)
 
 

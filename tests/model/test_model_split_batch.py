@@ -7,7 +7,8 @@ import pytest
 import torch
 from hybrid_tiny import VOCAB, assert_logits_close, hf_logits
 
-from trtllm_dasc.model import HybridModel, SeqInput
+from trtllm_dasc.model import HybridModel
+from trtllm_dasc.model.direct import DirectRunner
 
 
 def _ids(T, seed):
@@ -20,14 +21,15 @@ def models(tiny):
 
 
 def _split_run(model, ids, k, block_size=4):
-    state, kv = model.new_state(3), model.new_kv_cache(64, block_size)
-    first = model.forward([SeqInput(ids[:k], 2, seq_id="a")], state, kv).logits
-    rows, cached = state.export_rows([2]), kv.export_sequence("a")
-    state2, kv2 = model.new_state(1), model.new_kv_cache(64, block_size)
-    state2.import_rows([0], rows)
-    kv2.import_sequence("b", cached)
-    rest = model.forward([SeqInput(ids[k:], 0, seq_id="b")], state2, kv2).logits
-    kv2.sanity_check()
+    a = DirectRunner(model, rows=3, max_tokens=80, block_size=block_size)
+    first = a.run(ids[:k], row=2).logits
+    rows, cached = a.state.export_rows([2]), a.kv.export_tokens(a.table(2), k)
+    # fresh objects: nothing carries over but the exported state and KV
+    b = DirectRunner(model, rows=1, max_tokens=80, block_size=block_size)
+    b.state.import_rows([0], rows)
+    b.kv.import_tokens(b.table(0), cached)
+    b.lengths[0] = k
+    rest = b.run(ids[k:], row=0).logits
     return torch.cat([first, rest])
 
 
@@ -45,8 +47,8 @@ def test_split_equals_unsplit(models, arch, k):
 def test_token_by_token_decode_equals_transformers(models, arch):
     model, hf = models[arch]
     ids = _ids(12, 5)
-    state, kv = model.new_state(1), model.new_kv_cache(8, 4)
-    out = torch.cat([model.forward([SeqInput(ids[t:t + 1], 0)], state, kv).logits for t in range(12)])
+    r = DirectRunner(model, rows=1, max_tokens=12, block_size=4)
+    out = torch.cat([r.run(ids[t:t + 1]).logits for t in range(12)])
     assert_logits_close(out, hf_logits(hf, ids))
 
 
@@ -54,18 +56,17 @@ def test_token_by_token_decode_equals_transformers(models, arch):
 def test_batch_equals_one_by_one(models, arch):
     model, hf = models[arch]
     prompts = [_ids(n, n) for n in (5, 33, 1, 70)]
-    state, kv = model.new_state(6), model.new_kv_cache(64, 8)
-    batch = [SeqInput(p, slot) for p, slot in zip(prompts, (4, 0, 5, 2))]
-    out = model.forward(batch, state, kv)
+    r = DirectRunner(model, rows=6, max_tokens=80, block_size=8)
+    row_ids = (4, 0, 5, 2)
+    out = r.forward([r.seq(p, row) for p, row in zip(prompts, row_ids)])
     for i, p in enumerate(prompts):
         rows = out.logits[out.cu_seqlens[i]:out.cu_seqlens[i + 1]]
         assert_logits_close(rows, hf_logits(hf, p))
     # a second batched step continues each sequence from its own state and cache
     nxt = [_ids(n, 100 + n) for n in (3, 1, 4, 2)]
-    out2 = model.forward([SeqInput(t, b.slot) for t, b in zip(nxt, batch)], state, kv, logits="last")
+    out2 = r.forward([r.seq(t, row) for t, row in zip(nxt, row_ids)], logits="last")
     for i, (p, t) in enumerate(zip(prompts, nxt)):
         assert_logits_close(out2.logits[i:i + 1], hf_logits(hf, torch.cat([p, t]))[-1:])
-    kv.sanity_check()
 
 
 @pytest.mark.parametrize("arch", ["gdn", "kda"])
@@ -73,11 +74,10 @@ def test_captures_equal_prefix_states(models, arch):
     """States captured at prefix lengths p equal transformers' cache after prefilling ids[:p]."""
     model, hf = models[arch]
     ids = _ids(50, 9)
-    state, kv = model.new_state(2), model.new_kv_cache(64, 16)
-    model.forward([SeqInput(ids[:6], 1)], state, kv)
+    r = DirectRunner(model, rows=2, max_tokens=64, block_size=16)
+    r.run(ids[:6], row=1)
     caps = (16, 32, 48, 50)
-    other = SeqInput(_ids(9, 1), 0, capture_at=(4,))
-    out = model.forward([other, SeqInput(ids[6:], 1, capture_at=caps)], state, kv)
+    out = r.forward([r.seq(_ids(9, 1), 0, capture_at=(4,)), r.seq(ids[6:], 1, capture_at=caps)])
     assert out.capture_seq == [0, 1, 1, 1, 1] and out.capture_pos == [4, *caps]
     L = model.cfg.num_linear_layers
     assert out.capture_temporal.shape[:2] == (5, L) and out.capture_conv.shape[:2] == (5, L)
@@ -90,4 +90,4 @@ def test_captures_equal_prefix_states(models, arch):
             torch.testing.assert_close(out.capture_conv[1 + j, l], cache.get_conv_state(layer)[0][:, 1:],
                                        rtol=1e-4, atol=1e-5)
     # the capture at the prompt end is the final state
-    torch.testing.assert_close(out.capture_temporal[-1], state.temporal[:, 1], rtol=0, atol=0)
+    torch.testing.assert_close(out.capture_temporal[-1], r.state.temporal[:, 1], rtol=0, atol=0)

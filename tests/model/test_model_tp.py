@@ -8,7 +8,8 @@ import pytest
 import torch
 from hybrid_tiny import VOCAB, assert_logits_close
 
-from trtllm_dasc.model import HybridModel, SeqInput
+from trtllm_dasc.model import HybridModel
+from trtllm_dasc.model.direct import DirectRunner
 
 
 def _orders(model_cfg, seed):
@@ -36,9 +37,9 @@ def test_permuted_tp1_equals_identity(tiny, arch):
     ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(0))
     states = []
     for m in (base, perm):
-        st, kv = m.new_state(1), m.new_kv_cache(8, 8)
-        states.append(st)
-        assert_logits_close(m.forward([SeqInput(ids, 0)], st, kv).logits, base.prefill(ids), rel=1e-5)
+        r = DirectRunner(m, rows=1, max_tokens=64, block_size=8)
+        states.append(r.state)
+        assert_logits_close(r.run(ids).logits, base.prefill(ids), rel=1e-5)
     # state rows of the permuted model are the identity model's value heads in bundle-position order
     r = base.cfg.num_value_heads // base.cfg.num_key_heads
     for l, row in enumerate(order):

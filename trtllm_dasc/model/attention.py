@@ -20,11 +20,12 @@ from trtllm_dasc.model.weights import load
 @dataclass(slots=True)
 class AttnBatch:
     """Where the batch's tokens go: sequence i is rows cu_seqlens[i]:cu_seqlens[i+1], starting at
-    absolute position starts[i], cached under kv sequence id seq_ids[i]."""
+    absolute position starts[i]; kv_index[i] are the flat KV rows of its positions [0, starts[i] + T_i)
+    (the last T_i are written by this forward, all are read)."""
 
     cu_seqlens: list[int]
     starts: list[int]
-    seq_ids: list
+    kv_index: list[torch.Tensor]
     positions: torch.Tensor          # [T] absolute positions
 
 
@@ -78,9 +79,9 @@ class GatedAttention:
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
         out = torch.empty(T, H, hd, dtype=x.dtype, device=x.device)
         for i, (a, b) in enumerate(zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])):
-            sid, start = batch.seq_ids[i], batch.starts[i]
-            kv.write(layer, sid, start, [k[a:b], v[a:b]])
-            k_all, v_all = kv.read(layer, sid, start + b - a)
+            index, start = batch.kv_index[i], batch.starts[i]
+            kv.write(layer, index[start:], [k[a:b], v[a:b]])
+            k_all, v_all = kv.read(layer, index)
             out[a:b] = _attend(q[a:b], k_all, v_all, start)
         out = out.reshape(T, H * hd) * torch.sigmoid(gate)
         return linear(out, w["o_proj"], w.get("o_proj.bias"))
@@ -127,9 +128,9 @@ class MLAttention:
         latent = torch.cat([rms_norm(ckv[:, :lora], w["kv_a_layernorm"], 1e-6, False), ckv[:, lora:]], dim=-1)
         out = torch.empty(T, H, vd, dtype=x.dtype, device=x.device)
         for i, (a, b) in enumerate(zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])):
-            sid, start = batch.seq_ids[i], batch.starts[i]
-            kv.write(layer, sid, start, [latent[a:b, None]])
-            (cached,) = kv.read(layer, sid, start + b - a)
+            index, start = batch.kv_index[i], batch.starts[i]
+            kv.write(layer, index[start:], [latent[a:b, None]])
+            (cached,) = kv.read(layer, index)
             S = cached.shape[0]
             kvx = linear(cached[:, 0, :lora], w["kv_b_proj"]).view(S, H, nope + vd)
             k = torch.cat([kvx[..., :nope], cached[:, :, lora:].expand(S, H, rope)], dim=-1)

@@ -1,8 +1,9 @@
 """HybridModel: the lean inference runtime of qwen3_next / kimi_linear (one TP rank of it).
 
-One forward call processes a batch of sequences, each continuing from its carried state: the recurrent
-state rows of its slot (RecurrentState) and its cached full-attention tokens (PagedKVCache). A sequence
-may ask for checkpoints: the linear layers' states after chosen prefix lengths, captured in the same pass.
+One forward call processes a batch of sequences, each continuing from its carried state: its recurrent
+state row (RecurrentState) and its cached full-attention tokens (PagedKVCache, through its block table).
+A sequence may ask for checkpoints: the linear layers' states after chosen prefix lengths, captured in
+the same pass. The forward allocates nothing: rows and blocks are the scheduler's decisions.
 At tp_size > 1 only the linear-attention layers are sharded (by bundles, tp.py); their row-parallel
 partial outputs go through `all_reduce` (set by the distributed runtime); the rest is replicated.
 """
@@ -31,38 +32,43 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(slots=True)
 class SeqInput:
-    """One sequence of a forward batch. capture_at: absolute prefix lengths p, start < p <= start + T,
-    after which the linear layers' states are captured (start = tokens already in the KV cache)."""
+    """One sequence of a forward batch: tokens at positions [start, start + T), continuing from state row
+    ``row`` and the cached KV of positions [0, start). ``block_table`` covers positions [0, start + T)
+    (the forward writes the new tokens' KV into it; it never allocates). capture_at: absolute prefix
+    lengths p, start < p <= start + T, after which the linear layers' states are captured."""
 
     token_ids: torch.Tensor | list[int]
-    slot: int                             # row of the RecurrentState
-    seq_id: object = None                 # PagedKVCache sequence id (default: the slot); created if absent
+    row: int
+    block_table: list[int]
+    start: int = 0
     capture_at: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
 class Refresh:
     """dasc-wr inside the same forward: the batch's first ``num_replay`` sequences replay a suffix from
-    zero scratch states; in every linear layer they run first, then ``merge(layer, src_slots, dst_slots)``
-    copies the units the checkpoint omitted from each replay's state into the state its request continues
-    from, then the other sequences run. Attention and MLP see all tokens in one pass, so a hit costs the
-    W replayed tokens, not a second forward."""
+    zero scratch rows; in every linear layer they run first, then the forward's ``merge`` callable copies
+    the units the checkpoint omitted from each replay's row (src_rows) into the row its request continues
+    from (dst_rows), then the other sequences run. Attention and MLP see all tokens in one pass, so a hit
+    costs the W replayed tokens, not a second forward. Plain data: the merge itself is the runner's."""
 
     num_replay: int
-    src_slots: list[int]                  # replay sequences' state rows (in batch order)
-    dst_slots: list[int]                  # the rows each one refreshes
-    merge: object                         # callable(linear_layer_index, src_slots, dst_slots)
+    src_rows: list[int]                   # replay sequences' state rows (in batch order)
+    dst_rows: list[int]                   # the rows each one refreshes
 
 
 @dataclass(slots=True)
 class ForwardOutput:
-    logits: torch.Tensor | None           # fp32 [T_total, vocab] ("all") or [N, vocab] ("last")
+    logits: torch.Tensor | None           # fp32 [R, vocab]: sequence i's rows are logits_cu[i]:logits_cu[i+1]
+    logits_cu: list[int]
     cu_seqlens: list[int]                 # sequence i's tokens are rows cu_seqlens[i]:cu_seqlens[i+1]
-    starts: list[int]                     # tokens each sequence had cached before this call
     capture_seq: list[int] = field(default_factory=list)      # batch index of every captured checkpoint
     capture_pos: list[int] = field(default_factory=list)      # its absolute prefix length
     capture_temporal: torch.Tensor | None = None               # fp32 [n, L_linear, HV, K, V]
     capture_conv: torch.Tensor | None = None                   # [n, L_linear, C, W-1]
+
+
+LOGITS = ("none", "last", "all")
 
 
 class HybridModel:
@@ -116,71 +122,73 @@ class HybridModel:
         return cls(cfg, spec, w, layers, tp_rank=tp_rank, tp_size=tp_size, bundle_order=order, dtype=dt,
                    device=device, backend=get_backend(backend, device))
 
-    def new_state(self, num_slots: int) -> RecurrentState:
-        return RecurrentState.zeros(self.cfg, num_slots, self.tp_size, self.dtype, self.device)
+    def new_state(self, num_rows: int) -> RecurrentState:
+        return RecurrentState.zeros(self.cfg, num_rows, self.tp_size, self.dtype, self.device)
 
     def new_kv_cache(self, num_blocks: int, block_size: int = 16) -> PagedKVCache:
         return PagedKVCache(KVCacheConfig(len(self.cfg.full_attention_layers), self.spec.kv_token_shapes,
                                           num_blocks, block_size, self.dtype, str(self.device)))
 
     # ---- forward ----------------------------------------------------------------------------------
-    def _prepare(self, batch: list[SeqInput], state: RecurrentState, kv: PagedKVCache):
+    def _prepare(self, batch: list[SeqInput], state: RecurrentState, kv: PagedKVCache, logits):
         if not batch:
             raise UserError("empty batch")
-        ids, starts, cuts, seq_ids = [], [], [], []
+        modes = [logits] * len(batch) if isinstance(logits, str) else list(logits)
+        if len(modes) != len(batch) or any(m not in LOGITS for m in modes):
+            raise UserError(f"logits must be one of {LOGITS} or one per sequence, got {logits!r}")
+        ids, cuts, kv_index = [], [], []
         for i, s in enumerate(batch):
             t = torch.as_tensor(s.token_ids, dtype=torch.long).reshape(-1)
             if t.numel() == 0:
                 raise UserError(f"sequence {i} has no tokens")
             if t.min() < 0 or t.max() >= self.spec.vocab_size:
                 raise UserError(f"token ids of sequence {i} must be in 0..{self.spec.vocab_size - 1}")
-            if not 0 <= s.slot < state.num_slots:
-                raise UserError(f"slot {s.slot} of sequence {i} is outside 0..{state.num_slots - 1}")
-            sid = s.slot if s.seq_id is None else s.seq_id
-            start = kv.seq_len(sid) if kv.has_sequence(sid) else 0
-            rel = sorted(int(p) - start for p in s.capture_at)
+            if not 0 <= s.row < state.num_rows:
+                raise UserError(f"row {s.row} of sequence {i} is outside 0..{state.num_rows - 1}")
+            if s.start < 0:
+                raise UserError(f"start {s.start} of sequence {i} is negative")
+            rel = sorted(int(p) - s.start for p in s.capture_at)
             if any(not 0 < r <= t.numel() for r in rel) or len(set(rel)) != len(rel):
                 raise UserError(f"capture_at {list(s.capture_at)} of sequence {i} must be distinct prefix lengths "
-                                f"in {start + 1}..{start + t.numel()}")
+                                f"in {s.start + 1}..{s.start + t.numel()}")
             ids.append(t)
-            starts.append(start)
             cuts.append(rel)
-            seq_ids.append(sid)
-        if len({s.slot for s in batch}) != len(batch) or len(set(map(repr, seq_ids))) != len(batch):
-            raise UserError("a batch may hold each slot and KV sequence once")
-        for sid, start, t in zip(seq_ids, starts, ids):
-            if not kv.has_sequence(sid):
-                kv.add_sequence(sid)
-            kv.reserve(sid, start + t.numel())
-        return ids, starts, cuts, seq_ids
+            kv_index.append(kv.token_index(s.block_table, 0, s.start + t.numel()))
+        if len({s.row for s in batch}) != len(batch):
+            raise UserError("a batch may hold each state row once")
+        return ids, cuts, kv_index, modes
 
     @torch.inference_mode()
-    def forward(self, batch: list[SeqInput], state: RecurrentState, kv: PagedKVCache, logits: str = "all",
-                timer=None, refresh: Refresh | None = None) -> ForwardOutput:
-        """Prefill/decode a batch; updates the state rows of the batch's slots and their KV sequences.
+    def forward(self, batch: list[SeqInput], state: RecurrentState, kv: PagedKVCache, logits="all",
+                timer=None, refresh: Refresh | None = None, merge=None) -> ForwardOutput:
+        """Prefill/decode a batch; updates the batch's state rows and writes its new tokens' KV.
 
-        logits: 'all' (every token), 'last' (each sequence's last token) or 'none'.
-        timer: optional callable(kind) -> context manager, kind in linear_attn/attention/mlp/head (profiling).
-        refresh: dasc-wr replay sequences at the head of the batch (see Refresh).
+        logits: 'all' (every token), 'last' (each sequence's last token) or 'none', or one of those per
+        sequence. timer: optional callable(kind) -> context manager, kind in linear_attn/attention/mlp/head.
+        refresh + merge: dasc-wr replay sequences at the head of the batch (see Refresh); merge is
+        callable(linear_layer_index, src_rows, dst_rows).
         """
         if self.tp_size > 1 and self.all_reduce is None:
             raise RuntimeError("tp_size > 1 needs model.all_reduce (set by the distributed runtime)")
+        if refresh is not None and refresh.num_replay and merge is None:
+            raise RuntimeError("a refresh needs the merge callable")
         timer = timer or (lambda kind: contextlib.nullcontext())
-        ids, starts, cuts, seq_ids = self._prepare(batch, state, kv)
+        ids, cuts, kv_index, modes = self._prepare(batch, state, kv, logits)
+        starts = [s.start for s in batch]
         cu = [0]
         for t in ids:
             cu.append(cu[-1] + t.numel())
         dev = self.device
         positions = torch.cat([torch.arange(s, s + t.numel()) for s, t in zip(starts, ids)]).to(dev)
-        attn_batch = AttnBatch(cu, starts, seq_ids, positions)
-        slots = torch.tensor([s.slot for s in batch], dtype=torch.long, device=dev)
+        attn_batch = AttnBatch(cu, starts, kv_index, positions)
+        rows = torch.tensor([s.row for s in batch], dtype=torch.long, device=dev)
         x = self.w["embed"][torch.cat(ids).to(dev)]
         eps, lin, att, hbs, convs = self.spec.rms_norm_eps, 0, 0, [], []
         for mixer, mlp, in_norm, post_norm in self.layers:
             h = rms_norm(x, in_norm, eps, self.offset_norm)
             if mixer.kind in ("gdn", "kda"):
                 with timer("linear_attn"):
-                    res = self._linear(mixer, lin, h, cu, slots, state, cuts, refresh)
+                    res = self._linear(mixer, lin, h, cu, rows, state, cuts, refresh, merge)
                     out = res.out if self.tp_size == 1 else self.all_reduce(res.out)
                 hbs.append(res.hb)
                 convs.append(res.conv_b)
@@ -192,13 +200,19 @@ class HybridModel:
             x = x + out
             with timer("mlp"):
                 x = x + mlp.forward(rms_norm(x, post_norm, eps, self.offset_norm))
-        for sid, start, t in zip(seq_ids, starts, ids):
-            kv.commit(sid, start + t.numel())
-        out = ForwardOutput(None, cu, starts)
-        if logits != "none":
+        out = ForwardOutput(None, [0], cu)
+        picks = []
+        for i, mode in enumerate(modes):
+            if mode == "all":
+                picks.append(torch.arange(cu[i], cu[i + 1]))
+            elif mode == "last":
+                picks.append(torch.tensor([cu[i + 1] - 1]))
+            out.logits_cu.append(out.logits_cu[-1] + (0 if mode == "none" else picks[-1].numel()))
+        if picks:
             with timer("head"):
-                rows = x if logits == "all" else x[torch.tensor(cu[1:], device=dev) - 1]
-                out.logits = (rms_norm(rows, self.w["norm"], eps, self.offset_norm) @ self.w["lm_head"].T).float()
+                sel = torch.cat(picks).to(dev)
+                rows_x = x if sel.numel() == x.shape[0] else x[sel]
+                out.logits = (rms_norm(rows_x, self.w["norm"], eps, self.offset_norm) @ self.w["lm_head"].T).float()
         out.capture_seq = [i for i, c in enumerate(cuts) for _ in c]
         out.capture_pos = [starts[i] + r for i, c in enumerate(cuts) for r in c]
         if out.capture_seq:
@@ -206,20 +220,20 @@ class HybridModel:
             out.capture_conv = torch.stack(convs, dim=1)
         return out
 
-    def _linear(self, mixer, lin, h, cu, slots, state, cuts, refresh):
+    def _linear(self, mixer, lin, h, cu, rows, state, cuts, refresh, merge):
         """One linear layer over the batch; with a refresh, replays first, then merge, then the rest."""
         def run(a, b):
             base = cu[a]
-            res = mixer.forward(h[base:cu[b]], [c - base for c in cu[a:b + 1]], state.temporal[lin, slots[a:b]],
-                                state.conv[lin, slots[a:b]], self.backend, cuts[a:b])
-            state.temporal[lin, slots[a:b]] = res.ht
-            state.conv[lin, slots[a:b]] = res.conv
+            res = mixer.forward(h[base:cu[b]], [c - base for c in cu[a:b + 1]], state.temporal[lin, rows[a:b]],
+                                state.conv[lin, rows[a:b]], self.backend, cuts[a:b])
+            state.temporal[lin, rows[a:b]] = res.ht
+            state.conv[lin, rows[a:b]] = res.conv
             return res
         n = len(cu) - 1
         if refresh is None or refresh.num_replay == 0:
             return run(0, n)
         first = run(0, refresh.num_replay)
-        refresh.merge(lin, refresh.src_slots, refresh.dst_slots)
+        merge(lin, refresh.src_rows, refresh.dst_rows)
         rest = run(refresh.num_replay, n)
         # replay sequences capture nothing, so the captures are the rest's
         rest.out = torch.cat([first.out, rest.out])
@@ -227,6 +241,6 @@ class HybridModel:
 
     def prefill(self, token_ids, logits: str = "all") -> torch.Tensor:
         """Logits of one sequence from scratch (fresh state and KV cache): fp32 [T, vocab]."""
-        n = len(token_ids)
-        kv = self.new_kv_cache(max(1, -(-n // 16)), 16)
-        return self.forward([SeqInput(token_ids, 0)], self.new_state(1), kv, logits).logits
+        blocks = max(1, -(-len(token_ids) // 16))
+        kv = self.new_kv_cache(blocks, 16)
+        return self.forward([SeqInput(token_ids, 0, list(range(blocks)))], self.new_state(1), kv, logits).logits

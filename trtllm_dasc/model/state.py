@@ -1,9 +1,11 @@
-"""Recurrent state of the linear-attention layers for N request slots (one TP rank's share).
+"""Recurrent state of the linear-attention layers for N rows (one TP rank's share).
 
 Layout (other modules rely on it):
   temporal: fp32 [L_linear, N, HV_local, K, V]   fla's K-before-V layout; kda: HV_local = heads per rank
   conv:     model dtype [L_linear, N, conv_dim_local, kernel - 1]
-Row n is request slot n. Heads and conv channels are in the rank's bundle-position order (tp.py).
+Each running request computes in one row (a dasc-wr replay borrows a second, scratch row); rows are
+handed out by the scheduler (cache/allocators.IdPool); "slot" means a checkpoint slot everywhere else.
+Heads and conv channels are in the rank's bundle-position order (tp.py).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from trtllm_dasc.config import HybridConfig
 
 @dataclass(slots=True)
 class StateRows:
-    """Some slots' states, detached from the pool: temporal [L, n, HV, K, V] fp32, conv [L, n, C, W-1]."""
+    """Some rows' states, detached from the pool: temporal [L, n, HV, K, V] fp32, conv [L, n, C, W-1]."""
 
     temporal: torch.Tensor
     conv: torch.Tensor
@@ -32,40 +34,40 @@ class RecurrentState:
         self.temporal, self.conv = temporal, conv
 
     @classmethod
-    def zeros(cls, cfg: HybridConfig, num_slots: int, tp_size: int = 1, dtype=torch.float32,
+    def zeros(cls, cfg: HybridConfig, num_rows: int, tp_size: int = 1, dtype=torch.float32,
               device="cpu") -> "RecurrentState":
         shard = cfg.shard(tp_size)
         L, K, V = cfg.num_linear_layers, cfg.key_head_dim, cfg.value_head_dim
-        temporal = torch.zeros(L, num_slots, shard.value_heads, K, V, dtype=torch.float32, device=device)
-        conv = torch.zeros(L, num_slots, shard.conv_dim, cfg.conv_kernel - 1, dtype=dtype, device=device)
+        temporal = torch.zeros(L, num_rows, shard.value_heads, K, V, dtype=torch.float32, device=device)
+        conv = torch.zeros(L, num_rows, shard.conv_dim, cfg.conv_kernel - 1, dtype=dtype, device=device)
         return cls(temporal, conv)
 
     @property
-    def num_slots(self) -> int:
+    def num_rows(self) -> int:
         return self.temporal.shape[1]
 
     def _idx(self, rows) -> torch.Tensor:
         rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
-        if rows.numel() and (rows.min() < 0 or rows.max() >= self.num_slots):
-            raise IndexError(f"slot rows {rows.tolist()} outside 0..{self.num_slots - 1}")
+        if rows.numel() and (rows.min() < 0 or rows.max() >= self.num_rows):
+            raise IndexError(f"state rows {rows.tolist()} outside 0..{self.num_rows - 1}")
         return rows.to(self.temporal.device)
 
     def reset(self, rows) -> None:
-        """Zero the given slots (a request starting without a cached prefix)."""
+        """Zero the given rows (a request starting without a cached prefix, a wr scratch row)."""
         idx = self._idx(rows)
         self.temporal[:, idx] = 0
         self.conv[:, idx] = 0
 
     def export_rows(self, rows) -> StateRows:
-        """Copies of the given slots' states, in the order of `rows`."""
+        """Copies of the given rows' states, in the order of `rows`."""
         idx = self._idx(rows)
         return StateRows(self.temporal[:, idx].clone(), self.conv[:, idx].clone())
 
     def import_rows(self, rows, data: StateRows) -> None:
-        """Overwrite the given slots with exported states (data row j -> slot rows[j])."""
+        """Overwrite the given rows with exported states (data row j -> rows[j])."""
         idx = self._idx(rows)
         if data.temporal.shape[1] != idx.numel() or data.temporal.shape[2:] != self.temporal.shape[2:]:
-            raise ValueError(f"state rows {list(data.temporal.shape)} do not fit slots {idx.tolist()} "
+            raise ValueError(f"state rows {list(data.temporal.shape)} do not fit rows {idx.tolist()} "
                              f"of a pool {list(self.temporal.shape)}")
         if data.conv.shape[2:] != self.conv.shape[2:]:
             raise ValueError(f"conv rows {list(data.conv.shape)} do not fit a pool {list(self.conv.shape)}")
