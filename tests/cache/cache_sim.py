@@ -1,4 +1,5 @@
-"""A brute-force driver of the radix cache: it plays the engine's part with simulated KV contents.
+"""A brute-force driver of the radix cache: it plays the engine's part with simulated KV contents, on the
+engine's own allocators (BlockPool, IdPool).
 
 Every KV cell a request computes holds (position, hash of the prefix through it); every checkpoint slot
 holds the exact prefix it summarises. Reading them back through the tree checks the tree's bookkeeping
@@ -71,9 +72,14 @@ class Sim:
     def request_refs(self):
         return Counter(b for _, table, _ in self.inflight for b in table)
 
+    def request_locks(self):
+        return Counter(m.ckpt_node for m, _, _ in self.inflight)
+
     def check(self):
         c = self.cache
-        c.sanity_check(dict(self.request_refs()))
+        c.sanity_check(dict(self.request_refs()), dict(self.request_locks()))
+        c.blocks.sanity_check()
+        c.slots.sanity_check()
         for node in c._nodes():
             prefix = [t for n in node.path() for t in n.tokens]
             table = c.block_table(node)

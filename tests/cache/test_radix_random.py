@@ -4,7 +4,7 @@ import random
 import pytest
 
 from cache_sim import Sim
-from trtllm_dasc.cache import BlockAllocator, RadixCache, SlotFreeList
+from trtllm_dasc.cache import BlockPool, IdPool, RadixCache
 
 
 def prompt_stream(rng, n):
@@ -23,7 +23,7 @@ def prompt_stream(rng, n):
 ], ids=["bs4", "bs1-few-slots", "prompt-only", "bs8-tiny", "many-slots"])
 def test_random_stream_against_brute_force(seed, bs, blocks, slots, interval, prompt_only):
     rng = random.Random(seed)
-    cache = RadixCache(bs, BlockAllocator(blocks), SlotFreeList(slots), interval=interval,
+    cache = RadixCache(bs, BlockPool(blocks), IdPool.checkpoint_slots(slots), interval=interval,
                        prompt_only=prompt_only)
     sim = Sim(cache, blocks)
     hits = 0

@@ -18,22 +18,30 @@ Invariant (``sanity_check`` asserts it; tests call it after every step):
      ancestor). A locked node loses neither its KV nor its checkpoint.
   5. eviction: checkpoints and KV are evicted by LRU independently. KV goes leaf by leaf; a node keeps
      its KV after losing its checkpoint, and loses its checkpoint with its KV.
+  6. LRU lists, one per resource, LRU first: ``_kv_lru`` holds every non-root node in ``last_access``
+     order, each node after all its descendants; ``_ckpt_lru`` holds every node with a checkpoint in
+     ``ckpt_access`` order. Every touch takes a fresh tick of one clock, so the lists are what a min()
+     over the stamps would pick, and eviction is O(1) amortised: it walks from the LRU end past the locked
+     nodes only. The first unlocked node of ``_kv_lru`` is a leaf, since its children sit LRU-side of it,
+     so are locked, and would lock it too.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from trtllm_dasc.cache.allocators import BlockAllocator
+from trtllm_dasc.cache.allocators import BlockPool, IdPool
+from trtllm_dasc.cache.lru import LRUList
 
 
 class Node:
     __slots__ = ("parent", "children", "tokens", "start", "blocks", "ckpt_slot", "lock_ref",
-                 "last_access", "ckpt_access")
+                 "last_access", "ckpt_access", "kv_prev", "kv_next", "ck_prev", "ck_next")
 
     def __init__(self, parent, tokens, start, blocks):
         self.parent, self.children = parent, {}
         self.tokens, self.start, self.blocks = list(tokens), start, list(blocks)
         self.ckpt_slot, self.lock_ref, self.last_access, self.ckpt_access = None, 0, 0, 0
+        self.kv_prev = self.kv_next = self.ck_prev = self.ck_next = None
 
     @property
     def end(self) -> int:
@@ -59,7 +67,7 @@ class MatchResult(NamedTuple):
 
 
 class RadixCache:
-    def __init__(self, block_size: int, blocks: BlockAllocator, slots, interval: int = 256,
+    def __init__(self, block_size: int, blocks: BlockPool, slots: IdPool, interval: int = 256,
                  prompt_only: bool = False):
         if block_size < 1 or interval < 1:
             raise ValueError("block_size and interval must be >= 1")
@@ -67,24 +75,26 @@ class RadixCache:
         self.interval, self.prompt_only = interval, prompt_only
         self.root = Node(None, [], 0, [])
         self._clock = 0
+        self._kv_lru = LRUList("kv_prev", "kv_next")
+        self._ckpt_lru = LRUList("ck_prev", "ck_next")
         self.evictions = {"kv_nodes": 0, "kv_blocks": 0, "checkpoints": 0, "checkpoints_with_kv": 0}
 
     # ---- lookup ------------------------------------------------------------------------------------
     def match(self, tokens: list[int]) -> MatchResult:
-        node, pos = self.root, 0
-        self._clock += 1
+        node, pos, path = self.root, 0, []
         while pos < len(tokens) and tokens[pos] in node.children:
             child = node.children[tokens[pos]]
             n = _common(child.tokens, tokens, pos)
             if n < len(child.tokens):
                 child = self._split(child, child.start + n)
-            child.last_access = self._clock
+            path.append(child)
             node, pos = child, pos + n
+        self._touch_kv(path)
         limit = min(pos, len(tokens) - 1)
-        ckpt = next((n for n in reversed(node.path()) if n.ckpt_slot is not None and n.end <= limit), None)
+        ckpt = next((n for n in reversed(path) if n.ckpt_slot is not None and n.end <= limit), None)
         if ckpt is None:
             return MatchResult(node, pos, 0, None, [], self.root)
-        ckpt.ckpt_access = self._clock
+        self._touch_ckpt(ckpt)
         return MatchResult(node, pos, ckpt.end, ckpt.ckpt_slot, self.block_table(ckpt), ckpt)
 
     def block_table(self, node: Node) -> list[int]:
@@ -112,6 +122,20 @@ class RadixCache:
         branch = min(match.kv_len, last)
         return sorted({last, *grid} | ({branch} if branch > start else set()))
 
+    # ---- recency -----------------------------------------------------------------------------------
+    def _touch_kv(self, path: list[Node]) -> None:
+        """Make a root-side-first path the most recent, leaf first, so ancestors end up more recent than
+        their descendants (invariant 6; also links nodes new to the list)."""
+        for n in reversed(path):
+            self._clock += 1
+            n.last_access = self._clock
+            self._kv_lru.touch(n)
+
+    def _touch_ckpt(self, node: Node) -> None:
+        self._clock += 1
+        node.ckpt_access = self._clock
+        self._ckpt_lru.touch(node)
+
     # ---- locks and references ----------------------------------------------------------------------
     def lock(self, node: Node) -> None:
         while node is not None:
@@ -127,12 +151,10 @@ class RadixCache:
 
     def acquire_blocks(self, blocks: list[int]) -> None:
         """A request takes its own reference on reused blocks."""
-        for b in blocks:
-            self.blocks.incref(b)
+        self.blocks.incref(blocks)
 
     def release_blocks(self, blocks: list[int]) -> None:
-        for b in blocks:
-            self.blocks.decref(b)
+        self.blocks.decref(blocks)
 
     # ---- allocation with eviction ------------------------------------------------------------------
     def alloc_block(self) -> int | None:
@@ -156,29 +178,41 @@ class RadixCache:
                 return None
         return slot
 
+    def _kv_victim(self) -> Node | None:
+        """The LRU unlocked leaf: the first unlocked node from the LRU end (a leaf by invariant 6)."""
+        return next((n for n in self._kv_lru if n.lock_ref == 0), None)
+
+    def _ckpt_victim(self) -> Node | None:
+        """The unlocked node whose checkpoint was used least recently."""
+        return next((n for n in self._ckpt_lru if n.lock_ref == 0), None)
+
     def _evict_checkpoint(self) -> bool:
-        victim = min((n for n in self._nodes() if n.ckpt_slot is not None and n.lock_ref == 0),
-                     key=lambda n: n.ckpt_access, default=None)
+        victim = self._ckpt_victim()
         if victim is None:
             return False
-        self.slots.free(victim.ckpt_slot)
-        victim.ckpt_slot = None
+        self._drop_checkpoint(victim)
         self.evictions["checkpoints"] += 1
         return True
 
     def _evict_kv_leaf(self) -> bool:
-        victim = min((n for n in self._nodes() if not n.children and n.lock_ref == 0),
-                     key=lambda n: n.last_access, default=None)
+        victim = self._kv_victim()
         if victim is None:
             return False
+        assert not victim.children, "the KV LRU list put a parent before its child"
         if victim.ckpt_slot is not None:
-            self.slots.free(victim.ckpt_slot)
+            self._drop_checkpoint(victim)
             self.evictions["checkpoints_with_kv"] += 1
         self.release_blocks(victim.blocks)
         del victim.parent.children[victim.tokens[0]]
+        self._kv_lru.remove(victim)
         self.evictions["kv_nodes"] += 1
         self.evictions["kv_blocks"] += len(victim.blocks)
         return True
+
+    def _drop_checkpoint(self, node: Node) -> None:
+        self.slots.free(node.ckpt_slot)
+        node.ckpt_slot = None
+        self._ckpt_lru.remove(node)
 
     # ---- insertion ---------------------------------------------------------------------------------
     def insert(self, tokens: list[int], block_table: list[int], checkpoints: dict[int, int]) -> list[int]:
@@ -188,8 +222,10 @@ class RadixCache:
         slots; a slot whose position already has a checkpoint is freed. Returns those freed slots."""
         if len(block_table) * self.bs < len(tokens):
             raise ValueError("block_table does not cover the tokens")
-        self._clock += 1
-        node, pos = self.root, 0
+        for p in checkpoints:
+            if not 0 < p <= len(tokens):
+                raise ValueError(f"checkpoint position {p} outside 1..{len(tokens)}")
+        node, pos, path = self.root, 0, []
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
             if child is None:
@@ -200,18 +236,22 @@ class RadixCache:
             n = _common(child.tokens, tokens, pos)
             if n < len(child.tokens):
                 child = self._split(child, child.start + n)
-            child.last_access = self._clock
+            path.append(child)
             node, pos = child, pos + n
-        duplicates = []
+        self._touch_kv(path)
+        duplicates, stored = [], []
         for p, slot in sorted(checkpoints.items()):
-            if not 0 < p <= len(tokens):
-                raise ValueError(f"checkpoint position {p} outside 1..{len(tokens)}")
             at = self._boundary(node, p)
             if at.ckpt_slot is None:
-                at.ckpt_slot, at.ckpt_access = slot, self._clock
+                at.ckpt_slot = slot
+                stored.append(at)
             else:
                 self.slots.free(slot)
                 duplicates.append(slot)
+        # deepest first, like the KV path: a shallower checkpoint serves every prompt the deeper one
+        # serves, so it ends up the more recent one
+        for at in reversed(stored):
+            self._touch_ckpt(at)
         return duplicates
 
     def _boundary(self, leaf: Node, p: int) -> Node:
@@ -229,6 +269,8 @@ class RadixCache:
         top = Node(node.parent, node.tokens[:k], node.start, node.blocks[:split_block - first + 1])
         top.lock_ref, top.last_access, top.children = node.lock_ref, node.last_access, {node.tokens[k]: node}
         node.parent.children[node.tokens[0]] = top
+        # the new parent must be more recent than node yet older than everything node was older than
+        self._kv_lru.insert_after(node, top)
         rest = node.blocks[p // self.bs - first:]
         if p % self.bs:
             # both halves touch the block that holds position p: the tree now holds it twice
@@ -245,6 +287,7 @@ class RadixCache:
 
     # ---- introspection -----------------------------------------------------------------------------
     def _nodes(self):
+        """Every non-root node, each before its children."""
         stack = list(self.root.children.values())
         while stack:
             n = stack.pop()
@@ -252,7 +295,7 @@ class RadixCache:
             yield n
 
     def num_checkpoints(self) -> int:
-        return sum(n.ckpt_slot is not None for n in self._nodes())
+        return len(self._ckpt_lru)
 
     def tree_block_refs(self) -> dict[int, int]:
         refs: dict[int, int] = {}
@@ -261,12 +304,16 @@ class RadixCache:
                 refs[b] = refs.get(b, 0) + 1
         return refs
 
-    def sanity_check(self, request_block_refs: dict[int, int] | None = None) -> None:
+    def sanity_check(self, request_block_refs: dict[int, int] | None = None,
+                     request_locks: dict[Node, int] | None = None) -> None:
         """Assert the invariant. ``request_block_refs``: the in-flight requests' references, if known
-        (then every allocator count must equal tree + request references exactly)."""
+        (then every allocator count must equal tree + request references exactly). ``request_locks``:
+        {node: locks the in-flight requests took on exactly that node}, if known (then every lock_ref must
+        equal the locks taken on the node and its descendants)."""
+        nodes = list(self._nodes())
         slots = set()
         assert self.root.lock_ref >= sum(c.lock_ref for c in self.root.children.values()), "root lock refs"
-        for n in self._nodes():
+        for n in nodes:
             assert n.tokens, "empty edge"
             assert n.parent.children.get(n.tokens[0]) is n, "child keyed by the wrong token"
             assert n.start == n.parent.end, "child does not start where its parent ends"
@@ -275,8 +322,10 @@ class RadixCache:
             if n.ckpt_slot is not None:
                 assert n.ckpt_slot != 0 and n.ckpt_slot not in slots, "checkpoint slot reused"
                 slots.add(n.ckpt_slot)
-        if hasattr(self.slots, "used_ids"):
-            assert slots <= self.slots.used_ids(), "tree checkpoint in a free slot"
+        assert slots <= self.slots.used_ids(), "tree checkpoint in a free slot"
+        if request_locks is not None:
+            self._check_locks(nodes, request_locks)
+        self._check_lru(nodes)
         tree = self.tree_block_refs()
         free = self.blocks.free_ids()
         for b, count in enumerate(self.blocks.refs):
@@ -286,6 +335,26 @@ class RadixCache:
             else:
                 assert count == held, f"block {b}: {count} refs != {held} held"
             assert (count == 0) == (b in free), f"block {b}: free list disagrees with refs"
+
+    def _check_locks(self, nodes: list[Node], request_locks: dict[Node, int]) -> None:
+        known = set(nodes) | {self.root}
+        assert all(n in known for n, k in request_locks.items() if k), "a request holds a lock on an evicted node"
+        below: dict[Node, int] = {}
+        # children before parents: the reverse of a parents-first order
+        for n in [*reversed(nodes), self.root]:
+            below[n] = request_locks.get(n, 0) + sum(below[c] for c in n.children.values())
+            assert n.lock_ref == below[n], f"lock_ref {n.lock_ref} != {below[n]} locks taken at or below it"
+
+    def _check_lru(self, nodes: list[Node]) -> None:
+        kv = self._kv_lru.sanity_check(set(nodes))
+        rank = {n: i for i, n in enumerate(kv)}
+        for n in nodes:
+            if n.parent is not self.root:
+                assert rank[n] < rank[n.parent], "a node is older than its parent in the KV LRU list"
+        # a split copies the stamp to the new parent: ties only there, so non-decreasing
+        assert all(a.last_access <= b.last_access for a, b in zip(kv, kv[1:])), "KV LRU list out of order"
+        ck = self._ckpt_lru.sanity_check({n for n in nodes if n.ckpt_slot is not None})
+        assert all(a.ckpt_access < b.ckpt_access for a, b in zip(ck, ck[1:])), "checkpoint LRU out of order"
 
 
 def _common(edge: list[int], tokens: list[int], pos: int) -> int:
