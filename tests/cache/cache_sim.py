@@ -8,12 +8,23 @@ against what was really written, independently of how the tree stores it.
 from collections import Counter
 
 
+def prompt_stream(rng, n):
+    """Prompts built from a few shared prefixes (few-shot headers, conversations) plus random tails."""
+    prefixes = [[rng.randrange(50) for _ in range(rng.randrange(3, 30))] for _ in range(6)]
+    for _ in range(n):
+        base = rng.choice(prefixes)
+        cut = rng.randrange(0, len(base) + 1)
+        tail = [rng.randrange(50) for _ in range(rng.randrange(1, 12))]
+        yield base[:cut] + tail
+
+
 class Sim:
     def __init__(self, cache, num_blocks):
         self.cache, self.bs = cache, cache.bs
         self.cells = [[None] * cache.bs for _ in range(num_blocks)]
         self.slot_content = {}
-        self.inflight = []          # (match, table)
+        self.inflight = []          # (match, table, tokens)
+        self.pins = []              # nodes locked by something other than a request (a hit's lock below root)
 
     def cell(self, tokens, p):
         return (p, hash(tuple(tokens[:p + 1])))
@@ -72,8 +83,19 @@ class Sim:
     def request_refs(self):
         return Counter(b for _, table, _ in self.inflight for b in table)
 
+    def pin(self, node):
+        self.cache.lock(node)
+        self.pins.append(node)
+
+    def unpin(self, i=0):
+        self.cache.unlock(self.pins.pop(i))
+
+    def unpin_all(self):
+        while self.pins:
+            self.unpin()
+
     def request_locks(self):
-        return Counter(m.ckpt_node for m, _, _ in self.inflight)
+        return Counter([m.ckpt_node for m, _, _ in self.inflight] + self.pins)
 
     def check(self):
         c = self.cache
@@ -87,9 +109,8 @@ class Sim:
                 assert self.cells[table[p // self.bs]][p % self.bs] == self.cell(prefix, p), "tree KV corrupt"
             if node.ckpt_slot is not None:
                 assert self.slot_content[node.ckpt_slot] == tuple(prefix), "tree checkpoint corrupt"
-        for m, _, tokens in self.inflight:
-            # a locked request's path is still in the tree, with its checkpoint
-            n = m.ckpt_node
+        for n in [m.ckpt_node for m, _, _ in self.inflight] + self.pins:
+            # a locked node's path is still in the tree, with its checkpoint
             while n.parent is not None:
                 n = n.parent
             assert n is c.root, "locked node evicted"

@@ -3,18 +3,8 @@ import random
 
 import pytest
 
-from cache_sim import Sim
+from cache_sim import Sim, prompt_stream
 from trtllm_dasc.cache import BlockPool, IdPool, RadixCache
-
-
-def prompt_stream(rng, n):
-    """Prompts built from a few shared prefixes (few-shot headers, conversations) plus random tails."""
-    prefixes = [[rng.randrange(50) for _ in range(rng.randrange(3, 30))] for _ in range(6)]
-    for _ in range(n):
-        base = rng.choice(prefixes)
-        cut = rng.randrange(0, len(base) + 1)
-        tail = [rng.randrange(50) for _ in range(rng.randrange(1, 12))]
-        yield base[:cut] + tail
 
 
 @pytest.mark.parametrize("seed,bs,blocks,slots,interval,prompt_only", [

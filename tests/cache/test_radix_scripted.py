@@ -36,8 +36,8 @@ def test_branch_checkpoint_and_lru_slot_eviction():
     assert c.blocks.num_free == 4 and c.blocks.refs[3] == 0
     sim.check()
     # a third request sharing the 6-token prefix hits it in full; 6 is inside block 1, so that block is
-    # copied into a fresh one (5, the queue's front), and position 8 (block index 2) takes the next (6), not the
-    # just-freed 3 (LIFO would have handed out 3 first)
+    # copied into a fresh one (5, the queue's front), and position 8 (block index 2) takes the next one
+    # (6), not the just-freed 3 (LIFO would have handed out 3 first)
     m = sim.start(a[:6] + [60, 61, 62], expect=(6, 6))
     assert m.ckpt_slot == 2 and m.block_table == [0, 1]
     assert sim.inflight[0][1] == [0, 5, 6]

@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from trtllm_dasc.cache.allocators import BlockPool, IdPool
 from trtllm_dasc.cache.lru import LRUList
+from trtllm_dasc.cache.radix_checks import check_tree
 
 
 class Node:
@@ -310,51 +311,7 @@ class RadixCache:
         (then every allocator count must equal tree + request references exactly). ``request_locks``:
         {node: locks the in-flight requests took on exactly that node}, if known (then every lock_ref must
         equal the locks taken on the node and its descendants)."""
-        nodes = list(self._nodes())
-        slots = set()
-        assert self.root.lock_ref >= sum(c.lock_ref for c in self.root.children.values()), "root lock refs"
-        for n in nodes:
-            assert n.tokens, "empty edge"
-            assert n.parent.children.get(n.tokens[0]) is n, "child keyed by the wrong token"
-            assert n.start == n.parent.end, "child does not start where its parent ends"
-            assert len(n.blocks) == (n.end - 1) // self.bs - n.start // self.bs + 1, "block count"
-            assert n.lock_ref >= sum(c.lock_ref for c in n.children.values()) >= 0, "lock refs"
-            if n.ckpt_slot is not None:
-                assert n.ckpt_slot != 0 and n.ckpt_slot not in slots, "checkpoint slot reused"
-                slots.add(n.ckpt_slot)
-        assert slots <= self.slots.used_ids(), "tree checkpoint in a free slot"
-        if request_locks is not None:
-            self._check_locks(nodes, request_locks)
-        self._check_lru(nodes)
-        tree = self.tree_block_refs()
-        free = self.blocks.free_ids()
-        for b, count in enumerate(self.blocks.refs):
-            held = tree.get(b, 0) + (request_block_refs or {}).get(b, 0)
-            if request_block_refs is None:
-                assert count >= held, f"block {b}: {count} refs < {held} held by the tree"
-            else:
-                assert count == held, f"block {b}: {count} refs != {held} held"
-            assert (count == 0) == (b in free), f"block {b}: free list disagrees with refs"
-
-    def _check_locks(self, nodes: list[Node], request_locks: dict[Node, int]) -> None:
-        known = set(nodes) | {self.root}
-        assert all(n in known for n, k in request_locks.items() if k), "a request holds a lock on an evicted node"
-        below: dict[Node, int] = {}
-        # children before parents: the reverse of a parents-first order
-        for n in [*reversed(nodes), self.root]:
-            below[n] = request_locks.get(n, 0) + sum(below[c] for c in n.children.values())
-            assert n.lock_ref == below[n], f"lock_ref {n.lock_ref} != {below[n]} locks taken at or below it"
-
-    def _check_lru(self, nodes: list[Node]) -> None:
-        kv = self._kv_lru.sanity_check(set(nodes))
-        rank = {n: i for i, n in enumerate(kv)}
-        for n in nodes:
-            if n.parent is not self.root:
-                assert rank[n] < rank[n.parent], "a node is older than its parent in the KV LRU list"
-        # a split copies the stamp to the new parent: ties only there, so non-decreasing
-        assert all(a.last_access <= b.last_access for a, b in zip(kv, kv[1:])), "KV LRU list out of order"
-        ck = self._ckpt_lru.sanity_check({n for n in nodes if n.ckpt_slot is not None})
-        assert all(a.ckpt_access < b.ckpt_access for a, b in zip(ck, ck[1:])), "checkpoint LRU out of order"
+        check_tree(self, request_block_refs, request_locks)
 
 
 def _common(edge: list[int], tokens: list[int], pos: int) -> int:
