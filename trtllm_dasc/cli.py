@@ -17,13 +17,20 @@ SUBCOMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (like every other user error), not a usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _user_error_types():
     from trtllm_dasc.errors import UserError
     return (UserError,)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="dasc", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="dasc", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -1,7 +1,7 @@
 """HybridConfig: what the planner, the state store and the engine need to know about a hybrid model.
 
 Built from a Hugging Face ``config.json`` of ``qwen3_next`` (Gated DeltaNet, "gdn") or ``kimi_linear``
-(Kimi Delta Attention, "kda"). It answers: which layers are linear, the recurrent state shapes, how the
+(Kimi Delta Attention, "kda"), parsed by that family's parser (families/). It answers: which layers are linear, the recurrent state shapes, how the
 heads split over tensor-parallel ranks, and how many bytes one recurrent-state checkpoint takes per rank.
 
 State conventions (the paper's, Eq. 1): the temporal state of one head is S in R^{d_v x d_k}.
@@ -12,29 +12,41 @@ Conv state: the last ``kernel - 1`` inputs of the short causal conv, ``conv_dim`
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
-from trtllm_dasc.errors import UserError
+from trtllm_dasc import families
+from trtllm_dasc.checkpoint_files import read_json
+from trtllm_dasc.families import SUPPORTED_MODEL_TYPES, ConfigError, Family, ModelSchema
+from trtllm_dasc.families.schema import check_state
 
 # bytes per element; kept free of torch so the planner imports nothing heavy
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+CODECS = ("native", "int8")
 
-SUPPORTED_MODEL_TYPES = ("qwen3_next", "kimi_linear")
-
-
-class ConfigError(UserError):
-    """A config.json that cannot describe a supported hybrid model (message names the field)."""
+__all__ = ["CODECS", "DTYPE_BYTES", "SUPPORTED_MODEL_TYPES", "ConfigError", "HybridConfig", "TPShard",
+           "conv_bytes", "unit_bytes", "unit_byte_parts"]
 
 
-def _require(raw: dict, key: str, model_type: str):
-    if raw.get(key) is None:
-        raise ConfigError(f"{model_type} config.json lacks required field '{key}'")
-    value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{model_type} config field '{key}' must be a positive integer, got {value!r}")
-    return value
+def unit_byte_parts(unit_elements: int, rows_per_unit: int, temporal_dtype_bytes: int, codec: str) -> tuple[int, int]:
+    """(payload, scale) bytes of one stored temporal unit: native keeps the temporal dtype and no scales;
+    int8 keeps one byte per element plus one scale per row of d_v, in the temporal source dtype (paper
+    Eq. 10, App. E.1). The one formula the planner (HybridConfig) and the state store (StateLayout) use."""
+    if codec == "native":
+        return unit_elements * temporal_dtype_bytes, 0
+    if codec == "int8":
+        return unit_elements, rows_per_unit * temporal_dtype_bytes
+    raise ConfigError(f"codec must be one of {'|'.join(CODECS)}, got {codec!r}")
+
+
+def unit_bytes(unit_elements: int, rows_per_unit: int, temporal_dtype_bytes: int, codec: str) -> int:
+    """Stored bytes of one temporal unit (payload + scales)."""
+    return sum(unit_byte_parts(unit_elements, rows_per_unit, temporal_dtype_bytes, codec))
+
+
+def conv_bytes(layers: int, channels: int, width: int, conv_dtype_bytes: int) -> int:
+    """Conv state of ``layers`` linear layers, stored uncompressed: channels x (kernel - 1) each."""
+    return layers * channels * width * conv_dtype_bytes
 
 
 @dataclass(slots=True)
@@ -63,29 +75,20 @@ class HybridConfig:
     temporal_dtype: str = "float32"
     conv_dtype: str = "bfloat16"
     raw: dict = field(default_factory=dict, repr=False)  # the full config.json, for the model runtime
+    # the parsed config.json (None when built from fields, e.g. a plan file): ModelSpec is built from it
+    schema: ModelSchema | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.arch not in ("gdn", "kda"):
-            raise ConfigError(f"arch must be 'gdn' or 'kda', got {self.arch!r}")
-        if len(self.layer_types) != self.num_hidden_layers:
-            raise ConfigError(
-                f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is {self.num_hidden_layers}")
-        bad = sorted(set(self.layer_types) - {"linear_attention", "full_attention"})
-        if bad:
-            raise ConfigError(f"unknown layer type(s) {bad}; expected 'linear_attention' or 'full_attention'")
-        if not self.linear_layers:
-            raise ConfigError("the model has no linear-attention layer: nothing to checkpoint")
-        if self.num_value_heads % self.num_key_heads:
-            raise ConfigError(f"value heads ({self.num_value_heads}) must be a multiple of key heads "
-                              f"({self.num_key_heads})")
-        if self.arch == "kda" and (self.num_key_heads != self.num_value_heads
-                                   or self.key_head_dim != self.value_head_dim):
-            raise ConfigError("kda uses one head count and one head dim for keys and values")
-        if self.conv_kernel < 1:
-            raise ConfigError(f"conv kernel must be >= 1, got {self.conv_kernel}")
+        check_state(self.family, self.num_hidden_layers, self.layer_types, self.num_key_heads,
+                    self.num_value_heads, self.key_head_dim, self.value_head_dim, self.conv_kernel)
         for name in ("temporal_dtype", "conv_dtype"):
             if getattr(self, name) not in DTYPE_BYTES or getattr(self, name) == "int8":
                 raise ConfigError(f"{name} must be one of float32/float16/bfloat16, got {getattr(self, name)!r}")
+
+    @property
+    def family(self) -> Family:
+        """What differs by model family (unit definition, module names, norm offset): families/."""
+        return families.family_of_arch(self.arch)
 
     # ---- layers and units -------------------------------------------------------------------------
     @property
@@ -104,7 +107,7 @@ class HybridConfig:
     @property
     def units_per_layer(self) -> int:
         """n_l: gdn one per value head, kda one per (head, key channel)."""
-        return self.num_value_heads if self.arch == "gdn" else self.num_key_heads * self.key_head_dim
+        return self.num_value_heads * self.key_head_dim // self.scales_per_unit
 
     @property
     def num_bundles(self) -> int:
@@ -118,12 +121,13 @@ class HybridConfig:
     @property
     def unit_elements(self) -> int:
         """Temporal-state elements in one unit: gdn d_v*d_k (a head), kda d_v (a channel column)."""
-        return self.value_head_dim * (self.key_head_dim if self.arch == "gdn" else 1)
+        return self.value_head_dim * self.scales_per_unit
 
     @property
     def scales_per_unit(self) -> int:
-        """INT8 codec scales per unit: one per (l, h, k), shared over d_v (paper Eq. 10)."""
-        return self.key_head_dim if self.arch == "gdn" else 1
+        """Rows of d_v in one unit, and INT8 codec scales per unit: one per (l, h, k), shared over d_v
+        (paper Eq. 10). gdn: d_k (a unit spans the key dim); kda: 1."""
+        return self.key_head_dim if self.family.unit_spans_key_dim else 1
 
     @property
     def temporal_state_shape(self) -> tuple[int, int, int]:
@@ -132,10 +136,9 @@ class HybridConfig:
 
     @property
     def conv_dim(self) -> int:
-        """Channels of the short conv per layer: gdn q,k (key heads) and v; kda q, k, v."""
-        if self.arch == "gdn":
-            return 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
-        return 3 * self.num_key_heads * self.key_head_dim
+        """Channels of the short conv per layer: q and k (key heads x d_k) and v (value heads x d_v);
+        kda's single head count and dim make this 3 * H * K."""
+        return 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
 
     @property
     def conv_state_shape(self) -> tuple[int, int]:
@@ -147,8 +150,8 @@ class HybridConfig:
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ConfigError(f"TP degree must be a positive integer, got {tp!r}")
         if self.num_key_heads % tp:
-            what = "key heads" if self.arch == "gdn" else "heads"
-            raise ConfigError(f"TP degree {tp} does not divide the {self.num_key_heads} linear-attention {what}")
+            raise ConfigError(f"TP degree {tp} does not divide the {self.num_key_heads} linear-attention "
+                              f"{self.family.tp_split_name}")
         return TPShard(tp=tp, bundles=self.num_bundles // tp, units=self.units_per_layer // tp,
                        key_heads=self.num_key_heads // tp, value_heads=self.num_value_heads // tp,
                        conv_dim=self.conv_dim // tp)
@@ -156,17 +159,12 @@ class HybridConfig:
     # ---- bytes ------------------------------------------------------------------------------------
     def unit_bytes(self, codec: str = "native") -> int:
         """Stored bytes of one temporal unit: native = temporal dtype; int8 = payload + scales."""
-        if codec == "native":
-            return self.unit_elements * DTYPE_BYTES[self.temporal_dtype]
-        if codec == "int8":
-            # scales are kept in the temporal source dtype (paper App. E.1)
-            return self.unit_elements + self.scales_per_unit * DTYPE_BYTES[self.temporal_dtype]
-        raise ConfigError(f"codec must be 'native' or 'int8', got {codec!r}")
+        return unit_bytes(self.unit_elements, self.scales_per_unit, DTYPE_BYTES[self.temporal_dtype], codec)
 
     def conv_bytes_per_rank(self, tp: int) -> int:
         """Conv state of all linear layers on one rank, stored uncompressed in the conv dtype."""
-        return (self.num_linear_layers * self.shard(tp).conv_dim * (self.conv_kernel - 1)
-                * DTYPE_BYTES[self.conv_dtype])
+        return conv_bytes(self.num_linear_layers, self.shard(tp).conv_dim, self.conv_kernel - 1,
+                          DTYPE_BYTES[self.conv_dtype])
 
     def dense_checkpoint_bytes_per_rank(self, tp: int) -> int:
         """A full (W=0, native) checkpoint on one rank: every unit of every linear layer + conv."""
@@ -182,15 +180,18 @@ class HybridConfig:
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
+    def from_schema(cls, schema: ModelSchema, raw: dict, temporal_dtype: str = "float32",
+                    conv_dtype: str = "bfloat16") -> "HybridConfig":
+        return cls(model_type=schema.model_type, arch=schema.arch, num_hidden_layers=schema.num_hidden_layers,
+                   layer_types=list(schema.layer_types), num_key_heads=schema.num_key_heads,
+                   num_value_heads=schema.num_value_heads, key_head_dim=schema.key_head_dim,
+                   value_head_dim=schema.value_head_dim, conv_kernel=schema.conv_kernel,
+                   temporal_dtype=temporal_dtype, conv_dtype=conv_dtype, raw=raw, schema=schema)
+
+    @classmethod
     def from_dict(cls, raw: dict, temporal_dtype: str = "float32", conv_dtype: str = "bfloat16") -> "HybridConfig":
-        if not isinstance(raw, dict):
-            raise ConfigError("config.json must hold a JSON object")
-        model_type = raw.get("model_type")
-        if model_type == "qwen3_next":
-            return cls._from_qwen3_next(raw, temporal_dtype, conv_dtype)
-        if model_type == "kimi_linear":
-            return cls._from_kimi_linear(raw, temporal_dtype, conv_dtype)
-        raise ConfigError(f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        """Parse with the registry's parser for raw's model_type (families/); every field is checked."""
+        return cls.from_schema(families.parse(raw), raw, temporal_dtype, conv_dtype)
 
     @classmethod
     def from_path(cls, path: str, **dtypes) -> "HybridConfig":
@@ -198,73 +199,7 @@ class HybridConfig:
         file = os.path.join(path, "config.json") if os.path.isdir(path) else path
         if not os.path.isfile(file):
             raise ConfigError(f"no config.json at {path!r}")
-        try:
-            with open(file) as f:
-                raw = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{file} is not valid JSON: {e}") from None
+        raw = read_json(file, ConfigError)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{file} must hold a JSON object")
         return cls.from_dict(raw, **dtypes)
-
-    @classmethod
-    def _from_qwen3_next(cls, raw, temporal_dtype, conv_dtype):
-        mt = "qwen3_next"
-        layers = _require(raw, "num_hidden_layers", mt)
-        types = raw.get("layer_types")
-        if types is None:
-            # transformers' default: every full_attention_interval-th layer is full attention
-            interval = raw.get("full_attention_interval", 4)
-            types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
-        return cls(model_type=mt, arch="gdn", num_hidden_layers=layers, layer_types=list(types),
-                   num_key_heads=_require(raw, "linear_num_key_heads", mt),
-                   num_value_heads=_require(raw, "linear_num_value_heads", mt),
-                   key_head_dim=_require(raw, "linear_key_head_dim", mt),
-                   value_head_dim=_require(raw, "linear_value_head_dim", mt),
-                   conv_kernel=_require(raw, "linear_conv_kernel_dim", mt),
-                   temporal_dtype=temporal_dtype, conv_dtype=conv_dtype, raw=raw)
-
-    @classmethod
-    def _from_kimi_linear(cls, raw, temporal_dtype, conv_dtype):
-        mt = "kimi_linear"
-        layers = _require(raw, "num_hidden_layers", mt)
-        lac = raw.get("linear_attn_config") or {}
-        if not isinstance(lac, dict):
-            raise ConfigError("kimi_linear field 'linear_attn_config' must be an object")
-        # the released checkpoints nest these in linear_attn_config; transformers also writes flat copies
-        merged = {"head_dim": lac.get("head_dim", raw.get("linear_head_dim")),
-                  "num_heads": lac.get("num_heads", raw.get("linear_num_heads")),
-                  "short_conv_kernel_size": lac.get("short_conv_kernel_size", raw.get("linear_conv_kernel_dim"))}
-        head_dim = _require(merged, "head_dim", mt + " linear_attn_config")
-        heads = _require(merged, "num_heads", mt + " linear_attn_config")
-        kernel = _require(merged, "short_conv_kernel_size", mt + " linear_attn_config")
-        types = cls._kimi_layer_types(raw, lac, layers)
-        return cls(model_type=mt, arch="kda", num_hidden_layers=layers, layer_types=types,
-                   num_key_heads=heads, num_value_heads=heads, key_head_dim=head_dim, value_head_dim=head_dim,
-                   conv_kernel=kernel, temporal_dtype=temporal_dtype, conv_dtype=conv_dtype, raw=raw)
-
-    @staticmethod
-    def _kimi_layer_types(raw: dict, lac: dict, layers: int) -> list[str]:
-        from_lists = None
-        if "kda_layers" in lac or "full_attn_layers" in lac:
-            kda, full = lac.get("kda_layers", []), lac.get("full_attn_layers", [])
-            from_lists = [None] * layers
-            # 1-indexed in the checkpoint
-            for ids, kind in ((kda, "linear_attention"), (full, "full_attention")):
-                for one_based in ids:
-                    if not isinstance(one_based, int) or not 1 <= one_based <= layers:
-                        raise ConfigError(f"linear_attn_config layer id {one_based!r} is outside 1..{layers} "
-                                          "(kda_layers/full_attn_layers are 1-indexed)")
-                    if from_lists[one_based - 1] is not None:
-                        raise ConfigError(f"layer {one_based} is listed twice in kda_layers/full_attn_layers")
-                    from_lists[one_based - 1] = kind
-            missing = [i + 1 for i, t in enumerate(from_lists) if t is None]
-            if missing:
-                raise ConfigError(f"layers {missing} are in neither kda_layers nor full_attn_layers")
-        explicit = raw.get("layer_types")
-        if from_lists is not None and explicit is not None and list(explicit) != from_lists:
-            raise ConfigError("layer_types disagrees with linear_attn_config kda_layers/full_attn_layers")
-        if from_lists is not None:
-            return from_lists
-        if explicit is not None:
-            return list(explicit)
-        # transformers' default for kimi_linear: every 4th layer (0-indexed, not 0) is full attention
-        return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(layers)]

@@ -1,23 +1,27 @@
 """Where weights come from: a Hugging Face safetensors checkpoint, or random tensors (benchmarks).
 
 CheckpointReader understands what `save_pretrained` writes: a single `model.safetensors`, or shards listed
-in `model.safetensors.index.json` (weight_map: tensor name -> shard file). Tensor names are the original
-checkpoint names transformers 5.x writes back (e.g. kimi `self_attn.q_conv1d.weight`,
+in `model.safetensors.index.json` (weight_map: tensor name -> shard file); the files are read by the one
+checkpoint reader (checkpoint_files.py) the planner uses too. Tensor names are the original checkpoint
+names transformers 5.x writes back (e.g. kimi `self_attn.q_conv1d.weight`,
 `block_sparse_moe.experts.{e}.w1.weight`). Every problem is a UserError naming the file or tensor.
 """
 from __future__ import annotations
 
-import glob
-import json
 import math
-import os
 
 import torch
 
-from trtllm_dasc.errors import UserError
+from trtllm_dasc.checkpoint_files import INDEX, CheckpointFileError, SafetensorsCheckpoint
+
+# safetensors dtype -> torch dtype of the same bits (bf16 and fp8 arrive from numpy as unsigned ints)
+_TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                 "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
+                 "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U64": torch.uint64,
+                 "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8, "BOOL": torch.bool}
 
 
-class WeightError(UserError):
+class WeightError(CheckpointFileError):
     """A checkpoint that does not hold the tensors the config describes (missing shard/tensor, bad shape)."""
 
 
@@ -26,49 +30,24 @@ class CheckpointReader:
 
     def __init__(self, path: str):
         self.path = path
-        index = os.path.join(path, "model.safetensors.index.json")
-        if os.path.isfile(index):
-            try:
-                with open(index) as f:
-                    weight_map = json.load(f)["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise WeightError(f"{index} is not a valid safetensors index ({e})") from None
-        else:
-            files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-            if not files:
-                raise WeightError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
-            weight_map = {}
-            for file in files:
-                for name in self._open(os.path.basename(file)).keys():
-                    weight_map[name] = os.path.basename(file)
-        missing = sorted({f for f in weight_map.values() if not os.path.isfile(os.path.join(path, f))})
+        self.files = SafetensorsCheckpoint(path)
+        missing = self.files.missing_shards()
         if missing:
             raise WeightError(f"checkpoint {path!r} is missing shard file(s) {', '.join(missing)} "
-                              "listed in model.safetensors.index.json")
-        self.weight_map: dict[str, str] = dict(weight_map)
-        self._handles: dict[str, object] = {}
-
-    def _open(self, file: str):
-        from safetensors import safe_open
-        try:
-            return safe_open(os.path.join(self.path, file), framework="pt")
-        except Exception as e:  # noqa: BLE001 - safetensors raises several types for a bad file
-            raise WeightError(f"cannot read shard {file!r} in {self.path!r}: {e}") from None
+                              f"listed in {INDEX}")
+        self.weight_map: dict[str, str] = self.files.weight_map
 
     def has(self, name: str) -> bool:
-        return name in self.weight_map
+        return self.files.has(name)
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """The stored tensor (stored dtype, CPU), checked against the shape the config implies."""
-        file = self.weight_map.get(name)
-        if file is None:
+        if not self.files.has(name):
             raise WeightError(f"checkpoint {self.path!r} lacks tensor {name!r}")
-        if file not in self._handles:
-            self._handles[file] = self._open(file)
-        tensor = self._handles[file].get_tensor(name)
-        if tuple(tensor.shape) != tuple(shape):
-            raise WeightError(f"tensor {name!r} has shape {list(tensor.shape)} but the config implies {list(shape)}")
-        return tensor
+        arr, info = self.files.read(name)
+        if tuple(info.shape) != tuple(shape):
+            raise WeightError(f"tensor {name!r} has shape {list(info.shape)} but the config implies {list(shape)}")
+        return torch.from_numpy(arr).view(_TORCH_DTYPES[info.dtype])
 
 
 class RandomWeights:
@@ -97,10 +76,17 @@ class RandomWeights:
 
 
 def load(src, name: str, shape: tuple[int, ...], dtype: torch.dtype, device, rows=None, cols=None) -> torch.Tensor:
-    """src.get(name, shape), optionally index-selected along dim 0 (rows) / dim 1 (cols), cast and moved."""
+    """src.get(name, shape), optionally index-selected along dim 0 (rows) / dim 1 (cols), cast and moved.
+    A NaN/Inf weight (a corrupt file, or a value the cast overflows) is refused here, naming the tensor,
+    instead of turning every logit into NaN later."""
     t = src.get(name, shape)
     if rows is not None:
         t = t.index_select(0, rows.to(t.device))
     if cols is not None:
         t = t.index_select(1, cols.to(t.device))
-    return t.to(device=device, dtype=dtype).contiguous()
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise WeightError(f"tensor {name!r} holds NaN or Inf values: the checkpoint is corrupt")
+    out = t.to(device=device, dtype=dtype).contiguous()
+    if out.is_floating_point() and out.dtype != t.dtype and not bool(torch.isfinite(out).all()):
+        raise WeightError(f"tensor {name!r} overflows {str(dtype).removeprefix('torch.')}: load it in a wider dtype")
+    return out

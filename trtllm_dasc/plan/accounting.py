@@ -21,15 +21,16 @@ def slot_bytes_per_rank(cfg: HybridConfig, tp: int, rank_widths: list[int], code
     return [w * unit + conv for w in rank_widths]
 
 
-def slots_for_budget(budget_bytes: int, slot_bytes: int) -> int:
-    """Deployable slots N = floor(B / b) - 1; a budget that holds none is an error, not zero."""
+def slots_for_budget(budget_bytes: int, slot_bytes: int, what: str = "one slot", allow_none: bool = False) -> int:
+    """Deployable slots N = floor(B / b) - 1; a budget that holds none is an error (``what`` names the slot
+    in it), unless ``allow_none`` (the dense comparison arm of a plan that does fit)."""
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise UserError(f"the checkpoint budget must be a positive integer of bytes, got {budget_bytes!r}")
     n = budget_bytes // slot_bytes - 1
-    if n < 1:
-        raise UserError(f"budget of {budget_bytes} B holds no deployable slot: one slot takes {slot_bytes} B "
+    if n < 1 and not allow_none:
+        raise UserError(f"budget of {budget_bytes} B holds no deployable slot: {what} takes {slot_bytes} B "
                         f"per rank and slot 0 is reserved, so at least {2 * slot_bytes} B are needed")
-    return n
+    return max(n, 0)
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -81,9 +82,11 @@ def report(plan, budget_bytes: int | None = None) -> dict:
     }
     if budget_bytes is not None:
         out["budget_bytes"] = budget_bytes
-        out["dense_slots"] = slots_for_budget(budget_bytes, dense)
-        out["slots"] = slots_for_budget(budget_bytes, bottleneck)
-        out["capacity_ratio"] = out["slots"] / out["dense_slots"]
+        # the plan asked about must fit; the dense arm it is compared with may not (then 0 slots, no ratio)
+        out["slots"] = slots_for_budget(budget_bytes, bottleneck, f"one slot of this plan (W_max={opt.wmax}, "
+                                        f"{opt.layout}, {opt.codec}, TP{opt.tp} {opt.placement})")
+        out["dense_slots"] = slots_for_budget(budget_bytes, dense, allow_none=True)
+        out["capacity_ratio"] = _ratio(out["slots"], out["dense_slots"])
     out.update(plan.to_dict())
     return out
 

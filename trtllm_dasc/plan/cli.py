@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from trtllm_dasc.errors import UserError
@@ -50,10 +51,23 @@ def _options(args, wmax: int) -> PlanOptions:
                        a=args.a, eps=args.eps)
 
 
+def check_output_file(path: str, flag: str) -> None:
+    """Refuse an output file we could not write before doing the work that fills it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UserError(f"{flag} {path} is a directory, not a file")
+    if not os.path.isdir(folder):
+        raise UserError(f"{flag} {path}: directory {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{flag} {path}: directory {folder} is not writable")
+
+
 def run(args) -> int:
     wmaxes = parse_wmax_list(args.wmax)
     if args.json and len(wmaxes) != 1:
         raise UserError("--json prints one plan: give a single --wmax")
+    if args.plot:
+        check_output_file(args.plot, "--plot")
     dtypes = {"temporal_dtype": args.temporal_dtype, "conv_dtype": args.conv_dtype}
     reports, horizons = [], None
     for w in wmaxes:
@@ -96,7 +110,7 @@ def format_table(reports: list[dict]) -> str:
                f"{_num(r['compression_temporal_padded']):>6} {r['bottleneck_slot_bytes']:>13,} "
                f"{r['compression_ckpt']:>7.2f}")
         if budget:
-            row += f" {r['slots']:>6} {r['capacity_ratio']:>7.2f}"
+            row += f" {r['slots']:>6} {_num(r['capacity_ratio']):>7}"
         row += f" {r['moved_units_per_store']:>6} {r['wr_window']:>5}"
         lines.append(row)
     if budget:
@@ -105,5 +119,5 @@ def format_table(reports: list[dict]) -> str:
 
 
 def _num(x) -> str:
-    # None: nothing kept, the temporal payload is empty
+    # None: nothing kept (the temporal payload is empty), or no dense slot fits the budget
     return "inf" if x is None else f"{x:.2f}"

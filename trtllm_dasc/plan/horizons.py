@@ -12,13 +12,12 @@ Only the two tensors per linear layer are read, lazily, from whichever shard hol
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from trtllm_dasc.checkpoint_files import SafetensorsCheckpoint
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.errors import UserError
 
@@ -43,31 +42,11 @@ class MissingDecayTensors(UserError):
     pass
 
 
-def _safetensors_files(model_dir: str) -> dict[str, str]:
-    """Tensor name -> shard file, from the index when sharded, else from the single file's header."""
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        try:
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise UserError(f"{index} is not a valid safetensors index: {e}") from None
-        return {name: os.path.join(model_dir, shard) for name, shard in weight_map.items()}
-    single = os.path.join(model_dir, "model.safetensors")
-    if os.path.isfile(single):
-        from safetensors import safe_open
-        with safe_open(single, framework="pt") as f:
-            return {name: single for name in f.keys()}
-    raise MissingDecayTensors(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
-
-
 def read_decay_params(model_dir: str, cfg: HybridConfig) -> list[DecayParams]:
-    """A_log and dt_bias of every linear layer, validated against the config's shapes."""
-    from safetensors import safe_open
-
-    files = _safetensors_files(model_dir)
+    """A_log and dt_bias of every linear layer, validated against the config's shapes (and finite)."""
+    files = SafetensorsCheckpoint(model_dir)
     wanted: dict[int, dict[str, str]] = {}
-    for name in files:
+    for name in files.weight_map:
         m = _DECAY_NAME.search(name)
         if m:
             wanted.setdefault(int(m.group(1)), {})[m.group(2)] = name
@@ -79,20 +58,16 @@ def read_decay_params(model_dir: str, cfg: HybridConfig) -> list[DecayParams]:
                 raise MissingDecayTensors(
                     f"linear layer {layer} has no '{kind}' tensor in {model_dir} "
                     f"(looked for model.layers.{layer}.*.{kind}); dasc needs A_log and dt_bias when --wmax > 0")
-        arrays = {}
-        for kind, name in names.items():
-            if not os.path.isfile(files[name]):
-                raise UserError(f"shard {files[name]} (holding {name}) is missing")
-            with safe_open(files[name], framework="pt") as f:
-                # float64 on the host: bf16/fp32 checkpoints both read exactly
-                arrays[kind] = f.get_tensor(name).double().flatten().numpy()
+        # float64 on the host: bf16/fp32 checkpoints both read exactly
+        arrays = {kind: files.read_float64(name).reshape(-1) for kind, name in names.items()}
         out.append(DecayParams(layer=layer, A_log=arrays["A_log"], dt_bias=arrays["dt_bias"]))
     _check_shapes(out, cfg)
     return out
 
 
 def _check_shapes(params: list[DecayParams], cfg: HybridConfig) -> None:
-    heads = cfg.num_value_heads if cfg.arch == "gdn" else cfg.num_key_heads
+    # A_log is per (value) head in both families; kda's one head count makes value heads its heads
+    heads = cfg.num_value_heads
     dt_len = cfg.units_per_layer
     for p in params:
         if p.A_log.size != heads:
@@ -107,9 +82,8 @@ def _softplus(x: np.ndarray) -> np.ndarray:
 
 def log_decay(p: DecayParams, cfg: HybridConfig, a: float = DEFAULT_A) -> np.ndarray:
     """g per unit (float64, <= 0): gdn [HV], kda [H*K] head-major."""
-    rate = np.exp(p.A_log)
-    if cfg.arch == "kda":
-        rate = np.repeat(rate, cfg.key_head_dim)
+    # a head's rate applies to each of its units: gdn one (the head), kda one per key channel
+    rate = np.repeat(np.exp(p.A_log), cfg.units_per_layer // cfg.num_value_heads)
     return -rate * _softplus(a + p.dt_bias)
 
 

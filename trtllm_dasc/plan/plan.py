@@ -6,10 +6,13 @@ versioned); everything derived is recomputed on load from the decisions it store
 """
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtllm_dasc.checkpoint_files import has_weights
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan import accounting
@@ -41,8 +44,11 @@ class PlanOptions:
         for name, allowed in (("placement", PLACEMENTS), ("codec", CODECS), ("layout", LAYOUTS)):
             if getattr(self, name) not in allowed:
                 raise UserError(f"--{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
-        if not 0.0 < self.eps < 1.0:
-            raise UserError(f"--eps must lie in (0, 1), got {self.eps}")
+        # NaN compares false both ways: without these checks --a nan kept every unit and printed NaN JSON
+        if isinstance(self.a, bool) or not isinstance(self.a, (int, float)) or not math.isfinite(self.a):
+            raise UserError(f"--a must be a finite number, got {self.a!r}")
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not 0.0 < self.eps < 1.0:
+            raise UserError(f"--eps must lie in (0, 1), got {self.eps!r}")
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -201,14 +207,12 @@ def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float
                    conv_dtype: str = "bfloat16") -> tuple[DascPlan, list[np.ndarray] | None]:
     """Plan a checkpoint directory (reads config.json + A_log/dt_bias) or a bare config.json (W=0 only).
     Returns the plan and the per-layer horizons (None when no weights were read)."""
-    import os
-
     from trtllm_dasc.plan.horizons import decay_factors, horizons_from_params, read_decay_params
 
     cfg = HybridConfig.from_path(path, temporal_dtype=temporal_dtype, conv_dtype=conv_dtype)
     cfg.shard(options.tp)
     horizons, summary = None, {}
-    if os.path.isdir(path) and (options.wmax > 0 or _has_weights(path)):
+    if os.path.isdir(path) and (options.wmax > 0 or has_weights(path)):
         params = read_decay_params(path, cfg)
         horizons = horizons_from_params(params, cfg, options.a, options.eps)
         alpha = decay_factors(params, cfg, options.a)
@@ -219,7 +223,3 @@ def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float
     plan.decay_summary = summary
     return plan, horizons
 
-
-def _has_weights(path: str) -> bool:
-    import os
-    return any(os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "model.safetensors.index.json"))

@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 
 from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan.plan import PlanOptions, build_plan
 
 SWEEP = (0, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -22,16 +23,18 @@ def capacity_curve(cfg: HybridConfig, horizons, options: PlanOptions, placement:
 
 
 def plot_plan(path: str, cfg: HybridConfig, horizons, options: PlanOptions, budget_bytes=None) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("--plot needs matplotlib (pip install matplotlib)") from None
 
     fig, (ax_h, ax_c) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [1.4, 1]})
     # rows: linear layers in model order; columns: units in architectural order (head-major)
     grid = np.log10(np.clip(np.stack(horizons), 1e-1, 1e6))
     im = ax_h.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
-    unit = "value head" if cfg.arch == "gdn" else "(head, key channel)"
-    ax_h.set_xlabel(f"unit: {unit}, architectural order")
+    ax_h.set_xlabel(f"unit: {cfg.family.unit_name}, architectural order")
     ax_h.set_ylabel("linear layer (model layer id)")
     ax_h.set_yticks(range(len(cfg.linear_layers)))
     ax_h.set_yticklabels([str(i) for i in cfg.linear_layers], fontsize=6)
@@ -55,5 +58,10 @@ def plot_plan(path: str, cfg: HybridConfig, horizons, options: PlanOptions, budg
     ax_c.legend()
     fig.suptitle(f"{cfg.model_type}: {cfg.num_linear_layers} {cfg.arch} layers")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except (OSError, ValueError) as e:
+        # an unwritable path, or an extension matplotlib has no writer for
+        raise UserError(f"--plot {path}: cannot write the figure: {getattr(e, 'strerror', None) or e}") from None
+    finally:
+        plt.close(fig)

@@ -84,35 +84,68 @@ def decay_tensors(alpha: np.ndarray, units_per_head: int, seed: int = 0, a: floa
     return A_log, dt_bias
 
 
-def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2) -> str:
+MODELS = {"kda": KIMI_48B, "gdn": QWEN3_NEXT_80B}
+# what a checkpoint directory holds that writing a new one would replace or contradict
+_CHECKPOINT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json")
+
+
+def _prepare_out_dir(out_dir: str, force: bool) -> None:
+    """Refuse to turn an existing model into a different one unless forced; then clear its weights so
+    no stale shard (or index) of the old model survives next to the new one."""
+    import glob
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"--out {out_dir} exists and is not a directory")
+    found = sorted({f for pattern in _CHECKPOINT_FILES for f in glob.glob(os.path.join(out_dir, pattern))})
+    if found and not force:
+        raise UserError(f"--out {out_dir} already holds a checkpoint ({os.path.basename(found[0])}"
+                        f"{f' and {len(found) - 1} more' if len(found) > 1 else ''}); pass --force to replace it")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for f in found:
+            os.remove(f)
+    except OSError as e:
+        raise UserError(f"--out {out_dir}: cannot write there: {e.strerror or e}") from None
+
+
+def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2, force: bool = False) -> str:
     """Write config.json + decay-only safetensors (sharded with an index when shards > 1)."""
-    import torch
-    from safetensors.torch import save_file
+    from safetensors.numpy import save_file
 
     from trtllm_dasc.config import HybridConfig
 
-    if arch not in PROFILES:
+    if arch not in MODELS:
         raise UserError(f"--arch must be kda or gdn, got {arch!r}")
-    if shards < 1:
-        raise UserError(f"--shards must be >= 1, got {shards}")
-    raw = dict(KIMI_48B if arch == "kda" else QWEN3_NEXT_80B)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise UserError(f"--seed must be a non-negative integer, got {seed!r}")
+    raw = dict(MODELS[arch])
     cfg = HybridConfig.from_dict(raw)
-    per_head = cfg.key_head_dim if arch == "kda" else 1
+    fam = cfg.family
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 2 * cfg.num_linear_layers:
+        raise UserError(f"--shards must be in 1..{2 * cfg.num_linear_layers} (one per decay tensor at most), "
+                        f"got {shards!r}")
+    per_head = cfg.units_per_layer // cfg.num_value_heads
     alpha = synthetic_decay(arch, cfg.num_linear_layers, cfg.num_value_heads, per_head, seed)
     A_log, dt_bias = decay_tensors(alpha, per_head, seed)
-    module = "self_attn" if arch == "kda" else "linear_attn"
     tensors = {}
     for i, layer in enumerate(cfg.linear_layers):
-        a_log = torch.tensor(A_log[i], dtype=torch.float32)
-        tensors[f"model.layers.{layer}.{module}.A_log"] = a_log.view(1, 1, -1, 1) if arch == "kda" else a_log
-        tensors[f"model.layers.{layer}.{module}.dt_bias"] = torch.tensor(dt_bias[i], dtype=torch.float32)
-    os.makedirs(out_dir, exist_ok=True)
+        prefix = f"model.layers.{layer}.{fam.linear_prefix}"
+        tensors[prefix + "A_log"] = A_log[i].astype(np.float32).reshape(fam.a_log_view)
+        tensors[prefix + "dt_bias"] = dt_bias[i].astype(np.float32)
+    _prepare_out_dir(out_dir, force)
+    try:
+        _write_files(out_dir, raw, tensors, shards, save_file)
+    except OSError as e:
+        raise UserError(f"--out {out_dir}: cannot write there: {e.strerror or e}") from None
+    return out_dir
+
+
+def _write_files(out_dir, raw, tensors, shards, save_file) -> None:
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(raw, f, indent=2)
     names = sorted(tensors)
     if shards == 1:
         save_file(tensors, os.path.join(out_dir, "model.safetensors"))
-        return out_dir
+        return
     weight_map = {}
     for s, chunk in enumerate(np.array_split(np.array(names), shards)):
         file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
@@ -120,7 +153,6 @@ def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2) ->
         weight_map.update({n: file for n in chunk})
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"synthetic": "dasc decay-only"}, "weight_map": weight_map}, f, indent=2)
-    return out_dir
 
 
 def add_arguments(p) -> None:
@@ -129,10 +161,12 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="output directory (created)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shards", type=int, default=2, help="safetensors shards (1 writes model.safetensors)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a checkpoint already in --out (its config.json and safetensors files)")
 
 
 def run(args) -> int:
-    out = write_checkpoint(args.out, args.arch, args.seed, args.shards)
+    out = write_checkpoint(args.out, args.arch, args.seed, args.shards, force=args.force)
     print(f"wrote synthetic {args.arch} decay checkpoint to {out}")
     return 0
 

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from trtllm_dasc.config import conv_bytes, unit_byte_parts
 from trtllm_dasc.errors import UserError
 
 CODECS = ("native", "int8")
@@ -182,25 +183,22 @@ class StateLayout:
     def num_omitted(self) -> int:
         return self.num_layers * self.units_per_layer - self.num_retained
 
-    # ---- bytes (equal to HybridConfig.unit_bytes / conv_bytes_per_rank to the byte) ------------------
+    # ---- bytes (config.py's formulas, so equal to HybridConfig.unit_bytes / conv_bytes_per_rank) ------
+    def _unit_byte_parts(self) -> tuple[int, int]:
+        return unit_byte_parts(self.unit_elements, self.rows_per_unit, self.temporal_dtype.itemsize, self.codec)
+
     def unit_bytes(self) -> int:
-        t = torch.finfo(self.temporal_dtype).bits // 8
-        if self.codec == "native":
-            return self.unit_elements * t
-        return self.unit_elements + self.rows_per_unit * t
+        return sum(self._unit_byte_parts())
 
     def payload_bytes_per_slot(self) -> int:
         """Temporal payload (native dtype or int8), scales excluded."""
-        per = torch.finfo(self.temporal_dtype).bits // 8 if self.codec == "native" else 1
-        return self.width * self.unit_elements * per
+        return self.width * self._unit_byte_parts()[0]
 
     def scale_bytes_per_slot(self) -> int:
-        if self.codec == "native":
-            return 0
-        return self.width * self.rows_per_unit * (torch.finfo(self.temporal_dtype).bits // 8)
+        return self.width * self._unit_byte_parts()[1]
 
     def conv_bytes_per_slot(self) -> int:
-        return self.num_layers * self.conv_dim * self.conv_width * (torch.finfo(self.conv_dtype).bits // 8)
+        return conv_bytes(self.num_layers, self.conv_dim, self.conv_width, self.conv_dtype.itemsize)
 
     def slot_bytes(self) -> int:
         """width * unit_bytes(codec) + conv bytes: one physical slot of this rank."""
