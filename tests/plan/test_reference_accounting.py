@@ -1,9 +1,13 @@
 """The paper's matched-HBM accounting (App. C.1) on the released models' configs, through the real CLI."""
 import json
+from pathlib import Path
 
 import pytest
 
 from plan_helpers import KIMI_REF, QWEN_REF, run_dasc
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.plan.accounting import slots_for_budget
+from trtllm_dasc.state.layout import StateLayout
 
 
 @pytest.mark.parametrize("config,budget,dense,slots", [
@@ -22,11 +26,29 @@ def test_dense_checkpoint_and_slots_match_paper(config, budget, dense, slots):
     assert r["compression_temporal"] == 1.0 and r["compression_ckpt"] == 1.0
 
 
-def test_dense_bytes_by_hand():
-    # kimi: 20 kda layers; per rank 32/8 heads x 128 x 128 fp32 + conv 3*32*128/8 channels x 3 taps bf16
-    assert 20 * (4 * 128 * 128 * 4 + 3 * 32 * 128 // 8 * 3 * 2) == 5_427_200
-    # qwen: 36 gdn layers; per rank 32/8 value heads x 128 x 128 fp32 + conv (2*16*128 + 32*128)/8 x 3 bf16
-    assert 36 * (4 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) // 8 * 3 * 2) == 9_658_368
+SHARED = Path("/work/shared/reference")
+PAPER = [  # config, dense bytes per rank at TP8, the paper's budget, deployable dense slots
+    (KIMI_REF, 5_427_200, 694_681_600, 127),
+    (QWEN_REF, 9_658_368, 1_236_271_104, 127),
+    (SHARED / KIMI_REF.name, 5_427_200, 694_681_600, 127),
+    (SHARED / QWEN_REF.name, 9_658_368, 1_236_271_104, 127),
+]
+
+
+@pytest.mark.parametrize("config,dense,budget,slots", PAPER,
+                         ids=["kimi-tests-data", "qwen-tests-data", "kimi-shared-reference", "qwen-shared-reference"])
+def test_dense_bytes_and_slots_through_the_api(config, dense, budget, slots):
+    """The planner's config, the state store's layout and the slot rule all give the paper's numbers."""
+    if not config.is_file():
+        pytest.skip(f"{config} is not on this machine")
+    cfg = HybridConfig.from_path(str(config))
+    assert cfg.dense_checkpoint_bytes_per_rank(8) == dense
+    layout = StateLayout.from_config(cfg, 8)
+    assert layout.slot_bytes() == dense
+    assert layout.conv_bytes_per_slot() == cfg.conv_bytes_per_rank(8)
+    assert slots_for_budget(budget, dense) == slots
+    # one byte less than 128 slots' worth loses the 127th deployable slot
+    assert slots_for_budget(128 * dense - 1, dense) == 126
 
 
 def test_int8_temporal_ratio_is_papers_3_88():

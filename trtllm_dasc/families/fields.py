@@ -91,12 +91,12 @@ class Fields:
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(name, "must be a number", value)
-        value = float(value)
-        above = value > lo if lo_open else value >= lo
-        if not math.isfinite(value) or not above or value > hi:
+        x = float(value)
+        above = x > lo if lo_open else x >= lo
+        if not math.isfinite(x) or not above or x > hi:
             bound = f"{'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi != math.inf else "")
             raise self.fail(name, f"must be a finite number {bound}", value)
-        return value
+        return x
 
     def bool(self, *names, default=_ABSENT) -> bool:
         name, value, defaulted = self._value(names, default)

@@ -85,7 +85,8 @@ def load(src, name: str, shape: tuple[int, ...], dtype: torch.dtype, device, row
     if cols is not None:
         t = t.index_select(1, cols.to(t.device))
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-        raise WeightError(f"tensor {name!r} holds NaN or Inf values: the checkpoint is corrupt")
+        where = f" in {src.path}" if isinstance(getattr(src, "path", None), str) else ""
+        raise WeightError(f"tensor {name!r}{where} holds NaN or Inf values: the checkpoint is corrupt")
     out = t.to(device=device, dtype=dtype).contiguous()
     if out.is_floating_point() and out.dtype != t.dtype and not bool(torch.isfinite(out).all()):
         raise WeightError(f"tensor {name!r} overflows {str(dtype).removeprefix('torch.')}: load it in a wider dtype")

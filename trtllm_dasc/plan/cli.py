@@ -52,14 +52,33 @@ def _options(args, wmax: int) -> PlanOptions:
 
 
 def check_output_file(path: str, flag: str) -> None:
-    """Refuse an output file we could not write before doing the work that fills it."""
+    """Refuse an output file we could not write before doing the work that fills it: opening it for
+    append is the one test that also holds for root and for special file systems."""
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise UserError(f"{flag} {path} is a directory, not a file")
     if not os.path.isdir(folder):
         raise UserError(f"{flag} {path}: directory {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise UserError(f"{flag} {path}: directory {folder} is not writable")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot write there: {e.strerror or e}") from None
+    if not existed:
+        os.remove(path)
+
+
+def check_plot_format(path: str) -> None:
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise UserError("--plot needs matplotlib (pip install matplotlib)") from None
+    formats = FigureCanvasBase.get_supported_filetypes()
+    # no extension: matplotlib writes its default format (png)
+    if ext and ext not in formats:
+        raise UserError(f"--plot {path}: unknown image format {ext!r}; use one of {', '.join(sorted(formats))}")
 
 
 def run(args) -> int:
@@ -68,6 +87,7 @@ def run(args) -> int:
         raise UserError("--json prints one plan: give a single --wmax")
     if args.plot:
         check_output_file(args.plot, "--plot")
+        check_plot_format(args.plot)
     dtypes = {"temporal_dtype": args.temporal_dtype, "conv_dtype": args.conv_dtype}
     reports, horizons = [], None
     for w in wmaxes:
