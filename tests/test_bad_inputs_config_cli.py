@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -96,6 +95,8 @@ CONFIG_ROWS = [
     ("top-k-above-experts", "kimi", _set(num_experts_per_token=9), ["experts per token", "9"]),
     ("kv-heads-not-divisor", "qwen", _set(num_key_value_heads=3), ["num_key_value_heads", "3"]),
     ("experts-float", "qwen", _set(num_experts=512.0), ["num_experts", "512.0"]),
+    # every field in range, their product absurd (the planner would list 335M units)
+    ("state-too-large", "kimi", _lac(num_heads=4096, head_dim=4096), ["too large", "num_hidden_layers"]),
 ]
 
 
@@ -271,11 +272,13 @@ CLI_ROWS = [
     ("eps-one", ["plan", "--model", "{kda}", "--wmax", "16", "--eps", "1"], ["--eps", "1.0"]),
     ("plot-missing-dir", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", "{tmp}/no/such/dir/p.png"],
      ["--plot", "no/such/dir", "does not exist"]),
-    ("plot-unwritable", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", "/proc/p.png"], ["--plot", "/proc/p.png"]),
+    ("plot-unwritable", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", "/proc/p.png"],
+     ["--plot", "/proc/p.png"]),
     ("plot-format", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", "{tmp}/p.nosuchformat"],
      ["--plot", "p.nosuchformat", "'nosuchformat'"]),
     ("plot-is-dir", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", "{tmp}"], ["--plot", "directory"]),
-    ("budget-text", ["plan", "--model", "{kda}", "--wmax", "0", "--budget-bytes", "lots"], ["--budget-bytes", "'lots'"]),
+    ("budget-text", ["plan", "--model", "{kda}", "--wmax", "0", "--budget-bytes", "lots"],
+     ["--budget-bytes", "'lots'"]),
     ("budget-negative", ["plan", "--model", "{kda}", "--wmax", "0", "--budget-bytes", "-5"], ["budget", "-5"]),
     ("tp-zero", ["plan", "--model", "{kda}", "--wmax", "0", "--tp", "0"], ["--tp", "0"]),
     ("wmax-float", ["plan", "--model", "{kda}", "--wmax", "1.5"], ["--wmax", "'1.5'"]),

@@ -1,8 +1,9 @@
 """HybridConfig: what the planner, the state store and the engine need to know about a hybrid model.
 
 Built from a Hugging Face ``config.json`` of ``qwen3_next`` (Gated DeltaNet, "gdn") or ``kimi_linear``
-(Kimi Delta Attention, "kda"), parsed by that family's parser (families/). It answers: which layers are linear, the recurrent state shapes, how the
-heads split over tensor-parallel ranks, and how many bytes one recurrent-state checkpoint takes per rank.
+(Kimi Delta Attention, "kda"), parsed by that family's parser (families/). It answers: which layers are
+linear, the recurrent state shapes, how the heads split over tensor-parallel ranks, and how many bytes one
+recurrent-state checkpoint takes per rank.
 
 State conventions (the paper's, Eq. 1): the temporal state of one head is S in R^{d_v x d_k}.
   gdn: one *unit* is a whole value head, S[h] of shape [d_v, d_k]; value heads sharing one key head form

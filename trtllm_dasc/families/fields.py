@@ -98,23 +98,21 @@ class Fields:
             raise self.fail(name, f"must be a finite number {bound}", value)
         return x
 
-    def bool(self, *names, default=_ABSENT) -> bool:
+    def _checked(self, names, default, ok, what: str):
         name, value, defaulted = self._value(names, default)
-        if not defaulted and not isinstance(value, bool):
-            raise self.fail(name, "must be true or false (a JSON boolean)", value)
+        if not defaulted and not ok(value):
+            raise self.fail(name, what, value)
         return value
+
+    def bool(self, *names, default=_ABSENT) -> bool:
+        return self._checked(names, default, lambda v: isinstance(v, bool), "must be true or false (a JSON boolean)")
 
     def choice(self, *names, choices: tuple, default=_ABSENT):
-        name, value, defaulted = self._value(names, default)
-        if not defaulted and (not isinstance(value, str) or value not in choices):
-            raise self.fail(name, f"must be one of {', '.join(map(repr, choices))}", value)
-        return value
+        return self._checked(names, default, lambda v: isinstance(v, str) and v in choices,
+                             f"must be one of {', '.join(map(repr, choices))}")
 
     def list(self, *names, default=_ABSENT) -> list:
-        name, value, defaulted = self._value(names, default)
-        if not defaulted and not isinstance(value, list):
-            raise self.fail(name, "must be a JSON list", value)
-        return value
+        return self._checked(names, default, lambda v: isinstance(v, list), "must be a JSON list")
 
     def int_list(self, *names, lo: int, hi: int, default=_ABSENT) -> list[int]:
         name = self.pick(*names)[0]

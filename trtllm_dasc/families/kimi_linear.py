@@ -76,7 +76,8 @@ def _network(f: Fields, layers: int) -> NetworkSchema:
     mlp = ["moe" if t == "sparse" else "dense" for t in kinds]
     moe = "moe" in mlp
     router = moe_fields(f, moe, experts=("num_local_experts", "num_experts"),
-                        top_k=("num_experts_per_tok", "num_experts_per_token"), norm=("norm_topk_prob", "moe_renormalize"))
+                        top_k=("num_experts_per_tok", "num_experts_per_token"),
+                        norm=("norm_topk_prob", "moe_renormalize"))
     f.choice("moe_router_activation_func", choices=("sigmoid",), default="sigmoid")
     shared = f.int("n_shared_experts", "num_shared_experts", lo=0, hi=MAX_EXPERTS, default=1)
     return NetworkSchema(

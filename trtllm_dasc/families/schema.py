@@ -13,6 +13,9 @@ from trtllm_dasc.families.fields import (MAX_CONV_KERNEL, MAX_HEAD_DIM, MAX_HEAD
                                          MissingField, short_repr)
 
 LAYER_TYPES = ("linear_attention", "full_attention")
+# the released models have 81,920 (Kimi-Linear-48B) and 1,152 units, 524,288 state elements per layer
+MAX_STATE_UNITS = 1 << 24
+MAX_STATE_ELEMENTS = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,13 @@ def check_state(family: Family, layers, layer_types, key_heads, value_heads, key
         raise ConfigError(f"value heads ({value_heads}) must be a multiple of key heads ({key_heads})")
     if not family.unit_spans_key_dim and (key_heads != value_heads or key_dim != value_dim):
         raise ConfigError(f"{family.arch} uses one head count and one head dim for keys and values")
+    # each field may be in range and their product still absurd: the planner lists every unit
+    units = layer_types.count("linear_attention") * value_heads * (1 if family.unit_spans_key_dim else key_dim)
+    elements = value_heads * key_dim * value_dim
+    if units > MAX_STATE_UNITS or elements > MAX_STATE_ELEMENTS:
+        raise ConfigError(f"the recurrent state is too large to be real: {units:,} units over the linear layers "
+                          f"(limit {MAX_STATE_UNITS:,}), {elements:,} elements per layer (limit "
+                          f"{MAX_STATE_ELEMENTS:,}); check num_hidden_layers and the linear head counts/dims")
 
 
 def check_network(net, family: Family, layers: int) -> None:

@@ -11,43 +11,17 @@ from dataclasses import dataclass, field
 
 from trtllm_dasc import families
 from trtllm_dasc.config import HybridConfig
-from trtllm_dasc.families import Family
+from trtllm_dasc.families import Family, NetworkSchema
 from trtllm_dasc.families.schema import check_network
 
 
-@dataclass(slots=True)
-class ModelSpec:
-    """Shapes and options of the whole network (replicated parts; linear layers are sharded later)."""
+@dataclass(slots=True, kw_only=True)
+class ModelSpec(NetworkSchema):
+    """Shapes and options of the whole network (replicated parts; linear layers are sharded later): the
+    schema's network fields (hidden size, vocab, attention, MLP/MoE; families/schema.py) plus these."""
 
     arch: str                        # "gdn" | "kda"
-    hidden_size: int
-    vocab_size: int
     layer_types: list[str]
-    mlp_types: list[str]             # per layer: "dense" | "moe"
-    rms_norm_eps: float
-    tie_word_embeddings: bool
-    intermediate_size: int           # dense MLP width
-    # full attention: qwen3_next gated GQA; kimi_linear MLA (no RoPE, as in transformers)
-    num_attention_heads: int
-    num_key_value_heads: int = 0     # gqa only
-    head_dim: int = 0                # gqa only
-    rotary_dim: int = 0              # gqa only: partial RoPE on the first rotary_dim channels
-    rope_theta: float = 10000.0
-    attention_bias: bool = False
-    q_lora_rank: int | None = None   # mla only
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    # mixture of experts
-    num_experts: int = 0
-    top_k: int = 0
-    moe_intermediate_size: int = 0
-    shared_intermediate_size: int = 0
-    norm_topk_prob: bool = True
-    n_group: int = 1                 # kimi grouped top-k
-    topk_group: int = 1
-    routed_scaling_factor: float = 1.0
     raw: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):

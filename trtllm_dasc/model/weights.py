@@ -44,10 +44,11 @@ class CheckpointReader:
         """The stored tensor (stored dtype, CPU), checked against the shape the config implies."""
         if not self.files.has(name):
             raise WeightError(f"checkpoint {self.path!r} lacks tensor {name!r}")
-        arr, info = self.files.read(name)
+        # the shape is checked from the header, before any data is read
+        info = self.files.info(name)
         if tuple(info.shape) != tuple(shape):
             raise WeightError(f"tensor {name!r} has shape {list(info.shape)} but the config implies {list(shape)}")
-        return torch.from_numpy(arr).view(_TORCH_DTYPES[info.dtype])
+        return torch.from_numpy(self.files.read(name)[0]).view(_TORCH_DTYPES[info.dtype])
 
 
 class RandomWeights:
