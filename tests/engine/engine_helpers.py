@@ -10,7 +10,7 @@ from hybrid_tiny import VOCAB, build  # noqa: E402
 from trtllm_dasc.engine.config import EngineConfig  # noqa: E402
 from trtllm_dasc.engine.request import GenerationRequest  # noqa: E402
 from trtllm_dasc.engine.sampling import SamplingParams  # noqa: E402
-from trtllm_dasc.engine.scheduler import Engine  # noqa: E402
+from trtllm_dasc.engine.engine import Engine  # noqa: E402
 
 __all__ = ["VOCAB", "build", "make_engine", "greedy", "reference_greedy"]
 

@@ -60,7 +60,8 @@ def test_wr_covering_the_whole_prefix_reproduces_dense(tiny_models, arch):
 
 @pytest.mark.parametrize("arch", ["gdn", "kda"])
 def test_nr_above_every_horizon_equals_a_zero_state(tiny_models, arch):
-    from trtllm_dasc.model import HybridModel, SeqInput
+    from trtllm_dasc.model import HybridModel
+    from trtllm_dasc.model.direct import DirectRunner
     path, _ = tiny_models[arch]
     engine = make_engine(path, wmax=10**6)
     assert sum(len(k) for k in engine.runner.plan.retained) == 0
@@ -74,15 +75,14 @@ def test_nr_above_every_horizon_equals_a_zero_state(tiny_models, arch):
     c = stats.cached_tokens
     assert c == len(prefix)
     # brute force: prefill the prefix, zero the temporal state (conv and KV stay exact), continue greedily
-    model = HybridModel.from_pretrained(str(path))
-    state, kv = model.new_state(1), model.new_kv_cache(64, 4)
-    model.forward([SeqInput(prompt[:c], 0)], state, kv, logits="none")
-    state.temporal.zero_()
-    logits = model.forward([SeqInput(prompt[c:], 0)], state, kv, logits="last").logits[0]
+    r = DirectRunner(HybridModel.from_pretrained(str(path)), rows=1, max_tokens=64, block_size=4)
+    r.run(prompt[:c], logits="none")
+    r.state.temporal.zero_()
+    logits = r.run(prompt[c:], logits="last").logits[0]
     ref = []
     for _ in range(4):
         ref.append(int(torch.argmax(logits)))
-        logits = model.forward([SeqInput([ref[-1]], 0)], state, kv, logits="last").logits[0]
+        logits = r.run([ref[-1]], logits="last").logits[0]
     assert out == ref
 
 

@@ -298,6 +298,10 @@ class RadixCache:
     def num_checkpoints(self) -> int:
         return len(self._ckpt_lru)
 
+    def checkpoint_slots(self) -> set[int]:
+        """The slots the tree holds (a check, O(nodes))."""
+        return {n.ckpt_slot for n in self._nodes() if n.ckpt_slot is not None}
+
     def tree_block_refs(self) -> dict[int, int]:
         refs: dict[int, int] = {}
         for n in self._nodes():

@@ -1,1 +1,1 @@
-"""Engine: scheduler and runner (match -> load -> prefill with checkpoint stores -> decode) and `dasc logits`."""
+"""Serving engine: scheduler (rank 0 bookkeeping) -> StepPlan -> ModelRunner.execute (every rank)."""

@@ -1,11 +1,18 @@
 """EngineConfig: one serving arm (dense or dasc) and the engine's capacities, validated up front."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, fields
 
 from trtllm_dasc.errors import UserError
 
 POLICIES = ("nr", "wr")
+CODECS = ("native", "int8")
+LAYOUTS = ("ragged", "padded")
+DTYPES = ("float32", "bfloat16", "float16")
+BACKENDS = ("auto", "torch", "fla")
+# a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)
+MAX_COUNT = 1 << 31
 
 
 @dataclass(slots=True)
@@ -29,19 +36,43 @@ class EngineConfig:
     interval: int = 256                 # checkpoint every `interval` tokens of a prompt
     prefill_chunk: int = 2048           # tokens of one request's prefill per step
     prompt_only: bool = False           # checkpoint prompt ends only (the paper's strict replay protocol)
+    kernel_cache_dir: str | None = None  # Triton's compiled-kernel cache (TRITON_CACHE_DIR); None: Triton's default
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise UserError(f"policy must be nr or wr, got {self.policy!r}")
+        if not isinstance(self.model, str) or not self.model:
+            raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
+        for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
+                              ("backend", BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise UserError(f"{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserError(f"{name} must be a positive integer, got {value!r}")
-        if self.replay_window is not None and self.replay_window < 0:
-            raise UserError(f"replay_window must be >= 0, got {self.replay_window}")
+            _count(self, name, minimum=1)
+        _count(self, "wmax", minimum=0)
+        for name in ("replay_window", "state_budget_bytes"):
+            if getattr(self, name) is not None:
+                _count(self, name, minimum=0 if name == "replay_window" else 1, cap=1 << 50)
+        if not isinstance(self.prompt_only, bool):
+            raise UserError(f"prompt_only must be true or false, got {self.prompt_only!r}")
+        if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise UserError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.kernel_cache_dir is not None and not isinstance(self.kernel_cache_dir, str):
+            raise UserError(f"kernel_cache_dir must be a path, got {self.kernel_cache_dir!r}")
 
     @property
     def arm(self) -> str:
         if self.wmax == 0 and self.codec == "native":
             return "dense"
         return f"dasc-{self.policy} W={self.wmax} {self.codec} {self.layout}"
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _count(cfg, name: str, minimum: int, cap: int = MAX_COUNT) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise UserError(f"{name} must be an integer, got {value!r}")
+    value = int(value.__index__())
+    if not minimum <= value <= cap:
+        raise UserError(f"{name} must be an integer in [{minimum}, {cap}], got {value}")
+    setattr(cfg, name, value)

@@ -1,10 +1,12 @@
-"""`dasc logits`: prefill token ids through the model runtime and write float32 logits [T, vocab] (.npy).
+"""`dasc logits`: prefill token ids through the engine and write float32 logits [T, vocab] (.npy).
 
-With --split K the first K tokens are prefilled and their recurrent state is stored as a checkpoint
-through the real checkpoint pool (--wmax/--codec decide what it keeps), loaded back into a fresh state
-row (omitted units zero-filled; --policy wr also replays the last W cached tokens and merges them), and
-the remaining tokens continue on the shared KV blocks. With --wmax 0 --codec native the result equals the
-unsplit run; other settings show what compression does to the logits.
+Both forms run through the serving engine (scheduler, StepPlan, ModelRunner), not a path of their own.
+Without --split: one request returning its context logits. With --split K: a first request of the
+first K + 1 tokens stores its prompt-end checkpoint at K through the real checkpoint pool (--wmax/--codec
+decide what it keeps); a second request of all T tokens hits it: load (omitted units zero-filled;
+--policy wr also replays the last W cached tokens and merges them), then computes [K, T) on the cached KV.
+The result is the first request's logits of [0, K) followed by the second's of [K, T). With --wmax 0
+--codec native it equals the unsplit run; other settings show what compression does to the logits.
 """
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ from trtllm_dasc.errors import UserError
 def add_arguments(p) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
     p.add_argument("--ids", required=True, help="comma-separated token ids, e.g. 1,5,9")
-    p.add_argument("--out", required=True, help="output .npy file: float32 [T, vocab]")
+    p.add_argument("--out", required=True, help="output file (written exactly there, NumPy .npy format): "
+                                                "float32 [T, vocab]")
     p.add_argument("--split", type=int, default=None,
                    help="prefill K tokens, store the state at K in the checkpoint pool, load it back, continue")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "fla"], help="recurrence backend")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
     p.add_argument("--wmax", type=int, default=0, help="dasc W_max for the --split checkpoint (0: dense)")
@@ -30,52 +33,80 @@ def add_arguments(p) -> None:
 
 
 def parse_ids(text: str) -> list[int]:
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
-    except ValueError:
-        raise UserError(f"--ids must be comma-separated integers, got {text!r}") from None
-    if not ids:
+    parts = text.replace(" ", "").split(",")
+    if parts and parts[-1] == "":
+        parts.pop()          # a trailing comma is harmless
+    if not parts:
         raise UserError("--ids is empty")
-    return ids
+    try:
+        return [int(t) for t in parts]
+    except ValueError:
+        raise UserError(f"--ids must be comma-separated integers without gaps, got {text!r}") from None
+
+
+def check_output_path(path: str) -> None:
+    """Refuse before any work what could not be written afterwards."""
+    out_dir = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UserError(f"--out {path!r} is a directory")
+    if not os.path.isdir(out_dir):
+        raise UserError(f"--out directory {out_dir!r} does not exist")
+    if not os.access(out_dir, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UserError(f"--out {path!r} is not writable")
 
 
 def run(args) -> int:
     import numpy as np
-    import torch
-
-    from trtllm_dasc.model import HybridModel, SeqInput
 
     ids = parse_ids(args.ids)
-    T = len(ids)
-    if args.block_size < 1:
-        raise UserError(f"--block-size must be positive, got {args.block_size}")
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(out_dir):
-        raise UserError(f"--out directory {out_dir!r} does not exist")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {args.device} requested but CUDA is not available")
-    if args.split is None:
-        model = HybridModel.from_pretrained(args.model, dtype=args.dtype, device=args.device,
-                                            backend=args.backend)
-        _check_vocab(ids, model.spec.vocab_size)
-        blocks = -(-T // args.block_size)
-        logits = model.forward([SeqInput(ids, 0)], model.new_state(1), model.new_kv_cache(blocks, args.block_size)).logits
-    else:
-        from trtllm_dasc.engine.config import EngineConfig
-        from trtllm_dasc.engine.split import split_prefill_logits
-        cfg = EngineConfig(model=args.model, wmax=args.wmax, policy=args.policy, codec=args.codec, dtype=args.dtype,
-                           device=args.device, backend=args.backend, block_size=args.block_size, max_batch=2,
-                           num_kv_blocks=2 * (-(-T // args.block_size)) + 4, max_context=T + 1,
-                           replay_window=args.replay_window)
-        logits = split_prefill_logits(cfg, ids, args.split, _check_vocab)
-    np.save(args.out, logits.float().cpu().numpy())
-    print(f"wrote {args.out}: float32 [{T}, {logits.shape[1]}]"
+    check_output_path(args.out)
+    if args.split is not None and not 0 < args.split < len(ids):
+        raise UserError(f"--split must be in 1..{len(ids) - 1} for {len(ids)} tokens, got {args.split}")
+    logits = engine_logits(args, ids)
+    with open(args.out, "wb") as f:
+        # a file object: np.save would append ".npy" to a bare name
+        np.save(f, logits.float().cpu().numpy())
+    print(f"wrote {args.out}: float32 [{len(ids)}, {logits.shape[1]}]"
           + (f" (split at {args.split}, W_max {args.wmax}, {args.policy}, {args.codec})"
              if args.split is not None else ""))
     return 0
 
 
-def _check_vocab(ids, vocab_size):
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise UserError(f"token id(s) {bad[:5]} outside the vocabulary 0..{vocab_size - 1}")
+def engine_logits(args, ids: list[int]):
+    import torch
+
+    from trtllm_dasc.config import HybridConfig
+    from trtllm_dasc.engine.config import EngineConfig
+    from trtllm_dasc.engine.engine import Engine
+    from trtllm_dasc.engine.request import GenerationRequest
+
+    T, split = len(ids), args.split
+    dense = HybridConfig.from_path(args.model, conv_dtype=args.dtype).dense_checkpoint_bytes_per_rank(1)
+    # blocks: the first request's prompt (kept by the tree), the second's fresh ones and a wr replay's
+    blocks = 3 * (-(-(T + 1) // max(1, args.block_size))) + 4 if isinstance(args.block_size, int) else 1
+    wmax = args.wmax if split is not None else 0
+    cfg = EngineConfig(model=args.model, wmax=wmax, policy=args.policy, codec=args.codec, dtype=args.dtype,
+                       device=args.device, backend=args.backend, block_size=args.block_size, max_batch=1,
+                       num_kv_blocks=blocks, max_context=T + 1, interval=T + 1, prompt_only=True,
+                       replay_window=args.replay_window, state_budget_bytes=3 * dense)
+    engine = Engine(cfg)
+    if split is None:
+        req = GenerationRequest("logits", ids, 1, return_context_logits=True)
+        return _context_logits(engine, req)
+    first = GenerationRequest("prefix", ids[:split + 1], 1, return_context_logits=True)
+    prefix_logits = _context_logits(engine, first)[:split]
+    second = GenerationRequest("rest", ids, 1, return_context_logits=True)
+    rest = _context_logits(engine, second)
+    if second.stats.cached_tokens != split:
+        raise RuntimeError(f"the split checkpoint was not reused ({second.stats.cached_tokens} cached tokens)")
+    return torch.cat([prefix_logits, rest])
+
+
+def _context_logits(engine, req):
+    got = {}
+    engine.submit(req, lambda out: got.update(out=out) if out.context_logits is not None or out.finished else None)
+    engine.run_until_idle()
+    out = got.get("out")
+    if out is None or out.context_logits is None:
+        raise RuntimeError(f"request {req.request_id}: {out.error if out else 'no output'}")
+    return out.context_logits

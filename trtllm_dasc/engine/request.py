@@ -1,10 +1,13 @@
-"""A generation request, validated before it touches the cache (a bad one allocates nothing)."""
+"""A generation request, validated before it touches the cache (a bad one allocates nothing), and what the
+engine reports back for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trtllm_dasc.engine.sampling import SamplingParams
+from trtllm_dasc.engine.sampling import SamplingParams, _integer
 from trtllm_dasc.errors import UserError
+
+FINISH_REASONS = ("length", "stop", "cancelled", "error")
 
 
 @dataclass(slots=True)
@@ -17,6 +20,29 @@ class RequestStats:
     replayed_tokens: int = 0        # dasc-wr suffix replay (extra compute, not counted as new tokens)
     checkpoints_stored: int = 0
     output_tokens: int = 0
+    # KV blocks (TensorRT-LLM's perf metrics): reused from the cache, newly allocated, the whole table
+    kv_reused_blocks: int = 0
+    kv_new_blocks: int = 0
+    kv_total_blocks: int = 0
+    # wall-clock ns (time.time_ns, comparable with a client on the same host)
+    arrival_time_ns: int = 0
+    first_scheduled_time_ns: int = 0
+    first_token_time_ns: int = 0
+    last_token_time_ns: int = 0
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One callback event: new tokens (streaming: only those since the last event), and on the final event
+    ``finished`` with a reason; ``error`` names what went wrong for reason 'error'."""
+
+    request_id: object
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+    stats: RequestStats | None = None
+    context_logits: object = None   # fp32 [prompt tokens computed, vocab] when the request asked for them
 
 
 @dataclass(slots=True)
@@ -26,19 +52,56 @@ class GenerationRequest:
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     end_id: int | None = None
+    return_context_logits: bool = False
     stats: RequestStats = field(default_factory=RequestStats)
 
     def validate(self, vocab_size: int, max_context: int) -> None:
-        """Raise UserError naming the field; called before any allocation."""
-        if not isinstance(self.prompt, (list, tuple)) or len(self.prompt) == 0:
+        """Raise UserError naming the field; called before any allocation. Normalises numpy/torch ints and
+        sequences to Python ints and lists."""
+        if self.request_id is None or isinstance(self.request_id, bool) or not _hashable(self.request_id):
+            raise UserError(f"request_id must be a string, an integer or a tuple of them, got {self.request_id!r}")
+        self.prompt = _token_list(self.prompt)
+        if not self.prompt:
             raise UserError("input_ids: the prompt is empty")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or self.max_new_tokens <= 0:
+        self.max_new_tokens = _integer("request_output_len", self.max_new_tokens)
+        if self.max_new_tokens <= 0:
             raise UserError(f"request_output_len must be a positive integer, got {self.max_new_tokens!r}")
-        bad = [t for t in self.prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
-        if bad:
-            raise UserError(f"input_ids: token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
+        bad = next((t for t in self.prompt if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise UserError(f"input_ids: token id {bad} is outside the vocabulary [0, {vocab_size})")
         if len(self.prompt) + self.max_new_tokens > max_context:
             raise UserError(f"input_ids: prompt of {len(self.prompt)} tokens + request_output_len "
                             f"{self.max_new_tokens} exceeds the max context of {max_context} tokens")
+        if self.end_id is not None:
+            self.end_id = _integer("end_id", self.end_id)
+            if not 0 <= self.end_id < vocab_size:
+                raise UserError(f"end_id {self.end_id} is outside the vocabulary [0, {vocab_size})")
+        if not isinstance(self.sampling, SamplingParams):
+            raise UserError(f"sampling must be SamplingParams, got {type(self.sampling).__name__}")
+        if not isinstance(self.return_context_logits, bool):
+            raise UserError(f"return_context_logits must be a bool, got {self.return_context_logits!r}")
         self.stats.prompt_tokens = len(self.prompt)
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
+
+
+def _token_list(prompt) -> list[int]:
+    """list/tuple/numpy array/torch tensor of integers -> list of Python ints."""
+    if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple)):
+        shape = getattr(prompt, "shape", None)
+        if shape is not None and len(shape) != 1:
+            raise UserError(f"input_ids must be one-dimensional, got shape {list(shape)}")
+        prompt = prompt.tolist()
+    if not isinstance(prompt, (list, tuple)):
+        raise UserError(f"input_ids must be a sequence of token ids, got {type(prompt).__name__}")
+    try:
+        return [_integer("input_ids", t) for t in prompt]
+    except UserError:
+        bad = next(t for t in prompt if isinstance(t, bool) or not hasattr(t, "__index__"))
+        raise UserError(f"input_ids: token id {bad!r} is not an integer") from None

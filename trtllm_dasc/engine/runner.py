@@ -1,54 +1,29 @@
-"""ModelRunner: the model plus everything a request's state lives in, for one arm (dense or dasc).
+"""ModelRunner: the tensors of one arm (dense or dasc) on one TP rank, and ``execute(StepPlan)``.
 
   model        HybridModel (one TP rank)
   plan         DascPlan (W_max, codec, layout); dense is the plan with W_max = 0 and the native codec
-  state        RecurrentState rows: each running request has one, a dasc-wr hit borrows a scratch row
-  kv           PagedKVCache for the full-attention layers (block ids shared with the radix cache)
+  state        RecurrentState rows (one per running request, one more per dasc-wr replay in flight)
+  kv           PagedKVCache for the full-attention layers (addressed by the plan's block tables)
   pool         CheckpointPool of compressed checkpoints, sized from the state budget by the planner's rule
 
-It moves checkpoints between the pool and state rows (store after a prefill captured them, load with
-zero-fill on a hit, the wr merge during a replay) and nothing else: scheduling lives in scheduler.py.
+It holds no bookkeeping: which row, block or slot is whose is decided by the scheduler (rank 0), and a
+runner executes that decision: resets -> KV copies -> checkpoint loads -> forward (wr replays, merge,
+the rest) -> checkpoint stores -> sampling. Every TP rank runs the same plans.
 """
 from __future__ import annotations
 
 import torch
 
 from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.engine.sampling import sample
+from trtllm_dasc.engine.step import StepOutput, StepPlan
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.model import HybridModel
+from trtllm_dasc.model import HybridModel, Refresh, SeqInput
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.state import CheckpointPool, StateLayout
 from trtllm_dasc.state import ops as state_ops
 
 DENSE_SLOTS_DEFAULT = 64
-
-
-class KVBlocks:
-    """The radix cache's block allocator interface over the PagedKVCache's ref-counted blocks, so the
-    tree, the request block tables and the KV tensors agree on one set of counts."""
-
-    def __init__(self, kv):
-        self.kv = kv
-
-    @property
-    def num_free(self) -> int:
-        return self.kv.num_free_blocks
-
-    @property
-    def refs(self) -> list[int]:
-        return self.kv.ref
-
-    def try_alloc(self) -> int | None:
-        return self.kv.allocate(1)[0] if self.kv.num_free_blocks else None
-
-    def incref(self, block: int) -> None:
-        self.kv.incref([block])
-
-    def decref(self, block: int) -> None:
-        self.kv.decref([block])
-
-    def free_ids(self) -> set[int]:
-        return set(self.kv.free)
 
 
 class ModelRunner:
@@ -61,54 +36,85 @@ class ModelRunner:
         # the conv state is checkpointed in the model's own precision (the paper's native-precision b^conv)
         options = PlanOptions(wmax=cfg.wmax, tp=1, placement="off", codec=cfg.codec, layout=cfg.layout)
         self.plan, _ = plan_from_path(cfg.model, options, conv_dtype=cfg.dtype)
-        self.layout = StateLayout.from_plan(self.plan, 0)
         dense = self.plan.config.dense_checkpoint_bytes_per_rank(1)
         self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes
         self.pool = CheckpointPool.from_plan(self.plan, self.budget, 0, device=cfg.device)
-        # one row per running request plus one scratch row each for a wr replay
-        self.state = self.model.new_state(2 * cfg.max_batch)
+        self.num_rows = 2 * cfg.max_batch
+        self.state = self.model.new_state(self.num_rows)
         self.kv = self.model.new_kv_cache(cfg.num_kv_blocks, cfg.block_size)
-        self.kv_blocks = KVBlocks(self.kv)
-        self._free_rows = list(range(2 * cfg.max_batch - 1, -1, -1))
-        self.replay_window = self._replay_window()
+        self.replay_window = replay_window(cfg, self.plan.wr_window)
         self._layer_layouts = [self._one_layer_layout(kept) for kept in self.plan.local_retained(0)]
 
-    # ---- rows --------------------------------------------------------------------------------------
-    def take_row(self) -> int:
-        row = self._free_rows.pop()
-        self.state.reset([row])
-        return row
+    # ---- the step -----------------------------------------------------------------------------------
+    def execute(self, plan: StepPlan, sample_tokens: bool = True) -> StepOutput:
+        """Run one step. Raises on a failure of the whole step (the scheduler fails its requests);
+        per-span problems (non-finite logits, a failing sample) come back as errors."""
+        if plan.resets:
+            self.state.reset(plan.resets)
+        self.kv.copy_blocks(plan.kv_copies)
+        if plan.loads:
+            self.pool.load([s for s, _ in plan.loads], self.state.temporal, self.state.conv,
+                           [r for _, r in plan.loads], zero_fill=True)
+        batch = [SeqInput(s.token_ids, s.row, s.block_table, s.start, tuple(p for p, _ in s.captures))
+                 for s in plan.spans]
+        refresh = None
+        if plan.replays:
+            refresh = Refresh(len(plan.replays), [a for a, _ in plan.replays], [b for _, b in plan.replays])
+        out = self.model.forward(batch, self.state, self.kv, logits=[s.logits for s in plan.spans],
+                                 refresh=refresh, merge=self.merge_omitted)
+        result = StepOutput(tokens=[None] * len(plan.spans), errors=[None] * len(plan.spans),
+                            logits=[None] * len(plan.spans))
+        result.stored = self._store(out, plan, result.errors)
+        self._sample(out, plan, result, sample_tokens)
+        return result
 
-    def give_row(self, row: int) -> None:
-        self._free_rows.append(row)
+    def _store(self, out, plan: StepPlan, errors: list) -> list[bool]:
+        """Store the captured boundary states into the plan's slots; a non-finite capture is not stored
+        (it would poison every later hit) and fails its request. Returns, per capture of the plan (spans
+        in order, each span's captures in order), whether it was stored."""
+        wanted = [(i, pos, slot) for i, s in enumerate(plan.spans) for pos, slot in s.captures]
+        if not wanted:
+            return []
+        # the forward's captures come in (sequence, position) order: index them to the plan's order
+        k_of = {(i, pos): k for k, (i, pos) in enumerate(zip(out.capture_seq, out.capture_pos))}
+        order = [k_of[(i, pos)] for i, pos, _ in wanted]
+        temporal, conv = out.capture_temporal, out.capture_conv
+        finite = (torch.isfinite(temporal.flatten(1)).all(1) & torch.isfinite(conv.flatten(1)).all(1)).tolist()
+        stored = [finite[k] for k in order]
+        for ok, (i, _, _) in zip(stored, wanted):
+            if not ok:
+                errors[i] = "non-finite recurrent state: the checkpoint was not stored"
+        which = [k for k, ok in zip(order, stored) if ok]
+        if which:
+            # captures are [n, L, ...]; the store reads [L, n, ...] views (any stride along L and n)
+            self.pool.store(temporal.transpose(0, 1), conv.transpose(0, 1), which,
+                            [slot for (_, _, slot), ok in zip(wanted, stored) if ok])
+        return stored
 
-    @property
-    def free_rows(self) -> int:
-        return len(self._free_rows)
-
-    def fork_replay(self, block_table: list[int], cached: int, seq_id) -> tuple[int, int] | None:
-        """dasc-wr on a hit at ``cached`` tokens: a zero scratch row and a KV sequence forked at the replay
-        start (sharing the cached blocks before it). Returns (start, row), or None when nothing replays."""
-        if not (self.replay_window and cached):
-            return None
-        start = max(0, cached - self.replay_window)
-        self.kv.add_sequence(seq_id, blocks=block_table[:-(-start // self.cfg.block_size)], length=start)
-        return start, self.take_row()
-
-    # ---- checkpoints -------------------------------------------------------------------------------
-    def load_checkpoint(self, slot: int, row: int) -> None:
-        """Restore a checkpoint into an active row: retained units exact, omitted ones zero (nr)."""
-        self.pool.load([slot], self.state.temporal, self.state.conv, [row], zero_fill=True)
-
-    def store_captures(self, out, which: list[int], slots: list[int]) -> None:
-        """Store captured boundary states ``which`` (indices into the forward's captures) into slots."""
-        if not which:
+    def _sample(self, out, plan: StepPlan, result: StepOutput, sample_tokens: bool) -> None:
+        cu = out.logits_cu
+        rows = [i for i, s in enumerate(plan.spans) if s.logits != "none"]
+        if not rows:
             return
-        # captures are [n, L, ...]; the store reads [L, n, ...] views (any stride along L and n)
-        temporal = out.capture_temporal.transpose(0, 1)
-        conv = out.capture_conv.transpose(0, 1)
-        self.pool.store(temporal, conv, which, slots)
+        # one device sync for every span's health and every greedy choice
+        finite = torch.isfinite(out.logits).all(-1).cpu()
+        last = out.logits[torch.tensor([cu[i + 1] - 1 for i in rows], device=out.logits.device)]
+        greedy = torch.argmax(last, -1).tolist()
+        for j, i in enumerate(rows):
+            s = plan.spans[i]
+            if not bool(finite[cu[i]:cu[i + 1]].all()):
+                result.errors[i] = result.errors[i] or "non-finite logits"
+                continue
+            if s.logits == "all":
+                result.logits[i] = out.logits[cu[i]:cu[i + 1]].cpu()
+            if s.sampling is None or not sample_tokens or result.errors[i]:
+                continue
+            try:
+                result.tokens[i] = greedy[j] if s.sampling.greedy else sample(last[j], s.sampling, s.token_index)
+            except Exception as e:  # noqa: BLE001 - one request's sampling must not fail the step
+                result.errors[i] = f"sampling failed: {type(e).__name__}: {e}"
 
+    # ---- wr merge ------------------------------------------------------------------------------------
     def merge_omitted(self, layer: int, src_rows: list[int], dst_rows: list[int]) -> None:
         """wr: copy the units the checkpoint omitted, in one linear layer, from replay rows into rows."""
         view = self.state.temporal[layer:layer + 1]
@@ -119,17 +125,18 @@ class ModelRunner:
         return StateLayout.from_retained([kept], units_per_layer=cfg.units_per_layer,
                                          unit_elements=cfg.unit_elements, value_dim=cfg.value_head_dim)
 
-    def _replay_window(self) -> int:
-        """wr replays the plan's window (paper Sec. 4.2) unless the config overrides it."""
-        # nothing to refresh when the checkpoint omits no unit (dense), whatever the policy says
-        if self.cfg.policy != "wr" or not self.plan.wr_window:
-            return 0
-        window = self.plan.wr_window if self.cfg.replay_window is None else self.cfg.replay_window
-        # a replay never reaches further back than a prompt can be long
-        return min(window, self.cfg.max_context)
-
     def memory_report(self) -> dict:
         report = self.pool.memory_report()
         report.update(arm=self.cfg.arm, dense_slot_bytes=self.plan.config.dense_checkpoint_bytes_per_rank(1),
                       wr_window=self.replay_window)
         return report
+
+
+def replay_window(cfg: EngineConfig, plan_window: int) -> int:
+    """The tokens a wr hit replays: the plan's window (paper Sec. 4.2) unless the config overrides it;
+    0 when nothing is omitted (dense) or the policy is nr."""
+    if cfg.policy != "wr" or not plan_window:
+        return 0
+    window = plan_window if cfg.replay_window is None else cfg.replay_window
+    # a replay never reaches further back than a prompt can be long
+    return min(window, cfg.max_context)

@@ -1,222 +1,215 @@
-"""Engine: continuous batching over the radix prefix cache and the checkpoint store.
+"""Scheduler: rank 0's bookkeeping. It owns the radix cache and the allocators (KV blocks, checkpoint
+slots, state rows), turns the queue into one StepPlan per step, and applies the StepOutput back.
 
-Per request: match -> lock the path -> load the deepest checkpoint (nr zero-fill; wr also replays the
-last W cached tokens from a zero scratch row inside the first prefill step) -> prefill the rest in chunks,
-capturing checkpoints at the interval grid, the branch point and the prompt end -> insert the prompt into
-the tree -> decode -> release. Every step runs one forward over all running requests (replays first, then
-prefill chunks, then decode tokens).
+Per request: match -> lock the checkpoint node -> reserve every KV block it may write (one rule,
+cache.fresh_blocks: reused full blocks shared, a reused partial block copied, fresh blocks for the rest)
+-> load the deepest checkpoint (nr zero-fill; wr also replays the last W cached tokens from a zero
+scratch row inside the first step) -> prefill the rest in chunks, capturing checkpoints at the interval
+grid, the branch point and the prompt end -> insert the prompt into the tree -> decode -> release.
 
-KV blocks are reserved at admission for the whole request (prompt + max output), so a running request
-never starves; a request that cannot fit waits, one that could never fit is refused at submit.
+A request writes KV only into blocks it allocated, so nothing is copied after admission and a running
+request never starves; one that cannot fit waits, one that could never fit is refused at submit.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 
-from trtllm_dasc.cache import RadixCache
+from trtllm_dasc.cache import BlockPool, IdPool, RadixCache, fresh_blocks, reserve_table
 from trtllm_dasc.engine.config import EngineConfig
-from trtllm_dasc.engine.request import GenerationRequest
-from trtllm_dasc.engine.runner import ModelRunner
-from trtllm_dasc.engine.sampling import Sampler
 from trtllm_dasc.engine.sequence import Replay, Sequence
-from trtllm_dasc.engine.telemetry import Telemetry
+from trtllm_dasc.engine.step import Span, StepOutput, StepPlan
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.model import SeqInput
-from trtllm_dasc.model.model import Refresh
 
 
-class Engine:
-    def __init__(self, cfg: EngineConfig):
-        self.cfg = cfg
-        self.runner = ModelRunner(cfg)
-        self.cache = RadixCache(cfg.block_size, self.runner.kv_blocks, self.runner.pool, interval=cfg.interval,
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, num_slots: int, num_rows: int, replay_window: int):
+        self.cfg, self.replay_window = cfg, replay_window
+        self.blocks = BlockPool(cfg.num_kv_blocks)
+        self.slots = IdPool.checkpoint_slots(num_slots)
+        self.rows = IdPool.rows(num_rows)
+        self.cache = RadixCache(cfg.block_size, self.blocks, self.slots, interval=cfg.interval,
                                 prompt_only=cfg.prompt_only)
-        self.telemetry = Telemetry()
-        self.waiting: deque = deque()
+        self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self._next_seq = 0
-
-    # ---- submission ----------------------------------------------------------------------------------
-    def submit(self, req: GenerationRequest, on_token=None) -> None:
-        """Queue a request. Bad input raises UserError here, before anything is allocated."""
-        try:
-            req.validate(self.runner.model.spec.vocab_size, self.cfg.max_context)
-            worst = (self._blocks_for(len(req.prompt) + req.max_new_tokens)
-                     + self._replay_blocks(len(req.prompt) - 1) + 2)
-            if worst > self.cfg.num_kv_blocks:
-                raise UserError(f"input_ids: the request needs {worst} KV blocks, the cache has "
-                                f"{self.cfg.num_kv_blocks}")
-        except UserError:
-            self.telemetry.rejected_requests += 1
-            raise
-        self.waiting.append((req, on_token))
-
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def run_until_idle(self) -> None:
-        while self.has_work():
-            self.step()
-
-    def generate(self, requests: list[GenerationRequest]) -> list[list[int]]:
-        """Run requests to completion (a convenience for tests and the CLI); outputs in request order."""
-        outputs = {}
-        for r in requests:
-            self.submit(r, on_token=lambda tok, final, stats, rid=r.request_id: outputs.setdefault(rid, []).append(tok))
-        self.run_until_idle()
-        return [outputs.get(r.request_id, []) for r in requests]
+        self.steps = 0
 
     # ---- admission -----------------------------------------------------------------------------------
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.cfg.block_size)
+    def worst_case_blocks(self, prompt_len: int, max_new: int) -> int:
+        """Blocks a request needs with nothing reused (a hit needs no more: see fresh_blocks)."""
+        end = prompt_len + max_new - 1
+        replay = min(self.replay_window, prompt_len - 1)
+        return fresh_blocks(0, end, self.cfg.block_size) + (fresh_blocks(0, replay, self.cfg.block_size)
+                                                             if replay else 0)
 
-    def _replay_blocks(self, cached: int) -> int:
-        """Blocks a wr replay's forked sequence may take on a hit at ``cached`` tokens."""
-        window = min(self.runner.replay_window, cached)
-        return self._blocks_for(window) + 1 if window else 0
+    def check_fits(self, prompt_len: int, max_new: int) -> None:
+        worst = self.worst_case_blocks(prompt_len, max_new)
+        if worst > self.cfg.num_kv_blocks:
+            raise UserError(f"input_ids: the request needs {worst} KV blocks, the cache has {self.cfg.num_kv_blocks}")
 
-    def _reserved_blocks(self) -> int:
-        kv = self.runner.kv
-        return sum(s.blocks_needed(self.cfg.block_size, len(kv.block_table(s.seq_id))) for s in self.running)
-
-    def _admit(self) -> None:
-        need_rows = 2 if self.runner.replay_window else 1
-        while (self.waiting and len(self.running) < self.cfg.max_batch
-               and self.runner.free_rows >= need_rows):
-            req, on_token = self.waiting[0]
-            m = self.cache.match(req.prompt)
+    def _admit(self, plan: StepPlan) -> None:
+        bs = self.cfg.block_size
+        while self.waiting and len(self.running) < self.cfg.max_batch:
+            seq = self.waiting[0]
+            m = self.cache.match(seq.prompt)
+            c = m.ckpt_len
+            replay_start = max(0, c - self.replay_window) if (self.replay_window and c) else None
+            if self.rows.num_free < 1 + (replay_start is not None):
+                return
             # only the reused prefix is pinned: the cached KV beyond the checkpoint gets recomputed
             self.cache.lock(m.ckpt_node)
-            reuse = len(m.block_table)
-            need = (self._blocks_for(len(req.prompt) + req.max_new_tokens) - reuse + 2
-                    + self._replay_blocks(m.ckpt_len))
-            if not self.cache.make_room(self._reserved_blocks() + need):
+            need = fresh_blocks(c, seq.end_len, bs)
+            if replay_start is not None:
+                need += fresh_blocks(replay_start, c, bs)
+            if not self.cache.make_room(need):
                 self.cache.unlock(m.ckpt_node)
                 return
             self.waiting.popleft()
-            self.running.append(self._start(req, on_token, m))
+            self._start(seq, m, replay_start, plan)
+            self.running.append(seq)
 
-    def _start(self, req: GenerationRequest, on_token, m) -> Sequence:
-        runner, c = self.runner, m.ckpt_len
-        row, seq_id = runner.take_row(), ("req", self._next_seq)
-        self._next_seq += 1
-        runner.kv.add_sequence(seq_id, blocks=m.block_table, length=c)
-        seq = Sequence(req, Sampler(req.sampling), on_token, row, seq_id, m,
-                       self.cache.checkpoint_positions(len(req.prompt), m), done_tokens=c)
-        if c:
-            runner.load_checkpoint(m.ckpt_slot, row)
-            req.stats.cached_tokens, req.stats.checkpoint_loaded = c, True
-            rseq = ("replay", seq_id[1])
-            fork = runner.fork_replay(m.block_table, c, rseq)
-            if fork is not None:
-                seq.replay = Replay(fork[0], c, fork[1], rseq)
-                req.stats.replayed_tokens = c - fork[0]
-        return seq
+    def _start(self, seq: Sequence, m, replay_start, plan: StepPlan) -> None:
+        bs, c, st = self.cfg.block_size, m.ckpt_len, seq.req.stats
+        seq.match, seq.done_tokens = m, c
+        seq.row = self.rows.try_alloc()
+        seq.table, copy = reserve_table(self.blocks, m.block_table, c, seq.end_len, bs)
+        if copy:
+            plan.kv_copies.append(copy)
+        seq.positions = self.cache.checkpoint_positions(len(seq.prompt), m)
+        st.first_scheduled_time_ns = time.time_ns()
+        st.kv_reused_blocks = c // bs
+        st.kv_new_blocks = len(seq.table) - st.kv_reused_blocks
+        st.kv_total_blocks = len(seq.table)
+        if not c:
+            plan.resets.append(seq.row)
+            return
+        # a load overwrites the whole row (retained units, zeros elsewhere, conv): no reset needed
+        plan.loads.append((m.ckpt_slot, seq.row))
+        st.cached_tokens, st.checkpoint_loaded = c, True
+        if replay_start is not None:
+            row = self.rows.try_alloc()
+            table, copy = reserve_table(self.blocks, m.block_table, replay_start, c, bs)
+            if copy:
+                plan.kv_copies.append(copy)
+            plan.resets.append(row)
+            seq.replay = Replay(replay_start, c, row, table)
+            st.replayed_tokens = c - replay_start
 
-    # ---- one step --------------------------------------------------------------------------------------
-    def step(self) -> None:
-        self._admit()
+    # ---- one step ------------------------------------------------------------------------------------
+    def schedule(self) -> tuple[StepPlan, list[Sequence]] | None:
+        """The next step's plan and, per span, its sequence (None when there is nothing to run)."""
+        plan = StepPlan(self.steps, [])
+        self._admit(plan)
         if not self.running:
             if self.waiting:
                 raise RuntimeError("no request can be admitted: the KV cache is pinned")
-            return
-        replays = [s for s in self.running if s.replay is not None]
-        batch = [SeqInput(s.prompt[s.replay.start:s.replay.end], s.replay.row, seq_id=s.replay.seq_id)
-                 for s in replays]
-        stepping = []
+            return None
+        self.steps += 1
+        owners = []
         for s in self.running:
-            if s.in_prefill:
-                end = min(len(s.prompt), s.done_tokens + self.cfg.prefill_chunk)
-                caps = tuple(p for p in s.positions if s.done_tokens < p <= end)
-                batch.append(SeqInput(s.prompt[s.done_tokens:end], s.row, seq_id=s.seq_id, capture_at=caps))
-                stepping.append((s, end))
-            else:
-                batch.append(SeqInput([s.output[-1]], s.row, seq_id=s.seq_id))
-                stepping.append((s, None))
-        if not self.cache.make_room(self._blocks_for_step(batch)):
-            raise RuntimeError("KV blocks reserved at admission are gone: reservation accounting is broken")
-        refresh = None
-        if replays:
-            refresh = Refresh(len(replays), [s.replay.row for s in replays], [s.row for s in replays],
-                              self.runner.merge_omitted)
-        out = self.runner.model.forward(batch, self.runner.state, self.runner.kv, logits="last", refresh=refresh)
-        for s in replays:
-            self.runner.kv.free_sequence(s.replay.seq_id)
-            self.runner.give_row(s.replay.row)
-            s.replay = None
-        self._store_checkpoints(out, stepping, len(replays))
-        for i, (s, end) in enumerate(stepping):
-            logits = out.logits[len(replays) + i]
-            if end is not None:
-                s.done_tokens = end
-                if s.in_prefill:
-                    continue
-                self._insert_prompt(s)
-            self._emit(s, s.sampler(logits))
-        for s in [s for s in self.running if s.finished]:
-            self._finish(s)
+            if s.replay is not None:
+                r = s.replay
+                plan.spans.append(Span(s.prompt[r.start:r.end], r.row, r.start, r.table))
+                plan.replays.append((r.row, s.row))
+                owners.append(s)
+        for s in self.running:
+            plan.spans.append(self._span(s))
+            owners.append(s)
+        return plan, owners
 
-    def _blocks_for_step(self, batch) -> int:
-        """Blocks this forward allocates: new tokens' blocks plus a copy of a shared, partly filled one."""
-        kv, bs, need = self.runner.kv, self.cfg.block_size, 0
-        for s in batch:
-            table, start = kv.block_table(s.seq_id), kv.seq_len(s.seq_id)
-            need += max(0, self._blocks_for(start + len(s.token_ids)) - len(table))
-            need += bool(start % bs and kv.ref[table[-1]] > 1)
-        return need
+    def _span(self, s: Sequence) -> Span:
+        req = s.req
+        if not s.in_prefill:
+            n = len(s.output)
+            return Span([s.output[-1]], s.row, len(s.prompt) + n - 1, s.table, logits="last",
+                        sampling=req.sampling, token_index=n)
+        end = min(len(s.prompt), s.done_tokens + self.cfg.prefill_chunk)
+        captures = []
+        for p in s.positions:
+            if s.done_tokens < p <= end:
+                slot = self.cache.alloc_slot()
+                # None: every checkpoint is pinned by running requests, this boundary goes uncached
+                if slot is not None:
+                    captures.append((p, slot))
+        last = end == len(s.prompt)
+        logits = "all" if req.return_context_logits else ("last" if last else "none")
+        return Span(s.prompt[s.done_tokens:end], s.row, s.done_tokens, s.table, captures, logits,
+                    req.sampling if last else None, 0)
 
-    def _store_checkpoints(self, out, stepping, offset: int) -> None:
-        which, slots, owners = [], [], []
-        for i, (seq_index, pos) in enumerate(zip(out.capture_seq, out.capture_pos)):
-            slot = self.cache.alloc_slot()
-            if slot is None:
-                # every checkpoint is pinned by running requests: this boundary goes uncached
+    def apply(self, plan: StepPlan, owners: list[Sequence], out: StepOutput) -> list[tuple[Sequence, int | None, str | None]]:
+        """Book a successful step. Returns (sequence, sampled token or None, error or None) per sequence
+        that produced something, in span order; the caller emits them and finishes what is done."""
+        stored = iter(out.stored)
+        events = []
+        for i, (span, s) in enumerate(zip(plan.spans, owners)):
+            for pos, slot in span.captures:
+                if next(stored):
+                    s.captured[pos] = slot
+                else:
+                    self.slots.free(slot)
+            if i < len(plan.replays):
+                self._end_replay(s)
                 continue
-            which.append(i)
-            slots.append(slot)
-            owners.append((stepping[seq_index - offset][0], pos))
-        self.runner.store_captures(out, which, slots)
-        for (s, pos), slot in zip(owners, slots):
-            s.captured[pos] = slot
+            if out.logits[i] is not None:
+                s.context_logits.append(out.logits[i])
+            if s.in_prefill:
+                s.done_tokens = span.start + len(span.token_ids)
+                if not s.in_prefill:
+                    self._insert_prompt(s)
+            if out.errors[i] is not None or out.tokens[i] is not None:
+                events.append((s, out.tokens[i], out.errors[i]))
+        return events
+
+    def _end_replay(self, s: Sequence) -> None:
+        self.blocks.decref(s.replay.table)
+        self.rows.free(s.replay.row)
+        s.replay = None
 
     def _insert_prompt(self, s: Sequence) -> None:
-        table = self.runner.kv.block_table(s.seq_id)
-        duplicates = self.cache.insert(s.prompt, table, s.captured)
+        duplicates = self.cache.insert(s.prompt, s.table, s.captured)
         s.req.stats.checkpoints_stored = len(s.captured) - len(duplicates)
         s.captured = {}
 
-    def _emit(self, s: Sequence, token: int) -> None:
-        s.output.append(token)
-        s.req.stats.output_tokens = len(s.output)
-        s.finished = (len(s.output) >= s.req.max_new_tokens or token == s.req.end_id
-                      or len(s.prompt) + len(s.output) >= self.cfg.max_context)
-        if s.on_token is not None:
-            s.on_token(token, s.finished, s.req.stats)
-
-    def _finish(self, s: Sequence) -> None:
+    # ---- release ---------------------------------------------------------------------------------------
+    def release(self, s: Sequence) -> None:
+        """Give back everything a running sequence holds (finished, failed or aborted)."""
         self.running.remove(s)
-        self.runner.kv.free_sequence(s.seq_id)
+        if s.replay is not None:
+            self._end_replay(s)
+        for slot in s.captured.values():
+            self.slots.free(slot)
+        s.captured = {}
+        self.blocks.decref(s.table)
+        s.table = []
         self.cache.unlock(s.match.ckpt_node)
-        self.runner.give_row(s.row)
-        self.telemetry.record(s.req.stats, self.cfg.policy)
+        self.rows.free(s.row)
+        s.row = -1
 
-    # ---- maintenance -------------------------------------------------------------------------------------
-    def flush(self) -> None:
-        """Drop every cached prefix and checkpoint not pinned by a running request."""
-        self.cache.flush()
+    def free_captures(self, plan: StepPlan) -> None:
+        """A step failed: the slots it was to fill were never handed to a sequence."""
+        for span in plan.spans:
+            for _, slot in span.captures:
+                self.slots.free(slot)
 
-    def stats(self) -> dict:
-        out = self.telemetry.snapshot(self.cache)
-        out["arm"] = self.cfg.arm
-        out["checkpoint_slots"] = self.runner.pool.num_slots
-        return out
-
+    # ---- invariant -----------------------------------------------------------------------------------
     def sanity_check(self) -> None:
-        kv = self.runner.kv
-        refs = {}
-        for seq_id in kv.seqs:
-            for b in kv.block_table(seq_id):
-                refs[b] = refs.get(b, 0) + 1
-        self.cache.sanity_check(refs)
-        kv.sanity_check()
-        self.runner.pool.sanity_check()
+        """Every block reference, slot, row and lock is accounted for by the tree or a running request."""
+        refs, locks, rows, slots = {}, {}, set(), set()
+        for s in self.running:
+            tables = [s.table] + ([s.replay.table] if s.replay else [])
+            for t in tables:
+                for b in t:
+                    refs[b] = refs.get(b, 0) + 1
+            held = [s.row] + ([s.replay.row] if s.replay else [])
+            assert not rows & set(held), "a state row is held twice"
+            rows.update(held)
+            assert not slots & set(s.captured.values()), "a captured slot is held twice"
+            slots.update(s.captured.values())
+            locks[s.match.ckpt_node] = locks.get(s.match.ckpt_node, 0) + 1
+        assert rows == self.rows.used_ids(), f"state rows {sorted(self.rows.used_ids())} != held {sorted(rows)}"
+        self.rows.sanity_check()
+        self.slots.sanity_check()
+        self.blocks.sanity_check()
+        self.cache.sanity_check(refs, locks)
+        tree = self.cache.checkpoint_slots()
+        assert not tree & slots and tree | slots == self.slots.used_ids(), "checkpoint slots leaked or shared"

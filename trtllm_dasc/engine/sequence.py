@@ -1,50 +1,52 @@
-"""One admitted request's bookkeeping inside the engine."""
+"""One admitted request's bookkeeping inside the scheduler (ints and lists: rows, blocks, slots)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from trtllm_dasc.cache import MatchResult
 from trtllm_dasc.engine.request import GenerationRequest
-from trtllm_dasc.engine.sampling import Sampler
 
 
 @dataclass(slots=True)
 class Replay:
-    """A pending dasc-wr replay: tokens [start, end) from a zero scratch row, on a forked KV sequence."""
+    """A pending dasc-wr replay: tokens [start, end) from a zero scratch row, on its own KV table (the
+    shared blocks before start, then blocks of its own for what it recomputes)."""
 
     start: int
     end: int
     row: int
-    seq_id: object
+    table: list[int]
 
 
 @dataclass(slots=True, eq=False)
 class Sequence:
     req: GenerationRequest
-    sampler: Sampler
-    on_token: object                      # callable(token_id, final, stats) or None
-    row: int                              # active recurrent-state row
-    seq_id: object                        # KV sequence id
-    match: MatchResult
-    positions: list[int]                  # where this prompt's prefill stores checkpoints
-    done_tokens: int                      # prompt tokens processed (starts at the cached prefix)
+    callback: object                      # callable(RequestOutput) or None
+    row: int = -1                         # active recurrent-state row (-1: not admitted yet)
+    table: list[int] = field(default_factory=list)   # KV blocks for positions [0, prompt + max_new - 1)
+    match: MatchResult | None = None      # what admission matched; match.ckpt_node is locked until release
+    positions: list[int] = field(default_factory=list)   # where this prompt's prefill stores checkpoints
+    done_tokens: int = 0                  # prompt tokens processed (starts at the cached prefix)
     replay: Replay | None = None
     captured: dict = field(default_factory=dict)   # position -> checkpoint slot, handed to the tree
     output: list[int] = field(default_factory=list)
-    finished: bool = False
+    context_logits: list = field(default_factory=list)   # chunks of returned prompt logits
+    finish_reason: str | None = None
 
     @property
     def prompt(self) -> list[int]:
         return self.req.prompt
 
     @property
+    def rid(self):
+        return self.req.request_id
+
+    @property
     def in_prefill(self) -> bool:
         return self.done_tokens < len(self.req.prompt)
 
-    def blocks_needed(self, block_size: int, have: int) -> int:
-        """KV blocks still to be allocated for the whole request: its tokens, two copy-on-writes (a hit
-        inside a shared block; the first decode into the prompt's last block, shared once inserted),
-        and a pending wr replay's forked sequence."""
-        total = -(-(len(self.req.prompt) + self.req.max_new_tokens) // block_size)
-        replay = -(-(self.replay.end - self.replay.start) // block_size) + 1 if self.replay else 0
-        return max(0, total - have) + 2 + replay
+    @property
+    def end_len(self) -> int:
+        """Positions whose KV this request may write: the prompt and every output token but the last
+        (which is sampled, never fed back)."""
+        return len(self.req.prompt) + self.req.max_new_tokens - 1

@@ -1,4 +1,4 @@
-"""Global cache and checkpoint counters, readable by the serving layer (and its metrics endpoint)."""
+"""Engine-wide request counters, readable by the serving layer (and its metrics endpoint)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -8,13 +8,14 @@ from trtllm_dasc.engine.request import RequestStats
 
 @dataclass(slots=True)
 class Telemetry:
-    requests: int = 0
-    prompt_tokens: int = 0           # sum L_i
+    requests: int = 0                # completed (length or stop)
+    prompt_tokens: int = 0           # sum L_i over completed requests
     cached_tokens: int = 0           # sum C_i
     replayed_tokens: int = 0
     checkpoint_loads: dict = field(default_factory=lambda: {"nr": 0, "wr": 0})
     checkpoint_stores: int = 0
-    rejected_requests: int = 0
+    rejected_requests: int = 0       # refused at submit
+    ended: dict = field(default_factory=lambda: {"cancelled": 0, "error": 0})
 
     def record(self, stats: RequestStats, policy: str) -> None:
         self.requests += 1
@@ -30,12 +31,12 @@ class Telemetry:
         """Token-weighted external cache hit, paper Eq. 9: sum C_i / sum L_i."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def snapshot(self, cache=None) -> dict:
+    def snapshot(self) -> dict:
         out = asdict(self)
         out["hit_rate"] = self.hit_rate
-        if cache is not None:
-            out["evictions"] = dict(cache.evictions)
-            out["checkpoint_slots_free"] = cache.slots.num_free
-            out["checkpoints_cached"] = cache.num_checkpoints()
-            out["kv_blocks_free"] = cache.blocks.num_free
         return out
+
+    def reset(self) -> None:
+        fresh = Telemetry()
+        for name in self.__slots__:
+            setattr(self, name, getattr(fresh, name))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from trtllm_dasc.engine.config import EngineConfig
 from trtllm_dasc.engine.request import GenerationRequest
-from trtllm_dasc.engine.scheduler import Engine
+from trtllm_dasc.engine.engine import Engine
 
 
 @dataclass(slots=True)

@@ -2,14 +2,12 @@
 
 Sized from a byte budget like the paper's Eq. 8: ``N = floor(B / slot_bytes) - 1`` deployable slots plus
 slot 0, which is allocated (so the budget covers it) but never handed out: a zero slot id can then mean
-"no checkpoint" in tables that the cache keeps.
+"no checkpoint" in tables that the cache keeps. Tensors only: which slot holds what is the radix
+cache's bookkeeping (cache/allocators.IdPool.checkpoint_slots(N)); store/load take slot ids.
 
-Invariant: ``free`` and ``used`` partition {1..N}; slot 0 is in neither; allocated tensor bytes
-(slot 0 included) == (N + 1) * slot_bytes <= budget.
+Invariant: allocated tensor bytes (slot 0 included) == (N + 1) * slot_bytes <= budget.
 """
 from __future__ import annotations
-
-from collections import deque
 
 import torch
 
@@ -22,16 +20,11 @@ class PoolError(UserError):
     """A pool that cannot be built from its budget, or a slot id misuse (double free, foreign id)."""
 
 
-class PoolFullError(PoolError):
-    """Every deployable slot is in use; the caller should evict (or skip the store) and retry."""
-
-
 class CheckpointPool:
     """Tensors (S = N + 1 physical slots):
       payload    [S, width, E]            temporal dtype (native) or int8
       scales     [S, width, E // V]       temporal dtype, int8 codec only (else None)
       conv       [S, L, conv_dim, conv_width]  layout.conv_dtype (None without conv state)
-    Slots are handed out lowest id first; freed slots go to the back of the queue (FIFO reuse).
     """
 
     def __init__(self, layout: StateLayout, budget_bytes: int, device="cpu", max_slots: int | None = None):
@@ -56,8 +49,6 @@ class CheckpointPool:
                        if layout.codec == "int8" else None)
         self.conv = (torch.zeros((S, layout.num_layers, layout.conv_dim, layout.conv_width),
                                  dtype=layout.conv_dtype, device=device) if layout.conv_dim else None)
-        self._free: deque[int] = deque(range(1, n + 1))
-        self._used: set[int] = set()
 
     @classmethod
     def from_plan(cls, plan, budget_bytes: int, rank: int = 0, device="cpu") -> "CheckpointPool":
@@ -67,51 +58,7 @@ class CheckpointPool:
         n = slots_for_budget(budget_bytes, plan.bottleneck_slot_bytes())
         return cls(StateLayout.from_plan(plan, rank), budget_bytes, device=device, max_slots=n)
 
-    # ---- allocation -------------------------------------------------------------------------------
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        return len(self._used)
-
-    def alloc(self, n: int = 1) -> list[int]:
-        """n slot ids (all or none)."""
-        if n < 0:
-            raise PoolError(f"cannot allocate {n} slots")
-        if n > len(self._free):
-            raise PoolFullError(f"checkpoint pool full: {n} slot(s) requested, {len(self._free)} of "
-                                f"{self.num_slots} free")
-        out = [self._free.popleft() for _ in range(n)]
-        self._used.update(out)
-        return out
-
-    def try_alloc(self) -> int | None:
-        """One slot id, or None when full (the radix cache's allocator interface: it evicts and retries)."""
-        return self.alloc(1)[0] if self._free else None
-
-    def used_ids(self) -> set[int]:
-        return set(self._used)
-
-    def free(self, slots) -> None:
-        """Return slot ids (an int or an iterable); all are checked before any is freed."""
-        ids = [int(slots)] if isinstance(slots, int) else [int(s) for s in slots]
-        if len(set(ids)) != len(ids):
-            raise PoolError(f"slot ids {ids} repeat within one free() call (double free)")
-        for s in ids:
-            if s not in self._used:
-                what = "reserved slot 0" if s == 0 else ("not a slot" if not 0 < s <= self.num_slots else "free")
-                raise PoolError(f"double free or foreign slot id {s} ({what})")
-        for s in ids:
-            self._used.remove(s)
-            self._free.append(s)
-
     def sanity_check(self) -> None:
-        free = set(self._free)
-        assert len(free) == len(self._free), "a slot is queued twice"
-        assert not free & self._used, "a slot is both free and used"
-        assert free | self._used == set(range(1, self.num_slots + 1)), "slots leaked or foreign ids present"
         assert self.allocated_bytes() == (self.num_slots + 1) * self.slot_bytes <= self.budget_bytes
 
     # ---- data movement (backend 'auto': Triton on CUDA tensors, torch otherwise) ---------------------
@@ -136,4 +83,4 @@ class CheckpointPool:
                 "scale_bytes_per_slot": lay.scale_bytes_per_slot(), "conv_bytes_per_slot": lay.conv_bytes_per_slot(),
                 "temporal_bytes": S * lay.payload_bytes_per_slot(), "scale_bytes": S * lay.scale_bytes_per_slot(),
                 "conv_bytes": S * lay.conv_bytes_per_slot(), "total_bytes": self.allocated_bytes(),
-                "budget_bytes": self.budget_bytes, "free": self.num_free, "used": self.num_used}
+                "budget_bytes": self.budget_bytes}

@@ -1,0 +1,287 @@
+"""Engine: the serving loop. Thread-safe ``submit`` / ``abort``, a step loop on its own thread (``start``,
+``shutdown``), or synchronous ``step`` / ``generate`` for tools and tests.
+
+One step: take in new requests and aborts -> the scheduler's StepPlan -> ``ModelRunner.execute`` ->
+book the output -> deliver callbacks. A step that raises fails only its own requests (each gets an error
+callback, everything they held is freed) and the loop goes on; if the bookkeeping itself is found
+inconsistent afterwards, the engine stops and reports itself dead rather than serve from a broken cache.
+A callback that raises is dropped and its request released.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+
+from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.engine.request import GenerationRequest, RequestOutput
+from trtllm_dasc.engine.runner import ModelRunner
+from trtllm_dasc.engine.scheduler import Scheduler
+from trtllm_dasc.engine.sequence import Sequence
+from trtllm_dasc.engine.telemetry import Telemetry
+from trtllm_dasc.errors import UserError
+
+log = logging.getLogger("trtllm_dasc.engine")
+
+
+class EngineDead(RuntimeError):
+    """The engine stopped after an unrecoverable error; the message says which."""
+
+
+class RequestFailed(RuntimeError):
+    """``generate``: a request ended with an error."""
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig):
+        if cfg.kernel_cache_dir:
+            # read by Triton at compile time: compiled kernels outlive the process (an engine dir keeps them)
+            os.makedirs(cfg.kernel_cache_dir, exist_ok=True)
+            os.environ["TRITON_CACHE_DIR"] = os.path.abspath(cfg.kernel_cache_dir)
+        self.cfg = cfg
+        self.runner = ModelRunner(cfg)
+        self.scheduler = Scheduler(cfg, self.runner.pool.num_slots, self.runner.num_rows, self.runner.replay_window)
+        self.telemetry = Telemetry()
+        self.vocab_size = self.runner.model.spec.vocab_size
+        self._cv = threading.Condition()
+        self._inbox: deque[Sequence] = deque()
+        self._aborts: deque = deque()
+        self._seqs: dict[object, Sequence] = {}     # in flight: submitted, final callback not yet delivered
+        self._thread: threading.Thread | None = None
+        self._stop, self._drain = False, True
+        self.dead: str | None = None
+        self.ready = False
+
+    @property
+    def cache(self):
+        return self.scheduler.cache
+
+    # ---- submission (any thread) ----------------------------------------------------------------------
+    def submit(self, req: GenerationRequest, callback=None) -> None:
+        """Queue a request; ``callback(RequestOutput)`` is called from the engine's thread. Bad input raises
+        UserError here, before anything is allocated."""
+        try:
+            if not isinstance(req, GenerationRequest):
+                raise UserError(f"submit takes a GenerationRequest, got {type(req).__name__}")
+            if callback is not None and not callable(callback):
+                raise UserError("callback must be callable")
+            req.validate(self.vocab_size, self.cfg.max_context)
+            self.scheduler.check_fits(len(req.prompt), req.max_new_tokens)
+            with self._cv:
+                if self.dead:
+                    raise EngineDead(f"the engine is dead: {self.dead}")
+                if req.request_id in self._seqs:
+                    raise UserError(f"request_id {req.request_id!r} is already in flight")
+                req.stats.arrival_time_ns = time.time_ns()
+                seq = Sequence(req, callback)
+                self._seqs[req.request_id] = seq
+                self._inbox.append(seq)
+                self._cv.notify()
+        except UserError:
+            self.telemetry.rejected_requests += 1
+            raise
+
+    def abort(self, request_id) -> bool:
+        """Cancel a request; it gets one final callback with reason 'cancelled'. False if not in flight."""
+        with self._cv:
+            if request_id not in self._seqs:
+                return False
+            self._aborts.append(request_id)
+            self._cv.notify()
+            return True
+
+    # ---- the loop ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the engine loop is already running")
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="dasc-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stop or self.has_work()):
+                    self._cv.wait()
+                if self._stop and not (self._drain and self.has_work()):
+                    return
+            self.step()
+            if self.dead:
+                return
+
+    def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop the loop. drain=True finishes every queued request first; False cancels them."""
+        with self._cv:
+            self._stop, self._drain = True, drain
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        elif drain and not self.dead:
+            self.run_until_idle()
+        self._drain_inbox()
+        for seq in list(self._seqs.values()):
+            self._finish(seq, "cancelled")
+
+    def has_work(self) -> bool:
+        """Anything queued, running or to be cancelled."""
+        return bool(self._inbox or self._aborts or self.scheduler.waiting or self.scheduler.running)
+
+    def run_until_idle(self) -> None:
+        self._check_sync()
+        while self.has_work():
+            self.step()
+            if self.dead:
+                raise EngineDead(self.dead)
+
+    def _check_sync(self) -> None:
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise RuntimeError("the engine loop runs on its own thread: use submit/abort")
+
+    # ---- one step ----------------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one step; False when there was nothing to do."""
+        self._check_sync()
+        self._drain_inbox()
+        sched = self.scheduler.schedule()
+        if sched is None:
+            return False
+        plan, owners = sched
+        try:
+            out = self.runner.execute(plan)
+        except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the loop
+            log.exception("step %d failed", plan.step)
+            self.scheduler.free_captures(plan)
+            for s in dict.fromkeys(owners):
+                self._finish(s, "error", f"step failed: {type(e).__name__}: {e}")
+            return True
+        try:
+            events = self.scheduler.apply(plan, owners, out)
+            for s, token, error in events:
+                if error is not None:
+                    self._finish(s, "error", error)
+                elif s.finish_reason is None:
+                    self._emit(s, token)
+        except Exception as e:  # noqa: BLE001 - bookkeeping broke: stop rather than serve a corrupt cache
+            log.exception("bookkeeping failed in step %d", plan.step)
+            self._die(f"bookkeeping failed in step {plan.step}: {type(e).__name__}: {e}")
+        return True
+
+    def _drain_inbox(self) -> None:
+        with self._cv:
+            new, aborts = list(self._inbox), list(self._aborts)
+            self._inbox.clear()
+            self._aborts.clear()
+        self.scheduler.waiting.extend(new)
+        for rid in aborts:
+            seq = self._seqs.get(rid)
+            if seq is not None:
+                self._finish(seq, "cancelled")
+
+    def _emit(self, s: Sequence, token: int) -> None:
+        st, now = s.req.stats, time.time_ns()
+        s.output.append(token)
+        st.output_tokens = len(s.output)
+        st.first_token_time_ns = st.first_token_time_ns or now
+        st.last_token_time_ns = now
+        reason = None
+        if token == s.req.end_id:
+            reason = "stop"
+        elif len(s.output) >= s.req.max_new_tokens or len(s.prompt) + len(s.output) >= self.cfg.max_context:
+            reason = "length"
+        out = RequestOutput(s.rid, [token], reason is not None, reason, stats=st)
+        if len(s.output) == 1 and s.req.return_context_logits:
+            import torch
+            out.context_logits = torch.cat(s.context_logits) if s.context_logits else None
+        if reason is not None:
+            self._finish(s, reason, out=out)
+        elif not self._deliver(s, out):
+            self._finish(s, "error", "the request's callback raised; it was dropped")
+
+    def _finish(self, s: Sequence, reason: str, error: str | None = None, out: RequestOutput | None = None) -> None:
+        """Release a request (running or waiting) and deliver its final event, exactly once."""
+        if s.finish_reason is not None:
+            return
+        s.finish_reason = reason
+        if s in self.scheduler.running:
+            self.scheduler.release(s)
+        elif s in self.scheduler.waiting:
+            self.scheduler.waiting.remove(s)
+        if reason in ("length", "stop"):
+            self.telemetry.record(s.req.stats, self.cfg.policy)
+        else:
+            self.telemetry.ended[reason] += 1
+        with self._cv:
+            self._seqs.pop(s.rid, None)
+        self._deliver(s, out or RequestOutput(s.rid, [], True, reason, error, s.req.stats))
+
+    def _deliver(self, s: Sequence, out: RequestOutput) -> bool:
+        if s.callback is None:
+            return True
+        try:
+            s.callback(out)
+            return True
+        except Exception:  # noqa: BLE001 - a caller's bug must not reach other requests
+            log.exception("callback of request %r raised; dropped", s.rid)
+            s.callback = None
+            return False
+
+    def _die(self, why: str) -> None:
+        self.dead = why
+        self.ready = False
+        for seq in list(self._seqs.values()):
+            seq.finish_reason = "error"
+            with self._cv:
+                self._seqs.pop(seq.rid, None)
+            self._deliver(seq, RequestOutput(seq.rid, [], True, "error", f"the engine is dead: {why}",
+                                             seq.req.stats))
+
+    # ---- conveniences --------------------------------------------------------------------------------------
+    def generate(self, requests: list[GenerationRequest], raise_errors: bool = True) -> list[list[int]]:
+        """Run requests to completion; outputs in request order (tools and tests). With the loop running
+        this waits for it; otherwise it steps in the calling thread."""
+        outputs = {id(r): [] for r in requests}
+        ends, done = {}, threading.Event()
+
+        def collect(out: RequestOutput, key):
+            outputs[key].extend(out.token_ids)
+            if out.finished:
+                ends[key] = out
+                if len(ends) == len(requests):
+                    done.set()
+        for r in requests:
+            self.submit(r, lambda out, key=id(r): collect(out, key))
+        if self._thread is None:
+            self.run_until_idle()
+        else:
+            done.wait()
+        failed = [e for e in ends.values() if e.finish_reason == "error"]
+        if failed and raise_errors:
+            raise RequestFailed(f"request {failed[0].request_id!r}: {failed[0].error}")
+        return [outputs[id(r)] for r in requests]
+
+    def flush(self) -> None:
+        """Drop every cached prefix and checkpoint not pinned by a running request (between protocol phases)."""
+        self.cache.flush()
+
+    def warmup(self) -> dict:
+        from trtllm_dasc.engine.warmup import warmup
+        return warmup(self)
+
+    def stats(self) -> dict:
+        sch = self.scheduler
+        out = self.telemetry.snapshot()
+        out.update(arm=self.cfg.arm, evictions=dict(sch.cache.evictions), checkpoint_slots=sch.slots.capacity,
+                   checkpoint_slots_free=sch.slots.num_free, checkpoints_cached=sch.cache.num_checkpoints(),
+                   kv_blocks=self.cfg.num_kv_blocks, kv_blocks_free=sch.blocks.num_free,
+                   state_rows=sch.rows.capacity, state_rows_free=sch.rows.num_free,
+                   queued=len(sch.waiting) + len(self._inbox), running=len(sch.running), dead=self.dead)
+        return out
+
+    def sanity_check(self) -> None:
+        self.scheduler.sanity_check()
+        self.runner.pool.sanity_check()
+        known = set(self._seqs.values())
+        assert set(self.scheduler.running) | set(self.scheduler.waiting) <= known, "a request is untracked"

@@ -1,0 +1,49 @@
+"""StepPlan and StepOutput: what rank 0's scheduler decides for one step, and what executing it gives.
+
+Plain data only (ints, lists, small dataclasses; no callables, no tensors but the optional CPU logits of
+the output), so a plan pickles and every TP rank can execute the same decision: ``ModelRunner.execute``
+is the one thing every rank runs. Order of execution: resets -> kv_copies -> loads -> forward (replay
+spans first, then the wr merge, then the rest) -> stores of the captures -> sampling.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trtllm_dasc.engine.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class Span:
+    """One sequence's tokens in this step's forward: positions [start, start + len(token_ids)) of the
+    sequence whose state lives in ``row`` and whose KV lives in ``block_table``."""
+
+    token_ids: list[int]
+    row: int
+    start: int
+    block_table: list[int]
+    captures: list[tuple[int, int]] = field(default_factory=list)  # (prefix length, checkpoint slot)
+    logits: str = "none"                  # none | last | all (all: context logits returned to the caller)
+    sampling: SamplingParams | None = None   # sample the next token from the last position
+    token_index: int = 0                  # which output token the sample is (seeds the draw)
+
+
+@dataclass(slots=True)
+class StepPlan:
+    step: int
+    spans: list[Span]
+    resets: list[int] = field(default_factory=list)                # rows zeroed first (fresh requests, scratch)
+    kv_copies: list[tuple[int, int]] = field(default_factory=list)  # (src block, dst block)
+    loads: list[tuple[int, int]] = field(default_factory=list)      # (slot, row): omitted units zero-filled
+    replays: list[tuple[int, int]] = field(default_factory=list)    # (scratch row, row) of spans[:len(replays)]
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """Per span of the plan: the sampled token (None: no sample or failed), an error message (None: fine),
+    the returned logits (CPU fp32 [T, vocab] for spans with logits 'all'); per capture of the plan in
+    order, whether its checkpoint was stored (a non-finite state is not)."""
+
+    tokens: list[int | None]
+    errors: list[str | None]
+    logits: list = field(default_factory=list)
+    stored: list[bool] = field(default_factory=list)
