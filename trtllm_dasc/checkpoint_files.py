@@ -93,20 +93,25 @@ def read_header(path: str) -> dict[str, TensorInfo]:
     return out
 
 
+def _naturals(value, lengths) -> bool:
+    """A JSON list of non-negative integers whose length is in ``lengths``."""
+    return isinstance(value, list) and len(value) in lengths and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)
+
+
 def _tensor_info(path, name, entry, data_start, data_len, bad) -> TensorInfo:
-    ok = isinstance(entry, dict) and entry.get("dtype") in DTYPES
-    shape, offsets = (entry.get("shape"), entry.get("data_offsets")) if ok else (None, None)
-    ints = (lambda v, k: isinstance(v, list) and len(v) in k and all(
-        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v))
-    if not (ok and ints(shape, range(0, 65)) and ints(offsets, (2,))):
+    dtype = entry.get("dtype") if isinstance(entry, dict) else None
+    shape, offsets = (entry.get("shape"), entry.get("data_offsets")) if dtype in DTYPES else (None, None)
+    if not (_naturals(shape, range(65)) and _naturals(offsets, (2,))):
         raise bad(f"tensor {name!r} has a malformed entry")
     begin, end = offsets
+    # python ints: a hostile shape cannot overflow the byte count
     numel = int(np.prod(shape, dtype=object)) if shape else 1
-    if end - begin != numel * np.dtype(DTYPES[entry["dtype"]]).itemsize:
-        raise bad(f"tensor {name!r}: {end - begin} bytes cannot hold {entry['dtype']} {shape}")
+    if end - begin != numel * np.dtype(DTYPES[dtype]).itemsize:
+        raise bad(f"tensor {name!r}: {end - begin} bytes cannot hold {dtype} {shape}")
     if end > data_len:
         raise bad(f"tensor {name!r} ends at data byte {end} but the file holds {data_len} (truncated)")
-    return TensorInfo(path, entry["dtype"], tuple(shape), data_start + begin, end - begin)
+    return TensorInfo(path, dtype, tuple(shape), data_start + begin, end - begin)
 
 
 def has_weights(model_dir: str) -> bool:
