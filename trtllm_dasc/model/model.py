@@ -78,7 +78,7 @@ class HybridModel:
         self.tp_rank, self.tp_size, self.bundle_order = tp_rank, tp_size, bundle_order
         self.dtype, self.device, self.backend = dtype, torch.device(device), backend
         self.all_reduce = None            # callable(tensor) -> tensor, required when tp_size > 1
-        self.offset_norm = cfg.arch == "gdn"
+        self.offset_norm = cfg.family.norm_offset
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
@@ -114,7 +114,7 @@ class HybridModel:
             if spec.mlp_types[i] == "moe":
                 mlp = (QwenMoE if cfg.arch == "gdn" else KimiMoE).load(src, p, spec, dt, device)
             else:
-                mlp_prefix = p + ("mlp." if cfg.arch == "gdn" else "block_sparse_moe.")
+                mlp_prefix = p + cfg.family.dense_mlp_prefix
                 mlp = DenseMLP.load(src, mlp_prefix, D, spec.intermediate_size, dt, device)
             norms = [load(src, p + n + ".weight", (D,), dt, device)
                      for n in ("input_layernorm", "post_attention_layernorm")]
