@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from trtllm_dasc.config import HybridConfig  # noqa: E402
-from trtllm_dasc.model import HybridModel, RandomWeights, SeqInput  # noqa: E402
+from trtllm_dasc.model import HybridModel, RandomWeights  # noqa: E402
+from trtllm_dasc.model.direct import DirectRunner  # noqa: E402
 
 KIMI_FULL_ATTN = [4, 8, 12, 16, 20, 24, 27]      # 1-indexed, as in Kimi-Linear-48B's config.json
 
@@ -72,12 +73,12 @@ class EventTimer:
 
 
 def run_once(model, ids, cuda: bool, timed: bool):
-    state, kv = model.new_state(1), model.new_kv_cache(-(-ids.numel() // 64), 64)
+    runner = DirectRunner(model, rows=1, max_tokens=ids.numel(), block_size=64)
     timer = EventTimer(cuda) if timed else None
     if cuda:
         torch.cuda.synchronize()
     t = time.perf_counter()
-    model.forward([SeqInput(ids, 0)], state, kv, logits="last", timer=timer)
+    runner.run(ids, logits="last", timer=timer)
     if cuda:
         torch.cuda.synchronize()
     return 1e3 * (time.perf_counter() - t), (timer.totals_ms() if timer else {})

@@ -53,7 +53,7 @@ def build_checkpoint(path: str) -> None:
 def make_engine(path, prefix, policy, window):
     from trtllm_dasc.engine.config import EngineConfig
     from trtllm_dasc.engine.request import GenerationRequest
-    from trtllm_dasc.engine.scheduler import Engine
+    from trtllm_dasc.engine.engine import Engine
     engine = Engine(EngineConfig(model=path, wmax=16, policy=policy, replay_window=window or None,
                                  max_context=4096, block_size=16, num_kv_blocks=4096, interval=10**6,
                                  prefill_chunk=4096, max_batch=2))
@@ -87,17 +87,20 @@ def separate_replay_ms(path, prefix, window, reps) -> float:
     from trtllm_dasc.model import HybridModel, SeqInput
     model = HybridModel.from_pretrained(path)
     start = len(prefix) - window
-    state, kv = model.new_state(2), model.new_kv_cache(2 * (-(-len(prefix) // 16)) + 4, 16)
-    model.forward([SeqInput(prefix[:start], 0, seq_id="base")], state, kv, logits="none")
-    table = kv.block_table("base")
+    bs, n = 16, -(-len(prefix) // 16)
+    # row 0 holds the prefix's KV in blocks [0, n); each fork shares the full blocks before start and
+    # writes its replay into blocks of its own (a copy of the partial block at start, then fresh ones)
+    state, kv = model.new_state(2), model.new_kv_cache(2 * n + 2, bs)
+    model.forward([SeqInput(prefix[:start], 0, list(range(n)))], state, kv, logits="none")
+    fork = list(range(start // bs)) + list(range(n, n + n - start // bs))
     times = []
     for i in range(reps + 2):
-        kv.add_sequence(("fork", i), blocks=table, length=start)
+        if start % bs:
+            kv.copy_blocks([(start // bs, fork[start // bs])])
         state.reset([1])
         t0 = time.perf_counter()
-        model.forward([SeqInput(prefix[start:], 1, seq_id=("fork", i))], state, kv, logits="none")
+        model.forward([SeqInput(prefix[start:], 1, fork, start)], state, kv, logits="none")
         times.append((time.perf_counter() - t0) * 1e3)
-        kv.free_sequence(("fork", i))
     return statistics.median(times[2:])
 
 
