@@ -34,9 +34,9 @@ def prefix_reuse_workload(num_docs: int = 40, doc_len: int = 96, question_len: i
     return Workload(fill, replay, doc_len)
 
 
-def run_arm(cfg: EngineConfig, work: Workload, concurrency: int = 4) -> dict:
-    """Fill, then replay in waves of ``concurrency`` requests; one output token each (TTFT-like)."""
-    engine = Engine(cfg)
+def run_workload(engine: Engine, work: Workload, concurrency: int = 4) -> dict:
+    """Fill (untimed), then replay in waves of ``concurrency`` requests; one output token each (TTFT-like).
+    Figures are of the replay requests only."""
     for i in range(0, len(work.fill), concurrency):
         engine.generate([GenerationRequest(("fill", i + j), p, 1) for j, p in enumerate(work.fill[i:i + concurrency])])
     before = engine.stats()
@@ -45,14 +45,20 @@ def run_arm(cfg: EngineConfig, work: Workload, concurrency: int = 4) -> dict:
     for i in range(0, len(reqs), concurrency):
         engine.generate(reqs[i:i + concurrency])
     seconds = time.perf_counter() - t0
-    engine.sanity_check()
     prompt = sum(r.stats.prompt_tokens for r in reqs)
     cached = sum(r.stats.cached_tokens for r in reqs)
     after = engine.stats()
-    return {"arm": cfg.arm, "checkpoint_slots": engine.runner.pool.num_slots,
-            "slot_bytes": engine.runner.pool.slot_bytes, "budget_bytes": engine.runner.budget,
-            "replay_requests": len(reqs), "hit_rate": cached / prompt, "prefilled_tokens": prompt - cached,
-            "replayed_tokens": sum(r.stats.replayed_tokens for r in reqs),
+    return {"replay_requests": len(reqs), "replay_seconds": seconds, "hit_rate": cached / prompt,
+            "prefilled_tokens": prompt - cached, "replayed_tokens": sum(r.stats.replayed_tokens for r in reqs),
             "ms_per_request": seconds * 1e3 / len(reqs), "input_tokens_per_s": prompt / seconds,
             "checkpoint_evictions": sum(after["evictions"][k] - before["evictions"][k]
                                         for k in ("checkpoints", "checkpoints_with_kv"))}
+
+
+def run_arm(cfg: EngineConfig, work: Workload, concurrency: int = 4) -> dict:
+    """A fresh engine for one arm, the workload once."""
+    engine = Engine(cfg)
+    result = run_workload(engine, work, concurrency)
+    engine.sanity_check()
+    return {"arm": cfg.arm, "checkpoint_slots": engine.runner.pool.num_slots,
+            "slot_bytes": engine.runner.pool.slot_bytes, "budget_bytes": engine.runner.budget, **result}
