@@ -44,7 +44,8 @@ def child(args) -> dict:
     load_s = time.perf_counter() - t0
     warm = engine.warmup() if args.warm else None
     passes = []
-    for _ in range(2):
+    # a third pass shows the pass-to-pass noise the 10% target has to be read against
+    for _ in range(3):
         engine.flush()
         passes.append(run_workload(engine, work, args.concurrency))
     engine.sanity_check()
@@ -100,9 +101,10 @@ def main(argv=None) -> int:
                 return 1
             r = json.loads(line[7:])
             rows.append(r)
-            p1, p2 = r["passes"]
+            p1, p2 = r["passes"][:2]
             print(f"{arm:20} warmup={'yes' if warm else 'no ':3} slots {r['checkpoint_slots']:4}  pass1 "
-                  f"{p1['replay_seconds']:7.3f}s  pass2 {p2['replay_seconds']:7.3f}s  ratio {r['first_over_second']:5.2f}"
+                  f"{p1['replay_seconds']:7.3f}s  pass2 {p2['replay_seconds']:7.3f}s  pass3 {r['passes'][2]['replay_seconds']:7.3f}s"
+                  f"  ratio {r['first_over_second']:5.2f}"
                   f"  hit {p2['hit_rate']:.1%}  load {r['load_s']:.1f}s  warmup {r['warmup_s'] or 0:.1f}s", flush=True)
             with open(args.out, "w") as f:
                 json.dump(out, f, indent=1)

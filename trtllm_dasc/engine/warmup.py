@@ -2,10 +2,14 @@
 will take, so Triton's JIT compiles and fla's autotuning happen here and not inside users' first requests
 (on the H200 an unwarmed process ran its first prefix-reuse pass 2-3x slower in the dasc arms).
 
-Rounds at batch sizes 1, 2, 4, ..., max_batch: a shared prefix is prefilled once (chunked prefill,
-checkpoint captures and stores), then each round submits that many prompts extending it, all at once:
-every one hits (checkpoint load; wr: replay + merge), prefills a few tokens with captures (stores at that
-batch), and decodes a few tokens at that batch size. Then the cache is flushed and the counters reset.
+Triton compiles a kernel variant per specialisation of its integer arguments (equal to 1, divisible by
+16, neither), so the shapes must vary the way real traffic does. For each batch size b in 1, 2, 4, ...,
+max_batch, two rounds run with b requests in the same steps:
+  cold   b distinct long prompts (lengths both on and off the 16-token grid): a batched chunked prefill
+         with checkpoint captures and stores at batch b, then decode at batch b;
+  hits   b prompts extending the cold ones by 1 + {15, 4, 31, 0, ...} tokens: checkpoint loads at batch
+         b (wr: replays + merge), short prefills of both kinds of lengths with stores, decode at batch b.
+One request per round samples (temperature, top-k, top-p). Then the cache is flushed and the counters reset.
 """
 from __future__ import annotations
 
@@ -14,6 +18,9 @@ import time
 
 from trtllm_dasc.engine.request import GenerationRequest
 from trtllm_dasc.engine.sampling import SamplingParams
+
+TAILS = (15, 4, 31, 0, 63, 9, 16, 2)
+DECODE = 3
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -24,28 +31,35 @@ def batch_buckets(max_batch: int) -> list[int]:
     return out + [max_batch]
 
 
+def _lengths(longest: int, b: int) -> list[int]:
+    """b prompt lengths <= longest, alternating a multiple of 16 and an odd length."""
+    out = []
+    for i in range(b):
+        n = max(1, longest - 37 * i)
+        out.append(max(1, n - n % 16) if i % 2 == 0 else n | 1)
+    return [min(n, longest) for n in out]
+
+
 def warmup(engine) -> dict:
     cfg, t0 = engine.cfg, time.perf_counter()
     rng = random.Random(0)
     vocab = engine.vocab_size
-    tail, decode = 5, 3
-    # a prefix long enough to cross the interval grid and several prefill chunks, off the block grid
-    prefix_len = max(1, min(cfg.max_context - tail - decode - 1, 2 * cfg.interval + 3,
-                            2 * cfg.prefill_chunk + 3, 4096))
-    prefix = [rng.randrange(vocab) for _ in range(prefix_len)]
+    # room for the longest tail and the decode after the cold prompt
+    longest = max(1, min(cfg.max_context - max(TAILS) - 1 - DECODE, 2 * cfg.interval + 5,
+                         2 * cfg.prefill_chunk + 5, 4096))
     requests = 0
-    engine.generate([GenerationRequest(("warmup", 0), prefix, decode)])
     for b in batch_buckets(cfg.max_batch):
-        batch = []
-        for i in range(b):
-            prompt = prefix + [rng.randrange(vocab) for _ in range(rng.randrange(1, tail + 1))]
-            # one sampled request per round: the sampling path compiles too
-            params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=i) if i == 0 else SamplingParams()
-            batch.append(GenerationRequest(("warmup", b, i), prompt, decode, params))
-        engine.generate(batch)
-        requests += b
+        cold = [[rng.randrange(vocab) for _ in range(n)] for n in _lengths(longest, b)]
+        hits = [p + [rng.randrange(vocab) for _ in range(1 + TAILS[i % len(TAILS)])] for i, p in enumerate(cold)]
+        for name, prompts in (("cold", cold), ("hit", hits)):
+            batch = [GenerationRequest(("warmup", b, name, i), p, DECODE,
+                                       SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=i)
+                                       if i == 0 else SamplingParams())
+                     for i, p in enumerate(prompts)]
+            engine.generate(batch)
+            requests += len(batch)
     engine.flush()
     engine.telemetry.reset()
     engine.ready = True
-    return {"seconds": time.perf_counter() - t0, "requests": requests + 1, "prefix_tokens": prefix_len,
+    return {"seconds": time.perf_counter() - t0, "requests": requests, "longest_prompt": longest,
             "batch_sizes": batch_buckets(cfg.max_batch)}
