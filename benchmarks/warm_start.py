@@ -69,6 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", nargs="+", default=list(ARMS))
     ap.add_argument("--triton-cache", default=None, help="Triton cache dir shared by the processes (default: a new one)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "warm_start_h200.json"))
+    ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--warm", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -80,7 +81,9 @@ def main(argv=None) -> int:
     import torch
     rows = []
     base = [a for a in (argv if argv is not None else sys.argv[1:])]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    # a device's copy of the tree may carry a stale .git: the caller can say which commit this is
+    commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                           cwd=HERE).stdout.strip()
     out = {"command": "python benchmarks/warm_start.py " + " ".join(base), "commit": commit or None,
            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
            "torch": torch.__version__, "target": "warmed first pass within 10% of the second", "rows": rows}
