@@ -11,6 +11,7 @@ The result is the first request's logits of [0, K) followed by the second's of [
 from __future__ import annotations
 
 import os
+import tempfile
 
 from trtllm_dasc.errors import UserError
 
@@ -36,7 +37,7 @@ def parse_ids(text: str) -> list[int]:
     parts = text.replace(" ", "").split(",")
     if parts and parts[-1] == "":
         parts.pop()          # a trailing comma is harmless
-    if not parts:
+    if not any(parts):
         raise UserError("--ids is empty")
     try:
         return [int(t) for t in parts]
@@ -51,8 +52,15 @@ def check_output_path(path: str) -> None:
         raise UserError(f"--out {path!r} is a directory")
     if not os.path.isdir(out_dir):
         raise UserError(f"--out directory {out_dir!r} does not exist")
-    if not os.access(out_dir, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UserError(f"--out {path!r} is not writable")
+    # a real probe: permission bits say nothing for root, nor for read-only or pseudo file systems
+    try:
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".dasc-probe-"):
+            pass
+        if os.path.exists(path):
+            with open(path, "ab"):
+                pass
+    except OSError as e:
+        raise UserError(f"--out {path!r} is not writable ({e.strerror})") from None
 
 
 def run(args) -> int:
@@ -63,9 +71,12 @@ def run(args) -> int:
     if args.split is not None and not 0 < args.split < len(ids):
         raise UserError(f"--split must be in 1..{len(ids) - 1} for {len(ids)} tokens, got {args.split}")
     logits = engine_logits(args, ids)
-    with open(args.out, "wb") as f:
-        # a file object: np.save would append ".npy" to a bare name
-        np.save(f, logits.float().cpu().numpy())
+    try:
+        with open(args.out, "wb") as f:
+            # a file object: np.save would append ".npy" to a bare name
+            np.save(f, logits.float().cpu().numpy())
+    except OSError as e:
+        raise UserError(f"--out {args.out!r} could not be written ({e.strerror})") from None
     print(f"wrote {args.out}: float32 [{len(ids)}, {logits.shape[1]}]"
           + (f" (split at {args.split}, W_max {args.wmax}, {args.policy}, {args.codec})"
              if args.split is not None else ""))
