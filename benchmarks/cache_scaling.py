@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import deque
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+
+from results_io import provenance, write_result  # noqa: E402
 
 from trtllm_dasc.cache import BlockPool, IdPool, RadixCache, fresh_blocks, reserve_table  # noqa: E402
 
@@ -161,21 +160,14 @@ def main(argv=None) -> int:
         print(f"{r['cached_prefixes']:>8} {r['arm']:>5} {r['nodes_at_start']:>8} {r['mean_us']:>10.1f} "
               f"{r['p50_us']:>10.1f} {r['p99_us']:>10.1f} {r['cpu_mean_us']:>10.1f} {r['cpu_p99_us']:>10.1f} "
               f"{r['requests_evicting_kv']:>8.0%}/{r['requests_evicting_ckpt']:.0%}")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
-    result = {"benchmark": "cache_scaling",
-              "command": "python " + " ".join(["benchmarks/cache_scaling.py", *(argv if argv is not None
-                                                                               else sys.argv[1:])]),
-              "commit": commit, "python": platform.python_version(), "machine": platform.machine(),
-              "cpus": os.cpu_count(), "block_size": BS, "interval": INTERVAL, "inflight": args.inflight,
+    result = {"benchmark": "cache_scaling", **provenance("benchmarks/cache_scaling.py", argv), "block_size": BS,
+              "interval": INTERVAL, "inflight": args.inflight,
               "slots_per_prefix": args.slots_per_prefix,
               "timed": "per request: match, lock, make_room, reserve_table, alloc_slot per checkpoint, insert, "
                        "plus finishing the request issued `inflight` earlier (unlock, release blocks); "
                        "gc frozen after the fill",
               "rows": rows}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -22,6 +21,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from results_io import provenance, write_result  # noqa: E402
 
 from trtllm_dasc.config import HybridConfig  # noqa: E402
 from trtllm_dasc.model import HybridModel, RandomWeights  # noqa: E402
@@ -93,6 +94,7 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device exists (CI check)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                  "model_prefill.json"))
+    p.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
@@ -132,8 +134,8 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['tokens']:>7} {r['total_ms']:>10.2f} {r['tokens_per_s']:>10.0f} {r['linear_attn_ms']:>12.2f} "
               f"{r['attention_ms']:>9.2f} {r['mlp_ms']:>9.2f} {r['head_ms']:>8.2f}")
-    result = {"benchmark": "model_prefill", "command": "python " + " ".join(["benchmarks/model_prefill.py", *(argv or sys.argv[1:])]),
-              "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
+    result = {"benchmark": "model_prefill", **provenance("benchmarks/model_prefill.py", argv, args.commit),
+              "torch": torch.__version__,
               "backend": model.backend.__name__, "dtype": args.dtype, "smoke": args.smoke,
               "shape": {"hidden": raw["hidden_size"], "layers": raw["num_hidden_layers"],
                         "kda_layers": cfg.num_linear_layers, "mla_layers": len(cfg.full_attention_layers),
@@ -148,10 +150,7 @@ def main(argv=None) -> int:
         result["fla"] = None
     paths = [args.out] + ([os.path.join(os.environ["OUT"], "model_prefill.json")] if os.environ.get("OUT") else [])
     for path in paths:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {path}")
+        write_result(path, result)
     return 0
 
 

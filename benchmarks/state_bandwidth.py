@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import sys
 import time
@@ -21,6 +20,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from results_io import provenance, write_result  # noqa: E402
 
 # one TP8 rank: L linear layers, n units per layer, E elements per unit, R = E // V rows, conv per layer
 MODELS = {
@@ -164,6 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also time tile sizes and warps on batch-64 arms")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "state_bandwidth.json"))
+    ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("state_bandwidth: no CUDA device here, skipping (run it on the GPU machine)")
@@ -204,16 +206,12 @@ def main(argv=None) -> int:
         print(f"{a['model']:16} {a['wmax']:>4} {a['kept_fraction']:>5.2f} {a['codec']:6} {a['op']:5} {a['batch']:>3} "
               f"{a['us']:>8.1f} {a['us_per_checkpoint']:>8.1f} {a['us_graph']:>7.1f} {a['us_per_checkpoint_graph']:>7.2f} "
               f"{a['host_us']:>6.1f} {a['GBps']:>6.0f} {a['pct_of_copy']:>6.1f} {a['pct_of_copy_graph']:>6.1f}")
-    result = {"command": "python benchmarks/state_bandwidth.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "python": platform.python_version(), "copy_GBps": copy_gbps, "layout": args.layout,
+    result = {**provenance("benchmarks/state_bandwidth.py", argv, args.commit), "torch": torch.__version__,
+              "triton": triton.__version__, "copy_GBps": copy_gbps, "layout": args.layout,
               "tile_elems": triton_ops.TILE_ELEMS, "num_warps": triton_ops.NUM_WARPS, "arms": arms, "sweep": sweep}
     paths = [args.out] + ([os.path.join(os.environ["OUT"], "state_bandwidth.json")] if os.environ.get("OUT") else [])
     for p in paths:
-        os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
-        with open(p, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {p}")
+        write_result(p, result)
     return 0
 
 

@@ -20,6 +20,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from results_io import provenance, write_result  # noqa: E402
+
 ARMS = {"dense": {}, "dasc-nr W=16": {"wmax": 16}, "dasc-wr W=16": {"wmax": 16, "policy": "wr"},
         "dasc-nr W=16 int8": {"wmax": 16, "codec": "int8"}}
 
@@ -81,12 +83,7 @@ def main(argv=None) -> int:
     import torch
     rows = []
     base = [a for a in (argv if argv is not None else sys.argv[1:])]
-    # a device's copy of the tree may carry a stale .git: the caller can say which commit this is
-    commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                           cwd=HERE).stdout.strip()
-    out = {"command": "python benchmarks/warm_start.py " + " ".join(base), "commit": commit or None,
-           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-           "torch": torch.__version__, "target": "warmed first pass within 10% of the second", "rows": rows}
+    out = {**provenance("benchmarks/warm_start.py", base, args.commit), "torch": torch.__version__, "target": "warmed first pass within 10% of the second", "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     # one Triton cache for all processes, as an engine directory keeps it: compiled kernels come from disk,
     # so what warm-up must still do per process is load them and autotune (fla's configs are per process)
@@ -109,9 +106,7 @@ def main(argv=None) -> int:
                   f"{p1['replay_seconds']:7.3f}s  pass2 {p2['replay_seconds']:7.3f}s  pass3 {r['passes'][2]['replay_seconds']:7.3f}s"
                   f"  ratio {r['first_over_second']:5.2f}"
                   f"  hit {p2['hit_rate']:.1%}  load {r['load_s']:.1f}s  warmup {r['warmup_s'] or 0:.1f}s", flush=True)
-            with open(args.out, "w") as f:
-                json.dump(out, f, indent=1)
-    print(f"wrote {args.out}")
+            write_result(args.out, out)
     return 0
 
 

@@ -15,7 +15,6 @@ Reported: per-hit wr cost = wr(n, W) - nr(n) next to nr(n + W) - nr(n), medians 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -23,6 +22,8 @@ import tempfile
 import time
 
 import torch
+
+from results_io import provenance, write_result  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -133,13 +134,9 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['window']:>5} {r['nr_ms']:>8.2f} {r['wr_ms']:>8.2f} {r['nr_plus_W_ms']:>8.2f} "
               f"{r['wr_cost_per_hit_ms']:>8.2f} {r['prefill_W_tokens_ms']:>16.2f} {r['separate_replay_ms']:>13.2f}")
-    result = {"benchmark": "wr_cost", "command": "python " + " ".join(["benchmarks/wr_cost.py", *sys.argv[1:]]),
-              "device": "cpu", "threads": torch.get_num_threads(), "prefix": args.prefix, "new": args.new,
+    result = {"benchmark": "wr_cost", **provenance("benchmarks/wr_cost.py", argv), "threads": torch.get_num_threads(), "prefix": args.prefix, "new": args.new,
               "reps": args.reps, "model": "kimi_linear 4 layers (3 KDA 4x64, 1 MLA), hidden 256", "rows": rows}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

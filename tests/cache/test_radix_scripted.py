@@ -1,5 +1,4 @@
 """Scripted scenarios with exact slot ids, block ids and eviction order."""
-import pytest
 
 from cache_sim import Sim
 from trtllm_dasc.cache import BlockPool, IdPool, RadixCache

@@ -5,7 +5,6 @@ never cached."""
 import random
 
 import pytest
-import torch
 
 import trtllm_dasc.engine.runner as runner_module
 from engine_helpers import VOCAB, greedy, make_engine

@@ -1,11 +1,9 @@
 """Shared helpers of the planner tests (imported by name; conftest only holds fixtures)."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import save_file
 

@@ -2,7 +2,6 @@
 import math
 
 import pytest
-import torch
 
 from plan_helpers import tiny_config, write_decay_checkpoint, run_dasc
 from trtllm_dasc.config import HybridConfig

@@ -1,0 +1,39 @@
+"""What every benchmark result records and how it is written: the exact command, the commit it ran on,
+and the machine, so a figure quoted anywhere can be traced to a run."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def provenance(script: str, argv=None, commit: str | None = None) -> dict:
+    """``script``: the benchmark's path relative to the repository (e.g. 'benchmarks/wr_cost.py').
+    ``commit``: pass it where the checkout's .git may be stale (a device machine's copy of the tree)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if commit is None:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=HERE).stdout.strip()
+        commit = (commit + "+uncommitted changes") if commit and dirty else commit
+    device = "cpu"
+    try:
+        import torch
+        if torch.cuda.is_available():
+            device = torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    return {"command": " ".join(["python", script, *args]), "commit": commit or None,
+            "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "device": device}
+
+
+def write_result(path: str, result: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {path}")
