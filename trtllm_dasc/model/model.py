@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -28,6 +29,16 @@ from trtllm_dasc.model.tp import check_bundle_order, local_bundles
 from trtllm_dasc.model.weights import CheckpointReader, load
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class FamilyLayers(NamedTuple):
+    linear: type
+    attention: type
+    moe: type
+
+
+# the layer implementations of each family (keyed by the linear-attention kind, HybridConfig.arch)
+LAYERS = {"gdn": FamilyLayers(GDNLayer, GatedAttention, QwenMoE), "kda": FamilyLayers(KDALayer, MLAttention, KimiMoE)}
 
 
 @dataclass(slots=True)
@@ -107,12 +118,12 @@ class HybridModel:
             p = f"model.layers.{i}."
             if kind == "linear_attention":
                 bundles = local_bundles(order[lin], tp_rank, tp_size)
-                mixer = (GDNLayer if cfg.arch == "gdn" else KDALayer).load(src, p, cfg, spec, bundles, dt, device)
+                mixer = LAYERS[cfg.arch].linear.load(src, p, cfg, spec, bundles, dt, device)
                 lin += 1
             else:
-                mixer = (GatedAttention if cfg.arch == "gdn" else MLAttention).load(src, p, spec, dt, device)
+                mixer = LAYERS[cfg.arch].attention.load(src, p, spec, dt, device)
             if spec.mlp_types[i] == "moe":
-                mlp = (QwenMoE if cfg.arch == "gdn" else KimiMoE).load(src, p, spec, dt, device)
+                mlp = LAYERS[cfg.arch].moe.load(src, p, spec, dt, device)
             else:
                 mlp_prefix = p + cfg.family.dense_mlp_prefix
                 mlp = DenseMLP.load(src, mlp_prefix, D, spec.intermediate_size, dt, device)
