@@ -12,7 +12,7 @@ from trtllm_dasc.engine.request import GenerationRequest  # noqa: E402
 from trtllm_dasc.engine.sampling import SamplingParams  # noqa: E402
 from trtllm_dasc.engine.engine import Engine  # noqa: E402
 
-__all__ = ["VOCAB", "build", "make_engine", "greedy", "reference_greedy"]
+__all__ = ["VOCAB", "build", "make_engine", "greedy", "reference_greedy", "split_wmax"]
 
 
 def make_engine(path, **over) -> Engine:
@@ -33,3 +33,14 @@ def reference_greedy(hf_model, prompt, n) -> list[int]:
             logits = hf_model(torch.tensor(ids)[None]).logits[0, -1]
             ids.append(int(torch.argmax(logits)))
     return ids[len(prompt):]
+
+
+def split_wmax(path) -> int:
+    """A W_max that keeps some units and omits others (the test needs both kinds)."""
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    for wmax in (4, 8, 16, 32, 64, 128, 256, 512):
+        plan, _ = plan_from_path(str(path), PlanOptions(wmax=wmax, tp=1, placement="off"))
+        kept = sum(map(len, plan.retained))
+        if 0 < kept < plan.config.units_per_layer * len(plan.retained):
+            return wmax
+    raise AssertionError("no W_max splits this model's units")

@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from engine_helpers import VOCAB, greedy, make_engine
+from engine_helpers import VOCAB, greedy, make_engine, split_wmax
 from trtllm_dasc.engine.request import GenerationRequest
 
 
@@ -50,17 +50,6 @@ def hf_wr_logits(hf, ids, K, window, retained, arch, merge_all=False):
         t.copy_(merged)
     _, logits = _prefill(hf, ids[K:], true)
     return logits
-
-
-def split_wmax(path) -> int:
-    """A W_max that keeps some units and omits others (the test needs both kinds)."""
-    from trtllm_dasc.plan import PlanOptions, plan_from_path
-    for wmax in (4, 8, 16, 32, 64, 128, 256, 512):
-        plan, _ = plan_from_path(str(path), PlanOptions(wmax=wmax, tp=1, placement="off"))
-        kept = sum(map(len, plan.retained))
-        if 0 < kept < plan.config.units_per_layer * len(plan.retained):
-            return wmax
-    raise AssertionError("no W_max splits this model's units")
 
 
 def rel_err(a, b):

@@ -98,6 +98,10 @@ class RadixCache:
         self._touch_ckpt(ckpt)
         return MatchResult(node, pos, ckpt.end, ckpt.ckpt_slot, self.block_table(ckpt), ckpt)
 
+    def miss(self) -> MatchResult:
+        """What a request that reuses nothing holds: the root (locking it pins nothing)."""
+        return MatchResult(self.root, 0, 0, None, [], self.root)
+
     def block_table(self, node: Node) -> list[int]:
         """Blocks covering [0, node.end): per block index, the deepest node's block (see invariant 2)."""
         table = []

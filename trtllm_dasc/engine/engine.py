@@ -48,9 +48,10 @@ class Engine:
         self._cv = threading.Condition()
         self._inbox: deque[Sequence] = deque()
         self._aborts: deque = deque()
+        self._commands: deque = deque()             # (callable, threading.Event): run by the loop between steps
         self._seqs: dict[object, Sequence] = {}     # in flight: submitted, final callback not yet delivered
         self._thread: threading.Thread | None = None
-        self._stop, self._drain = False, True
+        self._stop, self._drain, self._closed = False, True, False
         self.dead: str | None = None
         self.ready = False
 
@@ -72,6 +73,8 @@ class Engine:
             with self._cv:
                 if self.dead:
                     raise EngineDead(f"the engine is dead: {self.dead}")
+                if self._closed:
+                    raise EngineDead("the engine is shut down")
                 if req.request_id in self._seqs:
                     raise UserError(f"request_id {req.request_id!r} is already in flight")
                 req.stats.arrival_time_ns = time.time_ns()
@@ -112,22 +115,29 @@ class Engine:
                 return
 
     def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop the loop. drain=True finishes every queued request first; False cancels them."""
+        """Stop the loop; no request is accepted afterwards. drain=True finishes every queued request first,
+        False cancels them. Raises TimeoutError (touching nothing) if the loop has not stopped in time."""
         with self._cv:
-            self._stop, self._drain = True, drain
+            self._stop, self._drain, self._closed = True, drain, True
             self._cv.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"the engine loop did not stop within {timeout} s")
             self._thread = None
         elif drain and not self.dead:
             self.run_until_idle()
-        self._drain_inbox()
+        with self._cv:
+            queued = list(self._inbox)
+            self._inbox.clear()
+        self.scheduler.waiting.extend(queued)
         for seq in list(self._seqs.values()):
             self._finish(seq, "cancelled")
 
     def has_work(self) -> bool:
-        """Anything queued, running or to be cancelled."""
-        return bool(self._inbox or self._aborts or self.scheduler.waiting or self.scheduler.running)
+        """Anything queued, running, to be cancelled or a command to run."""
+        return bool(self._inbox or self._aborts or self._commands or self.scheduler.waiting
+                    or self.scheduler.running)
 
     def run_until_idle(self) -> None:
         self._check_sync()
@@ -144,8 +154,15 @@ class Engine:
     def step(self) -> bool:
         """Run one step; False when there was nothing to do."""
         self._check_sync()
+        if self.dead:
+            raise EngineDead(self.dead)
         self._drain_inbox()
-        sched = self.scheduler.schedule()
+        try:
+            sched = self.scheduler.schedule()
+        except Exception as e:  # noqa: BLE001 - scheduling is bookkeeping: a failure means it is broken
+            log.exception("scheduling failed")
+            self._die(f"scheduling failed: {type(e).__name__}: {e}")
+            return True
         if sched is None:
             return False
         plan, owners = sched
@@ -171,14 +188,32 @@ class Engine:
 
     def _drain_inbox(self) -> None:
         with self._cv:
-            new, aborts = list(self._inbox), list(self._aborts)
+            new, aborts, commands = list(self._inbox), list(self._aborts), list(self._commands)
             self._inbox.clear()
             self._aborts.clear()
+            self._commands.clear()
         self.scheduler.waiting.extend(new)
         for rid in aborts:
             seq = self._seqs.get(rid)
             if seq is not None:
                 self._finish(seq, "cancelled")
+        for fn, done in commands:
+            try:
+                fn()
+            finally:
+                done.set()
+
+    def _on_loop(self, fn) -> None:
+        """Run ``fn`` where the bookkeeping lives: here when no loop thread runs, else on the loop between
+        steps (waiting for it)."""
+        if self._thread is None or threading.current_thread() is self._thread:
+            fn()
+            return
+        done = threading.Event()
+        with self._cv:
+            self._commands.append((fn, done))
+            self._cv.notify()
+        done.wait()
 
     def _emit(self, s: Sequence, token: int) -> None:
         st, now = s.req.stats, time.time_ns()
@@ -189,7 +224,7 @@ class Engine:
         reason = None
         if token == s.req.end_id:
             reason = "stop"
-        elif len(s.output) >= s.req.max_new_tokens or len(s.prompt) + len(s.output) >= self.cfg.max_context:
+        elif len(s.output) >= s.req.max_new_tokens:      # validate keeps prompt + max_new <= max_context
             reason = "length"
         out = RequestOutput(s.rid, [token], reason is not None, reason, stats=st)
         if len(s.output) == 1 and s.req.return_context_logits:
@@ -210,7 +245,7 @@ class Engine:
         elif s in self.scheduler.waiting:
             self.scheduler.waiting.remove(s)
         if reason in ("length", "stop"):
-            self.telemetry.record(s.req.stats, self.cfg.policy)
+            self.telemetry.record(s.req.stats)
         else:
             self.telemetry.ended[reason] += 1
         with self._cv:
@@ -229,10 +264,12 @@ class Engine:
             return False
 
     def _die(self, why: str) -> None:
+        """Stop serving: every in-flight request gets a final error; the bookkeeping is left as found."""
         self.dead = why
         self.ready = False
         for seq in list(self._seqs.values()):
             seq.finish_reason = "error"
+            self.telemetry.ended["error"] += 1
             with self._cv:
                 self._seqs.pop(seq.rid, None)
             self._deliver(seq, RequestOutput(seq.rid, [], True, "error", f"the engine is dead: {why}",
@@ -242,6 +279,8 @@ class Engine:
     def generate(self, requests: list[GenerationRequest], raise_errors: bool = True) -> list[list[int]]:
         """Run requests to completion; outputs in request order (tools and tests). With the loop running
         this waits for it; otherwise it steps in the calling thread."""
+        if not requests:
+            return []
         outputs = {id(r): [] for r in requests}
         ends, done = {}, threading.Event()
 
@@ -263,8 +302,9 @@ class Engine:
         return [outputs[id(r)] for r in requests]
 
     def flush(self) -> None:
-        """Drop every cached prefix and checkpoint not pinned by a running request (between protocol phases)."""
-        self.cache.flush()
+        """Drop every cached prefix and checkpoint not pinned by a running request (between protocol phases).
+        Safe from any thread: with the loop running it runs there, between steps."""
+        self._on_loop(self.cache.flush)
 
     def warmup(self) -> dict:
         from trtllm_dasc.engine.warmup import warmup

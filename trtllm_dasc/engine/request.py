@@ -43,6 +43,7 @@ class RequestOutput:
     error: str | None = None
     stats: RequestStats | None = None
     context_logits: object = None   # fp32 [prompt tokens computed, vocab] when the request asked for them
+                                    # (positions cached_tokens .. len(prompt) - 1)
 
 
 @dataclass(slots=True)
@@ -53,6 +54,9 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     end_id: int | None = None
     return_context_logits: bool = False
+    # False: reuse nothing from the prefix cache (the context logits then cover the whole prompt; with a
+    # hit they cover only the positions computed, [cached_tokens, len(prompt)))
+    use_cache: bool = True
     stats: RequestStats = field(default_factory=RequestStats)
 
     def validate(self, vocab_size: int, max_context: int) -> None:
@@ -78,9 +82,11 @@ class GenerationRequest:
                 raise UserError(f"end_id {self.end_id} is outside the vocabulary [0, {vocab_size})")
         if not isinstance(self.sampling, SamplingParams):
             raise UserError(f"sampling must be SamplingParams, got {type(self.sampling).__name__}")
-        if not isinstance(self.return_context_logits, bool):
-            raise UserError(f"return_context_logits must be a bool, got {self.return_context_logits!r}")
-        self.stats.prompt_tokens = len(self.prompt)
+        for name in ("return_context_logits", "use_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        # a request object may be submitted again: its figures start afresh
+        self.stats = RequestStats(prompt_tokens=len(self.prompt))
 
 
 def _hashable(x) -> bool:

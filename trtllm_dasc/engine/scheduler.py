@@ -8,7 +8,8 @@ scratch row inside the first step) -> prefill the rest in chunks, capturing chec
 grid, the branch point and the prompt end -> insert the prompt into the tree -> decode -> release.
 
 A request writes KV only into blocks it allocated, so nothing is copied after admission and a running
-request never starves; one that cannot fit waits, one that could never fit is refused at submit.
+request never starves. One that cannot fit waits; one that could not fit an idle cache is refused at
+submit; a hit that cannot fit with nothing running (it pins its own prefix) is admitted as a miss.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class Scheduler:
         bs = self.cfg.block_size
         while self.waiting and len(self.running) < self.cfg.max_batch:
             seq = self.waiting[0]
-            m = self.cache.match(seq.prompt)
+            m = self.cache.match(seq.prompt) if seq.req.use_cache else self.cache.miss()
             c = m.ckpt_len
             replay_start = max(0, c - self.replay_window) if (self.replay_window and c) else None
             if self.rows.num_free < 1 + (replay_start is not None):
@@ -63,7 +64,14 @@ class Scheduler:
                 need += fresh_blocks(replay_start, c, bs)
             if not self.cache.make_room(need):
                 self.cache.unlock(m.ckpt_node)
-                return
+                if self.running or not c:
+                    return
+                # the hit itself pins what it needs (the partial block it copies, the replay's source):
+                # with nothing running, a miss always fits (check_fits), so take it as one
+                m, replay_start = self.cache.miss(), None
+                self.cache.lock(m.ckpt_node)
+                if not self.cache.make_room(fresh_blocks(0, seq.end_len, bs)):
+                    raise RuntimeError("a request that passed check_fits does not fit an idle cache")
             self.waiting.popleft()
             self._start(seq, m, replay_start, plan)
             self.running.append(seq)

@@ -17,14 +17,15 @@ class Telemetry:
     rejected_requests: int = 0       # refused at submit
     ended: dict = field(default_factory=lambda: {"cancelled": 0, "error": 0})
 
-    def record(self, stats: RequestStats, policy: str) -> None:
+    def record(self, stats: RequestStats) -> None:
         self.requests += 1
         self.prompt_tokens += stats.prompt_tokens
         self.cached_tokens += stats.cached_tokens
         self.replayed_tokens += stats.replayed_tokens
         self.checkpoint_stores += stats.checkpoints_stored
         if stats.checkpoint_loaded:
-            self.checkpoint_loads[policy] += 1
+            # a load is wr only where a replay really ran (a plan with nothing omitted replays nothing)
+            self.checkpoint_loads["wr" if stats.replayed_tokens else "nr"] += 1
 
     @property
     def hit_rate(self) -> float:

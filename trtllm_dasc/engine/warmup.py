@@ -44,9 +44,12 @@ def warmup(engine) -> dict:
     cfg, t0 = engine.cfg, time.perf_counter()
     rng = random.Random(0)
     vocab = engine.vocab_size
-    # room for the longest tail and the decode after the cold prompt
+    # room for the longest tail and the decode after the cold prompt, in the context and in the KV cache
     longest = max(1, min(cfg.max_context - max(TAILS) - 1 - DECODE, 2 * cfg.interval + 5,
                          2 * cfg.prefill_chunk + 5, 4096))
+    while longest > 1 and (engine.scheduler.worst_case_blocks(longest + 1 + max(TAILS), DECODE)
+                           > cfg.num_kv_blocks):
+        longest //= 2
     requests = 0
     for b in batch_buckets(cfg.max_batch):
         cold = [[rng.randrange(vocab) for _ in range(n)] for n in _lengths(longest, b)]
