@@ -1,0 +1,43 @@
+"""Fill the Triton model repository templates (model_repo/) into a servable repository.
+
+Like TensorRT-LLM's tools/fill_template.py: templates hold ``${name}`` placeholders; a build fills them
+from the engine directory's options. Every placeholder must be given (a forgotten one is an error naming
+it, never a literal ``${...}`` reaching tritonserver); files other than config.pbtxt are copied as they are.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import string
+
+from trtllm_dasc.errors import UserError
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "model_repo")
+
+
+def fill_text(text: str, values: dict, where: str) -> str:
+    template = string.Template(text)
+    wanted = {m.group("braced") or m.group("named") for m in template.pattern.finditer(text)
+              if m.group("braced") or m.group("named")}
+    missing = sorted(wanted - set(values))
+    if missing:
+        raise UserError(f"{where}: no value for template variable(s) {', '.join(missing)}")
+    return template.substitute({k: str(v) for k, v in values.items()})
+
+
+def fill_model(name: str, out_repo: str, values: dict, templates: str = TEMPLATES) -> str:
+    """Copy model ``name`` from ``templates`` into ``out_repo`` with its config.pbtxt filled."""
+    src = os.path.join(templates, name)
+    if not os.path.isdir(src):
+        raise UserError(f"no model template {name!r} in {templates}")
+    dst = os.path.join(out_repo, name)
+    if os.path.isdir(dst):
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    config = os.path.join(dst, "config.pbtxt")
+    with open(config) as f:
+        text = f.read()
+    with open(config, "w") as f:
+        f.write(fill_text(text, values, f"{name}/config.pbtxt"))
+    return dst
