@@ -222,7 +222,7 @@ class Engine:
         st.first_token_time_ns = st.first_token_time_ns or now
         st.last_token_time_ns = now
         reason = None
-        if token == s.req.end_id:
+        if token == s.req.end_id or any(s.output[-len(w):] == w for w in s.req.stop_words):
             reason = "stop"
         elif len(s.output) >= s.req.max_new_tokens:      # validate keeps prompt + max_new <= max_context
             reason = "length"

@@ -24,6 +24,7 @@ class RequestStats:
     kv_reused_blocks: int = 0
     kv_new_blocks: int = 0
     kv_total_blocks: int = 0
+    kv_matched_tokens: int = 0      # prompt tokens whose KV the cache held at admission (the shared prefix)
     # wall-clock ns (time.time_ns, comparable with a client on the same host)
     arrival_time_ns: int = 0
     first_scheduled_time_ns: int = 0
@@ -57,6 +58,9 @@ class GenerationRequest:
     # False: reuse nothing from the prefix cache (the context logits then cover the whole prompt; with a
     # hit they cover only the positions computed, [cached_tokens, len(prompt)))
     use_cache: bool = True
+    min_tokens: int = 0             # end_id is not sampled before this many output tokens
+    stop_words: list = field(default_factory=list)   # token sequences ending the output (reason 'stop')
+    bad_words: list = field(default_factory=list)    # token sequences never completed by a sampled token
     stats: RequestStats = field(default_factory=RequestStats)
 
     def validate(self, vocab_size: int, max_context: int) -> None:
@@ -82,6 +86,19 @@ class GenerationRequest:
                 raise UserError(f"end_id {self.end_id} is outside the vocabulary [0, {vocab_size})")
         if not isinstance(self.sampling, SamplingParams):
             raise UserError(f"sampling must be SamplingParams, got {type(self.sampling).__name__}")
+        self.min_tokens = _integer("min_tokens", self.min_tokens)
+        if self.min_tokens < 0:
+            raise UserError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        for name in ("stop_words", "bad_words"):
+            words = getattr(self, name)
+            if not isinstance(words, (list, tuple)):
+                raise UserError(f"{name} must be a list of token sequences, got {type(words).__name__}")
+            words = [_token_list(w) for w in words]
+            if any(not w for w in words):
+                raise UserError(f"{name}: a word has no tokens")
+            if any(not 0 <= t < vocab_size for w in words for t in w):
+                raise UserError(f"{name}: a token id is outside the vocabulary [0, {vocab_size})")
+            setattr(self, name, words)
         for name in ("return_context_logits", "use_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -99,6 +99,9 @@ class ModelRunner:
         # one device sync for every span's health and every greedy choice
         finite = torch.isfinite(out.logits).all(-1).cpu()
         last = out.logits[torch.tensor([cu[i + 1] - 1 for i in rows], device=out.logits.device)]
+        bans = [(j, t) for j, i in enumerate(rows) for t in plan.spans[i].banned]
+        if bans:
+            last[[j for j, _ in bans], [t for _, t in bans]] = float("-inf")
         greedy = torch.argmax(last, -1).tolist()
         for j, i in enumerate(rows):
             s = plan.spans[i]
@@ -108,6 +111,9 @@ class ModelRunner:
             if s.logits == "all":
                 result.logits[i] = out.logits[cu[i]:cu[i + 1]].cpu()
             if s.sampling is None or not sample_tokens or result.errors[i]:
+                continue
+            if s.banned and len(s.banned) >= last.shape[-1]:
+                result.errors[i] = "every token is banned (bad_words_list / min_tokens)"
                 continue
             try:
                 result.tokens[i] = greedy[j] if s.sampling.greedy else sample(last[j], s.sampling, s.token_index)

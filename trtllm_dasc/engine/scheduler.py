@@ -85,6 +85,7 @@ class Scheduler:
             plan.kv_copies.append(copy)
         seq.positions = self.cache.checkpoint_positions(len(seq.prompt), m)
         st.first_scheduled_time_ns = time.time_ns()
+        st.kv_matched_tokens = m.kv_len
         st.kv_reused_blocks = c // bs
         st.kv_new_blocks = len(seq.table) - st.kv_reused_blocks
         st.kv_total_blocks = len(seq.table)
@@ -130,7 +131,7 @@ class Scheduler:
         if not s.in_prefill:
             n = len(s.output)
             return Span([s.output[-1]], s.row, len(s.prompt) + n - 1, s.table, logits="last",
-                        sampling=req.sampling, token_index=n)
+                        sampling=req.sampling, token_index=n, banned=banned_tokens(s))
         end = min(len(s.prompt), s.done_tokens + self.cfg.prefill_chunk)
         captures = []
         for p in s.positions:
@@ -142,7 +143,7 @@ class Scheduler:
         last = end == len(s.prompt)
         logits = "all" if req.return_context_logits else ("last" if last else "none")
         return Span(s.prompt[s.done_tokens:end], s.row, s.done_tokens, s.table, captures, logits,
-                    req.sampling if last else None, 0)
+                    req.sampling if last else None, 0, banned_tokens(s) if last else [])
 
     def apply(self, plan: StepPlan, owners: list[Sequence], out: StepOutput) -> list[tuple[Sequence, int | None, str | None]]:
         """Book a successful step. Returns (sequence, sampled token or None, error or None) per sequence
@@ -221,3 +222,13 @@ class Scheduler:
         self.cache.sanity_check(refs, locks)
         tree = self.cache.checkpoint_slots()
         assert not tree & slots and tree | slots == self.slots.used_ids(), "checkpoint slots leaked or shared"
+
+
+def banned_tokens(s: Sequence) -> list[int]:
+    """What the next sample must not be: the last token of every bad word whose other tokens end the text
+    so far, and end_id while fewer than min_tokens outputs exist (TensorRT-LLM's semantics)."""
+    req, text = s.req, s.prompt + s.output
+    out = {w[-1] for w in req.bad_words if len(w) == 1 or text[len(text) - len(w) + 1:] == w[:-1]}
+    if req.end_id is not None and len(s.output) < req.min_tokens:
+        out.add(req.end_id)
+    return sorted(out)

@@ -25,6 +25,7 @@ class Span:
     logits: str = "none"                  # none | last | all (all: context logits returned to the caller)
     sampling: SamplingParams | None = None   # sample the next token from the last position
     token_index: int = 0                  # which output token the sample is (seeds the draw)
+    banned: list[int] = field(default_factory=list)   # token ids the sample must not take (bad words, end_id)
 
 
 @dataclass(slots=True)
