@@ -37,6 +37,7 @@ class EngineConfig:
     prefill_chunk: int = 2048           # tokens of one request's prefill per step
     prompt_only: bool = False           # checkpoint prompt ends only (the paper's strict replay protocol)
     kernel_cache_dir: str | None = None  # Triton's compiled-kernel cache (TRITON_CACHE_DIR); None: Triton's default
+    plan_path: str | None = None        # a dasc plan JSON (an engine dir's plan.json); None: plan at start
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -55,8 +56,9 @@ class EngineConfig:
             raise UserError(f"prompt_only must be true or false, got {self.prompt_only!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise UserError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
-        if self.kernel_cache_dir is not None and not isinstance(self.kernel_cache_dir, str):
-            raise UserError(f"kernel_cache_dir must be a path, got {self.kernel_cache_dir!r}")
+        for name in ("kernel_cache_dir", "plan_path"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise UserError(f"{name} must be a path, got {getattr(self, name)!r}")
 
     @property
     def arm(self) -> str:

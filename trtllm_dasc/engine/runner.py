@@ -12,6 +12,8 @@ the rest) -> checkpoint stores -> sampling. Every TP rank runs the same plans.
 """
 from __future__ import annotations
 
+import json
+
 import torch
 
 from trtllm_dasc.engine.config import EngineConfig
@@ -33,9 +35,7 @@ class ModelRunner:
             raise UserError(f"device {cfg.device} requested but CUDA is not available")
         self.model = HybridModel.from_pretrained(cfg.model, dtype=cfg.dtype, device=cfg.device,
                                                  backend=cfg.backend)
-        # the conv state is checkpointed in the model's own precision (the paper's native-precision b^conv)
-        options = PlanOptions(wmax=cfg.wmax, tp=1, placement="off", codec=cfg.codec, layout=cfg.layout)
-        self.plan, _ = plan_from_path(cfg.model, options, conv_dtype=cfg.dtype)
+        self.plan = engine_plan(cfg)
         dense = self.plan.config.dense_checkpoint_bytes_per_rank(1)
         self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes
         self.pool = CheckpointPool.from_plan(self.plan, self.budget, 0, device=cfg.device)
@@ -136,6 +136,30 @@ class ModelRunner:
         report.update(arm=self.cfg.arm, dense_slot_bytes=self.plan.config.dense_checkpoint_bytes_per_rank(1),
                       wr_window=self.replay_window)
         return report
+
+
+def engine_plan(cfg: EngineConfig):
+    """The arm's plan: planned from the checkpoint now, or read from ``cfg.plan_path`` (a build's plan.json),
+    which must describe this checkpoint and this arm."""
+    # the conv state is checkpointed in the model's own precision (the paper's native-precision b^conv)
+    options = PlanOptions(wmax=cfg.wmax, tp=1, placement="off", codec=cfg.codec, layout=cfg.layout)
+    if cfg.plan_path is None:
+        return plan_from_path(cfg.model, options, conv_dtype=cfg.dtype)[0]
+    from trtllm_dasc.config import HybridConfig
+    from trtllm_dasc.plan import DascPlan
+    try:
+        with open(cfg.plan_path) as f:
+            plan = DascPlan.from_dict(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"plan {cfg.plan_path!r} cannot be read: {e}") from None
+    for name in ("wmax", "codec", "layout"):
+        if getattr(plan.options, name) != getattr(cfg, name):
+            raise UserError(f"plan {cfg.plan_path!r} has {name}={getattr(plan.options, name)!r}, the engine "
+                            f"{name}={getattr(cfg, name)!r}")
+    model = HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype).to_dict()
+    if plan.config.to_dict() != model:
+        raise UserError(f"plan {cfg.plan_path!r} was made for another model or dtype than {cfg.model!r}")
+    return plan
 
 
 def replay_window(cfg: EngineConfig, plan_window: int) -> int:
