@@ -95,7 +95,8 @@ def test_concurrent_chunked_requests_match_transformers(tiny_models):
     refs = [reference_greedy(hf, p, 3) for p in prompts]
     # dense, and wr with a window over every prefix (exact again), both batched and chunked: replays ride
     # in the same forward as other requests' prefill chunks and decode steps
-    for arm in ({}, {"wmax": 10**6, "policy": "wr", "replay_window": 10**6}):
+    # (and a step token budget smaller than the batch's prefill: chunks shrink, requests wait their turn)
+    for arm in ({}, {"wmax": 10**6, "policy": "wr", "replay_window": 10**6}, {"max_num_tokens": 7}):
         engine = make_engine(path, max_batch=3, prefill_chunk=5, interval=4, **arm)
         for wave in range(2):
             outs = engine.generate([greedy((wave, i), p, 3) for i, p in enumerate(prompts)])

@@ -35,6 +35,7 @@ class EngineConfig:
     num_kv_blocks: int = 2048
     interval: int = 256                 # checkpoint every `interval` tokens of a prompt
     prefill_chunk: int = 2048           # tokens of one request's prefill per step
+    max_num_tokens: int | None = None   # tokens of one step's forward, all requests (None: no cap)
     prompt_only: bool = False           # checkpoint prompt ends only (the paper's strict replay protocol)
     kernel_cache_dir: str | None = None  # Triton's compiled-kernel cache (TRITON_CACHE_DIR); None: Triton's default
     plan_path: str | None = None        # a dasc plan JSON (an engine dir's plan.json); None: plan at start
@@ -49,7 +50,7 @@ class EngineConfig:
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):
             _count(self, name, minimum=1)
         _count(self, "wmax", minimum=0)
-        for name in ("replay_window", "state_budget_bytes"):
+        for name in ("replay_window", "state_budget_bytes", "max_num_tokens"):
             if getattr(self, name) is not None:
                 _count(self, name, minimum=0 if name == "replay_window" else 1, cap=1 << 50)
         if not isinstance(self.prompt_only, bool):

@@ -115,24 +115,40 @@ class Scheduler:
             return None
         self.steps += 1
         owners = []
+        # the step's token budget: replays (they must run with the load they refresh) and decode tokens
+        # first, prefill chunks share the rest in admission order; a request left without tokens waits
+        budget = self.cfg.max_num_tokens or float("inf")
         for s in self.running:
             if s.replay is not None:
                 r = s.replay
                 plan.spans.append(Span(s.prompt[r.start:r.end], r.row, r.start, r.table))
                 plan.replays.append((r.row, s.row))
                 owners.append(s)
+                budget -= r.end - r.start
+        budget -= sum(not s.in_prefill for s in self.running)
         for s in self.running:
-            plan.spans.append(self._span(s))
+            chunk = 1
+            if s.in_prefill:
+                chunk = int(min(self.cfg.prefill_chunk, budget))
+                if chunk < 1:
+                    continue
+                budget -= chunk
+            plan.spans.append(self._span(s, chunk))
+            owners.append(s)
+        if len(plan.spans) == len(plan.replays):
+            # every prefill waited for budget the replays took: give the first one a token
+            s = next(s for s in self.running if s.in_prefill)
+            plan.spans.append(self._span(s, 1))
             owners.append(s)
         return plan, owners
 
-    def _span(self, s: Sequence) -> Span:
+    def _span(self, s: Sequence, chunk: int) -> Span:
         req = s.req
         if not s.in_prefill:
             n = len(s.output)
             return Span([s.output[-1]], s.row, len(s.prompt) + n - 1, s.table, logits="last",
                         sampling=req.sampling, token_index=n, banned=banned_tokens(s))
-        end = min(len(s.prompt), s.done_tokens + self.cfg.prefill_chunk)
+        end = min(len(s.prompt), s.done_tokens + chunk)
         captures = []
         for p in s.positions:
             if s.done_tokens < p <= end:

@@ -1,0 +1,91 @@
+"""dasc_hybrid: the Triton Python model that serves a dasc engine directory (TensorRT-LLM's tensorrt_llm
+model I/O). Thin, like TensorRT-LLM's tensorrt_llm/1/model.py: convert each request, hand it to the
+engine host, send its events back through the response sender; cancellations become aborts; finalize
+drains. Everything else lives in trtllm_dasc.serve (host.py, convert.py, metrics.py).
+"""
+import json
+import os
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+from trtllm_dasc.serve.host import EngineHost
+from trtllm_dasc.serve.metrics import EngineMetrics
+
+
+def _param(config: dict, key: str, default: str = "") -> str:
+    value = config.get("parameters", {}).get(key, {}).get("string_value", default)
+    return default if value.startswith("${") else value
+
+
+class DecoupledSink:
+    """Responses through the request's response sender (decoupled mode)."""
+
+    def __init__(self, request):
+        self.request = request
+        self.sender = request.get_response_sender()
+
+    def send(self, tensors, error, final):
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        if error is not None:
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
+        elif tensors is not None:
+            response = pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()])
+        else:
+            self.sender.send(flags=flags)
+            return
+        self.sender.send(response, flags=flags)
+
+    def cancelled(self):
+        return self.sender.is_cancelled()
+
+
+class CollectSink:
+    """One response returned from execute (non-decoupled mode, for clients using plain infer)."""
+
+    def __init__(self):
+        self.done, self.response = threading.Event(), None
+
+    def send(self, tensors, error, final):
+        if error is not None:
+            self.response = pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
+        elif tensors is not None:
+            self.response = pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()])
+        if final:
+            if self.response is None:
+                self.response = pb_utils.InferenceResponse([])
+            self.done.set()
+
+    def cancelled(self):
+        return False
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        engine_dir = _param(config, "engine_dir")
+        if not os.path.isabs(engine_dir):
+            # relative to the repository (an engine directory holds its own repository)
+            engine_dir = os.path.join(args["model_repository"], "..", engine_dir)
+        exclude = _param(config, "exclude_input_in_output", "false").lower() == "true"
+        self.host = EngineHost(os.path.normpath(engine_dir), decoupled=self.decoupled,
+                               exclude_input_default=exclude)
+        self.metrics = EngineMetrics(pb_utils, self.host)
+
+    def execute(self, requests):
+        sinks = []
+        for request in requests:
+            inputs = {t.name(): t.as_numpy() for t in request.inputs()}
+            sink = DecoupledSink(request) if self.decoupled else CollectSink()
+            self.host.submit(inputs, request.request_id(), sink)
+            sinks.append(sink)
+        if self.decoupled:
+            return None
+        for sink in sinks:
+            sink.done.wait()
+        return [sink.response for sink in sinks]
+
+    def finalize(self):
+        self.metrics.stop()
+        self.host.shutdown()

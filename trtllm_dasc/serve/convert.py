@@ -1,0 +1,229 @@
+"""TensorRT-LLM's request/response conventions <-> the engine's GenerationRequest / RequestOutput.
+
+Pure numpy (no Triton import): the Triton model hands us a request's inputs as {name: array} (each with
+the leading batch dimension max_batch_size > 0 gives it) and sends what we return. Semantics follow
+TensorRT-LLM's tensorrt_llm model: input_lengths trims input_ids; end_id -1 means none; runtime_top_k 0
+and runtime_top_p 0 mean off (both off, or top_k 1: greedy); streaming responses carry only new tokens,
+a non-streaming output holds the prompt too unless exclude_input_in_output; word lists are [2, N]
+(flattened ids, then end offsets padded with -1). Anything we do not support is an error naming the input.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtllm_dasc.engine.request import GenerationRequest, RequestOutput
+from trtllm_dasc.engine.sampling import SamplingParams
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.serve.io_spec import INPUT_NAMES, SUPPORTED
+
+# unsupported inputs a client may still send with their neutral value (the stock client always sends some)
+NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "len_penalty": 1.0,
+           "beam_search_diversity_rate": 0.0, "runtime_top_p_decay": 1.0, "return_log_probs": False,
+           "return_generation_logits": False}
+# beam-search-only or decay-only knobs: meaningless without those features, so any value is harmless
+IGNORED = {"early_stopping", "runtime_top_p_min", "runtime_top_p_reset_ids", "draft_acceptance_threshold"}
+
+
+@dataclass(slots=True)
+class ServeRequest:
+    """One sequence of a Triton request, as the engine runs it, plus how to answer it."""
+
+    gen: GenerationRequest
+    streaming: bool = False
+    exclude_input: bool = False
+    perf_metrics: bool = False
+    context_logits: bool = False
+    batch_index: int = 0
+    batch_size: int = 1
+    sent: list = field(default_factory=list)       # tokens already answered (non-streaming: all of them)
+
+
+@dataclass(slots=True)
+class Control:
+    """A cache_control request: 'flush' or 'stats' (ours; answered with cache_stats)."""
+
+    command: str
+
+
+def _first(arr: np.ndarray, b: int):
+    flat = np.asarray(arr).reshape(arr.shape[0], -1) if np.ndim(arr) else np.asarray(arr).reshape(1, 1)
+    return flat[min(b, flat.shape[0] - 1)][0]
+
+
+def _scalar(inputs: dict, name: str, b: int, kind):
+    if name not in inputs:
+        return None
+    arr = inputs[name]
+    if np.size(arr) == 0:
+        return None
+    value = _first(arr, b)
+    try:
+        if kind is bool:
+            return bool(value)
+        if kind is int:
+            if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+                raise ValueError
+            return int(value)
+        return float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"input '{name}' must be a {kind.__name__}, got {value!r}") from None
+
+
+def _words(inputs: dict, name: str, b: int) -> list[list[int]]:
+    """TensorRT-LLM's word list [2, N] (per batch entry [B, 2, N]): ids, then end offsets, -1 padded."""
+    if name not in inputs or np.size(inputs[name]) == 0:
+        return []
+    arr = np.asarray(inputs[name])
+    if arr.ndim == 2:
+        arr = arr[None]
+    if arr.ndim != 3 or arr.shape[1] != 2:
+        raise UserError(f"input '{name}' must have shape [batch, 2, N], got {list(arr.shape)}")
+    ids, offsets = arr[min(b, arr.shape[0] - 1)].astype(np.int64)
+    words, start = [], 0
+    for end in offsets:
+        if end < 0:
+            break
+        if not start < end <= len(ids):
+            raise UserError(f"input '{name}': offsets {offsets.tolist()} do not split {len(ids)} ids")
+        words.append(ids[start:end].tolist())
+        start = int(end)
+    return words
+
+
+def _check_unsupported(inputs: dict) -> None:
+    for name, arr in inputs.items():
+        if name not in INPUT_NAMES:
+            raise UserError(f"input '{name}' is not an input of dasc_hybrid")
+        if name in SUPPORTED or name in IGNORED or np.size(arr) == 0:
+            continue
+        if name in NEUTRAL:
+            value = np.asarray(arr).reshape(-1)
+            if np.all(value == NEUTRAL[name]):
+                continue
+            raise UserError(f"input '{name}' = {value[0]!r} is not supported by dasc_hybrid (only the neutral "
+                            f"{NEUTRAL[name]!r})")
+        raise UserError(f"input '{name}' is not supported by dasc_hybrid")
+
+
+def sampling_params(inputs: dict, b: int) -> SamplingParams:
+    top_k = _scalar(inputs, "runtime_top_k", b, int) or 0
+    top_p = _scalar(inputs, "runtime_top_p", b, float) or 0.0
+    temperature = _scalar(inputs, "temperature", b, float)
+    seed = _scalar(inputs, "seed", b, int)
+    if top_k < 0:
+        raise UserError(f"input 'runtime_top_k' must be >= 0, got {top_k}")
+    if not 0.0 <= top_p <= 1.0:
+        raise UserError(f"input 'runtime_top_p' must lie in [0, 1], got {top_p}")
+    if top_k == 1 or (top_k == 0 and top_p == 0.0):
+        return SamplingParams(seed=seed)
+    try:
+        return SamplingParams(temperature=1.0 if temperature is None else temperature, top_k=top_k,
+                              top_p=top_p if top_p > 0.0 else 1.0, seed=seed)
+    except UserError as e:
+        raise UserError(f"input '{_param_input(str(e))}': {e}") from None
+
+
+def _param_input(message: str) -> str:
+    for field_name, input_name in (("temperature", "temperature"), ("top_k", "runtime_top_k"),
+                                   ("top_p", "runtime_top_p"), ("seed", "seed")):
+        if message.startswith(field_name):
+            return input_name
+    return "sampling"
+
+
+def parse_request(inputs: dict, request_id: str, *, decoupled: bool, exclude_default: bool = False):
+    """A Triton request's inputs -> [ServeRequest per batch entry] or a Control. Raises UserError."""
+    control = inputs.get("cache_control")
+    if control is not None and np.size(control):
+        command = _first(np.asarray(control, dtype=object), 0)
+        command = command.decode() if isinstance(command, bytes) else str(command)
+        if command not in ("flush", "stats"):
+            raise UserError(f"input 'cache_control' must be 'flush' or 'stats', got {command!r}")
+        return Control(command)
+    _check_unsupported(inputs)
+    ids = inputs.get("input_ids")
+    if ids is None or np.size(ids) == 0:
+        raise UserError("input 'input_ids' is required and must not be empty")
+    ids = np.asarray(ids)
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2:
+        raise UserError(f"input 'input_ids' must have shape [batch, tokens], got {list(ids.shape)}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise UserError(f"input 'input_ids' must be INT32, got {ids.dtype}")
+    out = []
+    for b in range(ids.shape[0]):
+        out.append(_parse_one(inputs, ids, b, f"{request_id}#{b}" if ids.shape[0] > 1 else request_id,
+                              decoupled, exclude_default))
+    return out
+
+
+def _parse_one(inputs, ids, b, rid, decoupled, exclude_default) -> ServeRequest:
+    length = _scalar(inputs, "input_lengths", b, int)
+    tokens = ids[b].tolist()
+    if length is None:
+        raise UserError("input 'input_lengths' is required")
+    if not 0 < length <= len(tokens):
+        raise UserError(f"input 'input_lengths' = {length} disagrees with input_ids of {len(tokens)} tokens")
+    max_new = _scalar(inputs, "request_output_len", b, int)
+    if max_new is None:
+        raise UserError("input 'request_output_len' is required")
+    if max_new <= 0:
+        raise UserError(f"input 'request_output_len' must be positive, got {max_new}")
+    for name, allowed in (("beam_width", 1), ("num_return_sequences", 1)):
+        value = _scalar(inputs, name, b, int)
+        if value is not None and value != allowed:
+            raise UserError(f"input '{name}' = {value}: only {allowed} is supported (no beam search, one "
+                            "sequence per request)")
+    streaming = bool(_scalar(inputs, "streaming", b, bool))
+    if streaming and not decoupled:
+        raise UserError("input 'streaming': streaming needs the decoupled model (build without --no-decoupled)")
+    end_id = _scalar(inputs, "end_id", b, int)
+    exclude = _scalar(inputs, "exclude_input_in_output", b, bool)
+    context = bool(_scalar(inputs, "return_context_logits", b, bool))
+    gen = GenerationRequest(rid, tokens[:length], max_new, sampling_params(inputs, b),
+                            end_id=None if end_id is None or end_id < 0 else end_id,
+                            return_context_logits=context, use_cache=not context,
+                            min_tokens=_scalar(inputs, "min_tokens", b, int) or 0,
+                            stop_words=_words(inputs, "stop_words_list", b),
+                            bad_words=_words(inputs, "bad_words_list", b))
+    return ServeRequest(gen, streaming, exclude_default if exclude is None else exclude,
+                        bool(_scalar(inputs, "return_perf_metrics", b, bool)), context, b, ids.shape[0])
+
+
+def response_tensors(sreq: ServeRequest, out: RequestOutput) -> dict | None:
+    """The tensors answering one event, or None when nothing is due yet (a non-streaming request before
+    its end). Shapes carry the batch dimension of 1: output_ids [1, beam 1, tokens]."""
+    sreq.sent.extend(out.token_ids)
+    if not sreq.streaming and not out.finished:
+        return None
+    if sreq.streaming:
+        tokens = list(out.token_ids)
+    else:
+        tokens = ([] if sreq.exclude_input else list(sreq.gen.prompt)) + list(sreq.sent)
+    st = out.stats or sreq.gen.stats
+    t = {"output_ids": np.array(tokens, dtype=np.int32).reshape(1, 1, -1),
+         "sequence_length": np.array([[len(tokens)]], dtype=np.int32),
+         "cached_tokens": np.array([[st.cached_tokens]], dtype=np.int32),
+         "replayed_tokens": np.array([[st.replayed_tokens]], dtype=np.int32)}
+    if sreq.batch_size > 1:
+        t["batch_index"] = np.array([[sreq.batch_index]], dtype=np.int32)
+    if sreq.perf_metrics:
+        for name, value, dtype in (("kv_cache_alloc_new_blocks", st.kv_new_blocks, np.int32),
+                                   ("kv_cache_reused_blocks", st.kv_reused_blocks, np.int32),
+                                   ("kv_cache_alloc_total_blocks", st.kv_total_blocks, np.int32),
+                                   ("arrival_time_ns", st.arrival_time_ns, np.int64),
+                                   ("first_scheduled_time_ns", st.first_scheduled_time_ns, np.int64),
+                                   ("first_token_time_ns", st.first_token_time_ns, np.int64),
+                                   ("last_token_time_ns", st.last_token_time_ns, np.int64)):
+            t[name] = np.array([[value]], dtype=dtype)
+    if sreq.context_logits and out.context_logits is not None:
+        t["context_logits"] = out.context_logits.float().cpu().numpy()[None]
+    return t
+
+
+def stats_tensor(stats: dict) -> dict:
+    return {"cache_stats": np.array([[json.dumps(stats, default=str).encode()]], dtype=object)}

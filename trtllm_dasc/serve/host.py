@@ -1,0 +1,212 @@
+"""EngineHost: the engine inside the Triton model's process, behind a plumbing-free interface.
+
+model_repo/dasc_hybrid/1/model.py adapts Triton's request objects and response senders to ``submit`` and
+a ``Sink`` (send tensors or an error, flag the final response, say whether the client cancelled); this
+class owns the Engine (built from an engine directory, warmed up before the model reports ready, its
+loop on its own thread), converts requests and events (serve/convert.py), watches for cancellations, and
+keeps what the metrics endpoint reports.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from typing import Protocol
+
+from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.engine.engine import Engine
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.serve.convert import Control, ServeRequest, parse_request, response_tensors, stats_tensor
+
+log = logging.getLogger("trtllm_dasc.serve")
+
+# the share of prompt tokens with cached KV above which a near-zero hit rate deserves a warning
+SHARED_PREFIX_WARN = 0.3
+LOW_HIT_WARN = 0.02
+WARN_WINDOW = 64
+
+
+class Sink(Protocol):
+    def send(self, tensors: dict | None, error: str | None, final: bool) -> None: ...
+    def cancelled(self) -> bool: ...
+
+
+def engine_config(engine_dir: str) -> EngineConfig:
+    """The EngineConfig an engine directory's config.json describes (paths relative to the directory)."""
+    path = os.path.join(engine_dir, "config.json")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        opts = dict(meta["engine"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not a dasc engine config ({e}); build one with dasc-build") from None
+    for key in ("model", "plan_path", "kernel_cache_dir"):
+        if opts.get(key) and not os.path.isabs(opts[key]):
+            opts[key] = os.path.join(engine_dir, opts[key])
+    return EngineConfig(**opts)
+
+
+class EngineHost:
+    def __init__(self, engine_dir: str, *, decoupled: bool = True, exclude_input_default: bool = False,
+                 warmup: bool = True):
+        self.decoupled, self.exclude_default = decoupled, exclude_input_default
+        self.engine = Engine(engine_config(engine_dir))
+        self.warmup_report = self.engine.warmup() if warmup else None
+        self.engine.start()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._inflight: dict[object, tuple[ServeRequest, Sink]] = {}
+        self._by_triton_id: dict[str, list] = {}
+        self._recent: list[tuple[int, int, int]] = []     # (prompt, matched KV, cached) per finished request
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="dasc-cancel-watch", daemon=True)
+        self._watcher.start()
+
+    # ---- requests ---------------------------------------------------------------------------------------
+    def submit(self, inputs: dict, triton_id: str, sink: Sink) -> None:
+        """Answer one Triton request through ``sink``; every path ends with exactly one final response."""
+        try:
+            parsed = parse_request(inputs, triton_id or "", decoupled=self.decoupled,
+                                   exclude_default=self.exclude_default)
+            if isinstance(parsed, Control):
+                self._control(parsed, sink)
+                return
+            stop = inputs.get("stop")
+            if stop is not None and stop.size and bool(stop.reshape(-1)[0]):
+                self._stop_request(triton_id, sink)
+                return
+            self._run(parsed, triton_id, sink)
+        except UserError as e:
+            sink.send(None, str(e), True)
+        except Exception as e:  # noqa: BLE001 - the request fails, the model keeps serving
+            log.exception("request %r failed", triton_id)
+            sink.send(None, f"internal error: {type(e).__name__}: {e}", True)
+
+    def _run(self, parsed: list[ServeRequest], triton_id: str, sink: Sink) -> None:
+        group = _Group(len(parsed), sink)
+        for sreq in parsed:
+            # engine ids are ours: Triton ids may be empty or repeat across clients
+            rid = (triton_id, next(self._ids))
+            sreq.gen.request_id = rid
+            with self._lock:
+                self._inflight[rid] = (sreq, sink)
+                self._by_triton_id.setdefault(triton_id, []).append(rid)
+            try:
+                self.engine.submit(sreq.gen, lambda out, s=sreq: self._event(s, group, out))
+            except UserError as e:
+                self._forget(rid, triton_id)
+                group.fail(str(e))
+                return
+
+    def _event(self, sreq: ServeRequest, group: "_Group", out) -> None:
+        if out.finished:
+            self._forget(sreq.gen.request_id, sreq.gen.request_id[0])
+            if out.finish_reason in ("length", "stop"):
+                st = out.stats
+                self._note_hit(st.prompt_tokens, st.kv_matched_tokens, st.cached_tokens)
+        if out.finish_reason == "error":
+            group.fail(out.error or "request failed")
+        elif out.finish_reason == "cancelled":
+            group.cancel()
+        else:
+            group.send(response_tensors(sreq, out), out.finished)
+
+    def _forget(self, rid, triton_id) -> None:
+        with self._lock:
+            self._inflight.pop(rid, None)
+            ids = self._by_triton_id.get(triton_id)
+            if ids is not None and rid in ids:
+                ids.remove(rid)
+                if not ids:
+                    del self._by_triton_id[triton_id]
+
+    def _stop_request(self, triton_id: str, sink: Sink) -> None:
+        """TensorRT-LLM's `stop` input: cancel the in-flight request(s) with this request id."""
+        with self._lock:
+            rids = list(self._by_triton_id.get(triton_id, []))
+        for rid in rids:
+            self.engine.abort(rid)
+        sink.send(None, None, True)
+
+    def _control(self, control: Control, sink: Sink) -> None:
+        if control.command == "flush":
+            self.engine.flush()
+        sink.send(stats_tensor(self.stats()), None, True)
+
+    # ---- cancellation -----------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Client cancellations reach the engine as aborts (a queued request produces no event to notice
+        them on, so this polls)."""
+        while not self._stop.wait(0.05):
+            with self._lock:
+                items = list(self._inflight.items())
+            for rid, (_, sink) in items:
+                try:
+                    if sink.cancelled():
+                        self.engine.abort(rid)
+                except Exception:  # noqa: BLE001 - a dead sender is a cancelled one
+                    self.engine.abort(rid)
+
+    # ---- reporting -----------------------------------------------------------------------------------------
+    def _note_hit(self, prompt: int, matched: int, cached: int) -> None:
+        with self._lock:
+            self._recent.append((prompt, matched, cached))
+            if len(self._recent) < WARN_WINDOW:
+                return
+            window, self._recent = self._recent, []
+        total = sum(p for p, _, _ in window)
+        shared = sum(m for _, m, _ in window) / total
+        hit = sum(c for _, _, c in window) / total
+        if shared > SHARED_PREFIX_WARN and hit < LOW_HIT_WARN:
+            s = self.engine.stats()
+            log.warning("the last %d requests share prefixes (%.0f%% of prompt tokens had cached KV) but only "
+                        "%.1f%% were served from a checkpoint: %d checkpoint slots, %d checkpoint evictions "
+                        "so far; consider a larger --state-budget-bytes, a larger --wmax or --codec int8",
+                        len(window), 100 * shared, 100 * hit, s["checkpoint_slots"],
+                        s["evictions"]["checkpoints"] + s["evictions"]["checkpoints_with_kv"])
+
+    def stats(self) -> dict:
+        s = self.engine.stats()
+        s["inflight"] = len(self._inflight)
+        s["time_ns"] = time.time_ns()
+        return s
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Finish what is running (Triton's finalize), then stop."""
+        self._stop.set()
+        self.engine.shutdown(drain=True, timeout=timeout)
+
+
+class _Group:
+    """The responses of one Triton request (several engine requests when its batch dimension is > 1): the
+    final flag goes on the last response of the last sequence; an error or cancellation ends it once."""
+
+    def __init__(self, n: int, sink: Sink):
+        self.left, self.sink, self.done = n, sink, False
+        self.lock = threading.Lock()
+
+    def send(self, tensors: dict | None, finished: bool) -> None:
+        with self.lock:
+            if self.done:
+                return
+            if finished:
+                self.left -= 1
+            final = self.left == 0
+            self.done = final
+            if tensors is not None or final:
+                self.sink.send(tensors, None, final)
+
+    def fail(self, error: str) -> None:
+        with self.lock:
+            if not self.done:
+                self.done = True
+                self.sink.send(None, error, True)
+
+    def cancel(self) -> None:
+        with self.lock:
+            if not self.done:
+                self.done = True
+                self.sink.send(None, None, True)
