@@ -1,0 +1,62 @@
+"""preprocessing: prompt text -> token ids, stop/bad words -> TensorRT-LLM's [2, N] word lists.
+
+Same I/O and semantics as TensorRT-LLM's preprocessing model (text inputs only): END_ID / PAD_ID default
+to the tokenizer's EOS / PAD; a batch of prompts is right-padded with PAD to the longest. A bad request
+gets a Triton error naming the field; the other requests of the batch are served.
+"""
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.serve.tokenizer import TextTokenizer, as_text, model_parameter, parse_bool
+
+
+def _optional(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.tokenizer = TextTokenizer(model_parameter(config, "tokenizer_dir"))
+        self.add_special_tokens = parse_bool(model_parameter(config, "add_special_tokens"), "add_special_tokens")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                responses.append(pb_utils.InferenceResponse(output_tensors=self._one(request)))
+            except UserError as e:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
+        return responses
+
+    def _one(self, request):
+        query = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
+        batch = query.shape[0]
+        prompts = []
+        for row in query:
+            ids = self.tokenizer.encode(as_text(row.reshape(-1)[0], "QUERY (text_input)"), self.add_special_tokens)
+            if not ids:
+                raise UserError("QUERY (text_input): the prompt encodes to no tokens")
+            prompts.append(ids)
+        lengths = np.array([[len(ids)] for ids in prompts], dtype=np.int32)
+        input_ids = np.full((batch, int(lengths.max())), self.tokenizer.pad_id, dtype=np.int32)
+        for b, ids in enumerate(prompts):
+            input_ids[b, :len(ids)] = ids
+        end_id = _optional(request, "END_ID")
+        pad_id = _optional(request, "PAD_ID")
+        out = {
+            "INPUT_ID": input_ids,
+            "REQUEST_INPUT_LEN": lengths,
+            "REQUEST_OUTPUT_LEN": pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy(),
+            "BAD_WORDS_IDS": self.tokenizer.word_lists(_optional(request, "BAD_WORDS_DICT"), batch,
+                                                       "BAD_WORDS_DICT (bad_words)"),
+            "STOP_WORDS_IDS": self.tokenizer.word_lists(_optional(request, "STOP_WORDS_DICT"), batch,
+                                                        "STOP_WORDS_DICT (stop_words)"),
+            "OUT_END_ID": np.full((batch, 1), self.tokenizer.end_id, np.int32) if end_id is None else end_id,
+            "OUT_PAD_ID": np.full((batch, 1), self.tokenizer.pad_id, np.int32) if pad_id is None else pad_id,
+        }
+        return [pb_utils.Tensor(name, np.ascontiguousarray(value, dtype=np.int32)) for name, value in out.items()]
