@@ -14,6 +14,8 @@ SUBCOMMANDS = {
     "plan": ("trtllm_dasc.plan.cli", "plan dasc compression from the decay weights and report capacity"),
     "synth": ("trtllm_dasc.plan.synthetic", "write a synthetic decay checkpoint (config.json + safetensors)"),
     "logits": ("trtllm_dasc.engine.logits_cli", "prefill token ids and write float32 logits (.npy)"),
+    "build": ("build_scripts.dasc_build", "build an engine directory from a checkpoint (same as dasc-build)"),
+    "serve": ("trtllm_dasc.serve.cli", "serve an engine directory (or a checkpoint) with tritonserver"),
 }
 
 
@@ -24,9 +26,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _user_error_types():
+def _execute(prog: str, run, args) -> int:
+    """Run a command; a UserError is one line on stderr and exit code 2, never a traceback."""
     from trtllm_dasc.errors import UserError
-    return (UserError,)
+    try:
+        return run(args) or 0
+    except UserError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # the reader (head, a closed pipe) went away: not an error of ours
+        sys.stderr.close()
+        return 0
+
+
+def run_command(prog: str, description: str, add_arguments, run, argv=None) -> int:
+    """A standalone console command (dasc-build) with the same one-line error handling."""
+    parser = _Parser(prog=prog, description=description)
+    add_arguments(parser)
+    return _execute(prog, run, parser.parse_args(argv))
 
 
 def main(argv=None) -> int:
@@ -40,15 +58,7 @@ def main(argv=None) -> int:
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)
-    try:
-        return importlib.import_module(SUBCOMMANDS[args.command][0]).run(args) or 0
-    except _user_error_types() as e:
-        print(f"dasc {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        # the reader (head, a closed pipe) went away: not an error of ours
-        sys.stderr.close()
-        return 0
+    return _execute(f"dasc {args.command}", importlib.import_module(SUBCOMMANDS[args.command][0]).run, args)
 
 
 if __name__ == "__main__":

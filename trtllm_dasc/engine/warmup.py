@@ -65,6 +65,8 @@ def warmup(engine) -> dict:
             requests += len(batch)
     engine.flush()
     engine.telemetry.reset()
+    for kind in engine.cache.evictions:
+        engine.cache.evictions[kind] = 0
     engine.ready = True
     return {"seconds": time.perf_counter() - t0, "requests": requests, "longest_prompt": longest,
             "batch_sizes": batch_buckets(cfg.max_batch)}

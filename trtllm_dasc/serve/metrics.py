@@ -44,11 +44,15 @@ class EngineMetrics:
         self.host = host
         kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE}
         self.metrics = []      # (metric object, kind, reader, last value)
+        # a MetricFamily must outlive its Metrics (the backend refuses updates otherwise): keep them all
+        self.families = []
         for name, help_text, kind, read in FAMILIES:
             family = pb_utils.MetricFamily(name=name, description=help_text, kind=kinds[kind])
+            self.families.append(family)
             self.metrics.append([family.Metric(labels={}), kind, read, 0])
         for name, help_text, kind, label, read in LABELLED:
             family = pb_utils.MetricFamily(name=name, description=help_text, kind=kinds[kind])
+            self.families.append(family)
             for key in read(host.stats()):
                 self.metrics.append([family.Metric(labels={label: key}), kind,
                                      lambda s, read=read, key=key: read(s)[key], 0])
@@ -74,4 +78,8 @@ class EngineMetrics:
 
     def stop(self) -> None:
         self._stop.set()
+        self._thread.join()
         self.update()
+        # metrics before their families (the backend's rule)
+        self.metrics.clear()
+        self.families.clear()

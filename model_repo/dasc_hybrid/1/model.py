@@ -66,8 +66,8 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         engine_dir = _param(config, "engine_dir")
         if not os.path.isabs(engine_dir):
-            # relative to the repository (an engine directory holds its own repository)
-            engine_dir = os.path.join(args["model_repository"], "..", engine_dir)
+            # relative to this model's directory (an engine directory holds its own repository)
+            engine_dir = os.path.join(args["model_repository"], engine_dir)
         exclude = _param(config, "exclude_input_in_output", "false").lower() == "true"
         self.host = EngineHost(os.path.normpath(engine_dir), decoupled=self.decoupled,
                                exclude_input_default=exclude)

@@ -1,0 +1,1 @@
+"""dasc-build: Hugging Face checkpoint -> self-contained engine directory (like trtllm-build)."""

@@ -1,0 +1,111 @@
+"""`dasc serve`: serve an engine directory (or build one from a checkpoint first) with tritonserver.
+
+Starts the real tritonserver on 127.0.0.1 with the engine directory's model repository, waits until it is
+ready (the dasc_hybrid model reports ready only after the engine's warm-up), prints the endpoints, and
+then stays in the foreground. It stops the server and exits on Ctrl-C / SIGTERM (0), when the server
+exits (its code), or when the engine inside it has died (1; seen on the metrics port), never leaving a
+hung process behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+
+from trtllm_dasc.errors import UserError
+
+POLL_S = 1.0
+
+
+def add_arguments(p) -> None:
+    from build_scripts.dasc_build import add_arguments as build_arguments
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--work-dir", default=None, help="where the server log (and a built engine) go "
+                                                   "(default: a new temporary directory)")
+    p.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for the warm-up")
+    # the build options, for a checkpoint given as --model (ignored for an engine directory)
+    build = p.add_argument_group("build (when --model is a checkpoint)")
+    build_arguments(build)
+    for action in build._group_actions:
+        if action.dest == "output":
+            action.required, action.default = False, None
+            action.help = "engine directory to build into (default: WORK_DIR/engine)"
+
+
+def is_engine_dir(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            return "dasc_engine_version" in json.load(f)
+    except (OSError, ValueError):
+        return False
+
+
+def engine_dir_for(args, work_dir: str) -> str:
+    if is_engine_dir(args.model):
+        return os.path.abspath(args.model)
+    from build_scripts.dasc_build import build
+    args.output = args.output or os.path.join(work_dir, "engine")
+    print(f"[dasc serve] {args.model} is a checkpoint: building {args.output}", file=sys.stderr)
+    return build(args)
+
+
+def engine_alive(metrics_url: str) -> bool:
+    """False once the dasc_hybrid model reports its engine dead (dasc_engine_alive 0)."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return True          # the server being gone is noticed through its process
+    values = [line.rsplit(" ", 1)[-1] for line in text.splitlines() if line.startswith("dasc_engine_alive")]
+    return not values or all(float(v) != 0 for v in values)
+
+
+def run(args) -> int:
+    from trtllm_dasc.serve.tritonserver import start_server
+
+    for name in ("http_port", "grpc_port", "metrics_port"):
+        if not 0 < getattr(args, name) < 65536:
+            raise UserError(f"--{name.replace('_', '-')} must be a port number, got {getattr(args, name)}")
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="dasc-serve-")
+    os.makedirs(work_dir, exist_ok=True)
+    engine_dir = engine_dir_for(args, work_dir)
+    repo = os.path.join(engine_dir, "model_repo")
+    stop = {"signal": None}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda s, f: stop.update(signal=s))
+    server = start_server(repo, work_dir, http_port=args.http_port, grpc_port=args.grpc_port,
+                          metrics_port=args.metrics_port)
+    print(f"[dasc serve] starting tritonserver for {engine_dir} (log: {server.log_path})", file=sys.stderr)
+    try:
+        deadline = time.time() + args.ready_timeout
+        while True:
+            try:
+                server.wait_ready(timeout=min(POLL_S, max(0.1, deadline - time.time())))
+                break
+            except TimeoutError:
+                if stop["signal"] is not None:
+                    return 0
+                if time.time() > deadline:
+                    raise UserError(f"tritonserver was not ready after {args.ready_timeout} s; see {server.log_path}")
+        print(f"[dasc serve] ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",
+              flush=True)
+        while stop["signal"] is None:
+            if server.proc.poll() is not None:
+                print(f"[dasc serve] tritonserver exited with code {server.proc.returncode}", file=sys.stderr)
+                return server.proc.returncode or 1
+            if not engine_alive(server.metrics_url):
+                print("[dasc serve] the engine died; stopping the server (see its log)", file=sys.stderr)
+                return 1
+            time.sleep(POLL_S)
+        print("[dasc serve] stopping", file=sys.stderr)
+        return 0
+    except RuntimeError as e:
+        raise UserError(str(e).splitlines()[0] + f" (log: {server.log_path})") from None
+    finally:
+        server.stop()
