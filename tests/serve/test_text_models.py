@@ -164,26 +164,27 @@ def test_ids_to_text_equals_tokenizers(text_server, ref):
             tokens[b, beam, :len(seq)] = seq
             lengths[b, beam] = len(seq)
     out = _post(text_server, tokens, lengths)
-    assert out.shape == (2, 2)
+    # flat [batch * beam], batch-major, as TensorRT-LLM's postprocessing returns it
+    assert out.shape == (4,)
     for b in range(2):
         for beam in range(2):
             want = ref.decode(tokens[b, beam, :lengths[b, beam]].tolist(), skip_special_tokens=True)
-            assert out[b, beam].decode() == want
+            assert out[2 * b + beam].decode() == want
     # whole prompts come back as the prompt text (bos skipped)
-    assert out[0, 0].decode() == PROMPTS[0][:len(out[0, 0])]
-    assert _post(text_server, [[ids[1]]], [[len(ids[1])]])[0, 0].decode() == PROMPTS[1]
+    assert out[0].decode() == PROMPTS[0][:len(out[0])]
+    assert _post(text_server, [[ids[1]]], [[len(ids[1])]]).tolist() == [PROMPTS[1].encode()]
 
 
 def test_streamed_pieces_concatenate(text_server, ref):
     ids = ref.encode(PROMPTS[1], add_special_tokens=False).ids
-    pieces = [_post(text_server, [[[i]]], [[1]])[0, 0].decode() for i in ids]
+    pieces = [_post(text_server, [[[i]]], [[1]])[0].decode() for i in ids]
     assert "".join(pieces) == PROMPTS[1]
 
 
 def test_out_of_range_id_is_an_error(text_server):
     with pytest.raises(InferenceServerException, match="TOKENS_BATCH"):
         _post(text_server, [[[5, 1 << 20]]], [[2]])
-    assert _post(text_server, [[[5, 6]]], [[2]]).shape == (1, 1)
+    assert _post(text_server, [[[5, 6]]], [[2]]).shape == (1,)
 
 
 # ---- ensemble with a stub core model ----------------------------------------------------------------
@@ -303,7 +304,8 @@ def _ensemble(server, text, errors=None, **extra):
 
 def test_ensemble_text_in_text_out(ensemble_server, ref):
     [r] = _ensemble(ensemble_server, PROMPTS[1])
-    assert r.as_numpy("text_output").tolist() == [[PROMPTS[1].encode()]]
+    # text_output[0] is the text, as TensorRT-LLM's clients read it
+    assert r.as_numpy("text_output").tolist() == [PROMPTS[1].encode()]
     assert r.as_numpy("cached_tokens").tolist() == [[len(ref.encode(PROMPTS[1]).ids)]]
     assert r.as_numpy("sequence_index").tolist() == [[2]]           # end_id filled from the tokenizer
     assert r.as_numpy("kv_cache_reused_blocks").tolist() == [[0]]
@@ -316,7 +318,7 @@ def test_ensemble_text_in_text_out(ensemble_server, ref):
 def test_ensemble_streams(ensemble_server, ref):
     responses = _ensemble(ensemble_server, PROMPTS[0], stream=np.array([[True]]))
     assert len(responses) == len(ref.encode(PROMPTS[0]).ids)        # one per token, bos included
-    assert "".join(r.as_numpy("text_output")[0, 0].decode() for r in responses) == PROMPTS[0]
+    assert "".join(r.as_numpy("text_output")[0].decode() for r in responses) == PROMPTS[0]
 
 
 def test_ensemble_bad_text_is_an_error(ensemble_server):

@@ -1,8 +1,9 @@
 """postprocessing: token ids -> text, TensorRT-LLM's postprocessing model.
 
 TOKENS_BATCH is [batch, beam, tokens] and SEQUENCE_LENGTH [batch, beam]; each beam's first
-SEQUENCE_LENGTH tokens are decoded (special tokens skipped unless skip_special_tokens is false) into
-OUTPUT [batch, beam]. Streamed chunks are decoded one by one, as TensorRT-LLM does; with a byte-level
+SEQUENCE_LENGTH tokens are decoded (special tokens skipped unless skip_special_tokens is false). OUTPUT is
+flat, [batch * beam] in batch-major order, whatever config.pbtxt's dims say: TensorRT-LLM's model returns
+it so and its clients read ``text_output[0]`` as the text. Streamed chunks are decoded one by one, as TensorRT-LLM does; with a byte-level
 tokenizer (the default model's) the decoded chunks concatenate to the decoded whole, since a piece carries
 its own leading space (a character whose UTF-8 bytes are split across two chunks is the exception).
 """
@@ -36,12 +37,12 @@ class TritonPythonModel:
         if lengths.shape != tokens.shape[:2]:
             raise UserError(f"SEQUENCE_LENGTH has shape {list(lengths.shape)}, TOKENS_BATCH "
                             f"{list(tokens.shape)}: expected [batch, beam] and [batch, beam, tokens]")
-        texts = np.empty(lengths.shape, dtype=object)
+        texts = []
         for b, beam in np.ndindex(*lengths.shape):
             n = min(max(int(lengths[b, beam]), 0), tokens.shape[2])
             ids = tokens[b, beam, :n]
             if ((ids < 0) | (ids >= self.tokenizer.vocab_size)).any():
                 raise UserError(f"TOKENS_BATCH: token id out of range [0, {self.tokenizer.vocab_size}) in batch "
                                 f"item {b}, beam {beam}")
-            texts[b, beam] = self.tokenizer.decode(ids, self.skip_special).encode("utf-8")
-        return pb_utils.Tensor("OUTPUT", texts)
+            texts.append(self.tokenizer.decode(ids, self.skip_special).encode("utf-8"))
+        return pb_utils.Tensor("OUTPUT", np.array(texts, dtype=object))
