@@ -17,8 +17,10 @@ N_THREADS, N_REQUESTS = 8, 500
 
 def hf_generate(hf, prompt, n):
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
-                          eos_token_id=None, pad_token_id=0)
+        ids = torch.tensor([prompt])
+        # an explicit mask: generate would otherwise take prompt tokens equal to pad_token_id for padding
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 

@@ -218,7 +218,11 @@ def response_tensors(sreq: ServeRequest, out: RequestOutput) -> dict | None:
                                    ("arrival_time_ns", st.arrival_time_ns, np.int64),
                                    ("first_scheduled_time_ns", st.first_scheduled_time_ns, np.int64),
                                    ("first_token_time_ns", st.first_token_time_ns, np.int64),
-                                   ("last_token_time_ns", st.last_token_time_ns, np.int64)):
+                                   ("last_token_time_ns", st.last_token_time_ns, np.int64),
+                                   # speculative decoding's metrics: no draft tokens here
+                                   ("acceptance_rate", 0.0, np.float32),
+                                   ("total_accepted_draft_tokens", 0, np.int32),
+                                   ("total_draft_tokens", 0, np.int32)):
             t[name] = np.array([[value]], dtype=dtype)
     if sreq.context_logits and out.context_logits is not None:
         t["context_logits"] = out.context_logits.float().cpu().numpy()[None]

@@ -69,14 +69,15 @@ class EngineHost:
     def submit(self, inputs: dict, triton_id: str, sink: Sink) -> None:
         """Answer one Triton request through ``sink``; every path ends with exactly one final response."""
         try:
+            # a stop signal comes with dummy inputs (TensorRT-LLM's client sends input_lengths 0): first
+            stop = inputs.get("stop")
+            if stop is not None and stop.size and bool(stop.reshape(-1)[0]):
+                self._stop_request(triton_id, sink)
+                return
             parsed = parse_request(inputs, triton_id or "", decoupled=self.decoupled,
                                    exclude_default=self.exclude_default)
             if isinstance(parsed, Control):
                 self._control(parsed, sink)
-                return
-            stop = inputs.get("stop")
-            if stop is not None and stop.size and bool(stop.reshape(-1)[0]):
-                self._stop_request(triton_id, sink)
                 return
             self._run(parsed, triton_id, sink)
         except UserError as e:

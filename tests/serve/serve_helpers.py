@@ -1,0 +1,113 @@
+"""Helpers of the serving tests: build an engine directory with the real dasc-build, start the real
+tritonserver on free localhost ports, talk to it with the real tritonclient."""
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+from hybrid_tiny import VOCAB, build  # noqa: E402
+
+from trtllm_dasc.serve.tritonserver import start_server  # noqa: E402
+
+__all__ = ["VOCAB", "build", "build_engine", "serve", "hf_greedy", "triton_inputs", "StreamClient"]
+
+
+def build_engine(ckpt, out, *flags) -> Path:
+    """dasc-build through its console entry (a subprocess: what a user runs)."""
+    cmd = [sys.executable, "-m", "build_scripts.dasc_build", "--model", str(ckpt), "--output", str(out),
+           "--device", "cpu", "--dtype", "float32", *map(str, flags)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return Path(out)
+
+
+def serve(engine_dir, work_dir):
+    server = start_server(str(Path(engine_dir) / "model_repo"), str(work_dir))
+    try:
+        server.wait_ready(300)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+def hf_greedy(hf, prompt, n) -> list[int]:
+    """transformers' own generate, greedy: the independent reference."""
+    with torch.no_grad():
+        ids = torch.tensor([list(prompt)])
+        # an explicit mask: generate would otherwise take prompt tokens equal to pad_token_id for padding
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def triton_inputs(mod, prompt, n, **extra):
+    """TensorRT-LLM-style inputs ([1, ...] per tensor, as its stock client sends them)."""
+    values = {"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
+              "request_output_len": np.array([[n]], np.int32)}
+    for k, v in extra.items():
+        values[k] = v if isinstance(v, np.ndarray) else np.array([[v]], dtype=type_of(v))
+    out = []
+    for name, arr in values.items():
+        i = mod.InferInput(name, list(arr.shape), _triton_dtype(arr))
+        i.set_data_from_numpy(arr)
+        out.append(i)
+    return out
+
+
+def type_of(v):
+    return {bool: bool, int: np.int32, float: np.float32}[type(v)]
+
+
+def _triton_dtype(arr) -> str:
+    return {np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
+            np.dtype(np.float32): "FP32", np.dtype(np.uint64): "UINT64",
+            np.dtype(object): "BYTES"}[arr.dtype]
+
+
+class StreamClient:
+    """One gRPC stream; collects every request's responses until its final one."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc as grpc
+        self.grpc = grpc
+        self.client = grpc.InferenceServerClient(url)
+        self.events: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
+
+    def send(self, rid: str, inputs, model: str = "dasc_hybrid") -> None:
+        self.client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True)
+
+    def collect(self, n_requests: int, timeout: float = 120.0) -> dict:
+        """{request id: {'tokens': [...], 'cached': int, 'error': str | None, 'responses': int}}"""
+        out: dict = {}
+        done = 0
+        while done < n_requests:
+            result, error = self.events.get(timeout=timeout)
+            if error is not None:
+                rid = error.message().split("]")[0].split(":")[-1].strip() if "request id" in error.message() else None
+                rec = out.setdefault(rid or f"error{len(out)}", {"tokens": [], "cached": None, "error": None,
+                                                                  "responses": 0})
+                rec["error"] = error.message()
+                done += 1
+                continue
+            resp = result.get_response()
+            rec = out.setdefault(resp.id, {"tokens": [], "cached": None, "error": None, "responses": 0})
+            ids = result.as_numpy("output_ids")
+            if ids is not None:
+                rec["tokens"].extend(ids.reshape(-1).tolist())
+                rec["cached"] = int(result.as_numpy("cached_tokens").reshape(-1)[0])
+                rec["responses"] += 1
+            if resp.parameters["triton_final_response"].bool_param:
+                done += 1
+        return out
+
+    def close(self) -> None:
+        self.client.stop_stream()
+        self.client.close()

@@ -1,0 +1,166 @@
+"""The real tritonserver serving a dasc-build engine directory, driven by the real tritonclient over gRPC
+and HTTP: outputs equal transformers' greedy generate, a repeated prompt is served from the cache,
+TensorRT-LLM's conventions hold, bad requests are errors naming their input, metrics tell the truth."""
+from __future__ import annotations
+
+import json
+import random
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+
+from serve_helpers import VOCAB, StreamClient, build, build_engine, hf_greedy, serve, triton_inputs
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    """A dense (exact) engine of the tiny Kimi-Linear served by tritonserver, and its transformers twin."""
+    tmp = tmp_path_factory.mktemp("serve-dense")
+    hf = build(tmp / "ckpt", "kda", seed=21)
+    engine = build_engine(tmp / "ckpt", tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 400,
+                          "--block-size", 4, "--interval", 8, "--max-context", 256)
+    server = serve(engine, tmp / "work")
+    yield server, hf
+    server.stop()
+
+
+def metrics(server) -> dict:
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("dasc_"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def prompts(seed, n, lo=3, hi=20):
+    rng = random.Random(seed)
+    base = [rng.randrange(VOCAB) for _ in range(hi)]
+    return [base[:rng.randrange(lo, hi)] + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 4))]
+            for _ in range(n)]
+
+
+def test_grpc_streams_equal_transformers_and_hit_the_cache(dense):
+    server, hf = dense
+    import tritonclient.grpc as grpc
+    cases = prompts(0, 8)
+    client = StreamClient(server.grpc_url)
+    try:
+        for i, p in enumerate(cases):
+            client.send(f"s{i}", triton_inputs(grpc, p, 4, streaming=True))
+        got = client.collect(len(cases))
+    finally:
+        client.close()
+    for i, p in enumerate(cases):
+        rec = got[f"s{i}"]
+        assert rec["error"] is None and rec["tokens"] == hf_greedy(hf, p, 4)
+        assert rec["responses"] == 4                     # streaming: one token per response
+    # the same prompt again: served from a checkpoint
+    client = StreamClient(server.grpc_url)
+    try:
+        client.send("again", triton_inputs(grpc, cases[0], 2))
+        rec = client.collect(1)["again"]
+    finally:
+        client.close()
+    assert rec["cached"] > 0
+    # non-streaming output holds the prompt, then the generated tokens
+    assert rec["tokens"] == list(cases[0]) + hf_greedy(hf, cases[0], 2) and rec["responses"] == 1
+
+
+def test_http_generate_stream_concurrently(dense):
+    server, hf = dense
+    cases = prompts(1, 6)
+    results = {}
+
+    def one(i, p):
+        body = json.dumps({"input_ids": p, "input_lengths": len(p), "request_output_len": 3, "streaming": True})
+        req = urllib.request.Request(f"http://{server.http_url}/v2/models/dasc_hybrid/generate_stream",
+                                     data=body.encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            events = [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
+        results[i] = [e["output_ids"] for e in events]
+    threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(cases)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, p in enumerate(cases):
+        assert results[i] == hf_greedy(hf, p, 3)
+
+
+def test_exclude_input_perf_metrics_and_end_id(dense):
+    server, hf = dense
+    import tritonclient.grpc as grpc
+    p = prompts(2, 1)[0]
+    ref = hf_greedy(hf, p, 5)
+    client = StreamClient(server.grpc_url)
+    try:
+        client.send("x", triton_inputs(grpc, p, 5, exclude_input_in_output=True, return_perf_metrics=True,
+                                       end_id=ref[2]))
+        result, error = client.events.get(timeout=120)
+    finally:
+        client.close()
+    assert error is None
+    assert result.as_numpy("output_ids").reshape(-1).tolist() == ref[:3]   # stopped at end_id, no prompt
+    assert result.as_numpy("sequence_length").reshape(-1).tolist() == [3]
+    times = [int(result.as_numpy(k).reshape(-1)[0]) for k in
+             ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")]
+    assert 0 < times[0] <= times[1] <= times[2] <= times[3]
+    assert int(result.as_numpy("kv_cache_alloc_total_blocks").reshape(-1)[0]) > 0
+
+
+BAD = [
+    ("missing-input-ids", dict(drop="input_ids"), "input_ids"),
+    ("lengths-disagree", dict(input_lengths=np.array([[99]], np.int32)), "input_lengths"),
+    ("zero-output", dict(request_output_len=np.array([[0]], np.int32)), "request_output_len"),
+    ("negative-output", dict(request_output_len=np.array([[-3]], np.int32)), "request_output_len"),
+    ("id-outside-vocab", dict(input_ids=np.array([[1, VOCAB + 5]], np.int32), input_lengths=np.array([[2]], np.int32)),
+     "input_ids"),
+    ("beam-4", dict(beam_width=np.array([[4]], np.int32)), "beam_width"),
+    ("lora", dict(lora_task_id=np.array([[3]], np.uint64)), "lora_task_id"),
+    ("penalty", dict(repetition_penalty=np.array([[1.3]], np.float32)), "repetition_penalty"),
+    ("oversize", dict(input_ids=np.ones((1, 300), np.int32), input_lengths=np.array([[300]], np.int32)), "input_ids"),
+    ("top-p-2", dict(runtime_top_p=np.array([[2.0]], np.float32)), "runtime_top_p"),
+]
+
+
+@pytest.mark.parametrize("change,needle", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_requests_are_errors_naming_the_input(dense, change, needle):
+    server, _ = dense
+    import tritonclient.grpc as grpc
+    values = {"input_ids": np.array([[1, 2, 3]], np.int32), "input_lengths": np.array([[3]], np.int32),
+              "request_output_len": np.array([[2]], np.int32)}
+    values.update({k: v for k, v in change.items() if k != "drop"})
+    values.pop(change.get("drop"), None)
+    inputs = []
+    for name, arr in values.items():
+        i = grpc.InferInput(name, list(arr.shape), {np.int32: "INT32", np.uint64: "UINT64",
+                                                      np.float32: "FP32"}[arr.dtype.type])
+        i.set_data_from_numpy(arr)
+        inputs.append(i)
+    client = StreamClient(server.grpc_url)
+    try:
+        client.send("bad", inputs)
+        result, error = client.events.get(timeout=60)
+    finally:
+        client.close()
+    assert error is not None and needle in error.message(), (error, result)
+    assert server.proc.poll() is None
+
+
+def test_cache_control_flush_and_stats(dense):
+    server, _ = dense
+    import tritonclient.grpc as grpc
+    client = StreamClient(server.grpc_url)
+    control = np.array([["flush"]], dtype=object)
+    try:
+        client.send("flush", triton_inputs(grpc, [1], 1, cache_control=control))
+        result, error = client.events.get(timeout=60)
+    finally:
+        client.close()
+    assert error is None
+    stats = json.loads(result.as_numpy("cache_stats").reshape(-1)[0])
+    assert stats["checkpoints_cached"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks"]

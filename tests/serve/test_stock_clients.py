@@ -1,0 +1,75 @@
+"""TensorRT-LLM's own example client (inflight_batcher_llm_client.py), unchanged, against dasc_hybrid.
+
+Its code is never committed here: the test runs it from a scratch copy of triton-inference-server/
+tensorrtllm_backend (inflight_batcher_llm/client/, commit c2e65b8, the last with the client) named by
+DASC_TRTLLM_CLIENTS, or found at /tmp/trtllm_backend/inflight_batcher_llm/client; without one it skips.
+The client checks our output itself (--check-output against a CSV of prompt + transformers' greedy tokens).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serve_helpers import VOCAB, build, build_engine, hf_greedy, serve
+
+CLIENTS = Path(os.environ.get("DASC_TRTLLM_CLIENTS", "/tmp/trtllm_backend/inflight_batcher_llm/client"))
+CLIENT = CLIENTS / "inflight_batcher_llm_client.py"
+pytestmark = pytest.mark.skipif(not CLIENT.is_file(), reason=(
+    f"TensorRT-LLM's example clients are not here ({CLIENT}): put a scratch copy of tensorrtllm_backend's "
+    "inflight_batcher_llm/client there or point DASC_TRTLLM_CLIENTS at it"))
+
+PROMPT = [11, 42, 7, 93, 15, 3, 64, 28, 50]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stock")
+    hf = build(tmp / "ckpt", "kda", seed=33)
+    common = ("--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 600, "--block-size", 4, "--max-context", 512)
+    decoupled = serve(build_engine(tmp / "ckpt", tmp / "engine", *common), tmp / "w1")
+    plain = serve(build_engine(tmp / "ckpt", tmp / "engine-plain", *common, "--no-decoupled"), tmp / "w2")
+    yield {"decoupled": decoupled, "plain": plain}, hf, tmp
+    decoupled.stop()
+    plain.stop()
+
+
+def run_client(server, tmp, *flags, expect=None):
+    (tmp / "in.csv").write_text(",".join(map(str, PROMPT)) + "\n")
+    args = [sys.executable, str(CLIENT), "-u", server.grpc_url, "--model-name", "dasc_hybrid",
+            "--input-tokens-csv", str(tmp / "in.csv"), *map(str, flags)]
+    if expect is not None:
+        (tmp / "expect.csv").write_text(",".join(map(str, expect)) + "\n")
+        args += ["--output-tokens-csv", str(tmp / "expect.csv"), "--check-output"]
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=str(CLIENTS))
+
+
+@pytest.mark.parametrize("mode", ["streaming", "plain"])
+def test_stock_client_checks_our_greedy_output(servers, mode):
+    s, hf, tmp = servers
+    expect = PROMPT + hf_greedy(hf, PROMPT, 6)
+    flags = ("--request-output-len", 6) + (("--streaming",) if mode == "streaming" else ())
+    proc = run_client(s["decoupled" if mode == "streaming" else "plain"], tmp, *flags, expect=expect)
+    assert proc.returncode == 0 and "PASS!" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_stock_client_perf_metrics_and_exclude_input(servers):
+    s, hf, tmp = servers
+    proc = run_client(s["decoupled"], tmp, "--request-output-len", 4, "--streaming", "--exclude-input-in-output",
+                      "--return-perf-metrics", expect=hf_greedy(hf, PROMPT, 4))
+    assert proc.returncode == 0 and "PASS!" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "first_token_time_ns" in proc.stdout
+
+
+@pytest.mark.parametrize("how", ["request-cancel", "stop-signal"])
+def test_stock_client_stops_a_long_request(servers, how):
+    s, _, tmp = servers
+    flags = ["--request-output-len", 400, "--streaming", "--stop-after-ms", 300]
+    if how == "request-cancel":
+        flags.append("--stop-via-request-cancel")
+    proc = run_client(s["decoupled"], tmp, *flags)
+    # the client itself asserts it got fewer than 400 tokens
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
