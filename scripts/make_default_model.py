@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,6 +28,8 @@ DEFAULT_OUT = os.path.join(REPO, "trtllm_dasc", "assets", "tiny-kimi-linear")
 SEED = 0
 VOCAB_TARGET = 3072
 SPECIALS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>")
+OUTPUT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json")
 
 # an English-like lexicon: the words of reading-comprehension passages and the questions asked about them
 FUNCTION = """the a an of to in on at by for with from about into over under after before during between
@@ -181,11 +182,17 @@ def build_model(vocab_size: int, seed: int = SEED):
 
 
 def write_default_model(out_dir: str, seed: int = SEED) -> str:
+    # replace a previous output, never a directory holding anything else (--out . must not wipe a checkout)
+    if os.path.isdir(out_dir):
+        foreign = sorted(set(os.listdir(out_dir)) - set(OUTPUT_FILES))
+        if foreign:
+            sys.exit(f"--out {out_dir} holds files this script does not write ({', '.join(foreign[:3])}); "
+                     "choose an empty or new directory")
+        for name in os.listdir(out_dir):
+            os.remove(os.path.join(out_dir, name))
+    os.makedirs(out_dir, exist_ok=True)
     tok = train_tokenizer(corpus(seed))
     model = build_model(tok.get_vocab_size(), seed)
-    if os.path.isdir(out_dir):
-        shutil.rmtree(out_dir)
-    os.makedirs(out_dir)
     model.save_pretrained(out_dir)
     write_tokenizer(tok, out_dir)
     return out_dir
