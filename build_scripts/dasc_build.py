@@ -105,8 +105,10 @@ def copy_model(src: str, dst: str) -> int:
         except OSError:
             shutil.copy2(a, b)
         done += os.path.getsize(a)
-        print(f"\r[dasc-build] model files {done / 2**20:8.1f} / {total / 2**20:.1f} MiB "
-              f"({100 * done / max(total, 1):3.0f}%, {time.time() - t0:.1f} s)", end="", file=sys.stderr)
+        # a live progress line on a terminal; a log gets the last one only
+        if sys.stderr.isatty() or done == total:
+            print(f"\r[dasc-build] model files {done / 2**20:8.1f} / {total / 2**20:.1f} MiB "
+                  f"({100 * done / max(total, 1):3.0f}%, {time.time() - t0:.1f} s)", end="", file=sys.stderr)
     print(file=sys.stderr)
     return total
 
@@ -116,7 +118,7 @@ def build(args) -> str:
     from trtllm_dasc.config import HybridConfig
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     from trtllm_dasc.serve.repository import fill_model
-    from trtllm_dasc.serve.text_models import text_model_values
+    from trtllm_dasc.serve.tokenizer import text_model_values
 
     check_args(args)
     opts = engine_options(args)
@@ -155,7 +157,12 @@ def build(args) -> str:
                   # relative to the model's directory: the engine directory can move
                   "engine_dir": "../..", "exclude_input_in_output": str(args.exclude_input_in_output).lower()}
         fill_model("dasc_hybrid", repo, values)
-        extra = text_model_values(os.path.join(tmp, "model"), values)
+        extra = {}
+        if os.path.isfile(os.path.join(tmp, "model", "tokenizer.json")):
+            # text in, text out: the checkpoint's own tokenizer, found relative to each model's directory
+            extra = text_model_values(os.path.join(tmp, "model"), max_batch_size=args.max_batch_size)
+            for name in ("preprocessing", "postprocessing"):
+                extra[name]["tokenizer_dir"] = "../../model"
         for name, model_values in extra.items():
             fill_model(name, repo, model_values)
         if os.path.exists(out):

@@ -8,6 +8,7 @@ tokenizer (the default model's) the decoded chunks concatenate to the decoded wh
 its own leading space (a character whose UTF-8 bytes are split across two chunks is the exception).
 """
 import json
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -19,7 +20,9 @@ from trtllm_dasc.serve.tokenizer import TextTokenizer, model_parameter, parse_bo
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        self.tokenizer = TextTokenizer(model_parameter(config, "tokenizer_dir"))
+        tokenizer_dir = model_parameter(config, "tokenizer_dir")
+        # relative to this model's directory: an engine directory (repository and model inside) can move
+        self.tokenizer = TextTokenizer(os.path.join(args["model_repository"], tokenizer_dir))
         self.skip_special = parse_bool(model_parameter(config, "skip_special_tokens"), "skip_special_tokens")
 
     def execute(self, requests):

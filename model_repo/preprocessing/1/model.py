@@ -5,6 +5,7 @@ to the tokenizer's EOS / PAD; a batch of prompts is right-padded with PAD to the
 gets a Triton error naming the field; the other requests of the batch are served.
 """
 import json
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -21,7 +22,9 @@ def _optional(request, name):
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        self.tokenizer = TextTokenizer(model_parameter(config, "tokenizer_dir"))
+        tokenizer_dir = model_parameter(config, "tokenizer_dir")
+        # relative to this model's directory: an engine directory (repository and model inside) can move
+        self.tokenizer = TextTokenizer(os.path.join(args["model_repository"], tokenizer_dir))
         self.add_special_tokens = parse_bool(model_parameter(config, "add_special_tokens"), "add_special_tokens")
 
     def execute(self, requests):

@@ -1,0 +1,73 @@
+"""Text in, text out through the ensemble (preprocessing -> dasc_hybrid -> postprocessing) serving the
+embedded default model: gRPC streaming, Triton's HTTP generate / generate_stream endpoints, and
+TensorRT-LLM's own end_to_end_grpc_client.py unchanged (from a scratch copy, skipped without one). The
+reference is transformers' KimiLinearForCausalLM with the model's own tokenizer (AutoTokenizer)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from serve_helpers import build_engine, serve
+
+ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
+CLIENTS = Path(os.environ.get("DASC_TRTLLM_CLIENTS", "/tmp/trtllm_backend/inflight_batcher_llm/client"))
+E2E = CLIENTS / "end_to_end_grpc_client.py"
+PROMPT = "Question: which planet is closest to the sun? Answer:"
+
+
+@pytest.fixture(scope="module")
+def text_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("text")
+    engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
+                          "--max-context", 1024)
+    server = serve(engine, tmp / "work")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from transformers import AutoTokenizer, KimiLinearForCausalLM
+    tok = AutoTokenizer.from_pretrained(str(ASSET))
+    model = KimiLinearForCausalLM.from_pretrained(str(ASSET), torch_dtype=torch.float32).eval()
+
+    def greedy_text(prompt: str, n: int) -> str:
+        ids = tok.encode(prompt)
+        with torch.no_grad():
+            for _ in range(n):
+                ids.append(int(torch.argmax(model(torch.tensor([ids])).logits[0, -1])))
+        return tok.decode(ids[len(tok.encode(prompt)):], skip_special_tokens=True)
+    return greedy_text
+
+
+def test_http_generate_and_generate_stream(text_server, reference):
+    want = reference(PROMPT, 8)
+    body = json.dumps({"text_input": PROMPT, "max_tokens": 8, "exclude_input_in_output": True}).encode()
+    url = f"http://{text_server.http_url}/v2/models/ensemble"
+    with urllib.request.urlopen(urllib.request.Request(url + "/generate", data=body), timeout=120) as r:
+        whole = json.loads(r.read())
+    assert whole["text_output"] == want and whole["cached_tokens"] >= 0
+    body = json.dumps({"text_input": PROMPT, "max_tokens": 8, "stream": True}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url + "/generate_stream", data=body), timeout=120) as r:
+        events = [json.loads(l[5:]) for l in r.read().decode().splitlines() if l.startswith("data:")]
+    assert "".join(e["text_output"] for e in events) == want
+    # the repeat of the prompt is served from the cache
+    assert events[-1]["cached_tokens"] > 0
+
+
+@pytest.mark.skipif(not E2E.is_file(), reason=f"TensorRT-LLM's example clients are not here ({E2E}): put a "
+                    "scratch copy of tensorrtllm_backend's inflight_batcher_llm/client there or set DASC_TRTLLM_CLIENTS")
+@pytest.mark.parametrize("streaming", [False, True])
+def test_stock_end_to_end_client(text_server, reference, streaming):
+    want = reference(PROMPT, 10)
+    args = [sys.executable, str(E2E), "-u", text_server.grpc_url, "-p", PROMPT, "-o", "10",
+            "--expected-outputs", json.dumps([want]), "--check-outputs"] + (["--streaming"] if streaming else [])
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=str(CLIENTS))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
