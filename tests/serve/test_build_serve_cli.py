@@ -1,0 +1,118 @@
+"""dasc-build and dasc serve as a user runs them: bad options are one line and exit code 2; an engine
+directory is self-contained (it serves after being moved); dasc serve reports ready, answers, and stops
+cleanly on SIGTERM and when its server dies, never leaving a process behind."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from serve_helpers import StreamClient, build, build_engine, serve, triton_inputs
+from trtllm_dasc.serve.tritonserver import free_port
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+    build(tmp / "ckpt", "gdn", seed=5)
+    return tmp / "ckpt"
+
+
+def dasc_build(*args):
+    return subprocess.run([sys.executable, "-m", "build_scripts.dasc_build", *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (("--tp", 2), "--tp > 1"), (("--max-batch-size", 0), "max_batch"), (("--device", "foo"), "device"),
+    (("--wmax", -1), "wmax"), (("--kv-blocks", 99999999999999), "num_kv_blocks"), (("--dtype", "int4"), "--dtype"),
+    (("--state-budget-bytes", 10), "budget"), (("--max-queue-delay-microseconds", -5), "max-queue-delay"),
+], ids=["tp", "batch", "device", "wmax", "kv-blocks", "dtype", "budget", "delay"])
+def test_bad_build_options_are_one_line(ckpt, tmp_path, flags, needle):
+    proc = dasc_build("--model", ckpt, "--output", tmp_path / "e", "--device", "cpu", *flags)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and needle in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "e").exists()
+
+
+def test_build_refuses_to_overwrite_and_a_non_checkpoint(ckpt, tmp_path):
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    proc = dasc_build("--model", ckpt, "--output", out, "--device", "cpu")
+    assert proc.returncode == 2 and "--force" in proc.stderr and (out / "keep.txt").exists()
+    proc = dasc_build("--model", tmp_path, "--output", tmp_path / "f", "--device", "cpu")
+    assert proc.returncode == 2 and "no config.json" in proc.stderr
+
+
+def test_engine_dir_is_self_contained(ckpt, tmp_path):
+    engine = build_engine(ckpt, tmp_path / "engine", "--wmax", 16, "--max-batch-size", 2, "--kv-blocks", 128,
+                          "--block-size", 4, "--max-context", 128)
+    meta = json.loads((engine / "config.json").read_text())
+    assert meta["engine"]["wmax"] == 16 and (engine / "plan.json").is_file() and (engine / "kernels").is_dir()
+    moved = tmp_path / "elsewhere" / "engine"
+    moved.parent.mkdir()
+    shutil.move(str(engine), str(moved))
+    server = serve(moved, tmp_path / "work")
+    try:
+        import tritonclient.grpc as grpc
+        client = StreamClient(server.grpc_url)
+        client.send("a", triton_inputs(grpc, [1, 2, 3], 2, streaming=True))
+        rec = client.collect(1)["a"]
+        client.close()
+        assert rec["error"] is None and len(rec["tokens"]) == 2
+    finally:
+        server.stop()
+
+
+def _serve_proc(args, tmp_path):
+    ports = [free_port() for _ in range(3)]
+    cmd = [sys.executable, "-m", "trtllm_dasc.cli", "serve", *map(str, args), "--http-port", ports[0],
+           "--grpc-port", ports[1], "--metrics-port", ports[2], "--work-dir", tmp_path / "work"]
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    line = ""
+    while time.time() < deadline and "ready:" not in line:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise AssertionError(proc.stderr.read())
+    assert "ready:" in line, line
+    return proc, ports
+
+
+def _server_pids(tmp_path):
+    out = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_dasc_serve_builds_a_checkpoint_answers_and_stops_on_sigterm(ckpt, tmp_path):
+    proc, ports = _serve_proc(["--model", ckpt, "--device", "cpu", "--dtype", "float32", "--wmax", 0,
+                               "--max-batch-size", 2, "--kv-blocks", 128, "--max-context", 128], tmp_path)
+    try:
+        import tritonclient.grpc as grpc
+        client = StreamClient(f"127.0.0.1:{ports[1]}")
+        client.send("a", triton_inputs(grpc, [4, 5, 6], 3))
+        rec = client.collect(1)["a"]
+        client.close()
+        assert rec["error"] is None and rec["tokens"][:3] == [4, 5, 6] and len(rec["tokens"]) == 6
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    time.sleep(0.5)
+    assert not _server_pids(tmp_path), "tritonserver outlived dasc serve"
+
+
+def test_dasc_serve_exits_when_its_server_dies(ckpt, tmp_path):
+    engine = build_engine(ckpt, tmp_path / "engine", "--wmax", 0, "--max-batch-size", 2, "--kv-blocks", 128,
+                          "--max-context", 128)
+    proc, _ = _serve_proc(["--model", engine], tmp_path)
+    for pid in _server_pids(tmp_path):
+        if pid != proc.pid:
+            os.kill(pid, signal.SIGKILL)
+    assert proc.wait(60) != 0
