@@ -1,0 +1,105 @@
+"""Serving arms at one matched checkpoint budget: spec parsing, slots, dasc-build and each arm's server.
+
+An arm spec is `dense`, or `nr<W>` / `wr<W>` (dasc with W_max = W and that load policy), each optionally
+followed by `+int8` (the INT8 temporal codec): dense, nr16, wr16, nr64, nr16+int8.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from trtllm_dasc.errors import UserError
+
+SPEC = re.compile(r"(dense|(nr|wr)(\d+))(\+int8)?")
+
+
+@dataclass(slots=True)
+class Arm:
+    spec: str
+    wmax: int
+    policy: str
+    codec: str
+
+    @property
+    def label(self) -> str:
+        name = "dense" if self.wmax == 0 else f"dasc-{self.policy} W={self.wmax}"
+        return name + (" + INT8" if self.codec == "int8" else "")
+
+    def build_flags(self) -> list[str]:
+        return ["--wmax", str(self.wmax), "--policy", self.policy, "--codec", self.codec]
+
+
+def parse_arms(text: str) -> list[Arm]:
+    arms = []
+    for spec in text.split(","):
+        m = SPEC.fullmatch(spec.strip())
+        if m is None:
+            raise UserError(f"--arms: {spec.strip()!r} is not an arm (dense, nr16, wr16, nr64, nr16+int8, ...)")
+        wmax = 0 if m.group(1) == "dense" else int(m.group(3))
+        if m.group(2) and wmax == 0:
+            raise UserError(f"--arms: {spec.strip()!r}: a dasc arm needs W_max >= 1 (dense is `dense`)")
+        arms.append(Arm(spec.strip(), wmax, m.group(2) or "nr", "int8" if m.group(4) else "native"))
+    if len({a.spec for a in arms}) != len(arms):
+        raise UserError(f"--arms: {text!r} names an arm twice")
+    return arms
+
+
+def dense_checkpoint_bytes(model: str, dtype: str) -> int:
+    """Bytes of one complete dense checkpoint (temporal fp32 + conv in the model's dtype), TP1."""
+    from trtllm_dasc.config import HybridConfig
+    return HybridConfig.from_path(model, conv_dtype=dtype).dense_checkpoint_bytes_per_rank(1)
+
+
+def capacity(model: str, arm: Arm, budget: int, dtype: str) -> dict:
+    """What dasc-build will plan for this arm: slots N(W) = floor(B / bytes) - 1 and the bytes per slot."""
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    plan, _ = plan_from_path(model, PlanOptions(wmax=arm.wmax, tp=1, placement="off", codec=arm.codec),
+                             conv_dtype=dtype)
+    r = plan.report(budget)
+    return {"slots": r["slots"], "dense_slots": r["dense_slots"], "checkpoint_bytes": r["bottleneck_slot_bytes"],
+            "compression_ckpt": r["compression_ckpt"]}
+
+
+def build_engine(model: str, arm: Arm, out: str, budget: int, flags: list[str]) -> str:
+    """The arm's engine directory, made by dasc-build (a subprocess: what a user runs)."""
+    cmd = [sys.executable, "-m", "build_scripts.dasc_build", "--model", model, "--output", out, "--force",
+           "--state-budget-bytes", str(budget), *arm.build_flags(), *flags]
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
+        raise UserError(f"dasc-build for arm {arm.spec} failed: {lines[-1]}")
+    return out
+
+
+def share_kernels(engine_dir: str, cache_dir: str) -> None:
+    """Point the engine's compiled-kernel cache at a shared directory: arms compile the same kernels
+    (Triton keys them by source and specialisation), and on the H200 the first compile took 99 s."""
+    os.makedirs(cache_dir, exist_ok=True)
+    kernels = os.path.join(engine_dir, "kernels")
+    if os.path.isdir(kernels) and not os.path.islink(kernels):
+        os.rmdir(kernels)
+    if not os.path.islink(kernels):
+        os.symlink(os.path.abspath(cache_dir), kernels)
+
+
+def serve(engine_dir: str, work_dir: str, timeout: float, torch_threads: int | None = None):
+    """The arm's tritonserver, ready (warm-up done). Only dasc_hybrid is loaded: the text models'
+    processes would compete for the CPU with the engine and are not part of what is measured.
+    ``torch_threads`` sets the engine's OpenMP threads (on a 2-core CPU shared with the client, two
+    threads made a bf16 depthwise conv on the engine's loop thread 20x slower than one)."""
+    from trtllm_dasc.serve.tritonserver import start_server
+    env = {"OMP_NUM_THREADS": str(torch_threads)} if torch_threads else None
+    server = start_server(os.path.join(engine_dir, "model_repo"), work_dir, env=env,
+                          extra_args=["--model-control-mode=explicit", "--load-model=dasc_hybrid"])
+    try:
+        server.wait_ready(timeout)
+    except (RuntimeError, TimeoutError) as e:
+        server.stop()
+        raise RuntimeError(f"{e} (log: {server.log_path})") from None
+    return server

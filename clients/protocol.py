@@ -1,0 +1,128 @@
+"""The paper's matched-HBM serving protocol (App. C.2) against one target (a server, or an engine in-process).
+
+Phases: one per arm's capacity boundary, a block holding Q(W) = ceil(N(W) / 0.85) unique prompts, so the
+arm at that boundary can keep 85% of a block's prompts and an arm with fewer slots less. For every phase,
+request-order seed and block:
+    flush -> untimed streaming fill -> telemetry -> seeded shuffle -> timed streaming replay -> telemetry
+with one output token per request at a fixed concurrency. Only replay requests enter the figures.
+The fill sends the block's first prompt of each category first, then the rest: otherwise the first wave
+of concurrent fills would each prefill the same shared prefix, which is untimed but on a GPU the
+largest cost of the whole run; what the fill leaves in the cache is the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from clients.workload import Workload, block_size, phase_blocks
+from trtllm_dasc.errors import UserError
+
+
+@dataclass(slots=True)
+class ProtocolConfig:
+    seeds: tuple[int, ...] = (42, 123, 7)
+    output_tokens: int = 1
+    blocks_per_phase: int | None = None     # None: every block of the dataset (the paper)
+    target_fill: float = 0.85
+
+    def __post_init__(self):
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise UserError(f"seeds must be distinct integers, at least one, got {list(self.seeds)}")
+        if self.output_tokens < 1:
+            raise UserError(f"output tokens must be >= 1, got {self.output_tokens}")
+        if self.blocks_per_phase is not None and self.blocks_per_phase < 1:
+            raise UserError(f"blocks per phase must be >= 1, got {self.blocks_per_phase}")
+        if not 0 < self.target_fill <= 1:
+            raise UserError(f"target fill must be in (0, 1], got {self.target_fill}")
+
+
+@dataclass(slots=True)
+class Phase:
+    arms: list[str]          # the arms whose capacity boundary this is
+    q: int                   # unique prompts per block
+    blocks: list[tuple[int, int]]
+
+    @property
+    def name(self) -> str:
+        return f"Q={self.q} ({', '.join(self.arms)})"
+
+
+def make_phases(slots: dict[str, int], prompts: int, cfg: ProtocolConfig) -> list[Phase]:
+    """One phase per distinct Q(W) over the arms, smallest first (the paper: dense, W=16, 64, ...)."""
+    by_q: dict[int, list[str]] = {}
+    for arm, n in slots.items():
+        by_q.setdefault(block_size(n, cfg.target_fill), []).append(arm)
+    return [Phase(arms, q, phase_blocks(prompts, q, cfg.blocks_per_phase)) for q, arms in sorted(by_q.items())]
+
+
+def requests_per_arm(phases: list[Phase], cfg: ProtocolConfig) -> int:
+    return 2 * len(cfg.seeds) * sum(p.q * len(p.blocks) for p in phases)
+
+
+def _delta(after: dict, before: dict) -> dict:
+    def ck(s):
+        return sum(v for k, v in s["evictions"].items() if k.startswith("checkpoint"))
+    d = {k: after[k] - before[k] for k in ("requests", "prompt_tokens", "cached_tokens", "replayed_tokens")}
+    d["hit_rate"] = d["cached_tokens"] / d["prompt_tokens"] if d["prompt_tokens"] else 0.0
+    d["checkpoint_evictions"] = ck(after) - ck(before)
+    d["kv_block_evictions"] = after["evictions"]["kv_blocks"] - before["evictions"]["kv_blocks"]
+    d["checkpoint_loads"] = {k: after["checkpoint_loads"][k] - before["checkpoint_loads"][k]
+                             for k in after["checkpoint_loads"]}
+    return d
+
+
+def _checked(records, what: str):
+    bad = [r for r in records if r.error is not None or r.ttft_s is None]
+    if bad:
+        raise RuntimeError(f"{len(bad)} {what} request(s) failed; first: {bad[0].error or 'no token came back'}")
+    return records
+
+
+def run_block(target, work: Workload, lo: int, hi: int, seed: int, cfg: ProtocolConfig, progress=None) -> dict:
+    """One block: flush, fill, shuffle, timed replay. Returns its figures (replay requests only)."""
+    flushed = target.control("flush")
+    prompts = [work.prompt(i) for i in range(lo, hi)]
+    cats = work.categories[lo:hi]
+    firsts = sorted({cats.index(c) for c in cats})
+    rest = [k for k in range(len(prompts)) if k not in firsts]
+    fill_s = 0.0
+    for part in (firsts, rest):
+        recs, seconds = target.run([prompts[k] for k in part], cfg.output_tokens, progress)
+        _checked(recs, "fill")
+        fill_s += seconds
+    filled = target.control("stats")
+    order = np.random.default_rng([seed, lo]).permutation(len(prompts))
+    recs, seconds = target.run([prompts[k] for k in order], cfg.output_tokens, progress)
+    _checked(recs, "replay")
+    after = target.control("stats")
+    prompt_tokens = sum(r.prompt_tokens for r in recs)
+    cached = sum(r.cached_tokens for r in recs)
+    return {
+        "seed": seed, "prompts": [lo, hi], "categories": sorted(set(cats)),
+        "fill": {"requests": len(prompts), "seconds": fill_s, "checkpoints_cached": filled["checkpoints_cached"],
+                 "checkpoint_evictions": _delta(filled, flushed)["checkpoint_evictions"]},
+        "replay": {"requests": len(recs), "seconds": seconds, "prompt_tokens": prompt_tokens, "cached_tokens": cached,
+                   "hit_rate": cached / prompt_tokens, "input_tokens_per_s": prompt_tokens / seconds,
+                   "replayed_tokens": sum(r.replayed_tokens for r in recs),
+                   # per request, in replay order: prompt index, L_i, C_i, TTFT and end-to-end (ms)
+                   "order": [lo + int(k) for k in order], "prompt_len": [r.prompt_tokens for r in recs],
+                   "cached": [r.cached_tokens for r in recs],
+                   "ttft_ms": [round(r.ttft_s * 1e3, 3) for r in recs],
+                   "e2e_ms": [round(r.e2e_s * 1e3, 3) for r in recs]},
+        # the engine's own counters over the replay (cache_stats): an independent count of Eq. 9
+        "server": _delta(after, filled),
+    }
+
+
+def run_protocol(target, work: Workload, phases: list[Phase], cfg: ProtocolConfig, progress=None) -> list[dict]:
+    """Every phase, seed and block against one target; a list of block records."""
+    out = []
+    for phase in phases:
+        for seed in cfg.seeds:
+            for b, (lo, hi) in enumerate(phase.blocks):
+                if progress is not None:
+                    progress.update(0, note=f"{phase.name} seed {seed}")
+                rec = run_block(target, work, lo, hi, seed, cfg, progress)
+                out.append({"phase": phase.name, "q": phase.q, "block": b, **rec})
+    return out

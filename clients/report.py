@@ -1,0 +1,104 @@
+"""Figures of a protocol run: per seed (pooled over its phases and blocks), per phase, per arm; ratios to a
+baseline arm within each seed (App. C.2: ratios first, then the mean and sample std over seeds); the table.
+
+Input throughput is sum L_i / sum T_replay and the hit rate sum C_i / sum L_i (Eq. 9), both over replay
+requests only; TTFT statistics are over the replay requests themselves.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+
+FIGURES = ("ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "input_tokens_per_s", "hit_rate", "server_hit_rate")
+
+
+def pooled(blocks: list[dict]) -> dict:
+    ttft = np.concatenate([b["replay"]["ttft_ms"] for b in blocks])
+    prompt = sum(b["replay"]["prompt_tokens"] for b in blocks)
+    seconds = sum(b["replay"]["seconds"] for b in blocks)
+    server_prompt = sum(b["server"]["prompt_tokens"] for b in blocks)
+    return {"requests": int(ttft.size), "ttft_mean_ms": float(ttft.mean()),
+            "ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "input_tokens_per_s": prompt / seconds,
+            "hit_rate": sum(b["replay"]["cached_tokens"] for b in blocks) / prompt,
+            "server_hit_rate": sum(b["server"]["cached_tokens"] for b in blocks) / max(server_prompt, 1),
+            "checkpoint_evictions": sum(b["server"]["checkpoint_evictions"] for b in blocks),
+            "kv_block_evictions": sum(b["server"]["kv_block_evictions"] for b in blocks)}
+
+
+def _over_seeds(per_seed: dict) -> dict:
+    out = {}
+    for key in FIGURES:
+        values = [f[key] for f in per_seed.values()]
+        out[key] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+    return out
+
+
+def summarize(blocks: list[dict]) -> dict:
+    """{'per_seed': {seed: figures}, 'seeds': {figure: {mean, std}}, 'phases': {phase: the same}}."""
+    def by_seed(bs):
+        return {s: pooled([b for b in bs if b["seed"] == s]) for s in dict.fromkeys(b["seed"] for b in bs)}
+    per_seed = by_seed(blocks)
+    phases = {}
+    for name in dict.fromkeys(b["phase"] for b in blocks):
+        ps = by_seed([b for b in blocks if b["phase"] == name])
+        phases[name] = {"per_seed": ps, "seeds": _over_seeds(ps)}
+    return {"per_seed": per_seed, "seeds": _over_seeds(per_seed), "phases": phases}
+
+
+def ratios(arm: dict, base: dict) -> dict:
+    """Per seed arm / base (mean TTFT, input throughput), then the mean and std over seeds."""
+    out = {}
+    for key in ("ttft_mean_ms", "input_tokens_per_s"):
+        r = [arm["summary"]["per_seed"][s][key] / base["summary"]["per_seed"][s][key]
+             for s in arm["summary"]["per_seed"]]
+        out[key] = {"mean": statistics.fmean(r), "std": statistics.stdev(r) if len(r) > 1 else 0.0}
+    return out
+
+
+def format_table(arms: list[dict]) -> str:
+    rows = [f"{'arm':24} {'slots':>5} {'ckpt B':>9} {'mean TTFT ms':>15} {'p50 ms':>8} {'p99 ms':>8} "
+            f"{'input tok/s':>15} {'hit rate':>9}"]
+    for a in arms:
+        s = a["summary"]["seeds"]
+        rows.append(f"{a['label']:24} {a['slots']:>5} {a['checkpoint_bytes']:>9,} "
+                    f"{s['ttft_mean_ms']['mean']:>8.1f} ±{s['ttft_mean_ms']['std']:>5.1f} "
+                    f"{s['ttft_p50_ms']['mean']:>8.1f} {s['ttft_p99_ms']['mean']:>8.1f} "
+                    f"{s['input_tokens_per_s']['mean']:>8.0f} ±{s['input_tokens_per_s']['std']:>5.0f} "
+                    f"{s['hit_rate']['mean']:>9.1%}")
+    phases = list(arms[0]["summary"]["phases"])
+    rows.append("")
+    rows.append(f"{'hit rate | mean TTFT ms':24} " + " ".join(f"{p:>24}" for p in phases))
+    for a in arms:
+        cells = []
+        for p in phases:
+            s = a["summary"]["phases"][p]["seeds"]
+            cells.append(f"{s['hit_rate']['mean']:>13.1%} | {s['ttft_mean_ms']['mean']:>8.1f}")
+        rows.append(f"{a['label']:24} " + " ".join(cells))
+    return "\n".join(rows)
+
+
+def provenance(argv: list[str], commit: str | None = None) -> dict:
+    """The exact command and the commit (with a mark when the tree has uncommitted changes)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if commit is None:
+        def git(*args):
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root).stdout.strip()
+        commit = git("rev-parse", "HEAD") or None
+        if commit and git("status", "--porcelain", "--untracked-files=no"):
+            commit += "+uncommitted changes"
+    return {"command": " ".join(["python", *argv]), "commit": commit, "python": sys.version.split()[0],
+            "cpus": os.cpu_count()}
+
+
+def write_json(path: str, result: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, path)

@@ -1,0 +1,45 @@
+"""Bad options of `python -m clients.matched_hbm`: one line on stderr naming the option, exit code 2, and
+nothing built or started."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+MODEL = os.path.join(ROOT, "trtllm_dasc", "assets", "tiny-kimi-linear")
+GOOD = ["--model", MODEL, "--dense-slots", "4"]
+
+CASES = {
+    "unknown arm": (["--arms", "dense,xx16"], "--arms"),
+    "arm twice": (["--arms", "dense,nr16,nr16"], "--arms"),
+    "dasc with W 0": (["--arms", "nr0"], "--arms"),
+    "no budget": (["--model", MODEL], "--state-budget-bytes"),
+    "two budgets": (["--state-budget-bytes", "100000"], "--state-budget-bytes"),
+    "not a checkpoint": (["--model", ROOT], "--model"),
+    "bad seeds": (["--seeds", "42,x"], "--seeds"),
+    "repeated seeds": (["--seeds", "42,42"], "seeds"),
+    "zero concurrency": (["--concurrency", "0"], "--concurrency"),
+    "zero dense slots": (["--dense-slots", "0"], "--dense-slots"),
+    "zero scale": (["--scale", "0"], "scale"),
+    "fill above 1": (["--target-fill", "1.5"], "target fill"),
+    "in-process arm not run": (["--inprocess", "wr16"], "--inprocess"),
+    "too few prompts": (["--prompts", "10"], "prompts"),
+    "non-integer flag": (["--concurrency", "many"], "--concurrency"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_option_is_one_line_and_exit_2(name, tmp_path):
+    flags, needle = CASES[name]
+    argv = flags if name in ("no budget",) else GOOD + flags
+    if name == "not a checkpoint":
+        argv = ["--dense-slots", "4", *flags]
+    proc = subprocess.run([sys.executable, "-m", "clients.matched_hbm", *argv, "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("matched_hbm: error:") and needle in lines[0], proc.stderr
+    assert proc.stdout == "" and not (tmp_path / "out").exists()
