@@ -102,4 +102,7 @@ def serve(engine_dir: str, work_dir: str, timeout: float, torch_threads: int | N
     except (RuntimeError, TimeoutError) as e:
         server.stop()
         raise RuntimeError(f"{e} (log: {server.log_path})") from None
+    except BaseException:
+        server.stop()            # interrupted (a signal): never leave a server behind
+        raise
     return server

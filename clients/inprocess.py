@@ -12,9 +12,14 @@ from clients.client import Record, closed_loop
 
 
 class EngineTarget:
-    def __init__(self, engine_dir: str, concurrency: int, timeout: float = 600.0):
+    def __init__(self, engine_dir: str, concurrency: int, timeout: float = 600.0, torch_threads: int | None = None):
+        import torch
+
         from trtllm_dasc.engine.engine import Engine
         from trtllm_dasc.serve.host import engine_config
+        if torch_threads:
+            # what the server gets as OMP_NUM_THREADS (the loop thread inherits it from here)
+            torch.set_num_threads(torch_threads)
         self.engine = Engine(engine_config(engine_dir))
         # as the server does before it reports ready: compile and autotune outside the timed requests
         self.engine.warmup()

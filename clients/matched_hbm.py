@@ -129,7 +129,9 @@ def run_arm(target_factory, work, phases, proto, progress_label: str) -> dict:
             "summary": summarize(blocks)}
 
 
-def run(args, argv=None) -> dict:
+def run(args, argv=None, extra: dict | None = None) -> dict:
+    """Build, serve and measure every arm; the result (also written to the JSON after each arm).
+    ``argv``: the command to record (default: this module's); ``extra``: more top-level fields."""
     arms, proto, wcfg = check(args)
     if args.device == "auto":
         import torch
@@ -157,7 +159,7 @@ def run(args, argv=None) -> dict:
               "seeds": list(proto.seeds), "concurrency": args.concurrency, "output_tokens": proto.output_tokens,
               "target_fill": proto.target_fill,
               "phases": [{"name": p.name, "q": p.q, "arms": p.arms, "blocks": p.blocks} for p in phases],
-              "arms": []}
+              **(extra or {}), "arms": []}
     print(f"[matched-hbm] budget {budget:,} B per rank ({budget / dense_bytes:.2f} dense checkpoints of "
           f"{dense_bytes:,} B); {len(work)} prompts, prefix {wcfg.scaled(wcfg.prefix_tokens)} + question "
           f"{wcfg.scaled(wcfg.question_tokens)} tokens", file=sys.stderr)
@@ -187,7 +189,7 @@ def run(args, argv=None) -> dict:
     if args.inprocess:
         from clients.inprocess import EngineTarget
         a = next(x for x in arms if x.spec == args.inprocess)
-        res = run_arm(lambda: EngineTarget(engines[a.spec], args.concurrency, args.request_timeout),
+        res = run_arm(lambda: EngineTarget(engines[a.spec], args.concurrency, args.request_timeout, args.torch_threads),
                       work, phases, proto, f"{a.spec:>10} (in-process)")
         entry = _arm_entry(a, caps[a.spec], "in-process", res, None, None)
         served = next(x for x in result["arms"] if x["spec"] == a.spec)

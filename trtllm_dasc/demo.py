@@ -1,79 +1,49 @@
-"""`make run`: the main job on the embedded default model.
+"""`make run`: the paper's matched-HBM serving protocol (App. C.2) on the embedded default model.
 
-Until the serving layer lands this is the planner demo plus an engine run:
-1. write synthetic decay checkpoints with the released models' shapes (Kimi-Linear-48B, Qwen3-Next-80B),
-   plan them for W_max in {16, 64, 128, 512} at TP8 with the paper's matched-HBM budgets, print the
-   capacity tables and draw the horizon/capacity plots;
-2. build the embedded default model (a small Kimi-Linear with the paper's KDA decay profile) and run a
-   prefix-reuse workload through the engine for the dense and dasc arms at the same state memory.
+Three arms at one checkpoint budget, small enough that dense holds only 6 checkpoints: dense, dasc-nr
+W_max=16 and dasc-nr W_max=16 + INT8. Each is built with dasc-build, served by its own tritonserver and
+driven by the same streaming workload (`python -m clients.matched_hbm`, whose exact command this prints
+and records): a synthetic MMLU-Pro-shaped prompt set at a fifth of the paper's token lengths, one block
+per capacity-boundary phase, three request-order seeds, concurrency 8, one output token. It prints the
+table (slots, TTFT, input tokens/s, hit rate) and writes the JSON and the plot to demo_out/.
+
+The planner's capacity tables for the released models' shapes are `dasc plan` (see the README).
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
-
-from trtllm_dasc.plan import PlanOptions, plan_from_path
-from trtllm_dasc.plan.cli import format_table
-from trtllm_dasc.plan.plot import plot_plan
-from trtllm_dasc.plan.synthetic import write_checkpoint
+import time
 
 OUT = os.environ.get("DASC_DEMO_OUT", "demo_out")
-WMAX = (16, 64, 128, 512)
-# the paper's per-rank budgets: 128 dense TP8 slots, i.e. 127 deployable (App. C.1)
-MODELS = (("kda", "Kimi-Linear-48B-shaped", 694_681_600), ("gdn", "Qwen3-Next-80B-shaped", 1_236_271_104))
+MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "tiny-kimi-linear")
+
+# a fifth of the paper's lengths (prefix 300-500, question 20-60 tokens) keeps three arms x three seeds in
+# about two minutes on a 2-core CPU; one engine thread, since client, server and engine share the 2 cores
+ARGS = ["--model", MODEL, "--out", OUT, "--arms", "dense,nr16,nr16+int8", "--dense-slots", "6",
+        "--scale", "0.2", "--blocks-per-phase", "1", "--seeds", "42,123,7", "--concurrency", "8",
+        "--max-batch-size", "8", "--device", "cpu", "--dtype", "bfloat16", "--torch-threads", "1"]
 
 
 def main() -> int:
-    os.makedirs(OUT, exist_ok=True)
-    summary = {}
-    for arch, name, budget in MODELS:
-        ckpt = write_checkpoint(os.path.join(OUT, f"synthetic-{arch}"), arch)
-        print(f"\n=== {name} synthetic decay checkpoint ({ckpt}), TP8, hybrid placement ===", flush=True)
-        reports = []
-        for w in WMAX:
-            plan, horizons = plan_from_path(ckpt, PlanOptions(wmax=w, tp=8, placement="hybrid"))
-            reports.append(plan.report(budget))
-        print(format_table(reports))
-        png = os.path.join(OUT, f"plan-{arch}.png")
-        plot_plan(png, plan.config, horizons, PlanOptions(wmax=16, tp=8), budget)
-        print(f"plot: {png}")
-        summary[arch] = [{k: r[k] for k in ("wmax", "compression_ckpt", "slots", "dense_slots",
-                                             "bottleneck_slot_bytes")} for r in reports]
-    with open(os.path.join(OUT, "plan-summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print("\npaper, real weights (TP-balanced): KDA 2.63x at W_max=16 ... 28.04x at 512; GDN 1.10x ... 2.48x")
-    print(f"summary: {os.path.join(OUT, 'plan-summary.json')}")
-    engine_demo()
+    # the demo is an application of the client package (it sits above the library it lives in)
+    from clients.matched_hbm import main as matched_hbm
+
+    rel = os.path.relpath(MODEL)
+    print("=== make run: matched-HBM serving on the embedded tiny Kimi-Linear (CPU) ===")
+    print("python -m clients.matched_hbm " + " ".join(a if a != MODEL else rel for a in ARGS), flush=True)
+    t0 = time.perf_counter()
+    rc = matched_hbm(ARGS)
+    if rc:
+        return rc
+    out = os.path.abspath(OUT)
+    print(f"\nwall time {time.perf_counter() - t0:.0f} s. CPU figures of a tiny random-weight model: only the "
+          "relative effect of the arms matters.")
+    print(f"results: {os.path.join(out, 'matched_hbm.json')} (every block's per-request figures)")
+    print(f"plot:    {os.path.join(out, 'matched_hbm.png')}")
+    print(f"engines: {os.path.join(out, 'engines')}/<arm> (serve one with `dasc serve --model DIR`)")
+    print(f"server logs: {os.path.join(out, 'servers')}/<arm>/tritonserver.log")
     return 0
-
-
-def engine_demo() -> None:
-    from trtllm_dasc.config import HybridConfig
-    from trtllm_dasc.engine.config import EngineConfig
-    from trtllm_dasc.engine.workload import prefix_reuse_workload, run_arm
-    from trtllm_dasc.plan.synthetic import write_tiny_model
-
-    model = os.path.join(OUT, "tiny-kimi-linear")
-    if not os.path.isfile(os.path.join(model, "config.json")):
-        write_tiny_model(model, "kda")
-    work = prefix_reuse_workload(num_docs=30, doc_len=96, questions_per_doc=3)
-    # state memory for 15 dense checkpoints (the conv state is kept in the model's fp32)
-    budget = 16 * HybridConfig.from_path(model, conv_dtype="float32").dense_checkpoint_bytes_per_rank(1)
-    print(f"\n=== engine: {len(work.replay)} replayed requests over {len(work.fill)} shared {work.doc_len}-token "
-          f"prefixes, state budget {budget:,} B, model {model} ===", flush=True)
-    print(f"{'arm':30} {'slots':>6} {'hit rate':>9} {'prefilled':>10} {'ms/req':>7} {'in tok/s':>9}")
-    rows = []
-    for arm in ({}, {"wmax": 16}, {"wmax": 16, "policy": "wr"}, {"wmax": 16, "codec": "int8"}):
-        cfg = EngineConfig(model=model, state_budget_bytes=budget, interval=work.doc_len, block_size=16,
-                           num_kv_blocks=4096, max_batch=4, **arm)
-        r = run_arm(cfg, work)
-        rows.append(r)
-        print(f"{r['arm']:30} {r['checkpoint_slots']:>6} {r['hit_rate']:>9.1%} {r['prefilled_tokens']:>10} "
-              f"{r['ms_per_request']:>7.1f} {r['input_tokens_per_s']:>9.0f}", flush=True)
-    with open(os.path.join(OUT, "engine-summary.json"), "w") as f:
-        json.dump(rows, f, indent=2)
-    print(f"summary: {os.path.join(OUT, 'engine-summary.json')}")
 
 
 if __name__ == "__main__":

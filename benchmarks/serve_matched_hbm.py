@@ -1,0 +1,85 @@
+"""Matched-HBM serving on the H200 (paper App. C.2) through tritonserver, Kimi-Linear-48B-shaped checkpoint.
+
+Arms at one checkpoint budget (16 dense checkpoints of the shaped model at TP1, 43.4 MB each): dense,
+dasc-nr W=16, dasc-nr W=16 + INT8, dasc-nr W=64, dasc-wr W=16 (most telling first: a run cut short by the
+time limit keeps them; the JSON is rewritten after every arm). Each arm is built with dasc-build, served by
+its own tritonserver and driven by `clients.matched_hbm`: the synthetic MMLU-Pro-shaped workload at the
+paper's lengths, one block per capacity-boundary phase, seeds 42/123/7, concurrency 96 (the paper's), one
+output token, chunked prefill 8192. Then dasc-nr W=16 once more in this process straight through Engine:
+what Triton adds (`triton_over_inprocess` in the JSON). The arms share one compiled-kernel cache.
+
+    python benchmarks/serve_matched_hbm.py [--model /tmp/kimi48] [--out benchmarks/results/serve_matched_hbm_h200.json]
+    python benchmarks/serve_matched_hbm.py --smoke     # the same path on the CPU, embedded tiny model, tiny scale
+Any further flag goes to `python -m clients.matched_hbm` and overrides the one set here (e.g. --dense-slots 32).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+ARMS = "dense,nr16,nr16+int8,nr64,wr16"
+# 16 dense slots keep the largest phase (INT8's boundary, 135 slots -> Q = 159) and the five servers
+# within the ~9 minutes of one GPU call; 127 (the paper's) would give blocks of 150 to 1206 prompts
+GPU = ["--dense-slots", "16", "--scale", "1.0", "--blocks-per-phase", "1", "--seeds", "42,123,7",
+       "--concurrency", "96", "--max-batch-size", "64", "--max-num-tokens", "8192", "--device", "cuda",
+       "--dtype", "bfloat16"]
+SMOKE = ["--dense-slots", "3", "--scale", "0.03", "--blocks-per-phase", "1", "--seeds", "42,7",
+         "--concurrency", "4", "--max-batch-size", "4", "--device", "cpu", "--dtype", "float32",
+         "--torch-threads", "1"]
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="/tmp/kimi48", help="shaped checkpoint (written here when missing)")
+    ap.add_argument("--out", default=None, help="result JSON (default benchmarks/results/serve_matched_hbm_h200.json; "
+                    "with --smoke /tmp/serve_matched_hbm_smoke.json); the plot goes beside it (.png)")
+    ap.add_argument("--work", default="/tmp/serve_matched_hbm", help="engines, server logs, kernel cache")
+    ap.add_argument("--commit", default=None, help="commit to record (the device's .git may be stale)")
+    ap.add_argument("--smoke", action="store_true", help="CPU, the embedded tiny model, a tiny scale")
+    args, rest = ap.parse_known_args(argv)
+    # `timeout` ends a long run with SIGTERM: leave through the finally blocks, so the server it started
+    # is stopped (the JSON already holds every finished arm)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+
+    import torch
+    if args.smoke:
+        model = os.path.join(ROOT, "trtllm_dasc", "assets", "tiny-kimi-linear")
+        out = args.out or "/tmp/serve_matched_hbm_smoke.json"
+        base = SMOKE
+    else:
+        model, out, base = args.model, args.out or os.path.join(HERE, "results", "serve_matched_hbm_h200.json"), GPU
+        if not os.path.isfile(os.path.join(model, "model.safetensors")):
+            from shaped_model import write_shaped_model
+            print(f"writing the Kimi-Linear-48B-shaped checkpoint to {model}", file=sys.stderr, flush=True)
+            write_shaped_model(model, "kda", device="cuda" if torch.cuda.is_available() else "cpu")
+    from clients import matched_hbm
+    from trtllm_dasc.cli import _Parser
+
+    flags = ["--model", model, "--out", args.work, "--arms", ARMS, "--inprocess", "nr16", "--json", out,
+             *base, *rest]
+    parser = _Parser(prog="serve_matched_hbm")
+    matched_hbm.add_arguments(parser)
+    mh = parser.parse_args(flags)
+    extra = {"benchmark": "benchmarks/serve_matched_hbm.py", "clients_flags": flags, "torch": torch.__version__,
+             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    from trtllm_dasc.errors import UserError
+    try:
+        result = matched_hbm.run(mh, ["benchmarks/serve_matched_hbm.py", *argv], extra)
+    except UserError as e:
+        print(f"serve_matched_hbm: error: {e}", file=sys.stderr)
+        return 2
+    matched_hbm.report(result, os.path.splitext(out)[0] + ".png",
+                       f"matched-HBM serving, Kimi-Linear-48B-shaped (random weights), TP1, budget "
+                       f"{result['budget_bytes']:,} B, {extra['gpu'] or 'cpu smoke'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
