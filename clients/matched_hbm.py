@@ -182,6 +182,12 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
         try:
             res = run_arm(lambda: GrpcTarget(server.grpc_url, args.concurrency, timeout=args.request_timeout),
                           work, phases, proto, f"{a.spec:>10} (triton)")
+        except RuntimeError as e:
+            # failed requests are usually the server itself gone: say so, with its log
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"arm {a.spec}: tritonserver exited with code {server.proc.returncode} during "
+                                   f"the protocol (log: {server.log_path}); the client saw: {e}") from None
+            raise
         finally:
             server.stop()
         result["arms"].append(_arm_entry(a, caps[a.spec], "triton", res, ready_s, server.log_path))
