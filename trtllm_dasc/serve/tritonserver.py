@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -113,6 +114,8 @@ class ServerProcess:
         raise TimeoutError(f"tritonserver not ready after {timeout} s:\n{self.log()[-4000:]}")
 
     def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then SIGKILL after ``timeout``; the server's own process group goes with it (its Python
+        backend stubs must not outlive it)."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -120,6 +123,10 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         return self.proc.returncode
 
     def __enter__(self) -> "ServerProcess":

@@ -19,25 +19,33 @@ def _param(config: dict, key: str, default: str = "") -> str:
 
 
 class DecoupledSink:
-    """Responses through the request's response sender (decoupled mode)."""
+    """Responses through the request's response sender (decoupled mode). After the final response the
+    sender belongs to Triton again: asking it anything then reads freed memory (a segfault seen under
+    load when the cancellation watcher polled a just-finished request), so a lock orders the final send
+    against every later question."""
 
     def __init__(self, request):
-        self.request = request
         self.sender = request.get_response_sender()
+        self.lock = threading.Lock()
+        self.closed = False
 
     def send(self, tensors, error, final):
-        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        if error is not None:
-            response = pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
-        elif tensors is not None:
-            response = pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()])
-        else:
-            self.sender.send(flags=flags)
-            return
-        self.sender.send(response, flags=flags)
+        with self.lock:
+            if self.closed:
+                return
+            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+            if error is not None:
+                self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=flags)
+            elif tensors is not None:
+                self.sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]),
+                                 flags=flags)
+            else:
+                self.sender.send(flags=flags)
+            self.closed = final
 
     def cancelled(self):
-        return self.sender.is_cancelled()
+        with self.lock:
+            return not self.closed and self.sender.is_cancelled()
 
 
 class CollectSink:
