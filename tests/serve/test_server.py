@@ -164,3 +164,30 @@ def test_cache_control_flush_and_stats(dense):
     assert error is None
     stats = json.loads(result.as_numpy("cache_stats").reshape(-1)[0])
     assert stats["checkpoints_cached"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks"]
+
+
+def test_a_request_with_two_sequences_answers_both_with_batch_index(dense):
+    server, hf = dense
+    import tritonclient.grpc as grpc
+    a, b = [7, 8, 9, 10], [20, 21, 22]
+    ids = np.array([a, b + [0]], np.int32)                      # right-padded; input_lengths trims
+    values = {"input_ids": ids, "input_lengths": np.array([[4], [3]], np.int32),
+              "request_output_len": np.array([[2], [3]], np.int32)}
+    inputs = []
+    for name, arr in values.items():
+        x = grpc.InferInput(name, list(arr.shape), "INT32")
+        x.set_data_from_numpy(arr)
+        inputs.append(x)
+    client = StreamClient(server.grpc_url)
+    got, finals = {}, 0
+    try:
+        client.send("pair", inputs)
+        while not finals:
+            result, error = client.events.get(timeout=120)
+            assert error is None, error
+            if result.as_numpy("output_ids") is not None:
+                got[int(result.as_numpy("batch_index").reshape(-1)[0])] = result.as_numpy("output_ids").reshape(-1).tolist()
+            finals += result.get_response().parameters["triton_final_response"].bool_param
+    finally:
+        client.close()
+    assert got == {0: a + hf_greedy(hf, a, 2), 1: b + hf_greedy(hf, b, 3)}

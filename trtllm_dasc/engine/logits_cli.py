@@ -94,7 +94,8 @@ def engine_logits(args, ids: list[int]):
     T, split = len(ids), args.split
     dense = HybridConfig.from_path(args.model, conv_dtype=args.dtype).dense_checkpoint_bytes_per_rank(1)
     # blocks: the first request's prompt (kept by the tree), the second's fresh ones and a wr replay's
-    blocks = 3 * (-(-(T + 1) // max(1, args.block_size))) + 4 if isinstance(args.block_size, int) else 1
+    # (EngineConfig refuses a bad --block-size with its own message)
+    blocks = 3 * -(-(T + 1) // max(1, args.block_size)) + 4
     wmax = args.wmax if split is not None else 0
     cfg = EngineConfig(model=args.model, wmax=wmax, policy=args.policy, codec=args.codec, dtype=args.dtype,
                        device=args.device, backend=args.backend, block_size=args.block_size, max_batch=1,

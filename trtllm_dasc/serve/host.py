@@ -87,11 +87,12 @@ class EngineHost:
             sink.send(None, f"internal error: {type(e).__name__}: {e}", True)
 
     def _run(self, parsed: list[ServeRequest], triton_id: str, sink: Sink) -> None:
-        group = _Group(len(parsed), sink)
+        group = _Group(len(parsed), sink, self.engine.abort)
         for sreq in parsed:
             # engine ids are ours: Triton ids may be empty or repeat across clients
             rid = (triton_id, next(self._ids))
             sreq.gen.request_id = rid
+            group.rids.append(rid)
             with self._lock:
                 self._inflight[rid] = (sreq, sink)
                 self._by_triton_id.setdefault(triton_id, []).append(rid)
@@ -185,8 +186,9 @@ class _Group:
     """The responses of one Triton request (several engine requests when its batch dimension is > 1): the
     final flag goes on the last response of the last sequence; an error or cancellation ends it once."""
 
-    def __init__(self, n: int, sink: Sink):
-        self.left, self.sink, self.done = n, sink, False
+    def __init__(self, n: int, sink: Sink, abort):
+        self.left, self.sink, self.done, self.abort = n, sink, False, abort
+        self.rids: list = []
         self.lock = threading.Lock()
 
     def send(self, tensors: dict | None, finished: bool) -> None:
@@ -201,13 +203,17 @@ class _Group:
                 self.sink.send(tensors, None, final)
 
     def fail(self, error: str) -> None:
-        with self.lock:
-            if not self.done:
-                self.done = True
-                self.sink.send(None, error, True)
+        self._end(error)
 
     def cancel(self) -> None:
+        self._end(None)
+
+    def _end(self, error: str | None) -> None:
+        """The request is answered once: its other sequences stop computing (their events are dropped)."""
         with self.lock:
-            if not self.done:
-                self.done = True
-                self.sink.send(None, None, True)
+            if self.done:
+                return
+            self.done = True
+            self.sink.send(None, error, True)
+        for rid in self.rids:
+            self.abort(rid)
