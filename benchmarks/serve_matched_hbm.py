@@ -11,6 +11,8 @@ what Triton adds (`triton_over_inprocess` in the JSON). The arms share one compi
     python benchmarks/serve_matched_hbm.py [--model /tmp/kimi48] [--out benchmarks/results/serve_matched_hbm_h200.json]
     python benchmarks/serve_matched_hbm.py --smoke     # the same path on the CPU, embedded tiny model, tiny scale
 Any further flag goes to `python -m clients.matched_hbm` and overrides the one set here (e.g. --dense-slots 32).
+The phases are always those of all five arms, so a run split in two (one GPU call each, e.g.
+`--arms dense,nr16,nr16+int8` then `--arms dense,nr64,wr16 --inprocess none`) measures the same blocks.
 """
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ def main(argv=None) -> int:
     from clients import matched_hbm
     from trtllm_dasc.cli import _Parser
 
-    flags = ["--model", model, "--out", args.work, "--arms", ARMS, "--inprocess", "nr16", "--json", out,
+    flags = ["--model", model, "--out", args.work, "--arms", ARMS, "--phase-arms", ARMS, "--inprocess", "nr16",
+             "--json", out,
              *base, *rest]
     parser = _Parser(prog="serve_matched_hbm")
     matched_hbm.add_arguments(parser)

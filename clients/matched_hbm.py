@@ -43,6 +43,9 @@ def add_arguments(p) -> None:
     g.add_argument("--output-tokens", type=int, default=1)
     g.add_argument("--blocks-per-phase", type=int, default=None, help="an evenly spread subset of each phase's "
                    "blocks (default: all of them, as the paper)")
+    g.add_argument("--phase-arms", default=None, help="comma list of arms whose capacity boundaries make the "
+                   "phases (default: --arms); the same list in two runs gives them the same phases, so arms "
+                   "split across runs stay comparable")
     g.add_argument("--target-fill", type=float, default=0.85, help="Q(W) = ceil(N(W) / target fill)")
     g.add_argument("--inprocess", default=None, metavar="ARM", help="also run this arm in-process through "
                    "Engine (no Triton): the serving overhead")
@@ -79,6 +82,8 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         raise UserError(f"--model {args.model!r} is not a checkpoint directory (no config.json)")
     arms = armlib.parse_arms(args.arms)
+    if args.inprocess in ("", "none"):
+        args.inprocess = None
     if args.inprocess is not None and args.inprocess not in {a.spec for a in arms}:
         raise UserError(f"--inprocess {args.inprocess!r} is not one of --arms ({args.arms})")
     for name in ("concurrency", "max_batch_size", "block_size", "prefill_chunk"):
@@ -138,13 +143,14 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     dense_bytes = armlib.dense_checkpoint_bytes(args.model, args.dtype)
     budget = args.state_budget_bytes or (args.dense_slots + 1) * dense_bytes
-    caps = {a.spec: armlib.capacity(args.model, a, budget, args.dtype) for a in arms}
+    phase_arms = armlib.parse_arms(args.phase_arms) if args.phase_arms else arms
+    caps = {a.spec: armlib.capacity(args.model, a, budget, args.dtype) for a in [*arms, *phase_arms]}
     for spec, c in caps.items():
         if c["slots"] < 1:
             raise UserError(f"arm {spec}: a budget of {budget:,} B holds no checkpoint "
                             f"({c['checkpoint_bytes']:,} B each, slot 0 reserved): raise it")
     work = build_workload(wcfg)
-    phases = make_phases({s: c["slots"] for s, c in caps.items()}, len(work), proto)
+    phases = make_phases({a.spec: caps[a.spec]["slots"] for a in phase_arms}, len(work), proto)
     flags = engine_flags(args, wcfg, phases, proto.output_tokens)
     out_dir = os.path.abspath(args.out)
     json_path = args.json or os.path.join(out_dir, "matched_hbm.json")
