@@ -1,0 +1,78 @@
+"""Join matched-HBM runs that were split across device calls (one call holds at most 10 minutes) into one
+result: the arms side by side, each marked with the run it came from.
+
+Runs join only when they measured the same thing: same model, budget, workload, phases (their blocks),
+seeds, concurrency and build flags. Otherwise the join is refused, naming the first field that differs.
+
+    python benchmarks/merge_matched_hbm.py RUN.json RUN.json ... --out benchmarks/results/merged.json [--title T]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+# what must agree for arms of two runs to be compared as if measured in one
+SAME = ("model", "device", "dtype", "budget_bytes", "dense_checkpoint_bytes", "build_flags", "workload", "seeds",
+        "concurrency", "output_tokens", "target_fill", "phases")
+RUN_FIELDS = ("command", "commit", "gpu", "torch", "python", "cpus")
+
+
+def merge(runs: list[tuple[str, dict]]) -> dict:
+    """``runs``: (name, result) pairs; the merged result (arms in the order given, a 'run' on each)."""
+    from trtllm_dasc.errors import UserError
+    if not runs:
+        raise UserError("no runs to merge")
+    first_name, first = runs[0]
+    for name, r in runs[1:]:
+        for key in SAME:
+            if r.get(key) != first.get(key):
+                raise UserError(f"{name} and {first_name} differ in {key!r}: not the same measurement")
+    merged = {k: v for k, v in first.items() if k not in ("arms", *RUN_FIELDS)}
+    merged["runs"] = [{"name": name, **{k: r.get(k) for k in RUN_FIELDS}} for name, r in runs]
+    merged["arms"] = []
+    seen = set()
+    for name, r in runs:
+        for arm in r["arms"]:
+            key = (arm["spec"], arm["target"])
+            if key in seen:
+                raise UserError(f"arm {arm['spec']} ({arm['target']}) is in more than one run")
+            seen.add(key)
+            merged["arms"].append({**arm, "run": name})
+    return merged
+
+
+def main(argv=None) -> int:
+    import json
+    from clients.matched_hbm import report
+    from clients.report import write_json
+    from trtllm_dasc.errors import UserError
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="result JSONs of clients.matched_hbm / serve_matched_hbm.py")
+    ap.add_argument("--out", required=True, help="merged JSON (the plot goes beside it, .png)")
+    ap.add_argument("--title", default=None)
+    args = ap.parse_args(argv)
+    try:
+        runs = []
+        for path in args.runs:
+            try:
+                with open(path) as f:
+                    runs.append((os.path.basename(path), json.load(f)))
+            except (OSError, ValueError) as e:
+                raise UserError(f"cannot read {path}: {e}") from None
+        merged = merge(runs)
+    except UserError as e:
+        print(f"merge_matched_hbm: error: {e}", file=sys.stderr)
+        return 2
+    merged["json_path"] = args.out
+    write_json(args.out, merged)
+    report(merged, os.path.splitext(args.out)[0] + ".png",
+           args.title or f"matched-HBM serving, budget {merged['budget_bytes']:,} B ({len(runs)} runs joined)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
