@@ -11,6 +11,8 @@ CODECS = ("native", "int8")
 LAYOUTS = ("ragged", "padded")
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "fla")
+PLACEMENTS = ("off", "storage", "hybrid")
+MAX_TP = 64
 # a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)
 MAX_COUNT = 1 << 31
 
@@ -39,17 +41,21 @@ class EngineConfig:
     prompt_only: bool = False           # checkpoint prompt ends only (the paper's strict replay protocol)
     kernel_cache_dir: str | None = None  # Triton's compiled-kernel cache (TRITON_CACHE_DIR); None: Triton's default
     plan_path: str | None = None        # a dasc plan JSON (an engine dir's plan.json); None: plan at start
+    # tensor parallelism (dist/): T ranks under one mpirun, rank 0 schedules; the budget is per rank
+    tp_size: int = 1
+    placement: str = "off"              # off | storage | hybrid (the planner's TP placement of the units)
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
             raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
         for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
-                              ("backend", BACKENDS)):
+                              ("backend", BACKENDS), ("placement", PLACEMENTS)):
             if getattr(self, name) not in allowed:
                 raise UserError(f"{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):
             _count(self, name, minimum=1)
         _count(self, "wmax", minimum=0)
+        _count(self, "tp_size", minimum=1, cap=MAX_TP)
         for name in ("replay_window", "state_budget_bytes", "max_num_tokens"):
             if getattr(self, name) is not None:
                 _count(self, name, minimum=0 if name == "replay_window" else 1, cap=1 << 50)

@@ -35,13 +35,18 @@ class RequestFailed(RuntimeError):
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig):
+    def __init__(self, cfg: EngineConfig, runner=None):
+        """``runner``: what executes the step plans (default: a ModelRunner of ``cfg`` in this process;
+        dist.DistributedRunner at tp_size > 1, which also sends every plan to the other ranks)."""
         if cfg.kernel_cache_dir:
             # read by Triton at compile time: compiled kernels outlive the process (an engine dir keeps them)
             os.makedirs(cfg.kernel_cache_dir, exist_ok=True)
             os.environ["TRITON_CACHE_DIR"] = os.path.abspath(cfg.kernel_cache_dir)
         self.cfg = cfg
-        self.runner = ModelRunner(cfg)
+        if runner is None and cfg.tp_size > 1:
+            raise UserError(f"tp_size {cfg.tp_size} runs on {cfg.tp_size} MPI ranks: start it through "
+                            "trtllm_dasc.dist (dasc serve --tp / dasc logits --tp)")
+        self.runner = runner if runner is not None else ModelRunner(cfg)
         self.scheduler = Scheduler(cfg, self.runner.pool.num_slots, self.runner.num_rows, self.runner.replay_window)
         self.telemetry = Telemetry()
         self.vocab_size = self.runner.model.spec.vocab_size
@@ -54,6 +59,8 @@ class Engine:
         self._stop, self._drain, self._closed = False, True, False
         self.dead: str | None = None
         self.ready = False
+        # per TP rank: its checkpoint pool's memory report (set by dist.run_ranks; this process's alone at TP1)
+        self.rank_reports = [self.runner.memory_report()]
 
     @property
     def cache(self):

@@ -29,21 +29,31 @@ DENSE_SLOTS_DEFAULT = 64
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig):
-        self.cfg = cfg
+    """``tp_rank``: this process's rank of ``cfg.tp_size``; ``all_reduce``: callable(tensor) -> summed tensor
+    over the ranks (dist.TPGroup.all_reduce), required when tp_size > 1."""
+
+    def __init__(self, cfg: EngineConfig, tp_rank: int = 0, all_reduce=None):
+        self.cfg, self.tp_rank = cfg, tp_rank
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"device {cfg.device} requested but CUDA is not available")
-        self.model = HybridModel.from_pretrained(cfg.model, dtype=cfg.dtype, device=cfg.device,
-                                                 backend=cfg.backend)
+        if not 0 <= tp_rank < cfg.tp_size:
+            raise UserError(f"tp_rank {tp_rank} is outside 0..{cfg.tp_size - 1}")
+        if cfg.tp_size > 1 and all_reduce is None:
+            raise UserError("tp_size > 1 needs the ranks' all-reduce (run it through trtllm_dasc.dist)")
+        # the plan first: its bundle order decides which heads this rank loads
         self.plan = engine_plan(cfg)
-        dense = self.plan.config.dense_checkpoint_bytes_per_rank(1)
+        self.model = HybridModel.from_pretrained(cfg.model, dtype=cfg.dtype, device=cfg.device, backend=cfg.backend,
+                                                 tp_rank=tp_rank, tp_size=cfg.tp_size,
+                                                 bundle_order=self.plan.bundle_order)
+        self.model.all_reduce = all_reduce
+        dense = self.plan.config.dense_checkpoint_bytes_per_rank(cfg.tp_size)
         self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes
-        self.pool = CheckpointPool.from_plan(self.plan, self.budget, 0, device=cfg.device)
+        self.pool = CheckpointPool.from_plan(self.plan, self.budget, tp_rank, device=cfg.device)
         self.num_rows = 2 * cfg.max_batch
         self.state = self.model.new_state(self.num_rows)
         self.kv = self.model.new_kv_cache(cfg.num_kv_blocks, cfg.block_size)
         self.replay_window = replay_window(cfg, self.plan.wr_window)
-        self._layer_layouts = [self._one_layer_layout(kept) for kept in self.plan.local_retained(0)]
+        self._layer_layouts = [self._one_layer_layout(kept) for kept in self.plan.local_retained(tp_rank)]
 
     # ---- the step -----------------------------------------------------------------------------------
     def execute(self, plan: StepPlan, sample_tokens: bool = True) -> StepOutput:
@@ -128,7 +138,8 @@ class ModelRunner:
 
     def _one_layer_layout(self, kept: list[int]) -> StateLayout:
         cfg = self.plan.config
-        return StateLayout.from_retained([kept], units_per_layer=cfg.units_per_layer,
+        # local unit ids of this rank: a rank's layer holds shard(tp).units of them
+        return StateLayout.from_retained([kept], units_per_layer=cfg.shard(self.cfg.tp_size).units,
                                          unit_elements=cfg.unit_elements, value_dim=cfg.value_head_dim)
 
     def memory_report(self) -> dict:
@@ -142,7 +153,7 @@ def engine_plan(cfg: EngineConfig):
     """The arm's plan: planned from the checkpoint now, or read from ``cfg.plan_path`` (a build's plan.json),
     which must describe this checkpoint and this arm."""
     # the conv state is checkpointed in the model's own precision (the paper's native-precision b^conv)
-    options = PlanOptions(wmax=cfg.wmax, tp=1, placement="off", codec=cfg.codec, layout=cfg.layout)
+    options = PlanOptions(wmax=cfg.wmax, tp=cfg.tp_size, placement=cfg.placement, codec=cfg.codec, layout=cfg.layout)
     if cfg.plan_path is None:
         return plan_from_path(cfg.model, options, conv_dtype=cfg.dtype)[0]
     from trtllm_dasc.config import HybridConfig
@@ -152,10 +163,11 @@ def engine_plan(cfg: EngineConfig):
             plan = DascPlan.from_dict(json.load(f))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"plan {cfg.plan_path!r} cannot be read: {e}") from None
-    for name in ("wmax", "codec", "layout"):
-        if getattr(plan.options, name) != getattr(cfg, name):
+    for name, engine_name in (("wmax", "wmax"), ("codec", "codec"), ("layout", "layout"), ("tp", "tp_size"),
+                              ("placement", "placement")):
+        if getattr(plan.options, name) != getattr(cfg, engine_name):
             raise UserError(f"plan {cfg.plan_path!r} has {name}={getattr(plan.options, name)!r}, the engine "
-                            f"{name}={getattr(cfg, name)!r}")
+                            f"{engine_name}={getattr(cfg, engine_name)!r}")
     model = HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype).to_dict()
     if plan.config.to_dict() != model:
         raise UserError(f"plan {cfg.plan_path!r} was made for another model or dtype than {cfg.model!r}")

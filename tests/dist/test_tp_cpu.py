@@ -1,0 +1,108 @@
+"""TP over MPI on CPU ranks (gloo): T = 1, 2, 4, 8 ranks give transformers' logits and the TP1 engine's
+tokens and cache hits; every rank's checkpoint pool has the planner's slot bytes for that rank."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tp_helpers import build_tp_model, have_mpi, run_job  # noqa: E402
+
+import tp_job  # noqa: E402
+
+pytestmark = pytest.mark.skipif(have_mpi() is not None, reason=f"no MPI here: {have_mpi()}")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    out = {}
+    for i, arch in enumerate(("gdn", "kda")):
+        path = tmp_path_factory.mktemp(f"tp-{arch}")
+        out[arch] = (str(path), build_tp_model(path, arch, seed=10 + i))
+    return out
+
+
+def _reference(model_dir: str, **over) -> dict:
+    """The same job on the plain in-process engine (TP1, no MPI)."""
+    from trtllm_dasc.engine.engine import Engine
+    args = tp_job.parser().parse_args(["--model", model_dir, "--out", "-",
+                                       *[x for k, v in over.items() for x in (f"--{k}", str(v))]])
+    return tp_job.job(Engine(tp_job.engine_config(args)))
+
+
+def _hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor(ids)[None]).logits[0].float()
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_tp_matches_tp1_and_transformers(models, tmp_path, arch, tp):
+    path, hf = models[arch]
+    got = run_job(tp, ["--model", path, "--tp", str(tp)], tmp_path / "out.json")
+    ref = _reference(path)
+    cold, _ = tp_job.prompts(hf.config.vocab_size)
+    for i, (g, r) in enumerate(zip(got["cold"], ref["cold"])):
+        assert g["error"] is None
+        logits = torch.tensor(g["logits"])
+        want = _hf_logits(hf, cold[i])
+        err = (logits - want).abs().max().item()
+        assert err <= 1e-4 * want.abs().max().item(), f"prompt {i}: TP{tp} logits off transformers by {err:.2e}"
+        assert g["tokens"] == r["tokens"]
+    # the extended prompts hit the checkpoints stored at TP ranks (each rank stored and loaded its share)
+    assert [g["tokens"] for g in got["hot"]] == [r["tokens"] for r in ref["hot"]]
+    assert [g["cached"] for g in got["hot"]] == [r["cached"] for r in ref["hot"]]
+    assert all(g["cached"] > 0 for g in got["hot"])
+    assert got["sampled"][0]["tokens"] == ref["sampled"][0]["tokens"]
+    assert len(got["rank_reports"]) == tp
+
+
+def _split_wmax(path: str) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from engine_helpers import split_wmax
+    return split_wmax(path)
+
+
+@pytest.mark.parametrize("arch, tp, arm", [
+    ("kda", 2, dict(policy="nr")), ("gdn", 4, dict(policy="nr", codec="int8")),
+    ("kda", 4, dict(policy="wr")), ("gdn", 2, dict(policy="wr", placement="hybrid")),
+    ("kda", 2, dict(policy="nr", placement="hybrid")),
+])
+def test_tp_dasc_arms_match_tp1(models, tmp_path, arch, tp, arm):
+    """A dasc arm at TP: each rank stores and loads its share of the compressed checkpoint; tokens and hits
+    equal the TP1 engine's of the same arm, and every rank's slot bytes are the planner's for that rank."""
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    path, _ = models[arch]
+    wmax = _split_wmax(path)
+    flags = {"wmax": wmax, **arm}
+    got = run_job(tp, ["--model", path, "--tp", str(tp), *[x for k, v in flags.items() for x in (f"--{k}", str(v))]],
+                  tmp_path / "out.json")
+    ref = _reference(path, **{k: v for k, v in flags.items() if k != "placement"})
+    for part in ("cold", "hot", "sampled"):
+        assert [g["tokens"] for g in got[part]] == [r["tokens"] for r in ref[part]], part
+        assert [g["cached"] for g in got[part]] == [r["cached"] for r in ref[part]], part
+    plan, _ = plan_from_path(path, PlanOptions(wmax=wmax, tp=tp, placement=arm.get("placement", "off"),
+                                               codec=arm.get("codec", "native")),
+                             conv_dtype="float32")   # the engine checkpoints conv state in its own dtype
+    assert [r["slot_bytes"] for r in got["rank_reports"]] == plan.slot_bytes_per_rank()
+
+
+def test_tp_degree_that_does_not_divide_the_heads_is_refused(models):
+    """8 heads cannot go to 3 ranks: a head's state rows cannot be split (its output norm spans the whole
+    value dim of the head, so a split head would need another all-reduce inside the mixer)."""
+    from trtllm_dasc.engine.config import EngineConfig
+    from trtllm_dasc.engine.runner import ModelRunner
+    from trtllm_dasc.errors import UserError
+    with pytest.raises(UserError, match="TP degree 3 does not divide the 8"):
+        ModelRunner(EngineConfig(model=models["kda"][0], tp_size=3), tp_rank=0, all_reduce=lambda t: t)
+
+
+def test_tp_engine_needs_the_ranks(models):
+    from trtllm_dasc.engine.config import EngineConfig
+    from trtllm_dasc.engine.engine import Engine
+    from trtllm_dasc.errors import UserError
+    with pytest.raises(UserError, match="MPI ranks"):
+        Engine(EngineConfig(model=models["gdn"][0], tp_size=2))

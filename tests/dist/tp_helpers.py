@@ -1,0 +1,56 @@
+"""Helpers of tests/dist: tiny checkpoints with 8 head bundles (so TP 1, 2, 4 and 8 all divide them) and
+running a job on T MPI ranks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "model"))
+from hybrid_tiny import VOCAB, build  # noqa: E402
+
+__all__ = ["VOCAB", "build_tp_model", "run_job", "have_mpi"]
+
+# 8 bundles per linear layer: gdn 8 key heads with 2 value heads each, kda 8 heads
+OVERRIDES = {
+    "gdn": dict(hidden_size=32, linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=8,
+                linear_value_head_dim=8, num_attention_heads=2, head_dim=8),
+    "kda": dict(hidden_size=32, linear_num_heads=8, linear_head_dim=8, num_attention_heads=2, num_key_value_heads=2,
+                v_head_dim=8, qk_nope_head_dim=4, qk_rope_head_dim=4),
+}
+
+
+def build_tp_model(path, arch: str, seed: int = 0):
+    """A small random checkpoint (transformers' save_pretrained); returns the transformers model."""
+    return build(path, arch, seed=seed, long=True, **OVERRIDES[arch])
+
+
+def have_mpi() -> str | None:
+    """None when TP runs can start here, else why not."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError as e:
+        return f"mpi4py is not installed ({e})"
+    from trtllm_dasc.dist.launch import find_mpirun
+    from trtllm_dasc.errors import UserError
+    try:
+        find_mpirun()
+    except UserError as e:
+        return str(e)
+    return None
+
+
+def run_job(num_ranks: int, job_args: list[str], out: Path, timeout: float = 300.0) -> dict:
+    """Run tests/dist/tp_job.py on ``num_ranks`` ranks; its JSON result (rank 0 writes ``out``)."""
+    from trtllm_dasc.dist.launch import mpirun_command
+    cmd, env = mpirun_command(num_ranks, [str(HERE / "tp_job.py"), *job_args, "--out", str(out)])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"mpirun -np {num_ranks} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-6000:]}")
+    return json.loads(out.read_text())

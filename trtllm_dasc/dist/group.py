@@ -1,0 +1,72 @@
+"""TPGroup: one process's view of the TP ranks.
+
+Control goes through MPI (mpi4py, ``broadcast`` of small picklable objects from rank 0), tensors through
+torch.distributed (``all_reduce``): gloo between CPU ranks, NCCL between GPUs. The torch group is
+rendezvoused over TCP on 127.0.0.1 at a port rank 0 picks and broadcasts over MPI, so no environment
+(MASTER_ADDR, ...) has to be set by the caller.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from trtllm_dasc.errors import UserError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mpi_world():
+    """MPI's world communicator (imported here: mpi4py is only needed by TP runs)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise UserError(f"tensor parallelism needs mpi4py ({e}); `make test` installs it with Open MPI") from None
+    return MPI.COMM_WORLD
+
+
+@dataclass(eq=False)
+class TPGroup:
+    rank: int
+    size: int
+    comm: object            # mpi4py communicator
+    backend: str            # torch.distributed backend: gloo | nccl
+
+    @classmethod
+    def from_mpi(cls, device: str = "cpu", timeout_s: float = 600.0) -> "TPGroup":
+        """Join the ranks of the current ``mpirun``; every rank calls this once, collectively."""
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+        comm = mpi_world()
+        rank, size = comm.Get_rank(), comm.Get_size()
+        port = comm.bcast(_free_port() if rank == 0 else None, root=0)
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        return cls(rank, size, comm, backend)
+
+    def all_reduce(self, tensor):
+        """Sum over the ranks, in place; returns the tensor (the model's row-parallel reduction)."""
+        import torch.distributed as dist
+        dist.all_reduce(tensor)
+        return tensor
+
+    def broadcast(self, obj=None):
+        """Rank 0's ``obj`` on every rank."""
+        return self.comm.bcast(obj, root=0)
+
+    def gather(self, obj):
+        """Every rank's ``obj`` as a list on rank 0 (None elsewhere)."""
+        return self.comm.gather(obj, root=0)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()

