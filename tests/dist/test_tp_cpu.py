@@ -70,14 +70,20 @@ def _split_wmax(path: str) -> int:
     ("kda", 2, dict(policy="nr")), ("gdn", 4, dict(policy="nr", codec="int8")),
     ("kda", 4, dict(policy="wr")), ("gdn", 2, dict(policy="wr", placement="hybrid")),
     ("kda", 2, dict(policy="nr", placement="hybrid")),
+    # these move units between ranks (the planner's transfers; counts from plan.moved_units)
+    ("kda", 4, dict(policy="nr", placement="storage", wmax=32)),             # 3 units moved
+    ("kda", 2, dict(policy="nr", placement="storage", wmax=64, codec="int8")),  # 2
+    ("gdn", 8, dict(policy="nr", placement="hybrid", wmax=32)),              # 2
+    ("kda", 8, dict(policy="wr", placement="hybrid", wmax=16)),              # 1
 ])
 def test_tp_dasc_arms_match_tp1(models, tmp_path, arch, tp, arm):
-    """A dasc arm at TP: each rank stores and loads its share of the compressed checkpoint; tokens and hits
-    equal the TP1 engine's of the same arm, and every rank's slot bytes are the planner's for that rank."""
+    """A dasc arm at TP: each rank stores and loads its share of the compressed checkpoint (with storage
+    balancing, through the all-to-all); tokens and hits equal the TP1 engine's of the same arm, and every
+    rank's slot bytes are the planner's for that rank."""
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     path, _ = models[arch]
-    wmax = _split_wmax(path)
-    flags = {"wmax": wmax, **arm}
+    flags = {"wmax": _split_wmax(path), **arm}
+    wmax = flags["wmax"]
     got = run_job(tp, ["--model", path, "--tp", str(tp), *[x for k, v in flags.items() for x in (f"--{k}", str(v))]],
                   tmp_path / "out.json")
     ref = _reference(path, **{k: v for k, v in flags.items() if k != "placement"})
@@ -106,3 +112,20 @@ def test_tp_engine_needs_the_ranks(models):
     from trtllm_dasc.errors import UserError
     with pytest.raises(UserError, match="MPI ranks"):
         Engine(EngineConfig(model=models["gdn"][0], tp_size=2))
+
+
+@pytest.mark.parametrize("arch, tp, wmax, placement, codec", [
+    ("kda", 4, 32, "storage", "native"), ("kda", 8, 64, "storage", "int8"), ("gdn", 8, 32, "hybrid", "native"),
+    ("kda", 2, 64, "storage", "int8"),
+])
+def test_storage_all_to_all_round_trip_is_bit_exact(models, tmp_path, arch, tp, wmax, placement, codec):
+    """Checkpoints survive the store all-to-all and the load all-to-all bit for bit: every rank's loaded
+    rows equal those of its own unbalanced pool (all units at home), and units really moved."""
+    got = run_job(tp, ["--model", models[arch][0], "--wmax", str(wmax), "--placement", placement, "--codec", codec],
+                  tmp_path / "out.json", script="storage_job.py")
+    ranks = got["ranks"]
+    assert got["moved_units"] > 0 and sum(r["sent"] for r in ranks) == got["moved_units"]
+    assert sum(r["received"] for r in ranks) == got["moved_units"]
+    for r in ranks:
+        assert r["temporal_equal"] and r["conv_equal"] and r["loaded_rows_nonzero"], r
+    assert [r["slot_bytes"] for r in ranks] == got["planner_slot_bytes"]

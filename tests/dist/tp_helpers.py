@@ -44,10 +44,10 @@ def have_mpi() -> str | None:
     return None
 
 
-def run_job(num_ranks: int, job_args: list[str], out: Path, timeout: float = 300.0) -> dict:
-    """Run tests/dist/tp_job.py on ``num_ranks`` ranks; its JSON result (rank 0 writes ``out``)."""
+def run_job(num_ranks: int, job_args: list[str], out: Path, timeout: float = 300.0, script: str = "tp_job.py") -> dict:
+    """Run tests/dist/<script> on ``num_ranks`` ranks; its JSON result (rank 0 writes ``out``)."""
     from trtllm_dasc.dist.launch import mpirun_command
-    cmd, env = mpirun_command(num_ranks, [str(HERE / "tp_job.py"), *job_args, "--out", str(out)])
+    cmd, env = mpirun_command(num_ranks, [str(HERE / script), *job_args, "--out", str(out)])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

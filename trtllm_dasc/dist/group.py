@@ -58,6 +58,11 @@ class TPGroup:
         dist.all_reduce(tensor)
         return tensor
 
+    def all_to_all(self, recv, send, recv_sizes: list[int], send_sizes: list[int]) -> None:
+        """Variable-split all-to-all of flat tensors (the checkpoint storage exchange)."""
+        import torch.distributed as dist
+        dist.all_to_all_single(recv, send, output_split_sizes=recv_sizes, input_split_sizes=send_sizes)
+
     def broadcast(self, obj=None):
         """Rank 0's ``obj`` on every rank."""
         return self.comm.bcast(obj, root=0)

@@ -60,7 +60,8 @@ def run_ranks(cfg, job, threads_per_rank: int | None = None):
         device = cfg.device
         if device.startswith("cuda"):
             device = f"cuda:{group.rank % torch.cuda.device_count()}"
-        runner = ModelRunner(dataclasses.replace(cfg, device=device), group.rank, group.all_reduce)
+        runner = ModelRunner(dataclasses.replace(cfg, device=device), group.rank, group.all_reduce,
+                             group.all_to_all)
         # every rank's pool as allocated (slot bytes, slots): rank 0 reports them, the planner predicts them
         reports = group.gather(runner.memory_report())
         if group.rank != 0:

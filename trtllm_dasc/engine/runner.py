@@ -30,9 +30,10 @@ DENSE_SLOTS_DEFAULT = 64
 
 class ModelRunner:
     """``tp_rank``: this process's rank of ``cfg.tp_size``; ``all_reduce``: callable(tensor) -> summed tensor
-    over the ranks (dist.TPGroup.all_reduce), required when tp_size > 1."""
+    over the ranks (dist.TPGroup.all_reduce), required when tp_size > 1; ``all_to_all``: the variable-split
+    exchange (dist.TPGroup.all_to_all), required when the plan's storage balancing moves units."""
 
-    def __init__(self, cfg: EngineConfig, tp_rank: int = 0, all_reduce=None):
+    def __init__(self, cfg: EngineConfig, tp_rank: int = 0, all_reduce=None, all_to_all=None):
         self.cfg, self.tp_rank = cfg, tp_rank
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"device {cfg.device} requested but CUDA is not available")
@@ -48,7 +49,14 @@ class ModelRunner:
         self.model.all_reduce = all_reduce
         dense = self.plan.config.dense_checkpoint_bytes_per_rank(cfg.tp_size)
         self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes
-        self.pool = CheckpointPool.from_plan(self.plan, self.budget, tp_rank, device=cfg.device)
+        from trtllm_dasc.dist.storage import BalancedPool, exchanges
+        if exchanges(self.plan):
+            if all_to_all is None:
+                raise UserError(f"placement {cfg.placement!r} moves checkpoint units between ranks: run it "
+                                "through trtllm_dasc.dist")
+            self.pool = BalancedPool(self.plan, self.budget, tp_rank, all_to_all, device=cfg.device)
+        else:
+            self.pool = CheckpointPool.from_plan(self.plan, self.budget, tp_rank, device=cfg.device)
         self.num_rows = 2 * cfg.max_batch
         self.state = self.model.new_state(self.num_rows)
         self.kv = self.model.new_kv_cache(cfg.num_kv_blocks, cfg.block_size)
