@@ -129,3 +129,20 @@ def test_storage_all_to_all_round_trip_is_bit_exact(models, tmp_path, arch, tp, 
     for r in ranks:
         assert r["temporal_equal"] and r["conv_equal"] and r["loaded_rows_nonzero"], r
     assert [r["slot_bytes"] for r in ranks] == got["planner_slot_bytes"]
+
+
+def test_attention_and_mlp_are_split_where_the_degree_divides(models):
+    """What a rank holds: kda at TP8 has 1 of 8 MLA heads and 1/8 of every MLP/expert's channels; gdn's 2
+    attention heads split at TP2 (the one KV head shared) and stay whole at TP4 (no all-reduce for them)."""
+    from trtllm_dasc.model import HybridModel
+    kda = HybridModel.from_pretrained(models["kda"][0], tp_rank=3, tp_size=8)
+    for mixer, mlp, *_ in kda.layers:
+        if mixer.kind == "mla":
+            assert mixer.partial and mixer.H == 1 and mixer.w["o_proj"].shape[1] == kda.spec.v_head_dim
+        gate = mlp.gate if hasattr(mlp, "gate") else mlp.w["gate"]
+        assert mlp.partial and gate.shape[-2] in (kda.spec.intermediate_size // 8, kda.spec.moe_intermediate_size // 8)
+    for tp, split in ((2, True), (4, False)):
+        gdn = HybridModel.from_pretrained(models["gdn"][0], tp_rank=1, tp_size=tp)
+        att = [m for m, *_ in gdn.layers if m.kind == "gqa"]
+        assert all(a.partial == split and a.H == (1 if split else 2) and a.Hk == 1 for a in att)
+        assert gdn.kv_token_shapes == [(1, gdn.spec.head_dim)] * 2

@@ -15,11 +15,13 @@ from hybrid_tiny import VOCAB, build  # noqa: E402
 
 __all__ = ["VOCAB", "build_tp_model", "run_job", "have_mpi"]
 
-# 8 bundles per linear layer: gdn 8 key heads with 2 value heads each, kda 8 heads
+# 8 bundles per linear layer: gdn 8 key heads with 2 value heads each, kda 8 heads. kda's 8 MLA heads split
+# at every degree; gdn's 2 attention heads (1 KV head, shared by the ranks) split at TP2 and stay whole at
+# TP 4 and 8; MLP and expert channels (16, 8, 8) split at every degree
 OVERRIDES = {
     "gdn": dict(hidden_size=32, linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=8,
                 linear_value_head_dim=8, num_attention_heads=2, head_dim=8),
-    "kda": dict(hidden_size=32, linear_num_heads=8, linear_head_dim=8, num_attention_heads=2, num_key_value_heads=2,
+    "kda": dict(hidden_size=32, linear_num_heads=8, linear_head_dim=8, num_attention_heads=8, num_key_value_heads=8,
                 v_head_dim=8, qk_nope_head_dim=4, qk_rope_head_dim=4),
 }
 

@@ -1,7 +1,9 @@
 """Full-attention layers over the paged KV cache: qwen3_next gated GQA, kimi_linear MLA.
 
 Each forward writes the batch's new tokens into the cache, reads every cached token of each sequence
-back, and attends causally (query at absolute position p sees keys 0..p). Replicated on every TP rank.
+back, and attends causally (query at absolute position p sees keys 0..p). At TP the heads are split
+(RankShare): q/k/v column-parallel, o_proj row-parallel (``partial``: the model all-reduces the output);
+a head count the TP degree does not divide keeps the layer whole on every rank.
 MLA caches the compressed latent (kv_a_layernorm'd) and the shared k_rope part, one [kv_lora + rope]
 row per token, and expands keys/values with kv_b_proj at attention time. Like transformers' KimiLinear,
 MLA applies no RoPE (Kimi-Linear's MLA is NoPE); the k_rope channels are used as plain key channels.
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dasc.model.ops import apply_partial_rope, linear, rms_norm, rope_cos_sin
+from trtllm_dasc.model.tp import RankShare, blocks
 from trtllm_dasc.model.weights import load
 
 
@@ -50,26 +53,39 @@ class GatedAttention:
 
     kind = "gqa"
 
-    def __init__(self, w: dict, spec):
+    def __init__(self, w: dict, spec, heads: int, kv_heads: int, partial: bool):
         self.w, self.spec = w, spec
+        self.H, self.Hk, self.partial = heads, kv_heads, partial     # this rank's heads
+
+    @property
+    def kv_token_shapes(self) -> list[tuple[int, ...]]:
+        return [(self.Hk, self.spec.head_dim), (self.Hk, self.spec.head_dim)]
 
     @classmethod
-    def load(cls, src, prefix: str, spec, dtype, device) -> "GatedAttention":
+    def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "GatedAttention":
         D, H, Hk, hd = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
         p = prefix + "self_attn."
+        heads, kv_heads = share.part(H), share.kv_heads(H, Hk)
+        split = heads is not None and kv_heads is not None
         shapes = {"q_proj": (H * hd * 2, D), "k_proj": (Hk * hd, D), "v_proj": (Hk * hd, D), "o_proj": (D, H * hd)}
-        w = {n: load(src, p + n + ".weight", s, dtype, device) for n, s in shapes.items()}
+        # q_proj interleaves each head's query and gate rows: a head is 2 * hd consecutive rows
+        rows = {"q_proj": blocks(heads, 2 * hd), "k_proj": blocks(kv_heads, hd),
+                "v_proj": blocks(kv_heads, hd)} if split else {}
+        cols = {"o_proj": blocks(heads, hd)} if split else {}
+        w = {n: load(src, p + n + ".weight", s, dtype, device, rows.get(n), cols.get(n)) for n, s in shapes.items()}
         if spec.attention_bias:
             for n, s in shapes.items():
-                w[n + ".bias"] = load(src, p + n + ".bias", (s[0],), dtype, device) if n != "o_proj" else \
-                    load(src, p + n + ".bias", (D,), dtype, device)
+                if n != "o_proj":
+                    w[n + ".bias"] = load(src, p + n + ".bias", (s[0],), dtype, device, rows.get(n))
+                elif not split or share.owns_bias:
+                    w[n + ".bias"] = load(src, p + n + ".bias", (D,), dtype, device)
         w["q_norm"] = load(src, p + "q_norm.weight", (hd,), dtype, device)
         w["k_norm"] = load(src, p + "k_norm.weight", (hd,), dtype, device)
-        return cls(w, spec)
+        return cls(w, spec, len(heads) if split else H, len(kv_heads) if split else Hk, split)
 
     def forward(self, x: torch.Tensor, batch: AttnBatch, kv, layer: int) -> torch.Tensor:
         s, w, T = self.spec, self.w, x.shape[0]
-        H, Hk, hd, eps = s.num_attention_heads, s.num_key_value_heads, s.head_dim, s.rms_norm_eps
+        H, Hk, hd, eps = self.H, self.Hk, s.head_dim, s.rms_norm_eps
         qg = linear(x, w["q_proj"], w.get("q_proj.bias")).view(T, H, 2 * hd)
         q, gate = qg[..., :hd], qg[..., hd:].reshape(T, H * hd)
         q = rms_norm(q, w["q_norm"], eps, offset=True)
@@ -92,13 +108,20 @@ class MLAttention:
 
     kind = "mla"
 
-    def __init__(self, w: dict, spec):
+    def __init__(self, w: dict, spec, heads: int, partial: bool):
         self.w, self.spec = w, spec
+        self.H, self.partial = heads, partial
+
+    @property
+    def kv_token_shapes(self) -> list[tuple[int, ...]]:
+        # the latent is shared by every head: each rank caches all of it
+        return [(1, self.spec.kv_lora_rank + self.spec.qk_rope_head_dim)]
 
     @classmethod
-    def load(cls, src, prefix: str, spec, dtype, device) -> "MLAttention":
+    def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "MLAttention":
         s, p = spec, prefix + "self_attn."
         D, H, qk = s.hidden_size, s.num_attention_heads, s.qk_head_dim
+        heads = share.part(H)
         shapes = {"kv_a_proj_with_mqa": (s.kv_lora_rank + s.qk_rope_head_dim, D), "kv_a_layernorm": (s.kv_lora_rank,),
                   "kv_b_proj": (H * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank),
                   "o_proj": (D, H * s.v_head_dim)}
@@ -106,16 +129,23 @@ class MLAttention:
             shapes["q_proj"] = (H * qk, D)
         else:
             shapes.update(q_a_proj=(s.q_lora_rank, D), q_a_layernorm=(s.q_lora_rank,), q_b_proj=(H * qk, s.q_lora_rank))
-        w = {n: load(src, p + n + ".weight", shape, dtype, device) for n, shape in shapes.items()}
+        rows, cols = {}, {}
+        if heads is not None:
+            # per head: its query rows, its kv_b rows (nope keys + values), its o_proj columns
+            rows = {"q_proj": blocks(heads, qk), "q_b_proj": blocks(heads, qk),
+                    "kv_b_proj": blocks(heads, s.qk_nope_head_dim + s.v_head_dim)}
+            cols = {"o_proj": blocks(heads, s.v_head_dim)}
+        w = {n: load(src, p + n + ".weight", shape, dtype, device, rows.get(n), cols.get(n))
+             for n, shape in shapes.items()}
         if s.attention_bias:
             for n in ("q_a_proj", "kv_a_proj_with_mqa", "o_proj"):
-                if n in shapes:
+                if n in shapes and (n != "o_proj" or heads is None or share.owns_bias):
                     w[n + ".bias"] = load(src, p + n + ".bias", (shapes[n][0],), dtype, device)
-        return cls(w, spec)
+        return cls(w, spec, H if heads is None else len(heads), heads is not None)
 
     def forward(self, x: torch.Tensor, batch: AttnBatch, kv, layer: int) -> torch.Tensor:
         s, w, T = self.spec, self.w, x.shape[0]
-        H, nope, rope, lora, vd = (s.num_attention_heads, s.qk_nope_head_dim, s.qk_rope_head_dim,
+        H, nope, rope, lora, vd = (self.H, s.qk_nope_head_dim, s.qk_rope_head_dim,
                                    s.kv_lora_rank, s.v_head_dim)
         if s.q_lora_rank is None:
             q = linear(x, w["q_proj"])

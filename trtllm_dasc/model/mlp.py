@@ -1,12 +1,16 @@
 """Channel mixers: dense SwiGLU MLP, qwen3_next sparse MoE (softmax router + gated shared expert),
 kimi_linear MoE (sigmoid router with grouped top-k and score-correction bias + shared experts).
-Replicated on every TP rank. Routing follows transformers' modules, including where they upcast."""
+At TP the intermediate channels are split (RankShare): gate/up column-parallel, down row-parallel, every
+expert and shared expert alike, the router replicated (so every rank routes each token the same way);
+``partial`` tells the model to all-reduce the output. Routing follows transformers' modules, including
+where they upcast."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from trtllm_dasc.model.ops import linear
+from trtllm_dasc.model.tp import RankShare
 from trtllm_dasc.model.weights import load
 
 
@@ -14,15 +18,28 @@ def _swiglu(x, gate, up, down):
     return linear(F.silu(linear(x, gate)) * linear(x, up), down)
 
 
+def _channels(share: RankShare, *sizes: int):
+    """This rank's intermediate channels of each size, or None for all (when any size stays whole, all
+    do: one layer's parts are summed together or not at all)."""
+    parts = [share.part(n) for n in sizes if n]
+    if not parts or any(p is None for p in parts):
+        return [None] * len(sizes)
+    return [torch.tensor(share.part(n)) if n else None for n in sizes]
+
+
 class DenseMLP:
-    def __init__(self, gate, up, down):
-        self.gate, self.up, self.down = gate, up, down
+    def __init__(self, gate, up, down, partial: bool = False):
+        self.gate, self.up, self.down, self.partial = gate, up, down, partial
 
     @classmethod
-    def load(cls, src, prefix: str, D: int, inter: int, dtype, device) -> "DenseMLP":
-        return cls(load(src, prefix + "gate_proj.weight", (inter, D), dtype, device),
-                   load(src, prefix + "up_proj.weight", (inter, D), dtype, device),
-                   load(src, prefix + "down_proj.weight", (D, inter), dtype, device))
+    def load(cls, src, prefix: str, D: int, inter: int, dtype, device, share: RankShare = RankShare(),
+             channels="by share") -> "DenseMLP":
+        """channels: this rank's intermediate channels as decided by a MoE layer (None: all of them);
+        by default the share decides (all of them when the degree does not divide ``inter``)."""
+        ch = _channels(share, inter)[0] if isinstance(channels, str) else channels
+        return cls(load(src, prefix + "gate_proj.weight", (inter, D), dtype, device, ch),
+                   load(src, prefix + "up_proj.weight", (inter, D), dtype, device, ch),
+                   load(src, prefix + "down_proj.weight", (D, inter), dtype, device, cols=ch), ch is not None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _swiglu(x, self.gate, self.up, self.down)
@@ -38,27 +55,32 @@ def _experts(x, idx, weights, gate, up, down):
     return out
 
 
-def _load_experts(src, prefix, names, E, D, inter, dtype, device):
-    """Stack per-expert weights: names = (gate, up, down) tensor names relative to experts.{e}."""
-    g, u, d = ([load(src, f"{prefix}experts.{e}.{n}.weight", shape, dtype, device) for e in range(E)]
+def _load_experts(src, prefix, names, E, D, inter, dtype, device, ch=None):
+    """Stack per-expert weights: names = (gate, up, down) tensor names relative to experts.{e};
+    ch: this rank's intermediate channels of every expert (None: all)."""
+    g, u, d = ([load(src, f"{prefix}experts.{e}.{n}.weight", shape, dtype, device,
+                     rows=ch if n != names[2] else None, cols=ch if n == names[2] else None) for e in range(E)]
                for n, shape in zip(names, ((inter, D), (inter, D), (D, inter))))
     return torch.stack(g), torch.stack(u), torch.stack(d)
 
 
 class QwenMoE:
-    def __init__(self, w: dict, spec):
-        self.w, self.spec = w, spec
+    def __init__(self, w: dict, spec, partial: bool = False):
+        self.w, self.spec, self.partial = w, spec, partial
 
     @classmethod
-    def load(cls, src, prefix: str, spec, dtype, device) -> "QwenMoE":
+    def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "QwenMoE":
         s, D, p = spec, spec.hidden_size, prefix + "mlp."
+        ch, shared_ch = _channels(share, s.moe_intermediate_size, s.shared_intermediate_size)
         gate, up, down = _load_experts(src, p, ("gate_proj", "up_proj", "down_proj"), s.num_experts, D,
-                                       s.moe_intermediate_size, dtype, device)
+                                       s.moe_intermediate_size, dtype, device, ch)
+        # the shared expert's sigmoid gate is one scalar per token: it scales each rank's partial alike
         w = {"router": load(src, p + "gate.weight", (s.num_experts, D), dtype, device),
              "gate": gate, "up": up, "down": down,
-             "shared": DenseMLP.load(src, p + "shared_expert.", D, s.shared_intermediate_size, dtype, device),
+             "shared": DenseMLP.load(src, p + "shared_expert.", D, s.shared_intermediate_size, dtype, device,
+                                     channels=shared_ch),
              "shared_gate": load(src, p + "shared_expert_gate.weight", (1, D), dtype, device)}
-        return cls(w, spec)
+        return cls(w, spec, ch is not None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.w
@@ -72,20 +94,22 @@ class QwenMoE:
 
 
 class KimiMoE:
-    def __init__(self, w: dict, spec):
-        self.w, self.spec = w, spec
+    def __init__(self, w: dict, spec, partial: bool = False):
+        self.w, self.spec, self.partial = w, spec, partial
 
     @classmethod
-    def load(cls, src, prefix: str, spec, dtype, device) -> "KimiMoE":
+    def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "KimiMoE":
         s, D, p = spec, spec.hidden_size, prefix + "block_sparse_moe."
+        ch, shared_ch = _channels(share, s.moe_intermediate_size, s.shared_intermediate_size or 0)
         gate, up, down = _load_experts(src, p, ("w1", "w3", "w2"), s.num_experts, D, s.moe_intermediate_size,
-                                       dtype, device)
+                                       dtype, device, ch)
         w = {"router": load(src, p + "gate.weight", (s.num_experts, D), torch.float32, device),
              "bias": load(src, p + "gate.e_score_correction_bias", (s.num_experts,), torch.float32, device),
              "gate": gate, "up": up, "down": down, "shared": None}
         if s.shared_intermediate_size:
-            w["shared"] = DenseMLP.load(src, p + "shared_experts.", D, s.shared_intermediate_size, dtype, device)
-        return cls(w, spec)
+            w["shared"] = DenseMLP.load(src, p + "shared_experts.", D, s.shared_intermediate_size, dtype, device,
+                                        channels=shared_ch)
+        return cls(w, spec, ch is not None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights fp32 [T, k], expert ids [T, k]): sigmoid scores, best groups by their top-2 sum."""

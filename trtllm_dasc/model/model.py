@@ -4,8 +4,10 @@ One forward call processes a batch of sequences, each continuing from its carrie
 state row (RecurrentState) and its cached full-attention tokens (PagedKVCache, through its block table).
 A sequence may ask for checkpoints: the linear layers' states after chosen prefix lengths, captured in
 the same pass. The forward allocates nothing: rows and blocks are the scheduler's decisions.
-At tp_size > 1 only the linear-attention layers are sharded (by bundles, tp.py); their row-parallel
-partial outputs go through `all_reduce` (set by the distributed runtime); the rest is replicated.
+At tp_size > 1 the linear-attention layers are sharded by bundles (tp.py, the planner's permutation),
+attention heads and MLP/expert channels in equal parts (RankShare; a part the degree does not divide
+stays whole); every sharded layer's row-parallel partial output goes through `all_reduce` (set by the
+distributed runtime). Embedding, norms, router and LM head are replicated.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from trtllm_dasc.model.ops import rms_norm
 from trtllm_dasc.model.recurrence import get_backend
 from trtllm_dasc.model.spec import ModelSpec
 from trtllm_dasc.model.state import RecurrentState
-from trtllm_dasc.model.tp import check_bundle_order, local_bundles
+from trtllm_dasc.model.tp import RankShare, check_bundle_order, local_bundles
 from trtllm_dasc.model.weights import CheckpointReader, load
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -113,7 +115,7 @@ class HybridModel:
         w = {"embed": load(src, "model.embed_tokens.weight", (V, D), dt, device),
              "norm": load(src, "model.norm.weight", (D,), dt, device)}
         w["lm_head"] = w["embed"] if spec.tie_word_embeddings else load(src, "lm_head.weight", (V, D), dt, device)
-        layers, lin = [], 0
+        layers, lin, share = [], 0, RankShare(tp_rank, tp_size)
         for i, kind in enumerate(cfg.layer_types):
             p = f"model.layers.{i}."
             if kind == "linear_attention":
@@ -121,12 +123,12 @@ class HybridModel:
                 mixer = LAYERS[cfg.arch].linear.load(src, p, cfg, spec, bundles, dt, device)
                 lin += 1
             else:
-                mixer = LAYERS[cfg.arch].attention.load(src, p, spec, dt, device)
+                mixer = LAYERS[cfg.arch].attention.load(src, p, spec, dt, device, share)
             if spec.mlp_types[i] == "moe":
-                mlp = LAYERS[cfg.arch].moe.load(src, p, spec, dt, device)
+                mlp = LAYERS[cfg.arch].moe.load(src, p, spec, dt, device, share)
             else:
                 mlp_prefix = p + cfg.family.dense_mlp_prefix
-                mlp = DenseMLP.load(src, mlp_prefix, D, spec.intermediate_size, dt, device)
+                mlp = DenseMLP.load(src, mlp_prefix, D, spec.intermediate_size, dt, device, share)
             norms = [load(src, p + n + ".weight", (D,), dt, device)
                      for n in ("input_layernorm", "post_attention_layernorm")]
             layers.append((mixer, mlp, *norms))
@@ -136,8 +138,16 @@ class HybridModel:
     def new_state(self, num_rows: int) -> RecurrentState:
         return RecurrentState.zeros(self.cfg, num_rows, self.tp_size, self.dtype, self.device)
 
+    @property
+    def kv_token_shapes(self) -> list[tuple[int, ...]]:
+        """What one token of one full-attention layer caches on this rank (its KV heads at TP)."""
+        for mixer, *_ in self.layers:
+            if mixer.kind not in ("gdn", "kda"):
+                return mixer.kv_token_shapes
+        return self.spec.kv_token_shapes
+
     def new_kv_cache(self, num_blocks: int, block_size: int = 16) -> PagedKVCache:
-        return PagedKVCache(KVCacheConfig(len(self.cfg.full_attention_layers), self.spec.kv_token_shapes,
+        return PagedKVCache(KVCacheConfig(len(self.cfg.full_attention_layers), self.kv_token_shapes,
                                           num_blocks, block_size, self.dtype, str(self.device)))
 
     # ---- forward ----------------------------------------------------------------------------------
@@ -207,10 +217,12 @@ class HybridModel:
             else:
                 with timer("attention"):
                     out = mixer.forward(h, attn_batch, kv, att)
+                    out = self.all_reduce(out) if mixer.partial else out
                 att += 1
             x = x + out
             with timer("mlp"):
-                x = x + mlp.forward(rms_norm(x, post_norm, eps, self.offset_norm))
+                y = mlp.forward(rms_norm(x, post_norm, eps, self.offset_norm))
+                x = x + (self.all_reduce(y) if mlp.partial else y)
         out = ForwardOutput(None, [0], cu)
         picks = []
         for i, mode in enumerate(modes):

@@ -74,3 +74,42 @@ class KDASlice:
     @classmethod
     def build(cls, bundles: list[int], K: int) -> "KDASlice":
         return cls(heads=torch.tensor(bundles, dtype=torch.long), head_rows=_blocks(bundles, K))
+
+
+@dataclass(frozen=True, slots=True)
+class RankShare:
+    """This process's place among the TP ranks, for the layers other than linear attention: attention
+    heads, MLP and expert intermediate channels are split in equal contiguous parts (column-parallel in,
+    row-parallel out, the partial outputs summed by the model's all-reduce). A part a TP degree does not
+    divide stays whole on every rank (replicated: computed fully, never all-reduced)."""
+
+    rank: int = 0
+    size: int = 1
+
+    def part(self, n: int) -> list[int] | None:
+        """This rank's ids of n equal parts; None when unsplit (TP1, or size does not divide n)."""
+        if self.size == 1 or n % self.size:
+            return None
+        k = n // self.size
+        return list(range(self.rank * k, (self.rank + 1) * k))
+
+    def kv_heads(self, num_heads: int, num_kv_heads: int) -> list[int] | None:
+        """GQA key/value heads of this rank's query heads: split when the degree divides them, else the
+        one head its query group reads (each shared by size / num_kv_heads ranks, as vLLM does)."""
+        if self.part(num_heads) is None:
+            return None
+        if num_kv_heads % self.size == 0:
+            return self.part(num_kv_heads)
+        if self.size % num_kv_heads == 0:
+            return [self.rank // (self.size // num_kv_heads)]
+        return None
+
+    @property
+    def owns_bias(self) -> bool:
+        """A row-parallel output's bias is added once: on rank 0 (the all-reduce sums the ranks)."""
+        return self.rank == 0
+
+
+def blocks(ids: list[int], size: int) -> torch.Tensor:
+    """Row/column indices of blocks ``ids`` of ``size`` consecutive entries (a head's rows, ...)."""
+    return _blocks(ids, size)
