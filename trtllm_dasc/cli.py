@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help)
@@ -32,7 +33,9 @@ def _execute(prog: str, run, args) -> int:
     try:
         return run(args) or 0
     except UserError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        # under mpirun every rank meets the same bad input: rank 0 alone says so
+        if os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
+            print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # the reader (head, a closed pipe) went away: not an error of ours

@@ -146,3 +146,35 @@ def test_attention_and_mlp_are_split_where_the_degree_divides(models):
         att = [m for m, *_ in gdn.layers if m.kind == "gqa"]
         assert all(a.partial == split and a.H == (1 if split else 2) and a.Hk == 1 for a in att)
         assert gdn.kv_token_shapes == [(1, gdn.spec.head_dim)] * 2
+
+
+def _cli(*args, timeout=300):
+    import subprocess
+    return subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_dasc_logits_tp_equals_transformers(models, tmp_path):
+    """`dasc logits --tp 4` starts its own mpirun; the split run (store at K through the storage
+    all-to-all, load, continue) at W_max 0 equals the unsplit one."""
+    import numpy as np
+    path, hf = models["kda"]
+    ids = [5, 9, 11, 3, 40, 41, 7, 8, 90, 12, 13, 60]
+    out = tmp_path / "tp4.npy"
+    r = _cli("logits", "--model", path, "--ids", ",".join(map(str, ids)), "--out", str(out), "--tp", "4")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("wrote") == 1        # rank 0 alone reports
+    want = _hf_logits(hf, ids).numpy()
+    assert np.abs(np.load(out) - want).max() <= 1e-4 * np.abs(want).max()
+    split = tmp_path / "split.npy"
+    r = _cli("logits", "--model", path, "--ids", ",".join(map(str, ids)), "--out", str(split), "--tp", "4",
+             "--split", "5", "--placement", "storage")
+    assert r.returncode == 0, r.stderr
+    assert np.abs(np.load(split) - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_dasc_logits_tp_bad_degree_is_one_line(models, tmp_path):
+    r = _cli("logits", "--model", models["kda"][0], "--ids", "1,2,3", "--out", str(tmp_path / "x.npy"), "--tp", "3")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["dasc logits: error: TP degree 3 does not divide the 8 "
+                                             "linear-attention heads"]

@@ -26,12 +26,32 @@ def find_mpirun() -> str:
     return found
 
 
+RANK_ENV = "DASC_TP_RANKS"     # set by mpirun_command: this process is one of that many ranks
+
+
+def under_mpirun() -> bool:
+    """Whether this process was started by mpirun_command (so a --tp command runs its rank's part)."""
+    return RANK_ENV in os.environ
+
+
+def relaunch(num_ranks: int, argv: list[str]) -> int:
+    """Run ``python argv...`` on ``num_ranks`` ranks and wait; mpirun's exit code (non-zero when any rank
+    failed: mpirun stops the others)."""
+    import subprocess
+    cmd, env = mpirun_command(num_ranks, argv)
+    try:
+        return subprocess.run(cmd, env=env).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
 def mpirun_command(num_ranks: int, argv: list[str]) -> tuple[list[str], dict]:
     """The command and environment that run ``argv`` (a Python module invocation, without the
     interpreter) on ``num_ranks`` local ranks."""
     if num_ranks < 1:
         raise UserError(f"the number of ranks must be >= 1, got {num_ranks}")
     env = dict(os.environ)
+    env[RANK_ENV] = str(num_ranks)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # containers run as root; Open MPI refuses that unless told twice
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")

@@ -31,6 +31,21 @@ def add_arguments(p) -> None:
     p.add_argument("--policy", default="nr", choices=["nr", "wr"], help="checkpoint load policy")
     p.add_argument("--codec", default="native", choices=["native", "int8"], help="checkpoint temporal codec")
     p.add_argument("--replay-window", type=int, default=None, help="wr replay length override (tokens)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (run under one mpirun, CPU ranks "
+                                                       "over gloo, GPUs over NCCL)")
+    p.add_argument("--placement", default="off", choices=["off", "storage", "hybrid"],
+                   help="TP placement of the checkpoint units (with --tp > 1)")
+
+
+def _argv(args) -> list[str]:
+    """The command line of ``args`` again (each rank parses it the same way)."""
+    out = ["-m", "trtllm_dasc.cli", "logits"]
+    for name in ("model", "ids", "out", "split", "dtype", "device", "backend", "block_size", "wmax", "policy",
+                 "codec", "replay_window", "tp", "placement"):
+        value = getattr(args, name)
+        if value is not None:
+            out += [f"--{name.replace('_', '-')}", str(value)]
+    return out
 
 
 def parse_ids(text: str) -> list[int]:
@@ -70,7 +85,21 @@ def run(args) -> int:
     check_output_path(args.out)
     if args.split is not None and not 0 < args.split < len(ids):
         raise UserError(f"--split must be in 1..{len(ids) - 1} for {len(ids)} tokens, got {args.split}")
+    from trtllm_dasc.dist.launch import relaunch, under_mpirun
+    if args.tp < 1:
+        raise UserError(f"--tp must be >= 1, got {args.tp}")
+    if args.tp > 1 and not under_mpirun():
+        # the same command on T ranks; rank 0 writes the file and prints
+        from trtllm_dasc.config import HybridConfig
+        from trtllm_dasc.dist.launch import find_mpirun
+        find_mpirun()
+        # what every rank would refuse, refused once here (one line, not T lines and mpirun's report)
+        HybridConfig.from_path(args.model).shard(args.tp)
+        code = relaunch(args.tp, _argv(args))
+        return code if code in (0, 2) else 1
     logits = engine_logits(args, ids)
+    if logits is None:
+        return 0        # a worker rank: rank 0 writes
     try:
         with open(args.out, "wb") as f:
             # a file object: np.save would append ".npy" to a bare name
@@ -84,15 +113,13 @@ def run(args) -> int:
 
 
 def engine_logits(args, ids: list[int]):
-    import torch
-
+    """The logits [T, vocab]; None on a worker rank of a --tp run (rank 0 has them)."""
     from trtllm_dasc.config import HybridConfig
     from trtllm_dasc.engine.config import EngineConfig
     from trtllm_dasc.engine.engine import Engine
-    from trtllm_dasc.engine.request import GenerationRequest
 
     T, split = len(ids), args.split
-    dense = HybridConfig.from_path(args.model, conv_dtype=args.dtype).dense_checkpoint_bytes_per_rank(1)
+    dense = HybridConfig.from_path(args.model, conv_dtype=args.dtype).dense_checkpoint_bytes_per_rank(args.tp)
     # blocks: the first request's prompt (kept by the tree), the second's fresh ones and a wr replay's
     # (EngineConfig refuses a bad --block-size with its own message)
     blocks = 3 * -(-(T + 1) // max(1, args.block_size)) + 4
@@ -100,8 +127,18 @@ def engine_logits(args, ids: list[int]):
     cfg = EngineConfig(model=args.model, wmax=wmax, policy=args.policy, codec=args.codec, dtype=args.dtype,
                        device=args.device, backend=args.backend, block_size=args.block_size, max_batch=1,
                        num_kv_blocks=blocks, max_context=T + 1, interval=T + 1, prompt_only=True,
-                       replay_window=args.replay_window, state_budget_bytes=3 * dense)
-    engine = Engine(cfg)
+                       replay_window=args.replay_window, state_budget_bytes=3 * dense,
+                       tp_size=args.tp, placement=args.placement)
+    if args.tp > 1:
+        from trtllm_dasc.dist.launch import run_ranks
+        return run_ranks(cfg, lambda engine: _logits(engine, ids, split))
+    return _logits(Engine(cfg), ids, split)
+
+
+def _logits(engine, ids: list[int], split: int | None):
+    import torch
+
+    from trtllm_dasc.engine.request import GenerationRequest
     if split is None:
         req = GenerationRequest("logits", ids, 1, return_context_logits=True)
         return _context_logits(engine, req)
