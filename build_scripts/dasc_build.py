@@ -70,14 +70,15 @@ def engine_options(args) -> dict:
                 backend=args.backend, max_batch=args.max_batch_size, max_num_tokens=args.max_num_tokens,
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
                 interval=args.interval, prefill_chunk=args.prefill_chunk, prompt_only=args.prompt_only,
-                plan_path="plan.json", kernel_cache_dir="kernels")
+                plan_path="plan.json", kernel_cache_dir="kernels", tp_size=args.tp,
+                placement=args.placement if args.tp > 1 else "off")
     EngineConfig(**opts)
     return opts
 
 
 def check_args(args) -> None:
-    if args.tp != 1:
-        raise UserError("--tp > 1 needs the MPI tensor-parallel runtime, which is not built yet: use --tp 1")
+    if isinstance(args.tp, bool) or not isinstance(args.tp, int) or args.tp < 1:
+        raise UserError(f"--tp must be a positive integer, got {args.tp!r}")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         raise UserError(f"--model {args.model!r} is not a checkpoint directory (no config.json)")
     if args.max_queue_delay_microseconds < 0:
@@ -124,8 +125,11 @@ def build(args) -> str:
     opts = engine_options(args)
     # plan first: a checkpoint that cannot be planned fails before anything is written
     t0 = time.time()
-    plan, _ = plan_from_path(args.model, PlanOptions(wmax=args.wmax, tp=1, placement="off", codec=args.codec,
-                                                     layout=args.layout), conv_dtype=args.dtype)
+    plan, _ = plan_from_path(args.model, PlanOptions(wmax=args.wmax, tp=opts["tp_size"], placement=opts["placement"],
+                                                     codec=args.codec, layout=args.layout), conv_dtype=args.dtype)
+    if args.tp > 1 and plan.moved_units and args.layout != "ragged":
+        raise UserError(f"--placement {args.placement} moves checkpoint units between ranks, which the run time "
+                        "does for the ragged layout only: use --layout ragged or --placement off")
     report = plan.report(args.state_budget_bytes)
     kept = sum(map(len, plan.retained)) / (plan.config.units_per_layer * plan.config.num_linear_layers)
     print(f"[dasc-build] plan: W_max {args.wmax}, {kept:.1%} of the units kept, {report['bottleneck_slot_bytes']:,} B "

@@ -178,3 +178,25 @@ def test_dasc_logits_tp_bad_degree_is_one_line(models, tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["dasc logits: error: TP degree 3 does not divide the 8 "
                                              "linear-attention heads"]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_engine_thread_scenario_at_tp(models, tmp_path, tp):
+    """The engine-seam thread test (500 requests from 8 threads, aborts, malformed ones, tiny pools that
+    evict all the time) with rank 0's engine driving T ranks: transformers' tokens, everything freed."""
+    import json
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from thread_scenario import scenario_prompts
+    path, hf = models["kda"]
+    vocab = hf.config.vocab_size
+    ref = []
+    for p in scenario_prompts(vocab):
+        with torch.no_grad():
+            ids = torch.tensor([list(p)])
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)
+        ref.append([list(p), out[0, len(p):].tolist()])
+    (tmp_path / "ref.json").write_text(json.dumps(ref))
+    stats = run_job(tp, ["--model", path, "--tp", str(tp), "--reference", str(tmp_path / "ref.json"),
+                         "--vocab", str(vocab)], tmp_path / "out.json", timeout=600, script="thread_job.py")
+    assert stats["hit_rate"] > 0.2 and stats["dead"] is None

@@ -61,14 +61,12 @@ def mpirun_command(num_ranks: int, argv: list[str]) -> tuple[list[str], dict]:
     return cmd, env
 
 
-def run_ranks(cfg, job, threads_per_rank: int | None = None):
-    """Called by every rank of an ``mpirun -np cfg.tp_size``. Rank 0 returns ``job(engine)``; the other
-    ranks execute plans until rank 0 is done and return None."""
+def join_ranks(cfg, threads_per_rank: int | None = None):
+    """Collective, on every rank of the mpirun: the TP group and this rank's ModelRunner (its device,
+    shard and pool); rank 0 also gets every rank's pool report. Returns (group, runner, reports)."""
     import torch
 
     from trtllm_dasc.dist.group import TPGroup
-    from trtllm_dasc.dist.runner import DistributedRunner, worker_loop
-    from trtllm_dasc.engine.engine import Engine
     from trtllm_dasc.engine.runner import ModelRunner
     group = TPGroup.from_mpi(cfg.device)
     try:
@@ -84,18 +82,49 @@ def run_ranks(cfg, job, threads_per_rank: int | None = None):
                              group.all_to_all)
         # every rank's pool as allocated (slot bytes, slots): rank 0 reports them, the planner predicts them
         reports = group.gather(runner.memory_report())
-        if group.rank != 0:
-            worker_loop(runner, group)
-            return None
-        dist_runner = DistributedRunner(runner, group)
-        engine = Engine(dataclasses.replace(cfg, device=device), runner=dist_runner)
-        engine.rank_reports = reports
-        try:
-            return job(engine)
-        finally:
-            try:
-                engine.shutdown(drain=False, timeout=60)
-            finally:
-                dist_runner.stop()
+    except BaseException:
+        group.close()
+        raise
+    return group, runner, reports
+
+
+def rank0_engine(cfg, group, runner, reports):
+    """Rank 0's Engine over every rank: its shutdown releases the workers and the group."""
+    from trtllm_dasc.dist.runner import DistributedRunner
+    from trtllm_dasc.engine.engine import Engine
+    engine = Engine(dataclasses.replace(cfg, device=runner.cfg.device), runner=DistributedRunner(runner, group))
+    engine.rank_reports = reports
+    return engine
+
+
+def worker(cfg, group, runner) -> int:
+    """A worker rank's whole life: execute rank 0's plans until it stops; returns the steps run."""
+    from trtllm_dasc.dist.runner import worker_loop
+    try:
+        return worker_loop(runner, group)
     finally:
         group.close()
+
+
+def start_rank(cfg):
+    """For a process that keeps its engine (the Triton model): rank 0 gets the Engine; a worker rank
+    executes until rank 0 shuts down and then gets None."""
+    group, runner, reports = join_ranks(cfg)
+    if group.rank != 0:
+        worker(cfg, group, runner)
+        return None
+    return rank0_engine(cfg, group, runner, reports)
+
+
+def run_ranks(cfg, job, threads_per_rank: int | None = None):
+    """Called by every rank of an ``mpirun -np cfg.tp_size``. Rank 0 returns ``job(engine)``; the other
+    ranks execute plans until rank 0 is done and return None."""
+    group, runner, reports = join_ranks(cfg, threads_per_rank)
+    if group.rank != 0:
+        worker(cfg, group, runner)
+        return None
+    engine = rank0_engine(cfg, group, runner, reports)
+    try:
+        return job(engine)
+    finally:
+        engine.shutdown(drain=False, timeout=60)

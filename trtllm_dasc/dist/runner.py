@@ -35,10 +35,11 @@ class DistributedRunner:
         return _guarded(self.group, lambda: self.runner.execute(plan, sample_tokens))
 
     def stop(self) -> None:
-        """Release the workers (their loops return); idempotent."""
+        """Release the workers (their loops return) and leave the group; idempotent."""
         if not self._stopped:
             self._stopped = True
             self.group.broadcast((STOP, None))
+            self.group.close()
 
 
 def worker_loop(runner, group) -> int:

@@ -140,6 +140,10 @@ class Engine:
         self.scheduler.waiting.extend(queued)
         for seq in list(self._seqs.values()):
             self._finish(seq, "cancelled")
+        # the other TP ranks (dist.DistributedRunner) wait for plans until told to stop
+        stop = getattr(self.runner, "stop", None)
+        if stop is not None:
+            stop()
 
     def has_work(self) -> bool:
         """Anything queued, running, to be cancelled or a command to run."""

@@ -79,8 +79,13 @@ def run(args) -> int:
     stop = {"signal": None}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, f: stop.update(signal=s))
+    from trtllm_dasc.serve.host import engine_config
+    tp = engine_config(engine_dir).tp_size
+    if tp > 1:
+        from trtllm_dasc.dist.launch import find_mpirun
+        find_mpirun()
     server = start_server(repo, work_dir, http_port=args.http_port, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port)
+                          metrics_port=args.metrics_port, tp=(tp, engine_dir))
     print(f"[dasc serve] starting tritonserver for {engine_dir} (log: {server.log_path})", file=sys.stderr)
     try:
         deadline = time.time() + args.ready_timeout

@@ -53,7 +53,14 @@ class EngineHost:
     def __init__(self, engine_dir: str, *, decoupled: bool = True, exclude_input_default: bool = False,
                  warmup: bool = True):
         self.decoupled, self.exclude_default = decoupled, exclude_input_default
-        self.engine = Engine(engine_config(engine_dir))
+        cfg = engine_config(engine_dir)
+        if cfg.tp_size > 1:
+            # this process (the server's Python backend stub) is rank 0 of the mpirun that `dasc serve --tp`
+            # started; the other ranks are dist.worker processes beside the server
+            from trtllm_dasc.dist.launch import start_rank
+            self.engine = start_rank(cfg)
+        else:
+            self.engine = Engine(cfg)
         self.warmup_report = self.engine.warmup() if warmup else None
         self.engine.start()
         self._ids = itertools.count()

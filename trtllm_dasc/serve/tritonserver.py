@@ -138,9 +138,14 @@ class ServerProcess:
 
 def start_server(model_repository: str, work_dir: str, *, http_port: int | None = None,
                  grpc_port: int | None = None, metrics_port: int | None = None, log_verbose: int = 0,
-                 extra_args: list[str] | None = None, env: dict | None = None) -> ServerProcess:
+                 extra_args: list[str] | None = None, env: dict | None = None,
+                 tp: tuple[int, str] | None = None) -> ServerProcess:
     """Start tritonserver on 127.0.0.1 for ``model_repository``; ``work_dir`` keeps the backends directory
-    and the server log. Returns at once: call ``wait_ready``."""
+    and the server log. Returns at once: call ``wait_ready``.
+
+    ``tp = (T, engine_dir)`` with T > 1: one mpirun runs the server as rank 0 and T - 1 dist.worker ranks of
+    that engine (MPMD); the dasc_hybrid model inside the server joins as rank 0. ``proc`` is then mpirun:
+    when any rank dies mpirun ends the rest, so the server never outlives its TP group."""
     paths = find_server()
     os.makedirs(work_dir, exist_ok=True)
     backends = backends_dir(os.path.join(work_dir, "backends"), paths)
@@ -154,6 +159,16 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
            "--metrics-address", "127.0.0.1", "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
            "--metrics-port", str(ports[2]), "--log-verbose", str(log_verbose), "--disable-auto-complete-config",
            *(extra_args or [])]
+    if tp is not None and tp[0] > 1:
+        from trtllm_dasc.dist.launch import mpirun_command
+        workers, mpi_env = mpirun_command(tp[0] - 1, ["-m", "trtllm_dasc.dist.worker", "--engine",
+                                                      os.path.abspath(tp[1])])
+        mpirun, np_flag = workers[0], workers.index("-np")
+        # mpirun [opts] -np 1 tritonserver ... : -np T-1 python -m trtllm_dasc.dist.worker ...
+        cmd = [mpirun, *workers[1:np_flag], "-np", "1", *cmd, ":", "-np", str(tp[0] - 1), *workers[np_flag + 2:]]
+        mpi_env.update({k: v for k, v in run_env.items()})
+        mpi_env["DASC_TP_RANKS"] = str(tp[0])
+        run_env = mpi_env
     log_path = os.path.join(work_dir, "tritonserver.log")
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)
