@@ -1,0 +1,93 @@
+"""`dasc serve --tp`: one mpirun of tritonserver (rank 0, the dasc_hybrid model inside it) and T-1 worker
+ranks. Streamed outputs equal the TP1 engine's for a dasc arm whose checkpoints move units between ranks;
+a rank that dies takes the server down within 30 s (never a hung, half-alive server)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "serve"))
+from serve_helpers import StreamClient, build_engine, serve, triton_inputs  # noqa: E402
+from tp_helpers import build_tp_model, have_mpi  # noqa: E402
+
+pytestmark = pytest.mark.skipif(have_mpi() is not None, reason=f"no MPI here: {have_mpi()}")
+
+ARM = ["--wmax", 32, "--placement", "storage", "--max-batch-size", 4, "--kv-blocks", 300, "--block-size", 4,
+       "--interval", 8, "--max-context", 128]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tp-serve-kda")
+    build_tp_model(path, "kda", seed=31)
+    return path
+
+
+def _prompts():
+    import random
+    rng = random.Random(5)
+    base = [rng.randrange(3, 97) for _ in range(30)]
+    return [base[:rng.randrange(8, 30)] + [rng.randrange(3, 97) for _ in range(rng.randrange(1, 4))] for _ in range(8)]
+
+
+def test_tp2_serving_equals_tp1_engine_with_moved_units(model, tmp_path):
+    import tritonclient.grpc as grpc
+
+    from trtllm_dasc.engine.engine import Engine
+    from trtllm_dasc.engine.request import GenerationRequest
+    from trtllm_dasc.serve.host import engine_config
+    engine_dir = build_engine(model, tmp_path / "engine", "--tp", 4, *ARM)
+    cfg = engine_config(str(engine_dir))
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    assert plan_from_path(str(model), PlanOptions(wmax=32, tp=4, placement="storage"))[0].moved_units > 0
+    # the reference: the same arm in this process at TP1 (the TP1 engine is checked against transformers
+    # elsewhere; dasc is lossy, so transformers itself is not the reference here)
+    import dataclasses
+    ref_engine = Engine(dataclasses.replace(cfg, tp_size=1, placement="off", plan_path=None))
+    prompts = _prompts()
+    want = ref_engine.generate([GenerationRequest(i, p, 4) for i, p in enumerate(prompts)])
+    again = ref_engine.generate([GenerationRequest("again", prompts[0], 3)])[0]
+    server = serve(engine_dir, tmp_path / "work", tp=4)
+    try:
+        client = StreamClient(server.grpc_url)
+        try:
+            for i, p in enumerate(prompts):
+                client.send(f"s{i}", triton_inputs(grpc, p, 4, streaming=True))
+            got = client.collect(len(prompts))
+            client.send("again", triton_inputs(grpc, prompts[0], 3, streaming=True))
+            rec = client.collect(1)["again"]
+        finally:
+            client.close()
+        for i in range(len(prompts)):
+            assert got[f"s{i}"]["error"] is None and got[f"s{i}"]["tokens"] == want[i], i
+        assert rec["cached"] > 0 and rec["tokens"] == again
+    finally:
+        server.stop()
+
+
+def test_a_dead_rank_takes_the_server_down(model, tmp_path):
+    engine_dir = build_engine(model, tmp_path / "engine", "--tp", 2, "--wmax", 0, "--max-batch-size", 2,
+                              "--kv-blocks", 100, "--block-size", 4, "--max-context", 64)
+    server = serve(engine_dir, tmp_path / "work", tp=2)
+    try:
+        # the worker itself (mpirun's own command line names it too)
+        workers = subprocess.run(["pgrep", "-f", f"^{sys.executable} -m trtllm_dasc.dist.worker --engine {engine_dir}"],
+                                 capture_output=True, text=True).stdout.split()
+        assert len(workers) == 1
+        subprocess.run(["kill", "-9", workers[0]])
+        t0 = time.time()
+        while server.proc.poll() is None and time.time() - t0 < 30:
+            time.sleep(0.5)
+        assert server.proc.poll() is not None, "the server outlived its dead rank by 30 s"
+        # nothing of it is left serving: no tritonserver of this engine, no stub
+        time.sleep(1)
+        left = subprocess.run(["pgrep", "-f", str(engine_dir)], capture_output=True, text=True).stdout.split()
+        assert not left, f"processes of the dead server remain: {left}"
+    finally:
+        server.stop()
