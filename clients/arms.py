@@ -47,17 +47,18 @@ def parse_arms(text: str) -> list[Arm]:
     return arms
 
 
-def dense_checkpoint_bytes(model: str, dtype: str) -> int:
-    """Bytes of one complete dense checkpoint (temporal fp32 + conv in the model's dtype), TP1."""
+def dense_checkpoint_bytes(model: str, dtype: str, tp: int = 1) -> int:
+    """Bytes of one complete dense checkpoint on one rank (temporal fp32 + conv in the model's dtype)."""
     from trtllm_dasc.config import HybridConfig
-    return HybridConfig.from_path(model, conv_dtype=dtype).dense_checkpoint_bytes_per_rank(1)
+    return HybridConfig.from_path(model, conv_dtype=dtype).dense_checkpoint_bytes_per_rank(tp)
 
 
-def capacity(model: str, arm: Arm, budget: int, dtype: str) -> dict:
-    """What dasc-build will plan for this arm: slots N(W) = floor(B / bytes) - 1 and the bytes per slot."""
+def capacity(model: str, arm: Arm, budget: int, dtype: str, tp: int = 1, placement: str = "off") -> dict:
+    """What dasc-build will plan for this arm: slots N(W) = floor(B / bytes) - 1 and the bytes per slot of
+    the most loaded rank (``budget`` is per rank, Eq. 8)."""
     from trtllm_dasc.plan import PlanOptions, plan_from_path
-    plan, _ = plan_from_path(model, PlanOptions(wmax=arm.wmax, tp=1, placement="off", codec=arm.codec),
-                             conv_dtype=dtype)
+    plan, _ = plan_from_path(model, PlanOptions(wmax=arm.wmax, tp=tp, placement=placement if tp > 1 else "off",
+                                                codec=arm.codec), conv_dtype=dtype)
     r = plan.report(budget)
     return {"slots": r["slots"], "dense_slots": r["dense_slots"], "checkpoint_bytes": r["bottleneck_slot_bytes"],
             "compression_ckpt": r["compression_ckpt"]}
@@ -88,7 +89,7 @@ def share_kernels(engine_dir: str, cache_dir: str) -> None:
         os.symlink(os.path.abspath(cache_dir), kernels)
 
 
-def serve(engine_dir: str, work_dir: str, timeout: float, torch_threads: int | None = None):
+def serve(engine_dir: str, work_dir: str, timeout: float, torch_threads: int | None = None, tp: int = 1):
     """The arm's tritonserver, ready (warm-up done). Only dasc_hybrid is loaded: the text models'
     processes would compete for the CPU with the engine and are not part of what is measured.
     ``torch_threads`` sets the engine's OpenMP threads (on a 2-core CPU shared with the client, two
@@ -96,7 +97,8 @@ def serve(engine_dir: str, work_dir: str, timeout: float, torch_threads: int | N
     from trtllm_dasc.serve.tritonserver import start_server
     env = {"OMP_NUM_THREADS": str(torch_threads)} if torch_threads else None
     server = start_server(os.path.join(engine_dir, "model_repo"), work_dir, env=env,
-                          extra_args=["--model-control-mode=explicit", "--load-model=dasc_hybrid"])
+                          extra_args=["--model-control-mode=explicit", "--load-model=dasc_hybrid"],
+                          tp=(tp, engine_dir))
     try:
         server.wait_ready(timeout)
     except (RuntimeError, TimeoutError) as e:

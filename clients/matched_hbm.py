@@ -64,6 +64,10 @@ def add_arguments(p) -> None:
     g.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
                    "(default OUT/kernels)")
     g.add_argument("--ready-timeout", type=float, default=1800.0)
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per server (one mpirun each); the "
+                   "budget is per rank")
+    g.add_argument("--placement", default="hybrid", choices=["off", "storage", "hybrid"],
+                   help="TP placement of the dasc arms' units (with --tp > 1)")
     g.add_argument("--torch-threads", type=int, default=None, help="the server's OMP_NUM_THREADS (default: "
                    "torch's choice; 1 on a small shared CPU)")
     p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
@@ -86,6 +90,10 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
         args.inprocess = None
     if args.inprocess is not None and args.inprocess not in {a.spec for a in arms}:
         raise UserError(f"--inprocess {args.inprocess!r} is not one of --arms ({args.arms})")
+    if args.tp < 1:
+        raise UserError(f"--tp must be >= 1, got {args.tp}")
+    if args.inprocess is not None and args.tp > 1:
+        raise UserError("--inprocess runs the engine in this process, at TP1 only: leave it out with --tp > 1")
     for name in ("concurrency", "max_batch_size", "block_size", "prefill_chunk"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -108,7 +116,8 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
     blocks_per_request = math.ceil(per_request / args.block_size)
     # KV for every prompt of the largest block plus the running requests: KV never decides a hit
     kv = args.kv_blocks or (max(p.q for p in phases) + args.max_batch_size) * blocks_per_request
-    flags = ["--device", args.device, "--dtype", args.dtype, "--max-batch-size", args.max_batch_size,
+    flags = ["--tp", args.tp, "--placement", args.placement if args.tp > 1 else "off",
+             "--device", args.device, "--dtype", args.dtype, "--max-batch-size", args.max_batch_size,
              "--prefill-chunk", args.prefill_chunk, "--interval", args.interval or per_request, "--kv-blocks", kv,
              "--block-size", args.block_size, "--max-context", blocks_per_request * args.block_size]
     if args.max_num_tokens:
@@ -141,10 +150,11 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     if args.device == "auto":
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    dense_bytes = armlib.dense_checkpoint_bytes(args.model, args.dtype)
+    dense_bytes = armlib.dense_checkpoint_bytes(args.model, args.dtype, args.tp)
     budget = args.state_budget_bytes or (args.dense_slots + 1) * dense_bytes
     phase_arms = armlib.parse_arms(args.phase_arms) if args.phase_arms else arms
-    caps = {a.spec: armlib.capacity(args.model, a, budget, args.dtype) for a in [*arms, *phase_arms]}
+    caps = {a.spec: armlib.capacity(args.model, a, budget, args.dtype, args.tp, args.placement)
+            for a in [*arms, *phase_arms]}
     for spec, c in caps.items():
         if c["slots"] < 1:
             raise UserError(f"arm {spec}: a budget of {budget:,} B holds no checkpoint "
@@ -157,7 +167,8 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     result = {**provenance(argv if argv is not None else ["-m", "clients.matched_hbm", *sys.argv[1:]], args.commit),
               "protocol": "paper App. C.2: flush -> untimed fill -> seeded shuffle -> timed streaming replay",
               "model": os.path.abspath(args.model), "device": args.device, "dtype": args.dtype,
-              "torch_threads": args.torch_threads,
+              "torch_threads": args.torch_threads, "tp": args.tp,
+              "placement": args.placement if args.tp > 1 else "off",
               "budget_bytes": budget, "dense_checkpoint_bytes": dense_bytes, "build_flags": flags,
               "workload": {"prompts": len(work), "scale": wcfg.scale, "seed": wcfg.seed,
                            "prefix_tokens": wcfg.scaled(wcfg.prefix_tokens),
@@ -183,7 +194,7 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     for a in arms:
         t0 = time.perf_counter()
         server = armlib.serve(engines[a.spec], os.path.join(out_dir, "servers", a.spec), args.ready_timeout,
-                              args.torch_threads)
+                              args.torch_threads, args.tp)
         ready_s = time.perf_counter() - t0
         try:
             res = run_arm(lambda: GrpcTarget(server.grpc_url, args.concurrency, timeout=args.request_timeout),

@@ -1,6 +1,6 @@
 """The serving loop under concurrency (tests/engine/thread_scenario.py): 8 submitter threads, 500 mixed
 requests (shared prefixes, some aborted mid-stream, some malformed), the loop on its own thread, against
-transformers' greedy generate. The same scenario runs at TP 2 and 4 on MPI ranks in tests/dist."""
+transformers' greedy generate. The same scenario runs at TP 2 and 4 on MPI ranks in tests/tp."""
 import torch
 
 from engine_helpers import VOCAB, make_engine

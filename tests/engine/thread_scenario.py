@@ -1,5 +1,5 @@
 """The engine-seam thread scenario, shared by the in-process test (tests/engine/test_engine_threads.py)
-and the TP runs on MPI ranks (tests/dist): 8 submitter threads, 500 mixed requests (shared prefixes, some
+and the TP runs on MPI ranks (tests/tp): 8 submitter threads, 500 mixed requests (shared prefixes, some
 aborted mid-stream, some malformed), the loop on its own thread. Every good request gets exactly the
 reference's greedy tokens (transformers' generate, computed by the caller); every aborted one a single
 final 'cancelled' event; afterwards every block, slot and row is free and the invariants hold."""

@@ -30,7 +30,7 @@ def dasc_build(*args):
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (("--tp", 2), "--tp > 1"), (("--max-batch-size", 0), "max_batch"), (("--device", "foo"), "device"),
+    (("--tp", 3), "TP degree 3 does not divide the 2"), (("--max-batch-size", 0), "max_batch"), (("--device", "foo"), "device"),
     (("--wmax", -1), "wmax"), (("--kv-blocks", 99999999999999), "num_kv_blocks"), (("--dtype", "int4"), "--dtype"),
     (("--state-budget-bytes", 10), "budget"), (("--max-queue-delay-microseconds", -5), "max-queue-delay"),
 ], ids=["tp", "batch", "device", "wmax", "kv-blocks", "dtype", "budget", "delay"])

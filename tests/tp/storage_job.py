@@ -1,4 +1,4 @@
-"""Storage all-to-all round trip, on every rank of ``mpirun -np T python tests/dist/storage_job.py``:
+"""Storage all-to-all round trip, on every rank of ``mpirun -np T python tests/tp/storage_job.py``:
 random states -> BalancedPool.store (own units kept, the tail sent away) -> BalancedPool.load into other
 rows (the tail comes home). The reference is the same rank's unbalanced pool (placement 'off': all U_r
 units in its own slot) given the same states: the loaded rows must be equal bit for bit. Rank 0 writes

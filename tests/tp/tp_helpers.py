@@ -1,5 +1,5 @@
-"""Helpers of tests/dist: tiny checkpoints with 8 head bundles (so TP 1, 2, 4 and 8 all divide them) and
-running a job on T MPI ranks."""
+"""Helpers of tests/tp: tiny checkpoints with 8 head bundles (so TP 1, 2, 4 and 8 all divide them) and
+running a job on T MPI ranks. (The folder is not tests/dist: pytest never collects folders named dist.)"""
 from __future__ import annotations
 
 import json
@@ -47,7 +47,7 @@ def have_mpi() -> str | None:
 
 
 def run_job(num_ranks: int, job_args: list[str], out: Path, timeout: float = 300.0, script: str = "tp_job.py") -> dict:
-    """Run tests/dist/<script> on ``num_ranks`` ranks; its JSON result (rank 0 writes ``out``)."""
+    """Run tests/tp/<script> on ``num_ranks`` ranks; its JSON result (rank 0 writes ``out``)."""
     from trtllm_dasc.dist.launch import mpirun_command
     cmd, env = mpirun_command(num_ranks, [str(HERE / script), *job_args, "--out", str(out)])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])

@@ -1,4 +1,4 @@
-"""One TP job, run on every rank by ``mpirun -np T python tests/dist/tp_job.py ...`` (tp_helpers.run_job):
+"""One TP job, run on every rank by ``mpirun -np T python tests/tp/tp_job.py ...`` (tp_helpers.run_job):
 rank 0 runs ``job(engine)`` and writes its JSON; the others execute rank 0's step plans.
 
 The job: four cold prompts (context logits and 5 greedy tokens each), then the same prompts extended

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# nvidia-h200-x2: tensor parallelism over MPI with NCCL, in one device call (~9 minutes):
+#   1. TP2 logits = TP1 logits on the Kimi-Linear-48B-shaped checkpoint (bf16), dense and a W=16 split
+#      through the checkpoint pool with placement hybrid;
+#   2. per-checkpoint store/load latency, placement off / storage / hybrid, batch 1 and 64;
+#   3. the matched-memory serving protocol at TP2 for dense and dasc-nr W=16 (needs the serving wheels).
+# Carry: ../shared/tools/gpu-wheels .whl serve numpy==1.26.4 (73 MB: two calls, the first INSTALL_ONLY=1
+# with nvidia_pytriton alone in .whl). Pass COMMIT=<hash> (the device's .git may be stale).
+# Writes $OUT/tp2_logits.json, $OUT/tp_storage_h200x2.json, $OUT/serve_matched_hbm_tp2.json (+ .png).
+set -uo pipefail
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
+fi
+[ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
+export PYTHONPATH=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+nvidia-smi --query-gpu=name,memory.used --format=csv
+[ -f /tmp/kimi48/model.safetensors ] || python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda
+IDS=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randrange(3, 32000)) for _ in range(300)))")
+for tp in 1 2; do
+  python3 -m trtllm_dasc.cli logits --model /tmp/kimi48 --ids "$IDS" --out /tmp/logits_tp$tp.npy --tp $tp \
+    --device cuda --dtype bfloat16 || exit 4
+  python3 -m trtllm_dasc.cli logits --model /tmp/kimi48 --ids "$IDS" --out /tmp/logits_split_tp$tp.npy --tp $tp \
+    --device cuda --dtype bfloat16 --split 200 --wmax 16 --placement hybrid || exit 4
+done
+python3 - "$OUT/tp2_logits.json" "${COMMIT:-}" <<'PY'
+import json, sys
+import numpy as np
+out = {"command": "bash scripts/gpu_tp2.sh (dasc logits --tp 1/2, bf16, 300 tokens)", "commit": sys.argv[2] or None}
+for name in ("", "split_"):
+    a, b = np.load(f"/tmp/logits_{name}tp1.npy"), np.load(f"/tmp/logits_{name}tp2.npy")
+    out[name + "max_abs_diff"] = float(np.abs(a - b).max())
+    out[name + "max_abs_logit"] = float(np.abs(a).max())
+    out[name + "argmax_agree"] = float((a.argmax(-1) == b.argmax(-1)).mean())
+print(json.dumps(out, indent=1))
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+PY
+timeout 200 python3 benchmarks/tp_storage.py --tp 2 --device cuda --batches 1,64 --reps 20 \
+  --out "$OUT/tp_storage_h200x2.json" ${COMMIT:+--commit "$COMMIT"}
+timeout "${SERVE_LIMIT:-300}" python3 -m clients.matched_hbm --model /tmp/kimi48 --out /tmp/tp2_serve --tp 2 \
+  --placement hybrid --arms dense,nr16 --dense-slots 8 --blocks-per-phase 1 --seeds 42,123,7 --concurrency 96 \
+  --max-batch-size 64 --max-num-tokens 8192 --device cuda --dtype bfloat16 --prompt-only \
+  --json "$OUT/serve_matched_hbm_tp2.json" --plot "$OUT/serve_matched_hbm_tp2.png" ${COMMIT:+--commit "$COMMIT"}
