@@ -71,7 +71,7 @@ def engine_options(args) -> dict:
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
                 interval=args.interval, prefill_chunk=args.prefill_chunk, prompt_only=args.prompt_only,
                 plan_path="plan.json", kernel_cache_dir="kernels", tp_size=args.tp,
-                placement=args.placement if args.tp > 1 else "off")
+                placement=args.placement if args.tp > 1 else "off", rank_weights="weights" if args.tp > 1 else None)
     EngineConfig(**opts)
     return opts
 
@@ -93,9 +93,15 @@ def check_args(args) -> None:
         raise UserError(f"--output: directory {parent!r} does not exist or is not writable")
 
 
-def copy_model(src: str, dst: str) -> int:
-    """The checkpoint's files into dst (hard links where the file system allows: no copy of big shards)."""
-    files = [f for f in sorted(os.listdir(src)) if f in MODEL_FILES or f.endswith(".safetensors")]
+def _is_weights(name: str) -> bool:
+    return name.endswith(".safetensors") or name == "model.safetensors.index.json"
+
+
+def copy_model(src: str, dst: str, weights: bool = True) -> int:
+    """The checkpoint's files into dst (hard links where the file system allows: no copy of big shards);
+    weights=False keeps config and tokenizer only (a TP engine has per-rank weight files instead)."""
+    files = [f for f in sorted(os.listdir(src))
+             if (f in MODEL_FILES or f.endswith(".safetensors")) and (weights or not _is_weights(f))]
     total = sum(os.path.getsize(os.path.join(src, f)) for f in files)
     os.makedirs(dst)
     done, t0 = 0, time.time()
@@ -142,8 +148,16 @@ def build(args) -> str:
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        copy_model(args.model, os.path.join(tmp, "model"))
+        copy_model(args.model, os.path.join(tmp, "model"), weights=args.tp == 1)
         HybridConfig.from_path(os.path.join(tmp, "model"))     # the copy is complete and parses
+        if args.tp > 1:
+            from trtllm_dasc.model.rank_weights import write_rank_weights
+            t1 = time.time()
+
+            def progress(rank, size):
+                print(f"[dasc-build] rank {rank + 1}/{args.tp} weights: {size / 2**20:.1f} MiB "
+                      f"({time.time() - t1:.1f} s)", file=sys.stderr, flush=True)
+            write_rank_weights(args.model, os.path.join(tmp, "weights"), args.tp, plan.bundle_order, progress)
         os.makedirs(os.path.join(tmp, "kernels"))
         with open(os.path.join(tmp, "plan.json"), "w") as f:
             json.dump({**plan.to_dict(), **{k: v for k, v in report.items() if k not in plan.to_dict()}}, f, indent=1)

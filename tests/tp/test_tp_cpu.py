@@ -67,9 +67,8 @@ def _split_wmax(path: str) -> int:
 
 
 @pytest.mark.parametrize("arch, tp, arm", [
-    ("kda", 2, dict(policy="nr")), ("gdn", 4, dict(policy="nr", codec="int8")),
-    ("kda", 4, dict(policy="wr")), ("gdn", 2, dict(policy="wr", placement="hybrid")),
-    ("kda", 2, dict(policy="nr", placement="hybrid")),
+    ("gdn", 4, dict(policy="nr", codec="int8")), ("kda", 4, dict(policy="wr")),
+    ("gdn", 2, dict(policy="wr", placement="hybrid")),
     # these move units between ranks (the planner's transfers; counts from plan.moved_units)
     ("kda", 4, dict(policy="nr", placement="storage", wmax=32)),             # 3 units moved
     ("kda", 2, dict(policy="nr", placement="storage", wmax=64, codec="int8")),  # 2

@@ -44,6 +44,7 @@ class EngineConfig:
     # tensor parallelism (dist/): T ranks under one mpirun, rank 0 schedules; the budget is per rank
     tp_size: int = 1
     placement: str = "off"              # off | storage | hybrid (the planner's TP placement of the units)
+    rank_weights: str | None = None     # per-rank weight files (dasc-build --tp); None: slice the checkpoint
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -63,7 +64,7 @@ class EngineConfig:
             raise UserError(f"prompt_only must be true or false, got {self.prompt_only!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise UserError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
-        for name in ("kernel_cache_dir", "plan_path"):
+        for name in ("kernel_cache_dir", "plan_path", "rank_weights"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise UserError(f"{name} must be a path, got {getattr(self, name)!r}")
 

@@ -43,9 +43,19 @@ class ModelRunner:
             raise UserError("tp_size > 1 needs the ranks' all-reduce (run it through trtllm_dasc.dist)")
         # the plan first: its bundle order decides which heads this rank loads
         self.plan = engine_plan(cfg)
-        self.model = HybridModel.from_pretrained(cfg.model, dtype=cfg.dtype, device=cfg.device, backend=cfg.backend,
+        if cfg.rank_weights:
+            # this rank's own file (dasc-build --tp): already cut, checked against the plan's bundle order
+            from trtllm_dasc.config import HybridConfig
+            from trtllm_dasc.model.rank_weights import RankWeights
+            source = RankWeights(cfg.rank_weights, tp_rank, cfg.tp_size, self.plan.bundle_order)
+            self.model = HybridModel.from_source(HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype), source,
+                                                 dtype=cfg.dtype, device=cfg.device, backend=cfg.backend,
                                                  tp_rank=tp_rank, tp_size=cfg.tp_size,
                                                  bundle_order=self.plan.bundle_order)
+        else:
+            self.model = HybridModel.from_pretrained(cfg.model, dtype=cfg.dtype, device=cfg.device,
+                                                     backend=cfg.backend, tp_rank=tp_rank, tp_size=cfg.tp_size,
+                                                     bundle_order=self.plan.bundle_order)
         self.model.all_reduce = all_reduce
         dense = self.plan.config.dense_checkpoint_bytes_per_rank(cfg.tp_size)
         self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes

@@ -80,11 +80,15 @@ def load(src, name: str, shape: tuple[int, ...], dtype: torch.dtype, device, row
     """src.get(name, shape), optionally index-selected along dim 0 (rows) / dim 1 (cols), cast and moved.
     A NaN/Inf weight (a corrupt file, or a value the cast overflows) is refused here, naming the tensor,
     instead of turning every logit into NaN later."""
-    t = src.get(name, shape)
-    if rows is not None:
-        t = t.index_select(0, rows.to(t.device))
-    if cols is not None:
-        t = t.index_select(1, cols.to(t.device))
+    if getattr(src, "sliced", False):
+        # a source that cuts itself (rank_weights.py: recorded at build, or a rank's file at run time)
+        t = src.get_slice(name, shape, rows, cols)
+    else:
+        t = src.get(name, shape)
+        if rows is not None:
+            t = t.index_select(0, rows.to(t.device))
+        if cols is not None:
+            t = t.index_select(1, cols.to(t.device))
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         where = f" in {src.path}" if isinstance(getattr(src, "path", None), str) else ""
         raise WeightError(f"tensor {name!r}{where} holds NaN or Inf values: the checkpoint is corrupt")

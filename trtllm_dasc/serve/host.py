@@ -43,7 +43,7 @@ def engine_config(engine_dir: str) -> EngineConfig:
         opts = dict(meta["engine"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path} is not a dasc engine config ({e}); build one with dasc-build") from None
-    for key in ("model", "plan_path", "kernel_cache_dir"):
+    for key in ("model", "plan_path", "kernel_cache_dir", "rank_weights"):
         if opts.get(key) and not os.path.isabs(opts[key]):
             opts[key] = os.path.join(engine_dir, opts[key])
     return EngineConfig(**opts)

@@ -1,0 +1,127 @@
+"""Per-rank weight files of a TP engine (`dasc-build --tp T`): every rank's tensors already cut and in the
+planner's bundle order, so a rank reads its share only, never the whole checkpoint (TensorRT-LLM's
+per-rank engines, for the same reason).
+
+    weights/rank{r}.safetensors   what rank r loads, in the checkpoint's dtype, already sliced
+    weights/rank{r}.json          its manifest: tp_size, tp_rank, the bundle order, and per tensor the full
+                                  shape and a digest of the row/column indices it was cut with
+
+The cut is made by the loaders themselves: the build runs each rank's model construction against a
+``SliceRecorder`` (the checkpoint, cut as asked, every piece kept), and at run time ``RankWeights``
+answers the same requests from the file, checking each against its manifest, so a file made for another
+TP degree, placement or model is refused, never silently used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import torch
+
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.model.weights import CheckpointReader, WeightError
+
+MANIFEST_VERSION = 1
+
+
+def _digest(index) -> str | None:
+    if index is None:
+        return None
+    return hashlib.sha1(torch.as_tensor(index, dtype=torch.int64).cpu().numpy().tobytes()).hexdigest()
+
+
+def rank_paths(weights_dir: str, rank: int) -> tuple[str, str]:
+    return (os.path.join(weights_dir, f"rank{rank}.safetensors"), os.path.join(weights_dir, f"rank{rank}.json"))
+
+
+class SliceRecorder:
+    """A weight source for the build: reads the checkpoint, cuts what the loaders ask for, keeps it."""
+
+    sliced = True
+
+    def __init__(self, reader: CheckpointReader):
+        self.reader, self.path = reader, reader.path
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.manifest: dict[str, dict] = {}
+
+    def has(self, name: str) -> bool:
+        return self.reader.has(name)
+
+    def get_slice(self, name: str, shape, rows=None, cols=None) -> torch.Tensor:
+        t = self.reader.get(name, shape)
+        if rows is not None:
+            t = t.index_select(0, rows.to(t.device))
+        if cols is not None:
+            t = t.index_select(1, cols.to(t.device))
+        t = t.contiguous()
+        self.tensors[name] = t
+        self.manifest[name] = {"shape": list(shape), "rows": _digest(rows), "cols": _digest(cols)}
+        return t
+
+
+class RankWeights:
+    """Rank ``tp_rank``'s file as a weight source; every request is checked against the manifest."""
+
+    sliced = True
+
+    def __init__(self, weights_dir: str, tp_rank: int, tp_size: int, bundle_order: list[list[int]]):
+        from safetensors import safe_open
+        self.path, meta_path = rank_paths(weights_dir, tp_rank)
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+            self._file = safe_open(self.path, framework="pt")
+        except (OSError, ValueError) as e:
+            raise UserError(f"rank {tp_rank}'s weights in {weights_dir!r} cannot be read ({e}); rebuild the "
+                            "engine with dasc-build") from None
+        want = {"manifest_version": MANIFEST_VERSION, "tp_size": tp_size, "tp_rank": tp_rank,
+                "bundle_order": bundle_order}
+        for key, value in want.items():
+            if meta.get(key) != value:
+                raise UserError(f"{meta_path} was written for {key}={meta.get(key)!r}, this engine needs "
+                                f"{value!r}: rebuild the engine with dasc-build")
+        self.manifest: dict[str, dict] = meta["tensors"]
+
+    def has(self, name: str) -> bool:
+        return name in self.manifest
+
+    def get(self, name: str, shape) -> torch.Tensor:
+        return self.get_slice(name, shape)
+
+    def get_slice(self, name: str, shape, rows=None, cols=None) -> torch.Tensor:
+        entry = self.manifest.get(name)
+        if entry is None:
+            raise WeightError(f"{self.path} lacks tensor {name!r}: rebuild the engine")
+        asked = {"shape": list(shape), "rows": _digest(rows), "cols": _digest(cols)}
+        if entry != asked:
+            raise WeightError(f"tensor {name!r} in {self.path} was cut for another layout than this engine asks "
+                              "for: rebuild the engine")
+        return self._file.get_tensor(name)
+
+
+def write_rank_weights(model_dir: str, weights_dir: str, tp_size: int, bundle_order: list[list[int]],
+                       progress=None) -> list[int]:
+    """Cut the checkpoint for every rank (each rank's model construction, recorded); returns each rank's
+    file size in bytes. ``progress(rank, bytes)`` is called after each rank."""
+    from safetensors.torch import save_file
+
+    from trtllm_dasc.config import HybridConfig
+    from trtllm_dasc.model.model import HybridModel
+    os.makedirs(weights_dir, exist_ok=True)
+    cfg = HybridConfig.from_path(model_dir)
+    sizes = []
+    for rank in range(tp_size):
+        rec = SliceRecorder(CheckpointReader(model_dir))
+        # the model is built only to make the loaders ask for exactly what this rank holds
+        HybridModel.from_source(cfg, rec, dtype="bfloat16", device="cpu", tp_rank=rank, tp_size=tp_size,
+                                bundle_order=bundle_order, backend="torch")
+        path, meta_path = rank_paths(weights_dir, rank)
+        save_file(rec.tensors, path)
+        with open(meta_path, "w") as f:
+            json.dump({"manifest_version": MANIFEST_VERSION, "tp_size": tp_size, "tp_rank": rank,
+                       "bundle_order": bundle_order, "tensors": rec.manifest}, f)
+        sizes.append(os.path.getsize(path))
+        if progress is not None:
+            progress(rank, sizes[-1])
+    return sizes
