@@ -16,7 +16,7 @@ from serve_helpers import VOCAB, build, build_engine, hf_greedy, serve
 
 N, CONCURRENCY = 300, 32
 # at TP the ranks share CI's 2 cores (4 ranks: 16x slower steps); the same mix, fewer requests
-N_TP = 60
+N_TP = 40
 
 
 # TP 2 and 4: the same test against one mpirun of tritonserver (rank 0) and its worker ranks, on a tiny

@@ -38,8 +38,9 @@ def _hf_logits(hf, ids):
         return hf(torch.tensor(ids)[None]).logits[0].float()
 
 
-@pytest.mark.parametrize("arch", ["gdn", "kda"])
-@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+# TP1 through mpirun once (gdn): the launch path itself; the in-process TP1 engine is the reference anyway
+@pytest.mark.parametrize("arch, tp", [("gdn", 1), ("gdn", 2), ("kda", 2), ("gdn", 4), ("kda", 4), ("gdn", 8),
+                                      ("kda", 8)])
 def test_tp_matches_tp1_and_transformers(models, tmp_path, arch, tp):
     path, hf = models[arch]
     got = run_job(tp, ["--model", path, "--tp", str(tp)], tmp_path / "out.json")
@@ -72,7 +73,7 @@ def _split_wmax(path: str) -> int:
     # these move units between ranks (the planner's transfers; counts from plan.moved_units)
     ("kda", 4, dict(policy="nr", placement="storage", wmax=32)),             # 3 units moved
     ("kda", 2, dict(policy="nr", placement="storage", wmax=64, codec="int8")),  # 2
-    ("gdn", 8, dict(policy="nr", placement="hybrid", wmax=32)),              # 2
+    ("gdn", 4, dict(policy="nr", placement="storage", wmax=32)),             # 2
     ("kda", 8, dict(policy="wr", placement="hybrid", wmax=16)),              # 1
 ])
 def test_tp_dasc_arms_match_tp1(models, tmp_path, arch, tp, arm):
