@@ -43,6 +43,10 @@ def add_arguments(p) -> None:
     g.add_argument("--output-tokens", type=int, default=1)
     g.add_argument("--blocks-per-phase", type=int, default=None, help="an evenly spread subset of each phase's "
                    "blocks (default: all of them, as the paper)")
+    g.add_argument("--dense-repeats", type=int, default=1, help="replays of the dense-boundary phase (the "
+                   "paper: 6)")
+    g.add_argument("--full-phase", action="store_true", help="end with one block of the whole dataset (the "
+                   "paper's sixth phase)")
     g.add_argument("--phase-arms", default=None, help="comma list of arms whose capacity boundaries make the "
                    "phases (default: --arms); the same list in two runs gives them the same phases, so arms "
                    "split across runs stay comparable")
@@ -103,7 +107,8 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
     if args.request_timeout <= 0 or args.ready_timeout <= 0:
         raise UserError("--request-timeout and --ready-timeout must be > 0")
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,
-                           blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill)
+                           blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill,
+                           dense_repeats=args.dense_repeats, full_phase=args.full_phase)
     from trtllm_dasc.config import HybridConfig
     vocab = HybridConfig.from_path(args.model).schema.network.vocab_size
     work = WorkloadConfig(vocab=vocab, prompts=args.prompts, scale=args.scale, seed=args.workload_seed)
@@ -174,7 +179,8 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
                            "prefix_tokens": wcfg.scaled(wcfg.prefix_tokens),
                            "question_tokens": wcfg.scaled(wcfg.question_tokens)},
               "seeds": list(proto.seeds), "concurrency": args.concurrency, "output_tokens": proto.output_tokens,
-              "target_fill": proto.target_fill,
+              "target_fill": proto.target_fill, "dense_repeats": proto.dense_repeats,
+              "full_phase": proto.full_phase,
               "phases": [{"name": p.name, "q": p.q, "arms": p.arms, "blocks": p.blocks} for p in phases],
               **(extra or {}), "arms": []}
     print(f"[matched-hbm] budget {budget:,} B per rank ({budget / dense_bytes:.2f} dense checkpoints of "

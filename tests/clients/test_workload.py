@@ -78,3 +78,15 @@ def test_phases_one_per_distinct_boundary():
     assert [(p.q, p.arms) for p in phases] == [(8, ["dense"]), (17, ["nr16", "wr16"]), (37, ["nr16+int8"])]
     assert all(len(p.blocks) == 1 for p in phases)
     assert math.ceil(6 / 0.85) == 8
+
+
+def test_dense_repeats_and_full_phase_follow_the_paper():
+    """The paper: the dense-boundary phase replayed six times, then one block of the whole dataset."""
+    from clients.protocol import requests_per_arm
+    cfg = ProtocolConfig(blocks_per_phase=1, dense_repeats=6, full_phase=True, seeds=(42, 123, 7))
+    phases = make_phases({"dense": 6, "nr16": 14}, 500, cfg)
+    assert [(p.q, p.arms, p.blocks) for p in phases][-1] == (500, ["full dataset"], [(0, 500)])
+    # fill + replay per block, per seed: the dense phase six times, the others once
+    assert requests_per_arm(phases, cfg) == 2 * 3 * (6 * 8 + 17 + 500)
+    with pytest.raises(UserError):
+        ProtocolConfig(dense_repeats=0)
