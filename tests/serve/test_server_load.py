@@ -5,14 +5,19 @@ the metrics port) and the server is ready."""
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from serve_helpers import VOCAB, build, build_engine, hf_greedy, serve
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tp"))
+from tp_helpers import have_mpi  # noqa: E402
 
 N, CONCURRENCY = 300, 32
 # at TP the ranks share CI's 2 cores (4 ranks: 16x slower steps); the same mix, fewer requests
@@ -25,22 +30,11 @@ TP_MODEL = dict(long=True, hidden_size=32, linear_num_heads=8, linear_head_dim=8
                 num_key_value_heads=8, v_head_dim=8, qk_nope_head_dim=4, qk_rope_head_dim=4)
 
 
-def _have_mpi() -> bool:
-    try:
-        import mpi4py  # noqa: F401
-
-        from trtllm_dasc.dist.launch import find_mpirun
-        find_mpirun()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
 @pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda tp: f"tp{tp}")
 def dense(tmp_path_factory, request):
     tp = request.param
-    if tp > 1 and not _have_mpi():
-        pytest.skip("no MPI here (mpi4py + mpirun): `make test` installs them")
+    if tp > 1 and have_mpi() is not None:
+        pytest.skip(f"no MPI here: {have_mpi()}")
     tmp = tmp_path_factory.mktemp(f"load-tp{tp}")
     if tp == 1:
         hf = build(tmp / "ckpt", "kda", seed=44)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from trtllm_dasc.errors import UserError
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the torch rendezvous here; tritonserver's ports in serve/)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -44,7 +45,7 @@ class TPGroup:
         import torch.distributed as dist
         comm = mpi_world()
         rank, size = comm.Get_rank(), comm.Get_size()
-        port = comm.bcast(_free_port() if rank == 0 else None, root=0)
+        port = comm.bcast(free_port() if rank == 0 else None, root=0)
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())

@@ -45,20 +45,28 @@ def relaunch(num_ranks: int, argv: list[str]) -> int:
         return 130
 
 
-def mpirun_command(num_ranks: int, argv: list[str]) -> tuple[list[str], dict]:
-    """The command and environment that run ``argv`` (a Python module invocation, without the
-    interpreter) on ``num_ranks`` local ranks."""
-    if num_ranks < 1:
-        raise UserError(f"the number of ranks must be >= 1, got {num_ranks}")
-    env = dict(os.environ)
+def mpi_environment(num_ranks: int, base: dict | None = None) -> dict:
+    """``base`` (default: this process's environment) plus what an mpirun of ``num_ranks`` ranks needs."""
+    env = dict(os.environ if base is None else base)
     env[RANK_ENV] = str(num_ranks)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # containers run as root; Open MPI refuses that unless told twice
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    # more ranks than cores is normal for CPU tests (8 ranks on a 2-core CI machine)
-    cmd = [find_mpirun(), "--oversubscribe", "-np", str(num_ranks), sys.executable, *argv]
-    return cmd, env
+    return env
+
+
+# more ranks than cores is normal for CPU tests (8 ranks on a 2-core CI machine)
+MPIRUN_FLAGS = ["--oversubscribe"]
+
+
+def mpirun_command(num_ranks: int, argv: list[str]) -> tuple[list[str], dict]:
+    """The command and environment that run ``argv`` (a Python module invocation, without the
+    interpreter) on ``num_ranks`` local ranks."""
+    if num_ranks < 1:
+        raise UserError(f"the number of ranks must be >= 1, got {num_ranks}")
+    cmd = [find_mpirun(), *MPIRUN_FLAGS, "-np", str(num_ranks), sys.executable, *argv]
+    return cmd, mpi_environment(num_ranks)
 
 
 def join_ranks(cfg, threads_per_rank: int | None = None):
@@ -106,10 +114,10 @@ def worker(cfg, group, runner) -> int:
         group.close()
 
 
-def start_rank(cfg):
+def start_rank(cfg, threads_per_rank: int | None = None):
     """For a process that keeps its engine (the Triton model): rank 0 gets the Engine; a worker rank
     executes until rank 0 shuts down and then gets None."""
-    group, runner, reports = join_ranks(cfg)
+    group, runner, reports = join_ranks(cfg, threads_per_rank)
     if group.rank != 0:
         worker(cfg, group, runner)
         return None
@@ -119,11 +127,9 @@ def start_rank(cfg):
 def run_ranks(cfg, job, threads_per_rank: int | None = None):
     """Called by every rank of an ``mpirun -np cfg.tp_size``. Rank 0 returns ``job(engine)``; the other
     ranks execute plans until rank 0 is done and return None."""
-    group, runner, reports = join_ranks(cfg, threads_per_rank)
-    if group.rank != 0:
-        worker(cfg, group, runner)
+    engine = start_rank(cfg, threads_per_rank)
+    if engine is None:
         return None
-    engine = rank0_engine(cfg, group, runner, reports)
     try:
         return job(engine)
     finally:

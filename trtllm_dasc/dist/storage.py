@@ -12,6 +12,8 @@ Ragged layout only (one segment, the paper's Route A); the padded layout's per-l
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from trtllm_dasc.errors import UserError
@@ -126,7 +128,7 @@ class BalancedPool:
     def _exchange(self, parts, outgoing, incoming, n: int, like: torch.Tensor) -> list[torch.Tensor]:
         """Send parts[i] ([n, count_i, ...]) to outgoing[i]'s peer; returns the incoming parts in order."""
         tail = like.shape[2:]
-        per_unit = n * int(torch.tensor(tail).prod()) if tail else n
+        per_unit = n * math.prod(tail)
         send_sizes, recv_sizes = [0] * self.tp, [0] * self.tp
         for peer, _, c in outgoing:
             send_sizes[peer] += c * per_unit

@@ -20,7 +20,9 @@ from trtllm_dasc.engine.config import EngineConfig
 from trtllm_dasc.engine.sampling import sample
 from trtllm_dasc.engine.step import StepOutput, StepPlan
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.model import HybridModel, Refresh, SeqInput
+from trtllm_dasc.model.weights import CheckpointReader
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.state import CheckpointPool, StateLayout
 from trtllm_dasc.state import ops as state_ops
@@ -45,17 +47,14 @@ class ModelRunner:
         self.plan = engine_plan(cfg)
         if cfg.rank_weights:
             # this rank's own file (dasc-build --tp): already cut, checked against the plan's bundle order
-            from trtllm_dasc.config import HybridConfig
             from trtllm_dasc.model.rank_weights import RankWeights
             source = RankWeights(cfg.rank_weights, tp_rank, cfg.tp_size, self.plan.bundle_order)
-            self.model = HybridModel.from_source(HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype), source,
-                                                 dtype=cfg.dtype, device=cfg.device, backend=cfg.backend,
-                                                 tp_rank=tp_rank, tp_size=cfg.tp_size,
-                                                 bundle_order=self.plan.bundle_order)
         else:
-            self.model = HybridModel.from_pretrained(cfg.model, dtype=cfg.dtype, device=cfg.device,
-                                                     backend=cfg.backend, tp_rank=tp_rank, tp_size=cfg.tp_size,
-                                                     bundle_order=self.plan.bundle_order)
+            source = CheckpointReader(cfg.model)
+        self.model = HybridModel.from_source(HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype), source,
+                                             dtype=cfg.dtype, device=cfg.device, backend=cfg.backend,
+                                             tp_rank=tp_rank, tp_size=cfg.tp_size,
+                                             bundle_order=self.plan.bundle_order)
         self.model.all_reduce = all_reduce
         dense = self.plan.config.dense_checkpoint_bytes_per_rank(cfg.tp_size)
         self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes
@@ -174,7 +173,6 @@ def engine_plan(cfg: EngineConfig):
     options = PlanOptions(wmax=cfg.wmax, tp=cfg.tp_size, placement=cfg.placement, codec=cfg.codec, layout=cfg.layout)
     if cfg.plan_path is None:
         return plan_from_path(cfg.model, options, conv_dtype=cfg.dtype)[0]
-    from trtllm_dasc.config import HybridConfig
     from trtllm_dasc.plan import DascPlan
     try:
         with open(cfg.plan_path) as f:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
 import time
 from dataclasses import dataclass, field
 
+from trtllm_dasc.dist.group import free_port  # noqa: F401  (also this module's: tests import it here)
 from trtllm_dasc.errors import UserError
 
 
@@ -58,12 +58,6 @@ def backends_dir(dest: str, paths: ServerPaths | None = None) -> str:
                 shutil.copy2(src, python)
         shutil.copy2(paths.stub, python)
     return dest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -160,15 +154,11 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
            "--metrics-port", str(ports[2]), "--log-verbose", str(log_verbose), "--disable-auto-complete-config",
            *(extra_args or [])]
     if tp is not None and tp[0] > 1:
-        from trtllm_dasc.dist.launch import mpirun_command
-        workers, mpi_env = mpirun_command(tp[0] - 1, ["-m", "trtllm_dasc.dist.worker", "--engine",
-                                                      os.path.abspath(tp[1])])
-        mpirun, np_flag = workers[0], workers.index("-np")
-        # mpirun [opts] -np 1 tritonserver ... : -np T-1 python -m trtllm_dasc.dist.worker ...
-        cmd = [mpirun, *workers[1:np_flag], "-np", "1", *cmd, ":", "-np", str(tp[0] - 1), *workers[np_flag + 2:]]
-        mpi_env.update({k: v for k, v in run_env.items()})
-        mpi_env["DASC_TP_RANKS"] = str(tp[0])
-        run_env = mpi_env
+        from trtllm_dasc.dist.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment
+        # MPMD: mpirun -np 1 tritonserver ... : -np T-1 python -m trtllm_dasc.dist.worker --engine DIR
+        cmd = [find_mpirun(), *MPIRUN_FLAGS, "-np", "1", *cmd, ":", "-np", str(tp[0] - 1), sys.executable,
+               "-m", "trtllm_dasc.dist.worker", "--engine", os.path.abspath(tp[1])]
+        run_env = mpi_environment(tp[0], run_env)
     log_path = os.path.join(work_dir, "tritonserver.log")
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)
