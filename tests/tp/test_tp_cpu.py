@@ -200,3 +200,30 @@ def test_engine_thread_scenario_at_tp(models, tmp_path, tp):
     stats = run_job(tp, ["--model", path, "--tp", str(tp), "--reference", str(tmp_path / "ref.json"),
                          "--vocab", str(vocab)], tmp_path / "out.json", timeout=600, script="thread_job.py")
     assert stats["hit_rate"] > 0.2 and stats["dead"] is None
+
+
+def test_ranks_keep_our_search_paths_under_an_absolute_path_mpirun(tmp_path):
+    """mpirun run by its absolute path prepends its own bin/lib to the ranks' PATH and LD_LIBRARY_PATH (as
+    if given --prefix); with a system Open MPI that put /usr/bin/python3 (no numpy) in front of the Triton
+    stub on the H200. The launch pins both, so a rank sees exactly the launcher's paths."""
+    import os
+    import shutil
+    import subprocess
+
+    from trtllm_dasc.dist.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
+    env = mpi_environment(1, dict(os.environ, PATH=os.pathsep.join([str(tmp_path), os.environ["PATH"]]),
+                                  LD_LIBRARY_PATH=str(tmp_path)))
+    probe = [sys.executable, "-c", "import os; print('PATH=' + os.environ['PATH']); "
+             "print('LD=' + os.environ['LD_LIBRARY_PATH'])"]
+    runs = {}
+    for name, mpirun in (("ours", find_mpirun()), ("system", shutil.which("mpirun", path="/usr/bin:/bin"))):
+        if mpirun is None or not os.path.isabs(mpirun):
+            continue
+        out = subprocess.run([mpirun, *MPIRUN_FLAGS, "-np", "1", *pinned_paths(env), *probe], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        runs[name] = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    assert runs, "no mpirun to run"
+    for name, seen in runs.items():
+        assert seen["PATH"] == env["PATH"], f"{name}: {seen['PATH'][:200]}"
+        assert seen["LD"] == str(tmp_path), f"{name}: {seen['LD']}"

@@ -60,13 +60,23 @@ def mpi_environment(num_ranks: int, base: dict | None = None) -> dict:
 MPIRUN_FLAGS = ["--oversubscribe"]
 
 
+def pinned_paths(env: dict) -> list[str]:
+    """An argv prefix (``env PATH=... LD_LIBRARY_PATH=...``) that gives a rank exactly ``env``'s search paths.
+    mpirun started by its absolute path acts as if given --prefix and puts its own bin and lib first on the
+    ranks' PATH and LD_LIBRARY_PATH (a system Open MPI: /usr/bin, /usr/lib). On the H200 machine that made
+    the Triton Python backend stub start /usr/bin/python3 (no numpy) instead of this environment's."""
+    pinned = [f"{k}={env[k]}" for k in ("PATH", "LD_LIBRARY_PATH") if env.get(k)]
+    return [shutil.which("env") or "/usr/bin/env", *pinned] if pinned else []
+
+
 def mpirun_command(num_ranks: int, argv: list[str]) -> tuple[list[str], dict]:
     """The command and environment that run ``argv`` (a Python module invocation, without the
     interpreter) on ``num_ranks`` local ranks."""
     if num_ranks < 1:
         raise UserError(f"the number of ranks must be >= 1, got {num_ranks}")
-    cmd = [find_mpirun(), *MPIRUN_FLAGS, "-np", str(num_ranks), sys.executable, *argv]
-    return cmd, mpi_environment(num_ranks)
+    env = mpi_environment(num_ranks)
+    cmd = [find_mpirun(), *MPIRUN_FLAGS, "-np", str(num_ranks), *pinned_paths(env), sys.executable, *argv]
+    return cmd, env
 
 
 def join_ranks(cfg, threads_per_rank: int | None = None):

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from trtllm_dasc.model.ops import apply_partial_rope, linear, rms_norm, rope_cos_sin
 from trtllm_dasc.model.tp import RankShare, blocks
@@ -32,6 +34,13 @@ class AttnBatch:
     positions: torch.Tensor          # [T] absolute positions
 
 
+# cuDNN's SDPA (torch prefers it on Hopper) builds an execution graph for every new (T, S) shape: on the
+# H200 a prefix-reuse replay of 51 new prompts spent 2.08 s of CPU in _cudnn_attention_forward against
+# 22 ms when the same prompts came again (benchmarks/results/first_seed_profile_dense_h200.json), so every
+# user's first request with a new length paid it. Flash and memory-efficient attention have no such step.
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
     """q [T, H, E], k [S, Hk, E], v [S, Hk, Ev] with S = start + T. Returns [T, H, Ev]."""
     T, S, Ev = q.shape[0], k.shape[0], v.shape[-1]
@@ -40,11 +49,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> to
         v = F.pad(v, (0, q.shape[-1] - Ev)) if Ev < q.shape[-1] else v
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     gqa = q.shape[1] != k.shape[1]
-    if start == 0:
-        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
-    else:
-        mask = torch.arange(S, device=q.device)[None, :] <= (start + torch.arange(T, device=q.device))[:, None]
-        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=gqa)
+    with sdpa_kernel(_SDPA_BACKENDS):
+        if start == 0:
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+        else:
+            if gqa:
+                # the lower-right causal bias goes to flash / efficient kernels with equal head counts
+                rep = q.shape[1] // k.shape[1]
+                kt, vt = kt.repeat_interleave(rep, dim=1), vt.repeat_interleave(rep, dim=1)
+            # query i (absolute position start + i) sees keys 0..start + i: causal aligned to the lower
+            # right, which the fused kernels take as is (no [T, S] mask tensor)
+            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=causal_lower_right(T, S))
     return out[0].transpose(0, 1)[..., :Ev]
 
 

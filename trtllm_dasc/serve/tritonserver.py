@@ -154,11 +154,13 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
            "--metrics-port", str(ports[2]), "--log-verbose", str(log_verbose), "--disable-auto-complete-config",
            *(extra_args or [])]
     if tp is not None and tp[0] > 1:
-        from trtllm_dasc.dist.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment
-        # MPMD: mpirun -np 1 tritonserver ... : -np T-1 python -m trtllm_dasc.dist.worker --engine DIR
-        cmd = [find_mpirun(), *MPIRUN_FLAGS, "-np", "1", *cmd, ":", "-np", str(tp[0] - 1), sys.executable,
-               "-m", "trtllm_dasc.dist.worker", "--engine", os.path.abspath(tp[1])]
+        from trtllm_dasc.dist.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
+        # MPMD: mpirun -np 1 tritonserver ... : -np T-1 python -m trtllm_dasc.dist.worker --engine DIR,
+        # each with this PATH (the stub finds its interpreter there) and LD_LIBRARY_PATH
         run_env = mpi_environment(tp[0], run_env)
+        pin = pinned_paths(run_env)
+        cmd = [find_mpirun(), *MPIRUN_FLAGS, "-np", "1", *pin, *cmd, ":", "-np", str(tp[0] - 1), *pin,
+               sys.executable, "-m", "trtllm_dasc.dist.worker", "--engine", os.path.abspath(tp[1])]
     log_path = os.path.join(work_dir, "tritonserver.log")
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)
