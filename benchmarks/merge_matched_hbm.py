@@ -1,6 +1,9 @@
 """Join matched-HBM runs that were split across device calls (one call holds at most 10 minutes) into one
 result: the arms side by side, each marked with the run it came from.
 
+An arm may appear in several runs (each half of a run split over two GPUs has its own dense arm): both
+are kept, the later one labelled with its run, and every arm without within-seed ratios gets them against
+the dense arm of its own run.
 Runs join only when they measured the same thing: same model, budget, workload, phases (their blocks),
 seeds, concurrency and build flags. Otherwise the join is refused, naming the first field that differs.
 
@@ -23,6 +26,7 @@ RUN_FIELDS = ("command", "commit", "gpu", "torch", "python", "cpus")
 
 def merge(runs: list[tuple[str, dict]]) -> dict:
     """``runs``: (name, result) pairs; the merged result (arms in the order given, a 'run' on each)."""
+    from clients.report import ratios
     from trtllm_dasc.errors import UserError
     if not runs:
         raise UserError("no runs to merge")
@@ -36,12 +40,20 @@ def merge(runs: list[tuple[str, dict]]) -> dict:
     merged["arms"] = []
     seen = set()
     for name, r in runs:
+        base = next((a for a in r["arms"] if a["spec"] == "dense" and a["target"] == "triton"), None)
         for arm in r["arms"]:
-            key = (arm["spec"], arm["target"])
+            key = (arm["spec"], arm["target"], name)
             if key in seen:
-                raise UserError(f"arm {arm['spec']} ({arm['target']}) is in more than one run")
+                raise UserError(f"arm {arm['spec']} ({arm['target']}) is in {name} twice")
             seen.add(key)
-            merged["arms"].append({**arm, "run": name})
+            entry = {**arm, "run": name}
+            if any(a["spec"] == arm["spec"] and a["target"] == arm["target"] for a in merged["arms"]):
+                # the same arm in two runs (each half of a split run has its own dense): both kept, told apart
+                entry["label"] = f"{arm['label']} [{name}]"
+            if base is not None and arm is not base and "vs_dense" not in entry:
+                # within-seed ratios to the dense arm of the same run (a run cut short never wrote them)
+                entry["vs_dense"] = ratios(arm, base)
+            merged["arms"].append(entry)
     return merged
 
 
