@@ -1,0 +1,44 @@
+"""benchmarks/merge_matched_hbm.py: runs of one measurement join, each keeps its own dense arm, and arms
+get within-seed ratios against the dense arm of their own run (checked by hand-computed numbers)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from trtllm_dasc.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("merge_matched_hbm", ROOT / "benchmarks" / "merge_matched_hbm.py")
+merge_mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(merge_mod)
+
+
+def _arm(spec_name, ttft, thr):
+    per_seed = {s: {"ttft_mean_ms": t, "input_tokens_per_s": x} for s, t, x in zip(("42", "7"), ttft, thr)}
+    return {"spec": spec_name, "label": spec_name, "target": "triton", "summary": {"per_seed": per_seed}}
+
+
+def _run(arms, budget=100):
+    base = {k: None for k in merge_mod.SAME}
+    return {**base, "budget_bytes": budget, "command": "c", "arms": arms}
+
+
+def test_each_run_keeps_its_dense_and_ratios_are_within_the_run():
+    a = _run([_arm("dense", (100, 200), (10, 20)), _arm("nr16", (50, 150), (20, 30))])
+    b = _run([_arm("dense", (400, 400), (5, 5)), _arm("wr16", (200, 100), (10, 15))])
+    m = merge_mod.merge([("a.json", a), ("b.json", b)])
+    labels = [x["label"] for x in m["arms"]]
+    assert labels == ["dense", "nr16", "dense [b.json]", "wr16"]
+    nr, wr = m["arms"][1]["vs_dense"], m["arms"][3]["vs_dense"]
+    assert nr["ttft_mean_ms"]["mean"] == pytest.approx((0.5 + 0.75) / 2)
+    assert nr["input_tokens_per_s"]["mean"] == pytest.approx((2.0 + 1.5) / 2)
+    assert wr["ttft_mean_ms"]["mean"] == pytest.approx((0.5 + 0.25) / 2)     # against b's dense, not a's
+    assert "vs_dense" not in m["arms"][0] and "vs_dense" not in m["arms"][2]
+
+
+def test_runs_of_different_measurements_are_refused():
+    with pytest.raises(UserError, match="budget_bytes"):
+        merge_mod.merge([("a.json", _run([_arm("dense", (1, 1), (1, 1))])),
+                         ("b.json", _run([_arm("dense", (1, 1), (1, 1))], budget=200))])
