@@ -14,10 +14,10 @@ $(STAMP): pyproject.toml
 	@echo "[make] installing into $(VENV) (first time only)"
 	@# the CPU build of torch lies on this machine's disk: installing it by exact version downloads nothing
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,serve,tp]' 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,serve,tp,tensorrt]' 2>&1 | grep -v "^WARNING: Location" || true
 	@# the real tritonserver binary (nvidia-pytriton ships it); --no-deps: we use the binary, not its Python API
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps nvidia-pytriton==0.7.0 2>&1 | grep -v "^WARNING: Location" || true
-	@$(PY) -c "import torch, numpy, safetensors, transformers, pytest, tritonclient.grpc, tokenizers, mpi4py, importlib.util as u; assert u.find_spec('pytriton')" || (echo "[make] install failed" && exit 1)
+	@$(PY) -c "import torch, numpy, safetensors, transformers, pytest, tritonclient.grpc, tokenizers, mpi4py, tensorrt_rtx, importlib.util as u; assert u.find_spec('pytriton')" || (echo "[make] install failed" && exit 1)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

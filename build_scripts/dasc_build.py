@@ -54,6 +54,8 @@ def add_arguments(p) -> None:
     g.add_argument("--interval", type=int, default=256, help="store a checkpoint every INTERVAL prompt tokens")
     g.add_argument("--prefill-chunk", type=int, default=2048, help="prefill tokens of one request per step")
     g.add_argument("--prompt-only", action="store_true", help="checkpoint prompt ends only")
+    g.add_argument("--tensorrt", action="store_true", help="also build the checkpoint codec (store, load, "
+                   "wr merge) as TensorRT engines into tensorrt/ (needs tensorrt or tensorrt-rtx)")
     g = p.add_argument_group("serving")
     g.add_argument("--no-decoupled", action="store_true",
                    help="one response per request (for clients using plain infer; no streaming)")
@@ -129,6 +131,9 @@ def build(args) -> str:
 
     check_args(args)
     opts = engine_options(args)
+    if getattr(args, "tensorrt", False):
+        from plugins.engines import check_available
+        check_available()
     # plan first: a checkpoint that cannot be planned fails before anything is written
     t0 = time.time()
     plan, _ = plan_from_path(args.model, PlanOptions(wmax=args.wmax, tp=opts["tp_size"], placement=opts["placement"],
@@ -159,6 +164,9 @@ def build(args) -> str:
                       f"({time.time() - t1:.1f} s)", file=sys.stderr, flush=True)
             write_rank_weights(args.model, os.path.join(tmp, "weights"), args.tp, plan.bundle_order, progress)
         os.makedirs(os.path.join(tmp, "kernels"))
+        if getattr(args, "tensorrt", False):
+            from plugins.engines import write_codec_engines
+            write_codec_engines(tmp, plan, args.policy, args.max_batch_size, args.dtype)
         with open(os.path.join(tmp, "plan.json"), "w") as f:
             json.dump({**plan.to_dict(), **{k: v for k, v in report.items() if k not in plan.to_dict()}}, f, indent=1)
         serving = {"decoupled": not args.no_decoupled, "exclude_input_in_output": args.exclude_input_in_output,
