@@ -26,4 +26,4 @@ CUDA_VISIBLE_DEVICES=1 timeout "${SERVE_BENCH_LIMIT:-420}" python3 benchmarks/se
   --arms nr16 --inprocess nr16 --prompt-only --dense-slots 8 > "$OUT/serve_inprocess.log" 2>&1 &
 wait
 grep -v "autotun\|^\s*$" "$OUT/warm_start.log" | grep "ratio" ; grep -v "it/s\]" "$OUT/serve_inprocess.log" | tail -8
-tar czf "$OUT/kernels.tgz" -C /tmp triton_cache 2>/dev/null
+tar czf "$OUT/kernels.tgz" --transform 's,^triton_cache,kernels,' -C /tmp triton_cache 2>/dev/null
