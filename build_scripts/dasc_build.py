@@ -34,6 +34,9 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("dasc")
     g.add_argument("--wmax", type=int, default=16, help="W_max: units with a static horizon <= W_max are "
                    "omitted from checkpoints (0: dense, keep everything)")
+    g.add_argument("--selection", default="decay", choices=["decay", "random"], help="decay (dasc) or random: "
+                   "as many units per layer, drawn uniformly (the paper's count-matched control; needs --mask-seed)")
+    g.add_argument("--mask-seed", type=int, default=None, help="seed of --selection random")
     g.add_argument("--policy", default="nr", choices=["nr", "wr"], help="load policy for omitted units")
     g.add_argument("--codec", default="native", choices=["native", "int8"], help="checkpoint temporal codec")
     g.add_argument("--layout", default="ragged", choices=["ragged", "padded"], help="checkpoint slot layout")
@@ -67,7 +70,8 @@ def add_arguments(p) -> None:
 def engine_options(args) -> dict:
     """The EngineConfig fields, validated now (EngineConfig checks types and ranges)."""
     from trtllm_dasc.engine.config import EngineConfig
-    opts = dict(model="model", wmax=args.wmax, policy=args.policy, codec=args.codec, layout=args.layout,
+    opts = dict(model="model", wmax=args.wmax, policy=args.policy, selection=args.selection,
+                mask_seed=args.mask_seed, codec=args.codec, layout=args.layout,
                 state_budget_bytes=args.state_budget_bytes, dtype=args.dtype, device=args.device,
                 backend=args.backend, max_batch=args.max_batch_size, max_num_tokens=args.max_num_tokens,
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
@@ -137,7 +141,8 @@ def build(args) -> str:
     # plan first: a checkpoint that cannot be planned fails before anything is written
     t0 = time.time()
     plan, _ = plan_from_path(args.model, PlanOptions(wmax=args.wmax, tp=opts["tp_size"], placement=opts["placement"],
-                                                     codec=args.codec, layout=args.layout), conv_dtype=args.dtype)
+                                                     codec=args.codec, layout=args.layout, selection=args.selection,
+                                                     mask_seed=args.mask_seed), conv_dtype=args.dtype)
     if args.tp > 1 and plan.moved_units and args.layout != "ragged":
         raise UserError(f"--placement {args.placement} moves checkpoint units between ranks, which the run time "
                         "does for the ragged layout only: use --layout ragged or --placement off")

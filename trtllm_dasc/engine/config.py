@@ -27,6 +27,8 @@ class EngineConfig:
     layout: str = "ragged"
     state_budget_bytes: int | None = None   # checkpoint pool budget; None: 64 dense checkpoints' worth
     replay_window: int | None = None    # wr window override (tokens); None: the plan's rule
+    selection: str = "decay"            # decay | random (count-matched control for quality experiments)
+    mask_seed: int | None = None        # the random selection's seed
     # runtime
     dtype: str = "float32"
     device: str = "cpu"
@@ -57,6 +59,11 @@ class EngineConfig:
             _count(self, name, minimum=1)
         _count(self, "wmax", minimum=0)
         _count(self, "tp_size", minimum=1, cap=MAX_TP)
+        if self.selection not in ("decay", "random") or (self.selection == "random") != (self.mask_seed is not None):
+            raise UserError(f"selection must be decay, or random with a mask seed; got {self.selection!r} "
+                            f"with mask seed {self.mask_seed!r}")
+        if self.mask_seed is not None:
+            _count(self, "mask_seed", minimum=0)
         for name in ("replay_window", "state_budget_bytes", "max_num_tokens"):
             if getattr(self, name) is not None:
                 _count(self, name, minimum=0 if name == "replay_window" else 1, cap=1 << 50)
@@ -72,7 +79,8 @@ class EngineConfig:
     def arm(self) -> str:
         if self.wmax == 0 and self.codec == "native":
             return "dense"
-        return f"dasc-{self.policy} W={self.wmax} {self.codec} {self.layout}"
+        arm = f"dasc-{self.policy} W={self.wmax} {self.codec} {self.layout}"
+        return arm + (f" random mask {self.mask_seed}" if self.selection == "random" else "")
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

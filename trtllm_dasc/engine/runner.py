@@ -170,7 +170,8 @@ def engine_plan(cfg: EngineConfig):
     """The arm's plan: planned from the checkpoint now, or read from ``cfg.plan_path`` (a build's plan.json),
     which must describe this checkpoint and this arm."""
     # the conv state is checkpointed in the model's own precision (the paper's native-precision b^conv)
-    options = PlanOptions(wmax=cfg.wmax, tp=cfg.tp_size, placement=cfg.placement, codec=cfg.codec, layout=cfg.layout)
+    options = PlanOptions(wmax=cfg.wmax, tp=cfg.tp_size, placement=cfg.placement, codec=cfg.codec, layout=cfg.layout,
+                          selection=cfg.selection, mask_seed=cfg.mask_seed)
     if cfg.plan_path is None:
         return plan_from_path(cfg.model, options, conv_dtype=cfg.dtype)[0]
     from trtllm_dasc.plan import DascPlan
@@ -180,7 +181,7 @@ def engine_plan(cfg: EngineConfig):
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"plan {cfg.plan_path!r} cannot be read: {e}") from None
     for name, engine_name in (("wmax", "wmax"), ("codec", "codec"), ("layout", "layout"), ("tp", "tp_size"),
-                              ("placement", "placement")):
+                              ("placement", "placement"), ("selection", "selection"), ("mask_seed", "mask_seed")):
         if getattr(plan.options, name) != getattr(cfg, engine_name):
             raise UserError(f"plan {cfg.plan_path!r} has {name}={getattr(plan.options, name)!r}, the engine "
                             f"{engine_name}={getattr(cfg, engine_name)!r}")

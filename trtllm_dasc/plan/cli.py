@@ -32,6 +32,9 @@ def add_arguments(p) -> None:
     p.add_argument("--eps", type=float, default=DEFAULT_EPS, help=f"horizon threshold (default {DEFAULT_EPS})")
     p.add_argument("--temporal-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--conv-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--selection", choices=["decay", "random"], default="decay", help="decay (dasc) or random: "
+                   "the same number of units per layer drawn uniformly (the paper's control; needs --mask-seed)")
+    p.add_argument("--mask-seed", type=int, default=None, help="seed of --selection random")
     p.add_argument("--json", action="store_true", help="print one JSON object (needs a single --wmax)")
     p.add_argument("--plot", metavar="FILE.png", help="draw per-layer horizon profiles and capacity vs W_max")
 
@@ -48,7 +51,7 @@ def parse_wmax_list(text: str) -> list[int]:
 
 def _options(args, wmax: int) -> PlanOptions:
     return PlanOptions(wmax=wmax, tp=args.tp, placement=args.placement, codec=args.codec, layout=args.layout,
-                       a=args.a, eps=args.eps)
+                       a=args.a, eps=args.eps, selection=args.selection, mask_seed=args.mask_seed)
 
 
 def check_output_file(path: str, flag: str) -> None:

@@ -18,7 +18,7 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan import accounting
 from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
 from trtllm_dasc.plan.permutation import balance_bundles, identity_order
-from trtllm_dasc.plan.selection import check_wmax, select_units, wr_window
+from trtllm_dasc.plan.selection import SELECTIONS, check_wmax, random_units, select_units, wr_window
 from trtllm_dasc.plan.storage import StoragePlan, balance_storage
 
 PLAN_VERSION = 1
@@ -36,9 +36,20 @@ class PlanOptions:
     layout: str = "ragged"
     a: float = DEFAULT_A
     eps: float = DEFAULT_EPS
+    # "random": the paper's count-matched control, as many units per layer as the decay selection keeps,
+    # drawn uniformly with mask_seed (quality experiments only)
+    selection: str = "decay"
+    mask_seed: int | None = None
 
     def __post_init__(self):
         check_wmax(self.wmax)
+        if self.selection not in SELECTIONS:
+            raise UserError(f"--selection must be one of {'|'.join(SELECTIONS)}, got {self.selection!r}")
+        if (self.selection == "random") != (self.mask_seed is not None):
+            raise UserError("--selection random needs --mask-seed (and --mask-seed needs --selection random)")
+        if self.mask_seed is not None and (isinstance(self.mask_seed, bool) or not isinstance(self.mask_seed, int)
+                                           or self.mask_seed < 0):
+            raise UserError(f"--mask-seed must be a non-negative integer, got {self.mask_seed!r}")
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise UserError(f"--tp must be a positive integer, got {self.tp!r}")
         for name, allowed in (("placement", PLACEMENTS), ("codec", CODECS), ("layout", LAYOUTS)):
@@ -187,6 +198,8 @@ def build_plan(cfg: HybridConfig, horizons: list[np.ndarray] | None, options: Pl
         window = 0
     else:
         retained = select_units(horizons, options.wmax)
+        if options.selection == "random":
+            retained = random_units([len(k) for k in retained], cfg.units_per_layer, options.mask_seed)
         window = wr_window(horizons, retained, options.wmax)
     order, optimal = identity_order(cfg.num_linear_layers, cfg.num_bundles), True
     if options.placement == "hybrid":

@@ -29,6 +29,20 @@ def select_units(horizons: list[np.ndarray], wmax: int) -> list[list[int]]:
     return [np.flatnonzero(h > wmax).tolist() for h in horizons]
 
 
+SELECTIONS = ("decay", "random")
+
+
+def random_units(counts: list[int], units_per_layer: int, mask_seed: int) -> list[list[int]]:
+    """The paper's count-matched control (Sec. 5, Table 3): per layer, ``counts[l]`` units drawn uniformly
+    without replacement, seeded by (mask_seed, layer), so compression is the decay selection's and only
+    the ranking differs. Paper seeds: 1234, 2027, 3407, 4519, 5683."""
+    out = []
+    for layer, r in enumerate(counts):
+        rng = np.random.default_rng([mask_seed, layer])
+        out.append(sorted(rng.choice(units_per_layer, size=r, replace=False).tolist()))
+    return out
+
+
 def ragged_offsets(retained_counts: list[int]) -> list[int]:
     """o_0 = 0, o_{l+1} = o_l + r_l: L + 1 entries, the last is the slot width sum_l r_l."""
     offsets = [0]
