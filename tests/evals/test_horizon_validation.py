@@ -1,0 +1,73 @@
+"""Horizon validation (paper Table 1b): the observations come from the model's own recurrence, the
+correlations are per (prefix, layer), and on weights whose decay is set by dt_bias the empirical horizons
+rank like the static ones."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trtllm_dasc.evals.horizon_validation import LayerObservation, correlate, observe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+from hybrid_tiny import build  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=["gdn", "kda"])
+def tiny(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(f"hv-{request.param}")
+    build(path, request.param, seed=3)
+    return request.param, str(path)
+
+
+def test_observed_states_are_the_state_the_model_keeps(tiny):
+    """The recorded final state of each linear layer is what DirectRunner leaves in its state row, and the
+    recorded log-decays give the horizon formula's inputs (negative, one per unit and token)."""
+    from trtllm_dasc.model import HybridModel
+    from trtllm_dasc.model.direct import DirectRunner
+    arch, path = tiny
+    model = HybridModel.from_pretrained(path)
+    ids = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 90, (40,), generator=ids).tolist()
+    (layers,) = observe(model, [prompt])
+    runner = DirectRunner(model, rows=1, max_tokens=64)
+    runner.run(prompt, logits="none")
+    temporal = runner.state.temporal                      # [L, rows, HV, K, V]
+    assert len(layers) == temporal.shape[0]
+    for l, ob in enumerate(layers):
+        S = temporal[l, 0]
+        expect = S.flatten(1).norm(dim=-1) if arch == "gdn" else S.norm(dim=-1).flatten()
+        assert np.allclose(ob.state_norm, expect.numpy(), rtol=1e-5, atol=1e-7)
+        assert (ob.g_mean < 0).all() and ob.g_mean.shape == ob.state_norm.shape
+
+
+def test_correlations_on_hand_made_observations():
+    eps = 1e-3
+    hs = np.array([1.0, 2.0, 5.0, math.inf])
+    g = math.log(eps) / np.array([1.5, 2.5, 4.0, 50.0])          # empirical horizons in the same order
+    ob = LayerObservation("kda", g, state_norm=np.array([4.0, 3.0, 2.0, 1.0]), readout=np.array([1.0, 3.0, 2.0, 4.0]))
+    flat = LayerObservation("kda", g, state_norm=np.ones(4), readout=np.ones(4))
+    out = correlate([hs, hs], [[ob, flat]], eps)
+    assert out["H_e"]["median"] == pytest.approx(1.0) and out["H_e"]["pairs"] == 2
+    assert out["M_S"]["pairs"] == 1 and out["M_S"]["median"] == pytest.approx(-1.0)
+    assert out["M_R"]["median"] == pytest.approx(0.8)            # ranks 1,3,2,4 against 1,2,3,4
+    with pytest.raises(ValueError, match="observed layers"):
+        correlate([hs], [[ob, flat]], eps)
+
+
+def test_static_horizons_rank_like_the_observed_decay(tiny):
+    """dt_bias spreads the decays far more than the token-dependent part moves them (random weights):
+    within each layer the empirical horizons must rank almost like the static ones."""
+    from trtllm_dasc.model import HybridModel
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    arch, path = tiny
+    _, static = plan_from_path(path, PlanOptions(wmax=16))
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 90, size=n).tolist() for n in (32, 96)]
+    out = correlate(static, observe(HybridModel.from_pretrained(path), prompts))
+    assert out["H_e"]["median"] > 0.9, out
+    assert out["H_e"]["pairs"] == 2 * len(static)

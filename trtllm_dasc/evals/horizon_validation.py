@@ -1,0 +1,110 @@
+"""Do the weight-derived horizons track what the model does? (paper Sec. 3.4, Table 1b, App. A.2)
+
+For each prefix p and linear-attention layer l, across the layer's units u (GDN: value heads; KDA: (head,
+key channel) pairs), the Spearman correlation between the static horizon H_s (plan/horizons.py, from the
+weights alone) and
+  H_e   the empirical horizon, Eq. 4: ln(eps) / mean_t g[p, t, l, u], g the observed log-decay per token;
+  M_S   the state magnitude at the prefix's last position: ||S_h||_F (GDN head), ||S_{h,k,:}||_2 (KDA
+        channel: row k of the head's K x V state);
+  M_R   the final query's readout magnitude: ||q_T^T S_h||_2 (GDN), |q_{T,h,k}| * ||S_{h,k,:}||_2 (KDA:
+        per-channel readout activity, not its net share of the summed output, as the paper notes), with
+        q_T l2-normalised as the recurrence uses it.
+The text of the paper we have lost the body of its Eq. 5; the two magnitudes above are our reading of
+its words. Correlations are per (prefix, layer) and summarised by median and IQR, so units of different
+layers or prefixes are never pooled as independent observations.
+
+Observations come from the model runtime itself (every prefix run alone from a zero state through
+DirectRunner, the torch reference): the recurrence call of each linear layer is wrapped to record the
+token-dependent log-decays, the last query and the final state.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SIGNALS = ("H_e", "M_S", "M_R")
+
+
+@dataclass(slots=True)
+class LayerObservation:
+    kind: str                  # gdn | kda
+    g_mean: np.ndarray         # [units] mean observed log-decay over the prefix's tokens
+    state_norm: np.ndarray     # [units] M_S
+    readout: np.ndarray        # [units] M_R
+
+
+@contextlib.contextmanager
+def _recording(records: list):
+    """Wrap the linear layers' recurrence call; each call appends (kind, g, q_last, final state)."""
+    from trtllm_dasc.model import linear_attn
+    inner = linear_attn.run_recurrence
+
+    def recorded(backend, kind, q, k, v, g, beta, h0, cu_seqlens, cuts=None):
+        o, ht, hb = inner(backend, kind, q, k, v, g, beta, h0, cu_seqlens, cuts)
+        records.append((kind, g[0].detach().float().cpu(), q[0, -1].detach().float().cpu(), ht[0].detach().float().cpu()))
+        return o, ht, hb
+
+    linear_attn.run_recurrence = recorded
+    try:
+        yield
+    finally:
+        linear_attn.run_recurrence = inner
+
+
+def _observe_layer(kind: str, g: torch.Tensor, q_last: torch.Tensor, state: torch.Tensor) -> LayerObservation:
+    """g [T, HV] (gdn) or [T, H, K] (kda); q_last [H, K]; state [HV, K, V]."""
+    qn = q_last / q_last.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    if kind == "gdn":
+        HV, H = state.shape[0], qn.shape[0]
+        q = qn.repeat_interleave(HV // H, dim=0)                        # the value heads' query heads
+        readout = torch.einsum("hk,hkv->hv", q, state).norm(dim=-1)
+        return LayerObservation(kind, g.mean(0).numpy(), state.flatten(1).norm(dim=-1).numpy(), readout.numpy())
+    rows = state.norm(dim=-1)                                           # [H, K]: ||S_{h,k,:}||
+    return LayerObservation(kind, g.mean(0).flatten().numpy(), rows.flatten().numpy(),
+                            (qn.abs() * rows).flatten().numpy())
+
+
+def observe(model, prompts: list[list[int]]) -> list[list[LayerObservation]]:
+    """Per prompt, per linear layer (in order): the observed signals. Each prompt runs alone from zero."""
+    from trtllm_dasc.model.direct import DirectRunner
+    out = []
+    for ids in prompts:
+        runner = DirectRunner(model, rows=1, max_tokens=len(ids) + 1, block_size=16)
+        records: list = []
+        with torch.no_grad(), _recording(records):
+            runner.run(list(ids), logits="none")
+        out.append([_observe_layer(*r) for r in records])
+    return out
+
+
+def correlate(static: list[np.ndarray], observations: list[list[LayerObservation]], eps: float = 1e-3) -> dict:
+    """Spearman rho(H_s, signal) per (prefix, layer), then median and IQR per signal. A layer whose static
+    horizons are all equal (or infinite everywhere) gives no correlation and is skipped, and counted."""
+    from trtllm_dasc.evals.stats import median_iqr, spearman
+    rhos = {s: [] for s in SIGNALS}
+    skipped = 0
+    for per_layer in observations:
+        if len(per_layer) != len(static):
+            raise ValueError(f"{len(per_layer)} observed layers for {len(static)} static horizon lists")
+        for hs, ob in zip(static, per_layer):
+            # ranks only: an infinite H_s (a unit that never decays) ranks above every finite one
+            hs_rank = np.where(np.isinf(hs), np.finfo(np.float64).max, hs)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                he = np.where(ob.g_mean < 0, math.log(eps) / ob.g_mean, np.finfo(np.float64).max)
+            values = {"H_e": he, "M_S": ob.state_norm, "M_R": ob.readout}
+            got = {s: spearman(hs_rank, values[s]) for s in SIGNALS}
+            if all(math.isnan(v) for v in got.values()):
+                skipped += 1
+                continue
+            for s in SIGNALS:
+                rhos[s].append(got[s])
+    summary = {}
+    for s in SIGNALS:
+        med, q1, q3 = median_iqr(rhos[s])
+        summary[s] = {"median": med, "iqr": [q1, q3], "pairs": int(np.sum(~np.isnan(rhos[s])))}
+    summary["skipped_pairs"] = skipped
+    return summary
