@@ -1,0 +1,99 @@
+"""Training data from the synthetic tasks: BOS + prompt + answer + EOS, with a loss mask on the answer.
+
+Training instances use seeds drawn from [TRAIN_SEED_BASE, 2**62) with TRAIN_SEED_BASE = EVAL_SEED_LIMIT
+(10**6), while evaluation uses seeds below it (``tasks.evaluation_instances``): the two seed spaces never
+meet, so a model is never scored on an instance it was trained on.
+
+The loss mask marks the positions whose *token* is a target: the answer tokens and the closing EOS. With
+the usual shift (logits at t - 1 predict tokens[t]) the loss counts where ``loss_mask[t]`` holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.evals.tasks import ANSWER_LENGTH, EVAL_SEED_LIMIT, MIN_LENGTH, TASKS, Instance, make
+from trtllm_dasc.evals.vocab import TaskVocab
+
+TRAIN_SEED_BASE = EVAL_SEED_LIMIT
+TRAIN_SEED_END = 2 ** 62
+# BOS before the prompt, EOS after the answer
+FRAME_TOKENS = 2
+
+
+def encode(instance: Instance) -> tuple[np.ndarray, np.ndarray]:
+    """BOS + prompt + answer + EOS as int64, and the bool mask of the answer and EOS positions."""
+    tokens = np.array((TaskVocab.BOS, *instance.prompt, *instance.answer, TaskVocab.EOS), dtype=np.int64)
+    mask = np.zeros(len(tokens), dtype=bool)
+    mask[1 + len(instance.prompt):] = True
+    return tokens, mask
+
+
+@dataclass
+class TrainingMixture:
+    """Uniform mixture of ``tasks``; each example's total length (BOS to EOS) is drawn uniformly from
+    [min_length, max_length]. Instances come from training seeds only (>= TRAIN_SEED_BASE); ``seed``
+    seeds the generator used when a call passes no ``rng``."""
+    vocab: TaskVocab = field(default_factory=TaskVocab)
+    min_length: int = 256
+    max_length: int = 1024
+    tasks: tuple[str, ...] = tuple(TASKS)
+    seed: int = 0
+    _rng: np.random.Generator = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.tasks = tuple(self.tasks)
+        if not self.tasks:
+            raise UserError("a training mixture needs at least one task")
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise UserError(f"unknown task {unknown[0]!r}; expected one of: {', '.join(TASKS)}")
+        if not 0 < self.min_length <= self.max_length:
+            raise UserError(f"need 0 < min_length <= max_length, got {self.min_length} and {self.max_length}")
+        for t in self.tasks:
+            shortest = MIN_LENGTH[t] + ANSWER_LENGTH[t] + FRAME_TOKENS
+            if self.min_length < shortest:
+                raise UserError(f"min_length {self.min_length} is too short for task {t!r}: an example of it "
+                                f"needs at least {shortest} tokens")
+        self._rng = np.random.default_rng(self.seed)
+
+    @property
+    def shortest_example(self) -> int:
+        """The fewest tokens (BOS to EOS) an example of every task of the mixture can have."""
+        return max(MIN_LENGTH[t] + ANSWER_LENGTH[t] + FRAME_TOKENS for t in self.tasks)
+
+    def draw(self, rng: np.random.Generator | None = None, total_length: int | None = None) -> Instance:
+        """One training instance whose encoded example holds ``total_length`` tokens (drawn if None)."""
+        rng = self._rng if rng is None else rng
+        if total_length is None:
+            total_length = int(rng.integers(self.min_length, self.max_length + 1))
+        task = self.tasks[int(rng.integers(len(self.tasks)))]
+        seed = int(rng.integers(TRAIN_SEED_BASE, TRAIN_SEED_END))
+        return make(task, total_length - ANSWER_LENGTH[task] - FRAME_TOKENS, seed, self.vocab)
+
+    def sample(self, rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens int64, loss_mask bool) of one example, its length drawn in [min_length, max_length]."""
+        return encode(self.draw(rng))
+
+    def batch(self, batch_size: int, length: int,
+              rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """[batch_size, length] tokens and loss mask; each row's example length is drawn in
+        [min_length, max_length] clipped to ``length``, and the row right-padded with PAD (mask False
+        there). A ``length`` below min_length (a curriculum's short start) gives rows of exactly
+        ``length`` tokens, as long as every task of the mixture fits."""
+        if batch_size < 1:
+            raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        if length < self.shortest_example:
+            raise UserError(f"batch length {length} is too short: the mixture's tasks need at least "
+                            f"{self.shortest_example} tokens")
+        rng = self._rng if rng is None else rng
+        tokens = np.full((batch_size, length), TaskVocab.PAD, dtype=np.int64)
+        mask = np.zeros((batch_size, length), dtype=bool)
+        longest = min(self.max_length, length)
+        shortest = min(self.min_length, longest)
+        for row in range(batch_size):
+            t, m = encode(self.draw(rng, int(rng.integers(shortest, longest + 1))))
+            tokens[row, :len(t)], mask[row, :len(m)] = t, m
+        return tokens, mask
