@@ -1,0 +1,101 @@
+"""The quality protocol through the real engine (warm -> replay that must load a checkpoint), its
+statistics, and the training script's CPU smoke run."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from trtllm_dasc.evals.protocol import ProtocolConfig, parse_arm, run_arm
+from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons
+from trtllm_dasc.evals.train import TrainConfig, build_model, train
+
+TINY = dict(vocab_size=256, hidden_size=32, groups=1, heads=2, head_dim=16, intermediate_size=64, min_length=256,
+            max_length=384, tokens_per_step=768, curriculum_steps=2, warmup_steps=1)
+
+
+@pytest.fixture(scope="module")
+def kda_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("evals-kda")
+    train(TrainConfig(arch="kda", **TINY), str(path), minutes=2, device="cpu", max_steps=2, log=lambda m: None)
+    return str(path)
+
+
+def test_training_writes_a_checkpoint_our_engine_plans_and_loads(kda_model, tmp_path):
+    from trtllm_dasc.model import HybridModel
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    meta = json.loads(open(f"{kda_model}/train_meta.json").read())
+    assert meta["steps"] == 2 and all(np.isfinite(c[2]) for c in meta["loss_curve"])
+    HybridModel.from_pretrained(kda_model)
+    plan, horizons = plan_from_path(kda_model, PlanOptions(wmax=16))
+    kept = sum(map(len, plan.retained)) / sum(len(h) for h in horizons)
+    assert 0.0 < kept < 1.0, "the paper's decay profile spreads the horizons around W=16"
+    # gdn builds too (3:1 layers, dense MLP)
+    gdn = build_model(TrainConfig(arch="gdn", **TINY))
+    assert gdn.config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+
+
+def test_dense_replays_equal_transformers_greedy_and_are_scored(kda_model):
+    from transformers import AutoModelForCausalLM
+
+    from trtllm_dasc.evals import tasks as T
+    from trtllm_dasc.evals.vocab import TaskVocab
+    cfg = ProtocolConfig(tasks=("niah_single_2", "cwe"), lengths=(200,), instances=3, max_batch=3)
+    out = run_arm(kda_model, parse_arm("dense"), cfg)
+    assert out["misses"] == []
+    hf = AutoModelForCausalLM.from_pretrained(kda_model, dtype=torch.float32).eval()
+    for task in cfg.tasks:
+        for seed in range(3):
+            inst = T.make(task, 200, seed, TaskVocab(256))
+            ids = list(inst.model_input)
+            with torch.no_grad():
+                for _ in range(T.answer_tokens(inst)):
+                    ids.append(int(hf(torch.tensor(ids)[None]).logits[0, -1].argmax()))
+            rec = out["scores"][task]["200"][str(seed)]
+            assert rec["score"] == T.score(inst, ids[len(inst.model_input):])
+            assert rec["cached"] == rec["prompt"] - 1          # the prompt-end checkpoint was loaded
+
+
+def test_a_replay_that_misses_is_reported_and_not_scored(kda_model):
+    cfg = ProtocolConfig(tasks=("vt",), lengths=(200,), instances=2, max_batch=2, warm=False)
+    out = run_arm(kda_model, parse_arm("nr16+int8"), cfg)
+    assert out["scores"]["vt"]["200"] == {} and sorted(out["misses"]) == [["vt", 200, 0], ["vt", 200, 1]]
+
+
+@pytest.mark.parametrize("spec, fields", [("dense", (0, "nr", "native", None)), ("wr64+int8", (64, "wr", "int8", None)),
+                                          ("rand16@2027", (16, "nr", "native", 2027))])
+def test_arm_specs(spec, fields):
+    a = parse_arm(spec)
+    assert (a.wmax, a.policy, a.codec, a.mask_seed) == fields
+    with pytest.raises(ValueError, match="expected dense"):
+        parse_arm("nr")
+
+
+def _arm(spec, scores):
+    return {"arm": spec, "misses": [], "scores": {"t": {"100": {str(i): {"score": s} for i, s in enumerate(scores)}}}}
+
+
+def test_comparisons_pair_instances_and_adjust():
+    n = 60
+    rng = np.random.default_rng(0)
+    dense = rng.integers(0, 2, n).astype(float)
+    results = [_arm("dense", dense), _arm("nr16", dense), _arm("wr16", dense)]
+    # five masks, each right on a random half of the instances: mean 0.5 below nr where nr is right
+    results += [_arm(f"rand16@{s}", dense * rng.integers(0, 2, n)) for s in (1, 2, 3, 4, 5)]
+    drop = _arm("nr64", dense[:-10])                     # 10 instances missed: dropped from its comparison
+    results += [drop, _arm("rand64@1", dense[:-10])]
+    comp = comparisons(results, resamples=2000)
+    assert comp["nr_vs_dense"][16]["diff"] == 0.0 and comp["nr_vs_dense"][16]["p"] == 1.0
+    r = comp["nr_vs_random"][16]
+    expect = np.mean([dense[i] - np.mean([results[3 + k]["scores"]["t"]["100"][str(i)]["score"] for k in range(5)])
+                      for i in range(n)])
+    assert r["diff"] == pytest.approx(expect) and r["masks"] == 5 and r["p"] < 0.01
+    assert r["ci"][0] < r["diff"] < r["ci"][1]
+    assert comp["nr_vs_dense"][64]["n"] == n - 10 and comp["nr_vs_dense"][64]["dropped"] == 10
+    # Holm over W = 16, 64 within a family: never below the raw p
+    assert all(c["p_holm"] >= c["p"] for fam in comp.values() for c in fam.values() if c.get("n"))
+    assert "nr_vs_random" in format_comparisons(comp)
+    acc = accuracy_table(results)
+    assert acc["dense"]["accuracy"] == pytest.approx(dense.mean()) and acc["nr64"]["scored"] == n - 10

@@ -1,0 +1,123 @@
+"""From per-arm replay scores (evals/protocol.py) to the paper's tables: accuracy per arm, and paired
+comparisons with bootstrap CIs, centered two-sided p-values and Holm adjustment (App. C, Table 5).
+
+The unit is the unique instance (task, context length, seed); an instance scored in only one arm of a
+comparison (a miss in the other) is dropped from that comparison and counted. Comparisons, each a Holm
+family over the W values present:
+  nr_vs_dense      dasc-nr W        minus dense            (does compression cost accuracy?)
+  nr_vs_random     dasc-nr W        minus the mean of the count-matched random masks at W (Table 5)
+  wr_vs_nr         dasc-wr W        minus dasc-nr W        (what the replay recovers)
+  int8_vs_native   dasc-nr W + INT8 minus dasc-nr W
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from trtllm_dasc.evals.protocol import parse_arm
+from trtllm_dasc.evals.stats import paired_bootstrap, holm
+
+
+def instance_scores(result: dict) -> dict:
+    """{(task, length, seed): score} of one arm's replays."""
+    return {(task, int(n), int(seed)): v["score"] for task, by_len in result["scores"].items()
+            for n, cell in by_len.items() for seed, v in cell.items()}
+
+
+def accuracy_table(results: list[dict]) -> dict:
+    """Per arm: mean replay score overall and per task, replays scored and misses."""
+    out = {}
+    for r in results:
+        s = instance_scores(r)
+        per_task = {}
+        for (task, _, _), v in s.items():
+            per_task.setdefault(task, []).append(v)
+        out[r["arm"]] = {"accuracy": float(np.mean(list(s.values()))) if s else float("nan"), "scored": len(s),
+                         "misses": len(r["misses"]), "per_task": {t: float(np.mean(v)) for t, v in per_task.items()}}
+    return out
+
+
+def _paired(a: dict, b: dict, resamples: int, seed: int) -> dict:
+    ids = sorted(set(a) & set(b))
+    if not ids:
+        return {"n": 0, "dropped": len(set(a) ^ set(b))}
+    d = np.array([a[i] - b[i] for i in ids])
+    r = paired_bootstrap(d, resamples=resamples, seed=seed)
+    return {"n": r.n, "dropped": len(set(a) ^ set(b)), "diff": r.mean_diff, "ci": [r.ci_low, r.ci_high],
+            "p": r.p_value}
+
+
+def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> dict:
+    arms = {r["arm"]: (parse_arm(r["arm"]), instance_scores(r)) for r in results}
+    dense = next((s for a, s in arms.values() if a.wmax == 0 and a.codec == "native"), None)
+    by = {}
+    for a, s in arms.values():
+        if a.wmax:
+            kind = "rand" if a.mask_seed is not None else a.policy
+            by.setdefault((kind, a.codec, a.wmax), []).append(s)
+    out = {"nr_vs_dense": {}, "nr_vs_random": {}, "wr_vs_nr": {}, "int8_vs_native": {}}
+    for (kind, codec, w), lst in sorted(by.items()):
+        if kind != "nr" or codec != "native":
+            continue
+        nr = lst[0]
+        if dense is not None:
+            out["nr_vs_dense"][w] = _paired(nr, dense, resamples, seed)
+        masks = by.get(("rand", "native", w))
+        if masks:
+            common = set.intersection(*(set(m) for m in masks))
+            mean = {i: float(np.mean([m[i] for m in masks])) for i in common}
+            out["nr_vs_random"][w] = {**_paired(nr, mean, resamples, seed), "masks": len(masks)}
+        if ("wr", "native", w) in by:
+            out["wr_vs_nr"][w] = _paired(by[("wr", "native", w)][0], nr, resamples, seed)
+        if ("nr", "int8", w) in by:
+            out["int8_vs_native"][w] = _paired(by[("nr", "int8", w)][0], nr, resamples, seed)
+    for family in out.values():
+        keys = [w for w, c in family.items() if c.get("n")]
+        for w, ph in zip(keys, holm([family[w]["p"] for w in keys])):
+            family[w]["p_holm"] = ph
+    return out
+
+
+def format_comparisons(comp: dict) -> str:
+    rows = [f"{'comparison':16} {'W':>5} {'N':>6} {'diff pp':>8} {'95% CI':>18} {'p':>8} {'p Holm':>8}"]
+    for name, family in comp.items():
+        for w, c in sorted(family.items()):
+            if not c.get("n"):
+                continue
+            mark = " *" if c["p_holm"] < 0.05 else ""
+            rows.append(f"{name:16} {w:>5} {c['n']:>6} {100 * c['diff']:>+8.2f} "
+                        f"[{100 * c['ci'][0]:+6.2f}, {100 * c['ci'][1]:+6.2f}] {c['p']:>8.4f} {c['p_holm']:>8.4f}{mark}")
+    return "\n".join(rows) + "\n(* Holm-adjusted p < 0.05; differences in percentage points)"
+
+
+def plot_accuracy(results: list[dict], path: str, title: str) -> None:
+    """Accuracy vs W per arm kind (dense as a line, random masks as mean and spread)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    acc = accuracy_table(results)
+    series = {}
+    for r in results:
+        a = parse_arm(r["arm"])
+        if a.wmax == 0:
+            continue
+        kind = "random (mean of masks)" if a.mask_seed is not None else f"dasc-{a.policy}"
+        kind += " + INT8" if a.codec == "int8" else ""
+        series.setdefault(kind, {}).setdefault(a.wmax, []).append(acc[r["arm"]]["accuracy"])
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for kind, pts in sorted(series.items()):
+        ws = sorted(pts)
+        mean = [np.mean(pts[w]) for w in ws]
+        sd = [np.std(pts[w], ddof=1) if len(pts[w]) > 1 else 0.0 for w in ws]
+        ax.errorbar(ws, mean, yerr=sd, marker="o", capsize=3, label=kind)
+    dense = [acc[r["arm"]]["accuracy"] for r in results if parse_arm(r["arm"]).wmax == 0
+             and parse_arm(r["arm"]).codec == "native"]
+    if dense:
+        ax.axhline(dense[0], color="k", ls="--", lw=1, label="dense")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("W_max (tokens)")
+    ax.set_ylabel("replay accuracy")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

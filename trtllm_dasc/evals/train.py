@@ -1,0 +1,207 @@
+"""Train a tiny hybrid that genuinely uses long-range memory, on the RULER-like mixture (evals/mixture.py).
+
+    python -m trtllm_dasc.evals.train --arch kda --out models/kda [--minutes 9] [--device cuda] [--seed 0]
+                                      [--resume STAGE_DIR]
+
+transformers' KimiLinearForCausalLM (KDA + MLA) / Qwen3NextForCausalLM (GDN + gated attention) are the
+trainable definitions (on a GPU they run fla's kernels with autograd); linear and full-attention layers
+in the released models' 3:1 ratio, dense MLPs, a few million parameters, so the bf16 weights stay under
+8 MB. The decay parameters start from the paper's profile (plan/synthetic.py) so the horizons spread;
+training moves them. Saved with save_pretrained (bf16; decay tensors fp32, as the released checkpoints),
+which our loader reads, plus train_meta.json (config, seed, steps, loss curve, command). A run that
+needs more than one 10-minute device command stages its state (weights + optimizer) with --stage and
+continues with --resume.
+Loss: next-token cross-entropy on the answer tokens (what the tasks score), plus a small weight on all
+tokens so the embeddings of the haystack words are trained too. Context lengths follow a curriculum
+from short to the target range: long-range retrieval is learned first on short haystacks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class TrainConfig:
+    arch: str = "kda"                   # kda (Kimi-Linear) | gdn (Qwen3-Next)
+    vocab_size: int = 512
+    hidden_size: int = 192
+    groups: int = 2                     # each group: 3 linear-attention layers + 1 full-attention layer
+    heads: int = 4
+    head_dim: int = 48
+    intermediate_size: int = 448         # keeps the bf16 checkpoint under 8 MB (about 3.7M parameters)
+    min_length: int = 1024
+    max_length: int = 4096
+    tokens_per_step: int = 32768
+    lr: float = 2e-3
+    warmup_steps: int = 50
+    all_token_weight: float = 0.1
+    curriculum_steps: int = 300         # from 256..1024-token contexts up to min..max_length
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.arch not in ("kda", "gdn"):
+            raise ValueError(f"--arch must be kda or gdn, got {self.arch!r}")
+        if not 64 <= self.min_length <= self.max_length:
+            raise ValueError(f"need 64 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
+
+
+def model_config(cfg: TrainConfig):
+    layer_types = (["linear_attention"] * 3 + ["full_attention"]) * cfg.groups
+    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                  num_hidden_layers=len(layer_types), layer_types=layer_types, num_attention_heads=cfg.heads,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=65536,
+                  tie_word_embeddings=False)
+    if cfg.arch == "kda":
+        from transformers import KimiLinearConfig
+        return KimiLinearConfig(**common, num_key_value_heads=cfg.heads, kv_lora_rank=64, q_lora_rank=None,
+                                qk_rope_head_dim=16, qk_nope_head_dim=cfg.head_dim, v_head_dim=cfg.head_dim,
+                                linear_head_dim=cfg.head_dim, linear_num_heads=cfg.heads, linear_conv_kernel_dim=4,
+                                mlp_layer_types=["dense"] * len(layer_types), moe_intermediate_size=cfg.intermediate_size,
+                                num_local_experts=1, num_experts_per_tok=1)
+    from transformers import Qwen3NextConfig
+    return Qwen3NextConfig(**common, num_key_value_heads=1, head_dim=cfg.head_dim, linear_num_key_heads=cfg.heads // 2,
+                           linear_num_value_heads=cfg.heads, linear_key_head_dim=cfg.head_dim,
+                           linear_value_head_dim=cfg.head_dim, linear_conv_kernel_dim=4,
+                           mlp_only_layers=list(range(len(layer_types))), moe_intermediate_size=cfg.intermediate_size,
+                           shared_expert_intermediate_size=cfg.intermediate_size, num_experts=1, num_experts_per_tok=1)
+
+
+def build_model(cfg: TrainConfig):
+    """A fresh model with the paper's decay profile in its A_log / dt_bias."""
+    import torch
+    from transformers import KimiLinearForCausalLM, Qwen3NextForCausalLM
+
+    from trtllm_dasc.plan.synthetic import decay_tensors, synthetic_decay
+    torch.manual_seed(cfg.seed)
+    hf = model_config(cfg)
+    model = (KimiLinearForCausalLM if cfg.arch == "kda" else Qwen3NextForCausalLM)(hf).float()
+    mixers = [m for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "dt_bias")]
+    per_head = cfg.head_dim if cfg.arch == "kda" else 1
+    alpha = synthetic_decay(cfg.arch, len(mixers), cfg.heads, per_head, cfg.seed)
+    A_log, dt_bias = decay_tensors(alpha, per_head, cfg.seed)
+    with torch.no_grad():
+        for m, a, d in zip(mixers, A_log, dt_bias):
+            m.A_log.copy_(torch.tensor(a, dtype=torch.float32).view_as(m.A_log))
+            m.dt_bias.copy_(torch.tensor(d, dtype=torch.float32).view_as(m.dt_bias))
+    return model
+
+
+def _length(cfg: TrainConfig, step: int, rng) -> int:
+    """The curriculum: context lengths grow from 256..1024 to min_length..max_length."""
+    f = min(1.0, step / max(1, cfg.curriculum_steps))
+    lo = int(256 + f * (cfg.min_length - 256))
+    hi = int(1024 + f * (cfg.max_length - 1024))
+    return int(rng.integers(min(lo, hi), max(lo, hi) + 1)) // 64 * 64
+
+
+def loss_fn(model, tokens, mask, all_token_weight: float):
+    import torch.nn.functional as F
+    logits = model(input_ids=tokens).logits[:, :-1].float()
+    target, answer = tokens[:, 1:], mask[:, 1:]
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view_as(target)
+    real = target != 0
+    answer_loss = (ce * answer).sum() / answer.sum().clamp_min(1)
+    return answer_loss + all_token_weight * (ce * real).sum() / real.sum().clamp_min(1), answer_loss
+
+
+def save(model, out: str, meta: dict) -> None:
+    """bf16 weights except the decay tensors (fp32, as the released checkpoints keep them)."""
+    import torch
+    keep = ("A_log", "dt_bias")
+    for name, p in model.named_parameters():
+        p.data = p.data.float() if name.endswith(keep) else p.data.to(torch.bfloat16)
+    model.save_pretrained(out)
+    with open(os.path.join(out, "train_meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+
+
+def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str | None = None,
+          stage: str | None = None, max_steps: int | None = None, log=print) -> dict:
+    import torch
+
+    from trtllm_dasc.evals.mixture import TrainingMixture
+    from trtllm_dasc.evals.vocab import TaskVocab
+    cfg.check()
+    model = build_model(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    step, curve = 0, []
+    if resume:
+        state = torch.load(os.path.join(resume, "train_state.pt"), map_location=device)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, curve = state["step"], state["curve"]
+    mixture = TrainingMixture(vocab=TaskVocab(cfg.vocab_size), min_length=cfg.min_length, max_length=cfg.max_length,
+                              seed=cfg.seed)
+    rng = np.random.default_rng([cfg.seed, step])
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
+    t0 = time.time()
+    model.train()
+    while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps):
+        length = _length(cfg, step, rng)
+        batch = max(1, cfg.tokens_per_step // length)
+        tokens, mask = mixture.batch(batch, length, rng)
+        tokens = torch.as_tensor(tokens, device=device)
+        mask = torch.as_tensor(mask, device=device)
+        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        with amp:
+            loss, answer_loss = loss_fn(model, tokens, mask, cfg.all_token_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        curve.append([step, length, round(float(answer_loss.detach()), 4)])
+        if step % 10 == 0 or step == 1:
+            log(f"[train] step {step} len {length} x{batch} answer loss {float(answer_loss.detach()):.3f} "
+                f"({time.time() - t0:.0f} s)")
+        if not math.isfinite(float(loss.detach())):
+            raise RuntimeError(f"the loss became {float(loss.detach())} at step {step}")
+    model.eval()
+    if stage:
+        os.makedirs(stage, exist_ok=True)
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "curve": curve},
+                   os.path.join(stage, "train_state.pt"))
+    meta = {"config": asdict(cfg), "steps": step, "seconds": time.time() - t0, "device": device,
+            "loss_curve": curve, "command": " ".join(["python -m trtllm_dasc.evals.train", *sys.argv[1:]])}
+    save(model.cpu(), out, meta)
+    return meta
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="kda", choices=["kda", "gdn"])
+    ap.add_argument("--out", required=True, help="checkpoint directory to write (save_pretrained)")
+    ap.add_argument("--minutes", type=float, default=9.0, help="training time budget")
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--min-length", type=int, default=1024)
+    ap.add_argument("--max-length", type=int, default=4096)
+    ap.add_argument("--tokens-per-step", type=int, default=32768)
+    ap.add_argument("--resume", default=None, help="a --stage directory of an earlier run")
+    ap.add_argument("--stage", default=None, help="also write weights + optimizer state here (to --resume)")
+    args = ap.parse_args(argv)
+    cfg = TrainConfig(arch=args.arch, seed=args.seed, min_length=args.min_length, max_length=args.max_length,
+                      tokens_per_step=args.tokens_per_step)
+    try:
+        meta = train(cfg, args.out, args.minutes, args.device, args.resume, args.stage, args.max_steps,
+                     log=lambda m: print(m, file=sys.stderr, flush=True))
+    except (ValueError, RuntimeError) as e:
+        print(f"train: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {meta['steps']} steps in {meta['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
