@@ -165,6 +165,6 @@ def codec_graphs(layout: StateLayout, policy: str, max_batch: int, max_rows: int
     (its scratch rows: one per request of a batch)."""
     graphs = [store_graph(layout, max_batch, max_rows, conv_active_dtype),
               load_graph(layout, max_batch, max_rows, True, conv_active_dtype)]
-    if policy == "wr":
+    if policy in ("wr", "wr-warm"):
         graphs.append(merge_graph(layout, max_batch, max_rows, max_batch))
     return graphs

@@ -28,14 +28,32 @@ def _prefill(hf, ids, cache=None):
     return out.cache, out.logits[0]
 
 
-def hf_wr_logits(hf, ids, K, window, retained, arch, merge_all=False):
+def _units(t, retained_l, arch):
+    """The retained units of one layer's state [1, HV, K, V] (gdn: value heads; kda: (head, k) channels)."""
+    mask = torch.zeros_like(t, dtype=torch.bool)
+    for u in retained_l:
+        if arch == "gdn":
+            mask[:, u] = True
+        else:
+            h, k = divmod(u, t.shape[2])
+            mask[:, h, k] = True
+    return mask
+
+
+def hf_wr_logits(hf, ids, K, window, retained, arch, merge_all=False, warm=False):
+    """``warm`` (policy wr-warm): the scratch starts from the checkpoint's retained units, omitted ones
+    and the conv state zero."""
     true, _ = _prefill(hf, ids[:K])
     start = K - window
     assert start > 0, "a replay from position 0 is a plain prefill"
     scratch, _ = _prefill(hf, ids[:start])
-    for layer in _linear_layers(scratch):
+    for l, (layer, t_layer) in enumerate(zip(_linear_layers(scratch), _linear_layers(true))):
         layer.recurrent_states[0].zero_()
         layer.conv_states[0].zero_()
+        if warm:
+            t = t_layer.recurrent_states[0]
+            keep = _units(t, retained[l], arch)
+            layer.recurrent_states[0].copy_(torch.where(keep, t, torch.zeros_like(t)))
     scratch, _ = _prefill(hf, ids[start:K], scratch)
     for l, (t_layer, r_layer) in enumerate(zip(_linear_layers(true), _linear_layers(scratch))):
         t, r = t_layer.recurrent_states[0], r_layer.recurrent_states[0]      # [1, HV, K, V]
@@ -58,12 +76,14 @@ def rel_err(a, b):
 
 @pytest.mark.parametrize("arch", ["gdn", "kda"])
 @pytest.mark.parametrize("window", [3, 8])
-def test_wr_shorter_than_the_prefix_matches_transformers(tiny_models, arch, window):
+@pytest.mark.parametrize("policy", ["wr", "wr-warm"])
+def test_wr_shorter_than_the_prefix_matches_transformers(tiny_models, arch, window, policy):
     path, hf = tiny_models[arch]
     rng = random.Random(window)
     K, T = 21, 27
     ids = [rng.randrange(VOCAB) for _ in range(T)]
-    engine = make_engine(path, wmax=split_wmax(path), policy="wr", replay_window=window, prompt_only=True)
+    warm = policy == "wr-warm"
+    engine = make_engine(path, wmax=split_wmax(path), policy=policy, replay_window=window, prompt_only=True)
     retained = engine.runner.plan.retained
     engine.generate([greedy("a", ids[:K + 1], 1)])          # stores the prompt-end checkpoint at K
     req = GenerationRequest("b", ids, 1, return_context_logits=True)
@@ -72,12 +92,14 @@ def test_wr_shorter_than_the_prefix_matches_transformers(tiny_models, arch, wind
     engine.run_until_idle()
     assert req.stats.cached_tokens == K and req.stats.replayed_tokens == window
     ours = got["logits"]
-    ref = hf_wr_logits(hf, ids, K, window, retained, arch)
+    ref = hf_wr_logits(hf, ids, K, window, retained, arch, warm=warm)
     assert rel_err(ours, ref) <= 1e-5          # measured ~1e-6
-    # the comparison can tell the mutations apart: a window one shorter or longer, or merging every unit
-    for wrong in (hf_wr_logits(hf, ids, K, window - 1, retained, arch),
-                  hf_wr_logits(hf, ids, K, window + 1, retained, arch),
-                  hf_wr_logits(hf, ids, K, window, retained, arch, merge_all=True)):
+    # the comparison can tell the mutations apart: a window one shorter or longer, merging every unit,
+    # or the other scratch start (zero vs warm)
+    for wrong in (hf_wr_logits(hf, ids, K, window - 1, retained, arch, warm=warm),
+                  hf_wr_logits(hf, ids, K, window + 1, retained, arch, warm=warm),
+                  hf_wr_logits(hf, ids, K, window, retained, arch, merge_all=True, warm=warm),
+                  hf_wr_logits(hf, ids, K, window, retained, arch, warm=not warm)):
         assert rel_err(ours, wrong) > 1e-4        # measured >= 4.8e-4 (kda), >= 0.18 (gdn)
 
 

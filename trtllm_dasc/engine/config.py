@@ -6,7 +6,9 @@ from dataclasses import dataclass, fields
 
 from trtllm_dasc.errors import UserError
 
-POLICIES = ("nr", "wr")
+# wr-warm: wr whose scratch row starts from the checkpoint's retained units instead of zeros (the
+# quality issue's candidate refresh for KDA, whose delta rule couples channels)
+POLICIES = ("nr", "wr", "wr-warm")
 CODECS = ("native", "int8")
 LAYOUTS = ("ragged", "padded")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -74,6 +76,11 @@ class EngineConfig:
         for name in ("kernel_cache_dir", "plan_path", "rank_weights"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise UserError(f"{name} must be a path, got {getattr(self, name)!r}")
+
+    @property
+    def replays(self) -> bool:
+        """Whether a hit replays the last W cached tokens (wr and wr-warm)."""
+        return self.policy in ("wr", "wr-warm")
 
     @property
     def arm(self) -> str:

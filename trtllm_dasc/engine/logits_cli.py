@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "fla"], help="recurrence backend")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
     p.add_argument("--wmax", type=int, default=0, help="dasc W_max for the --split checkpoint (0: dense)")
-    p.add_argument("--policy", default="nr", choices=["nr", "wr"], help="checkpoint load policy")
+    p.add_argument("--policy", default="nr", choices=["nr", "wr", "wr-warm"], help="checkpoint load policy")
     p.add_argument("--codec", default="native", choices=["native", "int8"], help="checkpoint temporal codec")
     p.add_argument("--replay-window", type=int, default=None, help="wr replay length override (tokens)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (run under one mpirun, CPU ranks "

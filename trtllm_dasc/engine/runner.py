@@ -82,6 +82,12 @@ class ModelRunner:
         if plan.loads:
             self.pool.load([s for s, _ in plan.loads], self.state.temporal, self.state.conv,
                            [r for _, r in plan.loads], zero_fill=True)
+        if plan.warm_loads:
+            # wr-warm scratch rows: the checkpoint's retained units (omitted ones zero), conv state zero as
+            # a wr scratch's (it is not known at the window's start)
+            rows = [r for _, r in plan.warm_loads]
+            self.pool.load([s for s, _ in plan.warm_loads], self.state.temporal, self.state.conv, rows, zero_fill=True)
+            self.state.conv[:, rows] = 0
         batch = [SeqInput(s.token_ids, s.row, s.block_table, s.start, tuple(p for p, _ in s.captures))
                  for s in plan.spans]
         refresh = None
@@ -194,7 +200,7 @@ def engine_plan(cfg: EngineConfig):
 def replay_window(cfg: EngineConfig, plan_window: int) -> int:
     """The tokens a wr hit replays: the plan's window (paper Sec. 4.2) unless the config overrides it;
     0 when nothing is omitted (dense) or the policy is nr."""
-    if cfg.policy != "wr" or not plan_window:
+    if not cfg.replays or not plan_window:
         return 0
     window = plan_window if cfg.replay_window is None else cfg.replay_window
     # a replay never reaches further back than a prompt can be long

@@ -100,7 +100,10 @@ class Scheduler:
             table, copy = reserve_table(self.blocks, m.block_table, replay_start, c, bs)
             if copy:
                 plan.kv_copies.append(copy)
-            plan.resets.append(row)
+            if self.cfg.policy == "wr-warm":
+                plan.warm_loads.append((m.ckpt_slot, row))
+            else:
+                plan.resets.append(row)
             seq.replay = Replay(replay_start, c, row, table)
             st.replayed_tokens = c - replay_start
 

@@ -7,7 +7,8 @@ Only replays count. A replay that did not load a checkpoint (cached_tokens == 0)
 reported and excluded, never scored. Engines use prompt-end checkpoints only (the paper's protocol) and a
 pool large enough for the whole block, so nothing is evicted between warm and replay.
 
-Arms: `dense`; `nr<W>` / `wr<W>` (dasc, that load policy); `+int8` (INT8 codec); `rand<W>@<seed>` (nr with
+Arms: `dense`; `nr<W>` / `wr<W>` / `wr-warm<W>` (dasc, that load policy; wr-warm: the replay starts from the
+checkpoint's retained units, the quality issue's candidate); `+int8` (INT8 codec); `rand<W>@<seed>` (nr with
 the count-matched random mask of that seed: the paper's control).
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 import time
 from dataclasses import dataclass
 
-ARM = re.compile(r"(dense|(nr|wr)(\d+)|rand(\d+)@(\d+))(\+int8)?")
+ARM = re.compile(r"(dense|(nr|wr-warm|wr)(\d+)|rand(\d+)@(\d+))(\+int8)?")
 PAPER_MASK_SEEDS = (1234, 2027, 3407, 4519, 5683)
 
 
@@ -36,7 +37,7 @@ class QualityArm:
 def parse_arm(spec: str) -> QualityArm:
     m = ARM.fullmatch(spec.strip())
     if m is None:
-        raise ValueError(f"arm {spec!r}: expected dense, nr<W>, wr<W> or rand<W>@<seed>, each optionally +int8")
+        raise ValueError(f"arm {spec!r}: expected dense, nr<W>, wr<W>, wr-warm<W> or rand<W>@<seed>, each optionally +int8")
     codec = "int8" if m.group(6) else "native"
     if m.group(1) == "dense":
         return QualityArm(spec, codec=codec)

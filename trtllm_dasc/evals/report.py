@@ -8,6 +8,7 @@ family over the W values present:
   nr_vs_random     dasc-nr W        minus the mean of the count-matched random masks at W (Table 5)
   wr_vs_nr         dasc-wr W        minus dasc-nr W        (what the replay recovers)
   int8_vs_native   dasc-nr W + INT8 minus dasc-nr W
+  wrwarm_vs_wr     dasc-wr-warm W   minus dasc-wr W        (is the warm-started replay better?)
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> 
         if a.wmax:
             kind = "rand" if a.mask_seed is not None else a.policy
             by.setdefault((kind, a.codec, a.wmax), []).append(s)
-    out = {"nr_vs_dense": {}, "nr_vs_random": {}, "wr_vs_nr": {}, "int8_vs_native": {}}
+    out = {"nr_vs_dense": {}, "nr_vs_random": {}, "wr_vs_nr": {}, "int8_vs_native": {}, "wrwarm_vs_wr": {}}
     for (kind, codec, w), lst in sorted(by.items()):
         if kind != "nr" or codec != "native":
             continue
@@ -68,6 +69,8 @@ def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> 
             out["nr_vs_random"][w] = {**_paired(nr, mean, resamples, seed), "masks": len(masks)}
         if ("wr", "native", w) in by:
             out["wr_vs_nr"][w] = _paired(by[("wr", "native", w)][0], nr, resamples, seed)
+        if ("wr-warm", "native", w) in by and ("wr", "native", w) in by:
+            out["wrwarm_vs_wr"][w] = _paired(by[("wr-warm", "native", w)][0], by[("wr", "native", w)][0], resamples, seed)
         if ("nr", "int8", w) in by:
             out["int8_vs_native"][w] = _paired(by[("nr", "int8", w)][0], nr, resamples, seed)
     for family in out.values():

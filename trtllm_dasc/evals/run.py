@@ -4,7 +4,7 @@
         [--arms dense,nr16,wr16,nr16+int8,...|paper] [--tasks all|niah_single_1,...] [--lengths 1024,4096]
         [--instances 30] [--device cuda --dtype bfloat16] [--resamples 10000]
 
-`--arms paper` = dense, and at each W in {16, 64, 128, 512}: dasc-nr, dasc-wr, dasc-nr + INT8 and the five
+`--arms paper` = dense, and at each W in {16, 64, 128, 512}: dasc-nr, dasc-wr, dasc-wr-warm, dasc-nr + INT8 and the five
 count-matched random masks (seeds 1234, 2027, 3407, 4519, 5683). The JSON holds the command, the commit,
 every replay score (per instance), the misses, the accuracy table and the comparisons; it is rewritten
 after every arm, so a run cut by a time limit keeps what it finished.
@@ -26,7 +26,7 @@ PAPER_WINDOWS = (16, 64, 128, 512)
 def paper_arms(windows=PAPER_WINDOWS) -> list[str]:
     arms = ["dense"]
     for w in windows:
-        arms += [f"nr{w}", f"wr{w}", f"nr{w}+int8"] + [f"rand{w}@{s}" for s in PAPER_MASK_SEEDS]
+        arms += [f"nr{w}", f"wr{w}", f"wr-warm{w}", f"nr{w}+int8"] + [f"rand{w}@{s}" for s in PAPER_MASK_SEEDS]
     return arms
 
 
