@@ -172,7 +172,8 @@ def build(args) -> str:
         os.makedirs(os.path.join(tmp, "kernels"))
         if getattr(args, "tensorrt", False):
             from plugins.engines import write_codec_engines
-            write_codec_engines(tmp, plan, args.policy, args.max_batch_size, args.dtype)
+            write_codec_engines(tmp, plan, args.policy, args.max_batch_size, args.dtype, args.prefill_chunk,
+                                args.interval)
         with open(os.path.join(tmp, "plan.json"), "w") as f:
             json.dump({**plan.to_dict(), **{k: v for k, v in report.items() if k not in plan.to_dict()}}, f, indent=1)
         serving = {"decoupled": not args.no_decoupled, "exclude_input_in_output": args.exclude_input_in_output,

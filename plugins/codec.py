@@ -5,14 +5,19 @@
               conv_store [B, L, C, W]
     load   payload, scales, conv_store, temporal, rows, conv
            -> temporal_out (the rows' retained units written, omitted ones zeroed or kept), conv_out
-    merge  scratch [L, NS, n, E], scratch_rows [B], temporal, rows -> temporal_out (policy wr: the
-           omitted units of each row taken from its scratch row)
+    merge  one layer's active state [N, n, E], scratch_rows [B], rows [B], layer [1]
+           -> temporal_out (policies wr, wr-warm: the omitted units of the layer's rows taken from their
+              scratch rows, as the runtime merges: per layer, inside the forward, scratch rows being
+              rows of the same state)
 
 What ``state/naive.py`` does with slot ids (payload[slots[b]] = ...), the engines do per request: store
 returns the B slot images (the runtime writes them at their slots), load takes them. The plan's index
 tables (which unit sits at which slot position) are constants of the graph. Positions of a slot that no
 retained unit uses (the padded layout, or a width wider than this rank's units) hold zeros (int8: q = 0,
-scale = 1e-8 / 127, as Eq. 10 gives for a zero row).
+scale = 1e-8 / 127, as Eq. 10 gives for a zero row). A rank that keeps no unit (width 0: W_max above
+every horizon) stores the conv state only and its load zero-fills every unit.
+The store engine reads the captures of one step (runner._store: up to one per checkpoint interval of
+each span), so its batch dims are sized by the caller for that, not for the running requests.
 """
 from __future__ import annotations
 
@@ -81,26 +86,30 @@ def store_graph(layout: StateLayout, max_batch: int, max_rows: int, conv_active_
                         layout.rows_per_unit, layout.width)
     tab, tdt = _tables(layout), dtype_name(layout.temporal_dtype)
     g = Graph("dasc_store", dims=_dims(max_batch, max_rows))
-    temporal = g.input("temporal", "float32", (L, "N", n, E))
+    if not W and not layout.conv_dim:
+        raise ValueError("this rank keeps no unit and has no conv state: there is nothing to store")
+    # with nothing retained the temporal state is not read (an unused input would be an error)
+    temporal = g.input("temporal", "float32", (L, "N", n, E)) if W else None
     rows = g.input("rows", "int32", ("B",))
-    x = _rows_as_units(g, temporal, rows, L, n, E)
-    x = g.op("gather", x, g.constant(tab["src_of_pos"], "int32", "src_of_pos"), axis=1, hint="slot")
-    x = g.op("select", g.mask(tab["used"], (1, W, 1), "used"), x, g.scalar(0.0, 3), hint="slot")
-    if layout.codec == "int8":
-        xr = g.op("reshape", x, shape=(0, W, R, V))
-        a = g.op("reduce", g.op("unary", xr, fn="abs"), fn="max", axes=(3,), keepdims=True)
-        a = g.op("binary", a, g.scalar(SCALE_FLOOR, 4), fn="max")
-        s = g.op("binary", a, g.scalar(float(QMAX), 4), fn="div", hint="scale")
-        q = g.op("unary", g.op("binary", xr, s, fn="div"), fn="round")
-        q = g.op("binary", g.op("binary", q, g.scalar(-QMAX, 4), fn="max"), g.scalar(QMAX, 4), fn="min")
-        payload = g.op("reshape", g.op("cast", q, dtype="int8"), shape=(0, W, E), hint="payload")
-        g.output(payload, "payload", "int8")
-        scales = g.op("reshape", s, shape=(0, W, R))
-        if tdt != "float32":
-            scales = g.op("cast", scales, dtype=tdt)
-        g.output(scales, "scales", tdt)
-    else:
-        g.output(g.op("cast", x, dtype=tdt) if tdt != "float32" else x, "payload", tdt)
+    if W:
+        x = _rows_as_units(g, temporal, rows, L, n, E)
+        x = g.op("gather", x, g.constant(tab["src_of_pos"], "int32", "src_of_pos"), axis=1, hint="slot")
+        x = g.op("select", g.mask(tab["used"], (1, W, 1), "used"), x, g.scalar(0.0, 3), hint="slot")
+        if layout.codec == "int8":
+            xr = g.op("reshape", x, shape=(0, W, R, V))
+            a = g.op("reduce", g.op("unary", xr, fn="abs"), fn="max", axes=(3,), keepdims=True)
+            a = g.op("binary", a, g.scalar(SCALE_FLOOR, 4), fn="max")
+            s = g.op("binary", a, g.scalar(float(QMAX), 4), fn="div", hint="scale")
+            q = g.op("unary", g.op("binary", xr, s, fn="div"), fn="round")
+            q = g.op("binary", g.op("binary", q, g.scalar(-QMAX, 4), fn="max"), g.scalar(QMAX, 4), fn="min")
+            payload = g.op("reshape", g.op("cast", q, dtype="int8"), shape=(0, W, E), hint="payload")
+            g.output(payload, "payload", "int8")
+            scales = g.op("reshape", s, shape=(0, W, R))
+            if tdt != "float32":
+                scales = g.op("cast", scales, dtype=tdt)
+            g.output(scales, "scales", tdt)
+        else:
+            g.output(g.op("cast", x, dtype=tdt) if tdt != "float32" else x, "payload", tdt)
     if layout.conv_dim:
         C, Wc, cdt = layout.conv_dim, layout.conv_width, dtype_name(layout.conv_dtype)
         conv = g.input("conv", conv_active_dtype or cdt, (L, "N", C, Wc))
@@ -116,8 +125,10 @@ def load_graph(layout: StateLayout, max_batch: int, max_rows: int, zero_fill: bo
                         layout.rows_per_unit, layout.width)
     tab, tdt = _tables(layout), dtype_name(layout.temporal_dtype)
     g = Graph("dasc_load", dims=_dims(max_batch, max_rows))
-    payload = g.input("payload", "int8" if layout.codec == "int8" else tdt, ("B", W, E))
-    if layout.codec == "int8":
+    payload = g.input("payload", "int8" if layout.codec == "int8" else tdt, ("B", W, E)) if W else None
+    if not W:
+        x = None
+    elif layout.codec == "int8":
         scales = g.input("scales", tdt, ("B", W, R))
         q = g.op("reshape", g.op("cast", payload, dtype="float32"), shape=(0, W, R, V))
         s = g.op("reshape", g.op("cast", scales, dtype="float32") if tdt != "float32" else scales,
@@ -127,9 +138,14 @@ def load_graph(layout: StateLayout, max_batch: int, max_rows: int, zero_fill: bo
         x = g.op("cast", payload, dtype="float32") if tdt != "float32" else payload
     temporal = g.input("temporal", "float32", (L, "N", n, E))
     rows = g.input("rows", "int32", ("B",))
-    full = g.op("gather", x, g.constant(tab["pos_of_unit"], "int32", "pos_of_unit"), axis=1, hint="units")
-    kept = g.mask(tab["kept"], (1, L * n, 1), "kept")
     old = g.scalar(0.0, 3) if zero_fill else _rows_as_units(g, temporal, rows, L, n, E)
+    if W:
+        full = g.op("gather", x, g.constant(tab["pos_of_unit"], "int32", "pos_of_unit"), axis=1, hint="units")
+    else:
+        # nothing retained: every unit takes `old` (zeros, or the row as it is); a tensor of the rows'
+        # shape stands in for the absent payload
+        full = _rows_as_units(g, temporal, rows, L, n, E)
+    kept = g.mask(tab["kept"], (1, L * n, 1), "kept")
     new = g.op("reshape", g.op("select", kept, full, old), shape=(0, L, n, E))
     g.output(_write_rows(g, temporal, rows, new), "temporal_out", "float32")
     if layout.conv_dim:
@@ -142,29 +158,36 @@ def load_graph(layout: StateLayout, max_batch: int, max_rows: int, zero_fill: bo
     return g
 
 
-def merge_graph(layout: StateLayout, max_batch: int, max_rows: int, max_scratch_rows: int) -> Graph:
+def merge_graph(layout: StateLayout, max_batch: int, max_rows: int) -> Graph:
+    """One layer per call, as the runtime merges (model.py: after the replay spans of that layer). The
+    layer index is an input: the omitted-unit masks of all layers are one [L, n] constant."""
     _check(layout, max_batch, max_rows)
     L, n, E = layout.num_layers, layout.units_per_layer, layout.unit_elements
     tab = _tables(layout)
-    g = Graph("dasc_merge", dims=_dims(max_batch, max_rows, max_scratch_rows))
-    scratch = g.input("scratch", "float32", (L, "NS", n, E))
+    g = Graph("dasc_merge", dims=_dims(max_batch, max_rows))
+    state = g.input("temporal", "float32", ("N", n, E))
     scratch_rows = g.input("scratch_rows", "int32", ("B",))
-    temporal = g.input("temporal", "float32", (L, "N", n, E))
     rows = g.input("rows", "int32", ("B",))
-    sc = _rows_as_units(g, scratch, scratch_rows, L, n, E)
-    old = _rows_as_units(g, temporal, rows, L, n, E)
-    omitted = g.mask(1 - tab["kept"], (1, L * n, 1), "omitted")
-    new = g.op("reshape", g.op("select", omitted, sc, old), shape=(0, L, n, E))
-    g.output(_write_rows(g, temporal, rows, new), "temporal_out", "float32")
+    layer = g.input("layer", "int32", (1,))
+    sc = g.op("gather", state, scratch_rows, axis=0, hint="scratch")          # [B, n, E]
+    old = g.op("gather", state, rows, axis=0, hint="rows")
+    omitted_all = g.constant((1 - tab["kept"]).reshape(L, n), "int32", "omitted")
+    omitted = g.op("reshape", g.op("gather", omitted_all, layer, axis=0), shape=(1, n, 1))
+    omitted = g.op("binary", omitted, g.constant(np.ones((1, 1, 1)), "int32", "one"), fn="equal", hint="omitted")
+    new = g.op("select", omitted, sc, old)
+    idx = g.op("reshape", rows, shape=(-1, 1))
+    g.output(g.op("scatter_nd", state, idx, new), "temporal_out", "float32")
     return g
 
 
-def codec_graphs(layout: StateLayout, policy: str, max_batch: int, max_rows: int,
+def codec_graphs(layout: StateLayout, policy: str, max_batch: int, max_rows: int, max_captures: int | None = None,
                  conv_active_dtype: str | None = None) -> list[Graph]:
-    """The graphs an arm uses: store and load (zero-filling, as the runner loads), and merge for wr
-    (its scratch rows: one per request of a batch)."""
-    graphs = [store_graph(layout, max_batch, max_rows, conv_active_dtype),
+    """The graphs an arm uses: store (sized for one step's captures: ``max_captures`` rows of a capture
+    tensor), load (zero-filling, as the runner loads; its rows are the active state's) and, for the
+    replaying policies, the per-layer merge."""
+    caps = max_captures or max_batch
+    graphs = [store_graph(layout, caps, max(caps, max_rows), conv_active_dtype),
               load_graph(layout, max_batch, max_rows, True, conv_active_dtype)]
     if policy in ("wr", "wr-warm"):
-        graphs.append(merge_graph(layout, max_batch, max_rows, max_batch))
+        graphs.append(merge_graph(layout, max_batch, max_rows))
     return graphs

@@ -40,7 +40,8 @@ def rank_layouts(plan) -> list:
         raise UserError(f"--tensorrt: {e}; build with --placement off (or hybrid where it moves no unit)") from None
 
 
-def write_codec_engines(engine_dir: str, plan, policy: str, max_batch: int, conv_dtype: str) -> dict:
+def write_codec_engines(engine_dir: str, plan, policy: str, max_batch: int, conv_dtype: str,
+                        prefill_chunk: int = 2048, interval: int = 256) -> dict:
     """Build and write every rank's codec engines; returns what codec.json holds."""
     from plugins.codec import codec_graphs
     from plugins.trt_network import build_engine, load_tensorrt, network_io
@@ -48,13 +49,15 @@ def write_codec_engines(engine_dir: str, plan, policy: str, max_batch: int, conv
     layouts = rank_layouts(plan)
     # the runner's active state: two rows per running request (its own and a wr replay's scratch)
     max_rows = 2 * max_batch
+    # a step stores up to one capture per checkpoint interval of each running request's chunk, plus its end
+    max_captures = max_batch * (-(-prefill_chunk // interval) + 1)
     root = os.path.join(engine_dir, "tensorrt")
     info = {"module": trt.__name__, "version": getattr(trt, "__version__", None), "policy": policy,
-            "max_batch": max_batch, "max_rows": max_rows, "engines": []}
+            "max_batch": max_batch, "max_rows": max_rows, "max_captures": max_captures, "engines": []}
     t0 = time.time()
     for rank, layout in enumerate(layouts):
         os.makedirs(os.path.join(root, f"rank{rank}"), exist_ok=True)
-        for graph in codec_graphs(layout, policy, max_batch, max_rows, conv_dtype):
+        for graph in codec_graphs(layout, policy, max_batch, max_rows, max_captures, conv_dtype):
             blob = build_engine(graph, trt)
             rel = os.path.join(f"rank{rank}", graph.name + ".engine")
             with open(os.path.join(root, rel), "wb") as f:

@@ -48,7 +48,9 @@ def to_network(graph: Graph, trt, builder):
     for inp in graph.inputs:
         t[inp.name] = net.add_input(inp.name, _dtype(trt, inp.dtype), _shape(inp))
     for name, value in graph.constants.items():
-        layer = net.add_constant(value.shape, trt.Weights(value))
+        layer = net.add_constant(value.shape, trt.Weights(value)) if value.size else None
+        if layer is None:
+            raise GraphError(f"{graph.name}: constant {name} of shape {value.shape} was refused (empty?)")
         layer.name = name
         t[name] = layer.get_output(0)
     unary = {"abs": trt.UnaryOperation.ABS, "round": trt.UnaryOperation.ROUND}

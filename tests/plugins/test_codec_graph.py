@@ -90,15 +90,36 @@ def test_load_equals_naive(codec, kind, tdt, conv, wide, zero_fill):
 
 
 @pytest.mark.parametrize("kind", ["ragged", "padded"])
-def test_merge_equals_naive(kind):
+def test_merge_layer_by_layer_equals_naive(kind):
+    """The runtime merges per layer, scratch rows being rows of the same state: the engine run on each
+    layer in turn equals naive's merge of all layers."""
     lay = _layout("native", kind)
-    scratch, _ = _state(seed=3)
     temporal, _ = _state(seed=4)
     srows, rows = [9, 0, 4], [2, 5, 3]
-    out = evaluate(merge_graph(lay, 4, 10, 10), {"scratch": scratch.numpy(), "scratch_rows": np.array(srows, np.int32),
-                                                 "temporal": temporal.numpy(), "rows": np.array(rows, np.int32)})
-    naive.refresh_merge(scratch, srows, temporal, rows, lay)
-    assert np.array_equal(out["temporal_out"], temporal.numpy())
+    graph = merge_graph(lay, 4, 10)
+    got = temporal.numpy().copy()
+    for layer in range(lay.num_layers):
+        got[layer] = evaluate(graph, {"temporal": got[layer], "scratch_rows": np.array(srows, np.int32),
+                                      "rows": np.array(rows, np.int32),
+                                      "layer": np.array([layer], np.int32)})["temporal_out"]
+    naive.refresh_merge(temporal, srows, temporal, rows, lay)
+    assert np.array_equal(got, temporal.numpy())
+    assert not np.array_equal(got, _state(seed=4)[0].numpy())       # it did change the omitted units
+
+
+@pytest.mark.parametrize("codec", ["native", "int8"])
+def test_a_rank_that_keeps_nothing_stores_conv_and_zero_fills(codec):
+    lay = StateLayout.from_retained([[], [], []], units_per_layer=6, unit_elements=8, value_dim=4, codec=codec,
+                                    conv_dim=3, conv_width=2, conv_dtype=torch.bfloat16)
+    temporal, conv = _state(L=3)
+    out = evaluate(store_graph(lay, 4, 10), {"rows": np.array([1, 4], np.int32), "conv": _np(conv)})
+    assert set(out) == {"conv_store"} and np.array_equal(out["conv_store"], _np(conv[:, [1, 4]].transpose(0, 1)))
+    loaded = evaluate(load_graph(lay, 4, 10), {"temporal": temporal.numpy(), "rows": np.array([1, 4], np.int32),
+                                               "conv_store": out["conv_store"], "conv": _np(conv)})
+    expect = temporal.clone()
+    naive.load(torch.zeros(1, 0, 8, dtype=torch.int8 if codec == "int8" else torch.float32),
+               torch.zeros(1, 0, 2) if codec == "int8" else None, None, [0, 0], expect, None, [1, 4], lay)
+    assert np.array_equal(loaded["temporal_out"], expect.numpy()) and not loaded["temporal_out"][:, [1, 4]].any()
 
 
 def test_a_planned_layout_round_trips(tmp_path):

@@ -43,7 +43,7 @@ def test_engines_build_with_the_expected_io(codec, kind, tdt):
     lay = _layout(codec, kind, tdt)
     W, t = lay.width, {torch.float32: "float32", torch.bfloat16: "bfloat16"}[tdt]
     pay = "int8" if codec == "int8" else t
-    store, load, merge = store_graph(lay, 4, 8, "bfloat16"), load_graph(lay, 4, 8), merge_graph(lay, 4, 8, 8)
+    store, load, merge = store_graph(lay, 4, 8, "bfloat16"), load_graph(lay, 4, 8), merge_graph(lay, 4, 8)
     expect_store = {("input", "temporal"): ("float32", [4, -1, 6, 8]), ("input", "rows"): ("int32", [-1]),
                     ("input", "conv"): ("bfloat16", [4, -1, 3, 2]), ("output", "payload"): (pay, [-1, W, 8]),
                     ("output", "conv_store"): ("bfloat16", [-1, 4, 3, 2])}
@@ -56,9 +56,9 @@ def test_engines_build_with_the_expected_io(codec, kind, tdt):
         expect_load[("input", "scales")] = (t, [-1, W, 2])
     assert _io(store) == expect_store
     assert _io(load) == expect_load
-    assert _io(merge) == {("input", "scratch"): ("float32", [4, -1, 6, 8]), ("input", "scratch_rows"): ("int32", [-1]),
-                          ("input", "temporal"): ("float32", [4, -1, 6, 8]), ("input", "rows"): ("int32", [-1]),
-                          ("output", "temporal_out"): ("float32", [4, -1, 6, 8])}
+    assert _io(merge) == {("input", "temporal"): ("float32", [-1, 6, 8]), ("input", "scratch_rows"): ("int32", [-1]),
+                          ("input", "rows"): ("int32", [-1]), ("input", "layer"): ("int32", [1]),
+                          ("output", "temporal_out"): ("float32", [-1, 6, 8])}
     for g in (store, load, merge):
         assert len(build_engine(g, trt)) > 1000
 
@@ -78,11 +78,15 @@ def test_dasc_build_writes_the_codec_engines(tmp_path, policy, names):
     assert proc.returncode == 0, proc.stderr[-2000:]
     info = json.loads((out / "tensorrt" / "codec.json").read_text())
     assert info["module"] == trt.__name__ and info["max_batch"] == 3 and info["max_rows"] == 6
+    assert info["max_captures"] == 3 * (2048 // 256 + 1)             # one step's captures at the defaults
     assert [e["name"] for e in info["engines"]] == names
     plan = json.loads((out / "plan.json").read_text())
     for e in info["engines"]:
         assert (out / "tensorrt" / e["file"]).stat().st_size == e["bytes"]
-        assert e["dims"]["B"] == [1, 1, 3] and e["dims"]["N"] == [1, 6, 6]
+        if e["name"] == "dasc_store":
+            assert e["dims"]["B"][2] == info["max_captures"] == e["dims"]["N"][2]
+        else:
+            assert e["dims"]["B"] == [1, 1, 3] and e["dims"]["N"] == [1, 6, 6]
         if e["name"] == "dasc_store":
             payload = next(x for x in e["io"] if x["name"] == "payload")
             # the slot width the planner accounted for (its slot bytes), int8 payload
@@ -108,3 +112,12 @@ def test_tensorrt_with_a_placement_that_moves_units_is_one_line(tmp_path):
 def test_no_tensorrt_module_is_a_clear_error():
     with pytest.raises(ImportError, match="no TensorRT Python module"):
         load_tensorrt("tensorrt_that_does_not_exist")
+
+
+def test_a_plan_that_keeps_no_unit_builds(tmp_path):
+    """W_max above every horizon: the checkpoint is the conv state only (no temporal payload)."""
+    out, proc = _build(tmp_path, "--wmax", "100000000")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = json.loads((out / "tensorrt" / "codec.json").read_text())
+    store = next(e for e in info["engines"] if e["name"] == "dasc_store")
+    assert [x["name"] for x in store["io"] if x["direction"] == "output"] == ["conv_store"]

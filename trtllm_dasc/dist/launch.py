@@ -65,8 +65,9 @@ def pinned_paths(env: dict) -> list[str]:
     mpirun started by its absolute path acts as if given --prefix and puts its own bin and lib first on the
     ranks' PATH and LD_LIBRARY_PATH (a system Open MPI: /usr/bin, /usr/lib). On the H200 machine that made
     the Triton Python backend stub start /usr/bin/python3 (no numpy) instead of this environment's."""
-    pinned = [f"{k}={env[k]}" for k in ("PATH", "LD_LIBRARY_PATH") if env.get(k)]
-    return [shutil.which("env") or "/usr/bin/env", *pinned] if pinned else []
+    # an absent LD_LIBRARY_PATH is pinned empty: mpirun's own lib directory must not appear in it either
+    pinned = [f"{k}={env.get(k, '')}" for k in ("PATH", "LD_LIBRARY_PATH")]
+    return [shutil.which("env") or "/usr/bin/env", *pinned]
 
 
 def mpirun_command(num_ranks: int, argv: list[str]) -> tuple[list[str], dict]:

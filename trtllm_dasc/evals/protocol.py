@@ -3,8 +3,8 @@
 For every arm, task and context length, one block of N unique instances:
     flush -> warm (one request per instance: prefill, its prompt-end checkpoint stored) ->
     replay (the same prompt again: it must load that checkpoint; greedy answer, scored exactly)
-Only replays count. A replay that did not load a checkpoint (cached_tokens == 0) is a miss: it is
-reported and excluded, never scored. Engines use prompt-end checkpoints only (the paper's protocol) and a
+Only replays count. A replay that did not load its own prompt-end checkpoint (cached_tokens !=
+prompt length - 1) is a miss: it is reported and excluded, never scored. Engines use prompt-end checkpoints only (the paper's protocol) and a
 pool large enough for the whole block, so nothing is evicted between warm and replay.
 
 Arms: `dense`; `nr<W>` / `wr<W>` / `wr-warm<W>` (dasc, that load policy; wr-warm: the replay starts from the
@@ -115,7 +115,8 @@ def run_arm(model: str, arm: QualityArm, cfg: ProtocolConfig, progress=None) -> 
             for x, (tokens, cached, error) in zip(block, _run(engine, replay)):
                 if error is not None:
                     raise RuntimeError(f"arm {arm.spec}, {task} at {n}, instance {x.seed}: {error}")
-                if cached == 0:
+                if cached != len(x.model_input) - 1:
+                    # not this prompt's own prompt-end checkpoint (none, or some other prefix): a miss
                     out["misses"].append([task, n, x.seed])
                     continue
                 cell[str(x.seed)] = {"score": T.score(x, tokens), "cached": cached, "prompt": len(x.model_input)}

@@ -52,6 +52,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> to
     with sdpa_kernel(_SDPA_BACKENDS):
         if start == 0:
             out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+        elif T == 1:
+            # a decode step sees every key: no mask, and flash takes the GQA heads as they are
+            out = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
         else:
             if gqa:
                 # the lower-right causal bias goes to flash / efficient kernels with equal head counts
