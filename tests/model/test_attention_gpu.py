@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtllm_dasc.model.attention import _attend
+from trtllm_dasc.model.attention import _attend, keep_cudnn_out_of_sdpa
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
@@ -34,7 +34,9 @@ def test_attend_matches_masked_math(dtype, tol, H, Hk, E, Ev, T, start):
     q = torch.randn(T, H, E, device="cuda", generator=g).to(dtype)
     k = torch.randn(S, Hk, E, device="cuda", generator=g).to(dtype)
     v = torch.randn(S, Hk, Ev, device="cuda", generator=g).to(dtype)
+    keep_cudnn_out_of_sdpa("cuda")            # as loading a layer onto the GPU does
     out = _attend(q, k, v, start)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
     ref = _reference(q, k, v, start)
     assert out.shape == (T, H, Ev)
     err = ((out.float() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 from trtllm_dasc.model.ops import apply_partial_rope, linear, rms_norm, rope_cos_sin
 from trtllm_dasc.model.tp import RankShare, blocks
@@ -38,7 +36,11 @@ class AttnBatch:
 # H200 a prefix-reuse replay of 51 new prompts spent 2.08 s of CPU in _cudnn_attention_forward against
 # 22 ms when the same prompts came again (benchmarks/results/first_seed_profile_dense_h200.json), so every
 # user's first request with a new length paid it. Flash and memory-efficient attention have no such step.
-_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# The switch is process-wide (torch.backends.cuda.enable_cudnn_sdp), flipped once when a layer is loaded
+# on a GPU: a context manager around each call cost 25 us per call, per sequence and layer.
+def keep_cudnn_out_of_sdpa(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
@@ -49,20 +51,25 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> to
         v = F.pad(v, (0, q.shape[-1] - Ev)) if Ev < q.shape[-1] else v
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     gqa = q.shape[1] != k.shape[1]
-    with sdpa_kernel(_SDPA_BACKENDS):
-        if start == 0:
-            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
-        elif T == 1:
-            # a decode step sees every key: no mask, and flash takes the GQA heads as they are
-            out = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
-        else:
-            if gqa:
-                # the lower-right causal bias goes to flash / efficient kernels with equal head counts
-                rep = q.shape[1] // k.shape[1]
-                kt, vt = kt.repeat_interleave(rep, dim=1), vt.repeat_interleave(rep, dim=1)
-            # query i (absolute position start + i) sees keys 0..start + i: causal aligned to the lower
-            # right, which the fused kernels take as is (no [T, S] mask tensor)
-            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=causal_lower_right(T, S))
+    if start == 0:
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+    elif T == 1:
+        # a decode step sees every key: no mask, and flash takes the GQA heads as they are
+        out = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
+    elif q.is_cuda:
+        # imported here: torch.nn.attention.bias pulls in torch._dynamo (1.4 s of every process start)
+        from torch.nn.attention.bias import causal_lower_right
+        if gqa:
+            # the lower-right causal bias goes to flash / efficient kernels with equal head counts
+            rep = q.shape[1] // k.shape[1]
+            kt, vt = kt.repeat_interleave(rep, dim=1), vt.repeat_interleave(rep, dim=1)
+        # query i (absolute position start + i) sees keys 0..start + i: causal aligned to the lower
+        # right, which the fused GPU kernels take as is (no [T, S] mask tensor)
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=causal_lower_right(T, S))
+    else:
+        # the CPU has no fused kernel for that bias (it would build this mask anyway)
+        mask = torch.arange(S, device=q.device)[None, :] <= (start + torch.arange(T, device=q.device))[:, None]
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=gqa)
     return out[0].transpose(0, 1)[..., :Ev]
 
 
@@ -81,6 +88,7 @@ class GatedAttention:
 
     @classmethod
     def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "GatedAttention":
+        keep_cudnn_out_of_sdpa(device)
         D, H, Hk, hd = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
         p = prefix + "self_attn."
         heads, kv_heads = share.part(H), share.kv_heads(H, Hk)
@@ -137,6 +145,7 @@ class MLAttention:
 
     @classmethod
     def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "MLAttention":
+        keep_cudnn_out_of_sdpa(device)
         s, p = spec, prefix + "self_attn."
         D, H, qk = s.hidden_size, s.num_attention_heads, s.qk_head_dim
         heads = share.part(H)
