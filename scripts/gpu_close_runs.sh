@@ -7,18 +7,7 @@
 # Carry the serving wheels as .whl (two calls: the first INSTALL_ONLY=1 with nvidia_pytriton alone) and
 # .kernel_cache when present. Pass COMMIT=<hash>. Writes $OUT/warm_start_h200.json, $OUT/serve_inprocess.json.
 set -uo pipefail
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
-fi
-[ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
-export PYTHONPATH=$PWD
-CACHE=/tmp/triton_cache
-mkdir -p $CACHE
-for t in .kernel_cache/*.tgz; do
-  [ -f "$t" ] && tar xzf "$t" -C /tmp && cp -rn /tmp/kernels/. $CACHE/ 2>/dev/null
-done
-export TRITON_CACHE_DIR=$CACHE
-[ -f /tmp/kimi48/model.safetensors ] || python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda || exit 4
+source scripts/gpu_prelude.sh
 CUDA_VISIBLE_DEVICES=0 timeout "${WARM_START_LIMIT:-400}" python3 benchmarks/warm_start.py --model /tmp/kimi48 \
   --triton-cache $CACHE --out "$OUT/warm_start_h200.json" ${COMMIT:+--commit "$COMMIT"} > "$OUT/warm_start.log" 2>&1 &
 CUDA_VISIBLE_DEVICES=1 timeout "${SERVE_BENCH_LIMIT:-420}" python3 benchmarks/serve_matched_hbm.py --model /tmp/kimi48 \

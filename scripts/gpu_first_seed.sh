@@ -8,18 +8,8 @@
 # only unused). Pass COMMIT=<hash> (the device's .git may be stale).
 # Writes $OUT/first_seed_profile_{dense,wr16}_h200.json and $OUT/warm_start_h200.json.
 set -uo pipefail
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
-fi
-[ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
-export PYTHONPATH=$PWD
-CACHE=/tmp/triton_cache
-mkdir -p $CACHE
-for t in .kernel_cache/*.tgz; do
-  [ -f "$t" ] && tar xzf "$t" -C /tmp && cp -rn /tmp/kernels/. $CACHE/ 2>/dev/null
-done
-export TRITON_CACHE_DIR=$CACHE TRITON_PRINT_AUTOTUNING=1
-[ -f /tmp/kimi48/model.safetensors ] || python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda || exit 4
+source scripts/gpu_prelude.sh
+export TRITON_PRINT_AUTOTUNING=1
 (
   for arm in dense wr16; do
     CUDA_VISIBLE_DEVICES=0 timeout "${PROFILE_LIMIT:-200}" python3 benchmarks/first_seed_profile.py --model /tmp/kimi48 \

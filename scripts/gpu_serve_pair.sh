@@ -10,19 +10,8 @@
 # Carry the serving wheels as .whl (two calls: the first INSTALL_ONLY=1 with nvidia_pytriton alone) and
 # .kernel_cache when present. Pass COMMIT=<hash>. Writes $OUT/serve_pair_{a,b}.json (+ .png, logs).
 set -uo pipefail
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
-fi
-[ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
-export PYTHONPATH=$PWD
-CACHE=/tmp/triton_cache
-mkdir -p $CACHE
-for t in .kernel_cache/*.tgz; do
-  [ -f "$t" ] && tar xzf "$t" -C /tmp && cp -rn /tmp/kernels/. $CACHE/ 2>/dev/null
-done
-export TRITON_CACHE_DIR=$CACHE
+source scripts/gpu_prelude.sh
 python3 -m pytest -q -p no:cacheprovider tests/model/test_attention_gpu.py 2>&1 | tail -3 | tee "$OUT/test_attention_gpu_h200.log"
-[ -f /tmp/kimi48/model.safetensors ] || python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda || exit 4
 LIMIT=${SERVE_BENCH_LIMIT:-520}
 CUDA_VISIBLE_DEVICES=0 timeout $LIMIT python3 benchmarks/serve_matched_hbm.py --model /tmp/kimi48 --work /tmp/smh_a \
   --out "$OUT/serve_pair_a.json" ${COMMIT:+--commit "$COMMIT"} --kernel-cache $CACHE \
