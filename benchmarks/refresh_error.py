@@ -33,18 +33,14 @@ from results_io import provenance, write_result  # noqa: E402
 
 
 def _masks(plan, state) -> list[torch.Tensor]:
-    """Per linear layer, a bool mask over the layer state [HV, K, V] of the RETAINED units."""
-    out = []
-    for l, kept in enumerate(plan.retained):
-        m = torch.zeros(state.temporal.shape[2:], dtype=torch.bool)
-        for u in kept:
-            if plan.config.arch == "gdn":
-                m[u] = True
-            else:
-                h, k = divmod(u, m.shape[1])
-                m[h, k] = True
-        out.append(m)
-    return out
+    """Per linear layer, a bool mask over the layer state [HV, K, V] of the RETAINED units, from the
+    layout's own table (unit = value head for gdn, (head, key channel) for kda)."""
+    from trtllm_dasc.state.layout import StateLayout
+    lay = StateLayout.from_plan(plan)
+    kept = (lay.index("cpu").pos_of_unit >= 0).view(lay.num_layers, -1)           # [L, units]
+    shape = state.temporal.shape[2:]                                                # [HV, K, V]
+    unit_dims = 1 if plan.config.arch == "gdn" else 2
+    return [k.view(*shape[:unit_dims], *[1] * (3 - unit_dims)).expand(shape) for k in kept]
 
 
 def refresh_errors(model, plan, ids: list[int], window: int) -> dict:

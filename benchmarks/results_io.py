@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -16,10 +15,9 @@ def provenance(script: str, argv=None, commit: str | None = None) -> dict:
     ``commit``: pass it where the checkout's .git may be stale (a device machine's copy of the tree)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if commit is None:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=HERE).stdout.strip()
-        commit = (commit + "+uncommitted changes") if commit and dirty else commit
+        sys.path.insert(0, os.path.dirname(HERE))
+        from trtllm_dasc.provenance import git_commit
+        commit = git_commit(HERE)
     device = "cpu"
     try:
         import torch

@@ -1,50 +1,23 @@
-"""Serving arms at one matched checkpoint budget: spec parsing, slots, dasc-build and each arm's server.
+"""Serving arms at one matched checkpoint budget: slots, dasc-build and each arm's server.
 
-An arm spec is `dense`, or `nr<W>` / `wr<W>` (dasc with W_max = W and that load policy), each optionally
-followed by `+int8` (the INT8 temporal codec): dense, nr16, wr16, nr64, nr16+int8.
+Arm specs (`dense`, `nr16`, `wr16`, `nr16+int8`, ...) are trtllm_dasc/engine/arms.py's.
 """
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-from dataclasses import dataclass
 
+from trtllm_dasc.engine.arms import ArmSpec as Arm
+from trtllm_dasc.engine.arms import parse_arms as _parse_arms
 from trtllm_dasc.errors import UserError
-
-SPEC = re.compile(r"(dense|(nr|wr)(\d+))(\+int8)?")
-
-
-@dataclass(slots=True)
-class Arm:
-    spec: str
-    wmax: int
-    policy: str
-    codec: str
-
-    @property
-    def label(self) -> str:
-        name = "dense" if self.wmax == 0 else f"dasc-{self.policy} W={self.wmax}"
-        return name + (" + INT8" if self.codec == "int8" else "")
-
-    def build_flags(self) -> list[str]:
-        return ["--wmax", str(self.wmax), "--policy", self.policy, "--codec", self.codec]
 
 
 def parse_arms(text: str) -> list[Arm]:
-    arms = []
-    for spec in text.split(","):
-        m = SPEC.fullmatch(spec.strip())
-        if m is None:
-            raise UserError(f"--arms: {spec.strip()!r} is not an arm (dense, nr16, wr16, nr64, nr16+int8, ...)")
-        wmax = 0 if m.group(1) == "dense" else int(m.group(3))
-        if m.group(2) and wmax == 0:
-            raise UserError(f"--arms: {spec.strip()!r}: a dasc arm needs W_max >= 1 (dense is `dense`)")
-        arms.append(Arm(spec.strip(), wmax, m.group(2) or "nr", "int8" if m.group(4) else "native"))
-    if len({a.spec for a in arms}) != len(arms):
-        raise UserError(f"--arms: {text!r} names an arm twice")
-    return arms
+    try:
+        return _parse_arms(text)
+    except UserError as e:
+        raise UserError(f"--arms: {e}") from None
 
 
 def dense_checkpoint_bytes(model: str, dtype: str, tp: int = 1) -> int:
@@ -57,8 +30,10 @@ def capacity(model: str, arm: Arm, budget: int, dtype: str, tp: int = 1, placeme
     """What dasc-build will plan for this arm: slots N(W) = floor(B / bytes) - 1 and the bytes per slot of
     the most loaded rank (``budget`` is per rank, Eq. 8)."""
     from trtllm_dasc.plan import PlanOptions, plan_from_path
+    fields = arm.engine_fields()
     plan, _ = plan_from_path(model, PlanOptions(wmax=arm.wmax, tp=tp, placement=placement if tp > 1 else "off",
-                                                codec=arm.codec), conv_dtype=dtype)
+                                                codec=arm.codec, selection=fields["selection"],
+                                                mask_seed=fields["mask_seed"]), conv_dtype=dtype)
     r = plan.report(budget)
     return {"slots": r["slots"], "dense_slots": r["dense_slots"], "checkpoint_bytes": r["bottleneck_slot_bytes"],
             "compression_ckpt": r["compression_ckpt"]}

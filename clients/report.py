@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 import numpy as np
@@ -85,13 +84,9 @@ def format_table(arms: list[dict]) -> str:
 
 def provenance(argv: list[str], commit: str | None = None) -> dict:
     """The exact command and the commit (with a mark when the tree has uncommitted changes)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from trtllm_dasc.provenance import git_commit
     if commit is None:
-        def git(*args):
-            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root).stdout.strip()
-        commit = git("rev-parse", "HEAD") or None
-        if commit and git("status", "--porcelain", "--untracked-files=no"):
-            commit += "+uncommitted changes"
+        commit = git_commit(os.path.dirname(os.path.abspath(__file__)))
     return {"command": " ".join(["python", *argv]), "commit": commit, "python": sys.version.split()[0],
             "cpus": os.cpu_count()}
 

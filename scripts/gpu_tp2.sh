@@ -9,13 +9,9 @@
 # PARTS (default "logits storage serve") picks the parts, LOGITS_DTYPES (default "bfloat16 float32") the dtypes.
 # Writes $OUT/tp2_logits.json, $OUT/tp_storage_h200x2.json, $OUT/serve_matched_hbm_tp2.json (+ .png).
 set -uo pipefail
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
-fi
-[ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
-export PYTHONPATH=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source scripts/gpu_prelude.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 nvidia-smi --query-gpu=name,memory.used --format=csv
-[ -f /tmp/kimi48/model.safetensors ] || python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda
 PARTS=" ${PARTS:-logits storage serve} "
 IDS=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randrange(3, 32000)) for _ in range(300)))")
 if [[ $PARTS == *" logits "* ]]; then
@@ -55,6 +51,7 @@ fi
 [[ $PARTS == *" storage "* ]] && timeout 200 python3 benchmarks/tp_storage.py --tp 2 --device cuda --batches 1,64 --reps 20 \
   --out "$OUT/tp_storage_h200x2.json" ${COMMIT:+--commit "$COMMIT"}
 [[ $PARTS == *" serve "* ]] && timeout "${SERVE_LIMIT:-300}" python3 -m clients.matched_hbm --model /tmp/kimi48 --out /tmp/tp2_serve --tp 2 \
+  --kernel-cache "$CACHE" \
   --placement hybrid --arms dense,nr16 --dense-slots 8 --blocks-per-phase 1 --seeds 42,123,7 --concurrency 96 \
   --max-batch-size 64 --max-num-tokens 8192 --device cuda --dtype bfloat16 --prompt-only \
   --json "$OUT/serve_matched_hbm_tp2.json" --plot "$OUT/serve_matched_hbm_tp2.png" ${COMMIT:+--commit "$COMMIT"}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -30,15 +29,10 @@ def paper_arms(windows=PAPER_WINDOWS) -> list[str]:
     return arms
 
 
-def _commit() -> str | None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
-    return out or None
-
-
 def main(argv=None) -> int:
     from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
     from trtllm_dasc.evals.tasks import TASKS
+    from trtllm_dasc.provenance import git_commit
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True, help="result JSON")
@@ -70,7 +64,7 @@ def main(argv=None) -> int:
     cfg = ProtocolConfig(tasks=tasks, lengths=lengths, instances=args.instances, max_batch=args.max_batch,
                          device=args.device, dtype=args.dtype)
     result = {"command": " ".join(["python -m trtllm_dasc.evals.run", *(argv if argv is not None else sys.argv[1:])]),
-              "commit": args.commit or _commit(), "model": os.path.abspath(args.model), "protocol":
+              "commit": args.commit or git_commit(), "model": os.path.abspath(args.model), "protocol":
               "strict warm/replay, prompt-end checkpoints, misses excluded (paper App. C.3)",
               "tasks": list(tasks), "lengths": list(lengths), "instances": args.instances, "arms": []}
     t0 = time.time()

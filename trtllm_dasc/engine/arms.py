@@ -1,0 +1,73 @@
+"""Arm specs: one short string per serving arm, as the benchmarks and quality protocols name them.
+
+    dense                  every unit kept (W_max = 0)
+    nr<W> / wr<W>          dasc at W_max = W with that load policy; wr-warm<W>: wr from a warm scratch
+    rand<W>@<seed>         nr with the count-matched random mask of that seed (the paper's control)
+    ...+int8               the INT8 temporal codec
+An arm is the EngineConfig / dasc-build fields that differ between arms; everything else is shared.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from trtllm_dasc.errors import UserError
+
+SPEC = re.compile(r"(dense|(nr|wr-warm|wr)(\d+)|rand(\d+)@(\d+))(\+int8)?")
+EXAMPLES = "dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8"
+
+
+@dataclass(slots=True)
+class ArmSpec:
+    spec: str
+    wmax: int = 0
+    policy: str = "nr"
+    codec: str = "native"
+    mask_seed: int | None = None          # set: the random selection with this seed
+
+    @property
+    def label(self) -> str:
+        if self.wmax == 0:
+            name = "dense"
+        elif self.mask_seed is not None:
+            name = f"random W={self.wmax} mask {self.mask_seed}"
+        else:
+            name = f"dasc-{self.policy} W={self.wmax}"
+        return name + (" + INT8" if self.codec == "int8" else "")
+
+    def engine_fields(self) -> dict:
+        """The EngineConfig fields of this arm."""
+        return {"wmax": self.wmax, "policy": self.policy, "codec": self.codec,
+                "selection": "random" if self.mask_seed is not None else "decay", "mask_seed": self.mask_seed}
+
+    def build_flags(self) -> list[str]:
+        """The dasc-build flags of this arm."""
+        flags = ["--wmax", str(self.wmax), "--policy", self.policy, "--codec", self.codec]
+        if self.mask_seed is not None:
+            flags += ["--selection", "random", "--mask-seed", str(self.mask_seed)]
+        return flags
+
+
+def parse_arm(spec: str) -> ArmSpec:
+    m = SPEC.fullmatch(spec.strip())
+    if m is None:
+        raise UserError(f"arm {spec.strip()!r}: expected dense, nr<W>, wr<W>, wr-warm<W> or rand<W>@<seed>, each "
+                        f"optionally +int8 (e.g. {EXAMPLES})")
+    codec = "int8" if m.group(6) else "native"
+    if m.group(1) == "dense":
+        return ArmSpec(spec.strip(), codec=codec)
+    if m.group(2):
+        wmax, policy, seed = int(m.group(3)), m.group(2), None
+    else:
+        wmax, policy, seed = int(m.group(4)), "nr", int(m.group(5))
+    if wmax == 0:
+        raise UserError(f"arm {spec.strip()!r}: a dasc arm needs W_max >= 1 (dense is `dense`)")
+    return ArmSpec(spec.strip(), wmax, policy, codec, seed)
+
+
+def parse_arms(text: str) -> list[ArmSpec]:
+    """A comma list of arm specs, each at most once."""
+    arms = [parse_arm(s) for s in text.split(",") if s.strip()]
+    if len({a.spec for a in arms}) != len(arms):
+        raise UserError(f"arms {text!r}: an arm is named twice")
+    return arms
