@@ -26,8 +26,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="matched_hbm_out", help="directory for engines, server logs, JSON and plot")
     p.add_argument("--json", default=None, help="result JSON path (default OUT/matched_hbm.json)")
     p.add_argument("--plot", default=None, help="plot path (default OUT/matched_hbm.png); 'none' for no plot")
-    p.add_argument("--arms", default="dense,nr16,nr16+int8", help="comma list: dense, nr<W>, wr<W>, each "
-                   "optionally +int8 (default dense,nr16,nr16+int8)")
+    p.add_argument("--arms", default="dense,nr16,nr16+int8", help="comma list: dense, nr<W>, wr<W>, wr-warm<W>, "
+                   "rand<W>@<seed>, each optionally +int8 (default dense,nr16,nr16+int8)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--state-budget-bytes", type=int, help="the matched checkpoint budget (bytes per rank)")
     g.add_argument("--dense-slots", type=int, help="budget = (K + 1) dense checkpoints: dense gets K slots "
