@@ -1,22 +1,41 @@
 #!/usr/bin/env bash
-# nvidia-h200-x2, one device call (~9 minutes): train the two tiny hybrids of the quality issue side by side
-# (python -m trtllm_dasc.evals.train: transformers' KimiLinear / Qwen3Next with fla's kernels); the protocol
-# runs (python -m trtllm_dasc.evals.run) are the next call. Carry as .whl: fla-core and transformers (the version the
-# tests use): ../shared/tools/gpu-wheels .whl kernels transformers==5.24.0 huggingface-hub tokenizers
-# Writes $OUT/models/{kda,gdn}/ (save_pretrained + train_meta.json) and the logs. MINUTES (default 8) is
-# each run's training budget.
+# nvidia-h200-x2, one device call (~MINUTES + 2 minutes): train the two tiny hybrids of the quality issue side
+# by side (python -m trtllm_dasc.evals.train: transformers' KimiLinear / Qwen3Next with fla's kernels), KDA on
+# GPU 0 and GDN on GPU 1; then a short dense + nr16 replay check of each (evals.run) so a call tells whether
+# the models learned. The protocol runs proper are a later call.
+# Carry as .whl (the device's numpy 2.x is replaced by the serving wheels' 1.26, and huggingface-hub 2.x needs
+# httpx2): ../shared/tools/gpu-wheels .whl kernels transformers==5.24.0 huggingface-hub tokenizers "numpy>=2.1,<2.4"
+#   httpx2 httpcore2 hf-xet anyio idna truststore h11 click typing-extensions
+# RESUME=1 continues from .stage/{kda,gdn}/train_state.pt (carry .stage: the *_stage.pt files of a previous call).
+# Writes (a call returns at most 8 files of 16 MiB): $OUT/{kda,gdn}_model.tgz (save_pretrained + train_meta.json),
+# $OUT/{kda,gdn}_stage.pt (fp32 weights to resume from), $OUT/train_{kda,gdn}.log, $OUT/quick.log.
 set -uo pipefail
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
 fi
 [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
-export PYTHONPATH=$PWD
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 python3 -c "import transformers, fla; print('transformers', transformers.__version__, 'fla', fla.__version__)" || exit 3
 for i in 0 1; do
   arch=$([ $i = 0 ] && echo kda || echo gdn)
-  CUDA_VISIBLE_DEVICES=$i timeout $(( ${MINUTES:-8} * 60 + 60 )) python3 -m trtllm_dasc.evals.train --arch $arch \
-    --out "$OUT/models/$arch" --minutes "${MINUTES:-8}" --device cuda --seed 0 > "$OUT/train_$arch.log" 2>&1 &
+  resume=""
+  [ "${RESUME:-0}" = 1 ] && resume="--resume .stage/$arch"
+  CUDA_VISIBLE_DEVICES=$i timeout $(( ${MINUTES:-8} * 60 + 90 )) python3 -m trtllm_dasc.evals.train --arch $arch \
+    --out /tmp/models/$arch --stage /tmp/stage/$arch --minutes "${MINUTES:-8}" --device cuda --seed 0 $resume \
+    > "$OUT/train_$arch.log" 2>&1 &
 done
 wait
-for arch in kda gdn; do tail -3 "$OUT/train_$arch.log"; done
-du -sh "$OUT"/models/* 2>/dev/null
+for arch in kda gdn; do
+  tail -n 2 "$OUT/train_$arch.log"
+  [ -f /tmp/models/$arch/config.json ] || continue
+  tar czf "$OUT/${arch}_model.tgz" -C /tmp/models $arch
+  cp /tmp/stage/$arch/train_state.pt "$OUT/${arch}_stage.pt"
+done
+for i in 0 1; do
+  arch=$([ $i = 0 ] && echo kda || echo gdn)
+  [ -f /tmp/models/$arch/config.json ] && CUDA_VISIBLE_DEVICES=$i timeout "${QUICK_LIMIT:-90}" python3 -m trtllm_dasc.evals.run \
+    --model /tmp/models/$arch --out /tmp/quick_$arch.json --arms dense,nr16 --lengths 2048 --instances 4 \
+    --device cuda --dtype bfloat16 --resamples 200 > /tmp/quick_$arch.log 2>&1 &
+done
+wait
+grep -h "\[evals\]" /tmp/quick_*.log | tee "$OUT/quick.log"

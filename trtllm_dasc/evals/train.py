@@ -9,8 +9,9 @@ in the released models' 3:1 ratio, dense MLPs, a few million parameters, so the 
 8 MB. The decay parameters start from the paper's profile (plan/synthetic.py) so the horizons spread;
 training moves them. Saved with save_pretrained (bf16; decay tensors fp32, as the released checkpoints),
 which our loader reads, plus train_meta.json (config, seed, steps, loss curve, command). A run that
-needs more than one 10-minute device command stages its state (weights + optimizer) with --stage and
-continues with --resume.
+needs more than one 10-minute device command stages its fp32 weights with --stage (Adam's moments too with
+--stage-optimizer) and continues with --resume. On Hopper with Triton 3.4-3.7.0, fla refuses GDN's gated
+backward (fla #640); GDN then trains through transformers' torch chunked recurrence.
 Loss: next-token cross-entropy on the answer tokens (what the tasks score), plus a small weight on all
 tokens so the embeddings of the haystack words are trained too. Context lengths follow a curriculum
 from short to the target range: long-range retrieval is learned first on short haystacks.
@@ -44,6 +45,8 @@ class TrainConfig:
     warmup_steps: int = 50
     all_token_weight: float = 0.1
     curriculum_steps: int = 300         # from 256..1024-token contexts up to min..max_length
+    length_bucket: int = 512            # lengths rounded up to a multiple: few distinct (batch, length) shapes,
+                                        # so fla's kernels autotune a handful of times, not every step
     seed: int = 0
 
     def check(self) -> None:
@@ -99,7 +102,28 @@ def _length(cfg: TrainConfig, step: int, rng) -> int:
     f = min(1.0, step / max(1, cfg.curriculum_steps))
     lo = int(256 + f * (cfg.min_length - 256))
     hi = int(1024 + f * (cfg.max_length - 1024))
-    return int(rng.integers(min(lo, hi), max(lo, hi) + 1)) // 64 * 64
+    n = int(rng.integers(min(lo, hi), max(lo, hi) + 1))
+    b = max(64, cfg.length_bucket)
+    return min(-(-n // b) * b, max(cfg.max_length // 64 * 64, 64))
+
+
+def avoid_fla_hopper_gated_bwd(arch: str, device: str, log=print) -> None:
+    """fla refuses GDN's gated backward (chunk_bwd_dqkwg) on Hopper with Triton 3.4 to 3.7.0 (wrong results,
+    fla issue #640) and offers only TileLang instead. There, train GDN with transformers' own torch chunked
+    recurrence (the same math, slower); the forward our engine runs later is not affected."""
+    if arch != "gdn" or not device.startswith("cuda"):
+        return
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0
+        from fla.utils import TRITON_ABOVE_3_7_1
+    except ImportError:
+        return
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:
+        from transformers.models.qwen3_next import modeling_qwen3_next as m
+        fn = m.torch_chunk_gated_delta_rule
+        m.torch_chunk_gated_delta_rule = getattr(fn, "__wrapped__", fn)
+        log("[train] GDN: fla's gated backward is wrong on Hopper with this Triton (fla #640); "
+            "training with transformers' torch chunked recurrence")
 
 
 def loss_fn(model, tokens, mask, all_token_weight: float):
@@ -124,20 +148,24 @@ def save(model, out: str, meta: dict) -> None:
 
 
 def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str | None = None,
-          stage: str | None = None, max_steps: int | None = None, log=print) -> dict:
+          stage: str | None = None, max_steps: int | None = None, log=print, stage_optimizer: bool = False) -> dict:
     import torch
 
     from trtllm_dasc.evals.mixture import TrainingMixture
     from trtllm_dasc.evals.vocab import TaskVocab
     cfg.check()
+    avoid_fla_hopper_gated_bwd(cfg.arch, device, log)
     model = build_model(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    step, curve = 0, []
+    step, curve, warm_from = 0, [], 0
     if resume:
         state = torch.load(os.path.join(resume, "train_state.pt"), map_location=device)
         model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
         step, curve = state["step"], state["curve"]
+        if "opt" in state:
+            opt.load_state_dict(state["opt"])
+        else:                           # a compact stage (weights only): fresh moments, warm the lr up again
+            warm_from = step
     mixture = TrainingMixture(vocab=TaskVocab(cfg.vocab_size), min_length=cfg.min_length, max_length=cfg.max_length,
                               seed=cfg.seed)
     rng = np.random.default_rng([cfg.seed, step])
@@ -150,7 +178,7 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
         tokens, mask = mixture.batch(batch, length, rng)
         tokens = torch.as_tensor(tokens, device=device)
         mask = torch.as_tensor(mask, device=device)
-        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps)
+        lr = cfg.lr * min(1.0, (step - warm_from + 1) / cfg.warmup_steps)
         for group in opt.param_groups:
             group["lr"] = lr
         with amp:
@@ -168,10 +196,15 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
             raise RuntimeError(f"the loss became {float(loss.detach())} at step {step}")
     model.eval()
     if stage:
+        # compact: fp32 weights only (a device call returns files of at most 16 MiB; Adam's moments would
+        # triple it), so --resume restarts the moments with a short lr warm-up
         os.makedirs(stage, exist_ok=True)
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "curve": curve},
-                   os.path.join(stage, "train_state.pt"))
+        state = {"model": model.state_dict(), "step": step, "curve": curve}
+        if stage_optimizer:
+            state["opt"] = opt.state_dict()
+        torch.save(state, os.path.join(stage, "train_state.pt"))
     meta = {"config": asdict(cfg), "steps": step, "seconds": time.time() - t0, "device": device,
+            "resumed_from": resume and os.path.abspath(resume),
             "loss_curve": curve, "command": " ".join(["python -m trtllm_dasc.evals.train", *sys.argv[1:]])}
     save(model.cpu(), out, meta)
     return meta
@@ -189,13 +222,14 @@ def main(argv=None) -> int:
     ap.add_argument("--max-length", type=int, default=4096)
     ap.add_argument("--tokens-per-step", type=int, default=32768)
     ap.add_argument("--resume", default=None, help="a --stage directory of an earlier run")
-    ap.add_argument("--stage", default=None, help="also write weights + optimizer state here (to --resume)")
+    ap.add_argument("--stage", default=None, help="also write fp32 weights here (to --resume from)")
+    ap.add_argument("--stage-optimizer", action="store_true", help="stage Adam's moments too (3x the size)")
     args = ap.parse_args(argv)
     cfg = TrainConfig(arch=args.arch, seed=args.seed, min_length=args.min_length, max_length=args.max_length,
                       tokens_per_step=args.tokens_per_step)
     try:
         meta = train(cfg, args.out, args.minutes, args.device, args.resume, args.stage, args.max_steps,
-                     log=lambda m: print(m, file=sys.stderr, flush=True))
+                     log=lambda m: print(m, file=sys.stderr, flush=True), stage_optimizer=args.stage_optimizer)
     except (ValueError, RuntimeError) as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2
