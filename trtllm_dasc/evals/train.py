@@ -11,10 +11,11 @@ training moves them. Saved with save_pretrained (bf16; decay tensors fp32, as th
 which our loader reads, plus train_meta.json (config, seed, steps, loss curve, command). A run that
 needs more than one 10-minute device command stages its fp32 weights with --stage (Adam's moments too with
 --stage-optimizer) and continues with --resume. On Hopper with Triton 3.4-3.7.0, fla refuses GDN's gated
-backward (fla #640); GDN then trains through transformers' torch chunked recurrence.
+backward (fla #640); GDN then trains through fla's KDA kernel (evals/train_kernels.py).
 Loss: next-token cross-entropy on the answer tokens (what the tasks score), plus a small weight on all
 tokens so the embeddings of the haystack words are trained too. Context lengths follow a curriculum
-from short to the target range: long-range retrieval is learned first on short haystacks.
+from short to the target range (evals/curriculum.py): long-range retrieval is learned first on short
+haystacks, and a stage is left when its answer loss says the model retrieves there.
 """
 from __future__ import annotations
 
@@ -44,9 +45,12 @@ class TrainConfig:
     lr: float = 2e-3
     warmup_steps: int = 50
     all_token_weight: float = 0.1
-    curriculum_steps: int = 300         # from 256..1024-token contexts up to min..max_length
-    length_bucket: int = 512            # lengths rounded up to a multiple: few distinct (batch, length) shapes,
-                                        # so fla's kernels autotune a handful of times, not every step
+    # the length curriculum (evals/curriculum.py): stages of 256, 512, ... tokens, each left when the
+    # answer loss EMA is under advance_loss or after stage_steps steps; lengths rounded up to length_bucket
+    start_length: int = 256
+    advance_loss: float = 1.0
+    stage_steps: int = 1500
+    length_bucket: int = 512
     seed: int = 0
 
     def check(self) -> None:
@@ -97,35 +101,6 @@ def build_model(cfg: TrainConfig):
     return model
 
 
-def _length(cfg: TrainConfig, step: int, rng) -> int:
-    """The curriculum: context lengths grow from 256..1024 to min_length..max_length."""
-    f = min(1.0, step / max(1, cfg.curriculum_steps))
-    lo = int(256 + f * (cfg.min_length - 256))
-    hi = int(1024 + f * (cfg.max_length - 1024))
-    n = int(rng.integers(min(lo, hi), max(lo, hi) + 1))
-    b = max(64, cfg.length_bucket)
-    return min(-(-n // b) * b, max(cfg.max_length // 64 * 64, 64))
-
-
-def avoid_fla_hopper_gated_bwd(arch: str, device: str, log=print) -> None:
-    """fla refuses GDN's gated backward (chunk_bwd_dqkwg) on Hopper with Triton 3.4 to 3.7.0 (wrong results,
-    fla issue #640) and offers only TileLang instead. There, train GDN with transformers' own torch chunked
-    recurrence (the same math, slower); the forward our engine runs later is not affected."""
-    if arch != "gdn" or not device.startswith("cuda"):
-        return
-    try:
-        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0
-        from fla.utils import TRITON_ABOVE_3_7_1
-    except ImportError:
-        return
-    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:
-        from transformers.models.qwen3_next import modeling_qwen3_next as m
-        fn = m.torch_chunk_gated_delta_rule
-        m.torch_chunk_gated_delta_rule = getattr(fn, "__wrapped__", fn)
-        log("[train] GDN: fla's gated backward is wrong on Hopper with this Triton (fla #640); "
-            "training with transformers' torch chunked recurrence")
-
-
 def loss_fn(model, tokens, mask, all_token_weight: float):
     import torch.nn.functional as F
     logits = model(input_ids=tokens).logits[:, :-1].float()
@@ -153,15 +128,23 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
 
     from trtllm_dasc.evals.mixture import TrainingMixture
     from trtllm_dasc.evals.vocab import TaskVocab
+    from trtllm_dasc.evals.curriculum import LengthCurriculum
+    from trtllm_dasc.evals.train_kernels import choose_gdn_recurrence
     cfg.check()
-    avoid_fla_hopper_gated_bwd(cfg.arch, device, log)
+    on_gpu = device.startswith("cuda")
+    recurrence = choose_gdn_recurrence(device, log) if cfg.arch == "gdn" else "fla" if on_gpu else "torch"
     model = build_model(cfg).to(device)
+    curriculum = LengthCurriculum(start=min(cfg.start_length, cfg.max_length), min_length=cfg.min_length,
+                                  max_length=cfg.max_length, bucket=cfg.length_bucket,
+                                  advance_loss=cfg.advance_loss, stage_steps=cfg.stage_steps)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, curve, warm_from = 0, [], 0
     if resume:
         state = torch.load(os.path.join(resume, "train_state.pt"), map_location=device)
         model.load_state_dict(state["model"])
         step, curve = state["step"], state["curve"]
+        if "curriculum" in state:
+            curriculum = LengthCurriculum.from_state(state["curriculum"])
         if "opt" in state:
             opt.load_state_dict(state["opt"])
         else:                           # a compact stage (weights only): fresh moments, warm the lr up again
@@ -173,7 +156,7 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
     t0 = time.time()
     model.train()
     while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps):
-        length = _length(cfg, step, rng)
+        length = curriculum.length(rng)
         batch = max(1, cfg.tokens_per_step // length)
         tokens, mask = mixture.batch(batch, length, rng)
         tokens = torch.as_tensor(tokens, device=device)
@@ -189,7 +172,10 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
         opt.step()
         step += 1
         curve.append([step, length, round(float(answer_loss.detach()), 4)])
-        if step % 10 == 0 or step == 1:
+        moved = curriculum.update(float(answer_loss.detach()))
+        if moved:
+            log(f"[train] step {step} {moved}")
+        if step % 50 == 0 or step == 1:
             log(f"[train] step {step} len {length} x{batch} answer loss {float(answer_loss.detach()):.3f} "
                 f"({time.time() - t0:.0f} s)")
         if not math.isfinite(float(loss.detach())):
@@ -199,12 +185,13 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
         # compact: fp32 weights only (a device call returns files of at most 16 MiB; Adam's moments would
         # triple it), so --resume restarts the moments with a short lr warm-up
         os.makedirs(stage, exist_ok=True)
-        state = {"model": model.state_dict(), "step": step, "curve": curve}
+        state = {"model": model.state_dict(), "step": step, "curve": curve, "curriculum": curriculum.state()}
         if stage_optimizer:
             state["opt"] = opt.state_dict()
         torch.save(state, os.path.join(stage, "train_state.pt"))
     meta = {"config": asdict(cfg), "steps": step, "seconds": time.time() - t0, "device": device,
-            "resumed_from": resume and os.path.abspath(resume),
+            "resumed_from": resume and os.path.abspath(resume), "recurrence": recurrence,
+            "curriculum": curriculum.state(),
             "loss_curve": curve, "command": " ".join(["python -m trtllm_dasc.evals.train", *sys.argv[1:]])}
     save(model.cpu(), out, meta)
     return meta
@@ -221,12 +208,17 @@ def main(argv=None) -> int:
     ap.add_argument("--min-length", type=int, default=1024)
     ap.add_argument("--max-length", type=int, default=4096)
     ap.add_argument("--tokens-per-step", type=int, default=32768)
+    ap.add_argument("--start-length", type=int, default=256, help="the curriculum's first batch length")
+    ap.add_argument("--advance-loss", type=float, default=1.0,
+                    help="leave a curriculum stage when the answer loss EMA falls under this")
+    ap.add_argument("--stage-steps", type=int, default=1500, help="... or after this many steps")
     ap.add_argument("--resume", default=None, help="a --stage directory of an earlier run")
     ap.add_argument("--stage", default=None, help="also write fp32 weights here (to --resume from)")
     ap.add_argument("--stage-optimizer", action="store_true", help="stage Adam's moments too (3x the size)")
     args = ap.parse_args(argv)
     cfg = TrainConfig(arch=args.arch, seed=args.seed, min_length=args.min_length, max_length=args.max_length,
-                      tokens_per_step=args.tokens_per_step)
+                      tokens_per_step=args.tokens_per_step, start_length=args.start_length,
+                      advance_loss=args.advance_loss, stage_steps=args.stage_steps)
     try:
         meta = train(cfg, args.out, args.minutes, args.device, args.resume, args.stage, args.max_steps,
                      log=lambda m: print(m, file=sys.stderr, flush=True), stage_optimizer=args.stage_optimizer)
