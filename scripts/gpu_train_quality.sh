@@ -6,15 +6,23 @@
 # Carry as .whl (the device's numpy 2.x is replaced by the serving wheels' 1.26, and huggingface-hub 2.x needs
 # httpx2): ../shared/tools/gpu-wheels .whl kernels transformers==5.24.0 huggingface-hub tokenizers "numpy>=2.1,<2.4"
 #   httpx2 httpcore2 hf-xet anyio idna truststore h11 click typing-extensions
-# RESUME=1 continues from .stage/{kda,gdn}/train_state.pt (carry .stage: the *_stage.pt files of a previous call).
+# RESUME=1 continues from .stage/{kda,gdn}/train_state.pt (carry .stage: the *_stage.pt files of a previous call,
+# weights + curriculum progress). Compiled kernels: .kernel_cache/train_kernels*.tgz is unpacked into the
+# Triton cache when carried (the first KDA step compiled and autotuned for 245 s on a bare machine), and the
+# cache comes back as $OUT/train_kernels.tgz.
 # Writes (a call returns at most 8 files of 16 MiB): $OUT/{kda,gdn}_model.tgz (save_pretrained + train_meta.json),
-# $OUT/{kda,gdn}_stage.pt (fp32 weights to resume from), $OUT/train_{kda,gdn}.log, $OUT/quick.log.
+# $OUT/{kda,gdn}_stage.pt (fp32 weights to resume from), $OUT/train_{kda,gdn}.log, $OUT/quick.log,
+# $OUT/train_kernels.tgz.
 set -uo pipefail
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
 fi
 [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_train
+mkdir -p $TRITON_CACHE_DIR
+for t in .kernel_cache/train_kernels*.tgz; do
+  [ -f "$t" ] && tar xzf "$t" -C /tmp && cp -rn /tmp/train_kernels/. $TRITON_CACHE_DIR/ 2>/dev/null
+done
 python3 -c "import transformers, fla; print('transformers', transformers.__version__, 'fla', fla.__version__)" || exit 3
 for i in 0 1; do
   arch=$([ $i = 0 ] && echo kda || echo gdn)
@@ -39,3 +47,5 @@ for i in 0 1; do
 done
 wait
 grep -h "\[evals\]" /tmp/quick_*.log | tee "$OUT/quick.log"
+tar czf /tmp/train_kernels.tgz --transform 's,^triton_train,train_kernels,' -C /tmp triton_train
+[ "$(stat -c %s /tmp/train_kernels.tgz)" -lt 16000000 ] && cp /tmp/train_kernels.tgz "$OUT/"

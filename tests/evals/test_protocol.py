@@ -99,3 +99,27 @@ def test_comparisons_pair_instances_and_adjust():
     assert "nr_vs_random" in format_comparisons(comp)
     acc = accuracy_table(results)
     assert acc["dense"]["accuracy"] == pytest.approx(dense.mean()) and acc["nr64"]["scored"] == n - 10
+
+
+def test_sharded_runs_merge_into_the_unsharded_result(kda_model, tmp_path, capsys):
+    from trtllm_dasc.evals.run import main
+    common = ["--model", kda_model, "--arms", "dense,nr16,rand16@1234", "--tasks", "niah_single_1,qa_1",
+              "--lengths", "160", "--instances", "3", "--max-batch", "3", "--resamples", "500"]
+    assert main(common + ["--out", str(tmp_path / "all.json")]) == 0
+    for i in range(2):
+        assert main(common + ["--shard", f"{i}/2", "--out", str(tmp_path / f"part{i}.json")]) == 0
+    parts = [str(tmp_path / f"part{i}.json") for i in range(2)]
+    assert json.loads(open(parts[0]).read())["shard"] == "0/2"
+    assert main(["--merge", *parts, "--out", str(tmp_path / "merged.json")]) == 0
+    whole, merged = (json.loads(open(tmp_path / f).read()) for f in ("all.json", "merged.json"))
+    assert [a["arm"] for a in merged["arms"]] == ["dense", "nr16", "rand16@1234"]
+    assert merged["accuracy"] == whole["accuracy"] and merged["comparisons"] == whole["comparisons"]
+    # a part twice, or parts of different instances, are refused in one line
+    assert main(["--merge", parts[0], parts[0], "--out", str(tmp_path / "x.json")]) == 2
+    other = json.loads(open(parts[1]).read())
+    other["instances"] = 4
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main(["--merge", parts[0], str(tmp_path / "other.json"), "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "is in both" in err and "differs from" in err and "instances" in err
+    assert main(["--out", str(tmp_path / "x.json")]) == 2 and main(common + ["--shard", "2/2", "--out", "x"]) == 2

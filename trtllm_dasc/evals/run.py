@@ -3,6 +3,8 @@
     python -m trtllm_dasc.evals.run --model DIR --out results.json [--plot acc.png]
         [--arms dense,nr16,wr16,nr16+int8,...|paper] [--tasks all|niah_single_1,...] [--lengths 1024,4096]
         [--instances 30] [--device cuda --dtype bfloat16] [--resamples 10000]
+        [--shard I/N]                       (only arms I, I+N, I+2N, ... of the list: parallel processes)
+    python -m trtllm_dasc.evals.run --merge part0.json part1.json ... --out results.json [--plot acc.png]
 
 `--arms paper` = dense, and at each W in {16, 64, 128, 512}: dasc-nr, dasc-wr, dasc-wr-warm, dasc-nr + INT8 and the five
 count-matched random masks (seeds 1234, 2027, 3407, 4519, 5683). The JSON holds the command, the commit,
@@ -30,11 +32,11 @@ def paper_arms(windows=PAPER_WINDOWS) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
+    from trtllm_dasc.evals.report import accuracy_table
     from trtllm_dasc.evals.tasks import TASKS
     from trtllm_dasc.provenance import git_commit
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", default=None, help="checkpoint directory (save_pretrained)")
     ap.add_argument("--out", required=True, help="result JSON")
     ap.add_argument("--plot", default=None, help="accuracy vs W_max (PNG)")
     ap.add_argument("--arms", default="paper")
@@ -46,9 +48,21 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--resamples", type=int, default=10_000)
     ap.add_argument("--commit", default=None, help="commit to record (a device's .git may be stale)")
+    ap.add_argument("--shard", default=None, help="I/N: run only every N-th arm of the list, from the I-th")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="PART",
+                    help="join the result JSONs of shards (same model, tasks, lengths, instances) instead of running")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out, args.plot, args.resamples)
     try:
+        if not args.model:
+            raise ValueError("--model is required (or --merge)")
         arms = paper_arms() if args.arms == "paper" else [a for a in args.arms.split(",") if a]
+        if args.shard:
+            i, n = (int(x) for x in args.shard.split("/"))
+            if not 0 <= i < n:
+                raise ValueError(f"--shard {args.shard}: need 0 <= I < N")
+            arms = arms[i::n]
         for a in arms:
             parse_arm(a)
         tasks = tuple(TASKS) if args.tasks == "all" else tuple(args.tasks.split(","))
@@ -68,6 +82,8 @@ def main(argv=None) -> int:
               "strict warm/replay, prompt-end checkpoints, misses excluded (paper App. C.3)",
               "tasks": list(tasks), "lengths": list(lengths), "instances": args.instances, "arms": []}
     t0 = time.time()
+    if args.shard:
+        result["shard"] = args.shard
     for i, spec in enumerate(arms):
         r = run_arm(args.model, parse_arm(spec), cfg)
         result["arms"].append(r)
@@ -76,16 +92,61 @@ def main(argv=None) -> int:
               f"{acc['misses']} misses ({r['seconds']:.0f} s, {time.time() - t0:.0f} s total)", file=sys.stderr,
               flush=True)
         result["accuracy"] = accuracy_table(result["arms"])
-        with open(args.out, "w") as f:
+        # whole or not at all: a run stopped by a time limit leaves the arms it finished, readable
+        with open(args.out + ".tmp", "w") as f:
             json.dump(result, f, indent=1)
-    result["comparisons"] = comparisons(result["arms"], args.resamples)
-    with open(args.out, "w") as f:
+        os.replace(args.out + ".tmp", args.out)
+    _finish(result, args.out, args.plot, args.resamples)
+    return 0
+
+
+def _finish(result: dict, out: str, plot: str | None, resamples: int) -> None:
+    from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
+    result["accuracy"] = accuracy_table(result["arms"])
+    result["comparisons"] = comparisons(result["arms"], resamples)
+    with open(out, "w") as f:
         json.dump(result, f, indent=1, default=str)
     print(format_comparisons(result["comparisons"]))
-    if args.plot:
-        plot_accuracy(result["arms"], args.plot, f"replay accuracy, {os.path.basename(args.model)}")
-        print(f"plot: {args.plot}")
-    print(f"json: {args.out}")
+    if plot:
+        plot_accuracy(result["arms"], plot, f"replay accuracy, {os.path.basename(result['model'])}")
+        print(f"plot: {plot}")
+    print(f"json: {out}")
+
+
+# what every part of a merge must share: the same instances, scored the same way
+SHARED = ("model", "tasks", "lengths", "instances", "protocol")
+
+
+def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
+    """Join shards' result JSONs (arms run in parallel processes) into one, with the statistics over all."""
+    try:
+        loaded = []
+        for p in parts:
+            with open(p) as f:
+                loaded.append(json.load(f))
+        first = loaded[0]
+        for p, r in zip(parts, loaded):
+            diff = [k for k in SHARED if r.get(k) != first.get(k)]
+            if diff:
+                raise ValueError(f"{p} differs from {parts[0]} in {', '.join(diff)}")
+        arms, seen = [], {}
+        for p, r in zip(parts, loaded):
+            for a in r["arms"]:
+                if a["arm"] in seen:
+                    raise ValueError(f"arm {a['arm']} is in both {seen[a['arm']]} and {p}")
+                seen[a["arm"]] = p
+                arms.append(a)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+        print(f"evals.run: error: --merge: {e}", file=sys.stderr)
+        return 2
+    order = {a: i for i, a in enumerate(paper_arms())}
+    arms.sort(key=lambda a: order.get(a["arm"], len(order)))
+    result = {**{k: first.get(k) for k in SHARED}, "commit": first.get("commit"),
+              "command": "python -m trtllm_dasc.evals.run --merge " + " ".join(parts),
+              "parts": [{"command": r.get("command"), "commit": r.get("commit"), "shard": r.get("shard"),
+                         "arms": [a["arm"] for a in r["arms"]]} for r in loaded],
+              "arms": arms}
+    _finish(result, out, plot, resamples)
     return 0
 
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# nvidia-h200-x2, one device call (about EVAL_LIMIT + 1 minute): the quality protocol (python -m
+# trtllm_dasc.evals.run, the paper's 37 arms) on the two trained models side by side, KDA on GPU 0 and GDN on
+# GPU 1, each split over PROCS processes (--shard i/PROCS: the tiny models leave the GPU idle, the engine's
+# step loop is CPU-bound), then each model's shards merged (--merge) into one result with the statistics.
+# Carry .whl with fla-core (and the numpy 2.x wheel when an earlier call of the session installed numpy 1.26);
+# .kernel_cache/train_kernels*.tgz when present. Pass COMMIT=<hash>.
+# MODELS (default benchmarks/quality_models) holds kda/ and gdn/; INSTANCES (20), LENGTHS (1024,2048,4096),
+# PROCS (8), EVAL_LIMIT (seconds, 420): a shard cut by the limit keeps the arms it finished.
+# Writes $OUT/quality_{kda,gdn}.json and .png, $OUT/evals.log.
+set -uo pipefail
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
+fi
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_train OMP_NUM_THREADS=2
+mkdir -p $TRITON_CACHE_DIR /tmp/ev
+for t in .kernel_cache/train_kernels*.tgz; do
+  [ -f "$t" ] && tar xzf "$t" -C /tmp && cp -rn /tmp/train_kernels/. $TRITON_CACHE_DIR/ 2>/dev/null
+done
+MODELS=${MODELS:-benchmarks/quality_models}
+P=${PROCS:-8}
+for g in 0 1; do
+  arch=$([ $g = 0 ] && echo kda || echo gdn)
+  for i in $(seq 0 $((P - 1))); do
+    CUDA_VISIBLE_DEVICES=$g timeout "${EVAL_LIMIT:-420}" python3 -m trtllm_dasc.evals.run --model $MODELS/$arch \
+      --arms paper --shard $i/$P --instances "${INSTANCES:-20}" --lengths "${LENGTHS:-1024,2048,4096}" \
+      --device cuda --dtype bfloat16 --out /tmp/ev/${arch}_$i.json ${COMMIT:+--commit "$COMMIT"} \
+      > /tmp/ev/${arch}_$i.log 2>&1 &
+  done
+done
+wait
+for arch in kda gdn; do
+  grep -h "\[evals\]" /tmp/ev/${arch}_*.log | sed "s/^/$arch /" >> "$OUT/evals.log"
+  python3 -m trtllm_dasc.evals.run --merge $(ls /tmp/ev/${arch}_*.json) --out "$OUT/quality_$arch.json" \
+    --plot "$OUT/quality_$arch.png" 2>&1 | tee -a "$OUT/evals.log"
+done
