@@ -71,3 +71,19 @@ def test_static_horizons_rank_like_the_observed_decay(tiny):
     out = correlate(static, observe(HybridModel.from_pretrained(path), prompts))
     assert out["H_e"]["median"] > 0.9, out
     assert out["H_e"]["pairs"] == 2 * len(static)
+
+
+def test_cli_writes_the_table_on_task_prompts(tmp_path, capsys):
+    import json
+
+    from trtllm_dasc.evals.horizon_validation import main
+    from trtllm_dasc.evals.train import TrainConfig, build_model
+    path = tmp_path / "kda"
+    build_model(TrainConfig(arch="kda", vocab_size=256, hidden_size=32, groups=1, heads=2, head_dim=16,
+                            intermediate_size=64)).save_pretrained(path)
+    out = tmp_path / "hv.json"
+    assert main(["--model", str(path), "--out", str(out), "--prefixes", "3", "--length", "256"]) == 0
+    r = json.loads(out.read_text())
+    assert r["prefixes"] == 3 and r["spearman"]["H_e"]["pairs"] == 3 * 3      # 3 prefixes x 3 linear layers
+    assert "rho(H_s, H_e)" in capsys.readouterr().out
+    assert main(["--model", str(path), "--out", str(out), "--prefixes", "0"]) == 2

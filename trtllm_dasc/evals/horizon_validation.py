@@ -108,3 +108,54 @@ def correlate(static: list[np.ndarray], observations: list[list[LayerObservation
         summary[s] = {"median": med, "iqr": [q1, q3], "pairs": int(np.sum(~np.isnan(rhos[s])))}
     summary["skipped_pairs"] = skipped
     return summary
+
+
+def main(argv=None) -> int:
+    """python -m trtllm_dasc.evals.horizon_validation --model DIR --out JSON [--prefixes 24 --length 2048]
+    Prefixes are task prompts of the evaluation suite (tasks taken in turn, evaluation seeds)."""
+    import argparse
+    import json
+    import sys
+
+    from trtllm_dasc.config import HybridConfig
+    from trtllm_dasc.evals import tasks as T
+    from trtllm_dasc.evals.vocab import TaskVocab
+    from trtllm_dasc.model import HybridModel
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    from trtllm_dasc.provenance import git_commit
+    ap = argparse.ArgumentParser(description="Table 1b: static horizons against observed decay, state and "
+                                             "readout magnitude (Spearman per prefix and layer)")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--prefixes", type=int, default=24)
+    ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--eps", type=float, default=1e-3)
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args(argv)
+    if args.prefixes < 1 or args.length < 256:
+        print("horizon_validation: error: need --prefixes >= 1 and --length >= 256", file=sys.stderr)
+        return 2
+    vocab = TaskVocab(HybridConfig.from_path(args.model).schema.network.vocab_size)
+    names = list(T.TASKS)
+    prompts = [list(T.make(names[i % len(names)], args.length, i // len(names), vocab).model_input)
+               for i in range(args.prefixes)]
+    _, static = plan_from_path(args.model, PlanOptions(wmax=16, eps=args.eps))
+    model = HybridModel.from_pretrained(args.model)
+    summary = correlate(static, observe(model, prompts), args.eps)
+    result = {"command": " ".join(["python -m trtllm_dasc.evals.horizon_validation",
+                                   *(argv if argv is not None else sys.argv[1:])]),
+              "commit": args.commit or git_commit(), "model": args.model, "prefixes": args.prefixes,
+              "length": args.length, "eps": args.eps, "spearman": summary}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    for s in SIGNALS:
+        r = summary[s]
+        print(f"rho(H_s, {s}): median {r['median']:+.3f}  IQR [{r['iqr'][0]:+.3f}, {r['iqr'][1]:+.3f}]  "
+              f"over {r['pairs']} (prefix, layer) pairs")
+    print(f"json: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())
