@@ -1,9 +1,11 @@
 """GPU smoke run of the whole engine: fla recurrence + Triton checkpoint kernels + radix cache.
 
 Runs the make-run prefix-reuse workload on CUDA for the dense and dasc arms and checks the invariants.
-    python scripts/gpu_engine_smoke.py MODEL_DIR [OUT_JSON]
+    python scripts/gpu_engine_smoke.py MODEL_DIR [OUT_JSON] [COMMIT]
+The JSON records the command and the commit (pass COMMIT where the device's .git may be stale).
 """
 import json
+import os
 import sys
 import time
 
@@ -30,8 +32,10 @@ def main() -> int:
         rows.append(r)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
     if len(sys.argv) > 2:
-        with open(sys.argv[2], "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+        from results_io import provenance, write_result
+        run = provenance("scripts/gpu_engine_smoke.py", commit=sys.argv[3] if len(sys.argv) > 3 else None)
+        write_result(sys.argv[2], {**run, "torch": torch.__version__, "rows": rows})
     return 0
 
 
