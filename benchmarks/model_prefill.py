@@ -1,18 +1,30 @@
-"""Prefill throughput of a Kimi-Linear-shaped stack on the GPU, with the time split by layer kind.
+"""Prefill throughput of a Kimi-Linear-48B- or Qwen3-Next-80B-shaped stack on the GPU, with the time split by
+layer kind, the fraction of the bf16 matmul peak, and each linear-attention mixer next to fla's own layer.
 
-Stack: hidden 2304, 27 layers (20 KDA with 32 heads x 128, 7 MLA at Kimi-Linear-48B's full_attn_layers),
-random weights built in memory (no checkpoint). The MLP is dense, 9216 wide = the active width of
-Kimi-Linear's MoE (8 routed + 1 shared expert of 1024), so the FLOPs per token match the real model.
+Stacks (random weights built in memory, no checkpoint; shapes from plan/synthetic.py, as
+benchmarks/shaped_model.py writes them):
+  kda  hidden 2304, 27 layers: 20 KDA (32 heads x 128) and 7 MLA at the released positions, a dense MLP of
+       9216 = the active width of Kimi-Linear's MoE (8 routed + 1 shared expert of 1024);
+  gdn  hidden 2048, 48 layers: 36 GDN (16 key / 32 value heads x 128) and 12 gated attention (16 heads x 256,
+       2 KV heads), a dense MLP of 5632 = Qwen3-Next's active width (10 experts x 512 + a 512 shared one).
+So the FLOPs per token match the real models. FLOPs counted: 2 x every matmul weight a token passes through
+(the embedding is a lookup), causal attention 2 x 2 x (T+1)/2 x heads x (d_qk + d_v) per attention layer,
+and the chunked recurrence's 4 K V + 2 C (K + V) per linear head (C = 64); the fraction of peak divides
+by --peak-tflops (790: the bf16 GEMM rate measured on the H200, ENVIRONMENT.md).
 Timing: CUDA events around every linear-attention mixer, attention mixer and MLP; a warm-up run per
-length first (fla's Triton autotuning stays out of the timed runs). Writes a table to stdout and JSON to
-benchmarks/results/model_prefill.json (and to $OUT when set).
+length first (fla's Triton autotuning stays out of the timed runs). With --compare-fla (needs the
+flash-linear-attention package: fla.layers), fla's KimiDeltaAttention / GatedDeltaNet of the same shapes
+is timed on the same tokens, so our mixer per layer stands next to fla's own layer in the same run.
+Writes a table to stdout and JSON to benchmarks/results/model_prefill_<arch>.json (and to $OUT).
 
-    python benchmarks/model_prefill.py [--tokens 4096 16384] [--reps 3] [--smoke]
+    python benchmarks/model_prefill.py [--arch kda|gdn] [--tokens 4096 16384] [--reps 3] [--compare-fla]
+                                       [--smoke]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import statistics
 import sys
@@ -23,28 +35,55 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from results_io import provenance, write_result  # noqa: E402
+from shaped_model import shaped_config  # noqa: E402
 
 from trtllm_dasc.config import HybridConfig  # noqa: E402
 from trtllm_dasc.model import HybridModel, RandomWeights  # noqa: E402
 from trtllm_dasc.model.direct import DirectRunner  # noqa: E402
+from trtllm_dasc.plan.synthetic import KIMI_48B, QWEN3_NEXT_80B  # noqa: E402
 
-KIMI_FULL_ATTN = [4, 8, 12, 16, 20, 24, 27]      # 1-indexed, as in Kimi-Linear-48B's config.json
+CHUNK = 64                                      # fla's chunk size: the recurrence's intra-chunk work
 
 
-def kimi_config(smoke: bool) -> dict:
-    layers = 27
-    raw = {"model_type": "kimi_linear", "vocab_size": 163840, "hidden_size": 2304, "intermediate_size": 9216,
-           "num_hidden_layers": layers, "num_attention_heads": 32, "num_key_value_heads": 32,
-           "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-           "v_head_dim": 128, "rms_norm_eps": 1e-5, "hidden_act": "silu", "mlp_layer_types": ["dense"] * layers,
-           "linear_attn_config": {"head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4,
-                                  "full_attn_layers": KIMI_FULL_ATTN,
-                                  "kda_layers": [i for i in range(1, layers + 1) if i not in KIMI_FULL_ATTN]}}
-    if smoke:
+def stack_config(arch: str, smoke: bool) -> dict:
+    """The full-size shapes (dense MLP of the active width, the released vocabulary), or tiny ones."""
+    raw = shaped_config(arch, vocab=KIMI_48B["vocab_size"] if arch == "kda" else QWEN3_NEXT_80B["vocab_size"])
+    if smoke and arch == "kda":
         raw.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=2,
                    num_key_value_heads=2, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
         raw["linear_attn_config"].update(head_dim=16, num_heads=2)
+    elif smoke:
+        raw.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
+                   linear_key_head_dim=16, linear_value_head_dim=16)
     return raw
+
+
+class CountingWeights(RandomWeights):
+    """RandomWeights that also records every tensor's shape (for the FLOP count)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.shapes: dict[str, tuple] = {}
+
+    def get(self, name, shape):
+        self.shapes[name] = tuple(shape)
+        return super().get(name, shape)
+
+
+def flops_per_token(raw: dict, cfg: HybridConfig, shapes: dict, tokens: int) -> dict:
+    """Matmul, attention and recurrence FLOPs per token of a causal prefill of ``tokens`` (see the docstring)."""
+    matmul = 2 * sum(math.prod(s) for n, s in shapes.items() if len(s) == 2 and "embed_tokens" not in n)
+    ctx = (tokens + 1) / 2                                         # mean causal context
+    if raw["model_type"] == "kimi_linear":                         # MLA: nope + rope query/key dims
+        d_qk, d_v = raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"], raw["v_head_dim"]
+    else:
+        d_qk = d_v = raw["head_dim"]
+    attention = 2 * 2 * ctx * raw["num_attention_heads"] * (d_qk + d_v) * len(cfg.full_attention_layers)
+    K, V, HV = cfg.key_head_dim, cfg.value_head_dim, cfg.num_value_heads
+    recurrence = (4 * K * V + 2 * CHUNK * (K + V)) * HV * cfg.num_linear_layers
+    return {"matmul": matmul, "attention": attention, "recurrence": recurrence,
+            "total": matmul + attention + recurrence}
 
 
 class EventTimer:
@@ -85,31 +124,81 @@ def run_once(model, ids, cuda: bool, timed: bool):
     return 1e3 * (time.perf_counter() - t), (timer.totals_ms() if timer else {})
 
 
+def fla_layer(raw: dict, device: str, dtype):
+    """fla's own mixer with this stack's shapes (KimiDeltaAttention / GatedDeltaNet), or None without
+    the flash-linear-attention package (fla-core alone has no layers)."""
+    try:
+        from fla.layers import GatedDeltaNet, KimiDeltaAttention
+    except ImportError:
+        return None
+    if raw["model_type"] == "kimi_linear":
+        la = raw["linear_attn_config"]
+        layer = KimiDeltaAttention(hidden_size=raw["hidden_size"], head_dim=la["head_dim"], num_heads=la["num_heads"],
+                                   conv_size=la["short_conv_kernel_size"], norm_eps=raw["rms_norm_eps"])
+    else:
+        K, V = raw["linear_key_head_dim"], raw["linear_value_head_dim"]
+        layer = GatedDeltaNet(hidden_size=raw["hidden_size"], head_dim=K, num_heads=raw["linear_num_key_heads"],
+                              num_v_heads=raw["linear_num_value_heads"], expand_v=V / K,
+                              conv_size=raw["linear_conv_kernel_dim"], norm_eps=raw["rms_norm_eps"])
+    return layer.to(device=device, dtype=dtype).eval()
+
+
+def time_fla_layer(layer, hidden: int, tokens: int, reps: int, dtype) -> float:
+    """Median ms of one forward of fla's layer over ``tokens`` tokens (after a warm-up: autotuning)."""
+    x = torch.randn(1, tokens, hidden, device="cuda", dtype=dtype)
+    times = []
+    with torch.no_grad():
+        layer(x)
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            layer(x)
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="kda", choices=["kda", "gdn"],
+                   help="kda: Kimi-Linear-48B-shaped stack; gdn: Qwen3-Next-80B-shaped stack")
     p.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--backend", default="fla", choices=["fla", "torch", "auto"])
+    p.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 matmul peak to divide by (H200: 790)")
+    p.add_argument("--compare-fla", action="store_true",
+                   help="also time fla's own KimiDeltaAttention / GatedDeltaNet layer (flash-linear-attention)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device exists (CI check)")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                 "model_prefill.json"))
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/model_prefill_<arch>.json)")
     p.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
     args = p.parse_args(argv)
+    if args.reps < 1 or any(t < 64 for t in args.tokens) or args.peak_tflops <= 0:
+        print("model_prefill: need --reps >= 1, --tokens >= 64 and --peak-tflops > 0", file=sys.stderr)
+        return 2
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
         print("model_prefill: no CUDA device (use --smoke for a CPU check)", file=sys.stderr)
         return 1
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   f"model_prefill_{args.arch}.json")
     device = "cuda" if cuda else "cpu"
     backend = args.backend if cuda else "torch"
-    raw = kimi_config(args.smoke)
+    raw = stack_config(args.arch, args.smoke)
     cfg = HybridConfig.from_dict(raw, conv_dtype=args.dtype)
     t = time.perf_counter()
-    model = HybridModel.from_source(cfg, RandomWeights(seed=0, device=device), dtype=args.dtype, device=device,
-                                    backend=backend)
+    source = CountingWeights(seed=0, device=device)
+    model = HybridModel.from_source(cfg, source, dtype=args.dtype, device=device, backend=backend)
     build_s = time.perf_counter() - t
-    print(f"built {cfg.num_linear_layers} KDA + {len(cfg.full_attention_layers)} MLA layers in {build_s:.1f}s; "
-          f"backend={model.backend.__name__.rsplit('.', 1)[-1]} device={device} dtype={args.dtype}", flush=True)
+    mixer = "KDA" if args.arch == "kda" else "GDN"
+    print(f"built {cfg.num_linear_layers} {mixer} + {len(cfg.full_attention_layers)} attention layers in "
+          f"{build_s:.1f}s; backend={model.backend.__name__.rsplit('.', 1)[-1]} device={device} dtype={args.dtype}",
+          flush=True)
+    reference = fla_layer(raw, device, getattr(torch, args.dtype)) if args.compare_fla and cuda else None
+    if args.compare_fla and reference is None:
+        print("model_prefill: --compare-fla needs CUDA and the flash-linear-attention package; skipped",
+              file=sys.stderr)
     gen = torch.Generator().manual_seed(0)
     rows = []
     for T in args.tokens:
@@ -122,33 +211,47 @@ def main(argv=None) -> int:
             splits.append(split)
         best = min(range(args.reps), key=lambda i: totals[i])
         total, split = statistics.median(totals), splits[best]
+        flops = flops_per_token(raw, cfg, source.shapes, T)
         row = {"tokens": T, "total_ms": round(total, 3), "tokens_per_s": round(T / total * 1e3, 1),
-               "reps_ms": [round(x, 3) for x in totals]}
+               "reps_ms": [round(x, 3) for x in totals], "gflop_per_token": round(flops["total"] / 1e9, 4),
+               "flops_split": flops,
+               "fraction_of_peak": round(flops["total"] * T / (total * 1e-3) / (args.peak_tflops * 1e12), 4)}
         for kind in ("linear_attn", "attention", "mlp", "head"):
             row[f"{kind}_ms"] = round(split.get(kind, 0.0), 3)
         row["other_ms"] = round(max(0.0, totals[best] - sum(split.values())), 3)
+        row["mixer_ms_per_layer"] = round(row["linear_attn_ms"] / cfg.num_linear_layers, 3)
+        if reference is not None:
+            row["fla_layer_ms"] = round(time_fla_layer(reference, raw["hidden_size"], T, args.reps,
+                                                       getattr(torch, args.dtype)), 3)
+            row["mixer_over_fla"] = round(row["mixer_ms_per_layer"] / row["fla_layer_ms"], 3)
         rows.append(row)
         print(f"T={T}: {row['tokens_per_s']:.0f} tok/s", flush=True)
-    hdr = f"{'tokens':>7} {'total ms':>10} {'tok/s':>10} {'lin-attn ms':>12} {'attn ms':>9} {'mlp ms':>9} {'head ms':>8}"
+    hdr = (f"{'tokens':>7} {'total ms':>10} {'tok/s':>10} {'% peak':>7} {'lin-attn ms':>12} {'attn ms':>9} "
+           f"{'mlp ms':>9} {'head ms':>8} {'mixer/layer':>12} {'fla layer':>10}")
     print(hdr)
     for r in rows:
-        print(f"{r['tokens']:>7} {r['total_ms']:>10.2f} {r['tokens_per_s']:>10.0f} {r['linear_attn_ms']:>12.2f} "
-              f"{r['attention_ms']:>9.2f} {r['mlp_ms']:>9.2f} {r['head_ms']:>8.2f}")
+        fla_ms = f"{r['fla_layer_ms']:>10.3f}" if "fla_layer_ms" in r else f"{'-':>10}"
+        print(f"{r['tokens']:>7} {r['total_ms']:>10.2f} {r['tokens_per_s']:>10.0f} {100 * r['fraction_of_peak']:>6.1f}% "
+              f"{r['linear_attn_ms']:>12.2f} {r['attention_ms']:>9.2f} {r['mlp_ms']:>9.2f} {r['head_ms']:>8.2f} "
+              f"{r['mixer_ms_per_layer']:>12.3f} {fla_ms}")
     result = {"benchmark": "model_prefill", **provenance("benchmarks/model_prefill.py", argv, args.commit),
-              "torch": torch.__version__,
+              "torch": torch.__version__, "arch": args.arch,
               "backend": model.backend.__name__, "dtype": args.dtype, "smoke": args.smoke,
+              "peak_tflops": args.peak_tflops,
               "shape": {"hidden": raw["hidden_size"], "layers": raw["num_hidden_layers"],
-                        "kda_layers": cfg.num_linear_layers, "mla_layers": len(cfg.full_attention_layers),
-                        "kda_heads": cfg.num_key_heads, "kda_head_dim": cfg.key_head_dim,
+                        "linear_layers": cfg.num_linear_layers, "attention_layers": len(cfg.full_attention_layers),
+                        "linear_key_heads": cfg.num_key_heads, "linear_value_heads": cfg.num_value_heads,
+                        "linear_head_dim": cfg.key_head_dim,
                         "mlp": f"dense {raw['intermediate_size']}", "vocab": raw["vocab_size"]},
-              "timing": "median total over reps (wall, synchronized); split = CUDA events of the fastest rep",
+              "timing": "median total over reps (wall, synchronized); split = CUDA events of the fastest rep; "
+                        "fla_layer_ms = median CUDA-event time of fla's layer on [1, T, hidden]",
               "results": rows}
     try:
         import fla
         result["fla"] = getattr(fla, "__version__", "unknown")
     except ImportError:
         result["fla"] = None
-    paths = [args.out] + ([os.path.join(os.environ["OUT"], "model_prefill.json")] if os.environ.get("OUT") else [])
+    paths = [out] + ([os.path.join(os.environ["OUT"], os.path.basename(out))] if os.environ.get("OUT") else [])
     for path in paths:
         write_result(path, result)
     return 0

@@ -1,0 +1,32 @@
+"""benchmarks/model_prefill.py on the CPU (--smoke): its FLOP count against one done by hand from
+Qwen3-Next's tensor shapes, and the JSON it writes."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+def test_smoke_run_counts_the_flops_of_the_tiny_gdn_stack(tmp_path, monkeypatch):
+    import model_prefill
+    monkeypatch.delenv("OUT", raising=False)
+    out = tmp_path / "mp.json"
+    assert model_prefill.main(["--smoke", "--arch", "gdn", "--tokens", "128", "--reps", "1", "--out", str(out)]) == 0
+    row = json.loads(out.read_text())["results"][0]
+    # by hand, the smoke shapes: hidden 64, 36 GDN layers (2 key / 4 value heads x 16), 12 gated-attention
+    # layers (2 heads x 16, 1 KV head; q_proj carries the output gate), dense MLP 128, vocabulary 512
+    D, gdn = 64, (2 * (2 * 16 + 2 * 2 * 16)) * 64 + (2 * 4) * 64 + 64 * (4 * 16)    # in_proj_qkvz, ba, out
+    attn = (2 * 16 * 2) * D + 16 * D + 16 * D + D * (2 * 16)                        # q (+gate), k, v, o
+    params = 36 * gdn + 12 * attn + 48 * 3 * D * 128 + 512 * D                     # + MLPs + lm_head
+    assert row["flops_split"]["matmul"] == 2 * params
+    assert row["flops_split"]["attention"] == 2 * 2 * (129 / 2) * 2 * (16 + 16) * 12
+    assert row["flops_split"]["recurrence"] == (4 * 16 * 16 + 2 * 64 * (16 + 16)) * 4 * 36
+    assert row["tokens"] == 128 and row["mixer_ms_per_layer"] > 0 and "fla_layer_ms" not in row
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    import model_prefill
+    assert model_prefill.main(["--smoke", "--reps", "0", "--out", os.fspath(tmp_path / "x.json")]) == 2
