@@ -176,7 +176,8 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
         if moved:
             log(f"[train] step {step} {moved}")
         if step % 50 == 0 or step == 1:
-            log(f"[train] step {step} len {length} x{batch} answer loss {float(answer_loss.detach()):.3f} "
+            ema = "" if curriculum.ema is None else f" (EMA {curriculum.ema:.3f})"
+            log(f"[train] step {step} len {length} x{batch} answer loss {float(answer_loss.detach()):.3f}{ema} "
                 f"({time.time() - t0:.0f} s)")
         if not math.isfinite(float(loss.detach())):
             raise RuntimeError(f"the loss became {float(loss.detach())} at step {step}")
