@@ -165,7 +165,8 @@ def main(argv=None) -> int:
                    help="kda: Kimi-Linear-48B-shaped stack; gdn: Qwen3-Next-80B-shaped stack")
     p.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+                   help="default bfloat16 on a GPU, float32 on the CPU (where bf16 matmuls are slow)")
     p.add_argument("--backend", default="fla", choices=["fla", "torch", "auto"])
     p.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 matmul peak to divide by (H200: 790)")
     p.add_argument("--compare-fla", action="store_true",
@@ -184,6 +185,7 @@ def main(argv=None) -> int:
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    f"model_prefill_{args.arch}.json")
     device = "cuda" if cuda else "cpu"
+    args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
     backend = args.backend if cuda else "torch"
     raw = stack_config(args.arch, args.smoke)
     cfg = HybridConfig.from_dict(raw, conv_dtype=args.dtype)

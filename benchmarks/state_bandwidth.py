@@ -1,11 +1,30 @@
 """Effective bandwidth of checkpoint store / load (Triton kernels) next to the device's copy bandwidth.
 
-One TP8 rank of Kimi-Linear-48B (kda channel units) and of Qwen3-Next-80B (gdn head units); retained
-masks are deterministic random at the fraction a W_max would keep (or one rank's lists from --plan),
-native and int8 codecs, batch 1 and 64. Bytes = what the kernels read + write (load writes whole active
-rows: retained units and the zero-filled omitted ones), timed with triton.testing.do_bench (median,
-L2 flushed between reps). Usage:
-  python benchmarks/state_bandwidth.py [--layout ragged|padded] [--plan plan.json] [--quick]
+One TP8 rank of Kimi-Linear-48B (kda channel units) and of Qwen3-Next-80B (gdn head units), W_max 0, 16
+and 128, native and int8 codecs, batch 1 and 64. Bytes = what the kernels read + write (load writes whole
+active rows: retained units and the zero-filled omitted ones), timed with triton.testing.do_bench (median,
+L2 flushed between reps).
+
+Masks (which units of the rank a checkpoint keeps), --masks:
+  plan (default)  the planner's plan. Each model's real config.json (tests/data/, the repository's copies
+                  of shared/reference/) with decay weights A_log / dt_bias following the paper's profile
+                  (plan/synthetic.py, seed 0: real weights are out of reach, and the planner reads nothing
+                  else) is planned by plan_from_path at TP8 with hybrid placement (the default of dasc-build
+                  and dasc plan at --tp > 1). With --layout padded, a plan whose storage balance would move
+                  units is planned with placement off instead: the run time exchanges units for the ragged
+                  layout only, and dasc-build refuses such a padded engine. The rank timed is the most loaded
+                  one (the largest own slot width), since the checkpoint capacity is bound by it.
+  random          round(f * L * n) units uniformly at random over (layer, unit), f the fraction KEEP gives
+                  for the W_max (the earlier synthetic masks, kept as a control)
+  --plan FILE     one rank's lists from JSON with 'model' (a key of MODELS), 'wmax' and 'retained_local'
+                  (per-layer sorted local unit ids); replaces the grid
+Every row records where its masks came from (masks, mask_rank, placement) and the rank's retained units
+(retained_per_layer, retained_sum, retained_max); the result's 'masks' lists every mask set once.
+
+Usage:
+  python benchmarks/state_bandwidth.py [--masks plan|random] [--layout ragged|padded] [--plan plan.json]
+                                       [--quick] [--sweep] [--reference-dir DIR]
+Without CUDA it builds and prints the masks only (the plan part) and times nothing.
 Writes benchmarks/results/state_bandwidth.json (and $OUT/state_bandwidth.json when $OUT is set).
 """
 from __future__ import annotations
@@ -15,45 +34,178 @@ import json
 import os
 import random
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from results_io import provenance, write_result  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 # one TP8 rank: L linear layers, n units per layer, E elements per unit, R = E // V rows, conv per layer
 MODELS = {
     "kimi-linear-48b": dict(arch="kda", L=20, n=4 * 128, V=128, R=1, conv_dim=1536, conv_width=3),
     "qwen3-next-80b": dict(arch="gdn", L=36, n=4, V=128, R=128, conv_dim=1024, conv_width=3),
 }
-# fraction of units kept per W_max (synthetic, close to the paper's profiles)
+# fraction of units kept per W_max (--masks random only; close to the paper's profiles)
 KEEP = {"kda": {0: 1.0, 16: 0.36, 128: 0.10}, "gdn": {0: 1.0, 16: 0.90, 128: 0.60}}
+WMAXES = (0, 16, 128)
+TP = 8
+# the released models' config.json files (identical to shared/reference/, and tracked, so they travel
+# with the tree to the GPU machine)
+REFERENCE_DIR = os.path.join(ROOT, "tests", "data")
+REFERENCE = {"kimi-linear-48b": "kimi-linear-48b-a3b.config.json",
+             "qwen3-next-80b": "qwen3-next-80b-a3b.config.json"}
+DECAY_SEED = 0
 
 
-def retained(L: int, n: int, frac: float, seed: int) -> list[list[int]]:
-    """Exactly round(frac * L * n) units, chosen uniformly at random over (layer, unit)."""
-    cells = [(l, u) for l in range(L) for u in range(n)]
-    kept = sorted(random.Random(seed).sample(cells, round(frac * len(cells))))
-    out = [[] for _ in range(L)]
-    for l, u in kept:
-        out[l].append(u)
+@dataclass
+class Masks:
+    """One timed rank's retained local units per linear layer, and where they came from."""
+
+    model: str
+    wmax: int
+    source: str                       # plan | random | plan-file
+    lists: list[list[int]]
+    rank: int | None = None           # the TP rank of the lists (None: random masks belong to no rank)
+    placement: str | None = None
+    plan: object = field(default=None, repr=False)   # the DascPlan (source plan), for checks and the record
+
+    def record(self) -> dict:
+        """What every result row carries, so a reader can tell which masks were timed."""
+        counts = [len(k) for k in self.lists]
+        return {"masks": self.source, "mask_rank": self.rank, "placement": self.placement,
+                "retained_per_layer": counts, "retained_sum": sum(counts), "retained_max": max(counts, default=0)}
+
+    def summary(self) -> dict:
+        out = {"model": self.model, "wmax": self.wmax, **self.record()}
+        if self.plan is not None:
+            out.update(tp=TP, layout=self.plan.options.layout, retained_units_per_rank=self.plan.rank_units(),
+                       rank_widths=self.plan.rank_widths(), moved_units=self.plan.moved_units,
+                       decay_summary=self.plan.decay_summary, reference=REFERENCE[self.model], decay_seed=DECAY_SEED)
+        return out
+
+
+# ---- masks from the planner ---------------------------------------------------------------------------
+def reference_config(model: str, ref_dir: str = REFERENCE_DIR):
+    from trtllm_dasc.config import HybridConfig
+    return HybridConfig.from_path(os.path.join(ref_dir, REFERENCE[model]))
+
+
+def decay_weights(cfg, seed: int = DECAY_SEED) -> tuple[np.ndarray, np.ndarray]:
+    """(A_log [L, heads], dt_bias [L, units]) following the paper's decay profile, in float32 as a
+    checkpoint stores them (the planner then sees exactly these values)."""
+    from trtllm_dasc.plan.synthetic import decay_tensors, synthetic_decay
+    per_head = cfg.units_per_layer // cfg.num_value_heads
+    alpha = synthetic_decay(cfg.arch, cfg.num_linear_layers, cfg.num_value_heads, per_head, seed)
+    A_log, dt_bias = decay_tensors(alpha, per_head, seed)
+    return A_log.astype(np.float32), dt_bias.astype(np.float32)
+
+
+def write_decay_checkpoint(out_dir: str, model: str, ref_dir: str = REFERENCE_DIR) -> str:
+    """The reference config.json plus a safetensors file holding only A_log / dt_bias under the released
+    names: all plan_from_path reads, so the plan is the one `dasc plan` would make of such weights."""
+    from safetensors.numpy import save_file
+    cfg = reference_config(model, ref_dir)
+    A_log, dt_bias = decay_weights(cfg)
+    fam, tensors = cfg.family, {}
+    for i, layer in enumerate(cfg.linear_layers):
+        prefix = f"model.layers.{layer}.{fam.linear_prefix}"
+        tensors[prefix + "A_log"] = A_log[i].reshape(fam.a_log_view)
+        tensors[prefix + "dt_bias"] = dt_bias[i]
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(ref_dir, REFERENCE[model])) as src, open(os.path.join(out_dir, "config.json"), "w") as dst:
+        dst.write(src.read())
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"))
+    return out_dir
+
+
+def engine_plan(path: str, wmax: int, layout: str):
+    """The plan an engine built with dasc-build --tp 8 --layout LAYOUT would run."""
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    plan, _ = plan_from_path(path, PlanOptions(wmax=wmax, tp=TP, placement="hybrid", layout=layout))
+    # units move between ranks at run time for the ragged layout only (dist.storage); dasc-build refuses a
+    # padded engine whose plan would move any, so such an engine runs without placement
+    if layout == "padded" and plan.moved_units:
+        plan, _ = plan_from_path(path, PlanOptions(wmax=wmax, tp=TP, placement="off", layout=layout))
+    return plan
+
+
+def busiest_rank(plan) -> int:
+    """The rank whose own units need the widest slot (ragged: U_r, padded: L * max_l r_l); lowest on ties.
+    Its kernels encode all its units even when storage balance ships some away afterwards."""
+    per_rank = list(zip(*plan.rank_layer_counts()))
+    if plan.options.layout == "ragged":
+        widths = [sum(c) for c in per_rank]
+    else:
+        widths = [len(c) * max(c) for c in per_rank]
+    return widths.index(max(widths))
+
+
+def check_shapes(model: str, cfg) -> None:
+    """The kernels are timed on MODELS' shapes: they must be the reference config's TP8 rank."""
+    spec, shard = MODELS[model], cfg.shard(TP)
+    got = {"arch": cfg.arch, "L": cfg.num_linear_layers, "n": shard.units, "V": cfg.value_head_dim,
+           "R": cfg.scales_per_unit, "conv_dim": shard.conv_dim, "conv_width": cfg.conv_kernel - 1}
+    if got != {k: spec[k] for k in got}:
+        raise SystemExit(f"state_bandwidth: MODELS[{model!r}] = {spec} disagrees with {REFERENCE[model]}: {got}")
+
+
+def plan_masks(model: str, wmaxes, layout: str = "ragged", ref_dir: str = REFERENCE_DIR) -> list[Masks]:
+    """The busiest TP8 rank's retained units under the planner's plan, one Masks per W_max."""
+    check_shapes(model, reference_config(model, ref_dir))
+    out = []
+    with tempfile.TemporaryDirectory(prefix="state-bw-") as tmp:
+        path = write_decay_checkpoint(os.path.join(tmp, model), model, ref_dir)
+        for W in wmaxes:
+            plan = engine_plan(path, W, layout)
+            rank = busiest_rank(plan)
+            out.append(Masks(model, W, "plan", plan.local_retained(rank), rank, plan.options.placement, plan))
     return out
 
 
-def planner_lists(arch: str, W: int, root: str) -> list[list[int]]:
-    """Rank 0's retained local units from the planner (TP8, hybrid placement) on a synthetic decay
-    checkpoint with the released model's shapes and the paper's decay profile."""
-    from trtllm_dasc.plan import PlanOptions, plan_from_path
-    from trtllm_dasc.plan.synthetic import write_checkpoint
-    path = os.path.join(root, arch)
-    if not os.path.isdir(path):
-        write_checkpoint(path, arch, seed=0, shards=1)
-    plan, _ = plan_from_path(path, PlanOptions(wmax=W, tp=8, placement="hybrid"))
-    return plan.local_retained(0)
+# ---- other mask sources -------------------------------------------------------------------------------
+def random_masks(model: str, W: int) -> Masks:
+    """Exactly round(frac * L * n) units, chosen uniformly at random over (layer, unit)."""
+    spec = MODELS[model]
+    L, n = spec["L"], spec["n"]
+    cells = [(l, u) for l in range(L) for u in range(n)]
+    kept = sorted(random.Random(W + 7).sample(cells, round(KEEP[spec["arch"]][W] * len(cells))))
+    lists = [[] for _ in range(L)]
+    for l, u in kept:
+        lists[l].append(u)
+    return Masks(model, W, "random", lists)
 
 
+def file_masks(path: str) -> Masks:
+    with open(path) as f:
+        d = json.load(f)
+    if d.get("model") not in MODELS:
+        raise SystemExit(f"state_bandwidth: --plan {path}: 'model' must be one of {', '.join(MODELS)}")
+    return Masks(d["model"], d["wmax"], "plan-file", [sorted(u) for u in d["retained_local"]], d.get("rank"))
+
+
+def mask_grid(args) -> list[Masks]:
+    if args.plan:
+        return [file_masks(args.plan)]
+    wmaxes = (16,) if args.quick else WMAXES
+    if args.masks == "random":
+        return [random_masks(m, W) for m in MODELS for W in wmaxes]
+    return [m for name in MODELS for m in plan_masks(name, wmaxes, args.layout, args.reference_dir)]
+
+
+def print_masks(grid: list[Masks]) -> None:
+    print(f"{'model':16} {'W':>4} {'masks':9} {'rank':>4} {'placement':9} {'kept':>6} {'of':>6} {'max/layer':>9}")
+    for m in grid:
+        r = m.record()
+        total = MODELS[m.model]["L"] * MODELS[m.model]["n"]
+        print(f"{m.model:16} {m.wmax:>4} {m.source:9} {m.rank!s:>4} {m.placement!s:9} "
+              f"{r['retained_sum']:>6} {total:>6} {r['retained_max']:>9}")
+
+
+# ---- timing (CUDA only) -------------------------------------------------------------------------------
 def bytes_moved(lay, op: str, B: int, model_bytes: int = 2) -> int:
     payload = lay.num_retained * (lay.unit_bytes())
     conv = lay.num_layers * lay.conv_dim * lay.conv_width
@@ -63,11 +215,11 @@ def bytes_moved(lay, op: str, B: int, model_bytes: int = 2) -> int:
     return B * (payload + active + conv * (2 + model_bytes))
 
 
-def measure(name: str, spec: dict, W: int, codec: str, layout: str, B: int, plan_lists, do_bench) -> dict:
+def measure(masks: Masks, codec: str, layout: str, B: int, do_bench) -> list[dict]:
     from trtllm_dasc.state import CheckpointPool, StateLayout, triton_ops
+    name, W, spec = masks.model, masks.wmax, MODELS[masks.model]
     L, n, V, R = spec["L"], spec["n"], spec["V"], spec["R"]
-    lists = plan_lists if plan_lists is not None else retained(L, n, KEEP[spec["arch"]][W], seed=W + 7)
-    lay = StateLayout.from_retained(lists, units_per_layer=n, unit_elements=R * V, value_dim=V, codec=codec,
+    lay = StateLayout.from_retained(masks.lists, units_per_layer=n, unit_elements=R * V, value_dim=V, codec=codec,
                                     layout=layout, conv_dim=spec["conv_dim"], conv_width=spec["conv_width"])
     pool = CheckpointPool(lay, (B + 1) * lay.slot_bytes(), device="cuda")
     temporal = torch.randn(L, B, n * R, V, device="cuda")
@@ -91,7 +243,7 @@ def measure(name: str, spec: dict, W: int, codec: str, layout: str, B: int, plan
                     "us_per_checkpoint": ms * 1e3 / B, "host_us": host_us, "us_graph": ms_graph * 1e3,
                     "us_per_checkpoint_graph": ms_graph * 1e3 / B, "bytes": nbytes, "GBps": nbytes / ms / 1e6,
                     "GBps_graph": nbytes / ms_graph / 1e6,
-                    "slot_bytes": lay.slot_bytes()})
+                    "slot_bytes": lay.slot_bytes(), **masks.record()})
     del pool, temporal, conv
     torch.cuda.empty_cache()
     return out
@@ -133,71 +285,37 @@ def copy_bandwidth(do_bench) -> float:
     return gbps
 
 
-def tile_sweep(layout: str, do_bench, copy_gbps: float) -> list[dict]:
-    """Batch-64 W=16 arms under other tile sizes / warp counts (the defaults are restored after)."""
+def tile_sweep(masks16: list[Masks], layout: str, do_bench, copy_gbps: float) -> list[dict]:
+    """Batch-64 W=16 arms (the run's own masks) under other tile sizes / warp counts (defaults restored after)."""
     from trtllm_dasc.state import triton_ops
     saved, rows = (triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS), []
     try:
         for tile in (2048, 4096, 8192):
             for warps in (4, 8):
                 triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS = tile, warps
-                for name in MODELS:
+                for masks in masks16:
                     for codec in ("native", "int8"):
-                        for a in measure(name, MODELS[name], 16, codec, layout, 64, None, do_bench):
+                        for a in measure(masks, codec, layout, 64, do_bench):
                             rows.append({"tile": tile, "warps": warps, **a,
                                          "pct_of_copy_graph": 100 * a["GBps_graph"] / copy_gbps})
-                            print(f"sweep tile {tile:5} warps {warps} {name:16} {codec:6} {a['op']:5} "
+                            print(f"sweep tile {tile:5} warps {warps} {masks.model:16} {codec:6} {a['op']:5} "
                                   f"graph {a['GBps_graph']:6.0f} GB/s {rows[-1]['pct_of_copy_graph']:5.1f}%")
     finally:
         triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS = saved
     return rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layout", choices=["ragged", "padded"], default="ragged")
-    ap.add_argument("--plan", help="JSON with 'model' (a key of MODELS), 'wmax' and 'retained_local' "
-                                   "(one rank's per-layer sorted local unit ids); replaces the synthetic masks")
-    ap.add_argument("--synthetic-plans", action="store_true",
-                    help="retained units from the planner on synthetic decay checkpoints (TP8 rank 0, hybrid) "
-                         "instead of uniformly random masks of the KEEP fractions")
-    ap.add_argument("--quick", action="store_true", help="batch 64 only, W_max 16 only")
-    ap.add_argument("--sweep", action="store_true", help="also time tile sizes and warps on batch-64 arms")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                  "state_bandwidth.json"))
-    ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("state_bandwidth: no CUDA device here, skipping (run it on the GPU machine)")
-        return 0
-    import triton
-    from triton.testing import do_bench
+def sweep_masks(args, grid: list[Masks]) -> list[Masks]:
+    """W=16 masks of every model from the run's source (the grid's own where it has them)."""
+    have = {m.model: m for m in grid if m.wmax == 16}
+    for name in MODELS:
+        if name not in have:
+            have[name] = (random_masks(name, 16) if args.masks == "random"
+                          else plan_masks(name, (16,), args.layout, args.reference_dir)[0])
+    return [have[name] for name in MODELS]
 
-    from trtllm_dasc.state import triton_ops
-    copy_gbps = copy_bandwidth(do_bench)
-    arms = []
-    if args.plan:
-        with open(args.plan) as f:
-            plan = json.load(f)
-        grid = [(plan["model"], plan["wmax"], plan["retained_local"])]
-    elif args.synthetic_plans:
-        import tempfile
-        root = tempfile.mkdtemp()
-        grid = [(m, W, planner_lists(MODELS[m]["arch"], W, root)) for m in MODELS
-                for W in ((16,) if args.quick else (0, 16, 128))]
-    else:
-        grid = [(m, W, None) for m in MODELS for W in ((16,) if args.quick else (0, 16, 128))]
-    for name, W, lists in grid:
-        for codec in ("native", "int8"):
-            for B in ((64,) if args.quick else (1, 64)):
-                arms.extend(measure(name, MODELS[name], W, codec, args.layout, B, lists, do_bench))
-    sweep = tile_sweep(args.layout, do_bench, copy_gbps) if args.sweep else []
-    for a in arms:
-        a["pct_of_copy"] = 100.0 * a["GBps"] / copy_gbps
-        a["pct_of_copy_graph"] = 100.0 * a["GBps_graph"] / copy_gbps
-    print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
-    print(f"copy bandwidth (torch clone, 1 GiB fp32): {copy_gbps:.0f} GB/s")
-    print("us: eager call (python + launch + kernel); graph: CUDA-graph replay (kernel only); host: python+launch")
+
+def print_arms(arms: list[dict]) -> None:
     hdr = (f"{'model':16} {'W':>4} {'kept':>5} {'codec':6} {'op':5} {'B':>3} {'us':>8} {'us/ckpt':>8} {'graph':>7} "
            f"{'g/ckpt':>7} {'host':>6} {'GB/s':>6} {'%copy':>6} {'g%copy':>6}")
     print(hdr)
@@ -206,8 +324,58 @@ def main(argv=None) -> int:
         print(f"{a['model']:16} {a['wmax']:>4} {a['kept_fraction']:>5.2f} {a['codec']:6} {a['op']:5} {a['batch']:>3} "
               f"{a['us']:>8.1f} {a['us_per_checkpoint']:>8.1f} {a['us_graph']:>7.1f} {a['us_per_checkpoint_graph']:>7.2f} "
               f"{a['host_us']:>6.1f} {a['GBps']:>6.0f} {a['pct_of_copy']:>6.1f} {a['pct_of_copy_graph']:>6.1f}")
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--masks", choices=["plan", "random"], default=None,
+                    help="plan (default): the busiest TP8 rank's units under the planner's plan; random: uniformly "
+                         "random units at the KEEP fraction of each W_max")
+    ap.add_argument("--layout", choices=["ragged", "padded"], default="ragged")
+    ap.add_argument("--plan", help="JSON with 'model' (a key of MODELS), 'wmax' and 'retained_local' "
+                                   "(one rank's per-layer sorted local unit ids); replaces the grid")
+    ap.add_argument("--reference-dir", default=REFERENCE_DIR,
+                    help="directory holding the released config.json files (names as in REFERENCE)")
+    ap.add_argument("--quick", action="store_true", help="batch 64 only, W_max 16 only")
+    ap.add_argument("--sweep", action="store_true", help="also time tile sizes and warps on batch-64 arms")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "state_bandwidth.json"))
+    ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
+    args = ap.parse_args(argv)
+    if args.plan and args.masks:
+        ap.error("--plan gives the masks; leave out --masks")
+    args.masks = args.masks or "plan"
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    grid = mask_grid(args)
+    print_masks(grid)
+    if not torch.cuda.is_available():
+        print("state_bandwidth: no CUDA device here, masks built, timing skipped (run it on the GPU machine)")
+        return 0
+    import triton
+    from results_io import provenance, write_result
+    from triton.testing import do_bench
+
+    from trtllm_dasc.state import triton_ops
+    copy_gbps = copy_bandwidth(do_bench)
+    arms = []
+    for masks in grid:
+        for codec in ("native", "int8"):
+            for B in ((64,) if args.quick else (1, 64)):
+                arms.extend(measure(masks, codec, args.layout, B, do_bench))
+    sweep = tile_sweep(sweep_masks(args, grid), args.layout, do_bench, copy_gbps) if args.sweep else []
+    for a in arms:
+        a["pct_of_copy"] = 100.0 * a["GBps"] / copy_gbps
+        a["pct_of_copy_graph"] = 100.0 * a["GBps_graph"] / copy_gbps
+    print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    print(f"copy bandwidth (torch clone, 1 GiB fp32): {copy_gbps:.0f} GB/s")
+    print("us: eager call (python + launch + kernel); graph: CUDA-graph replay (kernel only); host: python+launch")
+    print_arms(arms)
     result = {**provenance("benchmarks/state_bandwidth.py", argv, args.commit), "torch": torch.__version__,
-              "triton": triton.__version__, "copy_GBps": copy_gbps, "layout": args.layout,
+              "triton": triton.__version__, "copy_GBps": copy_gbps, "layout": args.layout, "mask_source": args.masks
+              if not args.plan else "plan-file", "masks": [m.summary() for m in grid],
               "tile_elems": triton_ops.TILE_ELEMS, "num_warps": triton_ops.NUM_WARPS, "arms": arms, "sweep": sweep}
     paths = [args.out] + ([os.path.join(os.environ["OUT"], "state_bandwidth.json")] if os.environ.get("OUT") else [])
     for p in paths:
