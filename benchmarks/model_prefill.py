@@ -7,10 +7,12 @@ benchmarks/shaped_model.py writes them):
        9216 = the active width of Kimi-Linear's MoE (8 routed + 1 shared expert of 1024);
   gdn  hidden 2048, 48 layers: 36 GDN (16 key / 32 value heads x 128) and 12 gated attention (16 heads x 256,
        2 KV heads), a dense MLP of 5632 = Qwen3-Next's active width (10 experts x 512 + a 512 shared one).
-So the FLOPs per token match the real models. FLOPs counted: 2 x every matmul weight a token passes through
-(the embedding is a lookup), causal attention 2 x 2 x (T+1)/2 x heads x (d_qk + d_v) per attention layer,
-and the chunked recurrence's 4 K V + 2 C (K + V) per linear head (C = 64); the fraction of peak divides
-by --peak-tflops (790: the bf16 GEMM rate measured on the H200, ENVIRONMENT.md).
+So the FLOPs per token match the real models. FLOPs counted per token: 2 x every matmul weight a token
+passes through (the embedding is a lookup; the LM head runs on the last token only, so it counts 1/T),
+causal attention 2 x (T+1)/2 x heads x (d_qk + d_v) per attention layer (QK^T and PV), and the chunked
+delta rule's 6 K V + 2 C (3 K + 2 V) per linear head (C = 64: W S, Q S, K^T V' against the state; K K^T,
+the WY products, Q K^T and P V' inside a chunk); the fraction of peak divides by --peak-tflops (790: the
+bf16 GEMM rate measured on the H200, ENVIRONMENT.md).
 Timing: CUDA events around every linear-attention mixer, attention mixer and MLP; a warm-up run per
 length first (fla's Triton autotuning stays out of the timed runs). With --compare-fla (needs the
 flash-linear-attention package: fla.layers), fla's KimiDeltaAttention / GatedDeltaNet of the same shapes
@@ -73,15 +75,18 @@ class CountingWeights(RandomWeights):
 
 def flops_per_token(raw: dict, cfg: HybridConfig, shapes: dict, tokens: int) -> dict:
     """Matmul, attention and recurrence FLOPs per token of a causal prefill of ``tokens`` (see the docstring)."""
-    matmul = 2 * sum(math.prod(s) for n, s in shapes.items() if len(s) == 2 and "embed_tokens" not in n)
+    def params(name_has):
+        return sum(math.prod(s) for n, s in shapes.items() if len(s) == 2 and name_has(n))
+    head = params(lambda n: n.startswith("lm_head"))
+    matmul = 2 * params(lambda n: "embed_tokens" not in n and not n.startswith("lm_head")) + 2 * head / tokens
     ctx = (tokens + 1) / 2                                         # mean causal context
     if raw["model_type"] == "kimi_linear":                         # MLA: nope + rope query/key dims
         d_qk, d_v = raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"], raw["v_head_dim"]
     else:
         d_qk = d_v = raw["head_dim"]
-    attention = 2 * 2 * ctx * raw["num_attention_heads"] * (d_qk + d_v) * len(cfg.full_attention_layers)
+    attention = 2 * ctx * raw["num_attention_heads"] * (d_qk + d_v) * len(cfg.full_attention_layers)
     K, V, HV = cfg.key_head_dim, cfg.value_head_dim, cfg.num_value_heads
-    recurrence = (4 * K * V + 2 * CHUNK * (K + V)) * HV * cfg.num_linear_layers
+    recurrence = (6 * K * V + 2 * CHUNK * (3 * K + 2 * V)) * HV * cfg.num_linear_layers
     return {"matmul": matmul, "attention": attention, "recurrence": recurrence,
             "total": matmul + attention + recurrence}
 
@@ -129,7 +134,8 @@ def fla_layer(raw: dict, device: str, dtype):
     the flash-linear-attention package (fla-core alone has no layers)."""
     try:
         from fla.layers import GatedDeltaNet, KimiDeltaAttention
-    except ImportError:
+    except Exception as e:              # not installed, or its imports fail: say so, time our side anyway
+        print(f"model_prefill: fla.layers unavailable ({type(e).__name__}: {e})", file=sys.stderr)
         return None
     if raw["model_type"] == "kimi_linear":
         la = raw["linear_attn_config"]

@@ -4,7 +4,8 @@
 # GPU 1, each split over PROCS processes (--shard i/PROCS: the tiny models leave the GPU idle, the engine's
 # step loop is CPU-bound), then each model's shards merged (--merge) into one result with the statistics.
 # Carry .whl with fla-core (and the numpy 2.x wheel when an earlier call of the session installed numpy 1.26);
-# .kernel_cache/train_kernels*.tgz when present. Pass COMMIT=<hash>.
+# .kernel_cache when present (the engine's compiled kernels, kernels/ in h200_kernels_*.tgz, and the training
+# call's train_kernels*.tgz: otherwise 16 processes compile the same kernels at once). Pass COMMIT=<hash>.
 # MODELS (default benchmarks/quality_models) holds kda/ and gdn/; INSTANCES (20), LENGTHS (1024,2048,4096),
 # PROCS (8), EVAL_LIMIT (seconds, 420): a shard cut by the limit keeps the arms it finished.
 # Writes $OUT/quality_{kda,gdn}.json and .png, $OUT/evals.log.
@@ -13,11 +14,19 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
 fi
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_train OMP_NUM_THREADS=2
-mkdir -p $TRITON_CACHE_DIR /tmp/ev
-for t in .kernel_cache/train_kernels*.tgz; do
-  [ -f "$t" ] && tar xzf "$t" -C /tmp && cp -rn /tmp/train_kernels/. $TRITON_CACHE_DIR/ 2>/dev/null
-done
 MODELS=${MODELS:-benchmarks/quality_models}
+for arch in kda gdn; do
+  [ -f $MODELS/$arch/config.json ] || { echo "no model at $MODELS/$arch (MODELS=...)"; exit 2; }
+done
+# a warm machine keeps /tmp: never merge an earlier call's shards
+rm -rf /tmp/ev
+mkdir -p $TRITON_CACHE_DIR /tmp/ev
+for t in .kernel_cache/*.tgz; do                 # h200_kernels_*.tgz hold kernels/, train_kernels*.tgz train_kernels/
+  [ -f "$t" ] && tar xzf "$t" -C /tmp
+done
+for d in /tmp/kernels /tmp/train_kernels; do
+  [ -d $d ] && cp -rn $d/. $TRITON_CACHE_DIR/ 2>/dev/null
+done
 P=${PROCS:-8}
 for g in 0 1; do
   arch=$([ $g = 0 ] && echo kda || echo gdn)

@@ -123,3 +123,8 @@ def test_sharded_runs_merge_into_the_unsharded_result(kda_model, tmp_path, capsy
     err = capsys.readouterr().err
     assert "is in both" in err and "differs from" in err and "instances" in err
     assert main(["--out", str(tmp_path / "x.json")]) == 2 and main(common + ["--shard", "2/2", "--out", "x"]) == 2
+    # a shard that never wrote (killed before its first arm) is skipped, and what is missing is said
+    assert main(["--merge", parts[0], str(tmp_path / "never.json"), "--out", str(tmp_path / "half.json")]) == 0
+    half = json.loads((tmp_path / "half.json").read_text())
+    assert [a["arm"] for a in half["arms"]] == ["dense", "rand16@1234"] and "nr16" in half["missing_paper_arms"]
+    assert "skipping" in capsys.readouterr().err

@@ -38,3 +38,15 @@ def test_on_cpu_nothing_is_patched():
     before = qwen.torch_chunk_gated_delta_rule
     assert choose_gdn_recurrence("cpu", log=lambda m: None) in ("torch", "fla")
     assert qwen.torch_chunk_gated_delta_rule is before
+
+
+def test_a_bf16_run_is_compared_with_fp32_on_the_same_rounded_inputs():
+    """The check's dtype mode: the tested function gets bf16 q/k/v/beta, the reference their fp32 values;
+    a bf16 torch recurrence then differs from the fp32 one by bf16 rounding only."""
+    ref = _torch(qwen.torch_chunk_gated_delta_rule)
+
+    def in_bf16(**x):
+        assert x["query"].dtype == torch.bfloat16 and x["g"].dtype == torch.float32
+        return ref(**x)
+    err = max_relative_error(in_bf16, ref, "cpu", head_dim=16, length=80, dtype=torch.bfloat16)
+    assert 0 < err < 5e-2

@@ -20,10 +20,11 @@ def test_smoke_run_counts_the_flops_of_the_tiny_gdn_stack(tmp_path, monkeypatch)
     # layers (2 heads x 16, 1 KV head; q_proj carries the output gate), dense MLP 128, vocabulary 512
     D, gdn = 64, (2 * (2 * 16 + 2 * 2 * 16)) * 64 + (2 * 4) * 64 + 64 * (4 * 16)    # in_proj_qkvz, ba, out
     attn = (2 * 16 * 2) * D + 16 * D + 16 * D + D * (2 * 16)                        # q (+gate), k, v, o
-    params = 36 * gdn + 12 * attn + 48 * 3 * D * 128 + 512 * D                     # + MLPs + lm_head
-    assert row["flops_split"]["matmul"] == 2 * params
-    assert row["flops_split"]["attention"] == 2 * 2 * (129 / 2) * 2 * (16 + 16) * 12
-    assert row["flops_split"]["recurrence"] == (4 * 16 * 16 + 2 * 64 * (16 + 16)) * 4 * 36
+    params = 36 * gdn + 12 * attn + 48 * 3 * D * 128                                # + the MLPs
+    # the LM head runs on the last token only: 1/128 of it per token
+    assert row["flops_split"]["matmul"] == 2 * params + 2 * 512 * D / 128
+    assert row["flops_split"]["attention"] == 2 * (129 / 2) * 2 * (16 + 16) * 12        # QK^T + PV, causal
+    assert row["flops_split"]["recurrence"] == (6 * 16 * 16 + 2 * 64 * (3 * 16 + 2 * 16)) * 4 * 36
     assert row["tokens"] == 128 and row["mixer_ms_per_layer"] > 0 and "fla_layer_ms" not in row
 
 

@@ -22,8 +22,9 @@ class LengthCurriculum:
     max_length: int = 4096
     bucket: int = 512
     advance_loss: float = 1.0
-    stage_steps: int = 1500
+    stage_steps: int = 800
     ema_decay: float = 0.95
+    min_stage_steps: int = 20           # the gate needs an EMA over this many batches, not one lucky batch
     # progress (saved with a staged run, so --resume continues the same stage)
     stage: int = 0
     steps_in_stage: int = 0
@@ -34,8 +35,8 @@ class LengthCurriculum:
             raise ValueError(f"curriculum start must be in [64, max_length={self.max_length}], got {self.start}")
         if not self.min_length <= self.max_length:
             raise ValueError(f"need min_length <= max_length, got {self.min_length}, {self.max_length}")
-        if not 0.0 <= self.ema_decay < 1.0 or self.stage_steps < 1 or self.bucket < 1:
-            raise ValueError("need 0 <= ema_decay < 1, stage_steps >= 1 and bucket >= 1")
+        if not 0.0 <= self.ema_decay < 1.0 or self.stage_steps < 1 or self.bucket < 1 or self.min_stage_steps < 1:
+            raise ValueError("need 0 <= ema_decay < 1, stage_steps >= 1, min_stage_steps >= 1 and bucket >= 1")
 
     @property
     def caps(self) -> list[int]:
@@ -54,8 +55,14 @@ class LengthCurriculum:
         """This step's batch length."""
         if not self.final:
             return self.caps[self.stage]
-        n = int(rng.integers(self.min_length, self.max_length + 1))
-        return min(-(-n // self.bucket) * self.bucket, self.max_length)
+        return int(rng.choice(self.final_lengths))
+
+    @property
+    def final_lengths(self) -> list[int]:
+        """The last stage's batch lengths: the bucket multiples in [min_length, max_length] (and max_length),
+        drawn uniformly (rounding a uniform draw up would make the shortest one rare)."""
+        first = -(-self.min_length // self.bucket) * self.bucket
+        return sorted(set(range(first, self.max_length + 1, self.bucket)) | {self.max_length})
 
     def update(self, answer_loss: float) -> str | None:
         """Record one step's answer loss; returns a message when the stage changes."""
@@ -63,7 +70,7 @@ class LengthCurriculum:
         self.steps_in_stage += 1
         if self.final:
             return None
-        learned = self.ema < self.advance_loss
+        learned = self.ema < self.advance_loss and self.steps_in_stage >= self.min_stage_steps
         if not learned and self.steps_in_stage < self.stage_steps:
             return None
         why = f"answer loss EMA {self.ema:.3f} < {self.advance_loss}" if learned else \
@@ -78,6 +85,9 @@ class LengthCurriculum:
     def state(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_state(cls, state: dict) -> "LengthCurriculum":
-        return cls(**state)
+    def resume(self, state: dict) -> None:
+        """Continue a staged run's progress (stage, steps in it, EMA) under this run's settings: a resume
+        with new --stage-steps or lengths takes them, it is not overridden by the saved ones."""
+        self.stage = min(int(state.get("stage", 0)), len(self.caps))
+        self.steps_in_stage = int(state.get("steps_in_stage", 0))
+        self.ema = state.get("ema")

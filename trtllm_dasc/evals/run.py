@@ -92,10 +92,7 @@ def main(argv=None) -> int:
               f"{acc['misses']} misses ({r['seconds']:.0f} s, {time.time() - t0:.0f} s total)", file=sys.stderr,
               flush=True)
         result["accuracy"] = accuracy_table(result["arms"])
-        # whole or not at all: a run stopped by a time limit leaves the arms it finished, readable
-        with open(args.out + ".tmp", "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(args.out + ".tmp", args.out)
+        _write(args.out, result)
     _finish(result, args.out, args.plot, args.resamples)
     return 0
 
@@ -104,8 +101,7 @@ def _finish(result: dict, out: str, plot: str | None, resamples: int) -> None:
     from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
     result["accuracy"] = accuracy_table(result["arms"])
     result["comparisons"] = comparisons(result["arms"], resamples)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+    _write(out, result)
     print(format_comparisons(result["comparisons"]))
     if plot:
         plot_accuracy(result["arms"], plot, f"replay accuracy, {os.path.basename(result['model'])}")
@@ -113,17 +109,33 @@ def _finish(result: dict, out: str, plot: str | None, resamples: int) -> None:
     print(f"json: {out}")
 
 
+def _write(path: str, result: dict) -> None:
+    """Whole or not at all: a run stopped by a time limit leaves the arms it finished, readable."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+
+
 # what every part of a merge must share: the same instances, scored the same way
 SHARED = ("model", "tasks", "lengths", "instances", "protocol")
 
 
 def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
-    """Join shards' result JSONs (arms run in parallel processes) into one, with the statistics over all."""
+    """Join shards' result JSONs (arms run in parallel processes) into one, with the statistics over all.
+    A part that cannot be read (a shard killed before its first arm finished) is skipped with a warning;
+    the paper arms that no part holds are listed in the result."""
     try:
-        loaded = []
+        loaded, read = [], []
         for p in parts:
-            with open(p) as f:
-                loaded.append(json.load(f))
+            try:
+                with open(p) as f:
+                    loaded.append(json.load(f))
+                read.append(p)
+            except (OSError, json.JSONDecodeError) as e:
+                print(f"evals.run: warning: --merge: skipping {p}: {e}", file=sys.stderr)
+        if not loaded:
+            raise ValueError("no part could be read")
+        parts = read
         first = loaded[0]
         for p, r in zip(parts, loaded):
             diff = [k for k in SHARED if r.get(k) != first.get(k)]
@@ -146,6 +158,10 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
               "parts": [{"command": r.get("command"), "commit": r.get("commit"), "shard": r.get("shard"),
                          "arms": [a["arm"] for a in r["arms"]]} for r in loaded],
               "arms": arms}
+    result["missing_paper_arms"] = [a for a in paper_arms() if a not in seen]
+    if result["missing_paper_arms"]:
+        print(f"evals.run: --merge: {len(result['missing_paper_arms'])} paper arms not in any part: "
+              f"{', '.join(result['missing_paper_arms'])}", file=sys.stderr)
     _finish(result, out, plot, resamples)
     return 0
 

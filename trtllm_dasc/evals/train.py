@@ -20,6 +20,7 @@ haystacks, and a stage is left when its answer loss says the model retrieves the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -49,7 +50,7 @@ class TrainConfig:
     # answer loss EMA is under advance_loss or after stage_steps steps; lengths rounded up to length_bucket
     start_length: int = 256
     advance_loss: float = 1.0
-    stage_steps: int = 1500
+    stage_steps: int = 800
     length_bucket: int = 512
     seed: int = 0
 
@@ -124,6 +125,16 @@ def save(model, out: str, meta: dict) -> None:
 
 def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str | None = None,
           stage: str | None = None, max_steps: int | None = None, log=print, stage_optimizer: bool = False) -> dict:
+    """Train for ``minutes`` of wall time counted from this call (kernel checks, compiles and the first
+    step's autotuning included, so a device command's timeout of minutes + a margin never cuts the run
+    before it saves); SIGTERM ends the loop early and the run still saves."""
+    t0 = time.time()
+    with _sigterm_sets_event() as stop:
+        return _train(cfg, out, minutes, device, resume, stage, max_steps, log, stage_optimizer, t0, stop)
+
+
+def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stage, max_steps, log,
+           stage_optimizer: bool, t0: float, stop) -> dict:
     import torch
 
     from trtllm_dasc.evals.mixture import TrainingMixture
@@ -131,20 +142,21 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
     from trtllm_dasc.evals.curriculum import LengthCurriculum
     from trtllm_dasc.evals.train_kernels import choose_gdn_recurrence
     cfg.check()
-    on_gpu = device.startswith("cuda")
-    recurrence = choose_gdn_recurrence(device, log) if cfg.arch == "gdn" else "fla" if on_gpu else "torch"
-    model = build_model(cfg).to(device)
     curriculum = LengthCurriculum(start=min(cfg.start_length, cfg.max_length), min_length=cfg.min_length,
                                   max_length=cfg.max_length, bucket=cfg.length_bucket,
                                   advance_loss=cfg.advance_loss, stage_steps=cfg.stage_steps)
+    state = _load_stage(resume, device) if resume else None
+    on_gpu = device.startswith("cuda")
+    recurrence = (choose_gdn_recurrence(device, log, heads=(cfg.heads // 2, cfg.heads), head_dim=cfg.head_dim)
+                  if cfg.arch == "gdn" else "fla" if on_gpu else "torch")
+    model = build_model(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, curve, warm_from = 0, [], 0
-    if resume:
-        state = torch.load(os.path.join(resume, "train_state.pt"), map_location=device)
+    if state is not None:
         model.load_state_dict(state["model"])
         step, curve = state["step"], state["curve"]
         if "curriculum" in state:
-            curriculum = LengthCurriculum.from_state(state["curriculum"])
+            curriculum.resume(state["curriculum"])
         if "opt" in state:
             opt.load_state_dict(state["opt"])
         else:                           # a compact stage (weights only): fresh moments, warm the lr up again
@@ -152,10 +164,9 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
     mixture = TrainingMixture(vocab=TaskVocab(cfg.vocab_size), min_length=cfg.min_length, max_length=cfg.max_length,
                               seed=cfg.seed)
     rng = np.random.default_rng([cfg.seed, step])
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
-    t0 = time.time()
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
     model.train()
-    while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps):
+    while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps) and not stop.is_set():
         length = curriculum.length(rng)
         batch = max(1, cfg.tokens_per_step // length)
         tokens, mask = mixture.batch(batch, length, rng)
@@ -166,6 +177,10 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
             group["lr"] = lr
         with amp:
             loss, answer_loss = loss_fn(model, tokens, mask, cfg.all_token_weight)
+        if not math.isfinite(float(loss.detach())):
+            # before the update: the weights (and a stage written now) are still the last good ones
+            log(f"[train] the loss became {float(loss.detach())} at step {step + 1}; stopping with step {step}'s weights")
+            break
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -179,8 +194,8 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
             ema = "" if curriculum.ema is None else f" (EMA {curriculum.ema:.3f})"
             log(f"[train] step {step} len {length} x{batch} answer loss {float(answer_loss.detach()):.3f}{ema} "
                 f"({time.time() - t0:.0f} s)")
-        if not math.isfinite(float(loss.detach())):
-            raise RuntimeError(f"the loss became {float(loss.detach())} at step {step}")
+    if stop.is_set():
+        log(f"[train] SIGTERM at step {step}: saving")
     model.eval()
     if stage:
         # compact: fp32 weights only (a device call returns files of at most 16 MiB; Adam's moments would
@@ -198,6 +213,32 @@ def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str |
     return meta
 
 
+@contextlib.contextmanager
+def _sigterm_sets_event():
+    """An Event that SIGTERM (a device command's timeout) sets instead of killing the process, so the
+    loop ends and the run saves; the previous handler comes back afterwards."""
+    import signal
+    import threading
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _load_stage(resume: str, device: str) -> dict:
+    """A --stage directory (train_state.pt inside) or the state file itself."""
+    import torch
+    path = os.path.join(resume, "train_state.pt") if os.path.isdir(resume) else resume
+    if not os.path.isfile(path):
+        raise ValueError(f"--resume {resume}: no staged state at {path}")
+    return torch.load(path, map_location=device)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="kda", choices=["kda", "gdn"])
@@ -212,8 +253,8 @@ def main(argv=None) -> int:
     ap.add_argument("--start-length", type=int, default=256, help="the curriculum's first batch length")
     ap.add_argument("--advance-loss", type=float, default=1.0,
                     help="leave a curriculum stage when the answer loss EMA falls under this")
-    ap.add_argument("--stage-steps", type=int, default=1500, help="... or after this many steps")
-    ap.add_argument("--resume", default=None, help="a --stage directory of an earlier run")
+    ap.add_argument("--stage-steps", type=int, default=800, help="... or after this many steps")
+    ap.add_argument("--resume", default=None, help="a --stage directory of an earlier run, or its train_state.pt")
     ap.add_argument("--stage", default=None, help="also write fp32 weights here (to --resume from)")
     ap.add_argument("--stage-optimizer", action="store_true", help="stage Adam's moments too (3x the size)")
     args = ap.parse_args(argv)
