@@ -13,7 +13,7 @@ from trtllm_dasc.evals.report import accuracy_table, comparisons, format_compari
 from trtllm_dasc.evals.train import TrainConfig, build_model, train
 
 TINY = dict(vocab_size=256, hidden_size=32, groups=1, heads=2, head_dim=16, intermediate_size=64, min_length=256,
-            max_length=384, tokens_per_step=768, start_length=256, warmup_steps=1)
+            max_length=384, tokens_per_step=768, warmup_steps=1)
 
 
 @pytest.fixture(scope="module")

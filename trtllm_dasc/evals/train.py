@@ -26,9 +26,11 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
+
+from trtllm_dasc.evals.curriculum import LengthCurriculum
 
 
 @dataclass(slots=True)
@@ -46,12 +48,8 @@ class TrainConfig:
     lr: float = 2e-3
     warmup_steps: int = 50
     all_token_weight: float = 0.1
-    # the length curriculum (evals/curriculum.py): stages of 256, 512, ... tokens, each left when the
-    # answer loss EMA is under advance_loss or after stage_steps steps; lengths rounded up to length_bucket
-    start_length: int = 256
-    advance_loss: float = 1.0
-    stage_steps: int = 800
-    length_bucket: int = 512
+    # the length curriculum's stages and gate (evals/curriculum.py); its lengths are min/max_length above
+    curriculum: LengthCurriculum = field(default_factory=LengthCurriculum)
     seed: int = 0
 
     def check(self) -> None:
@@ -139,12 +137,10 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
 
     from trtllm_dasc.evals.mixture import TrainingMixture
     from trtllm_dasc.evals.vocab import TaskVocab
-    from trtllm_dasc.evals.curriculum import LengthCurriculum
     from trtllm_dasc.evals.train_kernels import choose_gdn_recurrence
     cfg.check()
-    curriculum = LengthCurriculum(start=min(cfg.start_length, cfg.max_length), min_length=cfg.min_length,
-                                  max_length=cfg.max_length, bucket=cfg.length_bucket,
-                                  advance_loss=cfg.advance_loss, stage_steps=cfg.stage_steps)
+    curriculum = replace(cfg.curriculum, start=min(cfg.curriculum.start, cfg.max_length), min_length=cfg.min_length,
+                         max_length=cfg.max_length)
     state = _load_stage(resume, device) if resume else None
     on_gpu = device.startswith("cuda")
     recurrence = (choose_gdn_recurrence(device, log, heads=(cfg.heads // 2, cfg.heads), head_dim=cfg.head_dim)
@@ -239,6 +235,9 @@ def _load_stage(resume: str, device: str) -> dict:
     return torch.load(path, map_location=device)
 
 
+_CURRICULUM = LengthCurriculum()        # the CLI's defaults
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="kda", choices=["kda", "gdn"])
@@ -250,18 +249,19 @@ def main(argv=None) -> int:
     ap.add_argument("--min-length", type=int, default=1024)
     ap.add_argument("--max-length", type=int, default=4096)
     ap.add_argument("--tokens-per-step", type=int, default=32768)
-    ap.add_argument("--start-length", type=int, default=256, help="the curriculum's first batch length")
-    ap.add_argument("--advance-loss", type=float, default=1.0,
+    ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
+    ap.add_argument("--advance-loss", type=float, default=_CURRICULUM.advance_loss,
                     help="leave a curriculum stage when the answer loss EMA falls under this")
-    ap.add_argument("--stage-steps", type=int, default=800, help="... or after this many steps")
+    ap.add_argument("--stage-steps", type=int, default=_CURRICULUM.stage_steps, help="... or after this many steps")
     ap.add_argument("--resume", default=None, help="a --stage directory of an earlier run, or its train_state.pt")
     ap.add_argument("--stage", default=None, help="also write fp32 weights here (to --resume from)")
     ap.add_argument("--stage-optimizer", action="store_true", help="stage Adam's moments too (3x the size)")
     args = ap.parse_args(argv)
-    cfg = TrainConfig(arch=args.arch, seed=args.seed, min_length=args.min_length, max_length=args.max_length,
-                      tokens_per_step=args.tokens_per_step, start_length=args.start_length,
-                      advance_loss=args.advance_loss, stage_steps=args.stage_steps)
     try:
+        cfg = TrainConfig(arch=args.arch, seed=args.seed, min_length=args.min_length, max_length=args.max_length,
+                          tokens_per_step=args.tokens_per_step,
+                          curriculum=LengthCurriculum(start=args.start_length, advance_loss=args.advance_loss,
+                                                      stage_steps=args.stage_steps))
         meta = train(cfg, args.out, args.minutes, args.device, args.resume, args.stage, args.max_steps,
                      log=lambda m: print(m, file=sys.stderr, flush=True), stage_optimizer=args.stage_optimizer)
     except (ValueError, RuntimeError) as e:
