@@ -101,6 +101,7 @@ def _finish(result: dict, out: str, plot: str | None, resamples: int) -> None:
     from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
     result["accuracy"] = accuracy_table(result["arms"])
     result["comparisons"] = comparisons(result["arms"], resamples)
+    result["resamples"] = resamples
     _write(out, result)
     print(format_comparisons(result["comparisons"]))
     if plot:

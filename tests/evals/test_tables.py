@@ -1,0 +1,52 @@
+"""The markdown tables of a quality result: every figure recomputed here from the per-instance scores."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from trtllm_dasc.evals.report import comparisons
+from trtllm_dasc.evals.tables import main, markdown
+
+
+def _arm(spec, scores, misses=()):
+    return {"arm": spec, "misses": [list(m) for m in misses],
+            "scores": {"t": {"100": {str(i): {"score": float(s)} for i, s in enumerate(scores)}}}}
+
+
+def _result():
+    rng = np.random.default_rng(4)
+    n = 80
+    dense = rng.integers(0, 2, n)
+    arms = [_arm("dense", dense), _arm("nr16", dense * rng.integers(0, 2, n)), _arm("wr16", dense),
+            _arm("nr16+int8", dense, misses=[("t", 100, 99)])]
+    arms += [_arm(f"rand16@{s}", np.zeros(n)) for s in (1, 2)] + [_arm("rand16@3", dense * (np.arange(n) < 8))]
+    result = {"model": "/x/kda", "commit": "abc", "tasks": ["t"], "lengths": [100], "instances": n, "arms": arms}
+    result["comparisons"] = json.loads(json.dumps(comparisons(arms, resamples=2000)))   # as the JSON stores it
+    return result, arms
+
+
+def test_accuracy_row_and_comparisons_match_the_scores():
+    result, arms = _result()
+    text = markdown(result, "kda")
+    mean = {a["arm"]: 100 * np.mean([v["score"] for v in a["scores"]["t"]["100"].values()]) for a in arms}
+    rand = [mean[f"rand16@{s}"] for s in (1, 2, 3)]
+    row = next(line for line in text.splitlines() if line.startswith("| 16 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == ["16", f"{mean['dense']:.1f}", f"{mean['nr16']:.1f}", f"{mean['wr16']:.1f}", "-",
+                     f"{mean['nr16+int8']:.1f}", f"{np.mean(rand):.1f} ({np.std(rand, ddof=1):.1f}, 3)"]
+    assert "1 misses excluded" in text
+    # nr lost about half of dense's right answers: Holm-significant, negative
+    nr_row = next(line for line in text.splitlines() if line.startswith("| dasc-nr minus dense | 16 |"))
+    c = result["comparisons"]["nr_vs_dense"]["16"]
+    assert f"{100 * c['diff']:+.2f}" in nr_row and nr_row.endswith("* |") and c["diff"] < 0
+    assert "dasc-wr-warm minus dasc-wr" not in text                  # no wr-warm arm: no row
+
+
+def test_cli_writes_markdown_and_refuses_a_bad_file(tmp_path, capsys):
+    result, _ = _result()
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    assert main([str(tmp_path / "r.json"), "--out", str(tmp_path / "t.md")]) == 0
+    assert (tmp_path / "t.md").read_text().startswith("### kda")
+    (tmp_path / "bad.json").write_text("{")
+    assert main([str(tmp_path / "bad.json")]) == 2 and "evals.tables: error" in capsys.readouterr().err
