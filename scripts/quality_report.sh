@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# CPU, after scripts/gpu_quality_evals.sh: the quality issue's report files for both trained models.
+#   bash scripts/quality_report.sh RESULTS_DIR [OUT_DIR]
+# RESULTS_DIR holds quality_{kda,gdn}.json (+ .png) from the device call; MODELS (default
+# benchmarks/quality_models) holds the models. Writes into OUT_DIR (default benchmarks/results/quality):
+# the results and plots, horizon_validation_{kda,gdn}.json (Table 1b on task prompts, 24 prefixes of 2048
+# tokens), decay_profile_{kda,gdn}.png (dasc plan --plot: the horizons training left) and tables.md
+# (accuracy per arm and W_max, the paired comparisons); the written summary goes in OUT_DIR/README.md by hand.
+set -euo pipefail
+RES=${1:?usage: quality_report.sh RESULTS_DIR [OUT_DIR]}
+OUTDIR=${2:-benchmarks/results/quality}
+MODELS=${MODELS:-benchmarks/quality_models}
+PY=${PYTHON:-.venv/bin/python}
+mkdir -p "$OUTDIR"
+for arch in kda gdn; do
+  [ -f "$RES/quality_$arch.json" ] || { echo "no $RES/quality_$arch.json"; exit 2; }
+  cp "$RES/quality_$arch.json" "$OUTDIR/"
+  [ -f "$RES/quality_$arch.png" ] && cp "$RES/quality_$arch.png" "$OUTDIR/"
+  $PY -m trtllm_dasc.evals.horizon_validation --model "$MODELS/$arch" --out "$OUTDIR/horizon_validation_$arch.json"
+  $PY -m trtllm_dasc.cli plan --model "$MODELS/$arch" --plot "$OUTDIR/decay_profile_$arch.png" > "$OUTDIR/plan_$arch.txt"
+done
+$PY -m trtllm_dasc.evals.tables "$OUTDIR/quality_kda.json" "$OUTDIR/quality_gdn.json" --out "$OUTDIR/tables.md"
