@@ -19,14 +19,18 @@ def gdn_through_kda(kda_fn: Callable) -> Callable:
     """A function with the signature of transformers' `torch_chunk_gated_delta_rule` that runs ``kda_fn``
     (fla's `chunk_kda`, or any function with its signature) with the per-head decay on every key channel."""
     def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None,
-                               output_final_state=False, use_qk_l2norm_in_kernel=False, **_):
+                               output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None, **_):
+        # packed sequences go through as they are (chunk_kda keeps them apart); the torch stand-in of the
+        # tests has no such argument, so it is passed only when there is one
+        extra = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
         rep = value.shape[2] // key.shape[2]
         if rep > 1:                      # GVA: every value head reads its key head's q/k
             query = query.repeat_interleave(rep, dim=2)
             key = key.repeat_interleave(rep, dim=2)
         gk = g.float().unsqueeze(-1).expand(*g.shape, key.shape[-1]).contiguous()
         return kda_fn(query, key, value, g=gk, beta=beta, initial_state=initial_state,
-                      output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                      output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                      **extra)
     return chunk_gated_delta_rule
 
 
