@@ -7,7 +7,8 @@
 # httpx2): ../shared/tools/gpu-wheels .whl kernels transformers==5.24.0 huggingface-hub tokenizers "numpy>=2.1,<2.4"
 #   httpx2 httpcore2 hf-xet anyio idna truststore h11 click typing-extensions
 # RESUME=1 continues from .stage/{kda,gdn}_stage.pt (carry .stage: the *_stage.pt files a previous call returned,
-# weights + curriculum progress). MINUTES (default 7) is each run's wall budget, compiles included.
+# weights + curriculum progress). MINUTES (default 7) is each run's wall budget, compiles included. TASKS (a
+# comma-separated list, default all) narrows the training mixture, e.g. to the single-needle tasks first.
 # Compiled kernels: .kernel_cache/train_kernels*.tgz is unpacked into the Triton cache when carried (the first
 # KDA step compiled and autotuned for 245 s on a bare machine), and the cache comes back as train_kernels.tgz.
 # Writes (a call returns at most 8 files of 16 MiB): $OUT/{kda,gdn}_model.tgz (save_pretrained + train_meta.json),
@@ -36,6 +37,7 @@ for i in 0 1; do
   # the run keeps its own wall budget (compiles included) and saves on SIGTERM; timeout is the backstop
   CUDA_VISIBLE_DEVICES=$i timeout $(( ${MINUTES:-7} * 60 + 60 )) python3 -m trtllm_dasc.evals.train --arch $arch \
     --out /tmp/models/$arch --stage /tmp/stage/$arch --minutes "${MINUTES:-7}" --device cuda --seed 0 $resume \
+    ${TASKS:+--tasks "$TASKS"} \
     > "$OUT/train_$arch.log" 2>&1 &
 done
 wait

@@ -128,3 +128,16 @@ def test_sharded_runs_merge_into_the_unsharded_result(kda_model, tmp_path, capsy
     half = json.loads((tmp_path / "half.json").read_text())
     assert [a["arm"] for a in half["arms"]] == ["dense", "rand16@1234"] and "nr16" in half["missing_paper_arms"]
     assert "skipping" in capsys.readouterr().err
+
+
+def test_training_on_chosen_tasks_and_bad_ones_refused(tmp_path, monkeypatch):
+    import trtllm_dasc.evals.mixture as mixture
+    drawn = []
+    real_make = mixture.make
+    monkeypatch.setattr(mixture, "make", lambda task, *a: drawn.append(task) or real_make(task, *a))
+    meta = train(TrainConfig(arch="kda", **TINY, tasks=("qa_1", "vt")), str(tmp_path / "m"), minutes=2,
+                 device="cpu", max_steps=1, log=lambda m: None)
+    assert meta["config"]["tasks"] == ["qa_1", "vt"] and drawn and set(drawn) <= {"qa_1", "vt"}
+    with pytest.raises(ValueError, match="unknown task"):
+        train(TrainConfig(arch="kda", **TINY, tasks=("nope",)), str(tmp_path / "n"), minutes=1, device="cpu",
+              max_steps=1, log=lambda m: None)

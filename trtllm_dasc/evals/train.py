@@ -50,6 +50,9 @@ class TrainConfig:
     all_token_weight: float = 0.1
     # the length curriculum's stages and gate (evals/curriculum.py); its lengths are min/max_length above
     curriculum: LengthCurriculum = field(default_factory=LengthCurriculum)
+    # the mixture's tasks (default all 13): a run can start on the single-needle tasks, whose retrieval
+    # the others build on, and --resume on all of them
+    tasks: tuple[str, ...] | None = None
     seed: int = 0
 
     def check(self) -> None:
@@ -141,6 +144,9 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     cfg.check()
     curriculum = replace(cfg.curriculum, start=min(cfg.curriculum.start, cfg.max_length), min_length=cfg.min_length,
                          max_length=cfg.max_length)
+    # built before the GPU check and the model: bad tasks or lengths fail in a second, not after compiles
+    mixture = TrainingMixture(vocab=TaskVocab(cfg.vocab_size), min_length=cfg.min_length, max_length=cfg.max_length,
+                              seed=cfg.seed, **({"tasks": tuple(cfg.tasks)} if cfg.tasks else {}))
     state = _load_stage(resume, device) if resume else None
     on_gpu = device.startswith("cuda")
     recurrence = (choose_gdn_recurrence(device, log, heads=(cfg.heads // 2, cfg.heads), head_dim=cfg.head_dim)
@@ -157,8 +163,6 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             opt.load_state_dict(state["opt"])
         else:                           # a compact stage (weights only): fresh moments, warm the lr up again
             warm_from = step
-    mixture = TrainingMixture(vocab=TaskVocab(cfg.vocab_size), min_length=cfg.min_length, max_length=cfg.max_length,
-                              seed=cfg.seed)
     rng = np.random.default_rng([cfg.seed, step])
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
     model.train()
@@ -249,6 +253,7 @@ def main(argv=None) -> int:
     ap.add_argument("--min-length", type=int, default=1024)
     ap.add_argument("--max-length", type=int, default=4096)
     ap.add_argument("--tokens-per-step", type=int, default=32768)
+    ap.add_argument("--tasks", default=None, help="comma-separated training tasks (default: all of evals/tasks.py)")
     ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
     ap.add_argument("--advance-loss", type=float, default=_CURRICULUM.advance_loss,
                     help="leave a curriculum stage when the answer loss EMA falls under this")
@@ -260,6 +265,7 @@ def main(argv=None) -> int:
     try:
         cfg = TrainConfig(arch=args.arch, seed=args.seed, min_length=args.min_length, max_length=args.max_length,
                           tokens_per_step=args.tokens_per_step,
+                          tasks=tuple(args.tasks.split(",")) if args.tasks else None,
                           curriculum=LengthCurriculum(start=args.start_length, advance_loss=args.advance_loss,
                                                       stage_steps=args.stage_steps))
         meta = train(cfg, args.out, args.minutes, args.device, args.resume, args.stage, args.max_steps,
