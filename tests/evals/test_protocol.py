@@ -137,7 +137,7 @@ def test_training_on_chosen_tasks_and_bad_ones_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(mixture, "make", lambda task, *a: drawn.append(task) or real_make(task, *a))
     meta = train(TrainConfig(arch="kda", **TINY, tasks=("qa_1", "vt")), str(tmp_path / "m"), minutes=2,
                  device="cpu", max_steps=1, log=lambda m: None)
-    assert meta["config"]["tasks"] == ["qa_1", "vt"] and drawn and set(drawn) <= {"qa_1", "vt"}
+    assert list(meta["config"]["tasks"]) == ["qa_1", "vt"] and drawn and set(drawn) <= {"qa_1", "vt"}
     with pytest.raises(ValueError, match="unknown task"):
         train(TrainConfig(arch="kda", **TINY, tasks=("nope",)), str(tmp_path / "n"), minutes=1, device="cpu",
               max_steps=1, log=lambda m: None)
