@@ -37,6 +37,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
+from copy_bandwidth import GIB, copy_bandwidth  # noqa: E402
 from results_io import provenance, write_result  # noqa: E402
 
 from trtllm_dasc.errors import UserError  # noqa: E402
@@ -45,7 +46,6 @@ TARGET_RATIO = 2.0
 EMBED = "model.embed_tokens.weight"
 # routed experts: a step reads only the experts its tokens pick, so "every weight" would be a loose bound
 ROUTED_EXPERT = re.compile(r"\.experts\.\d+\.")
-GIB = 1 << 30
 
 
 def weight_bytes(model_dir: str) -> dict:
@@ -94,29 +94,6 @@ def write_tiny_model(out_dir: str) -> str:
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(raw, f, indent=1)
     return out_dir
-
-
-def copy_bandwidth(torch, device: str, nbytes: int, reps: int = 10) -> float:
-    """Bytes read + written per second of a device-to-device copy (the roofline a weight read can reach)."""
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for i in range(reps + 2):
-        if device.startswith("cuda"):
-            # device time alone: a 1 GiB copy is ~0.5 ms, where host timer and sync overhead would show
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            seconds = time.perf_counter() - t0
-        if i >= 2:              # the first two copies fault pages in / warm the allocator
-            times.append(seconds)
-    return 2 * nbytes / statistics.median(times)
 
 
 def time_decode(engine, torch, batch: int, context: int, warmup: int, reps: int, max_new: int) -> dict:
@@ -226,7 +203,7 @@ def run(args, torch, model: str, batches: list[int]) -> dict:
     engine = Engine(cfg)
     warm = engine.warmup() if args.device.startswith("cuda") else None
     copy_bytes = GIB if args.device.startswith("cuda") else 64 << 20
-    bandwidth = copy_bandwidth(torch, args.device, copy_bytes)
+    bandwidth = copy_bandwidth(args.device, copy_bytes)
     rows = []
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s ({copy_bytes >> 20} MiB, {args.device}); weights read per "
           f"step {weights['matmul_bytes'] / 1e6:.2f} MB + {weights['embed_row_bytes']} B per sequence")

@@ -37,10 +37,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from results_io import provenance, write_result  # noqa: E402
-from shaped_model import shaped_config  # noqa: E402
+from shaped_model import Recorder, shaped_config  # noqa: E402
 
 from trtllm_dasc.config import HybridConfig  # noqa: E402
-from trtllm_dasc.model import HybridModel, RandomWeights  # noqa: E402
+from trtllm_dasc.model import HybridModel  # noqa: E402
 from trtllm_dasc.model.direct import DirectRunner  # noqa: E402
 from trtllm_dasc.plan.synthetic import KIMI_48B, QWEN3_NEXT_80B  # noqa: E402
 
@@ -59,18 +59,6 @@ def stack_config(arch: str, smoke: bool) -> dict:
                    num_key_value_heads=1, head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
                    linear_key_head_dim=16, linear_value_head_dim=16)
     return raw
-
-
-class CountingWeights(RandomWeights):
-    """RandomWeights that also records every tensor's shape (for the FLOP count)."""
-
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.shapes: dict[str, tuple] = {}
-
-    def get(self, name, shape):
-        self.shapes[name] = tuple(shape)
-        return super().get(name, shape)
 
 
 def flops_per_token(raw: dict, cfg: HybridConfig, shapes: dict, tokens: int) -> dict:
@@ -196,7 +184,7 @@ def main(argv=None) -> int:
     raw = stack_config(args.arch, args.smoke)
     cfg = HybridConfig.from_dict(raw, conv_dtype=args.dtype)
     t = time.perf_counter()
-    source = CountingWeights(seed=0, device=device)
+    source = Recorder(device, keep_tensors=False)        # the shapes, for the FLOP count
     model = HybridModel.from_source(cfg, source, dtype=args.dtype, device=device, backend=backend)
     build_s = time.perf_counter() - t
     mixer = "KDA" if args.arch == "kda" else "GDN"

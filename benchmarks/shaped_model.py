@@ -38,18 +38,24 @@ def shaped_config(arch: str, vocab: int) -> dict:
 
 
 class Recorder:
-    """A weight source that hands out RandomWeights' tensors and keeps what it handed out."""
+    """A weight source that hands out RandomWeights' tensors and records what it handed out: every
+    tensor's shape, and the tensors themselves unless ``keep_tensors`` is off (a benchmark that only
+    counts FLOPs would otherwise hold a second copy of the weights)."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, keep_tensors: bool = True):
         self.random = RandomWeights(seed=0, std=0.02, device=device)
+        self.keep_tensors = keep_tensors
         self.tensors: dict[str, torch.Tensor] = {}
+        self.shapes: dict[str, tuple] = {}
 
     def has(self, name: str) -> bool:
         return self.random.has(name)
 
     def get(self, name: str, shape):
         t = self.random.get(name, shape)
-        self.tensors[name] = t
+        self.shapes[name] = tuple(shape)
+        if self.keep_tensors:
+            self.tensors[name] = t
         return t
 
 

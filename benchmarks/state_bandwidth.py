@@ -274,17 +274,6 @@ def host_time(fn, n: int = 200) -> float:
     return (t1 - t0) / n * 1e6
 
 
-def copy_bandwidth(do_bench) -> float:
-    """GB/s of torch clone of a 1 GiB fp32 tensor (read + write counted)."""
-    x = torch.randn(1 << 28, device="cuda")
-    x.clone()
-    ms = do_bench(lambda: x.clone(), warmup=10, rep=50, return_mode="median")
-    gbps = 2 * x.numel() * 4 / ms / 1e6
-    del x
-    torch.cuda.empty_cache()
-    return gbps
-
-
 def tile_sweep(masks16: list[Masks], layout: str, do_bench, copy_gbps: float) -> list[dict]:
     """Batch-64 W=16 arms (the run's own masks) under other tile sizes / warp counts (defaults restored after)."""
     from trtllm_dasc.state import triton_ops
@@ -359,7 +348,8 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     from trtllm_dasc.state import triton_ops
-    copy_gbps = copy_bandwidth(do_bench)
+    from copy_bandwidth import copy_bandwidth
+    copy_gbps = copy_bandwidth("cuda") / 1e9
     arms = []
     for masks in grid:
         for codec in ("native", "int8"):

@@ -1,9 +1,10 @@
 # Sourced by the scripts/gpu_*.sh device scripts (bash, the repository root as the working directory):
 # install the carried wheels (.whl: into the interpreter's own site-packages, where the Triton server is
 # looked up), stop there when INSTALL_ONLY=1 (a first call that carries only the big wheel), put the
-# repository on PYTHONPATH, fill one Triton kernel cache from the carried .kernel_cache/*.tgz (compiled
-# kernels of an earlier run: minutes of first compiles saved; a stale one is only unused) and write the
-# Kimi-Linear-48B-shaped checkpoint once per machine.
+# repository on PYTHONPATH, fill one Triton kernel cache ($CACHE) from the carried .kernel_cache/*.tgz
+# (compiled kernels of earlier runs, the engine's kernels/ and the quality training's train_kernels/:
+# minutes of first compiles saved; a stale one is only unused) and write the Kimi-Linear-48B-shaped
+# checkpoint once per machine (SHAPED_MODEL=0: a script that does not use it).
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
 fi
@@ -12,7 +13,12 @@ export PYTHONPATH=$PWD
 CACHE=/tmp/triton_cache
 mkdir -p $CACHE
 for t in .kernel_cache/*.tgz; do
-  [ -f "$t" ] && tar xzf "$t" -C /tmp && cp -rn /tmp/kernels/. $CACHE/ 2>/dev/null
+  [ -f "$t" ] && tar xzf "$t" -C /tmp
+done
+for d in /tmp/kernels /tmp/train_kernels; do
+  [ -d $d ] && cp -rn $d/. $CACHE/ 2>/dev/null
 done
 export TRITON_CACHE_DIR=$CACHE
-[ -f /tmp/kimi48/model.safetensors ] || python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda || exit 4
+if [ "${SHAPED_MODEL:-1}" = 1 ] && [ ! -f /tmp/kimi48/model.safetensors ]; then
+  python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda || exit 4
+fi

@@ -10,23 +10,15 @@
 # PROCS (8), EVAL_LIMIT (seconds, 450): a shard cut by the limit keeps the arms it finished.
 # Writes $OUT/quality_{kda,gdn}.json and .png, $OUT/evals.log.
 set -uo pipefail
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
-fi
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_train OMP_NUM_THREADS=2
+SHAPED_MODEL=0 source scripts/gpu_prelude.sh          # wheels, PYTHONPATH, both kernel caches in $CACHE
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 MODELS=${MODELS:-benchmarks/quality_models}
 for arch in kda gdn; do
   [ -f $MODELS/$arch/config.json ] || { echo "no model at $MODELS/$arch (MODELS=...)"; exit 2; }
 done
 # a warm machine keeps /tmp: never merge an earlier call's shards
 rm -rf /tmp/ev
-mkdir -p $TRITON_CACHE_DIR /tmp/ev
-for t in .kernel_cache/*.tgz; do                 # h200_kernels_*.tgz hold kernels/, train_kernels*.tgz train_kernels/
-  [ -f "$t" ] && tar xzf "$t" -C /tmp
-done
-for d in /tmp/kernels /tmp/train_kernels; do
-  [ -d $d ] && cp -rn $d/. $TRITON_CACHE_DIR/ 2>/dev/null
-done
+mkdir -p /tmp/ev
 P=${PROCS:-8}
 for g in 0 1; do
   arch=$([ $g = 0 ] && echo kda || echo gdn)

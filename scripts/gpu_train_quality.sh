@@ -10,22 +10,17 @@
 # weights + curriculum progress). MINUTES (default 7) is each run's wall budget, compiles included. TASKS (a
 # comma-separated list, default all) narrows the training mixture, e.g. to the single-needle tasks first.
 # Compiled kernels: .kernel_cache/train_kernels*.tgz is unpacked into the Triton cache when carried (the first
-# KDA step compiled and autotuned for 245 s on a bare machine), and the cache comes back as train_kernels.tgz.
+# KDA step compiled and autotuned for 245 s on a bare machine), and the kernels this call compiled come back
+# as train_kernels.tgz (keep each call's under a new name in .kernel_cache/: they add up).
 # Writes (a call returns at most 8 files of 16 MiB): $OUT/{kda,gdn}_model.tgz (save_pretrained + train_meta.json),
 # $OUT/{kda,gdn}_stage.pt (fp32 weights to resume from), $OUT/train_{kda,gdn}.log, $OUT/quick.log,
 # $OUT/train_kernels.tgz.
 set -uo pipefail
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
-fi
-[ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_train
+SHAPED_MODEL=0 source scripts/gpu_prelude.sh          # wheels, PYTHONPATH, the kernel cache in $CACHE
+export PYTHONUNBUFFERED=1
 # a warm machine keeps /tmp: never return (or resume from) an earlier call's models
 rm -rf /tmp/models /tmp/stage /tmp/quick_*
-mkdir -p $TRITON_CACHE_DIR
-for t in .kernel_cache/train_kernels*.tgz; do
-  [ -f "$t" ] && tar xzf "$t" -C /tmp && cp -rn /tmp/train_kernels/. $TRITON_CACHE_DIR/ 2>/dev/null
-done
+sleep 1; touch /tmp/kernels_before_training   # only kernels compiled from here on go back (16 MiB a file)
 python3 -c "import transformers, fla; print('transformers', transformers.__version__, 'fla', fla.__version__)" || exit 3
 for i in 0 1; do
   arch=$([ $i = 0 ] && echo kda || echo gdn)
@@ -42,7 +37,8 @@ for i in 0 1; do
 done
 wait
 # the compiled kernels first: what a cut call must not lose
-tar czf /tmp/train_kernels.tgz --transform 's,^triton_train,train_kernels,' -C /tmp triton_train
+tar czf /tmp/train_kernels.tgz --newer-mtime="@$(stat -c %Y /tmp/kernels_before_training)" \
+  --transform "s,^$(basename $CACHE),train_kernels," -C "$(dirname $CACHE)" "$(basename $CACHE)"
 if [ "$(stat -c %s /tmp/train_kernels.tgz)" -lt 16000000 ]; then cp /tmp/train_kernels.tgz "$OUT/"
 else echo "kernel cache $(stat -c %s /tmp/train_kernels.tgz) B: over a returned file's 16 MiB, not returned"; fi
 for arch in kda gdn; do

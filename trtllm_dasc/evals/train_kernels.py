@@ -74,7 +74,7 @@ def choose_gdn_recurrence(device: str, log=print, heads=(2, 4), head_dim: int = 
     will use. The tolerance is bf16's (a #640-type fault gives errors of order one)."""
     global _TORCH_GDN
     if not device.startswith("cuda"):
-        return "torch" if not _fla_available() else "fla"
+        return "torch"                   # fla's kernels are CUDA only: transformers' torch path runs
     try:
         from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
     except ImportError:
@@ -104,10 +104,3 @@ def choose_gdn_recurrence(device: str, log=print, heads=(2, 4), head_dim: int = 
         f"({why}); training through transformers' torch chunked recurrence")
     return "torch"
 
-
-def _fla_available() -> bool:
-    try:
-        import fla  # noqa: F401
-    except ImportError:
-        return False
-    return True
