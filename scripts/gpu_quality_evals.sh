@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# nvidia-h200-x2, one device call (about EVAL_LIMIT + 1 minute): the quality protocol (python -m
-# trtllm_dasc.evals.run, the paper's 37 arms) on the two trained models side by side, KDA on GPU 0 and GDN on
-# GPU 1, each split over PROCS processes (--shard i/PROCS: the tiny models leave the GPU idle, the engine's
+# nvidia-h200-x2 (or nvidia-h200: both models on its one GPU), one device call (about EVAL_LIMIT + 1 minute):
+# the quality protocol (python -m trtllm_dasc.evals.run, the paper's 37 arms) on the two trained models side by
+# side, KDA on GPU 0 and GDN on GPU 1, each split over PROCS processes (--shard i/PROCS: the tiny models leave the GPU idle, the engine's
 # step loop is CPU-bound), then each model's shards merged (--merge) into one result with the statistics.
 # Carry .whl with fla-core (and the numpy 2.x wheel when an earlier call of the session installed numpy 1.26);
 # .kernel_cache when present (the engine's compiled kernels, kernels/ in h200_kernels_*.tgz, and the training
@@ -20,10 +20,11 @@ done
 rm -rf /tmp/ev
 mkdir -p /tmp/ev
 P=${PROCS:-8}
+GPUS=$(nvidia-smi -L | wc -l)
 for g in 0 1; do
   arch=$([ $g = 0 ] && echo kda || echo gdn)
   for i in $(seq 0 $((P - 1))); do
-    CUDA_VISIBLE_DEVICES=$g timeout "${EVAL_LIMIT:-450}" python3 -m trtllm_dasc.evals.run --model $MODELS/$arch \
+    CUDA_VISIBLE_DEVICES=$((g % GPUS)) timeout "${EVAL_LIMIT:-450}" python3 -m trtllm_dasc.evals.run --model $MODELS/$arch \
       --arms paper --shard $i/$P --instances "${INSTANCES:-20}" --lengths "${LENGTHS:-1024,2048,4096}" \
       --device cuda --dtype bfloat16 --out /tmp/ev/${arch}_$i.json ${COMMIT:+--commit "$COMMIT"} \
       > /tmp/ev/${arch}_$i.log 2>&1 &

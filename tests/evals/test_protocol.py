@@ -141,3 +141,31 @@ def test_training_on_chosen_tasks_and_bad_ones_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="unknown task"):
         train(TrainConfig(arch="kda", **TINY, tasks=("nope",)), str(tmp_path / "n"), minutes=1, device="cpu",
               max_steps=1, log=lambda m: None)
+
+
+def test_a_stage_exports_the_model_it_holds_and_remembers_its_runs(tmp_path):
+    """The device returns only the fp32 stage; --export must write those very weights (bf16, decay tensors
+    fp32) with the runs that made them, and a resumed run adds its own."""
+    from safetensors.torch import load_file
+
+    from trtllm_dasc.evals.train import main
+    cfg = TrainConfig(arch="kda", **TINY, decay_init="default")
+    train(cfg, str(tmp_path / "a"), minutes=2, device="cpu", max_steps=1, stage=str(tmp_path / "s"), log=lambda m: None)
+    train(cfg, str(tmp_path / "b"), minutes=2, device="cpu", max_steps=2, resume=str(tmp_path / "s"),
+          stage=str(tmp_path / "s2"), log=lambda m: None)
+    stage = torch.load(tmp_path / "s2" / "train_state.pt")
+    assert [r["steps"] for r in stage["runs"]] == [[0, 1], [1, 2]]
+    # transformers' own init (A in [1, 16]), not the paper's profile: the option reached the model
+    a_log = [v for k, v in stage["model"].items() if k.endswith("A_log")]
+    assert all(float(t.min()) >= 0.0 and float(t.max()) <= np.log(16.0) + 1e-6 for t in a_log)
+    assert main(["--export", str(tmp_path / "s2" / "train_state.pt"), "--out", str(tmp_path / "exp")]) == 0
+    saved = load_file(str(tmp_path / "exp" / "model.safetensors"))
+    assert len(saved) > 0.9 * len(stage["model"])
+    for name, weight in stage["model"].items():
+        if name not in saved:
+            continue                    # buffers save_pretrained leaves out
+        want = weight.float() if name.endswith(("A_log", "dt_bias")) else weight.to(torch.bfloat16)
+        assert saved[name].dtype == want.dtype and torch.equal(saved[name], want), name
+    meta = json.loads((tmp_path / "exp" / "train_meta.json").read_text())
+    assert meta["steps"] == 2 and meta["config"]["decay_init"] == "default" and len(meta["runs"]) == 2
+    assert main(["--export", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "x")]) == 2

@@ -53,6 +53,10 @@ class TrainConfig:
     # the mixture's tasks (default all 13): a run can start on the single-needle tasks, whose retrieval
     # the others build on, and --resume on all of them
     tasks: tuple[str, ...] | None = None
+    # "paper": A_log / dt_bias start from the paper's trained profile (plan/synthetic.py; most KDA channels
+    # forget within a few tokens); "default": transformers' own init (A in [1, 16], dt in [1e-3, 0.1], so
+    # decays from 0.2 to 0.999), from which training has to find the spread itself
+    decay_init: str = "paper"
     seed: int = 0
 
     def check(self) -> None:
@@ -60,6 +64,8 @@ class TrainConfig:
             raise ValueError(f"--arch must be kda or gdn, got {self.arch!r}")
         if not 64 <= self.min_length <= self.max_length:
             raise ValueError(f"need 64 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
+        if self.decay_init not in ("paper", "default"):
+            raise ValueError(f"--decay-init must be paper or default, got {self.decay_init!r}")
 
 
 def model_config(cfg: TrainConfig):
@@ -84,7 +90,7 @@ def model_config(cfg: TrainConfig):
 
 
 def build_model(cfg: TrainConfig):
-    """A fresh model with the paper's decay profile in its A_log / dt_bias."""
+    """A fresh model; with decay_init "paper" the paper's decay profile goes into its A_log / dt_bias."""
     import torch
     from transformers import KimiLinearForCausalLM, Qwen3NextForCausalLM
 
@@ -92,6 +98,8 @@ def build_model(cfg: TrainConfig):
     torch.manual_seed(cfg.seed)
     hf = model_config(cfg)
     model = (KimiLinearForCausalLM if cfg.arch == "kda" else Qwen3NextForCausalLM)(hf).float()
+    if cfg.decay_init == "default":
+        return model
     mixers = [m for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "dt_bias")]
     per_head = cfg.head_dim if cfg.arch == "kda" else 1
     alpha = synthetic_decay(cfg.arch, len(mixers), cfg.heads, per_head, cfg.seed)
@@ -103,14 +111,20 @@ def build_model(cfg: TrainConfig):
     return model
 
 
-def loss_fn(model, tokens, mask, all_token_weight: float):
+def loss_fn(model, tokens, mask, all_token_weight: float, with_accuracy: bool = False):
+    """(training loss, answer loss) and, with_accuracy, the fraction of answer tokens whose argmax is right
+    (teacher-forced: a cheap progress signal, not the greedy score of evals/run.py)."""
     import torch.nn.functional as F
     logits = model(input_ids=tokens).logits[:, :-1].float()
     target, answer = tokens[:, 1:], mask[:, 1:]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view_as(target)
     real = target != 0
     answer_loss = (ce * answer).sum() / answer.sum().clamp_min(1)
-    return answer_loss + all_token_weight * (ce * real).sum() / real.sum().clamp_min(1), answer_loss
+    loss = answer_loss + all_token_weight * (ce * real).sum() / real.sum().clamp_min(1)
+    if not with_accuracy:
+        return loss, answer_loss
+    right = (logits.detach().argmax(-1) == target) & answer
+    return loss, answer_loss, right.sum() / answer.sum().clamp_min(1)
 
 
 def save(model, out: str, meta: dict) -> None:
@@ -153,16 +167,17 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
                   if cfg.arch == "gdn" else "fla" if on_gpu else "torch")
     model = build_model(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    step, curve, warm_from = 0, [], 0
+    step, curve, warm_from, runs = 0, [], 0, []
     if state is not None:
         model.load_state_dict(state["model"])
-        step, curve = state["step"], state["curve"]
+        step, curve, runs = state["step"], state["curve"], list(state.get("runs", []))
         if "curriculum" in state:
             curriculum.resume(state["curriculum"])
         if "opt" in state:
             opt.load_state_dict(state["opt"])
         else:                           # a compact stage (weights only): fresh moments, warm the lr up again
             warm_from = step
+    first_step = step
     rng = np.random.default_rng([cfg.seed, step])
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
     model.train()
@@ -176,7 +191,7 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
         for group in opt.param_groups:
             group["lr"] = lr
         with amp:
-            loss, answer_loss = loss_fn(model, tokens, mask, cfg.all_token_weight)
+            loss, answer_loss, accuracy = loss_fn(model, tokens, mask, cfg.all_token_weight, with_accuracy=True)
         if not math.isfinite(float(loss.detach())):
             # before the update: the weights (and a stage written now) are still the last good ones
             log(f"[train] the loss became {float(loss.detach())} at step {step + 1}; stopping with step {step}'s weights")
@@ -186,30 +201,56 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        curve.append([step, length, round(float(answer_loss.detach()), 4)])
+        curve.append([step, length, round(float(answer_loss.detach()), 4), round(float(accuracy), 3)])
         moved = curriculum.update(float(answer_loss.detach()))
         if moved:
             log(f"[train] step {step} {moved}")
         if step % 50 == 0 or step == 1:
             ema = "" if curriculum.ema is None else f" (EMA {curriculum.ema:.3f})"
             log(f"[train] step {step} len {length} x{batch} answer loss {float(answer_loss.detach()):.3f}{ema} "
-                f"({time.time() - t0:.0f} s)")
+                f"answer tokens right {float(accuracy):.1%} ({time.time() - t0:.0f} s)")
     if stop.is_set():
         log(f"[train] SIGTERM at step {step}: saving")
     model.eval()
+    # every call that trained these weights: its command, steps and wall time (train_meta.json says how they
+    # were made across resumed device calls)
+    runs.append({"command": " ".join(["python -m trtllm_dasc.evals.train", *sys.argv[1:]]), "device": device,
+                 "recurrence": recurrence, "steps": [first_step, step],
+                 "seconds": round(time.time() - t0, 1)})
     if stage:
         # compact: fp32 weights only (a device call returns files of at most 16 MiB; Adam's moments would
         # triple it), so --resume restarts the moments with a short lr warm-up
         os.makedirs(stage, exist_ok=True)
-        state = {"model": model.state_dict(), "step": step, "curve": curve, "curriculum": curriculum.state()}
+        state = {"model": model.state_dict(), "step": step, "curve": curve, "curriculum": curriculum.state(),
+                 "config": asdict(cfg), "runs": runs}
         if stage_optimizer:
             state["opt"] = opt.state_dict()
         torch.save(state, os.path.join(stage, "train_state.pt"))
     meta = {"config": asdict(cfg), "steps": step, "seconds": time.time() - t0, "device": device,
             "resumed_from": resume and os.path.abspath(resume), "recurrence": recurrence,
-            "curriculum": curriculum.state(),
+            "curriculum": curriculum.state(), "runs": runs,
             "loss_curve": curve, "command": " ".join(["python -m trtllm_dasc.evals.train", *sys.argv[1:]])}
     save(model.cpu(), out, meta)
+    return meta
+
+
+def export(stage_file: str, out: str) -> dict:
+    """The bf16 checkpoint (save_pretrained + train_meta.json) of a staged run: a device call returns the
+    fp32 stage (the model would not fit beside it in a returned file), and the model is written here."""
+    state = _load_stage(stage_file, "cpu")
+    if "config" not in state:
+        raise ValueError(f"{stage_file}: a stage without its config (written before --export existed)")
+    config = dict(state["config"])
+    config["curriculum"] = LengthCurriculum(**config["curriculum"])
+    config["tasks"] = tuple(config["tasks"]) if config.get("tasks") else None
+    cfg = TrainConfig(**config)
+    model = build_model(cfg)
+    model.load_state_dict(state["model"])
+    meta = {"config": asdict(cfg), "steps": state["step"], "runs": state.get("runs", []),
+            "seconds": sum(r["seconds"] for r in state.get("runs", [])), "exported_from": os.path.basename(stage_file),
+            "curriculum": state.get("curriculum"), "loss_curve": state["curve"],
+            "command": " ".join(["python -m trtllm_dasc.evals.train", *sys.argv[1:]])}
+    save(model.eval(), out, meta)
     return meta
 
 
@@ -253,6 +294,9 @@ def main(argv=None) -> int:
     ap.add_argument("--min-length", type=int, default=1024)
     ap.add_argument("--max-length", type=int, default=4096)
     ap.add_argument("--tokens-per-step", type=int, default=32768)
+    ap.add_argument("--decay-init", default="paper", choices=["paper", "default"],
+                    help="A_log / dt_bias from the paper's profile, or transformers' init")
+    ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--tasks", default=None, help="comma-separated training tasks (default: all of evals/tasks.py)")
     ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
     ap.add_argument("--advance-loss", type=float, default=_CURRICULUM.advance_loss,
@@ -261,9 +305,19 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", default=None, help="a --stage directory of an earlier run, or its train_state.pt")
     ap.add_argument("--stage", default=None, help="also write fp32 weights here (to --resume from)")
     ap.add_argument("--stage-optimizer", action="store_true", help="stage Adam's moments too (3x the size)")
+    ap.add_argument("--export", default=None, metavar="STAGE",
+                    help="write the bf16 model of a staged run (its train_state.pt) to --out, and train nothing")
     args = ap.parse_args(argv)
+    if args.export:
+        try:
+            meta = export(args.export, args.out)
+        except (ValueError, RuntimeError, OSError) as e:
+            print(f"train: error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.out}: {meta['steps']} steps of training")
+        return 0
     try:
-        cfg = TrainConfig(arch=args.arch, seed=args.seed, min_length=args.min_length, max_length=args.max_length,
+        cfg = TrainConfig(arch=args.arch, seed=args.seed, decay_init=args.decay_init, lr=args.lr, min_length=args.min_length, max_length=args.max_length,
                           tokens_per_step=args.tokens_per_step,
                           tasks=tuple(args.tasks.split(",")) if args.tasks else None,
                           curriculum=LengthCurriculum(start=args.start_length, advance_loss=args.advance_loss,
