@@ -45,7 +45,7 @@ class TrainConfig:
     min_length: int = 1024
     max_length: int = 4096
     tokens_per_step: int = 32768
-    lr: float = 2e-3
+    lr: float = 2e-3                    # the CLI's --lr default too
     warmup_steps: int = 50
     all_token_weight: float = 0.1
     # the length curriculum's stages and gate (evals/curriculum.py); its lengths are min/max_length above
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens-per-step", type=int, default=32768)
     ap.add_argument("--decay-init", default="paper", choices=["paper", "default"],
                     help="A_log / dt_bias from the paper's profile, or transformers' init")
-    ap.add_argument("--lr", type=float, default=TrainConfig.lr)
+    ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (AdamW)")
     ap.add_argument("--tasks", default=None, help="comma-separated training tasks (default: all of evals/tasks.py)")
     ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
     ap.add_argument("--advance-loss", type=float, default=_CURRICULUM.advance_loss,
