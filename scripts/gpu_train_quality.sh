@@ -12,7 +12,7 @@
 # RESUME=1 continues each variant from .stage/NAME_stage.pt when it was carried (weights + curriculum progress).
 # MINUTES (default 7) is each run's wall budget, compiles included. TASKS (a comma-separated list, default all)
 # narrows the training mixture, e.g. to the single-needle tasks first; the quick check uses the same tasks
-# (QUICK_LENGTH, default 2048).
+# (QUICK_LENGTH, default 2048; QUICK=0 skips it). TRAIN_ARGS go to every variant (e.g. --restart-curriculum).
 # Compiled kernels: .kernel_cache/train_kernels*.tgz is unpacked into the Triton cache when carried (the first
 # KDA step compiled and autotuned for 245 s on a bare machine), and the kernels this call compiled come back
 # as train_kernels.tgz.part-* (join them under a new name in .kernel_cache/ each call: they add up). Back-to-back
@@ -39,7 +39,7 @@ for variant in "${VARIANT_LIST[@]}"; do
   # the run keeps its own wall budget (compiles included) and saves on SIGTERM; timeout is the backstop
   CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "$(awk "BEGIN { print int(${MINUTES:-7} * 60 + 60) }")" python3 -m trtllm_dasc.evals.train \
     --arch $arch --out /tmp/models/$name --stage /tmp/stage/$name --minutes "${MINUTES:-7}" --device cuda --seed 0 \
-    $resume ${TASKS:+--tasks "$TASKS"} $args > /tmp/train_logs/train_$name.log 2>&1 &
+    $resume ${TASKS:+--tasks "$TASKS"} ${TRAIN_ARGS:-} $args > /tmp/train_logs/train_$name.log 2>&1 &
   i=$((i + 1))
 done
 wait
@@ -54,7 +54,7 @@ for variant in "${VARIANT_LIST[@]}"; do
   read -r name arch args <<< "$variant"
   tail -n 3 /tmp/train_logs/train_$name.log | sed "s/^/$name: /"
   [ -f /tmp/stage/$name/train_state.pt ] && cp /tmp/stage/$name/train_state.pt "$OUT/${name}_stage.pt"
-  [ -f /tmp/models/$name/config.json ] && CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${QUICK_LIMIT:-60}" \
+  [ -f /tmp/models/$name/config.json ] && [ "${QUICK:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${QUICK_LIMIT:-60}" \
     python3 -m trtllm_dasc.evals.run --model /tmp/models/$name --out /tmp/quick_$name.json --arms dense,nr16 \
     --lengths "${QUICK_LENGTH:-2048}" --instances 4 ${TASKS:+--tasks "$TASKS"} --device cuda --dtype bfloat16 \
     --resamples 200 > /tmp/train_logs/quick_$name.log 2>&1 &

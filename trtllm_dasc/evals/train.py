@@ -57,6 +57,9 @@ class TrainConfig:
     # forget within a few tokens); "default": transformers' own init (A in [1, 16], dt in [1e-3, 0.1], so
     # decays from 0.2 to 0.999), from which training has to find the spread itself
     decay_init: str = "paper"
+    # on --resume, start the length curriculum again from its first stage (new tasks learn on short
+    # haystacks first) instead of continuing the staged run's
+    restart_curriculum: bool = False
     seed: int = 0
 
     def check(self) -> None:
@@ -171,13 +174,13 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     if state is not None:
         model.load_state_dict(state["model"])
         step, curve, runs = state["step"], state["curve"], list(state.get("runs", []))
-        if "curriculum" in state:
+        if "curriculum" in state and not cfg.restart_curriculum:
             curriculum.resume(state["curriculum"])
         if "opt" in state:
             opt.load_state_dict(state["opt"])
         else:                           # a compact stage (weights only): fresh moments, warm the lr up again
             warm_from = step
-    first_step = step
+    first_step, skipped = step, 0
     rng = np.random.default_rng([cfg.seed, step])
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
     model.train()
@@ -198,7 +201,17 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             break
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not math.isfinite(float(grad_norm)):
+            # a non-finite gradient would turn every weight into NaN through Adam (it did once, at step 1613 of
+            # a KDA run whose loss was still finite): skip the update, keep the weights
+            skipped += 1
+            log(f"[train] step {step + 1}: gradient norm {float(grad_norm)}, update skipped ({skipped} so far)")
+            if skipped >= 20:
+                log("[train] 20 updates skipped: stopping with the last good weights")
+                break
+            opt.zero_grad(set_to_none=True)
+            continue
         opt.step()
         step += 1
         curve.append([step, length, round(float(answer_loss.detach()), 4), round(float(accuracy), 3)])
@@ -303,6 +316,8 @@ def main(argv=None) -> int:
                     help="leave a curriculum stage when the answer loss EMA falls under this")
     ap.add_argument("--stage-steps", type=int, default=_CURRICULUM.stage_steps, help="... or after this many steps")
     ap.add_argument("--resume", default=None, help="a --stage directory of an earlier run, or its train_state.pt")
+    ap.add_argument("--restart-curriculum", action="store_true",
+                    help="with --resume: run the length curriculum again from --start-length (e.g. for new --tasks)")
     ap.add_argument("--stage", default=None, help="also write fp32 weights here (to --resume from)")
     ap.add_argument("--stage-optimizer", action="store_true", help="stage Adam's moments too (3x the size)")
     ap.add_argument("--export", default=None, metavar="STAGE",
@@ -317,7 +332,8 @@ def main(argv=None) -> int:
         print(f"wrote {args.out}: {meta['steps']} steps of training")
         return 0
     try:
-        cfg = TrainConfig(arch=args.arch, seed=args.seed, decay_init=args.decay_init, lr=args.lr, min_length=args.min_length, max_length=args.max_length,
+        cfg = TrainConfig(arch=args.arch, seed=args.seed, decay_init=args.decay_init, lr=args.lr,
+                          restart_curriculum=args.restart_curriculum, min_length=args.min_length, max_length=args.max_length,
                           tokens_per_step=args.tokens_per_step,
                           tasks=tuple(args.tasks.split(",")) if args.tasks else None,
                           curriculum=LengthCurriculum(start=args.start_length, advance_loss=args.advance_loss,
