@@ -17,6 +17,6 @@ for arch in kda gdn; do
   cp "$RES/quality_$arch.json" "$OUTDIR/"
   [ -f "$RES/quality_$arch.png" ] && cp "$RES/quality_$arch.png" "$OUTDIR/"
   $PY -m trtllm_dasc.evals.horizon_validation --model "$MODELS/$arch" --out "$OUTDIR/horizon_validation_$arch.json"
-  $PY -m trtllm_dasc.cli plan --model "$MODELS/$arch" --plot "$OUTDIR/decay_profile_$arch.png" > "$OUTDIR/plan_$arch.txt"
+  $PY -m trtllm_dasc.cli plan --model "$MODELS/$arch" --wmax 16,64,128,512 --plot "$OUTDIR/decay_profile_$arch.png" > "$OUTDIR/plan_$arch.txt"
 done
 $PY -m trtllm_dasc.evals.tables "$OUTDIR/quality_kda.json" "$OUTDIR/quality_gdn.json" --out "$OUTDIR/tables.md"
