@@ -9,13 +9,17 @@
 # Carry as .whl (the device's numpy 2.x is replaced by the serving wheels' 1.26, and huggingface-hub 2.x needs
 # httpx2): ../shared/tools/gpu-wheels .whl kernels transformers==5.24.0 huggingface-hub tokenizers "numpy>=2.1,<2.4"
 #   httpx2 httpcore2 hf-xet anyio idna truststore h11 click typing-extensions
+# A call carries at most 64 MiB and the tree alone is about 21 MB (the committed quality models): when .whl, .stage
+# and .kernel_cache_train do not fit together, send .whl first with INSTALL_ONLY=1 and the rest (no .whl) in a
+# second call under 30 s later, while the machine is still warm with the wheels installed.
 # RESUME=1 continues each variant from .stage/NAME_stage.pt when it was carried (weights + curriculum progress).
 # MINUTES (default 7) is each run's wall budget, compiles included. TASKS (a comma-separated list, default all)
 # narrows the training mixture, e.g. to the single-needle tasks first; the quick check uses the same tasks
 # (QUICK_LENGTH, default 2048; QUICK=0 skips it). TRAIN_ARGS go to every variant (e.g. --restart-curriculum).
-# Compiled kernels: .kernel_cache/train_kernels*.tgz is unpacked into the Triton cache when carried (the first
+# Compiled kernels: .kernel_cache_train/train_kernels*.tgz is unpacked into the Triton cache when carried (the first
 # KDA step compiled and autotuned for 245 s on a bare machine), and the kernels this call compiled come back
-# as train_kernels.tgz.part-* (join them under a new name in .kernel_cache/ each call: they add up). Back-to-back
+# as train_kernels.tgz.part-* (join them under a new name in .kernel_cache_train/ each call: they add up; carry
+# .kernel_cache_train, not the engine's .kernel_cache, which the training does not use). Back-to-back
 # calls (under 30 s apart) find the machine warm with its Triton cache in /tmp.
 # Writes (a call returns at most 8 files of 16 MiB): $OUT/NAME_stage.pt per variant (fp32 weights to resume
 # from; `python -m trtllm_dasc.evals.train --export STAGE --arch ARCH --out DIR` writes the bf16 model),
@@ -46,7 +50,7 @@ wait
 # the compiled kernels first: what a cut call must not lose
 tar czf /tmp/train_kernels.tgz --newer-mtime="@$(stat -c %Y /tmp/kernels_before_training)" \
   --transform "s,^$(basename $CACHE),train_kernels," -C "$(dirname $CACHE)" "$(basename $CACHE)"
-# in parts of 15 MB (a returned file's limit is 16 MiB): cat train_kernels.tgz.part-* > .kernel_cache/NAME.tgz
+# in parts of 15 MB (a returned file's limit is 16 MiB): cat train_kernels.tgz.part-* > .kernel_cache_train/NAME.tgz
 if [ "$(stat -c %s /tmp/train_kernels.tgz)" -le 30000000 ]; then split -b 15000000 /tmp/train_kernels.tgz "$OUT/train_kernels.tgz.part-"
 else echo "kernel cache $(stat -c %s /tmp/train_kernels.tgz) B: over two returned files, not returned"; fi
 i=0
