@@ -4,11 +4,11 @@
 # side, KDA on GPU 0 and GDN on GPU 1, each split over PROCS processes (--shard i/PROCS: the tiny models leave the GPU idle, the engine's
 # step loop is CPU-bound), then each model's shards merged (--merge) into one result with the statistics.
 # Carry .whl with fla-core (and the numpy 2.x wheel when an earlier call of the session installed numpy 1.26);
-# .kernel_cache when present (the engine's compiled kernels, kernels/ in h200_kernels_*.tgz, and the training
-# call's train_kernels*.tgz: otherwise 16 processes compile the same kernels at once). Pass COMMIT=<hash>.
+# .kernel_cache when present (the engine's compiled kernels, kernels/ in h200_kernels_*.tgz and the parts this
+# script returns: otherwise 16 processes compile the same kernels at once). Pass COMMIT=<hash>.
 # MODELS (default benchmarks/quality_models) holds kda/ and gdn/; INSTANCES (20), LENGTHS (1024,2048,4096),
 # TASKS (comma-separated, default all 13), PROCS (8), EVAL_LIMIT (seconds, 450): a shard cut by the limit keeps the arms it finished.
-# Writes $OUT/quality_{kda,gdn}.json and .png, $OUT/evals.log.
+# Writes $OUT/quality_{kda,gdn}.json and .png, $OUT/evals.log, $OUT/eval_kernels.tgz.part-* (compiled kernels).
 set -uo pipefail
 SHAPED_MODEL=0 source scripts/gpu_prelude.sh          # wheels, PYTHONPATH, both kernel caches in $CACHE
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
@@ -19,6 +19,7 @@ done
 # a warm machine keeps /tmp: never merge an earlier call's shards
 rm -rf /tmp/ev
 mkdir -p /tmp/ev
+sleep 1; touch /tmp/kernels_before_evals   # only kernels compiled by this call go back
 P=${PROCS:-8}
 GPUS=$(nvidia-smi -L | wc -l)
 for g in 0 1; do
@@ -31,6 +32,12 @@ for g in 0 1; do
   done
 done
 wait
+# the engine's kernels this call compiled (its first arm spent 210 s compiling on a machine with an older
+# cache): join the parts into .kernel_cache/NAME.tgz for the next call
+tar czf /tmp/eval_kernels.tgz --newer-mtime="@$(stat -c %Y /tmp/kernels_before_evals)" \
+  --transform "s,^$(basename $CACHE),kernels," -C "$(dirname $CACHE)" "$(basename $CACHE)"
+if [ "$(stat -c %s /tmp/eval_kernels.tgz)" -le 30000000 ]; then split -b 15000000 /tmp/eval_kernels.tgz "$OUT/eval_kernels.tgz.part-"
+else echo "kernel cache $(stat -c %s /tmp/eval_kernels.tgz) B: over two returned files, not returned"; fi
 for arch in kda gdn; do
   grep -h "\[evals\]" /tmp/ev/${arch}_*.log | sed "s/^/$arch /" >> "$OUT/evals.log"
   python3 -m trtllm_dasc.evals.run --merge $(ls /tmp/ev/${arch}_*.json) --out "$OUT/quality_$arch.json" \
