@@ -5,11 +5,14 @@
 # and .kernel_cache_train/*.tgz (compiled kernels of earlier runs: the engine's kernels/ and the quality
 # training's train_kernels/, kept apart so a call carries only what it runs within the 64 MiB; minutes of
 # first compiles saved; a stale one is only unused) and write the Kimi-Linear-48B-shaped
-# checkpoint once per machine (SHAPED_MODEL=0: a script that does not use it).
+# checkpoint once per machine (SHAPED_MODEL=0: a script that does not use it). Sets GPUS (the GPU count).
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
 fi
 [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
+# whole GPUs (MIG instances would add lines to nvidia-smi -L); scripts place jobs on GPU i mod $GPUS
+GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+[ "$GPUS" -ge 1 ] || { echo "no GPU visible to nvidia-smi"; exit 5; }
 export PYTHONPATH=$PWD
 CACHE=/tmp/triton_cache
 mkdir -p $CACHE

@@ -21,7 +21,6 @@ rm -rf /tmp/ev
 mkdir -p /tmp/ev
 sleep 1; touch /tmp/kernels_before_evals   # only kernels compiled by this call go back
 P=${PROCS:-8}
-GPUS=$(nvidia-smi -L | wc -l)
 for g in 0 1; do
   arch=$([ $g = 0 ] && echo kda || echo gdn)
   for i in $(seq 0 $((P - 1))); do

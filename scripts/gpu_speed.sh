@@ -16,7 +16,6 @@ PARTS=${PARTS:-prefill,decode}
 [[ $PARTS == *decode* ]] || SHAPED_MODEL=0          # only the decode half reads the shaped checkpoint
 source scripts/gpu_prelude.sh
 C=${COMMIT:+--commit $COMMIT}
-GPUS=$(nvidia-smi -L | wc -l)
 prefill_half() {
   export CUDA_VISIBLE_DEVICES=0
   for arch in kda gdn; do
@@ -29,6 +28,9 @@ decode_half() {
   timeout 200 python3 benchmarks/decode_step.py --model /tmp/kimi48 --out "$OUT/decode_step.json" $C
   timeout 260 python3 benchmarks/wr_hit_cost.py --model /tmp/kimi48 --out "$OUT/wr_hit_cost.json" $C
 }
+if [ "$GPUS" -lt 2 ] && [[ $PARTS == *prefill* && $PARTS == *decode* ]]; then
+  echo "one GPU: both halves in sequence may pass the 600 s call limit; PARTS=prefill or PARTS=decode per call"
+fi
 if [ "$GPUS" -ge 2 ]; then
   [[ $PARTS == *prefill* ]] && prefill_half > "$OUT/speed_gpu0.log" 2>&1 &
   [[ $PARTS == *decode* ]] && decode_half > "$OUT/speed_gpu1.log" 2>&1 &

@@ -12,17 +12,19 @@
 # A call carries at most 64 MiB and the tree alone is about 21 MB (the committed quality models): when .whl, .stage
 # and .kernel_cache_train do not fit together, send .whl first with INSTALL_ONLY=1 and the rest (no .whl) in a
 # second call under 30 s later, while the machine is still warm with the wheels installed.
-# RESUME=1 continues each variant from .stage/NAME_stage.pt when it was carried (weights + curriculum progress).
+# RESUME=1 continues each variant from .stage/NAME_stage.pt (weights + curriculum progress; a missing one stops
+# the call before training).
 # MINUTES (default 7) is each run's wall budget, compiles included. TASKS (a comma-separated list, default all)
 # narrows the training mixture, e.g. to the single-needle tasks first; the quick check uses the same tasks
 # (QUICK_LENGTH, default 2048; QUICK=0 skips it). TRAIN_ARGS go to every variant (e.g. --restart-curriculum).
 # Compiled kernels: .kernel_cache_train/train_kernels*.tgz is unpacked into the Triton cache when carried (the first
 # KDA step compiled and autotuned for 245 s on a bare machine), and the kernels this call compiled come back
 # as train_kernels.tgz.part-* (join them under a new name in .kernel_cache_train/ each call: they add up; carry
-# .kernel_cache_train, not the engine's .kernel_cache, which the training does not use). Back-to-back
+# .kernel_cache_train; the quick check runs the engine, whose kernels are in .kernel_cache: carry it too when
+# QUICK=1 and the carry allows, or its first compile may not fit QUICK_LIMIT). Back-to-back
 # calls (under 30 s apart) find the machine warm with its Triton cache in /tmp.
 # Writes (a call returns at most 8 files of 16 MiB): $OUT/NAME_stage.pt per variant (fp32 weights to resume
-# from; `python -m trtllm_dasc.evals.train --export STAGE --arch ARCH --out DIR` writes the bf16 model),
+# from; `python -m trtllm_dasc.evals.train --export STAGE --out DIR` writes the bf16 model),
 # $OUT/logs.tgz (train_NAME.log, quick_NAME.log), $OUT/quick.log, $OUT/train_kernels.tgz.part-* (one or two).
 set -uo pipefail
 SHAPED_MODEL=0 source scripts/gpu_prelude.sh          # wheels, PYTHONPATH, the kernel cache in $CACHE
@@ -32,13 +34,16 @@ rm -rf /tmp/models /tmp/stage /tmp/quick_* /tmp/train_logs
 mkdir -p /tmp/train_logs
 sleep 1; touch /tmp/kernels_before_training   # only kernels compiled from here on go back (16 MiB a file)
 python3 -c "import transformers, fla; print('transformers', transformers.__version__, 'fla', fla.__version__)" || exit 3
-GPUS=$(nvidia-smi -L | wc -l)
 IFS=';' read -ra VARIANT_LIST <<< "${VARIANTS:-kda kda;gdn gdn}"
 i=0
 for variant in "${VARIANT_LIST[@]}"; do
   read -r name arch args <<< "$variant"
   resume=""
-  if [ "${RESUME:-0}" = 1 ] && [ -f .stage/${name}_stage.pt ]; then resume="--resume .stage/${name}_stage.pt"; fi
+  if [ "${RESUME:-0}" = 1 ]; then
+    # never a silent fresh start: it would spend the call and return a stage that overwrites the good one
+    [ -f .stage/${name}_stage.pt ] || { echo "RESUME=1 but no .stage/${name}_stage.pt was carried"; exit 2; }
+    resume="--resume .stage/${name}_stage.pt"
+  fi
   echo "variant $name: --arch $arch $args $resume (GPU $((i % GPUS)))"
   # the run keeps its own wall budget (compiles included) and saves on SIGTERM; timeout is the backstop
   CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "$(awk "BEGIN { print int(${MINUTES:-7} * 60 + 60) }")" python3 -m trtllm_dasc.evals.train \
@@ -53,6 +58,7 @@ tar czf /tmp/train_kernels.tgz --newer-mtime="@$(stat -c %Y /tmp/kernels_before_
 # in parts of 15 MB (a returned file's limit is 16 MiB): cat train_kernels.tgz.part-* > .kernel_cache_train/NAME.tgz
 if [ "$(stat -c %s /tmp/train_kernels.tgz)" -le 30000000 ]; then split -b 15000000 /tmp/train_kernels.tgz "$OUT/train_kernels.tgz.part-"
 else echo "kernel cache $(stat -c %s /tmp/train_kernels.tgz) B: over two returned files, not returned"; fi
+tar czf "$OUT/logs.tgz" -C /tmp train_logs      # now, so a call cut in the quick check keeps them
 i=0
 for variant in "${VARIANT_LIST[@]}"; do
   read -r name arch args <<< "$variant"
@@ -69,4 +75,4 @@ for variant in "${VARIANT_LIST[@]}"; do
   read -r name arch args <<< "$variant"
   grep -h "\[evals\]" /tmp/train_logs/quick_$name.log | sed "s/^/$name /"
 done | tee "$OUT/quick.log"
-tar czf "$OUT/logs.tgz" -C /tmp train_logs
+tar czf "$OUT/logs.tgz" -C /tmp train_logs      # again, with the quick checks' logs

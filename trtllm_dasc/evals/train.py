@@ -1,13 +1,15 @@
 """Train a tiny hybrid that genuinely uses long-range memory, on the RULER-like mixture (evals/mixture.py).
 
     python -m trtllm_dasc.evals.train --arch kda --out models/kda [--minutes 9] [--device cuda] [--seed 0]
-                                      [--resume STAGE_DIR]
+                                      [--decay-init paper|default] [--lr 2e-3] [--tasks T1,T2]
+                                      [--stage DIR] [--resume STAGE] [--restart-curriculum]
+    python -m trtllm_dasc.evals.train --export STAGE/train_state.pt --out models/kda   # bf16 model of a stage
 
 transformers' KimiLinearForCausalLM (KDA + MLA) / Qwen3NextForCausalLM (GDN + gated attention) are the
 trainable definitions (on a GPU they run fla's kernels with autograd); linear and full-attention layers
 in the released models' 3:1 ratio, dense MLPs, a few million parameters, so the bf16 weights stay under
-8 MB. The decay parameters start from the paper's profile (plan/synthetic.py) so the horizons spread;
-training moves them. Saved with save_pretrained (bf16; decay tensors fp32, as the released checkpoints),
+8 MB. The decay parameters start from the paper's profile (plan/synthetic.py, --decay-init paper) or from
+transformers' own init (--decay-init default, decays from 0.2 to 0.999); training moves them. Saved with save_pretrained (bf16; decay tensors fp32, as the released checkpoints),
 which our loader reads, plus train_meta.json (config, seed, steps, loss curve, command). A run that
 needs more than one 10-minute device command stages its fp32 weights with --stage (Adam's moments too with
 --stage-optimizer) and continues with --resume. On Hopper with Triton 3.4-3.7.0, fla refuses GDN's gated
@@ -32,6 +34,9 @@ import numpy as np
 
 from trtllm_dasc.evals.curriculum import LengthCurriculum
 
+DEFAULT_LR = 2e-3                       # TrainConfig.lr and the CLI's --lr
+MAX_SKIPPED_IN_A_ROW = 20               # non-finite gradients in a row before a run gives up
+
 
 @dataclass(slots=True)
 class TrainConfig:
@@ -45,7 +50,7 @@ class TrainConfig:
     min_length: int = 1024
     max_length: int = 4096
     tokens_per_step: int = 32768
-    lr: float = 2e-3                    # the CLI's --lr default too
+    lr: float = DEFAULT_LR
     warmup_steps: int = 50
     all_token_weight: float = 0.1
     # the length curriculum's stages and gate (evals/curriculum.py); its lengths are min/max_length above
@@ -165,6 +170,9 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     mixture = TrainingMixture(vocab=TaskVocab(cfg.vocab_size), min_length=cfg.min_length, max_length=cfg.max_length,
                               seed=cfg.seed, **({"tasks": tuple(cfg.tasks)} if cfg.tasks else {}))
     state = _load_stage(resume, device) if resume else None
+    if state is not None and "config" in state:
+        # the weights were initialised by the stage's run: its decay init is what train_meta.json must say
+        cfg = replace(cfg, decay_init=state["config"]["decay_init"])
     on_gpu = device.startswith("cuda")
     recurrence = (choose_gdn_recurrence(device, log, heads=(cfg.heads // 2, cfg.heads), head_dim=cfg.head_dim)
                   if cfg.arch == "gdn" else "fla" if on_gpu else "torch")
@@ -206,13 +214,14 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             # a non-finite gradient would turn every weight into NaN through Adam (it did once, at step 1613 of
             # a KDA run whose loss was still finite): skip the update, keep the weights
             skipped += 1
-            log(f"[train] step {step + 1}: gradient norm {float(grad_norm)}, update skipped ({skipped} so far)")
-            if skipped >= 20:
-                log("[train] 20 updates skipped: stopping with the last good weights")
+            log(f"[train] step {step + 1}: gradient norm {float(grad_norm)}, update skipped ({skipped} in a row)")
+            if skipped >= MAX_SKIPPED_IN_A_ROW:
+                log(f"[train] {skipped} updates in a row skipped: stopping with the last good weights")
                 break
             opt.zero_grad(set_to_none=True)
             continue
         opt.step()
+        skipped = 0
         step += 1
         curve.append([step, length, round(float(answer_loss.detach()), 4), round(float(accuracy), 3)])
         moved = curriculum.update(float(answer_loss.detach()))
@@ -309,7 +318,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens-per-step", type=int, default=32768)
     ap.add_argument("--decay-init", default="paper", choices=["paper", "default"],
                     help="A_log / dt_bias from the paper's profile, or transformers' init")
-    ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (AdamW)")
+    ap.add_argument("--lr", type=float, default=DEFAULT_LR, help="peak learning rate (AdamW)")
     ap.add_argument("--tasks", default=None, help="comma-separated training tasks (default: all of evals/tasks.py)")
     ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
     ap.add_argument("--advance-loss", type=float, default=_CURRICULUM.advance_loss,
@@ -326,8 +335,8 @@ def main(argv=None) -> int:
     if args.export:
         try:
             meta = export(args.export, args.out)
-        except (ValueError, RuntimeError, OSError) as e:
-            print(f"train: error: {e}", file=sys.stderr)
+        except Exception as e:          # a foreign or damaged stage file: say so, no traceback
+            print(f"train: error: cannot export {args.export}: {type(e).__name__}: {e}", file=sys.stderr)
             return 2
         print(f"wrote {args.out}: {meta['steps']} steps of training")
         return 0
