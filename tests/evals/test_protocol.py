@@ -138,6 +138,11 @@ def test_training_on_chosen_tasks_and_bad_ones_refused(tmp_path, monkeypatch):
     meta = train(TrainConfig(arch="kda", **TINY, tasks=("qa_1", "vt")), str(tmp_path / "m"), minutes=2,
                  device="cpu", max_steps=1, log=lambda m: None)
     assert list(meta["config"]["tasks"]) == ["qa_1", "vt"] and drawn and set(drawn) <= {"qa_1", "vt"}
+    assert meta["task_answer_loss"] and set(meta["task_answer_loss"]) <= {"qa_1", "vt"}
+    from trtllm_dasc.evals.train import TaskLosses
+    window = TaskLosses(window=2)
+    window.add(["vt", "qa_1", "vt", "vt"], [9.0, 1.0, 2.0, 4.0])     # vt keeps its last two rows
+    assert window.means() == {"qa_1": 1.0, "vt": 3.0} and window.summary() == "qa_1 1.00, vt 3.00"
     with pytest.raises(ValueError, match="unknown task"):
         train(TrainConfig(arch="kda", **TINY, tasks=("nope",)), str(tmp_path / "n"), minutes=1, device="cpu",
               max_steps=1, log=lambda m: None)
@@ -199,3 +204,27 @@ def test_a_non_finite_gradient_skips_its_update_and_a_resume_can_restart_the_cur
     again = train(replace(cfg, restart_curriculum=True), str(tmp_path / "c"), minutes=2, device="cpu",
                   max_steps=2, resume=str(tmp_path / "s"), log=lambda m: None)
     assert again["loss_curve"][-1][1] == 256 and all(map(np.isfinite, np.asarray(again["loss_curve"])[:, 2]))
+
+
+def test_per_row_answer_losses_add_up_to_the_answer_loss():
+    """The per-task view splits the pooled answer loss by row: weighted by each row's answer tokens, the
+    rows' losses must give back the pooled one, and each row's must equal a direct cross-entropy."""
+    import torch.nn.functional as F
+
+    from trtllm_dasc.evals.mixture import TrainingMixture
+    from trtllm_dasc.evals.train import loss_fn
+    from trtllm_dasc.evals.vocab import TaskVocab
+    model = build_model(TrainConfig(arch="kda", **TINY)).eval()
+    mix = TrainingMixture(vocab=TaskVocab(256), min_length=200, max_length=300, tasks=("qa_1", "vt"))
+    tokens, mask, tasks = mix.batch(3, 300, np.random.default_rng(3), with_tasks=True)
+    assert len(tasks) == 3 and set(tasks) <= {"qa_1", "vt"}
+    tokens, mask = torch.as_tensor(tokens), torch.as_tensor(mask)
+    with torch.no_grad():
+        _, answer_loss, _, rows = loss_fn(model, tokens, mask, 0.1, with_accuracy=True)
+        logits = model(input_ids=tokens).logits.float()
+    counts = mask[:, 1:].sum(1).float()
+    assert torch.allclose((rows * counts).sum() / counts.sum(), answer_loss, atol=1e-5)
+    for b in range(3):
+        where = mask[b, 1:].nonzero()[:, 0]
+        direct = F.cross_entropy(logits[b, where], tokens[b, where + 1])
+        assert torch.allclose(rows[b], direct, atol=1e-5)

@@ -77,12 +77,13 @@ class TrainingMixture:
         """(tokens int64, loss_mask bool) of one example, its length drawn in [min_length, max_length]."""
         return encode(self.draw(rng))
 
-    def batch(self, batch_size: int, length: int,
-              rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def batch(self, batch_size: int, length: int, rng: np.random.Generator | None = None,
+              with_tasks: bool = False) -> tuple[np.ndarray, ...]:
         """[batch_size, length] tokens and loss mask; each row's example length is drawn in
         [min_length, max_length] clipped to ``length``, and the row right-padded with PAD (mask False
         there). A ``length`` below min_length (a curriculum's short start) gives rows of exactly
-        ``length`` tokens, as long as every task of the mixture fits."""
+        ``length`` tokens, as long as every task of the mixture fits. with_tasks: a third element, each
+        row's task name (for per-task training losses)."""
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
         if length < self.shortest_example:
@@ -93,7 +94,10 @@ class TrainingMixture:
         mask = np.zeros((batch_size, length), dtype=bool)
         longest = min(self.max_length, length)
         shortest = min(self.min_length, longest)
+        tasks = []
         for row in range(batch_size):
-            t, m = encode(self.draw(rng, int(rng.integers(shortest, longest + 1))))
+            instance = self.draw(rng, int(rng.integers(shortest, longest + 1)))
+            t, m = encode(instance)
             tokens[row, :len(t)], mask[row, :len(m)] = t, m
-        return tokens, mask
+            tasks.append(instance.task)
+        return (tokens, mask, tasks) if with_tasks else (tokens, mask)

@@ -121,7 +121,8 @@ def build_model(cfg: TrainConfig):
 
 def loss_fn(model, tokens, mask, all_token_weight: float, with_accuracy: bool = False):
     """(training loss, answer loss) and, with_accuracy, the fraction of answer tokens whose argmax is right
-    (teacher-forced: a cheap progress signal, not the greedy score of evals/run.py)."""
+    (teacher-forced: a cheap progress signal, not the greedy score of evals/run.py) and each row's answer
+    loss [B] (for the per-task view of the log)."""
     import torch.nn.functional as F
     logits = model(input_ids=tokens).logits[:, :-1].float()
     target, answer = tokens[:, 1:], mask[:, 1:]
@@ -132,7 +133,27 @@ def loss_fn(model, tokens, mask, all_token_weight: float, with_accuracy: bool = 
     if not with_accuracy:
         return loss, answer_loss
     right = (logits.detach().argmax(-1) == target) & answer
-    return loss, answer_loss, right.sum() / answer.sum().clamp_min(1)
+    row_loss = (ce.detach() * answer).sum(1) / answer.sum(1).clamp_min(1)
+    return loss, answer_loss, right.sum() / answer.sum().clamp_min(1), row_loss
+
+
+class TaskLosses:
+    """The answer loss of the last ``window`` training rows of every task: which tasks a mixture run has
+    learned (the pooled loss hides a task stuck at chance behind easy ones)."""
+
+    def __init__(self, window: int = 200):
+        from collections import deque
+        self.window, self._rows, self._deque = window, {}, deque
+
+    def add(self, tasks: list[str], losses: list[float]) -> None:
+        for task, value in zip(tasks, losses):
+            self._rows.setdefault(task, self._deque(maxlen=self.window)).append(float(value))
+
+    def means(self) -> dict[str, float]:
+        return {t: round(sum(v) / len(v), 4) for t, v in sorted(self._rows.items())}
+
+    def summary(self) -> str:
+        return ", ".join(f"{t} {m:.2f}" for t, m in self.means().items())
 
 
 def save(model, out: str, meta: dict) -> None:
@@ -188,21 +209,22 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             opt.load_state_dict(state["opt"])
         else:                           # a compact stage (weights only): fresh moments, warm the lr up again
             warm_from = step
-    first_step, skipped = step, 0
+    first_step, skipped, per_task = step, 0, TaskLosses()
     rng = np.random.default_rng([cfg.seed, step])
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
     model.train()
     while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps) and not stop.is_set():
         length = curriculum.length(rng)
         batch = max(1, cfg.tokens_per_step // length)
-        tokens, mask = mixture.batch(batch, length, rng)
+        tokens, mask, row_tasks = mixture.batch(batch, length, rng, with_tasks=True)
         tokens = torch.as_tensor(tokens, device=device)
         mask = torch.as_tensor(mask, device=device)
         lr = cfg.lr * min(1.0, (step - warm_from + 1) / cfg.warmup_steps)
         for group in opt.param_groups:
             group["lr"] = lr
         with amp:
-            loss, answer_loss, accuracy = loss_fn(model, tokens, mask, cfg.all_token_weight, with_accuracy=True)
+            loss, answer_loss, accuracy, row_loss = loss_fn(model, tokens, mask, cfg.all_token_weight,
+                                                            with_accuracy=True)
         if not math.isfinite(float(loss.detach())):
             # before the update: the weights (and a stage written now) are still the last good ones
             log(f"[train] the loss became {float(loss.detach())} at step {step + 1}; stopping with step {step}'s weights")
@@ -224,6 +246,7 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
         skipped = 0
         step += 1
         curve.append([step, length, round(float(answer_loss.detach()), 4), round(float(accuracy), 3)])
+        per_task.add(row_tasks, row_loss.tolist())
         moved = curriculum.update(float(answer_loss.detach()))
         if moved:
             log(f"[train] step {step} {moved}")
@@ -231,6 +254,8 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             ema = "" if curriculum.ema is None else f" (EMA {curriculum.ema:.3f})"
             log(f"[train] step {step} len {length} x{batch} answer loss {float(answer_loss.detach()):.3f}{ema} "
                 f"answer tokens right {float(accuracy):.1%} ({time.time() - t0:.0f} s)")
+        if step % 200 == 0:
+            log(f"[train] step {step} answer loss by task (last {per_task.window} rows each): {per_task.summary()}")
     if stop.is_set():
         log(f"[train] SIGTERM at step {step}: saving")
     model.eval()
@@ -250,7 +275,7 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
         torch.save(state, os.path.join(stage, "train_state.pt"))
     meta = {"config": asdict(cfg), "steps": step, "seconds": time.time() - t0, "device": device,
             "resumed_from": resume and os.path.abspath(resume), "recurrence": recurrence,
-            "curriculum": curriculum.state(), "runs": runs,
+            "curriculum": curriculum.state(), "runs": runs, "task_answer_loss": per_task.means(),
             "loss_curve": curve, "command": " ".join(["python -m trtllm_dasc.evals.train", *sys.argv[1:]])}
     save(model.cpu(), out, meta)
     return meta
