@@ -23,6 +23,15 @@ for d in /tmp/kernels /tmp/train_kernels; do
   [ -d $d ] && cp -rn $d/. $CACHE/ 2>/dev/null
 done
 export TRITON_CACHE_DIR=$CACHE
+# return_new_kernels NAME DIR MARKER: the kernels compiled into $CACHE since MARKER's mtime, as DIR/ inside
+# $OUT/NAME.tgz.part-* (parts of 15 MB: a returned file's limit is 16 MiB; `cat` joins them into one .tgz
+# for .kernel_cache/ or .kernel_cache_train/, which this prelude unpacks next time)
+return_new_kernels() {
+  tar czf /tmp/$1.tgz --newer-mtime="@$(stat -c %Y "$3")" --transform "s,^$(basename $CACHE),$2," \
+    -C "$(dirname $CACHE)" "$(basename $CACHE)"
+  if [ "$(stat -c %s /tmp/$1.tgz)" -le 30000000 ]; then split -b 15000000 /tmp/$1.tgz "$OUT/$1.tgz.part-"
+  else echo "kernel cache $(stat -c %s /tmp/$1.tgz) B: over two returned files, not returned"; fi
+}
 if [ "${SHAPED_MODEL:-1}" = 1 ] && [ ! -f /tmp/kimi48/model.safetensors ]; then
   python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda || exit 4
 fi

@@ -33,10 +33,7 @@ done
 wait
 # the engine's kernels this call compiled (its first arm spent 210 s compiling on a machine with an older
 # cache): join the parts into .kernel_cache/NAME.tgz for the next call
-tar czf /tmp/eval_kernels.tgz --newer-mtime="@$(stat -c %Y /tmp/kernels_before_evals)" \
-  --transform "s,^$(basename $CACHE),kernels," -C "$(dirname $CACHE)" "$(basename $CACHE)"
-if [ "$(stat -c %s /tmp/eval_kernels.tgz)" -le 30000000 ]; then split -b 15000000 /tmp/eval_kernels.tgz "$OUT/eval_kernels.tgz.part-"
-else echo "kernel cache $(stat -c %s /tmp/eval_kernels.tgz) B: over two returned files, not returned"; fi
+return_new_kernels eval_kernels kernels /tmp/kernels_before_evals
 for arch in kda gdn; do
   grep -h "\[evals\]" /tmp/ev/${arch}_*.log | sed "s/^/$arch /" >> "$OUT/evals.log"
   python3 -m trtllm_dasc.evals.run --merge $(ls /tmp/ev/${arch}_*.json) --out "$OUT/quality_$arch.json" \

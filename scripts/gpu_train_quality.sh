@@ -53,11 +53,7 @@ for variant in "${VARIANT_LIST[@]}"; do
 done
 wait
 # the compiled kernels first: what a cut call must not lose
-tar czf /tmp/train_kernels.tgz --newer-mtime="@$(stat -c %Y /tmp/kernels_before_training)" \
-  --transform "s,^$(basename $CACHE),train_kernels," -C "$(dirname $CACHE)" "$(basename $CACHE)"
-# in parts of 15 MB (a returned file's limit is 16 MiB): cat train_kernels.tgz.part-* > .kernel_cache_train/NAME.tgz
-if [ "$(stat -c %s /tmp/train_kernels.tgz)" -le 30000000 ]; then split -b 15000000 /tmp/train_kernels.tgz "$OUT/train_kernels.tgz.part-"
-else echo "kernel cache $(stat -c %s /tmp/train_kernels.tgz) B: over two returned files, not returned"; fi
+return_new_kernels train_kernels train_kernels /tmp/kernels_before_training
 tar czf "$OUT/logs.tgz" -C /tmp train_logs      # now, so a call cut in the quick check keeps them
 i=0
 for variant in "${VARIANT_LIST[@]}"; do
