@@ -38,7 +38,9 @@ def add_arguments(p) -> None:
                    "as many units per layer, drawn uniformly (the paper's count-matched control; needs --mask-seed)")
     g.add_argument("--mask-seed", type=int, default=None, help="seed of --selection random")
     g.add_argument("--policy", default="nr", choices=["nr", "wr", "wr-warm"],
-                   help="load policy for omitted units (wr-warm: the replay starts from the checkpoint's retained units)")
+                   help="load policy for omitted units (wr-warm, experimental: the replay starts from the checkpoint's "
+                        "retained units; no better than wr on the trained models so far, "
+                        "benchmarks/results/quality)")
     g.add_argument("--codec", default="native", choices=["native", "int8"], help="checkpoint temporal codec")
     g.add_argument("--layout", default="ragged", choices=["ragged", "padded"], help="checkpoint slot layout")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
