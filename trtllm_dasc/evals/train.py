@@ -9,8 +9,8 @@ transformers' KimiLinearForCausalLM (KDA + MLA) / Qwen3NextForCausalLM (GDN + ga
 trainable definitions (on a GPU they run fla's kernels with autograd); linear and full-attention layers
 in the released models' 3:1 ratio, dense MLPs, a few million parameters, so the bf16 weights stay under
 8 MB. The decay parameters start from the paper's profile (plan/synthetic.py, --decay-init paper) or from
-transformers' own init (--decay-init default, decays from 0.2 to 0.999); training moves them. Saved with save_pretrained (bf16; decay tensors fp32, as the released checkpoints),
-which our loader reads, plus train_meta.json (config, seed, steps, loss curve, command). A run that
+transformers' own init (--decay-init default, decays from 0.2 to 0.999); training moves them. Saved with
+save_pretrained (bf16; decay tensors fp32, as the released checkpoints), which our loader reads, plus train_meta.json (config, seed, steps, loss curve, command). A run that
 needs more than one 10-minute device command stages its fp32 weights with --stage (Adam's moments too with
 --stage-optimizer) and continues with --resume. On Hopper with Triton 3.4-3.7.0, fla refuses GDN's gated
 backward (fla #640); GDN then trains through fla's KDA kernel (evals/train_kernels.py).
@@ -28,6 +28,7 @@ import math
 import os
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -142,12 +143,11 @@ class TaskLosses:
     learned (the pooled loss hides a task stuck at chance behind easy ones)."""
 
     def __init__(self, window: int = 200):
-        from collections import deque
-        self.window, self._rows, self._deque = window, {}, deque
+        self.window, self._rows = window, {}
 
     def add(self, tasks: list[str], losses: list[float]) -> None:
         for task, value in zip(tasks, losses):
-            self._rows.setdefault(task, self._deque(maxlen=self.window)).append(float(value))
+            self._rows.setdefault(task, deque(maxlen=self.window)).append(float(value))
 
     def means(self) -> dict[str, float]:
         return {t: round(sum(v) / len(v), 4) for t, v in sorted(self._rows.items())}
@@ -259,9 +259,10 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     if stop.is_set():
         log(f"[train] SIGTERM at step {step}: saving")
     model.eval()
+    command = " ".join(["python -m trtllm_dasc.evals.train", *sys.argv[1:]])
     # every call that trained these weights: its command, steps and wall time (train_meta.json says how they
     # were made across resumed device calls)
-    runs.append({"command": " ".join(["python -m trtllm_dasc.evals.train", *sys.argv[1:]]), "device": device,
+    runs.append({"command": command, "device": device,
                  "recurrence": recurrence, "steps": [first_step, step],
                  "seconds": round(time.time() - t0, 1)})
     if stage:
@@ -276,7 +277,7 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     meta = {"config": asdict(cfg), "steps": step, "seconds": time.time() - t0, "device": device,
             "resumed_from": resume and os.path.abspath(resume), "recurrence": recurrence,
             "curriculum": curriculum.state(), "runs": runs, "task_answer_loss": per_task.means(),
-            "loss_curve": curve, "command": " ".join(["python -m trtllm_dasc.evals.train", *sys.argv[1:]])}
+            "loss_curve": curve, "command": command}
     save(model.cpu(), out, meta)
     return meta
 
@@ -367,7 +368,8 @@ def main(argv=None) -> int:
         return 0
     try:
         cfg = TrainConfig(arch=args.arch, seed=args.seed, decay_init=args.decay_init, lr=args.lr,
-                          restart_curriculum=args.restart_curriculum, min_length=args.min_length, max_length=args.max_length,
+                          restart_curriculum=args.restart_curriculum, min_length=args.min_length,
+                          max_length=args.max_length,
                           tokens_per_step=args.tokens_per_step,
                           tasks=tuple(args.tasks.split(",")) if args.tasks else None,
                           curriculum=LengthCurriculum(start=args.start_length, advance_loss=args.advance_loss,
