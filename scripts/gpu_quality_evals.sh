@@ -8,6 +8,8 @@
 # script returns: otherwise 16 processes compile the same kernels at once). Pass COMMIT=<hash>.
 # MODELS (default benchmarks/quality_models) holds kda/ and gdn/; INSTANCES (20), LENGTHS (1024,2048,4096),
 # TASKS (comma-separated, default all 13), PROCS (8), EVAL_LIMIT (seconds, 450): a shard cut by the limit keeps the arms it finished.
+# ARMS (default paper: the 37 arms) names the arms to run, e.g. the ones a cut call left out; merge the result with
+# the earlier one: python -m trtllm_dasc.evals.run --merge earlier.json new.json --out joined.json
 # Writes $OUT/quality_{kda,gdn}.json and .png, $OUT/evals.log, $OUT/eval_kernels.tgz.part-* (compiled kernels).
 set -uo pipefail
 SHAPED_MODEL=0 source scripts/gpu_prelude.sh          # wheels, PYTHONPATH, both kernel caches in $CACHE
@@ -25,7 +27,7 @@ for g in 0 1; do
   arch=$([ $g = 0 ] && echo kda || echo gdn)
   for i in $(seq 0 $((P - 1))); do
     CUDA_VISIBLE_DEVICES=$((g % GPUS)) timeout "${EVAL_LIMIT:-450}" python3 -m trtllm_dasc.evals.run --model $MODELS/$arch \
-      --arms paper --shard $i/$P --instances "${INSTANCES:-20}" ${TASKS:+--tasks "$TASKS"} --lengths "${LENGTHS:-1024,2048,4096}" \
+      --arms "${ARMS:-paper}" --shard $i/$P --instances "${INSTANCES:-20}" ${TASKS:+--tasks "$TASKS"} --lengths "${LENGTHS:-1024,2048,4096}" \
       --device cuda --dtype bfloat16 --out /tmp/ev/${arch}_$i.json ${COMMIT:+--commit "$COMMIT"} \
       > /tmp/ev/${arch}_$i.log 2>&1 &
   done

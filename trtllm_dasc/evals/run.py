@@ -156,8 +156,11 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
     arms.sort(key=lambda a: order.get(a["arm"], len(order)))
     result = {**{k: first.get(k) for k in SHARED}, "commit": first.get("commit"),
               "command": "python -m trtllm_dasc.evals.run --merge " + " ".join(parts),
-              "parts": [{"command": r.get("command"), "commit": r.get("commit"), "shard": r.get("shard"),
-                         "arms": [a["arm"] for a in r["arms"]]} for r in loaded],
+              # a part that is itself a merge (an earlier call's result joined with the arms a later call
+              # added) contributes its own parts, so every entry is one process's command
+              "parts": [q for r in loaded for q in (r.get("parts") or [
+                  {"command": r.get("command"), "commit": r.get("commit"), "shard": r.get("shard"),
+                   "arms": [a["arm"] for a in r["arms"]]}])],
               "arms": arms}
     result["missing_paper_arms"] = [a for a in paper_arms() if a not in seen]
     if result["missing_paper_arms"]:
