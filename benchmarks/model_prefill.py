@@ -16,11 +16,13 @@ bf16 GEMM rate measured on the H200, ENVIRONMENT.md).
 Timing: CUDA events around every linear-attention mixer, attention mixer and MLP; a warm-up run per
 length first (fla's Triton autotuning stays out of the timed runs). With --compare-fla (needs the
 flash-linear-attention package: fla.layers), fla's KimiDeltaAttention / GatedDeltaNet of the same shapes
-is timed on the same tokens, so our mixer per layer stands next to fla's own layer in the same run.
+is timed on the same tokens, so our mixer per layer stands next to fla's own layer in the same run; with
+--compare-unfused the same model also runs with the mixers' conv, gate and norm in torch (backend
+fla-unfused, the mixers before fusion), so the fusion's gain is measured in the same run too.
 Writes a table to stdout and JSON to benchmarks/results/model_prefill_<arch>.json (and to $OUT).
 
     python benchmarks/model_prefill.py [--arch kda|gdn] [--tokens 4096 16384] [--reps 3] [--compare-fla]
-                                       [--smoke]
+                                       [--compare-unfused] [--smoke]
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from shaped_model import Recorder, shaped_config  # noqa: E402
 from trtllm_dasc.config import HybridConfig  # noqa: E402
 from trtllm_dasc.model import HybridModel  # noqa: E402
 from trtllm_dasc.model.direct import DirectRunner  # noqa: E402
+from trtllm_dasc.model.recurrence import get_backend  # noqa: E402
 from trtllm_dasc.plan.synthetic import KIMI_48B, QWEN3_NEXT_80B  # noqa: E402
 
 CHUNK = 64                                      # fla's chunk size: the recurrence's intra-chunk work
@@ -153,6 +156,24 @@ def time_fla_layer(layer, hidden: int, tokens: int, reps: int, dtype) -> float:
     return statistics.median(times)
 
 
+def time_arm(model, backend, ids, cuda: bool, reps: int, linear_layers: int) -> dict:
+    """The same model and tokens under another recurrence backend (a warm-up, then reps), the main arm's
+    backend restored after: tokens/s and the linear-attention time per layer of that arm."""
+    main_backend, model.backend = model.backend, backend
+    try:
+        run_once(model, ids, cuda, timed=False)
+        runs = [run_once(model, ids, cuda, timed=True) for _ in range(reps)]
+    finally:
+        model.backend = main_backend
+    totals = [t for t, _ in runs]
+    split = min(runs, key=lambda r: r[0])[1]
+    total = statistics.median(totals)
+    return {"backend": getattr(backend, "__name__", str(backend)), "total_ms": round(total, 3),
+            "tokens_per_s": round(ids.numel() / total * 1e3, 1), "reps_ms": [round(x, 3) for x in totals],
+            "linear_attn_ms": round(split.get("linear_attn", 0.0), 3),
+            "mixer_ms_per_layer": round(split.get("linear_attn", 0.0) / linear_layers, 3)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="kda", choices=["kda", "gdn"],
@@ -161,10 +182,13 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                    help="default bfloat16 on a GPU, float32 on the CPU (where bf16 matmuls are slow)")
-    p.add_argument("--backend", default="fla", choices=["fla", "torch", "auto"])
+    p.add_argument("--backend", default="fla", choices=["fla", "fla-unfused", "torch", "auto"])
     p.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 matmul peak to divide by (H200: 790)")
     p.add_argument("--compare-fla", action="store_true",
                    help="also time fla's own KimiDeltaAttention / GatedDeltaNet layer (flash-linear-attention)")
+    p.add_argument("--compare-unfused", action="store_true",
+                   help="also time the same model with --backend fla-unfused (fla's recurrence kernels under the "
+                        "torch conv, gate and norm: the mixers before fusion), in the same run")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device exists (CI check)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/model_prefill_<arch>.json)")
     p.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
@@ -195,6 +219,9 @@ def main(argv=None) -> int:
     if args.compare_fla and reference is None:
         print("model_prefill: --compare-fla needs CUDA and the flash-linear-attention package; skipped",
               file=sys.stderr)
+    unfused = None
+    if args.compare_unfused and cuda and args.backend != "fla-unfused":
+        unfused = get_backend("fla-unfused", device)
     gen = torch.Generator().manual_seed(0)
     rows = []
     for T in args.tokens:
@@ -220,8 +247,12 @@ def main(argv=None) -> int:
             row["fla_layer_ms"] = round(time_fla_layer(reference, raw["hidden_size"], T, args.reps,
                                                        getattr(torch, args.dtype)), 3)
             row["mixer_over_fla"] = round(row["mixer_ms_per_layer"] / row["fla_layer_ms"], 3)
+        if unfused is not None:
+            row["unfused"] = time_arm(model, unfused, ids, cuda, args.reps, cfg.num_linear_layers)
+            row["speedup_over_unfused"] = round(row["unfused"]["total_ms"] / row["total_ms"], 3)
         rows.append(row)
-        print(f"T={T}: {row['tokens_per_s']:.0f} tok/s", flush=True)
+        print(f"T={T}: {row['tokens_per_s']:.0f} tok/s"
+              + (f" (unfused {row['unfused']['tokens_per_s']:.0f})" if "unfused" in row else ""), flush=True)
     hdr = (f"{'tokens':>7} {'total ms':>10} {'tok/s':>10} {'% peak':>7} {'lin-attn ms':>12} {'attn ms':>9} "
            f"{'mlp ms':>9} {'head ms':>8} {'mixer/layer':>12} {'fla layer':>10}")
     print(hdr)
@@ -230,6 +261,10 @@ def main(argv=None) -> int:
         print(f"{r['tokens']:>7} {r['total_ms']:>10.2f} {r['tokens_per_s']:>10.0f} {100 * r['fraction_of_peak']:>6.1f}% "
               f"{r['linear_attn_ms']:>12.2f} {r['attention_ms']:>9.2f} {r['mlp_ms']:>9.2f} {r['head_ms']:>8.2f} "
               f"{r['mixer_ms_per_layer']:>12.3f} {fla_ms}")
+        if "unfused" in r:
+            u = r["unfused"]
+            print(f"{'':>7} unfused: {u['total_ms']:.2f} ms, {u['tokens_per_s']:.0f} tok/s, mixer/layer "
+                  f"{u['mixer_ms_per_layer']:.3f} ms; fused is {r['speedup_over_unfused']:.2f}x")
     result = {"benchmark": "model_prefill", **provenance("benchmarks/model_prefill.py", argv, args.commit),
               "torch": torch.__version__, "arch": args.arch,
               "backend": model.backend.__name__, "dtype": args.dtype, "smoke": args.smoke,

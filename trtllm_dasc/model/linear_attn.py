@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from trtllm_dasc.model.fused_ops import gated_norm, short_conv
 from trtllm_dasc.model.ops import causal_conv, gated_rms_norm, linear
 from trtllm_dasc.model.recurrence import run_recurrence
 from trtllm_dasc.model.tp import GDNSlice, KDASlice
@@ -42,8 +43,17 @@ class GDNLayer:
         D, r = spec.hidden_size, HV // H
         s = GDNSlice.build(bundles, H, HV, K, V)
         p = prefix + "linear_attn."
-        w = {"qkvz": load(src, p + "in_proj_qkvz.weight", (H * (2 * K + 2 * r * V), D), dtype, device, s.qkvz_rows),
-             "ba": load(src, p + "in_proj_ba.weight", (2 * HV, D), dtype, device, s.ba_rows),
+        # the checkpoint interleaves q, k, v, z (and b, a) per key head; regrouped here into one block each,
+        # so every projection's output is contiguous and qkv lines up with the conv's channels (q, k, v)
+        n = len(bundles)
+        qkvz = load(src, p + "in_proj_qkvz.weight", (H * (2 * K + 2 * r * V), D), dtype, device, s.qkvz_rows)
+        qkvz = qkvz.view(n, 2 * K + 2 * r * V, D)
+        ba = load(src, p + "in_proj_ba.weight", (2 * HV, D), dtype, device, s.ba_rows).view(n, 2 * r, D)
+        w = {"qkv": torch.cat([qkvz[:, :K].reshape(-1, D), qkvz[:, K:2 * K].reshape(-1, D),
+                               qkvz[:, 2 * K:2 * K + r * V].reshape(-1, D)]),
+             "z": qkvz[:, 2 * K + r * V:].reshape(-1, D).contiguous(),
+             "b": ba[:, :r].reshape(-1, D).contiguous(),
+             "a": ba[:, r:].reshape(-1, D).contiguous(),
              "conv": load(src, p + "conv1d.weight", (cfg.conv_dim, 1, W), dtype, device, s.conv_channels)[:, 0],
              "A_log": load(src, p + "A_log", (HV,), torch.float32, device, s.value_heads),
              "dt_bias": load(src, p + "dt_bias", (HV,), torch.float32, device, s.value_heads),
@@ -52,20 +62,20 @@ class GDNLayer:
         return cls(w, len(bundles), len(bundles) * r, K, V, spec.rms_norm_eps)
 
     def forward(self, x, cu_seqlens: list[int], h0, conv0, backend, cuts=None) -> MixerOut:
-        T, H, HV, K, V, r = x.shape[0], self.H, self.HV, self.K, self.V, self.HV // self.H
-        qkvz = linear(x, self.w["qkvz"]).view(T, H, 2 * K + 2 * r * V)
-        q, k = qkvz[..., :K], qkvz[..., K:2 * K]
-        v, z = qkvz[..., 2 * K:2 * K + r * V], qkvz[..., 2 * K + r * V:]
-        ba = linear(x, self.w["ba"]).view(T, H, 2 * r)
-        b, a = ba[..., :r].reshape(T, HV), ba[..., r:].reshape(T, HV)
-        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)
-        y, conv, conv_b = causal_conv(mixed, self.w["conv"], conv0, cu_seqlens, cuts)
+        T, H, HV, K, V = x.shape[0], self.H, self.HV, self.K, self.V
+        fused = getattr(backend, "fused_mixer", False)
+        conv_fn, norm_fn = (short_conv, gated_norm) if fused else (causal_conv, gated_rms_norm)
+        y, conv, conv_b = conv_fn(linear(x, self.w["qkv"]), self.w["conv"], conv0, cu_seqlens, cuts)
         q, k, v = torch.split(y, [H * K, H * K, HV * V], dim=-1)
-        beta = torch.sigmoid(b)
-        g = -self.w["A_log"].exp() * F.softplus(a.float() + self.w["dt_bias"])
+        b, a = linear(x, self.w["b"]), linear(x, self.w["a"])
+        if fused:       # fla's kernel computes the decay from a and beta from b (recurrence/fla.py)
+            g, beta, gate = a, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True}
+        else:
+            g = -self.w["A_log"].exp() * F.softplus(a.float() + self.w["dt_bias"])
+            beta, gate = torch.sigmoid(b), {}
         o, ht, hb = run_recurrence(backend, "gdn", q.reshape(1, T, H, K), k.reshape(1, T, H, K),
-                                   v.reshape(1, T, HV, V), g[None], beta[None], h0, cu_seqlens, cuts)
-        o = gated_rms_norm(o[0], z.reshape(T, HV, V), self.w["norm"], self.eps, "silu")
+                                   v.reshape(1, T, HV, V), g[None], beta[None], h0, cu_seqlens, cuts, **gate)
+        o = norm_fn(o[0], linear(x, self.w["z"]).view(T, HV, V), self.w["norm"], self.eps, "silu")
         return MixerOut(linear(o.reshape(T, HV * V), self.w["out"]), ht, conv, hb, conv_b)
 
 
@@ -100,13 +110,18 @@ class KDALayer:
 
     def forward(self, x, cu_seqlens: list[int], h0, conv0, backend, cuts=None) -> MixerOut:
         T, H, K = x.shape[0], self.H, self.K
-        mixed = linear(x, self.w["qkv"])
-        y, conv, conv_b = causal_conv(mixed, self.w["conv"], conv0, cu_seqlens, cuts)
+        fused = getattr(backend, "fused_mixer", False)
+        conv_fn, norm_fn = (short_conv, gated_norm) if fused else (causal_conv, gated_rms_norm)
+        y, conv, conv_b = conv_fn(linear(x, self.w["qkv"]), self.w["conv"], conv0, cu_seqlens, cuts)
         q, k, v = (t.reshape(1, T, H, K) for t in torch.split(y, H * K, dim=-1))
-        gate = linear(linear(x, self.w["f_a"]), self.w["f_b"]).float() + self.w["dt_bias"]
-        g = -self.w["A_log"].exp()[:, None] * F.softplus(gate.view(T, H, K))
-        beta = torch.sigmoid(linear(x, self.w["b"]))
-        o, ht, hb = run_recurrence(backend, "kda", q, k, v, g[None], beta[None], h0, cu_seqlens, cuts)
+        raw_gate = linear(linear(x, self.w["f_a"]), self.w["f_b"]).view(T, H, K)
+        b = linear(x, self.w["b"])
+        if fused:       # fla's kernel computes the decay from the raw gate and beta from b (recurrence/fla.py)
+            g, beta, gate = raw_gate, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True}
+        else:
+            g = -self.w["A_log"].exp()[:, None] * F.softplus(raw_gate.float() + self.w["dt_bias"].view(H, K))
+            beta, gate = torch.sigmoid(b), {}
+        o, ht, hb = run_recurrence(backend, "kda", q, k, v, g[None], beta[None], h0, cu_seqlens, cuts, **gate)
         og = linear(linear(x, self.w["g_a"]), self.w["g_b"]).view(T, H, K)
-        o = gated_rms_norm(o[0], og, self.w["o_norm"], self.eps, "sigmoid")
+        o = norm_fn(o[0], og, self.w["o_norm"], self.eps, "sigmoid")
         return MixerOut(linear(o.reshape(T, H * K), self.w["o"]), ht, conv, hb, conv_b)

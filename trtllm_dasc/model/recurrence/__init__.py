@@ -18,11 +18,24 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.model.recurrence import fla as fla_backend
 from trtllm_dasc.model.recurrence import naive as torch_backend
 
-BACKENDS = ("auto", "torch", "fla")
+BACKENDS = ("auto", "torch", "fla", "fla-unfused")
+
+
+class _FlaUnfused:
+    """fla's recurrence kernels under the mixers' torch code for the conv, gate and norm: the speed
+    benchmark's comparison arm (what the fla backend was before the mixers were fused)."""
+    __name__ = "fla-unfused"
+    fused_mixer = False
+    gdn = staticmethod(fla_backend.gdn)
+    kda = staticmethod(fla_backend.kda)
+
+
+fla_unfused_backend = _FlaUnfused()
 
 
 def get_backend(name: str = "auto", device: str | torch.device = "cpu"):
-    """'torch' (reference, any device), 'fla' (CUDA + fla), 'auto' (fla on CUDA when importable)."""
+    """'torch' (reference, any device), 'fla' (CUDA + fla: recurrence and the mixers' conv, gate and norm in
+    fla's kernels), 'fla-unfused' (fla's recurrence only), 'auto' (fla on CUDA when importable)."""
     if name not in BACKENDS:
         raise UserError(f"recurrence backend must be one of {', '.join(BACKENDS)}, got {name!r}")
     on_cuda = torch.device(device).type == "cuda"
@@ -30,20 +43,20 @@ def get_backend(name: str = "auto", device: str | torch.device = "cpu"):
         return torch_backend
     ok, why = fla_backend.available()
     if ok:
-        return fla_backend
-    if name == "fla":
-        raise UserError(f"recurrence backend 'fla' is unavailable: {why}")
+        return fla_unfused_backend if name == "fla-unfused" else fla_backend
+    if name != "auto":
+        raise UserError(f"recurrence backend {name!r} is unavailable: {why}")
     return torch_backend
 
 
 def run_recurrence(backend, kind: str, q, k, v, g, beta, h0: torch.Tensor, cu_seqlens: list[int],
-                   cuts: list[list[int]] | None = None):
+                   cuts: list[list[int]] | None = None, **gate):
     """Run the recurrence over varlen sequences and capture states at chosen token counts.
 
     kind: 'gdn' | 'kda'. Tensors as in the module docstring; h0 [N, HV, K, V] fp32 (not modified).
     cuts[i]: sorted token counts in 1..len_i after which sequence i's state is captured.
     Returns o [1, T, HV, V], ht [N, HV, K, V] fp32, hb [sum(len(cuts_i)), HV, K, V] fp32 in
-    (sequence, cut) order.
+    (sequence, cut) order. gate: the fla backend's in-kernel gate arguments (recurrence/fla.py), passed on.
     """
     fn = backend.gdn if kind == "gdn" else backend.kda
     N = len(cu_seqlens) - 1
@@ -59,7 +72,7 @@ def run_recurrence(backend, kind: str, q, k, v, g, beta, h0: torch.Tensor, cu_se
         for p in c:
             where[(i, p)] = len(where)
     if rounds == 1:
-        o, ht = fn(q, k, v, g, beta, h0, cu_seqlens)
+        o, ht = fn(q, k, v, g, beta, h0, cu_seqlens, **gate)
         for (i, _), row in where.items():
             hb[row] = ht[i]
         return o, ht, hb
@@ -73,7 +86,7 @@ def run_recurrence(backend, kind: str, q, k, v, g, beta, h0: torch.Tensor, cu_se
         for a, b in spans:
             sub_cu.append(sub_cu[-1] + b - a)
         rows = torch.tensor(active, device=h0.device)
-        o_r, ht_r = fn(q[:, idx], k[:, idx], v[:, idx], g[:, idx], beta[:, idx], state[rows], sub_cu)
+        o_r, ht_r = fn(q[:, idx], k[:, idx], v[:, idx], g[:, idx], beta[:, idx], state[rows], sub_cu, **gate)
         o[:, idx] = o_r
         state[rows] = ht_r
         for j, i in enumerate(active):

@@ -1,7 +1,8 @@
 """fla (flash-linear-attention, fla-core 0.6.0) Triton kernels behind the reference's signatures. GPU only.
 
 Prefill uses the chunked kernels; a pure decode step (every sequence has one token) uses the fused
-recurrent ones. State layout is fla's default [N, HV, K, V] (state_v_first=False), fp32.
+recurrent ones. The gate formula and beta's sigmoid can run inside the kernels (the fused mixers pass
+A_log/dt_bias and beta_logits); without them the caller passes the computed log decay and beta. State layout is fla's default [N, HV, K, V] (state_v_first=False), fp32.
 Note the argument orders differ in fla: chunk_gated_delta_rule(q, k, v, g, beta) but
 naive_recurrent_gated_delta_rule(q, k, v, beta, g); keywords everywhere avoid the trap.
 """
@@ -36,23 +37,38 @@ def _decode_only(cu: torch.Tensor, T: int) -> bool:
     return T == cu.numel() - 1
 
 
-def _call(chunk, fused, q, k, v, g, beta, initial_state, cu_seqlens, scale):
-    """Chunked kernel for prefill, fused recurrent one when every sequence has a single token."""
+# the mixers (linear_attn.py) take their fused path with this backend: conv, gate, beta and norm in kernels
+fused_mixer = True
+
+
+def _call(chunk, fused, q, k, v, g, beta, initial_state, cu_seqlens, scale, A_log=None, dt_bias=None,
+          beta_logits=False):
+    """Chunked kernel for prefill, fused recurrent one when every sequence has a single token.
+    With A_log/dt_bias, g is the raw gate and the kernel computes -exp(A_log) * softplus(g + dt_bias) (fp32,
+    the reference's formula); with beta_logits, beta is the b projection and the kernel takes its sigmoid."""
     cu = _cu(cu_seqlens, q.device)
     fn = fused if _decode_only(cu, q.shape[1]) else chunk
-    o, ht = fn(q=q, k=k, v=v, g=g, beta=beta.to(q.dtype), scale=scale, initial_state=initial_state.float(),
-               output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    extra = {}
+    if A_log is not None:
+        extra.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+    if beta_logits:
+        extra.update(use_beta_sigmoid_in_kernel=True)
+    o, ht = fn(q=q, k=k, v=v, g=g, beta=beta if beta_logits else beta.to(q.dtype), scale=scale,
+               initial_state=initial_state.float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+               cu_seqlens=cu, **extra)
     return o, ht.float()
 
 
-def gdn(q, k, v, g, beta, initial_state, cu_seqlens, scale=None):
+def gdn(q, k, v, g, beta, initial_state, cu_seqlens, scale=None, **gate):
     """Gated DeltaNet. q,k [1,T,H,K], v [1,T,HV,V], g [1,T,HV] fp32 log decay, beta [1,T,HV],
-    initial_state [N,HV,K,V] fp32. Returns o [1,T,HV,V] and ht [N,HV,K,V] fp32."""
+    initial_state [N,HV,K,V] fp32. Returns o [1,T,HV,V] and ht [N,HV,K,V] fp32.
+    gate: A_log [HV], dt_bias [HV] (g is then the raw `a` projection), beta_logits (see _call)."""
     return _call(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, q, k, v, g, beta, initial_state,
-                 cu_seqlens, scale)
+                 cu_seqlens, scale, **gate)
 
 
-def kda(q, k, v, g, beta, initial_state, cu_seqlens, scale=None):
+def kda(q, k, v, g, beta, initial_state, cu_seqlens, scale=None, **gate):
     """Kimi Delta Attention. q,k,v [1,T,H,K], g [1,T,H,K] fp32 log decay, beta [1,T,H],
-    initial_state [N,H,K,V] fp32. Returns o [1,T,H,V] and ht [N,H,K,V] fp32."""
-    return _call(chunk_kda, fused_recurrent_kda, q, k, v, g, beta, initial_state, cu_seqlens, scale)
+    initial_state [N,H,K,V] fp32. Returns o [1,T,H,V] and ht [N,H,K,V] fp32.
+    gate: A_log [H], dt_bias [H*K] (g is then the raw f_b projection), beta_logits (see _call)."""
+    return _call(chunk_kda, fused_recurrent_kda, q, k, v, g, beta, initial_state, cu_seqlens, scale, **gate)

@@ -1,0 +1,64 @@
+"""fla's fused kernels for the work around the recurrence (GPU only): the short conv and the gated norm.
+
+The fused mixer path (linear_attn.py, taken when the recurrence backend says `fused_mixer`) calls these in
+place of ops.causal_conv and ops.gated_rms_norm, which stay the torch references with the same signatures
+and results to bf16 rounding (tests/model/test_fla_gpu.py compares the whole model against the torch
+backend). Why: the reference conv builds a padded copy of the batch and runs cuDNN's depthwise conv over
+it, and the reference norm makes several fp32 passes; here each is one Triton kernel reading the bf16 input
+once. Gate, beta sigmoid and q/k l2norm go inside fla's chunk kernels (recurrence/fla.py).
+"""
+from __future__ import annotations
+
+import torch
+
+try:  # fla-core is optional: the CPU machine never takes this path
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.modules.fused_norm_gate import rms_norm_gated
+except Exception:  # noqa: BLE001 - recurrence/fla.py reports why fla is unavailable
+    causal_conv1d = rms_norm_gated = None
+
+
+def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
+               cuts: list[list[int]] | None = None):
+    """ops.causal_conv on fla's varlen Triton kernel: depthwise causal conv + SiLU from a carried state.
+
+    x [T, C] (may be a column slice); weight [C, W]; conv_state [N, C, W-1]. Returns y [T, C], the new
+    state [N, C, W-1] and the states at the cuts [sum(len(cuts_i)), C, W-1] in (sequence, cut) order, all
+    as ops.causal_conv returns them.
+    """
+    T, C = x.shape
+    N, W1 = conv_state.shape[0], weight.shape[1] - 1
+    # fla keeps W inputs per sequence ([N, C, W], newest last) and never reads the oldest in a prefill
+    init = conv_state.new_zeros(N, C, W1 + 1)
+    init[:, :, 1:] = conv_state
+    cu = torch.tensor(cu_seqlens, dtype=torch.long)
+    y, final = causal_conv1d(x[None], weight=weight, initial_state=init, output_final_state=True,
+                             activation="silu", cu_seqlens=cu.to(x.device, non_blocking=True), cu_seqlens_cpu=cu)
+    new_state = final[:, :, 1:].to(conv_state.dtype)
+    cuts = cuts or [[] for _ in range(N)]
+    rows = [i for i, c in enumerate(cuts) for _ in c]
+    if not rows:
+        return y[0], new_state, conv_state.new_zeros(0, C, W1)
+    return y[0], new_state, _windows(x, conv_state, cu_seqlens, rows, [p for c in cuts for p in c])
+
+
+def _windows(x, conv_state, cu_seqlens, rows, ends):
+    """The W-1 conv inputs before token count `end` of sequence `row`, for each (row, end): from x where
+    the position is inside the sequence, from the carried state before it. [n, C, W-1] in the state dtype."""
+    W1 = conv_state.shape[2]
+    offs = torch.arange(W1)
+    pos = torch.tensor(ends)[:, None] - W1 + offs[None, :]          # [n, W-1] positions within the sequence
+    r = torch.tensor(rows)
+    starts = torch.tensor(cu_seqlens)[r]
+    dev = x.device
+    from_x = x[(starts[:, None] + pos).clamp(min=0).to(dev)]          # [n, W-1, C]
+    from_state = conv_state[r.to(dev)[:, None], :, (pos + W1).clamp(0, W1 - 1).to(dev)]   # [n, W-1, C]
+    inside = (pos >= 0).to(dev)[:, :, None]
+    return torch.where(inside, from_x.to(conv_state.dtype), from_state).transpose(1, 2).contiguous()
+
+
+def gated_norm(x: torch.Tensor, gate: torch.Tensor, w: torch.Tensor, eps: float, kind: str) -> torch.Tensor:
+    """ops.gated_rms_norm in one fla kernel: RMSNorm over the last dim, weight, then silu or sigmoid gate,
+    all in fp32 with one cast to x's dtype (the reference's silu kind rounds once more, to bf16, before the
+    gate: a bf16 ulp apart)."""
+    return rms_norm_gated(x, gate, w, None, activation="swish" if kind == "silu" else "sigmoid", eps=eps)
