@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
 # nvidia-h200-x2, one device call (~9 minutes with the shaped checkpoint's write; keep it under the 600 s limit): the speed issue's measurements, arms side by side in each run.
-#   GPU 0: benchmarks/model_prefill.py --arch kda and --arch gdn with --compare-fla (our mixer per layer next
-#          to fla's KimiDeltaAttention / GatedDeltaNet on the same tokens; tokens/s and % of the bf16 peak),
-#          then benchmarks/state_bandwidth.py (the planner's TP8 masks; store/load against copy bandwidth)
+#   GPU 0: (PARTS has parity) the fused mixers' GPU tests against the torch reference, then
+#          benchmarks/model_prefill.py --arch kda and --arch gdn with --compare-fla (our mixer per layer next
+#          to fla's KimiDeltaAttention / GatedDeltaNet on the same tokens; tokens/s and % of the bf16 peak) and
+#          --compare-unfused (the same model with the torch conv, gate and norm), then (PARTS has store)
+#          benchmarks/state_bandwidth.py (the planner's TP8 masks; store/load against copy bandwidth)
 #   GPU 1: benchmarks/decode_step.py (batch 1/8/32/64 against the weight-bandwidth bound), then
 #          benchmarks/wr_hit_cost.py (dasc-wr minus dasc-nr per hit in a batched replay, W=16)
 # Carry as .whl: ../shared/tools/gpu-wheels .whl kernels flash-linear-attention==0.6.0 einops transformers==5.24.0
 #   huggingface-hub tokenizers httpx2 httpcore2 hf-xet anyio idna truststore h11 click typing-extensions
 # (fla's layers need transformers >= 5.6; hub 2.x needs httpx2), and .kernel_cache when present. COMMIT=<hash>.
 # On one GPU (nvidia-h200) the two halves run one after the other, never side by side (they time the GPU):
-# PARTS=prefill (GPU 0's half) or PARTS=decode (GPU 1's half) keeps a call under the 600 s limit.
-# Writes $OUT/model_prefill_{kda,gdn}.json, state_bandwidth.json, decode_step.json, wr_hit_cost.json, speed.log.
+# PARTS=prefill (GPU 0's half; add parity / store for the tests / the bandwidth run) or PARTS=decode (GPU 1's
+# half) keeps a call under the 600 s limit. PARITY_LIMIT (130) and PREFILL_LIMIT (200) bound those runs.
+# Writes $OUT/model_prefill_{kda,gdn}.json, state_bandwidth.json, decode_step.json, wr_hit_cost.json, speed.log,
+# speed_kernels.tgz.part-* (join into .kernel_cache/ for the next call).
 set -uo pipefail
-PARTS=${PARTS:-prefill,decode}
+PARTS=${PARTS:-parity,prefill,store,decode}
 [[ $PARTS == *decode* ]] || SHAPED_MODEL=0          # only the decode half reads the shaped checkpoint
 source scripts/gpu_prelude.sh
 C=${COMMIT:+--commit $COMMIT}
+sleep 1; touch /tmp/kernels_before_speed    # the kernels this call compiles go back as speed_kernels.tgz.part-*
 prefill_half() {
   export CUDA_VISIBLE_DEVICES=0
+  if [[ $PARTS == *parity* ]]; then       # the fused mixers against the torch reference first: a wrong kernel
+    timeout ${PARITY_LIMIT:-130} python3 -m pytest -q -p no:cacheprovider tests/model/test_fused_ops.py \
+      "tests/model/test_fla_gpu.py::test_model_fla_matches_torch_backend" \
+      "tests/model/test_fla_gpu.py::test_boundary_states_match_reference" 2>&1 | tail -15
+  fi
   for arch in kda gdn; do
-    timeout 200 python3 benchmarks/model_prefill.py --arch $arch --compare-fla --out "$OUT/model_prefill_$arch.json" $C
+    timeout ${PREFILL_LIMIT:-200} python3 benchmarks/model_prefill.py --arch $arch --compare-fla --compare-unfused \
+      --out "$OUT/model_prefill_$arch.json" $C
   done
-  timeout 150 python3 benchmarks/state_bandwidth.py $C
+  [[ $PARTS == *store* ]] && timeout 150 python3 benchmarks/state_bandwidth.py $C
 }
 decode_half() {
   export CUDA_VISIBLE_DEVICES=$((1 % GPUS))
@@ -39,5 +50,6 @@ else
   [[ $PARTS == *prefill* ]] && prefill_half > "$OUT/speed_gpu0.log" 2>&1
   [[ $PARTS == *decode* ]] && decode_half > "$OUT/speed_gpu1.log" 2>&1
 fi
+return_new_kernels speed_kernels kernels /tmp/kernels_before_speed
 cat "$OUT"/speed_gpu*.log | grep -v "autotun\|it/s\]" | tail -60 > "$OUT/speed.log"
 cat "$OUT/speed.log"
