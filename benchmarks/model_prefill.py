@@ -219,6 +219,30 @@ def main(argv=None) -> int:
     if args.compare_fla and reference is None:
         print("model_prefill: --compare-fla needs CUDA and the flash-linear-attention package; skipped",
               file=sys.stderr)
+
+    def save(rows: list, complete: bool) -> None:
+        """Write the JSON; called after every length too, so a run cut by a time limit keeps its rows."""
+        result = {"benchmark": "model_prefill", **provenance("benchmarks/model_prefill.py", argv, args.commit),
+                  "torch": torch.__version__, "arch": args.arch,
+                  "backend": model.backend.__name__, "dtype": args.dtype, "smoke": args.smoke,
+                  "peak_tflops": args.peak_tflops,
+                  "shape": {"hidden": raw["hidden_size"], "layers": raw["num_hidden_layers"],
+                            "linear_layers": cfg.num_linear_layers, "attention_layers": len(cfg.full_attention_layers),
+                            "linear_key_heads": cfg.num_key_heads, "linear_value_heads": cfg.num_value_heads,
+                            "linear_head_dim": cfg.key_head_dim,
+                            "mlp": f"dense {raw['intermediate_size']}", "vocab": raw["vocab_size"]},
+                  "timing": "median total over reps (wall, synchronized); split = CUDA events of the fastest rep; "
+                            "fla_layer_ms = median CUDA-event time of fla's layer on [1, T, hidden]",
+                  "results": rows, "complete": complete}
+        try:
+            import fla
+            result["fla"] = getattr(fla, "__version__", "unknown")
+        except ImportError:
+            result["fla"] = None
+        paths = [out] + ([os.path.join(os.environ["OUT"], os.path.basename(out))] if os.environ.get("OUT") else [])
+        for path in paths:
+            write_result(path, result)
+
     unfused = None
     if args.compare_unfused and cuda and args.backend != "fla-unfused":
         unfused = get_backend("fla-unfused", device)
@@ -226,7 +250,9 @@ def main(argv=None) -> int:
     rows = []
     for T in args.tokens:
         ids = torch.randint(0, raw["vocab_size"], (T,), generator=gen)
+        t_warm = time.perf_counter()
         run_once(model, ids, cuda, timed=False)               # warm-up: autotune, allocator
+        warmup_s = time.perf_counter() - t_warm
         totals, splits = [], []
         for _ in range(args.reps):
             total, split = run_once(model, ids, cuda, timed=True)
@@ -236,7 +262,8 @@ def main(argv=None) -> int:
         total, split = statistics.median(totals), splits[best]
         flops = flops_per_token(raw, cfg, source.shapes, T)
         row = {"tokens": T, "total_ms": round(total, 3), "tokens_per_s": round(T / total * 1e3, 1),
-               "reps_ms": [round(x, 3) for x in totals], "gflop_per_token": round(flops["total"] / 1e9, 4),
+               "reps_ms": [round(x, 3) for x in totals], "warmup_s": round(warmup_s, 1),
+               "gflop_per_token": round(flops["total"] / 1e9, 4),
                "flops_split": flops,
                "fraction_of_peak": round(flops["total"] * T / (total * 1e-3) / (args.peak_tflops * 1e12), 4)}
         for kind in ("linear_attn", "attention", "mlp", "head"):
@@ -251,7 +278,8 @@ def main(argv=None) -> int:
             row["unfused"] = time_arm(model, unfused, ids, cuda, args.reps, cfg.num_linear_layers)
             row["speedup_over_unfused"] = round(row["unfused"]["total_ms"] / row["total_ms"], 3)
         rows.append(row)
-        print(f"T={T}: {row['tokens_per_s']:.0f} tok/s"
+        save(rows, complete=False)
+        print(f"T={T}: {row['tokens_per_s']:.0f} tok/s (warm-up {warmup_s:.0f} s)"
               + (f" (unfused {row['unfused']['tokens_per_s']:.0f})" if "unfused" in row else ""), flush=True)
     hdr = (f"{'tokens':>7} {'total ms':>10} {'tok/s':>10} {'% peak':>7} {'lin-attn ms':>12} {'attn ms':>9} "
            f"{'mlp ms':>9} {'head ms':>8} {'mixer/layer':>12} {'fla layer':>10}")
@@ -265,26 +293,7 @@ def main(argv=None) -> int:
             u = r["unfused"]
             print(f"{'':>7} unfused: {u['total_ms']:.2f} ms, {u['tokens_per_s']:.0f} tok/s, mixer/layer "
                   f"{u['mixer_ms_per_layer']:.3f} ms; fused is {r['speedup_over_unfused']:.2f}x")
-    result = {"benchmark": "model_prefill", **provenance("benchmarks/model_prefill.py", argv, args.commit),
-              "torch": torch.__version__, "arch": args.arch,
-              "backend": model.backend.__name__, "dtype": args.dtype, "smoke": args.smoke,
-              "peak_tflops": args.peak_tflops,
-              "shape": {"hidden": raw["hidden_size"], "layers": raw["num_hidden_layers"],
-                        "linear_layers": cfg.num_linear_layers, "attention_layers": len(cfg.full_attention_layers),
-                        "linear_key_heads": cfg.num_key_heads, "linear_value_heads": cfg.num_value_heads,
-                        "linear_head_dim": cfg.key_head_dim,
-                        "mlp": f"dense {raw['intermediate_size']}", "vocab": raw["vocab_size"]},
-              "timing": "median total over reps (wall, synchronized); split = CUDA events of the fastest rep; "
-                        "fla_layer_ms = median CUDA-event time of fla's layer on [1, T, hidden]",
-              "results": rows}
-    try:
-        import fla
-        result["fla"] = getattr(fla, "__version__", "unknown")
-    except ImportError:
-        result["fla"] = None
-    paths = [out] + ([os.path.join(os.environ["OUT"], os.path.basename(out))] if os.environ.get("OUT") else [])
-    for path in paths:
-        write_result(path, result)
+    save(rows, complete=True)
     return 0
 
 

@@ -14,7 +14,9 @@
 # PARTS=prefill (GPU 0's half; add parity / store for the tests / the bandwidth run) or PARTS=decode (GPU 1's
 # half) keeps a call under the 600 s limit. PARITY_LIMIT (130) and PREFILL_LIMIT (200) bound those runs.
 # Writes $OUT/model_prefill_{kda,gdn}.json, state_bandwidth.json, decode_step.json, wr_hit_cost.json, speed.log,
-# speed_kernels.tgz.part-* (join into .kernel_cache/ for the next call).
+# speed_kernels.tgz.part-* (join them into .kernel_cache_speed/NAME.tgz for the next call: on a bare machine
+# fla's autotuning of the big shapes took most of a 160 s run). With that cache the carry passes 64 MiB: send
+# .whl first with INSTALL_ONLY=1, then .kernel_cache_speed in a second call under 30 s later.
 set -uo pipefail
 PARTS=${PARTS:-parity,prefill,store,decode}
 [[ $PARTS == *decode* ]] || SHAPED_MODEL=0          # only the decode half reads the shaped checkpoint
