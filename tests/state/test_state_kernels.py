@@ -166,3 +166,29 @@ def test_edge_layouts_match_naive(device, keep, codec):
             assert_close(name, a, b)
     if keep == 0.0:
         assert (outs[1][2][:, rows] == 0).all()
+
+
+@pytest.mark.parametrize("codec", ["native", "int8"])
+def test_wide_conv_store_load_match_naive(device, codec, monkeypatch):
+    # conv_dim * width = 60 elements per layer over 16-element blocks: four blocks per layer, the last
+    # one partial, so a block never reads into the next layer (which sits at another stride)
+    monkeypatch.setattr(tri, "TILE_ELEMS", 16)
+    L, n, V, B = 3, 5, 8, 2
+    lay = make_layout(L, n, 1, V, keep=0.6, seed=7, codec=codec, conv=(20, 3))
+    g = torch.Generator().manual_seed(7)
+    temporal = torch.randn(L, B + 2, n, 1, V, generator=g).to(device)
+    conv = torch.randn(L, B + 2, 20, 3, generator=g).to(device=device, dtype=torch.bfloat16)
+    rows = torch.tensor([3, 0], device=device)
+    slots = torch.tensor([2, 1], device=device, dtype=torch.int32)
+
+    def store_args():
+        return [temporal, conv, rows, *new_slots(lay, 4, device), slots, lay]
+    _run_both("store", store_args, lambda a, b: [assert_close(k, a[i], b[i]) for k, i in
+                                                (("payload", 3), ("scales", 4), ("conv", 5)) if a[i] is not None])
+    payload, scales, cstore = new_slots(lay, 4, device, poison=False)
+    naive.store(temporal, conv, rows, payload, scales, cstore, slots, lay)
+
+    def load_args():
+        return [payload, scales, cstore, slots, torch.full_like(temporal, float("nan")),
+                torch.full_like(conv, float("nan")), rows, lay, True]
+    _run_both("load", load_args, lambda a, b: (assert_close("temporal", a[4], b[4]), assert_close("conv", a[5], b[5])))

@@ -67,16 +67,15 @@ def _conv_args(src, dst, src_strides, dst_strides, layout):
     the active conv [L, N, conv_dim, width] and the slots [S, L, conv_dim, width] in either order,
     strides given as (request-or-slot stride, layer stride). None: no conv copy (dummy args)."""
     if src is None:
-        return (None, None, 0, 1, 0, 0, 0, 0), 0, 16, False
+        return (None, None, 1, 0, 0, 0, 0), 0, 16, False
     for x in (src, dst):
         assert x.shape[-2:] == (layout.conv_dim, layout.conv_width), f"conv {tuple(x.shape)} has the wrong shape"
         st = x.stride()
         assert st[-1] == 1 and st[-2] == layout.conv_width, "conv [.., conv_dim, width] must be contiguous"
     cw = layout.conv_dim * layout.conv_width
-    n_elem = layout.num_layers * cw
-    block = max(16, min(TILE_ELEMS, _pow2(n_elem)))
+    block = max(16, min(TILE_ELEMS, _pow2(cw)))          # blocks never straddle layers (kernels._conv_block)
     to_bf16 = dst.dtype == torch.bfloat16 and src.dtype != torch.bfloat16
-    return (src, dst, n_elem, cw, *src_strides, *dst_strides), _cdiv(n_elem, block), block, to_bf16
+    return (src, dst, cw, *src_strides, *dst_strides), layout.num_layers * _cdiv(cw, block), block, to_bf16
 
 
 def _gather(src_units, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, unit_dst, stride_dst_b,
