@@ -28,8 +28,11 @@ class AttnBatch:
 
     cu_seqlens: list[int]
     starts: list[int]
-    kv_index: list[torch.Tensor]
+    kv_index: list[torch.Tensor] | None
     positions: torch.Tensor          # [T] absolute positions
+    # a decode step on the batched kernel (decode_attention.py): (block tables [B, max blocks] int32,
+    # lengths [B] int32, the new tokens' flat KV rows [B]); kv_index is then None
+    decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 # cuDNN's SDPA (torch prefers it on Hopper) builds an execution graph for every new (T, S) shape: on the
@@ -119,6 +122,13 @@ class GatedAttention:
         v = linear(x, w["v_proj"], w.get("v_proj.bias")).view(T, Hk, hd)
         cos, sin = rope_cos_sin(batch.positions, s.rotary_dim, s.rope_theta, x.dtype)
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
+        if batch.decode is not None:
+            from trtllm_dasc.model.decode_attention import paged_decode_attention   # triton: GPU decode only
+            tables, lens, new_rows = batch.decode
+            kv.write(layer, new_rows, [k, v])
+            k_pool, v_pool = kv.pools[layer]
+            out = paged_decode_attention(q.contiguous(), k_pool, v_pool, tables, lens, hd ** -0.5)
+            return linear(out.reshape(T, H * hd) * torch.sigmoid(gate), w["o_proj"], w.get("o_proj.bias"))
         out = torch.empty(T, H, hd, dtype=x.dtype, device=x.device)
         for i, (a, b) in enumerate(zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])):
             index, start = batch.kv_index[i], batch.starts[i]
@@ -183,6 +193,9 @@ class MLAttention:
         q = q.view(T, H, nope + rope)
         ckv = linear(x, w["kv_a_proj_with_mqa"], w.get("kv_a_proj_with_mqa.bias"))
         latent = torch.cat([rms_norm(ckv[:, :lora], w["kv_a_layernorm"], 1e-6, False), ckv[:, lora:]], dim=-1)
+        if batch.decode is not None:
+            return linear(self._decode(q, latent, batch, kv, layer).reshape(T, H * vd), w["o_proj"],
+                          w.get("o_proj.bias"))
         out = torch.empty(T, H, vd, dtype=x.dtype, device=x.device)
         for i, (a, b) in enumerate(zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])):
             index, start = batch.kv_index[i], batch.starts[i]
@@ -193,3 +206,20 @@ class MLAttention:
             k = torch.cat([kvx[..., :nope], cached[:, :, lora:].expand(S, H, rope)], dim=-1)
             out[a:b] = _attend(q[a:b], k, kvx[..., nope:], start)
         return linear(out.reshape(T, H * vd), w["o_proj"], w.get("o_proj.bias"))
+
+    def _decode(self, q, latent, batch: AttnBatch, kv, layer: int) -> torch.Tensor:
+        """A decode step in MLA's absorbed form: the query's nope part is taken into the latent space
+        (q_nope W_kb per head), attention runs over the cached latent rows as one shared head (keys: the
+        whole row, values: its lora part), and W_vb maps the result out. Same product as expanding every
+        cached row through kv_b_proj (the prefill path), without that S x kv_b work per step."""
+        from trtllm_dasc.model.decode_attention import paged_decode_attention   # triton: GPU decode only
+        s, H = self.spec, self.H
+        nope, rope, lora, vd = s.qk_nope_head_dim, s.qk_rope_head_dim, s.kv_lora_rank, s.v_head_dim
+        tables, lens, new_rows = batch.decode
+        kv.write(layer, new_rows, [latent[:, None]])
+        (pool,) = kv.pools[layer]
+        kv_b = self.w["kv_b_proj"].view(H, nope + vd, lora)
+        q_lat = torch.einsum("bhn,hnl->bhl", q[..., :nope], kv_b[:, :nope])
+        qa = torch.cat([q_lat, q[..., nope:]], dim=-1).contiguous()
+        o_lat = paged_decode_attention(qa, pool, pool, tables, lens, (nope + rope) ** -0.5, dv=lora)
+        return torch.einsum("bhl,hvl->bhv", o_lat, kv_b[:, nope:])

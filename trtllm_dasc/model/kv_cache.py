@@ -61,6 +61,25 @@ class PagedKVCache:
         pos = torch.arange(start, end)
         return (table[pos // bs] * bs + pos % bs).to(self.cfg.device)
 
+    def decode_tables(self, block_tables: list[list[int]], starts: list[int]):
+        """For a decode step (one new token per sequence at position starts[i]): the block tables as one
+        int32 tensor [B, max blocks] (padded with 0, never read past a sequence's length), the lengths
+        starts[i] + 1 [B] int32 and the new tokens' flat rows [B] int64, on the cache's device: three
+        copies per step where token_index made one per sequence. Validates like token_index."""
+        bs = self.cfg.block_size
+        need = [s // bs + 1 for s in starts]
+        for table, n in zip(block_tables, need):
+            if len(table) < n:
+                raise ValueError(f"block table of {len(table)} blocks cannot hold {n * bs} tokens")
+            if not all(0 <= b < self.cfg.num_blocks for b in table[:n]):
+                raise ValueError(f"block table {table[:n]} names blocks outside 0..{self.cfg.num_blocks - 1}")
+        width = max(need)
+        tables = torch.tensor([t[:n] + [0] * (width - n) for t, n in zip(block_tables, need)], dtype=torch.int32)
+        write = torch.tensor([t[s // bs] * bs + s % bs for t, s in zip(block_tables, starts)], dtype=torch.long)
+        lens = torch.tensor([s + 1 for s in starts], dtype=torch.int32)
+        dev = self.cfg.device
+        return tables.to(dev), lens.to(dev), write.to(dev)
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Block dst <- block src in every layer and component (copy-on-write of a reused partial block)."""
         if not pairs:

@@ -92,6 +92,17 @@ class HybridModel:
         self.dtype, self.device, self.backend = dtype, torch.device(device), backend
         self.all_reduce = None            # callable(tensor) -> tensor, required when tp_size > 1
         self.offset_norm = cfg.family.norm_offset
+        # decode steps through the batched paged attention kernel (decode_attention.py): None = with the
+        # kernel backend on a GPU (fla: fused mixers too); True / False force it (tests run it on the CPU in
+        # Triton's interpreter)
+        self.batched_decode: bool | None = None
+
+    def _use_batched_decode(self, ids: list) -> bool:
+        if self.cfg.num_linear_layers == len(self.layers) or any(t.numel() != 1 for t in ids):
+            return False
+        if self.batched_decode is not None:
+            return self.batched_decode
+        return self.device.type == "cuda" and getattr(self.backend, "fused_mixer", False)
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
@@ -174,10 +185,13 @@ class HybridModel:
                                 f"in {s.start + 1}..{s.start + t.numel()}")
             ids.append(t)
             cuts.append(rel)
-            kv_index.append(kv.token_index(s.block_table, 0, s.start + t.numel()))
         if len({s.row for s in batch}) != len(batch):
             raise UserError("a batch may hold each state row once")
-        return ids, cuts, kv_index, modes
+        if self._use_batched_decode(ids):
+            # one set of tensors for the whole step; the layers read the KV through the block tables
+            return ids, cuts, None, modes, kv.decode_tables([s.block_table for s in batch], [s.start for s in batch])
+        kv_index = [kv.token_index(s.block_table, 0, s.start + t.numel()) for s, t in zip(batch, ids)]
+        return ids, cuts, kv_index, modes, None
 
     @torch.inference_mode()
     def forward(self, batch: list[SeqInput], state: RecurrentState, kv: PagedKVCache, logits="all",
@@ -194,14 +208,14 @@ class HybridModel:
         if refresh is not None and refresh.num_replay and merge is None:
             raise RuntimeError("a refresh needs the merge callable")
         timer = timer or (lambda kind: contextlib.nullcontext())
-        ids, cuts, kv_index, modes = self._prepare(batch, state, kv, logits)
+        ids, cuts, kv_index, modes, decode = self._prepare(batch, state, kv, logits)
         starts = [s.start for s in batch]
         cu = [0]
         for t in ids:
             cu.append(cu[-1] + t.numel())
         dev = self.device
         positions = torch.cat([torch.arange(s, s + t.numel()) for s, t in zip(starts, ids)]).to(dev)
-        attn_batch = AttnBatch(cu, starts, kv_index, positions)
+        attn_batch = AttnBatch(cu, starts, kv_index, positions, decode)
         rows = torch.tensor([s.row for s in batch], dtype=torch.long, device=dev)
         x = self.w["embed"][torch.cat(ids).to(dev)]
         eps, lin, att, hbs, convs = self.spec.rms_norm_eps, 0, 0, [], []
