@@ -15,9 +15,11 @@ to be a pure decode plan (B one-token spans, no loads, no replays). Reported per
 time of Engine.step (device synchronised), of ModelRunner.execute alone, the bound, step / bound and
 tokens/s. The recurrent state each sequence reads and writes per step (2x a dense checkpoint: temporal
 fp32 + conv) is recorded beside it, because at large B it is as large as the weights; KV reads are not
-counted anywhere.
+counted anywhere. With --compare-eager each batch runs twice in the same run: with the batched paged decode
+attention (model/decode_attention.py, on with the fla backend on a GPU) and with one sequence at a time.
 
-    python benchmarks/decode_step.py --model /tmp/kimi48 [--batches 1,8,32,64] [--context 1024] [--commit C]
+    python benchmarks/decode_step.py --model /tmp/kimi48 [--batches 1,8,32,64] [--context 1024] [--compare-eager]
+                                     [--commit C]
     python benchmarks/decode_step.py --smoke      # CPU, a tiny dense checkpoint written here
 """
 from __future__ import annotations
@@ -209,8 +211,18 @@ def run(args, torch, model: str, batches: list[int]) -> dict:
           f"step {weights['matmul_bytes'] / 1e6:.2f} MB + {weights['embed_row_bytes']} B per sequence")
     print(f"{'batch':>5} {'step ms':>9} {'exec ms':>9} {'bound ms':>9} {'step/bound':>10} {'tokens/s':>10} "
           f"{'w+state ms':>10}")
+    model_obj = engine.runner.model
     for b in batches:
         t = time_decode(engine, torch, b, args.context, args.warmup, args.reps, max_new)
+        if args.compare_eager:
+            # the same batch with attention one sequence at a time (the path before the batched kernel)
+            model_obj.batched_decode = False
+            try:
+                eager = time_decode(engine, torch, b, args.context, args.warmup, args.reps, max_new)
+            finally:
+                model_obj.batched_decode = None
+            t["eager_attention"] = eager
+            t["speedup_over_eager"] = eager["step_ms"] / t["step_ms"]
         wb = weights["matmul_bytes"] + b * weights["embed_row_bytes"]
         bound_ms = 1e3 * wb / bandwidth
         row = {"batch": b, **t, "weight_bytes": wb, "bound_ms": bound_ms, "ratio": t["step_ms"] / bound_ms,
@@ -218,7 +230,9 @@ def run(args, torch, model: str, batches: list[int]) -> dict:
                "bound_with_state_ms": 1e3 * (wb + b * state_bytes) / bandwidth}
         rows.append(row)
         print(f"{b:>5} {row['step_ms']:>9.3f} {row['execute_ms']:>9.3f} {bound_ms:>9.3f} {row['ratio']:>10.2f} "
-              f"{row['tokens_per_s']:>10.1f} {row['bound_with_state_ms']:>10.3f}", flush=True)
+              f"{row['tokens_per_s']:>10.1f} {row['bound_with_state_ms']:>10.3f}"
+              + (f"  (eager attention {t['eager_attention']['step_ms']:.3f} ms)" if "eager_attention" in t else ""),
+              flush=True)
     engine.sanity_check()
     engine.shutdown()
     one = next((r for r in rows if r["batch"] == 1), None)
@@ -246,6 +260,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="default benchmarks/results/decode_step.json (smoke: a temp dir)")
     ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
     ap.add_argument("--torch-threads", type=int, default=None, help="CPU threads (torch's default; smoke 1)")
+    ap.add_argument("--compare-eager", action="store_true",
+                    help="also time each batch with the attention of one sequence at a time (no batched decode "
+                         "kernel), in the same run")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny dense checkpoint, a tiny scale")
     args = ap.parse_args(argv)
     import torch

@@ -5,7 +5,8 @@
 #          to fla's KimiDeltaAttention / GatedDeltaNet on the same tokens; tokens/s and % of the bf16 peak) and
 #          --compare-unfused (the same model with the torch conv, gate and norm), then (PARTS has store)
 #          benchmarks/state_bandwidth.py (the planner's TP8 masks; store/load against copy bandwidth)
-#   GPU 1: benchmarks/decode_step.py (batch 1/8/32/64 against the weight-bandwidth bound), then
+#   GPU 1: benchmarks/decode_step.py --compare-eager (batch 1/8/32/64 against the weight-bandwidth bound; the
+#          batched decode attention kernel and the per-sequence path side by side), then
 #          benchmarks/wr_hit_cost.py (dasc-wr minus dasc-nr per hit in a batched replay, W=16)
 # Carry as .whl: ../shared/tools/gpu-wheels .whl kernels flash-linear-attention==0.6.0 einops transformers==5.24.0
 #   huggingface-hub tokenizers httpx2 httpcore2 hf-xet anyio idna truststore h11 click typing-extensions
@@ -26,7 +27,7 @@ sleep 1; touch /tmp/kernels_before_speed    # the kernels this call compiles go 
 prefill_half() {
   export CUDA_VISIBLE_DEVICES=0
   if [[ $PARTS == *parity* ]]; then       # the fused mixers against the torch reference first: a wrong kernel
-    timeout ${PARITY_LIMIT:-130} python3 -m pytest -q -p no:cacheprovider tests/model/test_fused_ops.py \
+    timeout ${PARITY_LIMIT:-130} python3 -m pytest -q -p no:cacheprovider tests/model/test_fused_ops.py tests/model/test_decode_attention.py \
       "tests/model/test_fla_gpu.py::test_model_fla_matches_torch_backend" \
       "tests/model/test_fla_gpu.py::test_boundary_states_match_reference" 2>&1 | tail -15
   fi
@@ -38,7 +39,7 @@ prefill_half() {
 }
 decode_half() {
   export CUDA_VISIBLE_DEVICES=$((1 % GPUS))
-  timeout 200 python3 benchmarks/decode_step.py --model /tmp/kimi48 --out "$OUT/decode_step.json" $C
+  timeout 200 python3 benchmarks/decode_step.py --model /tmp/kimi48 --compare-eager --out "$OUT/decode_step.json" $C
   timeout 260 python3 benchmarks/wr_hit_cost.py --model /tmp/kimi48 --out "$OUT/wr_hit_cost.json" $C
 }
 if [ "$GPUS" -lt 2 ] && [[ $PARTS == *prefill* && $PARTS == *decode* ]]; then

@@ -10,6 +10,9 @@ pytest.importorskip("triton")
 from trtllm_dasc.model.attention import _attend  # noqa: E402
 from trtllm_dasc.model.decode_attention import paged_decode_attention, paged_decode_attention_ref  # noqa: E402
 
+# natively on a GPU; on the CPU in Triton's interpreter (tests/conftest.py sets it without a GPU)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _pools(B, H, Hk, DK, DV, lens, bs, seed=0, same_pool=False):
     g = torch.Generator().manual_seed(seed)
@@ -25,7 +28,7 @@ def _pools(B, H, Hk, DK, DV, lens, bs, seed=0, same_pool=False):
         tables[b, :nb] = torch.tensor(perm[:nb], dtype=torch.int32)
         perm = perm[nb:]
     q = torch.randn(B, H, DK, generator=g)
-    return q, k_pool, v_pool, tables, torch.tensor(lens, dtype=torch.int32)
+    return (t.to(DEV) for t in (q, k_pool, v_pool, tables, torch.tensor(lens, dtype=torch.int32)))
 
 
 @pytest.mark.parametrize("H, Hk, DK, DV, bs", [(4, 2, 32, 32, 16), (3, 3, 24, 24, 4), (8, 1, 40, 40, 8)],
@@ -38,7 +41,7 @@ def test_gqa_matches_reference_and_sdpa(H, Hk, DK, DV, bs):
     ref = paged_decode_attention_ref(q, k_pool, v_pool, tables, seq_lens, scale)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     for b, n in enumerate(lens):
-        t = torch.arange(n)
+        t = torch.arange(n, device=DEV)
         rows = tables[b].long()[t // bs] * bs + t % bs
         k = k_pool.reshape(-1, Hk, DK)[rows]
         v = v_pool.reshape(-1, Hk, DV)[rows]
@@ -55,7 +58,8 @@ def test_mla_absorbed_layout_reads_the_value_as_the_latent_head():
     assert got.shape == (2, 4, lora)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     # against the softmax written out for one sequence
-    k = pool.reshape(-1, 1, lora + rope)[tables[1].long()[torch.arange(33) // 16] * 16 + torch.arange(33) % 16, 0]
+    t = torch.arange(33, device=DEV)
+    k = pool.reshape(-1, 1, lora + rope)[tables[1].long()[t // 16] * 16 + t % 16, 0]
     p = torch.softmax(0.1 * q[1] @ k.T, dim=-1)
     torch.testing.assert_close(got[1], p @ k[:, :lora], rtol=1e-5, atol=1e-5)
 
@@ -79,7 +83,7 @@ def test_model_decode_steps_match_the_eager_path(tmp_path, arch):
     from trtllm_dasc.model import HybridModel
     from trtllm_dasc.model.direct import DirectRunner
     build(tmp_path, arch, seed=5, **({"kv_lora_rank": 24} if arch == "kda" else {}))
-    model = HybridModel.from_pretrained(str(tmp_path))
+    model = HybridModel.from_pretrained(str(tmp_path), device=DEV)
     g = torch.Generator().manual_seed(3)
     vocab = model.spec.vocab_size
     prompts = [torch.randint(0, vocab, (n,), generator=g) for n in (5, 17, 33)]
