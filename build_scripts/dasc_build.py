@@ -51,7 +51,9 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("runtime")
     g.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N")
-    g.add_argument("--backend", default="auto", choices=["auto", "torch", "fla"], help="recurrence backend")
+    g.add_argument("--backend", default="auto", choices=["auto", "torch", "fla", "fla-unfused"],
+                   help="kernel backend: fla (recurrence, mixers and decode attention in GPU kernels), "
+                        "fla-unfused (fla's recurrence only), torch (the reference), auto (fla on a GPU)")
     g.add_argument("--max-batch-size", type=int, default=8, help="requests running at once")
     g.add_argument("--max-num-tokens", type=int, default=None, help="tokens of one step, all requests")
     g.add_argument("--max-context", type=int, default=4096, help="prompt + output tokens of a request")

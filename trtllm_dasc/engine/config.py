@@ -13,7 +13,7 @@ POLICIES = ("nr", "wr", "wr-warm")
 CODECS = ("native", "int8")
 LAYOUTS = ("ragged", "padded")
 DTYPES = ("float32", "bfloat16", "float16")
-BACKENDS = ("auto", "torch", "fla")
+BACKENDS = ("auto", "torch", "fla", "fla-unfused")   # model/recurrence/__init__.py says what each runs
 PLACEMENTS = ("off", "storage", "hybrid")
 MAX_TP = 64
 # a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)

@@ -25,7 +25,8 @@ def add_arguments(p) -> None:
                    help="prefill K tokens, store the state at K in the checkpoint pool, load it back, continue")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
-    p.add_argument("--backend", default="auto", choices=["auto", "torch", "fla"], help="recurrence backend")
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "fla", "fla-unfused"],
+                   help="kernel backend (dasc-build --help says what each runs)")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
     p.add_argument("--wmax", type=int, default=0, help="dasc W_max for the --split checkpoint (0: dense)")
     p.add_argument("--policy", default="nr", choices=["nr", "wr", "wr-warm"], help="checkpoint load policy")
