@@ -175,7 +175,9 @@ def check_args(args, torch) -> None:
         raise UserError(f"--model {args.model}: no config.json there")
 
 
-def run(args, torch, model: str, batches: list[int]) -> dict:
+def run(args, torch, model: str, batches: list[int], save=None) -> dict:
+    """Time every batch; ``save(result)`` is called after each one too (a run cut by a time limit keeps
+    the batches it finished, marked "complete": false)."""
     from trtllm_dasc.config import HybridConfig
     from trtllm_dasc.engine.config import EngineConfig
     from trtllm_dasc.engine.engine import Engine
@@ -207,6 +209,16 @@ def run(args, torch, model: str, batches: list[int]) -> dict:
     copy_bytes = GIB if args.device.startswith("cuda") else 64 << 20
     bandwidth = copy_bandwidth(args.device, copy_bytes)
     rows = []
+
+    def summary(complete: bool) -> dict:
+        one = next((r for r in rows if r["batch"] == 1), None)
+        return {"model": os.path.abspath(model), "torch_device": args.device, "dtype": args.dtype,
+                "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "context": args.context,
+                "reps": args.reps, "warmup": args.warmup, "engine_warmup_s": warm and warm["seconds"],
+                "copy_bytes": copy_bytes, "copy_bandwidth_Bps": bandwidth, "weights": weights,
+                "state_bytes_per_sequence": state_bytes, "target": f"batch 1 step <= {TARGET_RATIO:g}x bound",
+                "target_met": None if one is None else one["ratio"] <= TARGET_RATIO, "rows": rows,
+                "complete": complete}
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s ({copy_bytes >> 20} MiB, {args.device}); weights read per "
           f"step {weights['matmul_bytes'] / 1e6:.2f} MB + {weights['embed_row_bytes']} B per sequence")
     print(f"{'batch':>5} {'step ms':>9} {'exec ms':>9} {'bound ms':>9} {'step/bound':>10} {'tokens/s':>10} "
@@ -233,18 +245,15 @@ def run(args, torch, model: str, batches: list[int]) -> dict:
               f"{row['tokens_per_s']:>10.1f} {row['bound_with_state_ms']:>10.3f}"
               + (f"  (eager attention {t['eager_attention']['step_ms']:.3f} ms)" if "eager_attention" in t else ""),
               flush=True)
+        if save is not None:
+            save(summary(False))
     engine.sanity_check()
     engine.shutdown()
     one = next((r for r in rows if r["batch"] == 1), None)
     met = None if one is None else one["ratio"] <= TARGET_RATIO
     print(f"target: batch 1 within {TARGET_RATIO:g}x of the bound: "
           + ("not measured (no batch 1)" if one is None else f"{'met' if met else 'NOT met'} ({one['ratio']:.2f}x)"))
-    return {"model": os.path.abspath(model), "torch_device": args.device, "dtype": args.dtype,
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "context": args.context,
-            "reps": args.reps, "warmup": args.warmup, "engine_warmup_s": warm and warm["seconds"],
-            "copy_bytes": copy_bytes, "copy_bandwidth_Bps": bandwidth, "weights": weights,
-            "state_bytes_per_sequence": state_bytes, "target": f"batch 1 step <= {TARGET_RATIO:g}x bound",
-            "target_met": met, "rows": rows}
+    return summary(True)
 
 
 def main(argv=None) -> int:
@@ -286,7 +295,8 @@ def main(argv=None) -> int:
         out = args.out or (os.path.join(tempfile.mkdtemp(prefix="decode_step_"), "decode_step_smoke.json") if smoke
                            else os.path.join(HERE, "results", "decode_step.json"))
         model = write_tiny_model(os.path.splitext(out)[0] + "_model") if smoke else args.model
-        result = run(args, torch, model, batches)
+        result = run(args, torch, model, batches, save=lambda partial: write_result(
+            out, {**provenance("benchmarks/decode_step.py", argv, args.commit), **partial}))
     except UserError as e:
         print(f"decode_step: error: {e}", file=sys.stderr)
         return 2

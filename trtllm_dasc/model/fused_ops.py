@@ -13,7 +13,7 @@ import torch
 
 try:  # fla-core is optional: the CPU machine never takes this path
     from fla.modules.causal_conv1d import causal_conv1d
-    from fla.modules.fused_norm_gate import rms_norm_gated
+    from fla.modules.norm.fused_norm_gate import rms_norm_gated
 except Exception:  # noqa: BLE001 - recurrence/fla.py reports why fla is unavailable
     causal_conv1d = rms_norm_gated = None
 

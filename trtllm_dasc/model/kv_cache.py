@@ -74,8 +74,9 @@ class PagedKVCache:
             if not all(0 <= b < self.cfg.num_blocks for b in table[:n]):
                 raise ValueError(f"block table {table[:n]} names blocks outside 0..{self.cfg.num_blocks - 1}")
         width = max(need)
-        tables = torch.tensor([t[:n] + [0] * (width - n) for t, n in zip(block_tables, need)], dtype=torch.int32)
-        write = torch.tensor([t[s // bs] * bs + s % bs for t, s in zip(block_tables, starts)], dtype=torch.long)
+        tables = torch.tensor([[int(b) for b in t[:n]] + [0] * (width - n) for t, n in zip(block_tables, need)],
+                              dtype=torch.int32)
+        write = torch.tensor([int(t[s // bs]) * bs + s % bs for t, s in zip(block_tables, starts)], dtype=torch.long)
         lens = torch.tensor([s + 1 for s in starts], dtype=torch.int32)
         dev = self.cfg.device
         return tables.to(dev), lens.to(dev), write.to(dev)
