@@ -31,10 +31,12 @@ prefill_half() {
       "tests/model/test_fla_gpu.py::test_model_fla_matches_torch_backend" \
       "tests/model/test_fla_gpu.py::test_boundary_states_match_reference" 2>&1 | tail -15
   fi
-  for arch in kda gdn; do
-    timeout ${PREFILL_LIMIT:-200} python3 benchmarks/model_prefill.py --arch $arch --compare-fla --compare-unfused \
-      --out "$OUT/model_prefill_$arch.json" $C
-  done
+  if [[ $PARTS == *prefill* ]]; then
+    for arch in kda gdn; do
+      timeout ${PREFILL_LIMIT:-200} python3 benchmarks/model_prefill.py --arch $arch --compare-fla --compare-unfused \
+        --out "$OUT/model_prefill_$arch.json" $C
+    done
+  fi
   [[ $PARTS == *store* ]] && timeout 150 python3 benchmarks/state_bandwidth.py $C
 }
 decode_half() {
@@ -46,11 +48,11 @@ if [ "$GPUS" -lt 2 ] && [[ $PARTS == *prefill* && $PARTS == *decode* ]]; then
   echo "one GPU: both halves in sequence may pass the 600 s call limit; PARTS=prefill or PARTS=decode per call"
 fi
 if [ "$GPUS" -ge 2 ]; then
-  [[ $PARTS == *prefill* ]] && prefill_half > "$OUT/speed_gpu0.log" 2>&1 &
+  [[ $PARTS == *prefill* || $PARTS == *parity* || $PARTS == *store* ]] && prefill_half > "$OUT/speed_gpu0.log" 2>&1 &
   [[ $PARTS == *decode* ]] && decode_half > "$OUT/speed_gpu1.log" 2>&1 &
   wait
 else
-  [[ $PARTS == *prefill* ]] && prefill_half > "$OUT/speed_gpu0.log" 2>&1
+  [[ $PARTS == *prefill* || $PARTS == *parity* || $PARTS == *store* ]] && prefill_half > "$OUT/speed_gpu0.log" 2>&1
   [[ $PARTS == *decode* ]] && decode_half > "$OUT/speed_gpu1.log" 2>&1
 fi
 return_new_kernels speed_kernels kernels /tmp/kernels_before_speed
