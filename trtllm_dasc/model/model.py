@@ -168,7 +168,7 @@ class HybridModel:
         modes = [logits] * len(batch) if isinstance(logits, str) else list(logits)
         if len(modes) != len(batch) or any(m not in LOGITS for m in modes):
             raise UserError(f"logits must be one of {LOGITS} or one per sequence, got {logits!r}")
-        ids, cuts, kv_index = [], [], []
+        ids, cuts = [], []
         for i, s in enumerate(batch):
             t = torch.as_tensor(s.token_ids, dtype=torch.long).reshape(-1)
             if t.numel() == 0:
