@@ -86,10 +86,8 @@ def test_gdn_slice_shapes(tiny):
     c = m.cfg
     H, HV, K, V, D = 1, 3, c.key_head_dim, c.value_head_dim, m.spec.hidden_size
     w = m.layers[0][0].w
-    # in_proj_qkvz / in_proj_ba regrouped at load: q, k, v in the conv's channel order; z, b, a apart
-    assert w["qkv"].shape == (2 * H * K + HV * V, D)
-    assert w["z"].shape == (HV * V, D)
-    assert w["b"].shape == w["a"].shape == (HV, D)
+    # in_proj_qkvz / in_proj_ba regrouped at load into one projection: q, k, v (the conv's channels), z, b, a
+    assert w["in_proj"].shape == (2 * H * K + 2 * HV * V + 2 * HV, D)
     assert w["conv"].shape == (2 * H * K + HV * V, c.conv_kernel)
     assert w["A_log"].shape == w["dt_bias"].shape == (HV,)
     assert w["out"].shape == (D, HV * V)

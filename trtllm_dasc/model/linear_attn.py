@@ -43,17 +43,16 @@ class GDNLayer:
         D, r = spec.hidden_size, HV // H
         s = GDNSlice.build(bundles, H, HV, K, V)
         p = prefix + "linear_attn."
-        # the checkpoint interleaves q, k, v, z (and b, a) per key head; regrouped here into one block each,
-        # so every projection's output is contiguous and qkv lines up with the conv's channels (q, k, v)
+        # the checkpoint interleaves q, k, v, z (and b, a) per key head; regrouped here into one block each
+        # and stacked into one projection: a single GEMM per step whose q, k, v columns line up with the
+        # conv's channels and whose z, b, a follow
         n = len(bundles)
         qkvz = load(src, p + "in_proj_qkvz.weight", (H * (2 * K + 2 * r * V), D), dtype, device, s.qkvz_rows)
         qkvz = qkvz.view(n, 2 * K + 2 * r * V, D)
         ba = load(src, p + "in_proj_ba.weight", (2 * HV, D), dtype, device, s.ba_rows).view(n, 2 * r, D)
-        w = {"qkv": torch.cat([qkvz[:, :K].reshape(-1, D), qkvz[:, K:2 * K].reshape(-1, D),
-                               qkvz[:, 2 * K:2 * K + r * V].reshape(-1, D)]),
-             "z": qkvz[:, 2 * K + r * V:].reshape(-1, D).contiguous(),
-             "b": ba[:, :r].reshape(-1, D).contiguous(),
-             "a": ba[:, r:].reshape(-1, D).contiguous(),
+        w = {"in_proj": torch.cat([qkvz[:, :K].reshape(-1, D), qkvz[:, K:2 * K].reshape(-1, D),
+                                   qkvz[:, 2 * K:2 * K + r * V].reshape(-1, D), qkvz[:, 2 * K + r * V:].reshape(-1, D),
+                                   ba[:, :r].reshape(-1, D), ba[:, r:].reshape(-1, D)]),
              "conv": load(src, p + "conv1d.weight", (cfg.conv_dim, 1, W), dtype, device, s.conv_channels)[:, 0],
              "A_log": load(src, p + "A_log", (HV,), torch.float32, device, s.value_heads),
              "dt_bias": load(src, p + "dt_bias", (HV,), torch.float32, device, s.value_heads),
@@ -65,9 +64,9 @@ class GDNLayer:
         T, H, HV, K, V = x.shape[0], self.H, self.HV, self.K, self.V
         fused = getattr(backend, "fused_mixer", False)
         conv_fn, norm_fn = (short_conv, gated_norm) if fused else (causal_conv, gated_rms_norm)
-        y, conv, conv_b = conv_fn(linear(x, self.w["qkv"]), self.w["conv"], conv0, cu_seqlens, cuts)
+        qkv, z, b, a = torch.split(linear(x, self.w["in_proj"]), [2 * H * K + HV * V, HV * V, HV, HV], dim=-1)
+        y, conv, conv_b = conv_fn(qkv, self.w["conv"], conv0, cu_seqlens, cuts)
         q, k, v = torch.split(y, [H * K, H * K, HV * V], dim=-1)
-        b, a = linear(x, self.w["b"]), linear(x, self.w["a"])
         if fused:       # fla's kernel computes the decay from a and beta from b (recurrence/fla.py)
             g, beta, gate = a, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True}
         else:
@@ -75,7 +74,7 @@ class GDNLayer:
             beta, gate = torch.sigmoid(b), {}
         o, ht, hb = run_recurrence(backend, "gdn", q.reshape(1, T, H, K), k.reshape(1, T, H, K),
                                    v.reshape(1, T, HV, V), g[None], beta[None], h0, cu_seqlens, cuts, **gate)
-        o = norm_fn(o[0], linear(x, self.w["z"]).view(T, HV, V), self.w["norm"], self.eps, "silu")
+        o = norm_fn(o[0], z.view(T, HV, V), self.w["norm"], self.eps, "silu")
         return MixerOut(linear(o.reshape(T, HV * V), self.w["out"]), ht, conv, hb, conv_b)
 
 
@@ -95,14 +94,15 @@ class KDALayer:
 
         def rows(name, shape, dt=dtype):
             return load(src, p + name, shape, dt, device, s.head_rows)
-        w = {"qkv": torch.cat([rows(f"{n}_proj.weight", (H * K, D)) for n in "qkv"]),
+        # every projection of x in one GEMM per step: q, k, v (the conv's channels), then f_a, g_a, b
+        w = {"in_proj": torch.cat([rows(f"{n}_proj.weight", (H * K, D)) for n in "qkv"]
+                                  + [load(src, p + "f_a_proj.weight", (K, D), dtype, device),
+                                     load(src, p + "g_a_proj.weight", (K, D), dtype, device),
+                                     load(src, p + "b_proj.weight", (H, D), dtype, device, s.heads)]),
              "conv": torch.cat([rows(f"{n}_conv1d.weight", (H * K, 1, W))[:, 0] for n in "qkv"]),
              "A_log": load(src, p + "A_log", (1, 1, H, 1), torch.float32, device).view(H)[s.heads.to(device)],
              "dt_bias": rows("dt_bias", (H * K,), torch.float32),
-             "f_a": load(src, p + "f_a_proj.weight", (K, D), dtype, device),
              "f_b": rows("f_b_proj.weight", (H * K, K)),
-             "b": load(src, p + "b_proj.weight", (H, D), dtype, device, s.heads),
-             "g_a": load(src, p + "g_a_proj.weight", (K, D), dtype, device),
              "g_b": rows("g_b_proj.weight", (H * K, K)),
              "o_norm": load(src, p + "o_norm.weight", (K,), dtype, device),
              "o": load(src, p + "o_proj.weight", (D, H * K), dtype, device, cols=s.head_rows)}
@@ -112,16 +112,16 @@ class KDALayer:
         T, H, K = x.shape[0], self.H, self.K
         fused = getattr(backend, "fused_mixer", False)
         conv_fn, norm_fn = (short_conv, gated_norm) if fused else (causal_conv, gated_rms_norm)
-        y, conv, conv_b = conv_fn(linear(x, self.w["qkv"]), self.w["conv"], conv0, cu_seqlens, cuts)
+        mixed, f_a, g_a, b = torch.split(linear(x, self.w["in_proj"]), [3 * H * K, K, K, H], dim=-1)
+        y, conv, conv_b = conv_fn(mixed, self.w["conv"], conv0, cu_seqlens, cuts)
         q, k, v = (t.reshape(1, T, H, K) for t in torch.split(y, H * K, dim=-1))
-        raw_gate = linear(linear(x, self.w["f_a"]), self.w["f_b"]).view(T, H, K)
-        b = linear(x, self.w["b"])
+        raw_gate = linear(f_a, self.w["f_b"]).view(T, H, K)
         if fused:       # fla's kernel computes the decay from the raw gate and beta from b (recurrence/fla.py)
             g, beta, gate = raw_gate, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True}
         else:
             g = -self.w["A_log"].exp()[:, None] * F.softplus(raw_gate.float() + self.w["dt_bias"].view(H, K))
             beta, gate = torch.sigmoid(b), {}
         o, ht, hb = run_recurrence(backend, "kda", q, k, v, g[None], beta[None], h0, cu_seqlens, cuts, **gate)
-        og = linear(linear(x, self.w["g_a"]), self.w["g_b"]).view(T, H, K)
+        og = linear(g_a, self.w["g_b"]).view(T, H, K)
         o = norm_fn(o[0], og, self.w["o_norm"], self.eps, "sigmoid")
         return MixerOut(linear(o.reshape(T, H * K), self.w["o"]), ht, conv, hb, conv_b)
