@@ -102,3 +102,14 @@ def test_model_decode_steps_match_the_eager_path(tmp_path, arch):
     torch.testing.assert_close(batched, eager, rtol=1e-4, atol=1e-4)
     for a, b in zip(batched_kv, eager_kv):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits", [2, 7])
+def test_key_splits_combine_to_the_reference(splits):
+    # a sequence of one key with 7 splits leaves six of them empty (max -inf, weight 0)
+    lens = [1, 9, 70, 200]
+    q, k_pool, v_pool, tables, seq_lens = _pools(len(lens), 4, 2, 32, 32, lens, 8, seed=4)
+    got = paged_decode_attention(q, k_pool, v_pool, tables, seq_lens, 0.2, splits=splits)
+    ref = paged_decode_attention_ref(q, k_pool, v_pool, tables, seq_lens, 0.2)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

@@ -4,7 +4,9 @@ tables, all sequences in one Triton launch (the torch reference below has the sa
 Why: the eager path attends one sequence at a time (a Python loop, a gather of its KV rows, one SDPA call
 per sequence and layer); a decode step of 64 sequences made 64 launches per attention layer. Here the batch
 is one launch whose inputs are fixed-shape tensors (block tables [B, max_blocks], lengths [B]): nothing
-depends on host values, which a CUDA graph of the decode step needs.
+depends on host values, which a CUDA graph of the decode step needs. A program takes every query head of
+one KV head (GQA's group, MLA's all heads) so each key row is read once, as MMAs; a batch of few sequences
+splits its keys over more programs (flash-decoding) and _combine joins the splits.
 
 Layouts (kv_cache.py): a pool is [num_blocks, block_size, heads, dim]; token t of sequence b lives at block
 block_tables[b, t // block_size], row t % block_size. GQA: k_pool and v_pool, query head h reads KV head
@@ -13,59 +15,92 @@ query is [q_nope W_kb, q_rope] and the value is the first `dv` = lora columns (a
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def _paged_decode_kernel(q, k_pool, v_pool, out, block_tables, seq_lens, scale,
-                         stride_qb, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh,
-                         stride_ob, stride_oh, stride_tb,
+def _paged_decode_kernel(q, k_pool, v_pool, o_part, ml_part, block_tables, seq_lens, scale,
+                         stride_qb, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh, stride_tb,
                          GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    hk = (h // GROUP).to(tl.int64)
+                         SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, F32_DOT: tl.constexpr):
+    """One (sequence, KV head, key split): the GROUP query heads of that KV head against keys
+    [split * chunk, +chunk) as two MMAs per key block (scores, then probabilities x values), online
+    softmax; writes the unnormalised output and the (max, sum) of its split for _combine."""
+    b = tl.program_id(0).to(tl.int64)
+    hk = tl.program_id(1)
+    sp = tl.program_id(2)
     n = tl.load(seq_lens + b)
+    chunk = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK_N) * BLOCK_N
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, n)
+    g = tl.arange(0, BLOCK_G)
+    h = hk * GROUP + g
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
-    qv = tl.load(q + b.to(tl.int64) * stride_qb + h * stride_qh + dk, mask=dk < DK, other=0.0).to(tl.float32)
-    qv = qv * scale
-    m = tl.full((), float("-inf"), tl.float32)
-    l_sum = tl.zeros((), tl.float32)
-    acc = tl.zeros((BLOCK_DV,), tl.float32)
-    for start in range(0, n, BLOCK_N):
+    qs = tl.load(q + b * stride_qb + h[:, None] * stride_qh + dk[None, :],
+                 mask=(g < GROUP)[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32) * scale
+    if not F32_DOT:
+        qs = qs.to(k_pool.dtype.element_ty)
+    m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    l_sum = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_DV), tl.float32)
+    for start in range(lo, hi, BLOCK_N):
         t = start + tl.arange(0, BLOCK_N)
-        valid = t < n
-        blk = tl.load(block_tables + b.to(tl.int64) * stride_tb + t // BS, mask=valid, other=0).to(tl.int64)
+        valid = t < hi
+        blk = tl.load(block_tables + b * stride_tb + t // BS, mask=valid, other=0).to(tl.int64)
         row = blk * BS + t % BS
         k = tl.load(k_pool + row[:, None] * stride_kr + hk * stride_kh + dk[None, :],
-                    mask=valid[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
-        s = tl.sum(k * qv[None, :], axis=1)
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        p = tl.exp(s - m_new)
+                    mask=valid[:, None] & (dk < DK)[None, :], other=0.0)
+        if F32_DOT:
+            s = tl.dot(qs, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(qs, tl.trans(k))
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m - m_new)
         v = tl.load(v_pool + row[:, None] * stride_vr + hk * stride_vh + dv[None, :],
-                    mask=valid[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)
-        l_sum = l_sum * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+                    mask=valid[:, None] & (dv < DV)[None, :], other=0.0)
+        l_sum = l_sum * alpha + tl.sum(p, axis=1)
+        if F32_DOT:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
         m = m_new
-    o = acc / l_sum
-    tl.store(out + b.to(tl.int64) * stride_ob + h * stride_oh + dv, o.to(out.dtype.element_ty), mask=dv < DV)
+    # [B, H, SPLITS, DV] partial outputs, [B, H, SPLITS, 2] (max, sum); H = Hk * GROUP
+    head = (hk * GROUP + g).to(tl.int64)
+    gmask = g < GROUP
+    base = (b * (tl.num_programs(1) * GROUP) + head) * SPLITS + sp
+    tl.store(o_part + base[:, None] * DV + dv[None, :], acc, mask=gmask[:, None] & (dv < DV)[None, :])
+    tl.store(ml_part + base * 2, m, mask=gmask)
+    tl.store(ml_part + base * 2 + 1, l_sum, mask=gmask)
 
 
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+# Triton's interpreter multiplies bf16 tiles wrongly (numpy has no bf16): there both MMAs take fp32 operands,
+# on a GPU bf16 pools take bf16 MMAs (fp32 accumulation) and fp32 pools ieee fp32 ones
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# programs to keep an H200's 132 SMs busy: a batch of few sequences splits its keys into this many / (B x H_kv)
+TARGET_PROGRAMS = 264
+
+
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           dv: int | None = None) -> torch.Tensor:
+                           dv: int | None = None, splits: int | None = None) -> torch.Tensor:
     """q [B, H, DK]; k_pool [blocks, bs, H_kv, DK]; v_pool [blocks, bs, H_kv, >= dv]; block_tables
     [B, max_blocks] int; seq_lens [B] int (>= 1: the keys 0..len-1, the new token's included).
-    Returns [B, H, dv] in q's dtype (softmax and sums in fp32)."""
+    Returns [B, H, dv] in q's dtype (softmax and sums in fp32). splits: key splits per sequence (None: from
+    the shapes alone, so a CUDA graph of one batch bucket keeps it): a batch of few sequences and KV heads
+    would leave most of the GPU idle, so their keys are split and the partial results combined."""
     B, H, DK = q.shape
     bs, Hk = k_pool.shape[1], k_pool.shape[2]
     dv = v_pool.shape[-1] if dv is None else dv
@@ -73,18 +108,36 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     assert q.stride(-1) == 1 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
     assert k_pool.stride(1) == k_pool.stride(0) // bs and v_pool.stride(1) == v_pool.stride(0) // bs, \
         "pools must be contiguous over (block, row)"
-    out = torch.empty(B, H, dv, dtype=q.dtype, device=q.device)
+    assert k_pool.dtype == v_pool.dtype, "one dtype for keys and values (the MMAs take both)"
     if B == 0:
-        return out
-    block_dk, block_dv = _pow2(DK), _pow2(dv)
-    # about 8k fp32 key elements per step: 64 keys of 128, 8 latent rows of 576 (padded to 1024)
-    block_n = max(1, min(64, 8192 // block_dk))
-    _paged_decode_kernel[(B, H)](
-        q, k_pool, v_pool, out, block_tables, seq_lens, float(scale),
+        return torch.empty(B, H, dv, dtype=q.dtype, device=q.device)
+    group = H // Hk
+    block_dk, block_dv, block_g = max(16, _pow2(DK)), max(16, _pow2(dv)), max(16, _pow2(group))
+    # about 16k key elements per block: 64 keys of 128, 16 latent rows of 576 (padded to 1024)
+    block_n = max(16, min(64, 16384 // block_dk))
+    if splits is None:
+        max_keys = block_tables.shape[1] * bs
+        splits = max(1, min(-(-TARGET_PROGRAMS // (B * Hk)), -(-max_keys // block_n)))
+    o_part = torch.empty(B, H, splits, dv, dtype=torch.float32, device=q.device)
+    ml_part = torch.empty(B, H, splits, 2, dtype=torch.float32, device=q.device)
+    _paged_decode_kernel[(B, Hk, splits)](
+        q, k_pool, v_pool, o_part, ml_part, block_tables, seq_lens, float(scale),
         q.stride(0), q.stride(1), k_pool.stride(1), k_pool.stride(2), v_pool.stride(1), v_pool.stride(2),
-        out.stride(0), out.stride(1), block_tables.stride(0),
-        GROUP=H // Hk, DK=DK, DV=dv, BS=bs, BLOCK_N=block_n, BLOCK_DK=block_dk, BLOCK_DV=block_dv)
-    return out
+        block_tables.stride(0),
+        GROUP=group, DK=DK, DV=dv, BS=bs, SPLITS=splits, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_DK=block_dk,
+        BLOCK_DV=block_dv, F32_DOT=k_pool.dtype == torch.float32 or INTERPRETED)
+    return _combine(o_part, ml_part).to(q.dtype)
+
+
+def _combine(o_part: torch.Tensor, ml_part: torch.Tensor) -> torch.Tensor:
+    """Join the key splits' partial softmaxes: each split's output and sum rescaled from its own max to
+    the overall one (a split without keys has max -inf and weighs 0)."""
+    m, l_sum = ml_part[..., 0], ml_part[..., 1]
+    if o_part.shape[2] == 1:
+        return o_part[:, :, 0] / l_sum
+    top = m.max(dim=2, keepdim=True).values
+    w = torch.exp(m - top)
+    return (o_part * w[..., None]).sum(2) / (l_sum * w).sum(2)[..., None]
 
 
 def paged_decode_attention_ref(q, k_pool, v_pool, block_tables, seq_lens, scale, dv=None):
