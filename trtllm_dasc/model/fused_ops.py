@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import torch
 
+from trtllm_dasc.model.recurrence.fla import cu_tensors
+
 try:  # fla-core is optional: the CPU machine never takes this path
-    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.modules.causal_conv1d import causal_conv1d, causal_conv1d_update
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
 except Exception:  # noqa: BLE001 - recurrence/fla.py reports why fla is unavailable
-    causal_conv1d = rms_norm_gated = None
+    causal_conv1d = causal_conv1d_update = rms_norm_gated = None
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
@@ -31,12 +33,16 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     # fla keeps W inputs per sequence ([N, C, W], newest last) and never reads the oldest in a prefill
     init = conv_state.new_zeros(N, C, W1 + 1)
     init[:, :, 1:] = conv_state
-    cu = torch.tensor(cu_seqlens, dtype=torch.long)
-    y, final = causal_conv1d(x[None], weight=weight, initial_state=init, output_final_state=True,
-                             activation="silu", cu_seqlens=cu.to(x.device, non_blocking=True), cu_seqlens_cpu=cu)
-    new_state = final[:, :, 1:].to(conv_state.dtype)
     cuts = cuts or [[] for _ in range(N)]
     rows = [i for i, c in enumerate(cuts) for _ in c]
+    if T == N and not rows:
+        # a decode step: fla's one-token update (shifts the window in place, newest last), no varlen setup
+        y, final = causal_conv1d_update(x, init, weight=weight, activation="silu")
+        return y, final[:, :, 1:].to(conv_state.dtype), conv_state.new_zeros(0, C, W1)
+    cu, cu_host = cu_tensors(cu_seqlens, x.device)
+    y, final = causal_conv1d(x[None], weight=weight, initial_state=init, output_final_state=True,
+                             activation="silu", cu_seqlens=cu, cu_seqlens_cpu=cu_host)
+    new_state = final[:, :, 1:].to(conv_state.dtype)
     if not rows:
         return y[0], new_state, conv_state.new_zeros(0, C, W1)
     return y[0], new_state, _windows(x, conv_state, cu_seqlens, rows, [p for c in cuts for p in c])

@@ -30,14 +30,24 @@ def available() -> tuple[bool, str]:
     return True, "ok"
 
 
-def _cu(cu_seqlens, device) -> torch.Tensor:
+# tuple(cu_seqlens), device -> (device tensor, host tensor). Every layer of a forward passes the same list:
+# one copy to the GPU per forward instead of one per layer and kernel (a copy from pageable host memory
+# waits for the stream), and fla's per-tensor caches (chunk indices, keyed on the tensor object) hit.
+_CU_CACHE: dict = {}
+
+
+def cu_tensors(cu_seqlens, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cu_seqlens on the device, on the host), int64; the same tensor objects for the same list."""
     if isinstance(cu_seqlens, torch.Tensor):
-        return cu_seqlens.to(device=device, dtype=torch.long)
-    return torch.tensor(list(cu_seqlens), dtype=torch.long, device=device)
-
-
-def _decode_only(cu: torch.Tensor, T: int) -> bool:
-    return T == cu.numel() - 1
+        return cu_seqlens.to(device=device, dtype=torch.long), cu_seqlens.cpu().long()
+    key = (tuple(cu_seqlens), str(device))
+    hit = _CU_CACHE.get(key)
+    if hit is None:
+        if len(_CU_CACHE) >= 256:          # a serving loop sees many batch shapes: forget, never grow
+            _CU_CACHE.clear()
+        host = torch.tensor(key[0], dtype=torch.long)
+        hit = _CU_CACHE[key] = (host.to(device), host)
+    return hit
 
 
 # the mixers (linear_attn.py) take their fused path with this backend: conv, gate, beta and norm in kernels
@@ -46,19 +56,27 @@ fused_mixer = True
 
 def _call(chunk, fused, q, k, v, g, beta, initial_state, cu_seqlens, scale, A_log=None, dt_bias=None,
           beta_logits=False):
-    """Chunked kernel for prefill, fused recurrent one when every sequence has a single token.
+    """Chunked kernel for prefill, the recurrent one when every sequence has a single token.
     With A_log/dt_bias, g is the raw gate and the kernel computes -exp(A_log) * softplus(g + dt_bias) (fp32,
     the reference's formula); with beta_logits, beta is the b projection and the kernel takes its sigmoid."""
-    cu = _cu(cu_seqlens, q.device)
-    fn = fused if _decode_only(cu, q.shape[1]) else chunk
     extra = {}
     if A_log is not None:
         extra.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
     if beta_logits:
         extra.update(use_beta_sigmoid_in_kernel=True)
-    o, ht = fn(q=q, k=k, v=v, g=g, beta=beta if beta_logits else beta.to(q.dtype), scale=scale,
-               initial_state=initial_state.float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
-               cu_seqlens=cu, **extra)
+    beta = beta if beta_logits else beta.to(q.dtype)
+    N, T = len(cu_seqlens) - 1, q.shape[1]
+    if T == N:
+        # a decode step (every sequence has one token): the recurrent kernel over a batch of N one-token
+        # sequences, [N, 1, ...], which needs no cu_seqlens at all
+        o, ht = fused(q=q.transpose(0, 1), k=k.transpose(0, 1), v=v.transpose(0, 1), g=g.transpose(0, 1),
+                      beta=beta.transpose(0, 1), scale=scale, initial_state=initial_state.float(),
+                      output_final_state=True, use_qk_l2norm_in_kernel=True, **extra)
+        return o.transpose(0, 1), ht.float()
+    cu, cu_host = cu_tensors(cu_seqlens, q.device)
+    o, ht = chunk(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state.float(),
+                  output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_host,
+                  **extra)
     return o, ht.float()
 
 
