@@ -217,26 +217,9 @@ class HybridModel:
         positions = torch.cat([torch.arange(s, s + t.numel()) for s, t in zip(starts, ids)]).to(dev)
         attn_batch = AttnBatch(cu, starts, kv_index, positions, decode)
         rows = torch.tensor([s.row for s in batch], dtype=torch.long, device=dev)
-        x = self.w["embed"][torch.cat(ids).to(dev)]
-        eps, lin, att, hbs, convs = self.spec.rms_norm_eps, 0, 0, [], []
-        for mixer, mlp, in_norm, post_norm in self.layers:
-            h = rms_norm(x, in_norm, eps, self.offset_norm)
-            if mixer.kind in ("gdn", "kda"):
-                with timer("linear_attn"):
-                    res = self._linear(mixer, lin, h, cu, rows, state, cuts, refresh, merge)
-                    out = res.out if self.tp_size == 1 else self.all_reduce(res.out)
-                hbs.append(res.hb)
-                convs.append(res.conv_b)
-                lin += 1
-            else:
-                with timer("attention"):
-                    out = mixer.forward(h, attn_batch, kv, att)
-                    out = self.all_reduce(out) if mixer.partial else out
-                att += 1
-            x = x + out
-            with timer("mlp"):
-                y = mlp.forward(rms_norm(x, post_norm, eps, self.offset_norm))
-                x = x + (self.all_reduce(y) if mlp.partial else y)
+        x, hbs, convs = self._layers(self.w["embed"][torch.cat(ids).to(dev)], cu, rows, state, kv, attn_batch,
+                                     cuts, refresh, merge, timer)
+        eps = self.spec.rms_norm_eps
         out = ForwardOutput(None, [0], cu)
         picks = []
         for i, mode in enumerate(modes):
@@ -256,6 +239,43 @@ class HybridModel:
             out.capture_temporal = torch.stack(hbs, dim=1)
             out.capture_conv = torch.stack(convs, dim=1)
         return out
+
+    def _layers(self, x, cu, rows, state, kv, attn_batch, cuts, refresh, merge, timer):
+        """Every layer over the batch's hidden states x [T, D]: (x after the last layer, the captured
+        temporal and conv states per linear layer). Updates the state rows and writes the new tokens' KV."""
+        eps, lin, att, hbs, convs = self.spec.rms_norm_eps, 0, 0, [], []
+        for mixer, mlp, in_norm, post_norm in self.layers:
+            h = rms_norm(x, in_norm, eps, self.offset_norm)
+            if mixer.kind in ("gdn", "kda"):
+                with timer("linear_attn"):
+                    res = self._linear(mixer, lin, h, cu, rows, state, cuts, refresh, merge)
+                    out = res.out if self.tp_size == 1 else self.all_reduce(res.out)
+                hbs.append(res.hb)
+                convs.append(res.conv_b)
+                lin += 1
+            else:
+                with timer("attention"):
+                    out = mixer.forward(h, attn_batch, kv, att)
+                    out = self.all_reduce(out) if mixer.partial else out
+                att += 1
+            x = x + out
+            with timer("mlp"):
+                y = mlp.forward(rms_norm(x, post_norm, eps, self.offset_norm))
+                x = x + (self.all_reduce(y) if mlp.partial else y)
+        return x, hbs, convs
+
+    @torch.inference_mode()
+    def decode_static(self, ids, positions, rows, decode, state: RecurrentState, kv: PagedKVCache) -> torch.Tensor:
+        """One decode step from device tensors alone: ids, positions, rows [B] int64 and decode = (block
+        tables, lengths, new KV rows) as kv.decode_tables makes them. Nothing inside reads a host value or
+        copies from the host, so a CUDA graph of one batch size can capture it (model/decode_graphs.py); the
+        caller checked the batch as forward does. Returns fp32 logits [B, vocab]."""
+        B = ids.shape[0]
+        cu = list(range(B + 1))
+        batch = AttnBatch(cu, [], None, positions, decode)
+        x, _, _ = self._layers(self.w["embed"][ids], cu, rows, state, kv, batch, [[] for _ in range(B)], None,
+                               None, lambda kind: contextlib.nullcontext())
+        return (rms_norm(x, self.w["norm"], self.spec.rms_norm_eps, self.offset_norm) @ self.w["lm_head"].T).float()
 
     def _linear(self, mixer, lin, h, cu, rows, state, cuts, refresh, merge):
         """One linear layer over the batch; with a refresh, replays first, then merge, then the rest."""

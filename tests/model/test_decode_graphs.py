@@ -1,0 +1,59 @@
+"""model/decode_graphs.py: a decode step from the fixed buffers (bucketed, padded) against model.forward.
+
+On the CPU the buffers run decode_static eagerly (use_graphs False: what a CUDA graph would replay); on a
+GPU the same test captures and replays the graphs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from trtllm_dasc.model.decode_graphs import DecodeGraphs, buckets_for  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_buckets():
+    assert buckets_for(1) == [1]
+    assert buckets_for(8) == [1, 2, 4, 8]
+    assert buckets_for(6) == [1, 2, 4, 6]
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch):
+    from hybrid_tiny import build
+    from trtllm_dasc.model import HybridModel
+    from trtllm_dasc.model.direct import DirectRunner
+    build(tmp_path, arch, seed=6)
+    model = HybridModel.from_pretrained(str(tmp_path), device=DEV)
+    model.batched_decode = True          # the eager arm uses the same batched attention: equal to rounding
+    g = torch.Generator().manual_seed(4)
+    vocab = model.spec.vocab_size
+    prompts = [torch.randint(0, vocab, (n,), generator=g) for n in (6, 13, 30)]
+    steps = torch.randint(0, vocab, (4, 3), generator=g)
+    results = []
+    for graphs in (False, True):
+        # rows 0-2 the sequences, row 3 padding, row 4 an idle sequence that must not change
+        r = DirectRunner(model, rows=5, max_tokens=48, block_size=4)
+        for row, p in enumerate(prompts):
+            r.run(p, row=row, logits="none")
+        r.run(prompts[0][:5], row=4, logits="none")
+        idle = r.state.temporal[:, 4].clone()
+        pad_block = r.blocks_per_row * 4 - 1          # the last block of row 3: no sequence uses it
+        dg = DecodeGraphs(model, r.state, r.kv, max_batch=4, max_blocks=r.blocks_per_row, pad_row=3,
+                          pad_block=pad_block) if graphs else None
+        logits = []
+        for i in range(4):
+            batch = [r.seq(steps[i, row:row + 1], row) for row in range(3)]
+            if dg is None:
+                logits.append(r.forward(batch, "last").logits)
+            else:
+                logits.append(dg.run(steps[i], [s.start for s in batch], [0, 1, 2], [s.block_table for s in batch]))
+                for s in batch:
+                    r.lengths[s.row] = s.start + 1
+        assert torch.equal(r.state.temporal[:, 4], idle)
+        results.append((torch.cat(logits), r.state.temporal[:, :3].clone(), r.state.conv[:, :3].clone()))
+    model.batched_decode = None
+    for a, b in zip(results[1], results[0]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
