@@ -36,6 +36,9 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     backend: str = "auto"
+    # decode steps replayed as CUDA graphs (model/decode_graphs.py) where they can be: a GPU, the fla
+    # backend, one rank; every other step, and every other setup, runs eagerly
+    cuda_graphs: bool = True
     max_batch: int = 8                  # concurrently running requests (active state rows)
     max_context: int = 4096
     block_size: int = 16

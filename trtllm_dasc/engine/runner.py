@@ -21,7 +21,7 @@ from trtllm_dasc.engine.sampling import sample
 from trtllm_dasc.engine.step import StepOutput, StepPlan
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.config import HybridConfig
-from trtllm_dasc.model import HybridModel, Refresh, SeqInput
+from trtllm_dasc.model import ForwardOutput, HybridModel, Refresh, SeqInput
 from trtllm_dasc.model.weights import CheckpointReader
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.state import CheckpointPool, StateLayout
@@ -67,8 +67,17 @@ class ModelRunner:
         else:
             self.pool = CheckpointPool.from_plan(self.plan, self.budget, tp_rank, device=cfg.device)
         self.num_rows = 2 * cfg.max_batch
-        self.state = self.model.new_state(self.num_rows)
-        self.kv = self.model.new_kv_cache(cfg.num_kv_blocks, cfg.block_size)
+        # CUDA graphs pad a decode batch up to its bucket into one state row and one KV block that the
+        # scheduler never hands out (it knows num_rows rows and cfg.num_kv_blocks blocks)
+        graphs = graphs_wanted(cfg, self.model)
+        self.state = self.model.new_state(self.num_rows + int(graphs))
+        self.kv = self.model.new_kv_cache(cfg.num_kv_blocks + int(graphs), cfg.block_size)
+        self.graphs = None
+        if graphs:
+            from trtllm_dasc.model.decode_graphs import DecodeGraphs
+            self.graphs = DecodeGraphs(self.model, self.state, self.kv, cfg.max_batch,
+                                       max_blocks=-(-cfg.max_context // cfg.block_size), pad_row=self.num_rows,
+                                       pad_block=cfg.num_kv_blocks)
         self.replay_window = replay_window(cfg, self.plan.wr_window)
         self._layer_layouts = [self._one_layer_layout(kept) for kept in self.plan.local_retained(tp_rank)]
 
@@ -90,16 +99,42 @@ class ModelRunner:
             self.state.conv[:, rows] = 0
         batch = [SeqInput(s.token_ids, s.row, s.block_table, s.start, tuple(p for p, _ in s.captures))
                  for s in plan.spans]
-        refresh = None
-        if plan.replays:
-            refresh = Refresh(len(plan.replays), [a for a, _ in plan.replays], [b for _, b in plan.replays])
-        out = self.model.forward(batch, self.state, self.kv, logits=[s.logits for s in plan.spans],
-                                 refresh=refresh, merge=self.merge_omitted)
+        out = self._graph_step(plan)
+        if out is None:
+            refresh = None
+            if plan.replays:
+                refresh = Refresh(len(plan.replays), [a for a, _ in plan.replays], [b for _, b in plan.replays])
+            out = self.model.forward(batch, self.state, self.kv, logits=[s.logits for s in plan.spans],
+                                     refresh=refresh, merge=self.merge_omitted)
         result = StepOutput(tokens=[None] * len(plan.spans), errors=[None] * len(plan.spans),
                             logits=[None] * len(plan.spans))
         result.stored = self._store(out, plan, result.errors)
         self._sample(out, plan, result, sample_tokens)
         return result
+
+    def _graph_step(self, plan: StepPlan):
+        """A pure decode step (one token per span, no loads, replays or captures) through the CUDA graphs:
+        its ForwardOutput, or None when the step (or the setup) is not one the graphs take."""
+        g, spans = self.graphs, plan.spans
+        if (g is None or plan.loads or plan.warm_loads or plan.replays
+                or any(len(s.token_ids) != 1 or s.captures or s.logits == "none" for s in spans)
+                or len({s.row for s in spans}) != len(spans)):
+            return None
+        ids = torch.tensor([int(s.token_ids[0]) for s in spans], dtype=torch.long)
+        starts = [s.start for s in spans]
+        if ids.min() < 0 or ids.max() >= self.model.spec.vocab_size or not g.eligible(starts):
+            return None                     # model.forward says what is wrong, or takes the odd shape
+        try:
+            logits = g.run(ids, starts, [s.row for s in spans], [s.block_table for s in spans])
+        except ValueError:
+            return None                     # a block table the cache refuses: forward raises it properly
+        n = len(spans)
+        return ForwardOutput(logits, list(range(n + 1)), list(range(n + 1)))
+
+    def capture_graphs(self) -> None:
+        """Record every decode bucket's CUDA graph now (the engine's warm-up calls this before ready)."""
+        if self.graphs is not None:
+            self.graphs.warmup()
 
     def _store(self, out, plan: StepPlan, errors: list) -> list[bool]:
         """Store the captured boundary states into the plan's slots; a non-finite capture is not stored
@@ -170,6 +205,13 @@ class ModelRunner:
         report.update(arm=self.cfg.arm, dense_slot_bytes=self.plan.config.dense_checkpoint_bytes_per_rank(1),
                       wr_window=self.replay_window)
         return report
+
+
+def graphs_wanted(cfg: EngineConfig, model: HybridModel) -> bool:
+    """Decode steps as CUDA graphs: asked for, on a GPU, with the kernel backend (its decode path reads no
+    host values), on one rank (the all-reduce is not captured)."""
+    return (cfg.cuda_graphs and model.device.type == "cuda" and cfg.tp_size == 1
+            and getattr(model.backend, "fused_mixer", False))
 
 
 def engine_plan(cfg: EngineConfig):

@@ -63,6 +63,10 @@ def warmup(engine) -> dict:
                      for i, p in enumerate(prompts)]
             engine.generate(batch)
             requests += len(batch)
+    # the decode buckets the traffic above did not reach: their CUDA graphs, before the first user's step
+    capture = getattr(engine.runner, "capture_graphs", None)
+    if capture is not None:
+        capture()
     engine.flush()
     engine.telemetry.reset()
     for kind in engine.cache.evictions:

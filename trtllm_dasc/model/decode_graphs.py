@@ -48,8 +48,9 @@ class DecodeGraphs:
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
-    def eligible(self, block_tables: list, starts: list[int]) -> bool:
-        """A batch of len(starts) one-token sequences the buffers can hold (the caller checks the rest)."""
+    def eligible(self, starts: list[int]) -> bool:
+        """A batch of one-token sequences at positions starts that the buffers can hold (the caller checks
+        the rest; run's decode_tables validates the block tables)."""
         bs = self.kv.block_size
         return (0 < len(starts) <= self.max_batch and self.model.tp_size == 1
                 and all(s // bs + 1 <= self.max_blocks for s in starts))
