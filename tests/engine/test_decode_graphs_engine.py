@@ -28,3 +28,18 @@ def test_decode_steps_through_the_graph_buffers_match_transformers(tiny_models, 
     assert calls and max(calls) == 3
     eng.sanity_check()
     eng.shutdown()
+
+
+def test_a_graph_that_fails_turns_graphs_off_and_the_step_runs_eagerly(tiny_models, monkeypatch, capsys):
+    from trtllm_dasc.engine import runner as runner_mod
+    monkeypatch.setattr(runner_mod, "graphs_wanted", lambda cfg, model: True)
+    path, hf = tiny_models["kda"]
+    eng = make_engine(path)
+
+    def refuse(*a, **kw):
+        raise RuntimeError("capture refused")
+    eng.runner.graphs.run = refuse
+    assert eng.generate([greedy("f", [3, 4, 5, 6], n=3)]) == [reference_greedy(hf, [3, 4, 5, 6], 3)]
+    assert eng.runner.graphs is None
+    assert "decode CUDA graphs off (RuntimeError: capture refused)" in capsys.readouterr().err
+    eng.shutdown()

@@ -13,6 +13,7 @@ the rest) -> checkpoint stores -> sampling. Every TP rank runs the same plans.
 from __future__ import annotations
 
 import json
+import sys
 
 import torch
 
@@ -128,13 +129,26 @@ class ModelRunner:
             logits = g.run(ids, starts, [s.row for s in spans], [s.block_table for s in spans])
         except ValueError:
             return None                     # a block table the cache refuses: forward raises it properly
+        except Exception as e:  # noqa: BLE001 - a capture the device refuses: serve on, eagerly
+            self._drop_graphs(e)
+            return None
         n = len(spans)
         return ForwardOutput(logits, list(range(n + 1)), list(range(n + 1)))
 
     def capture_graphs(self) -> None:
         """Record every decode bucket's CUDA graph now (the engine's warm-up calls this before ready)."""
         if self.graphs is not None:
-            self.graphs.warmup()
+            try:
+                self.graphs.warmup()
+            except Exception as e:  # noqa: BLE001 - see _drop_graphs
+                self._drop_graphs(e)
+
+    def _drop_graphs(self, e: Exception) -> None:
+        """A graph that cannot be captured costs speed, not service: say so once, decode eagerly from then on
+        (the capture's warm-up runs touched only the reserved padding row and block)."""
+        print(f"dasc: decode CUDA graphs off ({type(e).__name__}: {e}); decode steps run eagerly",
+              file=sys.stderr, flush=True)
+        self.graphs = None
 
     def _store(self, out, plan: StepPlan, errors: list) -> list[bool]:
         """Store the captured boundary states into the plan's slots; a non-finite capture is not stored
