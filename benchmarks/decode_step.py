@@ -15,8 +15,9 @@ to be a pure decode plan (B one-token spans, no loads, no replays). Reported per
 time of Engine.step (device synchronised), of ModelRunner.execute alone, the bound, step / bound and
 tokens/s. The recurrent state each sequence reads and writes per step (2x a dense checkpoint: temporal
 fp32 + conv) is recorded beside it, because at large B it is as large as the weights; KV reads are not
-counted anywhere. With --compare-eager each batch runs twice in the same run: with the batched paged decode
-attention (model/decode_attention.py, on with the fla backend on a GPU) and with one sequence at a time.
+counted anywhere. With --compare-eager each batch runs three times in the same run: as configured (on a GPU
+with the fla backend: CUDA graphs of the decode step, model/decode_graphs.py), without the graphs (the
+batched paged attention launched eagerly) and with attention one sequence at a time as well.
 
     python benchmarks/decode_step.py --model /tmp/kimi48 [--batches 1,8,32,64] [--context 1024] [--compare-eager]
                                      [--commit C]
@@ -227,14 +228,17 @@ def run(args, torch, model: str, batches: list[int], save=None) -> dict:
     for b in batches:
         t = time_decode(engine, torch, b, args.context, args.warmup, args.reps, max_new)
         if args.compare_eager:
-            # the same batch with attention one sequence at a time (the path before the batched kernel)
-            model_obj.batched_decode = False
+            # the same batch without the CUDA graphs (the batched attention kernel launched eagerly), then
+            # also with attention one sequence at a time (the path before the batched kernel)
+            graphs, engine.runner.graphs = engine.runner.graphs, None
             try:
-                eager = time_decode(engine, torch, b, args.context, args.warmup, args.reps, max_new)
+                t["no_graphs"] = time_decode(engine, torch, b, args.context, args.warmup, args.reps, max_new)
+                model_obj.batched_decode = False
+                t["eager_attention"] = time_decode(engine, torch, b, args.context, args.warmup, args.reps, max_new)
             finally:
-                model_obj.batched_decode = None
-            t["eager_attention"] = eager
-            t["speedup_over_eager"] = eager["step_ms"] / t["step_ms"]
+                engine.runner.graphs, model_obj.batched_decode = graphs, None
+            t["graphs"] = graphs is not None
+            t["speedup_over_eager"] = t["eager_attention"]["step_ms"] / t["step_ms"]
         wb = weights["matmul_bytes"] + b * weights["embed_row_bytes"]
         bound_ms = 1e3 * wb / bandwidth
         row = {"batch": b, **t, "weight_bytes": wb, "bound_ms": bound_ms, "ratio": t["step_ms"] / bound_ms,
@@ -243,7 +247,8 @@ def run(args, torch, model: str, batches: list[int], save=None) -> dict:
         rows.append(row)
         print(f"{b:>5} {row['step_ms']:>9.3f} {row['execute_ms']:>9.3f} {bound_ms:>9.3f} {row['ratio']:>10.2f} "
               f"{row['tokens_per_s']:>10.1f} {row['bound_with_state_ms']:>10.3f}"
-              + (f"  (eager attention {t['eager_attention']['step_ms']:.3f} ms)" if "eager_attention" in t else ""),
+              + (f"  (no graphs {t['no_graphs']['step_ms']:.3f} ms, eager attention "
+                 f"{t['eager_attention']['step_ms']:.3f} ms)" if "eager_attention" in t else ""),
               flush=True)
         if save is not None:
             save(summary(False))
@@ -270,8 +275,8 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
     ap.add_argument("--torch-threads", type=int, default=None, help="CPU threads (torch's default; smoke 1)")
     ap.add_argument("--compare-eager", action="store_true",
-                    help="also time each batch with the attention of one sequence at a time (no batched decode "
-                         "kernel), in the same run")
+                    help="also time each batch without CUDA graphs, and without graphs and with the attention "
+                         "of one sequence at a time, in the same run")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny dense checkpoint, a tiny scale")
     args = ap.parse_args(argv)
     import torch
