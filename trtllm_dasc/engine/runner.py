@@ -223,9 +223,12 @@ class ModelRunner:
 
 def graphs_wanted(cfg: EngineConfig, model: HybridModel) -> bool:
     """Decode steps as CUDA graphs: asked for, on a GPU, with the kernel backend (its decode path reads no
-    host values), on one rank (the all-reduce is not captured)."""
+    host values), on one rank (the all-reduce is not captured), with dense MLPs (the MoE layers' expert loop
+    reads the routing on the host: model/mlp.py)."""
+    from trtllm_dasc.model.mlp import DenseMLP
     return (cfg.cuda_graphs and model.device.type == "cuda" and cfg.tp_size == 1
-            and getattr(model.backend, "fused_mixer", False))
+            and getattr(model.backend, "fused_mixer", False)
+            and all(isinstance(mlp, DenseMLP) for _, mlp, *_ in model.layers))
 
 
 def engine_plan(cfg: EngineConfig):
