@@ -1,45 +1,71 @@
-"""The engine's decode steps through model/decode_graphs.py (runner._graph_step): greedy tokens equal
-transformers' own, and the steps did go through the graph buffers. On the CPU the buffers run eagerly
-(what a GPU captures and replays); graphs_wanted is forced on, as it is on a GPU with the fla backend."""
+"""The engine's decode steps through model/decode_graphs.py (runner._graph_step): greedy tokens equal those
+of the same engine without graphs (and, on the CPU, transformers' own), and the steps did go through the
+graph buffers. On a GPU the graphs are captured and replayed; on the CPU the buffers run eagerly.
+graphs_wanted is forced on (on a GPU it is on with the fla backend and dense MLPs)."""
 import pytest
 import torch
-from engine_helpers import greedy, make_engine, reference_greedy
+from engine_helpers import build, greedy, make_engine, reference_greedy
 
 pytest.importorskip("triton")
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DENSE = {"gdn": {"mlp_only_layers": [0, 1, 2, 3, 4]}, "kda": {"mlp_layer_types": ["dense"] * 5}}
+
+
+@pytest.fixture(scope="module")
+def dense_models(tmp_path_factory):
+    out = {}
+    for i, arch in enumerate(("gdn", "kda")):
+        path = tmp_path_factory.mktemp(f"graphs-{arch}")
+        out[arch] = (path, build(path, arch, seed=20 + i, **DENSE[arch]))
+    return out
+
 
 @pytest.mark.parametrize("arch", ["gdn", "kda"])
-def test_decode_steps_through_the_graph_buffers_match_transformers(tiny_models, arch, monkeypatch):
+def test_decode_steps_through_the_graph_buffers_match_eager(dense_models, arch, monkeypatch):
     from trtllm_dasc.engine import runner as runner_mod
+    path, hf = dense_models[arch]
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (5, 11, 19)]
+    eager = make_engine(path, device=DEV, cuda_graphs=False)
+    expected = eager.generate([greedy(("e", i), p, n=5) for i, p in enumerate(prompts)])
+    eager.shutdown()
     monkeypatch.setattr(runner_mod, "graphs_wanted", lambda cfg, model: True)
-    path, hf = tiny_models[arch]
-    eng = make_engine(path)
+    eng = make_engine(path, device=DEV)
     r = eng.runner
     assert r.graphs is not None and r.state.num_rows == r.num_rows + 1 and r.kv.cfg.num_blocks == 401
     calls = []
     run = r.graphs.run
-    r.graphs.run = lambda *a, **kw: calls.append(len(a[1])) or run(*a, **kw)
-    g = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (5, 11, 19)]
+
+    def counted(*a, **kw):
+        out = run(*a, **kw)
+        calls.append(len(a[1]))
+        return out
+    r.graphs.run = counted
     outs = eng.generate([greedy(("g", i), p, n=5) for i, p in enumerate(prompts)])
-    for p, out in zip(prompts, outs):
-        assert out == reference_greedy(hf, p, 5)
-    # three requests decode together: buckets of 4 (one padded entry), then fewer as they finish
-    assert calls and max(calls) == 3
+    assert outs == expected
+    if DEV == "cpu":
+        assert outs == [reference_greedy(hf, p, 5) for p in prompts]
+    # three requests decode together (a bucket of 4, one padded entry), then fewer as they finish
+    assert calls and max(calls) == 3 and r.graphs is not None
+    assert r.graphs.use_graphs == (DEV == "cuda")
     eng.sanity_check()
     eng.shutdown()
 
 
-def test_a_graph_that_fails_turns_graphs_off_and_the_step_runs_eagerly(tiny_models, monkeypatch, capsys):
+def test_a_capture_that_fails_turns_graphs_off_and_the_step_runs_eagerly(dense_models, monkeypatch, capsys):
     from trtllm_dasc.engine import runner as runner_mod
     monkeypatch.setattr(runner_mod, "graphs_wanted", lambda cfg, model: True)
-    path, hf = tiny_models["kda"]
-    eng = make_engine(path)
+    path, hf = dense_models["kda"]
+    eng = make_engine(path, device=DEV)
 
-    def refuse(*a, **kw):
+    def refuse(b):
         raise RuntimeError("capture refused")
-    eng.runner.graphs.run = refuse
-    assert eng.generate([greedy("f", [3, 4, 5, 6], n=3)]) == [reference_greedy(hf, [3, 4, 5, 6], 3)]
+    eng.runner.graphs.use_graphs = True           # on the CPU too: the capture is what fails here
+    eng.runner.graphs.capture = refuse
+    out = eng.generate([greedy("f", [3, 4, 5, 6], n=3)])
     assert eng.runner.graphs is None
     assert "decode CUDA graphs off (RuntimeError: capture refused)" in capsys.readouterr().err
+    if DEV == "cpu":
+        assert out == [reference_greedy(hf, [3, 4, 5, 6], 3)]
     eng.shutdown()

@@ -12,6 +12,15 @@ pytest.importorskip("triton")
 from trtllm_dasc.model.decode_graphs import DecodeGraphs, buckets_for  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DENSE = {"gdn": {"mlp_only_layers": [0, 1, 2, 3, 4]}, "kda": {"mlp_layer_types": ["dense"] * 5}}
+
+
+def test_moe_models_are_not_captured(tiny):
+    from trtllm_dasc.model import HybridModel
+    path, _ = tiny("kda")                                  # MoE layers
+    model = HybridModel.from_pretrained(path, device=DEV)
+    r_state, kv = model.new_state(2), model.new_kv_cache(4, 4)
+    assert not DecodeGraphs(model, r_state, kv, 1, 2, pad_row=1, pad_block=3, use_graphs=True).use_graphs
 
 
 def test_buckets():
@@ -25,7 +34,8 @@ def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch)
     from hybrid_tiny import build
     from trtllm_dasc.model import HybridModel
     from trtllm_dasc.model.direct import DirectRunner
-    build(tmp_path, arch, seed=6)
+    # dense MLPs: an MoE layer's expert loop cannot be captured (DecodeGraphs then runs eagerly)
+    build(tmp_path, arch, seed=6, **DENSE[arch])
     model = HybridModel.from_pretrained(str(tmp_path), device=DEV)
     model.batched_decode = True          # the eager arm uses the same batched attention: equal to rounding
     g = torch.Generator().manual_seed(4)
@@ -53,6 +63,8 @@ def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch)
                 for s in batch:
                     r.lengths[s.row] = s.start + 1
         assert torch.equal(r.state.temporal[:, 4], idle)
+        if dg is not None:
+            assert dg.use_graphs == (DEV == "cuda") and set(dg.graphs) == ({4} if DEV == "cuda" else set())
         results.append((torch.cat(logits), r.state.temporal[:, :3].clone(), r.state.conv[:, :3].clone()))
     model.batched_decode = None
     for a, b in zip(results[1], results[0]):

@@ -123,15 +123,23 @@ class ModelRunner:
             return None
         ids = torch.tensor([int(s.token_ids[0]) for s in spans], dtype=torch.long)
         starts = [s.start for s in spans]
-        if ids.min() < 0 or ids.max() >= self.model.spec.vocab_size or not g.eligible(starts):
+        if (ids.min() < 0 or ids.max() >= self.model.spec.vocab_size or min(starts) < 0
+                or not g.eligible(starts)):
             return None                     # model.forward says what is wrong, or takes the odd shape
         try:
-            logits = g.run(ids, starts, [s.row for s in spans], [s.block_table for s in spans])
+            # validation, then (first time for this batch size) the capture: neither touches a real row
+            self.kv.check_decode_tables([s.block_table for s in spans], starts)
         except ValueError:
             return None                     # a block table the cache refuses: forward raises it properly
-        except Exception as e:  # noqa: BLE001 - a capture the device refuses: serve on, eagerly
-            self._drop_graphs(e)
-            return None
+        b = g.bucket(len(spans))
+        if g.use_graphs and b not in g.graphs:
+            try:
+                g.capture(b)
+            except Exception as e:  # noqa: BLE001 - a capture the device refuses: serve on, eagerly
+                self._drop_graphs(e)
+                return None
+        # from here a failure is the step's: the state rows may have advanced, so no eager retry
+        logits = g.run(ids, starts, [s.row for s in spans], [s.block_table for s in spans])
         n = len(spans)
         return ForwardOutput(logits, list(range(n + 1)), list(range(n + 1)))
 

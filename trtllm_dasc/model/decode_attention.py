@@ -26,11 +26,12 @@ import triton.language as tl
 def _paged_decode_kernel(q, k_pool, v_pool, o_part, ml_part, block_tables, seq_lens, scale,
                          stride_qb, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh, stride_tb,
                          GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr,
-                         SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+                         SPLITS, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, F32_DOT: tl.constexpr):
     """One (sequence, KV head, key split): the GROUP query heads of that KV head against keys
     [split * chunk, +chunk) as two MMAs per key block (scores, then probabilities x values), online
-    softmax; writes the unnormalised output and the (max, sum) of its split for _combine."""
+    softmax; writes the unnormalised output and the (max, sum) of its split for _combine. SPLITS is a
+    runtime value: the eager path's grows with the context and must not compile a kernel per value."""
     b = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1)
     sp = tl.program_id(2)

@@ -33,7 +33,10 @@ class DecodeGraphs:
         self.max_batch, self.max_blocks = max_batch, max_blocks
         self.pad_row, self.pad_block = pad_row, pad_block
         self.buckets = buckets_for(max_batch)
-        self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
+        from trtllm_dasc.model.mlp import DenseMLP
+        # an MoE layer's expert loop reads its routing on the host (model/mlp.py): no capture can hold it
+        capturable = model.device.type == "cuda" and all(isinstance(m, DenseMLP) for _, m, *_ in model.layers)
+        self.use_graphs = capturable if use_graphs is None else use_graphs and capturable
         dev, B = model.device, max_batch
         self.ids = torch.zeros(B, dtype=torch.long, device=dev)
         self.positions = torch.zeros(B, dtype=torch.long, device=dev)
@@ -93,12 +96,14 @@ class DecodeGraphs:
 
     def run(self, ids: torch.Tensor, starts: list[int], rows: list[int], block_tables: list) -> torch.Tensor:
         """Logits fp32 [n, vocab] of one decode step: ids [n] (one token per sequence at position starts[i],
-        state row rows[i], KV blocks block_tables[i]). Validated by the caller (model.forward's checks)."""
+        state row rows[i], KV blocks block_tables[i]). Validated by the caller (model.forward's checks) but
+        for the block tables: a ValueError from them comes before anything is written. A failing capture
+        raises before any real row is touched too; after that, errors are the step's own."""
         n = len(starts)
         b = self.bucket(n)
-        if self.use_graphs and b not in self.graphs:
-            self.capture(b)
         tables, lens, new_rows = self.kv.decode_tables(block_tables, starts)
+        if self.use_graphs and b not in self.graphs:
+            self.capture(b)                 # pads the buffers first: the real entries are filled below
         self.ids[:n].copy_(ids, non_blocking=True)
         self.positions[:n].copy_(torch.tensor(starts, dtype=torch.long), non_blocking=True)
         self.rows[:n].copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
