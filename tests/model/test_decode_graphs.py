@@ -8,6 +8,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+# Triton's interpreter reads loop bounds loaded from memory as 1-element arrays (numpy deprecates that)
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
 from trtllm_dasc.model.decode_graphs import DecodeGraphs, buckets_for  # noqa: E402
 
