@@ -23,15 +23,34 @@ import triton.language as tl
 
 
 @triton.jit
+def _as_mma(x, pool, F32_DOT: tl.constexpr):
+    """An fp32 tile as an MMA operand next to the pool's tiles: the pool's dtype, or fp32 (F32_DOT)."""
+    if F32_DOT:
+        return x
+    return x.to(pool.dtype.element_ty)
+
+
+@triton.jit
+def _mma(a, b, F32_DOT: tl.constexpr):
+    """a @ b with fp32 accumulation; F32_DOT: fp32 operands in ieee precision (no tf32)."""
+    if F32_DOT:
+        return tl.dot(a, b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
 def _paged_decode_kernel(q, k_pool, v_pool, o_part, ml_part, block_tables, seq_lens, scale,
                          stride_qb, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh, stride_tb,
-                         GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr,
-                         SPLITS, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, F32_DOT: tl.constexpr):
+                         GROUP: tl.constexpr, DK1: tl.constexpr, DK2: tl.constexpr, DV: tl.constexpr,
+                         BS: tl.constexpr, SPLITS, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_DK1: tl.constexpr, BLOCK_DK2: tl.constexpr, BLOCK_DV: tl.constexpr,
+                         F32_DOT: tl.constexpr):
     """One (sequence, KV head, key split): the GROUP query heads of that KV head against keys
     [split * chunk, +chunk) as two MMAs per key block (scores, then probabilities x values), online
     softmax; writes the unnormalised output and the (max, sum) of its split for _combine. SPLITS is a
-    runtime value: the eager path's grows with the context and must not compile a kernel per value."""
+    runtime value: the eager path's grows with the context and must not compile a kernel per value.
+    The key dim is two segments, DK1 (a power of two) then DK2 (the rest, maybe 0): MLA's 576 = 512 + 64
+    would otherwise be padded to 1024."""
     b = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1)
     sp = tl.program_id(2)
@@ -41,12 +60,15 @@ def _paged_decode_kernel(q, k_pool, v_pool, o_part, ml_part, block_tables, seq_l
     hi = tl.minimum(lo + chunk, n)
     g = tl.arange(0, BLOCK_G)
     h = hk * GROUP + g
-    dk = tl.arange(0, BLOCK_DK)
+    d1 = tl.arange(0, BLOCK_DK1)
+    d2 = DK1 + tl.arange(0, BLOCK_DK2)
     dv = tl.arange(0, BLOCK_DV)
-    qs = tl.load(q + b * stride_qb + h[:, None] * stride_qh + dk[None, :],
-                 mask=(g < GROUP)[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32) * scale
-    if not F32_DOT:
-        qs = qs.to(k_pool.dtype.element_ty)
+    q_row = q + b * stride_qb + h[:, None] * stride_qh
+    gm = (g < GROUP)[:, None]
+    q1 = _as_mma(tl.load(q_row + d1[None, :], mask=gm & (d1 < DK1)[None, :], other=0.0).to(tl.float32) * scale,
+                 k_pool, F32_DOT)
+    q2 = _as_mma(tl.load(q_row + d2[None, :], mask=gm & (d2 < DK1 + DK2)[None, :], other=0.0).to(tl.float32)
+                 * scale, k_pool, F32_DOT)
     m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_DV), tl.float32)
@@ -55,12 +77,12 @@ def _paged_decode_kernel(q, k_pool, v_pool, o_part, ml_part, block_tables, seq_l
         valid = t < hi
         blk = tl.load(block_tables + b * stride_tb + t // BS, mask=valid, other=0).to(tl.int64)
         row = blk * BS + t % BS
-        k = tl.load(k_pool + row[:, None] * stride_kr + hk * stride_kh + dk[None, :],
-                    mask=valid[:, None] & (dk < DK)[None, :], other=0.0)
-        if F32_DOT:
-            s = tl.dot(qs, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(qs, tl.trans(k))
+        k_row = k_pool + row[:, None] * stride_kr + hk * stride_kh
+        k1 = tl.load(k_row + d1[None, :], mask=valid[:, None] & (d1 < DK1)[None, :], other=0.0)
+        s = _mma(q1, tl.trans(k1), F32_DOT)
+        if DK2 > 0:
+            k2 = tl.load(k_row + d2[None, :], mask=valid[:, None] & (d2 < DK1 + DK2)[None, :], other=0.0)
+            s += _mma(q2, tl.trans(k2), F32_DOT)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
@@ -68,10 +90,7 @@ def _paged_decode_kernel(q, k_pool, v_pool, o_part, ml_part, block_tables, seq_l
         v = tl.load(v_pool + row[:, None] * stride_vr + hk * stride_vh + dv[None, :],
                     mask=valid[:, None] & (dv < DV)[None, :], other=0.0)
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
-        if F32_DOT:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
+        pv = _mma(_as_mma(p, v_pool, F32_DOT), v, F32_DOT)
         acc = acc * alpha[:, None] + pv
         m = m_new
     # [B, H, SPLITS, DV] partial outputs, [B, H, SPLITS, 2] (max, sum); H = Hk * GROUP
@@ -113,9 +132,14 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     if B == 0:
         return torch.empty(B, H, dv, dtype=q.dtype, device=q.device)
     group = H // Hk
-    block_dk, block_dv, block_g = max(16, _pow2(DK)), max(16, _pow2(dv)), max(16, _pow2(group))
-    # about 16k key elements per block: 64 keys of 128, 16 latent rows of 576 (padded to 1024)
-    block_n = max(16, min(64, 16384 // block_dk))
+    dk1 = 1 << (DK.bit_length() - 1)                     # the largest power of two <= DK, then the rest
+    dk2 = DK - dk1
+    block_dk1, block_dk2 = max(16, dk1), max(16, _pow2(dk2))
+    block_dv, block_g = max(16, _pow2(dv)), max(16, _pow2(group))
+    # about 8k key elements per block: 64 keys of 128, 16 latent rows of 512 (+ 64)
+    block_n = max(16, min(64, 8192 // block_dk1))
+    # the accumulator [heads, dv] and the key tile live in registers: more warps for the big MLA tiles
+    warps = 8 if max(block_g * block_dv, block_n * block_dk1) >= 8192 else 4
     if splits is None:
         max_keys = block_tables.shape[1] * bs
         splits = max(1, min(-(-TARGET_PROGRAMS // (B * Hk)), -(-max_keys // block_n)))
@@ -125,8 +149,9 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         q, k_pool, v_pool, o_part, ml_part, block_tables, seq_lens, float(scale),
         q.stride(0), q.stride(1), k_pool.stride(1), k_pool.stride(2), v_pool.stride(1), v_pool.stride(2),
         block_tables.stride(0),
-        GROUP=group, DK=DK, DV=dv, BS=bs, SPLITS=splits, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_DK=block_dk,
-        BLOCK_DV=block_dv, F32_DOT=k_pool.dtype == torch.float32 or INTERPRETED)
+        GROUP=group, DK1=dk1, DK2=dk2, DV=dv, BS=bs, SPLITS=splits, BLOCK_G=block_g, BLOCK_N=block_n,
+        BLOCK_DK1=block_dk1, BLOCK_DK2=block_dk2, BLOCK_DV=block_dv,
+        F32_DOT=k_pool.dtype == torch.float32 or INTERPRETED, num_warps=warps)
     return _combine(o_part, ml_part).to(q.dtype)
 
 
