@@ -12,7 +12,6 @@ Every option is checked before anything is written; a bad one is a one-line erro
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil

@@ -5,13 +5,13 @@ graphs_wanted is forced on (on a GPU it is on with the fla backend and dense MLP
 import pytest
 import torch
 from engine_helpers import build, greedy, make_engine, reference_greedy
+from hybrid_tiny import DENSE_MLP
 
 pytest.importorskip("triton")
 # Triton's interpreter reads loop bounds loaded from memory as 1-element arrays (numpy deprecates that)
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-DENSE = {"gdn": {"mlp_only_layers": [0, 1, 2, 3, 4]}, "kda": {"mlp_layer_types": ["dense"] * 5}}
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def dense_models(tmp_path_factory):
     out = {}
     for i, arch in enumerate(("gdn", "kda")):
         path = tmp_path_factory.mktemp(f"graphs-{arch}")
-        out[arch] = (path, build(path, arch, seed=20 + i, **DENSE[arch]))
+        out[arch] = (path, build(path, arch, seed=20 + i, **DENSE_MLP[arch]))
     return out
 
 

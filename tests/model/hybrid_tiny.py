@@ -13,6 +13,9 @@ import math
 import torch
 
 VOCAB = 97
+# build(..., **DENSE_MLP[arch]): every layer a dense MLP (the tiny models mix in MoE layers, whose expert
+# loop no CUDA graph can capture)
+DENSE_MLP = {"gdn": {"mlp_only_layers": [0, 1, 2, 3, 4]}, "kda": {"mlp_layer_types": ["dense"] * 5}}
 
 
 def _qwen(long: bool = False, **over):
@@ -92,3 +95,14 @@ def assert_logits_close(out: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4)
     assert out.shape == ref.shape, (out.shape, ref.shape)
     err, scale = (out - ref).abs().max().item(), ref.abs().max().item()
     assert err <= rel * scale, f"max|diff| {err:.3e} > {rel:g} * max|logit| {scale:.3e}"
+
+
+def decode_case(path, arch: str, seed: int, lens: tuple, steps: int, device: str, **over):
+    """A saved tiny model loaded by our runtime, prompts of the given lengths and `steps` decode tokens per
+    prompt ([steps, len(lens)]): the setup of the decode-path tests."""
+    from trtllm_dasc.model import HybridModel
+    build(path, arch, seed=seed, **over)
+    model = HybridModel.from_pretrained(str(path), device=device)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g) for n in lens]
+    return model, prompts, torch.randint(0, VOCAB, (steps, len(lens)), generator=g)

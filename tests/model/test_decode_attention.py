@@ -81,15 +81,10 @@ def test_model_decode_steps_match_the_eager_path(tmp_path, arch):
     # three sequences of different lengths prefilled eagerly, then batched decode steps: the kernel path
     # (Triton's interpreter here) against the per-sequence SDPA path, logits and KV alike. The MLA latent
     # is wider than the nope part, so a softmax scale taken from the wrong width shows
-    from hybrid_tiny import build
-    from trtllm_dasc.model import HybridModel
+    from hybrid_tiny import decode_case
     from trtllm_dasc.model.direct import DirectRunner
-    build(tmp_path, arch, seed=5, **({"kv_lora_rank": 24} if arch == "kda" else {}))
-    model = HybridModel.from_pretrained(str(tmp_path), device=DEV)
-    g = torch.Generator().manual_seed(3)
-    vocab = model.spec.vocab_size
-    prompts = [torch.randint(0, vocab, (n,), generator=g) for n in (5, 17, 33)]
-    steps = torch.randint(0, vocab, (3, 3), generator=g)
+    model, prompts, steps = decode_case(tmp_path, arch, 5, (5, 17, 33), 3, DEV,
+                                        **({"kv_lora_rank": 24} if arch == "kda" else {}))
     results = []
     for batched in (False, True):
         model.batched_decode = batched

@@ -14,7 +14,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 from trtllm_dasc.model.decode_graphs import DecodeGraphs, buckets_for  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-DENSE = {"gdn": {"mlp_only_layers": [0, 1, 2, 3, 4]}, "kda": {"mlp_layer_types": ["dense"] * 5}}
 
 
 def test_moe_models_are_not_captured(tiny):
@@ -33,17 +32,11 @@ def test_buckets():
 
 @pytest.mark.parametrize("arch", ["gdn", "kda"])
 def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch):
-    from hybrid_tiny import build
-    from trtllm_dasc.model import HybridModel
+    from hybrid_tiny import DENSE_MLP, decode_case
     from trtllm_dasc.model.direct import DirectRunner
     # dense MLPs: an MoE layer's expert loop cannot be captured (DecodeGraphs then runs eagerly)
-    build(tmp_path, arch, seed=6, **DENSE[arch])
-    model = HybridModel.from_pretrained(str(tmp_path), device=DEV)
+    model, prompts, steps = decode_case(tmp_path, arch, 6, (6, 13, 30), 4, DEV, **DENSE_MLP[arch])
     model.batched_decode = True          # the eager arm uses the same batched attention: equal to rounding
-    g = torch.Generator().manual_seed(4)
-    vocab = model.spec.vocab_size
-    prompts = [torch.randint(0, vocab, (n,), generator=g) for n in (6, 13, 30)]
-    steps = torch.randint(0, vocab, (4, 3), generator=g)
     results = []
     for graphs in (False, True):
         # rows 0-2 the sequences, row 3 padding, row 4 an idle sequence that must not change
@@ -61,7 +54,9 @@ def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch)
             if dg is None:
                 logits.append(r.forward(batch, "last").logits)
             else:
-                logits.append(dg.run(steps[i], [s.start for s in batch], [0, 1, 2], [s.block_table for s in batch]))
+                starts = [s.start for s in batch]
+                decode = r.kv.decode_tables([s.block_table for s in batch], starts)
+                logits.append(dg.run(steps[i], starts, [0, 1, 2], decode))
                 for s in batch:
                     r.lengths[s.row] = s.start + 1
         assert torch.equal(r.state.temporal[:, 4], idle)

@@ -128,7 +128,7 @@ class ModelRunner:
             return None                     # model.forward says what is wrong, or takes the odd shape
         try:
             # validation, then (first time for this batch size) the capture: neither touches a real row
-            self.kv.check_decode_tables([s.block_table for s in spans], starts)
+            decode = self.kv.decode_tables([s.block_table for s in spans], starts)
         except ValueError:
             return None                     # a block table the cache refuses: forward raises it properly
         b = g.bucket(len(spans))
@@ -139,7 +139,7 @@ class ModelRunner:
                 self._drop_graphs(e)
                 return None
         # from here a failure is the step's: the state rows may have advanced, so no eager retry
-        logits = g.run(ids, starts, [s.row for s in spans], [s.block_table for s in spans])
+        logits = g.run(ids, starts, [s.row for s in spans], decode)
         n = len(spans)
         return ForwardOutput(logits, list(range(n + 1)), list(range(n + 1)))
 
@@ -233,10 +233,8 @@ def graphs_wanted(cfg: EngineConfig, model: HybridModel) -> bool:
     """Decode steps as CUDA graphs: asked for, on a GPU, with the kernel backend (its decode path reads no
     host values), on one rank (the all-reduce is not captured), with dense MLPs (the MoE layers' expert loop
     reads the routing on the host: model/mlp.py)."""
-    from trtllm_dasc.model.mlp import DenseMLP
-    return (cfg.cuda_graphs and model.device.type == "cuda" and cfg.tp_size == 1
-            and getattr(model.backend, "fused_mixer", False)
-            and all(isinstance(mlp, DenseMLP) for _, mlp, *_ in model.layers))
+    from trtllm_dasc.model.decode_graphs import capturable
+    return cfg.cuda_graphs and cfg.tp_size == 1 and getattr(model.backend, "fused_mixer", False) and capturable(model)
 
 
 def engine_plan(cfg: EngineConfig):

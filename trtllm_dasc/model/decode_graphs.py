@@ -24,6 +24,13 @@ def buckets_for(max_batch: int) -> list[int]:
     return sorted({1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch} | {max_batch})
 
 
+def capturable(model) -> bool:
+    """Whether a decode step of this model can be captured: on a GPU, and with dense MLPs only (an MoE
+    layer's expert loop reads its routing on the host, model/mlp.py)."""
+    from trtllm_dasc.model.mlp import DenseMLP
+    return model.device.type == "cuda" and all(isinstance(m, DenseMLP) for _, m, *_ in model.layers)
+
+
 class DecodeGraphs:
     def __init__(self, model, state: RecurrentState, kv: PagedKVCache, max_batch: int, max_blocks: int,
                  pad_row: int, pad_block: int, use_graphs: bool | None = None):
@@ -33,10 +40,7 @@ class DecodeGraphs:
         self.max_batch, self.max_blocks = max_batch, max_blocks
         self.pad_row, self.pad_block = pad_row, pad_block
         self.buckets = buckets_for(max_batch)
-        from trtllm_dasc.model.mlp import DenseMLP
-        # an MoE layer's expert loop reads its routing on the host (model/mlp.py): no capture can hold it
-        capturable = model.device.type == "cuda" and all(isinstance(m, DenseMLP) for _, m, *_ in model.layers)
-        self.use_graphs = capturable if use_graphs is None else use_graphs and capturable
+        self.use_graphs = capturable(model) if use_graphs is None else use_graphs and capturable(model)
         dev, B = model.device, max_batch
         self.ids = torch.zeros(B, dtype=torch.long, device=dev)
         self.positions = torch.zeros(B, dtype=torch.long, device=dev)
@@ -94,14 +98,14 @@ class DecodeGraphs:
                 if b not in self.graphs:
                     self.capture(b)
 
-    def run(self, ids: torch.Tensor, starts: list[int], rows: list[int], block_tables: list) -> torch.Tensor:
+    def run(self, ids: torch.Tensor, starts: list[int], rows: list[int], decode) -> torch.Tensor:
         """Logits fp32 [n, vocab] of one decode step: ids [n] (one token per sequence at position starts[i],
-        state row rows[i], KV blocks block_tables[i]). Validated by the caller (model.forward's checks) but
-        for the block tables: a ValueError from them comes before anything is written. A failing capture
-        raises before any real row is touched too; after that, errors are the step's own."""
+        state row rows[i]) and decode = kv.decode_tables(their block tables, starts), which validates the
+        tables; the rest the caller checked (model.forward's checks). A failing capture raises before any
+        real row is touched; after that, errors are the step's own."""
         n = len(starts)
         b = self.bucket(n)
-        tables, lens, new_rows = self.kv.decode_tables(block_tables, starts)
+        tables, lens, new_rows = decode
         if self.use_graphs and b not in self.graphs:
             self.capture(b)                 # pads the buffers first: the real entries are filled below
         self.ids[:n].copy_(ids, non_blocking=True)

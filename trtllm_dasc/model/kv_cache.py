@@ -67,7 +67,12 @@ class PagedKVCache:
         starts[i] + 1 [B] int32 and the new tokens' flat rows [B] int64, on the cache's device: three
         copies per step where token_index made one per sequence. Validates like token_index."""
         bs = self.cfg.block_size
-        need = self.check_decode_tables(block_tables, starts)
+        need = [s // bs + 1 for s in starts]
+        for table, n in zip(block_tables, need):
+            if len(table) < n:
+                raise ValueError(f"block table of {len(table)} blocks cannot hold {n * bs} tokens")
+            if not all(0 <= b < self.cfg.num_blocks for b in table[:n]):
+                raise ValueError(f"block table {list(table[:n])} names blocks outside 0..{self.cfg.num_blocks - 1}")
         width = max(need)
         tables = torch.tensor([[int(b) for b in t[:n]] + [0] * (width - n) for t, n in zip(block_tables, need)],
                               dtype=torch.int32)
@@ -75,18 +80,6 @@ class PagedKVCache:
         lens = torch.tensor([s + 1 for s in starts], dtype=torch.int32)
         dev = self.cfg.device
         return tables.to(dev), lens.to(dev), write.to(dev)
-
-    def check_decode_tables(self, block_tables: list[list[int]], starts: list[int]) -> list[int]:
-        """The blocks each decode sequence needs (position starts[i] included); ValueError when a table is
-        too short or names a block outside the pool."""
-        bs = self.cfg.block_size
-        need = [s // bs + 1 for s in starts]
-        for table, n in zip(block_tables, need):
-            if len(table) < n:
-                raise ValueError(f"block table of {len(table)} blocks cannot hold {n * bs} tokens")
-            if not all(0 <= b < self.cfg.num_blocks for b in table[:n]):
-                raise ValueError(f"block table {list(table[:n])} names blocks outside 0..{self.cfg.num_blocks - 1}")
-        return need
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Block dst <- block src in every layer and component (copy-on-write of a reused partial block)."""
