@@ -41,6 +41,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from copy_bandwidth import GIB, copy_bandwidth  # noqa: E402
+from kernel_profile import kernel_trace, print_summary, summarize  # noqa: E402
 from results_io import provenance, write_result  # noqa: E402
 
 from trtllm_dasc.errors import UserError  # noqa: E402
@@ -99,8 +100,10 @@ def write_tiny_model(out_dir: str) -> str:
     return out_dir
 
 
-def time_decode(engine, torch, batch: int, context: int, warmup: int, reps: int, max_new: int) -> dict:
-    """Put ``batch`` requests into decode, then time ``warmup + reps`` engine steps; medians of the reps."""
+def time_decode(engine, torch, batch: int, context: int, warmup: int, reps: int, max_new: int,
+                profile: bool = False) -> dict:
+    """Put ``batch`` requests into decode, then time ``warmup + reps`` engine steps; medians of the reps.
+    profile: the reps run under torch.profiler and "profile" holds the kernel summary (kernel_profile.py)."""
     from trtllm_dasc.engine.request import GenerationRequest
     runner, device = engine.runner, engine.cfg.device
     sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
@@ -125,8 +128,12 @@ def time_decode(engine, torch, batch: int, context: int, warmup: int, reps: int,
         plans.append(plan)
         return out
     runner.execute, step_s = timed_execute, []
+    trace = None
     try:
-        for _ in range(warmup + reps):
+        for i in range(warmup + reps):
+            if profile and i == warmup:
+                trace = kernel_trace(device)
+                prof = trace.__enter__()
             sync()
             t0 = time.perf_counter()
             engine.step()
@@ -134,6 +141,8 @@ def time_decode(engine, torch, batch: int, context: int, warmup: int, reps: int,
             step_s.append(time.perf_counter() - t0)
     finally:
         runner.execute = inner
+        if trace is not None:
+            trace.__exit__(None, None, None)
     for plan in plans:
         # only a pure decode step is what this measures
         if (len(plan.spans) != batch or any(len(s.token_ids) != 1 for s in plan.spans) or plan.loads
@@ -146,8 +155,11 @@ def time_decode(engine, torch, batch: int, context: int, warmup: int, reps: int,
     engine.run_until_idle()
     engine.flush()
     step_s, execute_s = step_s[warmup:], execute_s[warmup:]
-    return {"step_ms": 1e3 * statistics.median(step_s), "step_ms_min": 1e3 * min(step_s),
-            "step_ms_max": 1e3 * max(step_s), "execute_ms": 1e3 * statistics.median(execute_s)}
+    out = {"step_ms": 1e3 * statistics.median(step_s), "step_ms_min": 1e3 * min(step_s),
+           "step_ms_max": 1e3 * max(step_s), "execute_ms": 1e3 * statistics.median(execute_s)}
+    if trace is not None:
+        out["profile"] = summarize(prof, reps, device)
+    return out
 
 
 def parse_batches(text: str) -> list[int]:
@@ -176,7 +188,7 @@ def check_args(args, torch) -> None:
         raise UserError(f"--model {args.model}: no config.json there")
 
 
-def run(args, torch, model: str, batches: list[int], save=None) -> dict:
+def run(args, torch, model: str, batches: list[int], save=None, profile: tuple = ()) -> dict:
     """Time every batch; ``save(result)`` is called after each one too (a run cut by a time limit keeps
     the batches it finished, marked "complete": false)."""
     from trtllm_dasc.config import HybridConfig
@@ -239,6 +251,16 @@ def run(args, torch, model: str, batches: list[int], save=None) -> dict:
                 engine.runner.graphs, model_obj.batched_decode = graphs, None
             t["graphs"] = graphs is not None
             t["speedup_over_eager"] = t["eager_attention"]["step_ms"] / t["step_ms"]
+        if b in profile:
+            # separate runs (the profiler slows the steps): as configured, and without the graphs
+            t["profile"] = time_decode(engine, torch, b, args.context, args.warmup, args.reps, max_new, True)["profile"]
+            graphs, engine.runner.graphs = engine.runner.graphs, None
+            try:
+                if graphs is not None:
+                    t["profile_no_graphs"] = time_decode(engine, torch, b, args.context, args.warmup, args.reps,
+                                                         max_new, True)["profile"]
+            finally:
+                engine.runner.graphs = graphs
         wb = weights["matmul_bytes"] + b * weights["embed_row_bytes"]
         bound_ms = 1e3 * wb / bandwidth
         row = {"batch": b, **t, "weight_bytes": wb, "bound_ms": bound_ms, "ratio": t["step_ms"] / bound_ms,
@@ -250,6 +272,9 @@ def run(args, torch, model: str, batches: list[int], save=None) -> dict:
               + (f"  (no graphs {t['no_graphs']['step_ms']:.3f} ms, eager attention "
                  f"{t['eager_attention']['step_ms']:.3f} ms)" if "eager_attention" in t else ""),
               flush=True)
+        for key, label in (("profile", "as configured"), ("profile_no_graphs", "without graphs")):
+            if key in t:
+                print_summary(f"batch {b} {label}", t[key])
         if save is not None:
             save(summary(False))
     engine.sanity_check()
@@ -277,6 +302,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-eager", action="store_true",
                     help="also time each batch without CUDA graphs, and without graphs and with the attention "
                          "of one sequence at a time, in the same run")
+    ap.add_argument("--profile", default="",
+                    help="comma-separated batch sizes to profile too (torch.profiler, separate runs: as configured "
+                         "and without graphs): kernels per step, device-busy time, the top kernels")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny dense checkpoint, a tiny scale")
     args = ap.parse_args(argv)
     import torch
@@ -300,8 +328,9 @@ def main(argv=None) -> int:
         out = args.out or (os.path.join(tempfile.mkdtemp(prefix="decode_step_"), "decode_step_smoke.json") if smoke
                            else os.path.join(HERE, "results", "decode_step.json"))
         model = write_tiny_model(os.path.splitext(out)[0] + "_model") if smoke else args.model
+        profile = tuple(parse_batches(args.profile)) if args.profile else ()
         result = run(args, torch, model, batches, save=lambda partial: write_result(
-            out, {**provenance("benchmarks/decode_step.py", argv, args.commit), **partial}))
+            out, {**provenance("benchmarks/decode_step.py", argv, args.commit), **partial}), profile=profile)
     except UserError as e:
         print(f"decode_step: error: {e}", file=sys.stderr)
         return 2

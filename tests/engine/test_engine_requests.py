@@ -114,6 +114,28 @@ def test_max_batch_bounds_the_running_requests(tiny_models):
     engine.sanity_check()
 
 
+def test_token_budget_counts_the_tokens_a_step_runs(tiny_models):
+    """max_num_tokens is spent on the tokens the spans hold: short prompts (less than a prefill chunk) all
+    fit one step when their tokens do. Expected spans by hand: greedy in admission order, each prompt whole
+    while the budget lasts, the next one cut to what is left (a scheduler that charged a whole chunk per
+    prompt ran 3 of these per step)."""
+    engine = make_engine(tiny_models["gdn"][0], max_batch=8, max_num_tokens=40, prefill_chunk=16)
+    for i in range(6):
+        engine.submit(greedy(i, [1, 2, 3, 4, 5, 6, 7, i], 2))
+    seen = []
+    inner = engine.runner.execute
+
+    def spy(plan, *a, **kw):
+        seen.append([len(s.token_ids) for s in plan.spans])
+        return inner(plan, *a, **kw)
+    engine.runner.execute = spy
+    while engine.has_work():
+        engine.step()
+    assert seen[0] == [8, 8, 8, 8, 8]             # 40 tokens: five whole prompts of 8
+    assert seen[1] == [1] * 5 + [8]               # their decode tokens first, then the sixth prompt
+    engine.sanity_check()
+
+
 def test_zero_state_budget_is_refused(tiny_models):
     with pytest.raises(UserError, match="state_budget_bytes must be an integer in"):
         make_engine(tiny_models["gdn"][0], state_budget_bytes=0)

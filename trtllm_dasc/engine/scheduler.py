@@ -132,7 +132,9 @@ class Scheduler:
         for s in self.running:
             chunk = 1
             if s.in_prefill:
-                chunk = int(min(self.cfg.prefill_chunk, budget))
+                # what this span takes (a short rest of a prompt takes less than a chunk): the budget left
+                # goes to the next requests, not to tokens nobody runs
+                chunk = int(min(self.cfg.prefill_chunk, budget, len(s.prompt) - s.done_tokens))
                 if chunk < 1:
                     continue
                 budget -= chunk

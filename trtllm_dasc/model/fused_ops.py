@@ -1,4 +1,5 @@
-"""fla's fused kernels for the work around the recurrence (GPU only): the short conv and the gated norm.
+"""fla's fused kernels for the work around the recurrence (GPU only): the short conv and the gated norm;
+and for the rest of a layer: the residual add with the next RMSNorm, and SwiGLU's activation.
 
 The fused mixer path (linear_attn.py, taken when the recurrence backend says `fused_mixer`) calls these in
 place of ops.causal_conv and ops.gated_rms_norm, which stay the torch references with the same signatures
@@ -16,8 +17,10 @@ from trtllm_dasc.model.recurrence.fla import cu_tensors
 try:  # fla-core is optional: the CPU machine never takes this path
     from fla.modules.causal_conv1d import causal_conv1d, causal_conv1d_update
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
+    from fla.modules.norm.layernorm import rms_norm as fla_rms_norm
+    from fla.modules.activations import swiglu as fla_swiglu
 except Exception:  # noqa: BLE001 - recurrence/fla.py reports why fla is unavailable
-    causal_conv1d = causal_conv1d_update = rms_norm_gated = None
+    causal_conv1d = causal_conv1d_update = rms_norm_gated = fla_rms_norm = fla_swiglu = None
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
@@ -68,3 +71,18 @@ def gated_norm(x: torch.Tensor, gate: torch.Tensor, w: torch.Tensor, eps: float,
     all in fp32 with one cast to x's dtype (the reference's silu kind rounds once more, to bf16, before the
     gate: a bf16 ulp apart)."""
     return rms_norm_gated(x, gate, w, None, activation="swish" if kind == "silu" else "sigmoid", eps=eps)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float):
+    """(RMSNorm(x + delta) * w, x + delta) in one fla kernel: the residual add and the next layer's norm,
+    which in torch are two passes over the hidden states plus the norm's five (ops.rms_norm). The sum is
+    rounded to x's dtype like the reference's add, the norm is taken of the fp32 sum and rounded once.
+    w: the effective fp32 weight (model.py folds qwen3_next's 1 + w in). delta None: the norm alone."""
+    if delta is None:
+        return fla_rms_norm(x, w, None, eps=eps), x
+    return fla_rms_norm(delta, w, None, residual=x, eps=eps, prenorm=True)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in one fla kernel (fp32 inside, one rounding; torch rounds silu's output first)."""
+    return fla_swiglu(gate, up)

@@ -14,8 +14,16 @@ from trtllm_dasc.model.tp import RankShare
 from trtllm_dasc.model.weights import load
 
 
-def _swiglu(x, gate, up, down):
-    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+def _act(g, u, fused: bool):
+    """silu(g) * u; fused: fla's one-kernel SwiGLU (the fla backend on a GPU; model/fused_ops.py)."""
+    if fused:
+        from trtllm_dasc.model.fused_ops import swiglu
+        return swiglu(g, u)
+    return F.silu(g) * u
+
+
+def _swiglu(x, gate, up, down, fused: bool = False):
+    return linear(_act(linear(x, gate), linear(x, up), fused), down)
 
 
 def _channels(share: RankShare, *sizes: int):
@@ -28,8 +36,19 @@ def _channels(share: RankShare, *sizes: int):
 
 
 class DenseMLP:
+    """gate and up are kept as one [2I, D] matrix: one GEMM (and at decode one launch) for both."""
+
     def __init__(self, gate, up, down, partial: bool = False):
-        self.gate, self.up, self.down, self.partial = gate, up, down, partial
+        self.gate_up, self.down, self.partial = torch.cat([gate, up]), down, partial
+        self.inter = gate.shape[0]
+
+    @property
+    def gate(self) -> torch.Tensor:
+        return self.gate_up[:self.inter]
+
+    @property
+    def up(self) -> torch.Tensor:
+        return self.gate_up[self.inter:]
 
     @classmethod
     def load(cls, src, prefix: str, D: int, inter: int, dtype, device, share: RankShare = RankShare(),
@@ -41,16 +60,17 @@ class DenseMLP:
                    load(src, prefix + "up_proj.weight", (inter, D), dtype, device, ch),
                    load(src, prefix + "down_proj.weight", (D, inter), dtype, device, cols=ch), ch is not None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _swiglu(x, self.gate, self.up, self.down)
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        gu = linear(x, self.gate_up)
+        return linear(_act(gu[..., :self.inter], gu[..., self.inter:], fused), self.down)
 
 
-def _experts(x, idx, weights, gate, up, down):
+def _experts(x, idx, weights, gate, up, down, fused: bool = False):
     """Sum over each token's chosen experts. idx/weights [T, k]; gate/up [E, I, D]; down [E, D, I]."""
     out = torch.zeros_like(x)
     for e in torch.unique(idx).tolist():
         tok, pos = torch.where(idx == e)
-        y = _swiglu(x[tok], gate[e], up[e], down[e]) * weights[tok, pos, None]
+        y = _swiglu(x[tok], gate[e], up[e], down[e], fused) * weights[tok, pos, None]
         out.index_add_(0, tok, y.to(out.dtype))
     return out
 
@@ -82,15 +102,15 @@ class QwenMoE:
              "shared_gate": load(src, p + "shared_expert_gate.weight", (1, D), dtype, device)}
         return cls(w, spec, ch is not None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
         w = self.w
         logits = linear(x, w["router"])
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         top, idx = torch.topk(probs, self.spec.top_k, dim=-1)
         if self.spec.norm_topk_prob:
             top = top / top.sum(dim=-1, keepdim=True)
-        out = _experts(x, idx, top.to(logits.dtype), w["gate"], w["up"], w["down"])
-        return out + torch.sigmoid(linear(x, w["shared_gate"])) * w["shared"].forward(x)
+        out = _experts(x, idx, top.to(logits.dtype), w["gate"], w["up"], w["down"], fused)
+        return out + torch.sigmoid(linear(x, w["shared_gate"])) * w["shared"].forward(x, fused)
 
 
 class KimiMoE:
@@ -125,7 +145,7 @@ class KimiMoE:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return weights * s.routed_scaling_factor, idx
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
         weights, idx = self.route(x)
-        out = _experts(x, idx, weights, self.w["gate"], self.w["up"], self.w["down"])
-        return out if self.w["shared"] is None else out + self.w["shared"].forward(x)
+        out = _experts(x, idx, weights, self.w["gate"], self.w["up"], self.w["down"], fused)
+        return out if self.w["shared"] is None else out + self.w["shared"].forward(x, fused)

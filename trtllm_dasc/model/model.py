@@ -240,12 +240,37 @@ class HybridModel:
             out.capture_conv = torch.stack(convs, dim=1)
         return out
 
+    def _fused(self) -> bool:
+        """fla's kernels for the work between the mixers too (the residual add + norm, SwiGLU): with the
+        kernel backend on a GPU, like the mixers' own fusion; asked each forward (benchmarks swap backends)."""
+        return self.device.type == "cuda" and getattr(self.backend, "fused_mixer", False)
+
+    def _add_norm(self, x, delta, w, fused: bool):
+        """(RMSNorm(x + delta), x + delta); delta None: (RMSNorm(x), x)."""
+        eps = self.spec.rms_norm_eps
+        if fused:
+            from trtllm_dasc.model.fused_ops import add_rms_norm
+            return add_rms_norm(x, delta, self._fused_norm_weight(w), eps)
+        x = x if delta is None else x + delta
+        return rms_norm(x, w, eps, self.offset_norm), x
+
+    def _fused_norm_weight(self, w: torch.Tensor) -> torch.Tensor:
+        """The weight the fused kernel multiplies with: qwen3_next's (1 + w) computed once, in fp32 as the
+        reference does; kimi's w as it is. Cached per norm weight (they live as long as the model)."""
+        if not self.offset_norm:
+            return w
+        cache = self.__dict__.setdefault("_norm_weights", {})
+        if id(w) not in cache:
+            cache[id(w)] = (w, 1.0 + w.float())         # w kept: its id stays this tensor's
+        return cache[id(w)][1]
+
     def _layers(self, x, cu, rows, state, kv, attn_batch, cuts, refresh, merge, timer):
         """Every layer over the batch's hidden states x [T, D]: (x after the last layer, the captured
-        temporal and conv states per linear layer). Updates the state rows and writes the new tokens' KV."""
-        eps, lin, att, hbs, convs = self.spec.rms_norm_eps, 0, 0, [], []
+        temporal and conv states per linear layer). Updates the state rows and writes the new tokens' KV.
+        Each residual add is taken together with the norm after it (one kernel when fused)."""
+        lin, att, hbs, convs, fused, pending = 0, 0, [], [], self._fused(), None
         for mixer, mlp, in_norm, post_norm in self.layers:
-            h = rms_norm(x, in_norm, eps, self.offset_norm)
+            h, x = self._add_norm(x, pending, in_norm, fused)
             if mixer.kind in ("gdn", "kda"):
                 with timer("linear_attn"):
                     res = self._linear(mixer, lin, h, cu, rows, state, cuts, refresh, merge)
@@ -258,11 +283,11 @@ class HybridModel:
                     out = mixer.forward(h, attn_batch, kv, att)
                     out = self.all_reduce(out) if mixer.partial else out
                 att += 1
-            x = x + out
             with timer("mlp"):
-                y = mlp.forward(rms_norm(x, post_norm, eps, self.offset_norm))
-                x = x + (self.all_reduce(y) if mlp.partial else y)
-        return x, hbs, convs
+                h, x = self._add_norm(x, out, post_norm, fused)
+                y = mlp.forward(h, fused)
+                pending = self.all_reduce(y) if mlp.partial else y
+        return x + pending, hbs, convs
 
     @torch.inference_mode()
     def decode_static(self, ids, positions, rows, decode, state: RecurrentState, kv: PagedKVCache) -> torch.Tensor:

@@ -13,9 +13,12 @@ import torch
 try:  # fla is optional: the CPU machine runs the torch reference
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
-    # the fused mixers' conv and norm (model/fused_ops.py) come with this backend: unavailable together
+    # the fused mixers' conv and norms, the fused add + norm and SwiGLU (model/fused_ops.py) come with this
+    # backend: unavailable together
     import fla.modules.causal_conv1d  # noqa: F401
     import fla.modules.norm.fused_norm_gate  # noqa: F401
+    import fla.modules.norm.layernorm  # noqa: F401
+    import fla.modules.activations  # noqa: F401
     IMPORT_ERROR: Exception | None = None
 except Exception as e:  # noqa: BLE001 - any import failure means "not available"
     IMPORT_ERROR = e
