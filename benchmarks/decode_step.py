@@ -245,10 +245,10 @@ def run(args, torch, model: str, batches: list[int], save=None, profile: tuple =
             graphs, engine.runner.graphs = engine.runner.graphs, None
             try:
                 t["no_graphs"] = time_decode(engine, torch, b, args.context, args.warmup, args.reps, max_new)
-                model_obj.batched_decode = False
+                model_obj.paged_attention = False
                 t["eager_attention"] = time_decode(engine, torch, b, args.context, args.warmup, args.reps, max_new)
             finally:
-                engine.runner.graphs, model_obj.batched_decode = graphs, None
+                engine.runner.graphs, model_obj.paged_attention = graphs, None
             t["graphs"] = graphs is not None
             t["speedup_over_eager"] = t["eager_attention"]["step_ms"] / t["step_ms"]
         if b in profile:

@@ -29,7 +29,7 @@ sleep 1; touch /tmp/kernels_before_speed    # the kernels this call compiles go 
 prefill_half() {
   export CUDA_VISIBLE_DEVICES=0
   if [[ $PARTS == *parity* ]]; then       # the fused mixers against the torch reference first: a wrong kernel
-    timeout ${PARITY_LIMIT:-220} python3 -m pytest -q -p no:cacheprovider tests/model/test_fused_ops.py tests/model/test_decode_attention.py \
+    timeout ${PARITY_LIMIT:-220} python3 -m pytest -q -p no:cacheprovider tests/model/test_fused_ops.py tests/model/test_decode_attention.py tests/model/test_attention_gpu.py \
       tests/model/test_decode_graphs.py tests/engine/test_decode_graphs_engine.py \
       "tests/model/test_fla_gpu.py::test_model_fla_matches_torch_backend" \
       "tests/model/test_fla_gpu.py::test_boundary_states_match_reference" 2>&1 | tail -15

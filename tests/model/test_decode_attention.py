@@ -87,17 +87,44 @@ def test_model_decode_steps_match_the_eager_path(tmp_path, arch):
                                         **({"kv_lora_rank": 24} if arch == "kda" else {}))
     results = []
     for batched in (False, True):
-        model.batched_decode = batched
+        model.paged_attention = batched
         r = DirectRunner(model, rows=3, max_tokens=64, block_size=4)
         for row, p in enumerate(prompts):
             r.run(p, row=row, logits="none")
         logits = [r.forward([r.seq(steps[i, row:row + 1], row) for row in range(3)], "last").logits
                   for i in range(3)]
         results.append((torch.cat(logits), [t.clone() for t in r.kv.pools[0]]))
-    model.batched_decode = None
+    model.paged_attention = None
     (eager, eager_kv), (batched, batched_kv) = results
     torch.testing.assert_close(batched, eager, rtol=1e-4, atol=1e-4)
     for a, b in zip(batched_kv, eager_kv):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_short_chunks_after_a_prefix_match_the_eager_path(tmp_path, arch):
+    # what a step of checkpoint hits and wr replays runs: several sequences, each a few new tokens after a
+    # cached prefix (different lengths, one crossing a block edge), all through the paged kernel with one
+    # query row per token (causal: a row sees keys up to its own position), against the per-sequence SDPA
+    # path with its lower-right causal mask; logits of every token and the KV written
+    from hybrid_tiny import decode_case
+    from trtllm_dasc.model.direct import DirectRunner
+    model, prompts, _ = decode_case(tmp_path, arch, 7, (6, 11, 19), 1, DEV,
+                                    **({"kv_lora_rank": 24} if arch == "kda" else {}))
+    chunks = [p[:n] for p, n in zip(prompts, (2, 5, 3))]
+    results = []
+    for paged in (False, True):
+        model.paged_attention = False
+        r = DirectRunner(model, rows=3, max_tokens=32, block_size=4)
+        for row, p in enumerate(prompts):
+            r.run(p, row=row, logits="none")
+        model.paged_attention = paged
+        out = r.forward([r.seq(c, row) for row, c in enumerate(chunks)], "all")
+        results.append((out.logits, [t.clone() for t in r.kv.pools[0]]))
+    model.paged_attention = None
+    (eager, eager_kv), (paged, paged_kv) = results
+    torch.testing.assert_close(paged, eager, rtol=1e-4, atol=1e-4)
+    for a, b in zip(paged_kv, eager_kv):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 

@@ -36,7 +36,7 @@ def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch)
     from trtllm_dasc.model.direct import DirectRunner
     # dense MLPs: an MoE layer's expert loop cannot be captured (DecodeGraphs then runs eagerly)
     model, prompts, steps = decode_case(tmp_path, arch, 6, (6, 13, 30), 4, DEV, **DENSE_MLP[arch])
-    model.batched_decode = True          # the eager arm uses the same batched attention: equal to rounding
+    model.paged_attention = True          # the eager arm uses the same batched attention: equal to rounding
     results = []
     for graphs in (False, True):
         # rows 0-2 the sequences, row 3 padding, row 4 an idle sequence that must not change
@@ -63,6 +63,6 @@ def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch)
         if dg is not None:
             assert dg.use_graphs == (DEV == "cuda") and set(dg.graphs) == ({4} if DEV == "cuda" else set())
         results.append((torch.cat(logits), r.state.temporal[:, :3].clone(), r.state.conv[:, :3].clone()))
-    model.batched_decode = None
+    model.paged_attention = None
     for a, b in zip(results[1], results[0]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -105,3 +105,32 @@ def test_in_kernel_gate_matches_reference(kind, lens):
     for a, r in ((o, ro), (ht, rh)):
         err = ((a.float() - r).pow(2).mean().sqrt() / r.pow(2).mean().sqrt()).item()
         assert err < 1e-2
+
+
+@pytest.mark.gpu
+@needs_fla
+def test_kda_decode_in_place_updates_only_its_rows():
+    # the in-place decode kernel (states read and written where they live, rows in any order) against the
+    # torch reference on gathered states; rows it was not given stay bit-for-bit as they were
+    import torch.nn.functional as F
+    from trtllm_dasc.model.recurrence import naive
+    H, K, R = 4, 64, 7
+    rows = torch.tensor([5, 0, 3], device="cuda")
+    N = rows.numel()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, N, H, K, generator=g).cuda().bfloat16() for _ in range(3))
+    raw = torch.randn(1, N, H, K, generator=g).cuda().bfloat16()
+    A_log, dt_bias = torch.rand(H, generator=g).cuda(), torch.randn(H * K, generator=g).cuda()
+    b = torch.randn(1, N, H, generator=g).cuda().bfloat16()
+    states = 0.3 * torch.randn(R, H, K, K, generator=g).cuda()
+    before = states.clone()
+    o = fla_backend.kda_decode_in_place(q, k, v, raw, b, states, rows, A_log=A_log, dt_bias=dt_bias,
+                                        beta_logits=True)
+    decay = -A_log.exp()[:, None] * F.softplus(raw.float() + dt_bias.view(H, K))
+    ro, rh = naive.kda(q.float(), k.float(), v.float(), decay, torch.sigmoid(b.float()), before[rows],
+                       list(range(N + 1)))
+    for a, r in ((o, ro), (states[rows], rh)):
+        err = ((a.float() - r).pow(2).mean().sqrt() / r.pow(2).mean().sqrt()).item()
+        assert err < 1e-2
+    others = [i for i in range(R) if i not in rows.tolist()]
+    assert torch.equal(states[others], before[others])

@@ -30,8 +30,9 @@ class AttnBatch:
     starts: list[int]
     kv_index: list[torch.Tensor] | None
     positions: torch.Tensor          # [T] absolute positions
-    # a decode step on the batched kernel (decode_attention.py): (block tables [B, max blocks] int32,
-    # lengths [B] int32, the new tokens' flat KV rows [B]); kv_index is then None
+    # a batch on the paged kernel (decode_attention.py: decode steps, short chunks), per new token: (its
+    # sequence's block table [T, max blocks] int32, its length = position + 1 [T] int32, its flat KV row
+    # [T]) as kv.token_tables makes them; kv_index is then None
     decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
@@ -46,6 +47,40 @@ def keep_cudnn_out_of_sdpa(device) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+# A long prefill from position 0 takes cuDNN's attention after all: on the H200 at 16k tokens it ran MLA's
+# and the GQA layer's causal attention in 5.1 / 3.2 ms against flash's 10.8 / 7.1
+# (benchmarks/results/attention_prefill.json). Its per-shape graph build (60-80 ms there) is kept out of
+# users' requests by padding the length up to a multiple of CUDNN_BUCKET, so the lengths it sees are few,
+# and by building them all in the engine's warm-up (warm_long_prefill). Exact: a causal query never sees
+# the padded keys after it. Shorter prefills and prefix hits stay on flash / memory-efficient attention.
+CUDNN_MIN_TOKENS = 4096
+CUDNN_BUCKET = 1024
+
+
+def _cudnn_causal(qt: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, gqa: bool) -> torch.Tensor:
+    """Causal SDPA of [1, H, T, E] tensors on cuDNN (flash if cuDNN refuses the shapes), T padded up."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    T = qt.shape[2]
+    pad = -T % CUDNN_BUCKET
+    if pad:
+        qt, kt, vt = (F.pad(t, (0, 0, 0, pad)) for t in (qt, kt, vt))
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+    return out[:, :, :T]
+
+
+def warm_long_prefill(shapes: set[tuple[int, int, int, int]], max_tokens: int, device, dtype) -> int:
+    """Build cuDNN's graph for every bucketed length _attend can ask for up to max_tokens, for each
+    attention shape (heads, kv heads, key dim, value dim). Returns the calls made."""
+    calls, top = 0, -(-max_tokens // CUDNN_BUCKET) * CUDNN_BUCKET
+    for H, Hk, E, Ev in sorted(shapes):
+        for T in range(CUDNN_MIN_TOKENS, top + 1, CUDNN_BUCKET):
+            _attend(torch.zeros(T, H, E, device=device, dtype=dtype), torch.zeros(T, Hk, E, device=device, dtype=dtype),
+                    torch.zeros(T, Hk, Ev, device=device, dtype=dtype), 0)
+            calls += 1
+    return calls
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
     """q [T, H, E], k [S, Hk, E], v [S, Hk, Ev] with S = start + T. Returns [T, H, Ev]."""
     T, S, Ev = q.shape[0], k.shape[0], v.shape[-1]
@@ -54,7 +89,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> to
         v = F.pad(v, (0, q.shape[-1] - Ev)) if Ev < q.shape[-1] else v
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     gqa = q.shape[1] != k.shape[1]
-    if start == 0:
+    if start == 0 and T >= CUDNN_MIN_TOKENS and q.is_cuda:
+        out = _cudnn_causal(qt, kt, vt, gqa)
+    elif start == 0:
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
     elif T == 1:
         # a decode step sees every key: no mask, and flash takes the GQA heads as they are
@@ -88,6 +125,11 @@ class GatedAttention:
     @property
     def kv_token_shapes(self) -> list[tuple[int, ...]]:
         return [(self.Hk, self.spec.head_dim), (self.Hk, self.spec.head_dim)]
+
+    @property
+    def prefill_shape(self) -> tuple[int, int, int, int]:
+        """(heads, kv heads, key dim, value dim) of this layer's _attend calls."""
+        return self.H, self.Hk, self.spec.head_dim, self.spec.head_dim
 
     @classmethod
     def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "GatedAttention":
@@ -152,6 +194,12 @@ class MLAttention:
     def kv_token_shapes(self) -> list[tuple[int, ...]]:
         # the latent is shared by every head: each rank caches all of it
         return [(1, self.spec.kv_lora_rank + self.spec.qk_rope_head_dim)]
+
+    @property
+    def prefill_shape(self) -> tuple[int, int, int, int]:
+        """(heads, kv heads, key dim, value dim) of this layer's _attend calls (keys expanded per head)."""
+        s = self.spec
+        return self.H, self.H, s.qk_nope_head_dim + s.qk_rope_head_dim, s.v_head_dim
 
     @classmethod
     def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "MLAttention":

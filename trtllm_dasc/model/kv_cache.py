@@ -62,12 +62,17 @@ class PagedKVCache:
         return (table[pos // bs] * bs + pos % bs).to(self.cfg.device)
 
     def decode_tables(self, block_tables: list[list[int]], starts: list[int]):
-        """For a decode step (one new token per sequence at position starts[i]): the block tables as one
-        int32 tensor [B, max blocks] (padded with 0, never read past a sequence's length), the lengths
-        starts[i] + 1 [B] int32 and the new tokens' flat rows [B] int64, on the cache's device: three
-        copies per step where token_index made one per sequence. Validates like token_index."""
+        """token_tables for a decode step: one new token per sequence, at position starts[i]."""
+        return self.token_tables(block_tables, starts, [1] * len(starts))
+
+    def token_tables(self, block_tables: list[list[int]], starts: list[int], counts: list[int]):
+        """What the paged attention kernel (decode_attention.py) reads for new tokens: sequence i brings
+        counts[i] tokens at positions starts[i].. . Per new token, in batch order: its sequence's block table
+        (one int32 tensor [tokens, max blocks], padded with 0, never read past a length), its length
+        position + 1 (int32: it sees keys 0..position, causal) and its flat KV row (int64), on the cache's
+        device: three copies per step where token_index made one per sequence. Validates like token_index."""
         bs = self.cfg.block_size
-        need = [s // bs + 1 for s in starts]
+        need = [-(-(s + c) // bs) for s, c in zip(starts, counts)]
         for table, n in zip(block_tables, need):
             if len(table) < n:
                 raise ValueError(f"block table of {len(table)} blocks cannot hold {n * bs} tokens")
@@ -76,10 +81,16 @@ class PagedKVCache:
         width = max(need)
         tables = torch.tensor([[int(b) for b in t[:n]] + [0] * (width - n) for t, n in zip(block_tables, need)],
                               dtype=torch.int32)
-        write = torch.tensor([int(t[s // bs]) * bs + s % bs for t, s in zip(block_tables, starts)], dtype=torch.long)
-        lens = torch.tensor([s + 1 for s in starts], dtype=torch.int32)
         dev = self.cfg.device
-        return tables.to(dev), lens.to(dev), write.to(dev)
+        if all(c == 1 for c in counts):
+            pos = torch.tensor(starts, dtype=torch.long)
+            write = tables.long()[torch.arange(len(starts)), pos // bs] * bs + pos % bs
+            return tables.to(dev), (pos + 1).to(torch.int32).to(dev), write.to(dev)
+        seq = torch.repeat_interleave(torch.arange(len(starts)), torch.tensor(counts))
+        pos = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)])
+        write = tables.long()[seq, pos // bs] * bs + pos % bs
+        # each token's row of the table, gathered on the device (one [B, width] copy, not [tokens, width])
+        return (tables.to(dev).index_select(0, seq.to(dev)), (pos + 1).to(torch.int32).to(dev), write.to(dev))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Block dst <- block src in every layer and component (copy-on-write of a reused partial block)."""

@@ -22,7 +22,7 @@ from trtllm_dasc.model.weights import load
 @dataclass(slots=True)
 class MixerOut:
     out: torch.Tensor       # [T, D] partial output of this rank
-    ht: torch.Tensor        # [N, HV, K, V] fp32 final temporal states
+    ht: torch.Tensor | None  # [N, HV, K, V] fp32 final temporal states (None: updated in place)
     conv: torch.Tensor      # [N, C, W-1] final conv states
     hb: torch.Tensor        # [n_cuts, HV, K, V] fp32 captured temporal states, (sequence, cut) order
     conv_b: torch.Tensor    # [n_cuts, C, W-1] captured conv states
@@ -108,7 +108,10 @@ class KDALayer:
              "o": load(src, p + "o_proj.weight", (D, H * K), dtype, device, cols=s.head_rows)}
         return cls(w, len(bundles), K, spec.rms_norm_eps)
 
-    def forward(self, x, cu_seqlens: list[int], h0, conv0, backend, cuts=None) -> MixerOut:
+    def forward(self, x, cu_seqlens: list[int], h0, conv0, backend, cuts=None, in_place=None) -> MixerOut:
+        """in_place: (states [R, H, K, V] fp32, rows [N]) for a decode step whose recurrent states the
+        backend's kernel reads and writes where they live (backend.kda_decode_in_place); h0 is then unused
+        and the returned ht is None."""
         T, H, K = x.shape[0], self.H, self.K
         fused = getattr(backend, "fused_mixer", False)
         conv_fn, norm_fn = (short_conv, gated_norm) if fused else (causal_conv, gated_rms_norm)
@@ -121,7 +124,12 @@ class KDALayer:
         else:
             g = -self.w["A_log"].exp()[:, None] * F.softplus(raw_gate.float() + self.w["dt_bias"].view(H, K))
             beta, gate = torch.sigmoid(b), {}
-        o, ht, hb = run_recurrence(backend, "kda", q, k, v, g[None], beta[None], h0, cu_seqlens, cuts, **gate)
+        if in_place is not None:
+            states, rows = in_place
+            o, ht, hb = backend.kda_decode_in_place(q, k, v, g[None], beta[None], states, rows, **gate), None, \
+                states.new_empty(0, *states.shape[1:])
+        else:
+            o, ht, hb = run_recurrence(backend, "kda", q, k, v, g[None], beta[None], h0, cu_seqlens, cuts, **gate)
         og = linear(g_a, self.w["g_b"]).view(T, H, K)
         o = norm_fn(o[0], og, self.w["o_norm"], self.eps, "sigmoid")
         return MixerOut(linear(o.reshape(T, H * K), self.w["o"]), ht, conv, hb, conv_b)

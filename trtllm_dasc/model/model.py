@@ -82,6 +82,11 @@ class ForwardOutput:
 
 
 LOGITS = ("none", "last", "all")
+# a batch whose sequences each bring at most this many tokens attends through the paged kernel, every new
+# token a query row of its own: the per-sequence SDPA loop costs a dozen launches per sequence and layer
+# (a step of 64 hits and their 64 wr replays spent most of its time there), while each query row re-reads
+# its sequence's keys, which costs more than flash attention's reuse only for long chunks
+PAGED_MAX_TOKENS = 128
 
 
 class HybridModel:
@@ -92,16 +97,17 @@ class HybridModel:
         self.dtype, self.device, self.backend = dtype, torch.device(device), backend
         self.all_reduce = None            # callable(tensor) -> tensor, required when tp_size > 1
         self.offset_norm = cfg.family.norm_offset
-        # decode steps through the batched paged attention kernel (decode_attention.py): None = with the
-        # kernel backend on a GPU (fla: fused mixers too); True / False force it (tests run it on the CPU in
-        # Triton's interpreter)
-        self.batched_decode: bool | None = None
+        # attention through the paged kernel (decode_attention.py), one launch for the batch, when every
+        # sequence brings at most PAGED_MAX_TOKENS tokens (decode steps, checkpoint hits' short suffixes,
+        # wr replays): None = with the kernel backend on a GPU (fla: fused mixers too); True / False force it
+        # (tests run it on the CPU in Triton's interpreter)
+        self.paged_attention: bool | None = None
 
-    def _use_batched_decode(self, ids: list) -> bool:
-        if self.cfg.num_linear_layers == len(self.layers) or any(t.numel() != 1 for t in ids):
+    def _use_paged_attention(self, ids: list) -> bool:
+        if self.cfg.num_linear_layers == len(self.layers) or any(t.numel() > PAGED_MAX_TOKENS for t in ids):
             return False
-        if self.batched_decode is not None:
-            return self.batched_decode
+        if self.paged_attention is not None:
+            return self.paged_attention
         return self.device.type == "cuda" and getattr(self.backend, "fused_mixer", False)
 
     # ---- construction -----------------------------------------------------------------------------
@@ -146,6 +152,15 @@ class HybridModel:
         return cls(cfg, spec, w, layers, tp_rank=tp_rank, tp_size=tp_size, bundle_order=order, dtype=dt,
                    device=device, backend=get_backend(backend, device))
 
+    def warm_long_prefill(self, max_tokens: int) -> int:
+        """On a GPU: build cuDNN's attention graphs for the long-prefill lengths up to max_tokens that
+        attention.py's _attend buckets (the engine's warm-up calls this before ready). Returns the calls."""
+        if self.device.type != "cuda":
+            return 0
+        from trtllm_dasc.model.attention import warm_long_prefill
+        shapes = {m.prefill_shape for m, *_ in self.layers if m.kind not in ("gdn", "kda")}
+        return warm_long_prefill(shapes, max_tokens, self.device, self.dtype)
+
     def new_state(self, num_rows: int) -> RecurrentState:
         return RecurrentState.zeros(self.cfg, num_rows, self.tp_size, self.dtype, self.device)
 
@@ -187,9 +202,10 @@ class HybridModel:
             cuts.append(rel)
         if len({s.row for s in batch}) != len(batch):
             raise UserError("a batch may hold each state row once")
-        if self._use_batched_decode(ids):
+        if self._use_paged_attention(ids):
             # one set of tensors for the whole step; the layers read the KV through the block tables
-            return ids, cuts, None, modes, kv.decode_tables([s.block_table for s in batch], [s.start for s in batch])
+            return ids, cuts, None, modes, kv.token_tables([s.block_table for s in batch], [s.start for s in batch],
+                                                           [t.numel() for t in ids])
         kv_index = [kv.token_index(s.block_table, 0, s.start + t.numel()) for s, t in zip(batch, ids)]
         return ids, cuts, kv_index, modes, None
 
@@ -304,6 +320,15 @@ class HybridModel:
 
     def _linear(self, mixer, lin, h, cu, rows, state, cuts, refresh, merge):
         """One linear layer over the batch; with a refresh, replays first, then merge, then the rest."""
+        n = len(cu) - 1
+        if (refresh is None and cu[-1] == n and mixer.kind == "kda" and not any(cuts)
+                and hasattr(self.backend, "kda_decode_in_place")):
+            # a decode step: the kernel updates the layer's state rows in place (no gather and scatter)
+            res = mixer.forward(h, cu, None, state.conv[lin, rows], self.backend, cuts,
+                                in_place=(state.temporal[lin], rows))
+            state.conv[lin, rows] = res.conv
+            return res
+
         def run(a, b):
             base = cu[a]
             res = mixer.forward(h[base:cu[b]], [c - base for c in cu[a:b + 1]], state.temporal[lin, rows[a:b]],
@@ -311,7 +336,6 @@ class HybridModel:
             state.temporal[lin, rows[a:b]] = res.ht
             state.conv[lin, rows[a:b]] = res.conv
             return res
-        n = len(cu) - 1
         if refresh is None or refresh.num_replay == 0:
             return run(0, n)
         first = run(0, refresh.num_replay)

@@ -57,16 +57,23 @@ def cu_tensors(cu_seqlens, device) -> tuple[torch.Tensor, torch.Tensor]:
 fused_mixer = True
 
 
-def _call(chunk, fused, q, k, v, g, beta, initial_state, cu_seqlens, scale, A_log=None, dt_bias=None,
-          beta_logits=False):
-    """Chunked kernel for prefill, the recurrent one when every sequence has a single token.
-    With A_log/dt_bias, g is the raw gate and the kernel computes -exp(A_log) * softplus(g + dt_bias) (fp32,
-    the reference's formula); with beta_logits, beta is the b projection and the kernel takes its sigmoid."""
+def _gate_args(A_log=None, dt_bias=None, beta_logits=False) -> dict:
+    """The kernels' in-kernel gate and beta options. With A_log/dt_bias, g is the raw gate and the kernel
+    computes -exp(A_log) * softplus(g + dt_bias) (fp32, the reference's formula); with beta_logits, beta is
+    the b projection and the kernel takes its sigmoid."""
     extra = {}
     if A_log is not None:
         extra.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
     if beta_logits:
         extra.update(use_beta_sigmoid_in_kernel=True)
+    return extra
+
+
+def _call(chunk, fused, q, k, v, g, beta, initial_state, cu_seqlens, scale, A_log=None, dt_bias=None,
+          beta_logits=False):
+    """Chunked kernel for prefill, the recurrent one when every sequence has a single token (gate
+    arguments: _gate_args)."""
+    extra = _gate_args(A_log, dt_bias, beta_logits)
     beta = beta if beta_logits else beta.to(q.dtype)
     N, T = len(cu_seqlens) - 1, q.shape[1]
     if T == N:
@@ -96,3 +103,23 @@ def kda(q, k, v, g, beta, initial_state, cu_seqlens, scale=None, **gate):
     initial_state [N,H,K,V] fp32. Returns o [1,T,H,V] and ht [N,H,K,V] fp32.
     gate: A_log [H], dt_bias [H*K] (g is then the raw f_b projection), beta_logits (see _call)."""
     return _call(chunk_kda, fused_recurrent_kda, q, k, v, g, beta, initial_state, cu_seqlens, scale, **gate)
+
+
+def kda_decode_in_place(q, k, v, g, beta, states, rows, scale=None, **gate):
+    """A KDA decode step of N one-token sequences that reads and writes their recurrent states where they
+    live. q, k, v, g [1, N, H, K], beta [1, N, H]; states [R, H, K, V] fp32, every row of the layer (a
+    contiguous view); rows [N] int64 on the device, sequence i's row. Returns o [1, N, H, V].
+    fla's continuous-batching mode (ssm_state_indices, the final state stored over the initial one), which
+    its public wrapper does not expose: no gather of the N states before the kernel and no scatter after,
+    which at batch 64 moved twice the state bytes the kernel itself reads and writes. GDN's recurrent
+    kernel in fla-core 0.6.0 has no such mode."""
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    assert states.is_contiguous() and states.dtype == torch.float32
+    extra = _gate_args(**gate)
+    beta = beta if gate.get("beta_logits") else beta.to(q.dtype)
+    # the kernel addresses its inputs as dense [N, 1, H, *] (the public wrapper's input_guard copies too)
+    q, k, v, g, beta = (t.transpose(0, 1).contiguous() for t in (q, k, v, g, beta))
+    o, _ = fused_recurrent_kda_fwd(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=states,
+                                   inplace_final_state=True, output_final_state=True, ssm_state_indices=rows,
+                                   use_qk_l2norm_in_kernel=True, out=torch.empty_like(v), **extra)
+    return o.transpose(0, 1)
