@@ -16,7 +16,7 @@
 #   huggingface-hub tokenizers httpx2 httpcore2 hf-xet anyio idna truststore h11 click typing-extensions
 # (fla's layers need transformers >= 5.6; hub 2.x needs httpx2), and .kernel_cache_speed when present.
 # COMMIT=<hash>. Writes $OUT/model_prefill_{kda,gdn}.json, attention_prefill.json, state_bandwidth.json,
-# decode_step.json, wr_hit_cost.json, speed_gpu{0,1}.log, speed_kernels.tgz.part-* (join them into
+# decode_step.json, wr_hit_cost.json, speed.log (GPU 0's log, then GPU 1's), speed_kernels.tgz.part-* (join them into
 # .kernel_cache_speed/NAME.tgz for the next call: on a bare machine fla's autotuning of the big shapes took
 # most of a 160 s run). With that cache the carry passes 64 MiB: send .whl first with INSTALL_ONLY=1, then
 # .kernel_cache_speed in a second call under 30 s later.
@@ -64,5 +64,6 @@ else
   [ $GPU1_PARTS = 1 ] && decode_half > "$OUT/speed_gpu1.log" 2>&1
 fi
 return_new_kernels speed_kernels kernels /tmp/kernels_before_speed
-# the logs come back whole (speed_gpu*.log); here their last lines (a call returns at most 8 files)
-cat "$OUT"/speed_gpu*.log | grep -v "autotun\|it/s\]" | tail -80
+# one log comes back whole (a call returns at most 8 files); here its last lines
+cat "$OUT"/speed_gpu*.log > "$OUT/speed.log" 2>/dev/null; rm -f "$OUT"/speed_gpu*.log
+grep -v "autotun\|it/s\]" "$OUT/speed.log" | tail -80
