@@ -132,7 +132,8 @@ def main(argv=None) -> int:
             print(f"{name} T={T}: " + ", ".join(
                 f"{a} {r['ms']:.2f} ms ({r['tflops']:.0f} TF/s)" if "ms" in r else f"{a} failed ({r['error'][:60]})"
                 for a, r in row["arms"].items()), flush=True)
-            result = {"benchmark": "attention_prefill", **provenance("benchmarks/attention_prefill.py", argv, args.commit),
+            result = {"benchmark": "attention_prefill",
+                      **provenance("benchmarks/attention_prefill.py", argv, args.commit),
                       "torch": torch.__version__, "device": torch.cuda.get_device_name(), "dtype": "bfloat16",
                       "rows": rows}
             paths = [args.out] + ([os.path.join(os.environ["OUT"], os.path.basename(args.out))]

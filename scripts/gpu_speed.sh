@@ -11,7 +11,9 @@
 #                    bound; graphs / no graphs / per-sequence attention), kernel profiles of PROFILE batches
 #           wr       benchmarks/wr_hit_cost.py (dasc-wr minus dasc-nr per hit in a batched replay, W=16)
 # On one GPU (nvidia-h200) the two halves run one after the other, never side by side (they time the GPU).
-# Limits: PARITY_LIMIT (220), PREFILL_LIMIT (190 per arch), DECODE_LIMIT (240), WR_LIMIT (220) seconds.
+# PARTS0 / PARTS1 move parts between the GPUs (see below); STORE_ARGS go to state_bandwidth.py (--sweep).
+# Limits: PARITY_LIMIT (220), PREFILL_LIMIT (190 per arch), STORE_LIMIT (150), DECODE_LIMIT (240), WR_LIMIT
+# (220) seconds.
 # Carry as .whl: ../shared/tools/gpu-wheels .whl kernels flash-linear-attention==0.6.0 einops transformers==5.24.0
 #   huggingface-hub tokenizers httpx2 httpcore2 hf-xet anyio idna truststore h11 click typing-extensions
 # (fla's layers need transformers >= 5.6; hub 2.x needs httpx2), and .kernel_cache_speed when present.
@@ -22,46 +24,51 @@
 # .kernel_cache_speed in a second call under 30 s later.
 set -uo pipefail
 PARTS=${PARTS:-parity,prefill,store,decode,wr}
-[[ $PARTS == *decode* || $PARTS == *wr* ]] || SHAPED_MODEL=0      # only GPU 1's half reads the shaped checkpoint
+# which GPU runs what: GPU 0 the parity / attn / prefill / store parts, GPU 1 decode / wr, unless PARTS0 and
+# PARTS1 say otherwise (e.g. PARTS0=parity PARTS1=prefill,store: the tests beside the benchmarks)
+pick() { local out= p; for p in ${PARTS//,/ }; do [[ ",$1," == *",$p,"* ]] && out+="$p,"; done; echo "$out"; }
+PARTS0=${PARTS0-$(pick parity,attn,prefill,store)}
+PARTS1=${PARTS1-$(pick decode,wr)}
+[[ "$PARTS0,$PARTS1" == *decode* || "$PARTS0,$PARTS1" == *wr* ]] || SHAPED_MODEL=0   # only decode / wr read it
 source scripts/gpu_prelude.sh
 C=${COMMIT:+--commit $COMMIT}
 sleep 1; touch /tmp/kernels_before_speed    # the kernels this call compiles go back as speed_kernels.tgz.part-*
-prefill_half() {
-  export CUDA_VISIBLE_DEVICES=0
-  if [[ $PARTS == *parity* ]]; then       # the fused mixers against the torch reference first: a wrong kernel
-    timeout ${PARITY_LIMIT:-220} python3 -m pytest -q -p no:cacheprovider tests/model/test_fused_ops.py tests/model/test_decode_attention.py tests/model/test_attention_gpu.py \
+run_parts() {   # run_parts PARTS GPU
+  local parts=$1
+  export CUDA_VISIBLE_DEVICES=$(($2 % GPUS))
+  if [[ $parts == *parity* ]]; then       # the fused mixers against the torch reference first: a wrong kernel
+    # -v: one line per test as it ends, so a run cut by the limit still names what passed and failed
+    timeout ${PARITY_LIMIT:-220} python3 -m pytest -v --tb=line -p no:cacheprovider tests/model/test_fused_ops.py \
+      tests/model/test_decode_attention.py tests/model/test_attention_gpu.py \
       tests/model/test_decode_graphs.py tests/engine/test_decode_graphs_engine.py \
       "tests/model/test_fla_gpu.py::test_model_fla_matches_torch_backend" \
-      "tests/model/test_fla_gpu.py::test_boundary_states_match_reference" 2>&1 | tail -15
+      "tests/model/test_fla_gpu.py::test_boundary_states_match_reference" > /tmp/parity.log 2>&1
+    echo "parity: $(grep -c PASSED /tmp/parity.log) passed, $(grep -c FAILED /tmp/parity.log) failed"
+    grep -E "FAILED|ERROR|^/.*Error|assert" /tmp/parity.log | tail -30
   fi
-  [[ $PARTS == *attn* ]] && timeout 120 python3 benchmarks/attention_prefill.py --out "$OUT/attention_prefill.json" $C
-  if [[ $PARTS == *prefill* ]]; then
+  [[ $parts == *attn* ]] && timeout 120 python3 benchmarks/attention_prefill.py --out "$OUT/attention_prefill.json" $C
+  if [[ $parts == *prefill* ]]; then
     for arch in ${ARCHS:-kda gdn}; do
       timeout ${PREFILL_LIMIT:-190} python3 benchmarks/model_prefill.py --arch $arch --compare-fla --compare-unfused \
         --out "$OUT/model_prefill_$arch.json" $C
     done
   fi
-  [[ $PARTS == *store* ]] && timeout 150 python3 benchmarks/state_bandwidth.py $C
-}
-decode_half() {
-  export CUDA_VISIBLE_DEVICES=$((1 % GPUS))
-  [[ $PARTS == *decode* ]] && timeout ${DECODE_LIMIT:-240} python3 benchmarks/decode_step.py --model /tmp/kimi48 \
+  [[ $parts == *store* ]] && timeout ${STORE_LIMIT:-150} python3 benchmarks/state_bandwidth.py ${STORE_ARGS:-} $C
+  [[ $parts == *decode* ]] && timeout ${DECODE_LIMIT:-240} python3 benchmarks/decode_step.py --model /tmp/kimi48 \
     --compare-eager ${PROFILE:+--profile $PROFILE} --out "$OUT/decode_step.json" $C
-  [[ $PARTS == *wr* ]] && timeout ${WR_LIMIT:-220} python3 benchmarks/wr_hit_cost.py --model /tmp/kimi48 \
+  [[ $parts == *wr* ]] && timeout ${WR_LIMIT:-220} python3 benchmarks/wr_hit_cost.py --model /tmp/kimi48 \
     --out "$OUT/wr_hit_cost.json" $C
 }
-GPU0_PARTS=0; [[ $PARTS == *parity* || $PARTS == *attn* || $PARTS == *prefill* || $PARTS == *store* ]] && GPU0_PARTS=1
-GPU1_PARTS=0; [[ $PARTS == *decode* || $PARTS == *wr* ]] && GPU1_PARTS=1
-if [ "$GPUS" -lt 2 ] && [ $GPU0_PARTS = 1 ] && [ $GPU1_PARTS = 1 ]; then
+if [ "$GPUS" -lt 2 ] && [ -n "$PARTS0" ] && [ -n "$PARTS1" ]; then
   echo "one GPU: both halves in sequence may pass the 600 s call limit; split PARTS over calls"
 fi
 if [ "$GPUS" -ge 2 ]; then
-  [ $GPU0_PARTS = 1 ] && prefill_half > "$OUT/speed_gpu0.log" 2>&1 &
-  [ $GPU1_PARTS = 1 ] && decode_half > "$OUT/speed_gpu1.log" 2>&1 &
+  [ -n "$PARTS0" ] && run_parts "$PARTS0" 0 > "$OUT/speed_gpu0.log" 2>&1 &
+  [ -n "$PARTS1" ] && run_parts "$PARTS1" 1 > "$OUT/speed_gpu1.log" 2>&1 &
   wait
 else
-  [ $GPU0_PARTS = 1 ] && prefill_half > "$OUT/speed_gpu0.log" 2>&1
-  [ $GPU1_PARTS = 1 ] && decode_half > "$OUT/speed_gpu1.log" 2>&1
+  [ -n "$PARTS0" ] && run_parts "$PARTS0" 0 > "$OUT/speed_gpu0.log" 2>&1
+  [ -n "$PARTS1" ] && run_parts "$PARTS1" 1 > "$OUT/speed_gpu1.log" 2>&1
 fi
 return_new_kernels speed_kernels kernels /tmp/kernels_before_speed
 # one log comes back whole (a call returns at most 8 files); here its last lines

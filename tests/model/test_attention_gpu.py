@@ -48,6 +48,7 @@ def test_long_prefill_warmup_builds_every_bucket():
     from trtllm_dasc.model.attention import CUDNN_BUCKET, CUDNN_MIN_TOKENS, warm_long_prefill
     shapes = {(4, 2, 64, 64), (4, 4, 96, 64)}
     assert warm_long_prefill(shapes, CUDNN_MIN_TOKENS - 1, "cuda", torch.bfloat16) == 0
+    assert warm_long_prefill(shapes, 2 * CUDNN_MIN_TOKENS, "cuda", torch.float32) == 0     # no cuDNN in fp32
     # 4096 + 1 tokens pad to the 5120 bucket: 4096 and 5120 for each shape
     assert warm_long_prefill(shapes, CUDNN_MIN_TOKENS + 1, "cuda", torch.bfloat16) == 4
     assert CUDNN_MIN_TOKENS % CUDNN_BUCKET == 0

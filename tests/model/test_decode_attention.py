@@ -87,10 +87,14 @@ def test_model_decode_steps_match_the_eager_path(tmp_path, arch):
                                         **({"kv_lora_rank": 24} if arch == "kda" else {}))
     results = []
     for batched in (False, True):
-        model.paged_attention = batched
+        # the prompts on the SDPA path in both arms: what differs is the decode steps (on a GPU, fla's
+        # chunk kernels take fp32 matmuls as tf32, so rounding-level attention differences in a prefill
+        # would come back larger; test_short_chunks_after_a_prefix covers the paged prefill)
+        model.paged_attention = False
         r = DirectRunner(model, rows=3, max_tokens=64, block_size=4)
         for row, p in enumerate(prompts):
             r.run(p, row=row, logits="none")
+        model.paged_attention = batched
         logits = [r.forward([r.seq(steps[i, row:row + 1], row) for row in range(3)], "last").logits
                   for i in range(3)]
         results.append((torch.cat(logits), [t.clone() for t in r.kv.pools[0]]))
@@ -104,18 +108,19 @@ def test_model_decode_steps_match_the_eager_path(tmp_path, arch):
 @pytest.mark.parametrize("arch", ["gdn", "kda"])
 def test_short_chunks_after_a_prefix_match_the_eager_path(tmp_path, arch):
     # what a step of checkpoint hits and wr replays runs: several sequences, each a few new tokens after a
-    # cached prefix (different lengths, one crossing a block edge), all through the paged kernel with one
+    # cached prefix (different lengths, one crossing a block edge) or none, all through the paged kernel with one
     # query row per token (causal: a row sees keys up to its own position), against the per-sequence SDPA
     # path with its lower-right causal mask; logits of every token and the KV written
     from hybrid_tiny import decode_case
     from trtllm_dasc.model.direct import DirectRunner
     model, prompts, _ = decode_case(tmp_path, arch, 7, (6, 11, 19), 1, DEV,
                                     **({"kv_lora_rank": 24} if arch == "kda" else {}))
-    chunks = [p[:n] for p, n in zip(prompts, (2, 5, 3))]
+    # three continue a prefix, the fourth (row 3) starts fresh: a new prompt in the same step
+    chunks = [p[:n] for p, n in zip(prompts, (2, 5, 3))] + [prompts[2][3:12]]
     results = []
     for paged in (False, True):
         model.paged_attention = False
-        r = DirectRunner(model, rows=3, max_tokens=32, block_size=4)
+        r = DirectRunner(model, rows=4, max_tokens=32, block_size=4)
         for row, p in enumerate(prompts):
             r.run(p, row=row, logits="none")
         model.paged_attention = paged

@@ -52,7 +52,8 @@ def keep_cudnn_out_of_sdpa(device) -> None:
 # (benchmarks/results/attention_prefill.json). Its per-shape graph build (60-80 ms there) is kept out of
 # users' requests by padding the length up to a multiple of CUDNN_BUCKET, so the lengths it sees are few,
 # and by building them all in the engine's warm-up (warm_long_prefill). Exact: a causal query never sees
-# the padded keys after it. Shorter prefills and prefix hits stay on flash / memory-efficient attention.
+# the padded keys after it. Shorter prefills, prefix hits and fp32 (cuDNN has no fp32 kernel) stay on flash /
+# memory-efficient attention.
 CUDNN_MIN_TOKENS = 4096
 CUDNN_BUCKET = 1024
 
@@ -73,6 +74,8 @@ def warm_long_prefill(shapes: set[tuple[int, int, int, int]], max_tokens: int, d
     """Build cuDNN's graph for every bucketed length _attend can ask for up to max_tokens, for each
     attention shape (heads, kv heads, key dim, value dim). Returns the calls made."""
     calls, top = 0, -(-max_tokens // CUDNN_BUCKET) * CUDNN_BUCKET
+    if max_tokens < CUDNN_MIN_TOKENS or dtype not in (torch.bfloat16, torch.float16):
+        return 0                      # _attend never takes cuDNN then
     for H, Hk, E, Ev in sorted(shapes):
         for T in range(CUDNN_MIN_TOKENS, top + 1, CUDNN_BUCKET):
             _attend(torch.zeros(T, H, E, device=device, dtype=dtype), torch.zeros(T, Hk, E, device=device, dtype=dtype),
@@ -89,7 +92,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> to
         v = F.pad(v, (0, q.shape[-1] - Ev)) if Ev < q.shape[-1] else v
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     gqa = q.shape[1] != k.shape[1]
-    if start == 0 and T >= CUDNN_MIN_TOKENS and q.is_cuda:
+    if start == 0 and T >= CUDNN_MIN_TOKENS and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         out = _cudnn_causal(qt, kt, vt, gqa)
     elif start == 0:
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
