@@ -24,12 +24,15 @@ except Exception:  # noqa: BLE001 - recurrence/fla.py reports why fla is unavail
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
-               cuts: list[list[int]] | None = None):
+               cuts: list[list[int]] | None = None, split: list[int] | None = None):
     """ops.causal_conv on fla's varlen Triton kernel: depthwise causal conv + SiLU from a carried state.
 
     x [T, C] (may be a column slice); weight [C, W]; conv_state [N, C, W-1]. Returns y [T, C], the new
     state [N, C, W-1] and the states at the cuts [sum(len(cuts_i)), C, W-1] in (sequence, cut) order, all
-    as ops.causal_conv returns them.
+    as ops.causal_conv returns them. split: channel counts summing to C; y is then a tuple of [T, c_i]
+    tensors, each contiguous in a prefill (one conv per part): column slices of one output would reach the
+    chunk kernels as strided q / k / v, which they copy (at 16k tokens a third of a KDA mixer's
+    difference to fla's own layer, whose convs are separate).
     """
     T, C = x.shape
     N, W1 = conv_state.shape[0], weight.shape[1] - 1
@@ -38,17 +41,28 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     init[:, :, 1:] = conv_state
     cuts = cuts or [[] for _ in range(N)]
     rows = [i for i, c in enumerate(cuts) for _ in c]
+    none = conv_state.new_zeros(0, C, W1)
     if T == N and not rows:
         # a decode step: fla's one-token update (shifts the window in place, newest last), no varlen setup
         y, final = causal_conv1d_update(x, init, weight=weight, activation="silu")
-        return y, final[:, :, 1:].to(conv_state.dtype), conv_state.new_zeros(0, C, W1)
+        return (y if split is None else torch.split(y, split, dim=-1)), final[:, :, 1:].to(conv_state.dtype), none
     cu, cu_host = cu_tensors(cu_seqlens, x.device)
-    y, final = causal_conv1d(x[None], weight=weight, initial_state=init, output_final_state=True,
-                             activation="silu", cu_seqlens=cu, cu_seqlens_cpu=cu_host)
+    bounds = [0]
+    for c in split or [C]:
+        bounds.append(bounds[-1] + c)
+    ys, finals = [], []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        part_init = init if (a, b) == (0, C) else init[:, a:b].contiguous()    # fla reads it as dense [N, c, W]
+        y, final = causal_conv1d(x[None, :, a:b], weight=weight[a:b], initial_state=part_init,
+                                 output_final_state=True, activation="silu", cu_seqlens=cu, cu_seqlens_cpu=cu_host)
+        ys.append(y[0])
+        finals.append(final)
+    final = finals[0] if len(finals) == 1 else torch.cat(finals, dim=1)
     new_state = final[:, :, 1:].to(conv_state.dtype)
+    y = ys[0] if split is None else tuple(ys)
     if not rows:
-        return y[0], new_state, conv_state.new_zeros(0, C, W1)
-    return y[0], new_state, _windows(x, conv_state, cu_seqlens, rows, [p for c in cuts for p in c])
+        return y, new_state, none
+    return y, new_state, _windows(x, conv_state, cu_seqlens, rows, [p for c in cuts for p in c])
 
 
 def _windows(x, conv_state, cu_seqlens, rows, ends):

@@ -63,10 +63,14 @@ class GDNLayer:
     def forward(self, x, cu_seqlens: list[int], h0, conv0, backend, cuts=None) -> MixerOut:
         T, H, HV, K, V = x.shape[0], self.H, self.HV, self.K, self.V
         fused = getattr(backend, "fused_mixer", False)
-        conv_fn, norm_fn = (short_conv, gated_norm) if fused else (causal_conv, gated_rms_norm)
+        norm_fn = gated_norm if fused else gated_rms_norm
         qkv, z, b, a = torch.split(linear(x, self.w["in_proj"]), [2 * H * K + HV * V, HV * V, HV, HV], dim=-1)
-        y, conv, conv_b = conv_fn(qkv, self.w["conv"], conv0, cu_seqlens, cuts)
-        q, k, v = torch.split(y, [H * K, H * K, HV * V], dim=-1)
+        parts = [H * K, H * K, HV * V]
+        if fused:       # q, k, v as separate contiguous outputs (fused_ops.short_conv)
+            (q, k, v), conv, conv_b = short_conv(qkv, self.w["conv"], conv0, cu_seqlens, cuts, split=parts)
+        else:
+            y, conv, conv_b = causal_conv(qkv, self.w["conv"], conv0, cu_seqlens, cuts)
+            q, k, v = torch.split(y, parts, dim=-1)
         if fused:       # fla's kernel computes the decay from a and beta from b (recurrence/fla.py)
             g, beta, gate = a, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True}
         else:
@@ -114,10 +118,14 @@ class KDALayer:
         and the returned ht is None."""
         T, H, K = x.shape[0], self.H, self.K
         fused = getattr(backend, "fused_mixer", False)
-        conv_fn, norm_fn = (short_conv, gated_norm) if fused else (causal_conv, gated_rms_norm)
+        norm_fn = gated_norm if fused else gated_rms_norm
         mixed, f_a, g_a, b = torch.split(linear(x, self.w["in_proj"]), [3 * H * K, K, K, H], dim=-1)
-        y, conv, conv_b = conv_fn(mixed, self.w["conv"], conv0, cu_seqlens, cuts)
-        q, k, v = (t.reshape(1, T, H, K) for t in torch.split(y, H * K, dim=-1))
+        if fused:       # q, k, v as separate contiguous outputs (fused_ops.short_conv)
+            qkv, conv, conv_b = short_conv(mixed, self.w["conv"], conv0, cu_seqlens, cuts, split=[H * K] * 3)
+        else:
+            y, conv, conv_b = causal_conv(mixed, self.w["conv"], conv0, cu_seqlens, cuts)
+            qkv = torch.split(y, H * K, dim=-1)
+        q, k, v = (t.reshape(1, T, H, K) for t in qkv)
         raw_gate = linear(f_a, self.w["f_b"]).view(T, H, K)
         if fused:       # fla's kernel computes the decay from the raw gate and beta from b (recurrence/fla.py)
             g, beta, gate = raw_gate, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True}
