@@ -51,17 +51,22 @@ def test_capture_windows_of_a_column_slice():
 @pytest.mark.gpu
 @needs_fla
 @pytest.mark.parametrize("W", [2, 4])
-@pytest.mark.parametrize("split", [None, [64, 32, 96]], ids=["whole", "split"])
-def test_short_conv_matches_reference(W, split):
-    # split: the parts come back as separate contiguous outputs, from a column slice of a wider input
+@pytest.mark.parametrize("split, by_part", [(None, False), ([64, 32, 96], False), ([64, 32, 96], True)],
+                         ids=["whole", "split-views", "split-by-part"])
+def test_short_conv_matches_reference(W, split, by_part, monkeypatch):
+    # split: the parts come back as views of one output, or (from SPLIT_MIN_TOKENS tokens, lowered here)
+    # as separate contiguous outputs of one conv each, from a column slice of a wider input
+    from trtllm_dasc.model import fused_ops
     from trtllm_dasc.model.fused_ops import short_conv
+    if by_part:
+        monkeypatch.setattr(fused_ops, "SPLIT_MIN_TOKENS", 1)
     lens = [1, 3, 300, 64]
     wide, weight, state, cu = _batch(lens, 192 + 8, W, "cuda", torch.bfloat16, seed=W)
     x, weight, state = wide[:, :192], weight[:192], state[:, :192].contiguous()
     cuts = [[1], [], [2, 64, 299, 300], [64]]
     got = list(short_conv(x, weight, state, cu, cuts, split=split))
     if split is not None:
-        assert all(p.is_contiguous() and p.shape[1] == c for p, c in zip(got[0], split))
+        assert all(p.shape[1] == c and p.is_contiguous() == by_part for p, c in zip(got[0], split))
         got[0] = torch.cat(got[0], dim=1)
     ref = causal_conv(x.float(), weight.float(), state.float(), cu, cuts)
     for a, b in zip(got, ref):

@@ -23,6 +23,14 @@ except Exception:  # noqa: BLE001 - recurrence/fla.py reports why fla is unavail
     causal_conv1d = causal_conv1d_update = rms_norm_gated = fla_rms_norm = fla_swiglu = None
 
 
+# From this many tokens the prefill's conv runs once per part of `split` (q, k, v), each into its own
+# contiguous output: column slices of one output reach the chunk kernels as strided q / k / v, which they
+# copy. On the H200 at 16k tokens that took the KDA mixer from 5.04 to 4.62 ms per layer (fla's own layer,
+# whose convs are separate: 5.2), but at 4k, where a forward is bound by the host's launches, the two more
+# conv calls per layer (each with fla's Python dispatch) made it slower (benchmarks/results/README.md).
+SPLIT_MIN_TOKENS = 8192
+
+
 def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
                cuts: list[list[int]] | None = None, split: list[int] | None = None):
     """ops.causal_conv on fla's varlen Triton kernel: depthwise causal conv + SiLU from a carried state.
@@ -30,9 +38,8 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     x [T, C] (may be a column slice); weight [C, W]; conv_state [N, C, W-1]. Returns y [T, C], the new
     state [N, C, W-1] and the states at the cuts [sum(len(cuts_i)), C, W-1] in (sequence, cut) order, all
     as ops.causal_conv returns them. split: channel counts summing to C; y is then a tuple of [T, c_i]
-    tensors, each contiguous in a prefill (one conv per part): column slices of one output would reach the
-    chunk kernels as strided q / k / v, which they copy (at 16k tokens a third of a KDA mixer's
-    difference to fla's own layer, whose convs are separate).
+    tensors: from T >= SPLIT_MIN_TOKENS each contiguous (one conv per part), below that column views of
+    one output (see SPLIT_MIN_TOKENS).
     """
     T, C = x.shape
     N, W1 = conv_state.shape[0], weight.shape[1] - 1
@@ -47,8 +54,9 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
         y, final = causal_conv1d_update(x, init, weight=weight, activation="silu")
         return (y if split is None else torch.split(y, split, dim=-1)), final[:, :, 1:].to(conv_state.dtype), none
     cu, cu_host = cu_tensors(cu_seqlens, x.device)
+    by_part = split is not None and T >= SPLIT_MIN_TOKENS
     bounds = [0]
-    for c in split or [C]:
+    for c in split if by_part else [C]:
         bounds.append(bounds[-1] + c)
     ys, finals = [], []
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -59,7 +67,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
         finals.append(final)
     final = finals[0] if len(finals) == 1 else torch.cat(finals, dim=1)
     new_state = final[:, :, 1:].to(conv_state.dtype)
-    y = ys[0] if split is None else tuple(ys)
+    y = ys[0] if split is None else tuple(ys) if by_part else torch.split(ys[0], split, dim=-1)
     if not rows:
         return y, new_state, none
     return y, new_state, _windows(x, conv_state, cu_seqlens, rows, [p for c in cuts for p in c])
