@@ -5,11 +5,14 @@ one 130 of 388 ms in 12 gated-attention layers (model_prefill.py, the speed issu
 more than the layers' FLOPs need at the bf16 peak. This times one layer's attention alone, same inputs, per
 kernel, in the same run:
   flash       SDPA's flash kernel (values padded to the key dim where they differ; GQA heads as they are)
-  ours        attention.py's _attend as the layers call it (SDPA; MLA's values padded to the key dim)
+  ours        attention.py's _attend as the layers call it (from CUDNN_MIN_TOKENS tokens at position 0 in
+              bf16: cuDNN on 1024-token length buckets; below: SDPA flash; MLA's values padded to the key dim)
   efficient   SDPA's memory-efficient kernel (values as they are; GQA's key/value heads repeated)
   cudnn       SDPA's cuDNN kernel, timed after its first call (that call builds an execution graph per
-              shape: its seconds are reported apart, because the layers keep cuDNN off for that reason)
+              shape: its seconds are reported apart; the layers build theirs when the model loads)
   fla         fla's parallel_attn Triton kernel (GQA and a value dim of its own, natively)
+The first GPU run of this benchmark (attention_prefill_h200.json) predates cuDNN in _attend: its "ours" arm
+is flash there.
 Each arm's output is compared with the flash arm's (max abs difference), so a fast wrong arm shows.
 Reported: median ms of --reps CUDA-event timings and TFLOP/s for the causal FLOPs T^2/2 x H x 2 x (d_qk + d_v).
 

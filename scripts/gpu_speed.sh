@@ -43,8 +43,10 @@ run_parts() {   # run_parts PARTS GPU
       tests/model/test_decode_graphs.py tests/engine/test_decode_graphs_engine.py \
       "tests/model/test_fla_gpu.py::test_model_fla_matches_torch_backend" \
       "tests/model/test_fla_gpu.py::test_boundary_states_match_reference" > /tmp/parity.log 2>&1
-    echo "parity: $(grep -c PASSED /tmp/parity.log) passed, $(grep -c FAILED /tmp/parity.log) failed"
-    grep -E "FAILED|ERROR|^/.*Error|assert" /tmp/parity.log | tail -30
+    # the -v lines ("tests/...::name PASSED [ 5%]"), not the end summary (which a cut run never prints)
+    echo "parity: $(grep -cE '^tests/.* PASSED' /tmp/parity.log) passed," \
+      "$(grep -cE '^tests/.* (FAILED|ERROR)' /tmp/parity.log) failed or errored"
+    grep -E "^tests/.* (FAILED|ERROR)|^/.*Error|assert" /tmp/parity.log | tail -30
   fi
   [[ $parts == *attn* ]] && timeout 120 python3 benchmarks/attention_prefill.py --out "$OUT/attention_prefill.json" $C
   if [[ $parts == *prefill* ]]; then

@@ -142,3 +142,34 @@ def test_key_splits_combine_to_the_reference(splits):
     ref = paged_decode_attention_ref(q, k_pool, v_pool, tables, seq_lens, 0.2)
     assert not got.isnan().any()
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_attention_takes_batches_up_to_the_token_limit(tmp_path):
+    # with the paged path on, a batch whose longest sequence brings PAGED_MAX_TOKENS tokens gets per-token
+    # tables (one row per new token, lengths position + 1); one token more and it takes the SDPA path
+    from hybrid_tiny import decode_case
+    from trtllm_dasc.model.direct import DirectRunner
+    from trtllm_dasc.model.model import PAGED_MAX_TOKENS
+    model, _, _ = decode_case(tmp_path, "kda", 8, (3,), 1, "cpu")
+    model.paged_attention = True
+    r = DirectRunner(model, rows=2, max_tokens=2 * PAGED_MAX_TOKENS + 8, block_size=4)
+    for n, paged in ((PAGED_MAX_TOKENS, True), (PAGED_MAX_TOKENS + 1, False)):
+        batch = [r.seq([1] * n, 0), r.seq([2] * 3, 1)]
+        _, _, kv_index, _, tables = model._prepare(batch, r.state, r.kv, "last")
+        assert (tables is not None) == paged and (kv_index is None) == paged
+        if paged:
+            assert tables[0].shape[0] == n + 3
+            assert tables[1].tolist() == list(range(1, n + 1)) + [1, 2, 3]
+    model.paged_attention = None
+
+
+def test_token_tables_refuse_a_table_too_short_for_the_new_tokens():
+    from trtllm_dasc.model.kv_cache import KVCacheConfig, PagedKVCache
+    kv = PagedKVCache(KVCacheConfig(1, [(1, 8)], 6, 4, torch.float32, "cpu"))
+    tables, lens, rows = kv.token_tables([[3, 1], [5]], [2, 0], [6, 4])
+    assert lens.tolist() == [3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
+    assert rows.tolist() == [14, 15, 4, 5, 6, 7, 20, 21, 22, 23]
+    with pytest.raises(ValueError, match="cannot hold"):
+        kv.token_tables([[3, 1], [5]], [2, 0], [7, 4])         # 9 tokens need 3 blocks of 4
+    with pytest.raises(ValueError, match="outside"):
+        kv.token_tables([[3, 9]], [2], [3])

@@ -145,3 +145,32 @@ def test_kda_decode_in_place_updates_only_its_rows():
         assert err < 1e-2
     others = [i for i in range(R) if i not in rows.tolist()]
     assert torch.equal(states[others], before[others])
+
+
+@pytest.mark.gpu
+@needs_fla
+@pytest.mark.parametrize("offset", [False, True], ids=["kimi", "qwen3_next"])
+@pytest.mark.parametrize("with_delta", [True, False], ids=["add", "norm-only"])
+def test_add_rms_norm_matches_reference(offset, with_delta):
+    # the residual add and the next norm in one kernel == torch's add then ops.rms_norm (qwen3_next's
+    # 1 + w folded into the fp32 weight as model.fused_norm_weights makes it)
+    from trtllm_dasc.model.fused_ops import add_rms_norm
+    from trtllm_dasc.model.ops import rms_norm
+    g = torch.Generator().manual_seed(5)
+    x, delta = (torch.randn(37, 2304, generator=g).cuda().bfloat16() for _ in range(2))
+    w = (0.1 * torch.randn(2304, generator=g)).cuda().bfloat16()
+    h, s = add_rms_norm(x, delta if with_delta else None, 1.0 + w.float() if offset else w, 1e-6)
+    ref_s = x + delta if with_delta else x
+    torch.testing.assert_close(s.float(), ref_s.float(), rtol=8e-3, atol=0)       # the bf16 sum, to an ulp
+    torch.testing.assert_close(h.float(), rms_norm(ref_s, w, 1e-6, offset).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@needs_fla
+def test_swiglu_of_column_slices_matches_reference():
+    # as DenseMLP calls it: the gate and up halves of one GEMM output, column slices
+    from trtllm_dasc.model.fused_ops import swiglu
+    gu = torch.randn(29, 2 * 300, generator=torch.Generator().manual_seed(6)).cuda().bfloat16()
+    g, u = gu[:, :300], gu[:, 300:]
+    ref = torch.nn.functional.silu(g.float()) * u.float()
+    torch.testing.assert_close(swiglu(g, u).float(), ref, rtol=2e-2, atol=2e-2)

@@ -56,6 +56,10 @@ class ModelRunner:
                                              dtype=cfg.dtype, device=cfg.device, backend=cfg.backend,
                                              tp_rank=tp_rank, tp_size=cfg.tp_size,
                                              bundle_order=self.plan.bundle_order)
+        # cuDNN's long-prefill attention graphs for the lengths a step can reach (model/attention.py), on
+        # every rank (a TP worker runs its own runner) before the engine can report ready; nothing on a CPU
+        # or when no step reaches CUDNN_MIN_TOKENS
+        self.model.warm_long_prefill(min(cfg.prefill_chunk, cfg.max_context, cfg.max_num_tokens or cfg.max_context))
         self.model.all_reduce = all_reduce
         dense = self.plan.config.dense_checkpoint_bytes_per_rank(cfg.tp_size)
         self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes

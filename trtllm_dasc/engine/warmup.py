@@ -63,11 +63,6 @@ def warmup(engine) -> dict:
                      for i, p in enumerate(prompts)]
             engine.generate(batch)
             requests += len(batch)
-    # the long-prefill attention lengths a step of this configuration can reach (cuDNN builds a graph per
-    # bucketed length: model/attention.py)
-    model = getattr(engine.runner, "model", None)
-    if model is not None:
-        model.warm_long_prefill(min(cfg.prefill_chunk, cfg.max_context, cfg.max_num_tokens or cfg.max_context))
     # the decode buckets the traffic above did not reach: their CUDA graphs, before the first user's step
     capture = getattr(engine.runner, "capture_graphs", None)
     if capture is not None:

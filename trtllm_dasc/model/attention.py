@@ -33,7 +33,7 @@ class AttnBatch:
     # a batch on the paged kernel (decode_attention.py: decode steps, short chunks), per new token: (its
     # sequence's block table [T, max blocks] int32, its length = position + 1 [T] int32, its flat KV row
     # [T]) as kv.token_tables makes them; kv_index is then None
-    decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    paged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 # cuDNN's SDPA (torch prefers it on Hopper) builds an execution graph for every new (T, S) shape: on the
@@ -49,25 +49,29 @@ def keep_cudnn_out_of_sdpa(device) -> None:
 
 # A long prefill from position 0 takes cuDNN's attention after all: on the H200 at 16k tokens it ran MLA's
 # and the GQA layer's causal attention in 5.1 / 3.2 ms against flash's 10.8 / 7.1
-# (benchmarks/results/attention_prefill.json). Its per-shape graph build (60-80 ms there) is kept out of
+# (benchmarks/results/attention_prefill_h200.json). Its per-shape graph build (60-80 ms there) is kept out of
 # users' requests by padding the length up to a multiple of CUDNN_BUCKET, so the lengths it sees are few,
-# and by building them all in the engine's warm-up (warm_long_prefill). Exact: a causal query never sees
-# the padded keys after it. Shorter prefills, prefix hits and fp32 (cuDNN has no fp32 kernel) stay on flash /
-# memory-efficient attention.
+# and by building them all when the engine's runner loads the model (warm_long_prefill). Exact: a causal
+# query never sees the padded keys after it. Shorter prefills, prefix hits and fp32 (cuDNN has no fp32
+# kernel) stay on flash / memory-efficient attention.
 CUDNN_MIN_TOKENS = 4096
 CUDNN_BUCKET = 1024
 
 
-def _cudnn_causal(qt: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, gqa: bool) -> torch.Tensor:
-    """Causal SDPA of [1, H, T, E] tensors on cuDNN (flash if cuDNN refuses the shapes), T padded up."""
+def _cudnn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA of q [T, H, E], k / v [T, Hk, E] on cuDNN (flash if cuDNN refuses the shapes), T padded up
+    to the bucket. The padding goes on the token dim before the [1, H, T, E] views are taken, so a padded call
+    has the layout (strides) of an unpadded one of the bucket's length: cuDNN's graph cache keys on strides
+    too, and warm_long_prefill builds the unpadded ones."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    T = qt.shape[2]
+    T = q.shape[0]
     pad = -T % CUDNN_BUCKET
     if pad:
-        qt, kt, vt = (F.pad(t, (0, 0, 0, pad)) for t in (qt, kt, vt))
+        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+    qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
-        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
-    return out[:, :, :T]
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0, :, :T].transpose(0, 1)
 
 
 def warm_long_prefill(shapes: set[tuple[int, int, int, int]], max_tokens: int, device, dtype) -> int:
@@ -90,11 +94,11 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> to
     if Ev != q.shape[-1]:
         # fused SDPA kernels want one head dim: pad v, slice the output
         v = F.pad(v, (0, q.shape[-1] - Ev)) if Ev < q.shape[-1] else v
+    if start == 0 and T >= CUDNN_MIN_TOKENS and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        return _cudnn_causal(q, k, v)[..., :Ev]
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     gqa = q.shape[1] != k.shape[1]
-    if start == 0 and T >= CUDNN_MIN_TOKENS and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        out = _cudnn_causal(qt, kt, vt, gqa)
-    elif start == 0:
+    if start == 0:
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
     elif T == 1:
         # a decode step sees every key: no mask, and flash takes the GQA heads as they are
@@ -167,9 +171,9 @@ class GatedAttention:
         v = linear(x, w["v_proj"], w.get("v_proj.bias")).view(T, Hk, hd)
         cos, sin = rope_cos_sin(batch.positions, s.rotary_dim, s.rope_theta, x.dtype)
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
-        if batch.decode is not None:
+        if batch.paged is not None:
             from trtllm_dasc.model.decode_attention import paged_decode_attention   # triton: GPU decode only
-            tables, lens, new_rows = batch.decode
+            tables, lens, new_rows = batch.paged
             kv.write(layer, new_rows, [k, v])
             k_pool, v_pool = kv.pools[layer]
             out = paged_decode_attention(q.contiguous(), k_pool, v_pool, tables, lens, hd ** -0.5)
@@ -244,7 +248,7 @@ class MLAttention:
         q = q.view(T, H, nope + rope)
         ckv = linear(x, w["kv_a_proj_with_mqa"], w.get("kv_a_proj_with_mqa.bias"))
         latent = torch.cat([rms_norm(ckv[:, :lora], w["kv_a_layernorm"], 1e-6, False), ckv[:, lora:]], dim=-1)
-        if batch.decode is not None:
+        if batch.paged is not None:
             return linear(self._decode(q, latent, batch, kv, layer).reshape(T, H * vd), w["o_proj"],
                           w.get("o_proj.bias"))
         out = torch.empty(T, H, vd, dtype=x.dtype, device=x.device)
@@ -266,7 +270,7 @@ class MLAttention:
         from trtllm_dasc.model.decode_attention import paged_decode_attention   # triton: GPU decode only
         s, H = self.spec, self.H
         nope, rope, lora, vd = s.qk_nope_head_dim, s.qk_rope_head_dim, s.kv_lora_rank, s.v_head_dim
-        tables, lens, new_rows = batch.decode
+        tables, lens, new_rows = batch.paged
         kv.write(layer, new_rows, [latent[:, None]])
         (pool,) = kv.pools[layer]
         kv_b = self.w["kv_b_proj"].view(H, nope + vd, lora)

@@ -26,8 +26,10 @@ except Exception:  # noqa: BLE001 - recurrence/fla.py reports why fla is unavail
 # From this many tokens the prefill's conv runs once per part of `split` (q, k, v), each into its own
 # contiguous output: column slices of one output reach the chunk kernels as strided q / k / v, which they
 # copy. On the H200 at 16k tokens that took the KDA mixer from 5.04 to 4.62 ms per layer (fla's own layer,
-# whose convs are separate: 5.2), but at 4k, where a forward is bound by the host's launches, the two more
-# conv calls per layer (each with fla's Python dispatch) made it slower (benchmarks/results/README.md).
+# whose convs are separate: 5.2). At 4k a forward is bound by the host's launches and each conv call adds
+# fla's Python dispatch and a final-state kernel: the split run measured 2.20 ms per KDA layer at 4k against
+# 1.41 unsplit, though on another host (benchmarks/results/README.md), so the threshold is a judgement that
+# wants a same-host comparison.
 SPLIT_MIN_TOKENS = 8192
 
 

@@ -12,6 +12,7 @@ distributed runtime). Embedding, norms, router and LM head are replicated.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -154,7 +155,7 @@ class HybridModel:
 
     def warm_long_prefill(self, max_tokens: int) -> int:
         """On a GPU: build cuDNN's attention graphs for the long-prefill lengths up to max_tokens that
-        attention.py's _attend buckets (the engine's warm-up calls this before ready). Returns the calls."""
+        attention.py's _attend buckets (the engine's runner calls this when it loads). Returns the calls."""
         if self.device.type != "cuda":
             return 0
         from trtllm_dasc.model.attention import warm_long_prefill
@@ -224,14 +225,14 @@ class HybridModel:
         if refresh is not None and refresh.num_replay and merge is None:
             raise RuntimeError("a refresh needs the merge callable")
         timer = timer or (lambda kind: contextlib.nullcontext())
-        ids, cuts, kv_index, modes, decode = self._prepare(batch, state, kv, logits)
+        ids, cuts, kv_index, modes, paged = self._prepare(batch, state, kv, logits)
         starts = [s.start for s in batch]
         cu = [0]
         for t in ids:
             cu.append(cu[-1] + t.numel())
         dev = self.device
         positions = torch.cat([torch.arange(s, s + t.numel()) for s, t in zip(starts, ids)]).to(dev)
-        attn_batch = AttnBatch(cu, starts, kv_index, positions, decode)
+        attn_batch = AttnBatch(cu, starts, kv_index, positions, paged)
         rows = torch.tensor([s.row for s in batch], dtype=torch.long, device=dev)
         x, hbs, convs = self._layers(self.w["embed"][torch.cat(ids).to(dev)], cu, rows, state, kv, attn_batch,
                                      cuts, refresh, merge, timer)
@@ -261,32 +262,32 @@ class HybridModel:
         kernel backend on a GPU, like the mixers' own fusion; asked each forward (benchmarks swap backends)."""
         return self.device.type == "cuda" and getattr(self.backend, "fused_mixer", False)
 
-    def _add_norm(self, x, delta, w, fused: bool):
-        """(RMSNorm(x + delta), x + delta); delta None: (RMSNorm(x), x)."""
+    def _add_norm(self, x, delta, w, fused_w):
+        """(RMSNorm(x + delta), x + delta); delta None: (RMSNorm(x), x). fused_w: the fused kernel's
+        weight for this norm (fused_norm_weights), None for the torch reference."""
         eps = self.spec.rms_norm_eps
-        if fused:
+        if fused_w is not None:
             from trtllm_dasc.model.fused_ops import add_rms_norm
-            return add_rms_norm(x, delta, self._fused_norm_weight(w), eps)
+            return add_rms_norm(x, delta, fused_w, eps)
         x = x if delta is None else x + delta
         return rms_norm(x, w, eps, self.offset_norm), x
 
-    def _fused_norm_weight(self, w: torch.Tensor) -> torch.Tensor:
-        """The weight the fused kernel multiplies with: qwen3_next's (1 + w) computed once, in fp32 as the
-        reference does; kimi's w as it is. Cached per norm weight (they live as long as the model)."""
-        if not self.offset_norm:
-            return w
-        cache = self.__dict__.setdefault("_norm_weights", {})
-        if id(w) not in cache:
-            cache[id(w)] = (w, 1.0 + w.float())         # w kept: its id stays this tensor's
-        return cache[id(w)][1]
+    @functools.cached_property
+    def fused_norm_weights(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the (input, post-attention) norm weights the fused kernel multiplies with: qwen3_next's
+        1 + w in fp32 as its reference computes it (made once), kimi's w as it is."""
+        def eff(w):
+            return 1.0 + w.float() if self.offset_norm else w
+        return [(eff(in_norm), eff(post_norm)) for _, _, in_norm, post_norm in self.layers]
 
     def _layers(self, x, cu, rows, state, kv, attn_batch, cuts, refresh, merge, timer):
         """Every layer over the batch's hidden states x [T, D]: (x after the last layer, the captured
         temporal and conv states per linear layer). Updates the state rows and writes the new tokens' KV.
         Each residual add is taken together with the norm after it (one kernel when fused)."""
         lin, att, hbs, convs, fused, pending = 0, 0, [], [], self._fused(), None
-        for mixer, mlp, in_norm, post_norm in self.layers:
-            h, x = self._add_norm(x, pending, in_norm, fused)
+        norms = self.fused_norm_weights if fused else [(None, None)] * len(self.layers)
+        for (mixer, mlp, in_norm, post_norm), (in_fused, post_fused) in zip(self.layers, norms):
+            h, x = self._add_norm(x, pending, in_norm, in_fused)
             if mixer.kind in ("gdn", "kda"):
                 with timer("linear_attn"):
                     res = self._linear(mixer, lin, h, cu, rows, state, cuts, refresh, merge)
@@ -300,7 +301,7 @@ class HybridModel:
                     out = self.all_reduce(out) if mixer.partial else out
                 att += 1
             with timer("mlp"):
-                h, x = self._add_norm(x, out, post_norm, fused)
+                h, x = self._add_norm(x, out, post_norm, post_fused)
                 y = mlp.forward(h, fused)
                 pending = self.all_reduce(y) if mlp.partial else y
         return x + pending, hbs, convs

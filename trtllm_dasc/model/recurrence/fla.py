@@ -108,7 +108,9 @@ def kda(q, k, v, g, beta, initial_state, cu_seqlens, scale=None, **gate):
 def kda_decode_in_place(q, k, v, g, beta, states, rows, scale=None, **gate):
     """A KDA decode step of N one-token sequences that reads and writes their recurrent states where they
     live. q, k, v, g [1, N, H, K], beta [1, N, H]; states [R, H, K, V] fp32, every row of the layer (a
-    contiguous view); rows [N] int64 on the device, sequence i's row. Returns o [1, N, H, V].
+    contiguous view); rows [N] int64 on the device, sequence i's row, distinct (model.forward refuses a
+    repeated row; only a CUDA graph's padding repeats its one reserved row, whose contents nobody reads).
+    Returns o [1, N, H, V].
     fla's continuous-batching mode (ssm_state_indices, the final state stored over the initial one), which
     its public wrapper does not expose: no gather of the N states before the kernel and no scatter after,
     which at batch 64 moved twice the state bytes the kernel itself reads and writes. GDN's recurrent
