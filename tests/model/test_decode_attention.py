@@ -76,61 +76,52 @@ def test_bf16_inputs_keep_fp32_sums():
     torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("arch", ["gdn", "kda"])
-def test_model_decode_steps_match_the_eager_path(tmp_path, arch):
-    # three sequences of different lengths prefilled eagerly, then batched decode steps: the kernel path
-    # (Triton's interpreter here) against the per-sequence SDPA path, logits and KV alike. The MLA latent
-    # is wider than the nope part, so a softmax scale taken from the wrong width shows
-    from hybrid_tiny import decode_case
+def _paged_against_sdpa(model, prompts, rows: int, max_tokens: int, step):
+    """Prefill `prompts` (rows 0, 1, ...) on the SDPA path, then run step(runner) -> logits from there once
+    on the per-sequence SDPA path and once through the paged kernel: logits and layer 0's KV must agree.
+    The prompts take the SDPA path in both arms: on a GPU fla's chunk kernels take fp32 matmuls as tf32,
+    so rounding-level attention differences in a prefill would come back larger."""
     from trtllm_dasc.model.direct import DirectRunner
-    model, prompts, steps = decode_case(tmp_path, arch, 5, (5, 17, 33), 3, DEV,
-                                        **({"kv_lora_rank": 24} if arch == "kda" else {}))
-    results = []
-    for batched in (False, True):
-        # the prompts on the SDPA path in both arms: what differs is the decode steps (on a GPU, fla's
-        # chunk kernels take fp32 matmuls as tf32, so rounding-level attention differences in a prefill
-        # would come back larger; test_short_chunks_after_a_prefix covers the paged prefill)
-        model.paged_attention = False
-        r = DirectRunner(model, rows=3, max_tokens=64, block_size=4)
-        for row, p in enumerate(prompts):
-            r.run(p, row=row, logits="none")
-        model.paged_attention = batched
-        logits = [r.forward([r.seq(steps[i, row:row + 1], row) for row in range(3)], "last").logits
-                  for i in range(3)]
-        results.append((torch.cat(logits), [t.clone() for t in r.kv.pools[0]]))
-    model.paged_attention = None
-    (eager, eager_kv), (batched, batched_kv) = results
-    torch.testing.assert_close(batched, eager, rtol=1e-4, atol=1e-4)
-    for a, b in zip(batched_kv, eager_kv):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("arch", ["gdn", "kda"])
-def test_short_chunks_after_a_prefix_match_the_eager_path(tmp_path, arch):
-    # what a step of checkpoint hits and wr replays runs: several sequences, each a few new tokens after a
-    # cached prefix (different lengths, one crossing a block edge) or none, all through the paged kernel with one
-    # query row per token (causal: a row sees keys up to its own position), against the per-sequence SDPA
-    # path with its lower-right causal mask; logits of every token and the KV written
-    from hybrid_tiny import decode_case
-    from trtllm_dasc.model.direct import DirectRunner
-    model, prompts, _ = decode_case(tmp_path, arch, 7, (6, 11, 19), 1, DEV,
-                                    **({"kv_lora_rank": 24} if arch == "kda" else {}))
-    # three continue a prefix, the fourth (row 3) starts fresh: a new prompt in the same step
-    chunks = [p[:n] for p, n in zip(prompts, (2, 5, 3))] + [prompts[2][3:12]]
     results = []
     for paged in (False, True):
         model.paged_attention = False
-        r = DirectRunner(model, rows=4, max_tokens=32, block_size=4)
+        r = DirectRunner(model, rows=rows, max_tokens=max_tokens, block_size=4)
         for row, p in enumerate(prompts):
             r.run(p, row=row, logits="none")
         model.paged_attention = paged
-        out = r.forward([r.seq(c, row) for row, c in enumerate(chunks)], "all")
-        results.append((out.logits, [t.clone() for t in r.kv.pools[0]]))
+        results.append((step(r), [t.clone() for t in r.kv.pools[0]]))
     model.paged_attention = None
     (eager, eager_kv), (paged, paged_kv) = results
     torch.testing.assert_close(paged, eager, rtol=1e-4, atol=1e-4)
     for a, b in zip(paged_kv, eager_kv):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_model_decode_steps_match_the_eager_path(tmp_path, arch):
+    # three sequences of different lengths prefilled, then decode steps: the kernel path (Triton's
+    # interpreter here) against the per-sequence SDPA path, logits and KV alike. The MLA latent is wider
+    # than the nope part, so a softmax scale taken from the wrong width shows
+    from hybrid_tiny import decode_case
+    model, prompts, steps = decode_case(tmp_path, arch, 5, (5, 17, 33), 3, DEV,
+                                        **({"kv_lora_rank": 24} if arch == "kda" else {}))
+    _paged_against_sdpa(model, prompts, 3, 64, lambda r: torch.cat(
+        [r.forward([r.seq(steps[i, row:row + 1], row) for row in range(3)], "last").logits for i in range(3)]))
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_short_chunks_after_a_prefix_match_the_eager_path(tmp_path, arch):
+    # what a step of checkpoint hits and wr replays runs: several sequences, each a few new tokens after a
+    # cached prefix (different lengths, one crossing a block edge) or none, all through the paged kernel
+    # with one query row per token (causal: a row sees keys up to its own position), against the
+    # per-sequence SDPA path with its lower-right causal mask; logits of every token and the KV written
+    from hybrid_tiny import decode_case
+    model, prompts, _ = decode_case(tmp_path, arch, 7, (6, 11, 19), 1, DEV,
+                                    **({"kv_lora_rank": 24} if arch == "kda" else {}))
+    # three continue a prefix, the fourth (row 3) starts fresh: a new prompt in the same step
+    chunks = [p[:n] for p, n in zip(prompts, (2, 5, 3))] + [prompts[2][3:12]]
+    _paged_against_sdpa(model, prompts, 4, 32,
+                        lambda r: r.forward([r.seq(c, row) for row, c in enumerate(chunks)], "all").logits)
 
 
 @pytest.mark.parametrize("splits", [2, 7])
