@@ -19,7 +19,7 @@ def kernel_trace(device: str):
         yield prof
 
 
-def summarize(prof, steps: int, device: str, top: int = 15) -> dict:
+def summarize(prof, steps: int, device: str, top: int = 40) -> dict:
     """Per step: device events, their summed time (busy) and the span from the first start to the last end;
     the ``top`` names by summed time with their count per step. Times in microseconds."""
     from torch.autograd import DeviceType
@@ -37,8 +37,9 @@ def summarize(prof, steps: int, device: str, top: int = 15) -> dict:
                     for n, v in ranked]}
 
 
-def print_summary(label: str, s: dict) -> None:
+def print_summary(label: str, s: dict, lines: int = 15) -> None:
+    """The summary's head on stdout (the JSON keeps all of ``top``)."""
     print(f"  profile {label}: {s['events_per_step']:.0f} device events per step, busy {s['busy_us_per_step']:.0f} us, "
           f"span {s['span_us_per_step']:.0f} us")
-    for t in s["top"]:
+    for t in s["top"][:lines]:
         print(f"    {t['us_per_step']:>9.1f} us  x{t['count_per_step']:>5.1f}  {t['name'][:90]}")
