@@ -81,16 +81,17 @@ class PagedKVCache:
         width = max(need)
         tables = torch.tensor([[int(b) for b in t[:n]] + [0] * (width - n) for t, n in zip(block_tables, need)],
                               dtype=torch.int32)
-        dev = self.cfg.device
-        if all(c == 1 for c in counts):
-            pos = torch.tensor(starts, dtype=torch.long)
-            write = tables.long()[torch.arange(len(starts)), pos // bs] * bs + pos % bs
-            return tables.to(dev), (pos + 1).to(torch.int32).to(dev), write.to(dev)
-        seq = torch.repeat_interleave(torch.arange(len(starts)), torch.tensor(counts))
-        pos = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)])
+        n = torch.tensor(counts)
+        seq = torch.repeat_interleave(torch.arange(len(starts)), n)              # each token's sequence
+        first = torch.cumsum(n, 0) - n                                           # its sequence's first token
+        pos = torch.tensor(starts)[seq] + torch.arange(len(seq)) - first[seq]    # its absolute position
         write = tables.long()[seq, pos // bs] * bs + pos % bs
-        # each token's row of the table, gathered on the device (one [B, width] copy, not [tokens, width])
-        return (tables.to(dev).index_select(0, seq.to(dev)), (pos + 1).to(torch.int32).to(dev), write.to(dev))
+        dev = self.cfg.device
+        per_token = tables.to(dev)
+        if len(seq) != len(starts):
+            # each token's row of the table, gathered on the device (one [B, width] copy, not [tokens, width])
+            per_token = per_token.index_select(0, seq.to(dev))
+        return per_token, (pos + 1).to(torch.int32).to(dev), write.to(dev)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Block dst <- block src in every layer and component (copy-on-write of a reused partial block)."""

@@ -28,6 +28,15 @@ class MixerOut:
     conv_b: torch.Tensor    # [n_cuts, C, W-1] captured conv states
 
 
+def _conv_parts(x, weight, conv0, cu_seqlens, cuts, parts: list[int], fused: bool):
+    """The short conv (fused: fla's, which gives a long prefill's parts as separate contiguous outputs;
+    else the torch reference) with its output cut into `parts` channels: (outputs, state, captures)."""
+    if fused:
+        return short_conv(x, weight, conv0, cu_seqlens, cuts, split=parts)
+    y, conv, conv_b = causal_conv(x, weight, conv0, cu_seqlens, cuts)
+    return torch.split(y, parts, dim=-1), conv, conv_b
+
+
 class GDNLayer:
     """Gated DeltaNet with short conv, per-head scalar decay, grouped value heads, gated RMSNorm."""
 
@@ -65,12 +74,8 @@ class GDNLayer:
         fused = getattr(backend, "fused_mixer", False)
         norm_fn = gated_norm if fused else gated_rms_norm
         qkv, z, b, a = torch.split(linear(x, self.w["in_proj"]), [2 * H * K + HV * V, HV * V, HV, HV], dim=-1)
-        parts = [H * K, H * K, HV * V]
-        if fused:       # q, k, v as separate contiguous outputs (fused_ops.short_conv)
-            (q, k, v), conv, conv_b = short_conv(qkv, self.w["conv"], conv0, cu_seqlens, cuts, split=parts)
-        else:
-            y, conv, conv_b = causal_conv(qkv, self.w["conv"], conv0, cu_seqlens, cuts)
-            q, k, v = torch.split(y, parts, dim=-1)
+        (q, k, v), conv, conv_b = _conv_parts(qkv, self.w["conv"], conv0, cu_seqlens, cuts,
+                                              [H * K, H * K, HV * V], fused)
         if fused:       # fla's kernel computes the decay from a and beta from b (recurrence/fla.py)
             g, beta, gate = a, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True}
         else:
@@ -120,11 +125,7 @@ class KDALayer:
         fused = getattr(backend, "fused_mixer", False)
         norm_fn = gated_norm if fused else gated_rms_norm
         mixed, f_a, g_a, b = torch.split(linear(x, self.w["in_proj"]), [3 * H * K, K, K, H], dim=-1)
-        if fused:       # q, k, v as separate contiguous outputs (fused_ops.short_conv)
-            qkv, conv, conv_b = short_conv(mixed, self.w["conv"], conv0, cu_seqlens, cuts, split=[H * K] * 3)
-        else:
-            y, conv, conv_b = causal_conv(mixed, self.w["conv"], conv0, cu_seqlens, cuts)
-            qkv = torch.split(y, H * K, dim=-1)
+        qkv, conv, conv_b = _conv_parts(mixed, self.w["conv"], conv0, cu_seqlens, cuts, [H * K] * 3, fused)
         q, k, v = (t.reshape(1, T, H, K) for t in qkv)
         raw_gate = linear(f_a, self.w["f_b"]).view(T, H, K)
         if fused:       # fla's kernel computes the decay from the raw gate and beta from b (recurrence/fla.py)

@@ -109,7 +109,7 @@ class HybridModel:
             return False
         if self.paged_attention is not None:
             return self.paged_attention
-        return self.device.type == "cuda" and getattr(self.backend, "fused_mixer", False)
+        return self._fused()
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
