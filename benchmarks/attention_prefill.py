@@ -10,6 +10,8 @@ kernel, in the same run:
   efficient   SDPA's memory-efficient kernel (values as they are; GQA's key/value heads repeated)
   cudnn       SDPA's cuDNN kernel, timed after its first call (that call builds an execution graph per
               shape: its seconds are reported apart; the layers build theirs when the model loads)
+  cudnn_dv    the same with the values at their own dim (no padding: MLA's 128 against 192); an error where
+              the build refuses it, recorded like any arm's
   fla         fla's parallel_attn Triton kernel (GQA and a value dim of its own, natively)
 The first GPU run of this benchmark (attention_prefill_h200.json) predates cuDNN in _attend: its "ours" arm
 is flash there.
@@ -46,6 +48,7 @@ def sdpa(q, k, v, backend):
     gqa = q.shape[1] != k.shape[1]
     if backend in ("flash", "cudnn") and Ev != E:
         v = F.pad(v, (0, E - Ev))
+    backend = "cudnn" if backend == "cudnn_dv" else backend
     if backend == "efficient" and gqa:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -97,7 +100,8 @@ def main(argv=None) -> int:
     # flash first: the reference of every other arm's output
     arms = {"flash": lambda q, k, v: sdpa(q, k, v, "flash"), "ours": ours,
             "efficient": lambda q, k, v: sdpa(q, k, v, "efficient"),
-            "cudnn": lambda q, k, v: sdpa(q, k, v, "cudnn"), "fla": fla_attn}
+            "cudnn": lambda q, k, v: sdpa(q, k, v, "cudnn"), "cudnn_dv": lambda q, k, v: sdpa(q, k, v, "cudnn_dv"),
+            "fla": fla_attn}
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name, H, Hk, E, Ev in SHAPES:
@@ -111,7 +115,7 @@ def main(argv=None) -> int:
             ref = None
             for arm, fn in arms.items():
                 try:
-                    torch.backends.cuda.enable_cudnn_sdp(arm == "cudnn")
+                    torch.backends.cuda.enable_cudnn_sdp(arm.startswith("cudnn"))
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     out = fn(q, k, v)

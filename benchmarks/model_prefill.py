@@ -18,11 +18,12 @@ length first (fla's Triton autotuning stays out of the timed runs). With --compa
 flash-linear-attention package: fla.layers), fla's KimiDeltaAttention / GatedDeltaNet of the same shapes
 is timed on the same tokens, so our mixer per layer stands next to fla's own layer in the same run; with
 --compare-unfused the same model also runs with the mixers' conv, gate and norm in torch (backend
-fla-unfused, the mixers before fusion), so the fusion's gain is measured in the same run too.
+fla-unfused, the mixers before fusion), so the fusion's gain is measured in the same run too. --profile adds
+one profiled forward per length (kernel_profile.py): which kernels a prefill spends its time in.
 Writes a table to stdout and JSON to benchmarks/results/model_prefill_<arch>.json (and to $OUT).
 
     python benchmarks/model_prefill.py [--arch kda|gdn] [--tokens 4096 16384] [--reps 3] [--compare-fla]
-                                       [--compare-unfused] [--smoke]
+                                       [--compare-unfused] [--profile] [--smoke]
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from kernel_profile import kernel_trace, print_summary, summarize  # noqa: E402
 from results_io import provenance, write_result  # noqa: E402
 from shaped_model import Recorder, shaped_config  # noqa: E402
 
@@ -189,6 +191,9 @@ def main(argv=None) -> int:
     p.add_argument("--compare-unfused", action="store_true",
                    help="also time the same model with --backend fla-unfused (fla's recurrence kernels under the "
                         "torch conv, gate and norm: the mixers before fusion), in the same run")
+    p.add_argument("--profile", action="store_true",
+                   help="also one forward per length under torch.profiler (kernel_profile.py): kernels, device-busy "
+                        "time and the costliest kernels, in the row's \"profile\"")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device exists (CI check)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/model_prefill_<arch>.json)")
     p.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
@@ -277,6 +282,12 @@ def main(argv=None) -> int:
         if unfused is not None:
             row["unfused"] = time_arm(model, unfused, ids, cuda, args.reps, cfg.num_linear_layers)
             row["speedup_over_unfused"] = round(row["unfused"]["total_ms"] / row["total_ms"], 3)
+        if args.profile:
+            # after the timed reps (the profiler slows the forward it watches): what one forward spends
+            with kernel_trace(device) as prof:
+                run_once(model, ids, cuda, timed=False)
+            row["profile"] = summarize(prof, 1, device)
+            print_summary(f"T={T}", row["profile"], lines=25)
         rows.append(row)
         save(rows, complete=False)
         print(f"T={T}: {row['tokens_per_s']:.0f} tok/s (warm-up {warmup_s:.0f} s)"

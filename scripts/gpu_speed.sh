@@ -11,7 +11,8 @@
 #                    bound; graphs / no graphs / per-sequence attention), kernel profiles of PROFILE batches
 #           wr       benchmarks/wr_hit_cost.py (dasc-wr minus dasc-nr per hit in a batched replay, W=16)
 # On one GPU (nvidia-h200) the two halves run one after the other, never side by side (they time the GPU).
-# PARTS0 / PARTS1 move parts between the GPUs (see below); STORE_ARGS go to state_bandwidth.py (--sweep).
+# PARTS0 / PARTS1 move parts between the GPUs (see below); STORE_ARGS go to state_bandwidth.py (--sweep),
+# PREFILL_ARGS to model_prefill.py (--profile, --tokens ...).
 # Limits: PARITY_LIMIT (220), PREFILL_LIMIT (190 per arch), STORE_LIMIT (150), DECODE_LIMIT (240), WR_LIMIT
 # (220) seconds.
 # Carry as .whl: ../shared/tools/gpu-wheels .whl kernels flash-linear-attention==0.6.0 einops transformers==5.24.0
@@ -52,7 +53,7 @@ run_parts() {   # run_parts PARTS GPU
   if [[ $parts == *prefill* ]]; then
     for arch in ${ARCHS:-kda gdn}; do
       timeout ${PREFILL_LIMIT:-190} python3 benchmarks/model_prefill.py --arch $arch --compare-fla --compare-unfused \
-        --out "$OUT/model_prefill_$arch.json" $C
+        ${PREFILL_ARGS:-} --out "$OUT/model_prefill_$arch.json" $C
     done
   fi
   [[ $parts == *store* ]] && timeout ${STORE_LIMIT:-150} python3 benchmarks/state_bandwidth.py ${STORE_ARGS:-} $C
