@@ -132,7 +132,7 @@ def time_decode(engine, torch, batch: int, context: int, warmup: int, reps: int,
     try:
         for i in range(warmup + reps):
             if profile and i == warmup:
-                trace = kernel_trace(device)
+                trace = kernel_trace(device, attribute=True)
                 prof = trace.__enter__()
             sync()
             t0 = time.perf_counter()

@@ -11,12 +11,40 @@ import contextlib
 
 
 @contextlib.contextmanager
-def kernel_trace(device: str):
-    """Profile the block's device work (CUDA kernels, copies and sets; on the CPU, its operators)."""
+def kernel_trace(device: str, attribute: bool = False):
+    """Profile the block's device work (CUDA kernels, copies and sets; on the CPU, its operators).
+    attribute: on a GPU record the host operators too, so summarize() can name the operators that
+    launched each kernel (a copy kernel says nothing of which copy it was)."""
     from torch.profiler import ProfilerActivity, profile
-    activity = ProfilerActivity.CUDA if device.startswith("cuda") else ProfilerActivity.CPU
-    with profile(activities=[activity]) as prof:
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    if cuda and attribute:
+        activities.append(ProfilerActivity.CPU)
+    with profile(activities=activities) as prof:
         yield prof
+
+
+def _launcher(event, depth: int = 3) -> str:
+    """The chain of host operators above a kernel launch, outermost first ("aten::pad > aten::copy_")."""
+    names, e = [], event.cpu_parent
+    while e is not None:
+        if not e.name.startswith(("cuda", "cu")):        # the runtime call itself says nothing
+            names.append(e.name)
+        e = e.cpu_parent
+    return " > ".join(reversed(names[:depth])) or event.name
+
+
+def _launchers(prof) -> dict[str, dict[str, int]]:
+    """kernel name -> {operator chain: launches}, from the host events that launched kernels."""
+    from torch.autograd import DeviceType
+    out: dict[str, dict[str, int]] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CPU:
+            for k in e.kernels:
+                chains = out.setdefault(k.name, {})
+                chain = _launcher(e)
+                chains[chain] = chains.get(chain, 0) + 1
+    return out
 
 
 def summarize(prof, steps: int, device: str, top: int = 40) -> dict:
@@ -31,10 +59,15 @@ def summarize(prof, steps: int, device: str, top: int = 40) -> dict:
     busy = sum(sum(v) for v in by_name.values())
     span = (max(e.time_range.end for e in events) - min(e.time_range.start for e in events)) if events else 0
     ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    launchers = _launchers(prof) if cuda else {}
+    rows = []
+    for n, v in ranked:
+        row = {"name": n[:120], "us_per_step": sum(v) / steps, "count_per_step": len(v) / steps}
+        if n in launchers:          # recorded with attribute=True: the three commonest operator chains
+            row["launched_by"] = sorted(launchers[n].items(), key=lambda kv: -kv[1])[:3]
+        rows.append(row)
     return {"steps": steps, "events_per_step": len(events) / steps, "busy_us_per_step": busy / steps,
-            "span_us_per_step": span / steps,
-            "top": [{"name": n[:120], "us_per_step": sum(v) / steps, "count_per_step": len(v) / steps}
-                    for n, v in ranked]}
+            "span_us_per_step": span / steps, "top": rows}
 
 
 def print_summary(label: str, s: dict, lines: int = 15) -> None:
@@ -42,4 +75,6 @@ def print_summary(label: str, s: dict, lines: int = 15) -> None:
     print(f"  profile {label}: {s['events_per_step']:.0f} device events per step, busy {s['busy_us_per_step']:.0f} us, "
           f"span {s['span_us_per_step']:.0f} us")
     for t in s["top"][:lines]:
-        print(f"    {t['us_per_step']:>9.1f} us  x{t['count_per_step']:>5.1f}  {t['name'][:90]}")
+        by = "; ".join(f"{chain} x{n}" for chain, n in t.get("launched_by", []))
+        print(f"    {t['us_per_step']:>9.1f} us  x{t['count_per_step']:>5.1f}  {t['name'][:90]}"
+              + (f"\n{'':>24}from {by[:160]}" if by else ""))

@@ -284,7 +284,7 @@ def main(argv=None) -> int:
             row["speedup_over_unfused"] = round(row["unfused"]["total_ms"] / row["total_ms"], 3)
         if args.profile:
             # after the timed reps (the profiler slows the forward it watches): what one forward spends
-            with kernel_trace(device) as prof:
+            with kernel_trace(device, attribute=True) as prof:
                 run_once(model, ids, cuda, timed=False)
             row["profile"] = summarize(prof, 1, device)
             print_summary(f"T={T}", row["profile"], lines=25)

@@ -58,20 +58,38 @@ CUDNN_MIN_TOKENS = 4096
 CUDNN_BUCKET = 1024
 
 
+# Whether this build's cuDNN attention takes values of their own head dim (MLA: keys 192, values 128): on the
+# H200 that ran MLA's 16k causal attention in 4.43 ms against 5.13 with the values padded to 192
+# (benchmarks/results/attention_prefill_h200.json, arm cudnn_dv), and saves the padded copy. None: not yet
+# tried; a build that refuses it gets the padded values (and flash behind cuDNN) from then on.
+_CUDNN_OWN_VALUE_DIM: bool | None = None
+
+
 def _cudnn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal SDPA of q [T, H, E], k / v [T, Hk, E] on cuDNN (flash if cuDNN refuses the shapes), T padded up
-    to the bucket. The padding goes on the token dim before the [1, H, T, E] views are taken, so a padded call
-    has the layout (strides) of an unpadded one of the bucket's length: cuDNN's graph cache keys on strides
-    too, and warm_long_prefill builds the unpadded ones."""
+    """Causal SDPA of q [T, H, E], k [T, Hk, E], v [T, Hk, Ev] on cuDNN (flash if cuDNN refuses the shapes),
+    T padded up to the bucket. Returns [T, H, Ev]. The padding goes on the token dim before the [1, H, T, E]
+    views are taken and an unpadded call's inputs are made contiguous, so every call has the layout
+    (strides) of warm_long_prefill's contiguous tensors: cuDNN's graph cache keys on strides too."""
+    global _CUDNN_OWN_VALUE_DIM
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    T = q.shape[0]
+    T, Ev = q.shape[0], v.shape[-1]
     pad = -T % CUDNN_BUCKET
-    if pad:
-        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+    q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) if pad else t.contiguous() for t in (q, k, v))
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    gqa = q.shape[1] != k.shape[1]
+    if Ev != q.shape[-1] and _CUDNN_OWN_VALUE_DIM is not False:
+        try:
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+            _CUDNN_OWN_VALUE_DIM = True
+            return out[0, :, :T].transpose(0, 1)
+        except RuntimeError:
+            _CUDNN_OWN_VALUE_DIM = False
+    if Ev != q.shape[-1]:
+        vt = F.pad(vt, (0, q.shape[-1] - Ev))       # flash and older cuDNN want one head dim
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
-        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
-    return out[0, :, :T].transpose(0, 1)
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+    return out[0, :, :T, :Ev].transpose(0, 1)
 
 
 def warm_long_prefill(shapes: set[tuple[int, int, int, int]], max_tokens: int, device, dtype) -> int:
@@ -91,11 +109,11 @@ def warm_long_prefill(shapes: set[tuple[int, int, int, int]], max_tokens: int, d
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
     """q [T, H, E], k [S, Hk, E], v [S, Hk, Ev] with S = start + T. Returns [T, H, Ev]."""
     T, S, Ev = q.shape[0], k.shape[0], v.shape[-1]
-    if Ev != q.shape[-1]:
-        # fused SDPA kernels want one head dim: pad v, slice the output
-        v = F.pad(v, (0, q.shape[-1] - Ev)) if Ev < q.shape[-1] else v
     if start == 0 and T >= CUDNN_MIN_TOKENS and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        return _cudnn_causal(q, k, v)[..., :Ev]
+        return _cudnn_causal(q, k, v)
+    if Ev != q.shape[-1]:
+        # the other fused SDPA kernels want one head dim: pad v, slice the output
+        v = F.pad(v, (0, q.shape[-1] - Ev)) if Ev < q.shape[-1] else v
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     gqa = q.shape[1] != k.shape[1]
     if start == 0:

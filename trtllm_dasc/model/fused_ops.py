@@ -75,6 +75,21 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     return y, new_state, _windows(x, conv_state, cu_seqlens, rows, [p for c in cuts for p in c])
 
 
+def prefill_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
+                 cuts: list[list[int]] | None, parts: list[int], head_dim: int):
+    """A prefill's conv in our one-pass kernel (model/conv_kernel.py): (parts, new state, captures) as
+    short_conv returns them with split=parts, each part contiguous, and the first two (q and k)
+    l2-normalised per head_dim channels: the recurrence must not normalise them again. The caller checks
+    conv_kernel.supports(parts, head_dim, W)."""
+    from trtllm_dasc.model.conv_kernel import conv_parts
+    ys, new_state = conv_parts(x, weight, conv_state, cu_seqlens, parts, 2, head_dim)
+    cuts = cuts or [[] for _ in range(conv_state.shape[0])]
+    rows = [i for i, c in enumerate(cuts) for _ in c]
+    if not rows:
+        return ys, new_state, conv_state.new_zeros(0, *conv_state.shape[1:])
+    return ys, new_state, _windows(x, conv_state, cu_seqlens, rows, [p for c in cuts for p in c])
+
+
 def _windows(x, conv_state, cu_seqlens, rows, ends):
     """The W-1 conv inputs before token count `end` of sequence `row`, for each (row, end): from x where
     the position is inside the sequence, from the carried state before it. [n, C, W-1] in the state dtype."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trtllm_dasc.model.fused_ops import gated_norm, short_conv
+from trtllm_dasc.model.fused_ops import gated_norm, prefill_conv, short_conv
 from trtllm_dasc.model.ops import causal_conv, gated_rms_norm, linear
 from trtllm_dasc.model.recurrence import run_recurrence
 from trtllm_dasc.model.tp import GDNSlice, KDASlice
@@ -28,13 +28,19 @@ class MixerOut:
     conv_b: torch.Tensor    # [n_cuts, C, W-1] captured conv states
 
 
-def _conv_parts(x, weight, conv0, cu_seqlens, cuts, parts: list[int], fused: bool):
-    """The short conv (fused: fla's, which gives a long prefill's parts as separate contiguous outputs;
-    else the torch reference) with its output cut into `parts` channels: (outputs, state, captures)."""
+def _conv_parts(x, weight, conv0, cu_seqlens, cuts, parts: list[int], fused: bool, head_dim: int):
+    """The short conv with its output cut into `parts` channels (q, k, v): (outputs, state, captures,
+    normalized). Fused: a prefill takes our one-pass kernel (model/conv_kernel.py), which also l2-normalises
+    q and k per head (normalized True: the recurrence must not do it again); a decode step and shapes the
+    kernel does not take go to fla's (fused_ops.short_conv). Else the torch reference."""
     if fused:
-        return short_conv(x, weight, conv0, cu_seqlens, cuts, split=parts)
+        from trtllm_dasc.model import conv_kernel
+        decode = x.shape[0] == len(cu_seqlens) - 1 and not any(cuts or [])
+        if not decode and conv_kernel.supports(parts, head_dim, weight.shape[1]):
+            return (*prefill_conv(x, weight, conv0, cu_seqlens, cuts, parts, head_dim), True)
+        return (*short_conv(x, weight, conv0, cu_seqlens, cuts, split=parts), False)
     y, conv, conv_b = causal_conv(x, weight, conv0, cu_seqlens, cuts)
-    return torch.split(y, parts, dim=-1), conv, conv_b
+    return torch.split(y, parts, dim=-1), conv, conv_b, False
 
 
 class GDNLayer:
@@ -74,10 +80,11 @@ class GDNLayer:
         fused = getattr(backend, "fused_mixer", False)
         norm_fn = gated_norm if fused else gated_rms_norm
         qkv, z, b, a = torch.split(linear(x, self.w["in_proj"]), [2 * H * K + HV * V, HV * V, HV, HV], dim=-1)
-        (q, k, v), conv, conv_b = _conv_parts(qkv, self.w["conv"], conv0, cu_seqlens, cuts,
-                                              [H * K, H * K, HV * V], fused)
+        (q, k, v), conv, conv_b, normed = _conv_parts(qkv, self.w["conv"], conv0, cu_seqlens, cuts,
+                                                      [H * K, H * K, HV * V], fused, K)
         if fused:       # fla's kernel computes the decay from a and beta from b (recurrence/fla.py)
-            g, beta, gate = a, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True}
+            g, beta, gate = a, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True,
+                                   "qk_normalized": normed}
         else:
             g = -self.w["A_log"].exp() * F.softplus(a.float() + self.w["dt_bias"])
             beta, gate = torch.sigmoid(b), {}
@@ -125,11 +132,12 @@ class KDALayer:
         fused = getattr(backend, "fused_mixer", False)
         norm_fn = gated_norm if fused else gated_rms_norm
         mixed, f_a, g_a, b = torch.split(linear(x, self.w["in_proj"]), [3 * H * K, K, K, H], dim=-1)
-        qkv, conv, conv_b = _conv_parts(mixed, self.w["conv"], conv0, cu_seqlens, cuts, [H * K] * 3, fused)
+        qkv, conv, conv_b, normed = _conv_parts(mixed, self.w["conv"], conv0, cu_seqlens, cuts, [H * K] * 3, fused, K)
         q, k, v = (t.reshape(1, T, H, K) for t in qkv)
         raw_gate = linear(f_a, self.w["f_b"]).view(T, H, K)
         if fused:       # fla's kernel computes the decay from the raw gate and beta from b (recurrence/fla.py)
-            g, beta, gate = raw_gate, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True}
+            g, beta, gate = raw_gate, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True,
+                                          "qk_normalized": normed}
         else:
             g = -self.w["A_log"].exp()[:, None] * F.softplus(raw_gate.float() + self.w["dt_bias"].view(H, K))
             beta, gate = torch.sigmoid(b), {}

@@ -2,7 +2,9 @@
 
 Prefill uses the chunked kernels; a pure decode step (every sequence has one token) uses the fused
 recurrent ones. The gate formula and beta's sigmoid can run inside the kernels (the fused mixers pass
-A_log/dt_bias and beta_logits); without them the caller passes the computed log decay and beta. State layout is fla's default [N, HV, K, V] (state_v_first=False), fp32.
+A_log/dt_bias and beta_logits); without them the caller passes the computed log decay and beta. q and k
+are l2-normalised inside the kernels unless the caller did it (qk_normalized: the prefill's conv kernel).
+State layout is fla's default [N, HV, K, V] (state_v_first=False), fp32.
 Note the argument orders differ in fla: chunk_gated_delta_rule(q, k, v, g, beta) but
 naive_recurrent_gated_delta_rule(q, k, v, beta, g); keywords everywhere avoid the trap.
 """
@@ -57,11 +59,12 @@ def cu_tensors(cu_seqlens, device) -> tuple[torch.Tensor, torch.Tensor]:
 fused_mixer = True
 
 
-def _gate_args(A_log=None, dt_bias=None, beta_logits=False) -> dict:
-    """The kernels' in-kernel gate and beta options. With A_log/dt_bias, g is the raw gate and the kernel
-    computes -exp(A_log) * softplus(g + dt_bias) (fp32, the reference's formula); with beta_logits, beta is
-    the b projection and the kernel takes its sigmoid."""
-    extra = {}
+def _gate_args(A_log=None, dt_bias=None, beta_logits=False, qk_normalized=False) -> dict:
+    """The kernels' in-kernel gate, beta and l2norm options. With A_log/dt_bias, g is the raw gate and the
+    kernel computes -exp(A_log) * softplus(g + dt_bias) (fp32, the reference's formula); with beta_logits,
+    beta is the b projection and the kernel takes its sigmoid; q and k are l2-normalised inside unless
+    qk_normalized (the prefill's conv kernel did it, model/conv_kernel.py)."""
+    extra = {"use_qk_l2norm_in_kernel": not qk_normalized}
     if A_log is not None:
         extra.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
     if beta_logits:
@@ -69,11 +72,11 @@ def _gate_args(A_log=None, dt_bias=None, beta_logits=False) -> dict:
     return extra
 
 
-def _call(chunk, fused, q, k, v, g, beta, initial_state, cu_seqlens, scale, A_log=None, dt_bias=None,
-          beta_logits=False):
+def _call(chunk, fused, q, k, v, g, beta, initial_state, cu_seqlens, scale, **gate):
     """Chunked kernel for prefill, the recurrent one when every sequence has a single token (gate
     arguments: _gate_args)."""
-    extra = _gate_args(A_log, dt_bias, beta_logits)
+    extra = _gate_args(**gate)
+    beta_logits = gate.get("beta_logits", False)
     beta = beta if beta_logits else beta.to(q.dtype)
     N, T = len(cu_seqlens) - 1, q.shape[1]
     if T == N:
@@ -81,11 +84,11 @@ def _call(chunk, fused, q, k, v, g, beta, initial_state, cu_seqlens, scale, A_lo
         # sequences, [N, 1, ...], which needs no cu_seqlens at all
         o, ht = fused(q=q.transpose(0, 1), k=k.transpose(0, 1), v=v.transpose(0, 1), g=g.transpose(0, 1),
                       beta=beta.transpose(0, 1), scale=scale, initial_state=initial_state.float(),
-                      output_final_state=True, use_qk_l2norm_in_kernel=True, **extra)
+                      output_final_state=True, **extra)
         return o.transpose(0, 1), ht.float()
     cu, cu_host = cu_tensors(cu_seqlens, q.device)
     o, ht = chunk(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state.float(),
-                  output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_host,
+                  output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_host,
                   **extra)
     return o, ht.float()
 
@@ -93,7 +96,8 @@ def _call(chunk, fused, q, k, v, g, beta, initial_state, cu_seqlens, scale, A_lo
 def gdn(q, k, v, g, beta, initial_state, cu_seqlens, scale=None, **gate):
     """Gated DeltaNet. q,k [1,T,H,K], v [1,T,HV,V], g [1,T,HV] fp32 log decay, beta [1,T,HV],
     initial_state [N,HV,K,V] fp32. Returns o [1,T,HV,V] and ht [N,HV,K,V] fp32.
-    gate: A_log [HV], dt_bias [HV] (g is then the raw `a` projection), beta_logits (see _call)."""
+    gate: A_log [HV], dt_bias [HV] (g is then the raw `a` projection), beta_logits, qk_normalized
+    (_gate_args)."""
     return _call(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, q, k, v, g, beta, initial_state,
                  cu_seqlens, scale, **gate)
 
@@ -101,7 +105,8 @@ def gdn(q, k, v, g, beta, initial_state, cu_seqlens, scale=None, **gate):
 def kda(q, k, v, g, beta, initial_state, cu_seqlens, scale=None, **gate):
     """Kimi Delta Attention. q,k,v [1,T,H,K], g [1,T,H,K] fp32 log decay, beta [1,T,H],
     initial_state [N,H,K,V] fp32. Returns o [1,T,H,V] and ht [N,H,K,V] fp32.
-    gate: A_log [H], dt_bias [H*K] (g is then the raw f_b projection), beta_logits (see _call)."""
+    gate: A_log [H], dt_bias [H*K] (g is then the raw f_b projection), beta_logits, qk_normalized
+    (_gate_args)."""
     return _call(chunk_kda, fused_recurrent_kda, q, k, v, g, beta, initial_state, cu_seqlens, scale, **gate)
 
 
@@ -123,5 +128,5 @@ def kda_decode_in_place(q, k, v, g, beta, states, rows, scale=None, **gate):
     q, k, v, g, beta = (t.transpose(0, 1).contiguous() for t in (q, k, v, g, beta))
     o, _ = fused_recurrent_kda_fwd(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=states,
                                    inplace_final_state=True, output_final_state=True, ssm_state_indices=rows,
-                                   use_qk_l2norm_in_kernel=True, out=torch.empty_like(v), **extra)
+                                   out=torch.empty_like(v), **extra)
     return o.transpose(0, 1)

@@ -1,0 +1,78 @@
+"""The prefill's one-pass conv kernel (model/conv_kernel.py; Triton's interpreter on the CPU) against the
+torch reference conv (ops.causal_conv) and l2norm (ops.l2norm), and the mixers' conv step that uses it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+from trtllm_dasc.model.conv_kernel import conv_parts, supports  # noqa: E402
+from trtllm_dasc.model.ops import causal_conv, l2norm  # noqa: E402
+
+# natively on a GPU; on the CPU in Triton's interpreter (tests/conftest.py sets it without a GPU)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(lens, parts, W, dtype, seed=0):
+    """x as a column slice of a wider projection, the carried state as a slice of a wider one (strided)."""
+    g = torch.Generator().manual_seed(seed)
+    C = sum(parts)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    x = torch.randn(cu[-1], C + 24, generator=g)[:, 8:8 + C]
+    weight = torch.randn(C, W, generator=g) * 0.5
+    state = torch.randn(len(lens), C + 5, W - 1, generator=g)[:, 2:2 + C]
+    return x.to(DEV, dtype), weight.to(DEV, dtype), state.to(DEV, dtype), cu
+
+
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("parts", [[32, 32, 64], [48, 48, 48]], ids=["gdn-like", "kda-like"])
+def test_conv_parts_match_reference(W, parts):
+    # sequences shorter than the window (their first outputs read the carried state), one that ends
+    # exactly on a 64-token tile, one over two tiles
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    head = 16
+    lens = [1, 2, 64, 5, 130]
+    x, weight, state, cu = _inputs(lens, parts, W, dtype)
+    got, new_state = conv_parts(x, weight, state, cu, parts, 2, head)
+    y, ref_state, _ = causal_conv(x.float(), weight.float(), state.float(), cu)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    a = 0
+    for i, (part, p) in enumerate(zip(got, parts)):
+        assert part.shape == (cu[-1], p) and part.is_contiguous() and part.dtype == dtype
+        ref = y[:, a:a + p]
+        if i < 2:       # q and k: l2-normalised per head
+            ref = l2norm(ref.reshape(-1, p // head, head)).reshape(-1, p)
+        torch.testing.assert_close(part.float(), ref, **tol)
+        a += p
+    # the new state is the last W-1 inputs: copied, exact
+    assert new_state.dtype == state.dtype
+    torch.testing.assert_close(new_state.float(), ref_state, rtol=0, atol=0)
+
+
+def test_supports_only_whole_power_of_two_heads():
+    assert supports([256, 256, 512], 128, 4)
+    assert not supports([256, 256, 500], 128, 4)            # a part that is not whole heads
+    assert not supports([96, 96, 96], 96, 4)                # head dim not a power of two
+    assert not supports([128] * 4, 128, 4)                  # more than three parts
+
+
+def test_mixer_conv_step_matches_the_reference_path():
+    # linear_attn._conv_parts, fused (a prefill: our kernel, q and k normalised) against the torch path,
+    # with checkpoint captures inside the window of the carried state and at a sequence's end
+    from trtllm_dasc.model.linear_attn import _conv_parts
+    parts, head, W = [32, 32, 64], 16, 4
+    x, weight, state, cu = _inputs([3, 70, 9], parts, W, torch.float32, seed=3)
+    cuts = [[1, 3], [64], [2, 9]]
+    (q, k, v), conv, conv_b, normed = _conv_parts(x, weight, state, cu, cuts, parts, True, head)
+    (rq, rk, rv), rconv, rconv_b, rnormed = _conv_parts(x, weight, state, cu, cuts, parts, False, head)
+    assert normed and not rnormed
+    tol = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q, l2norm(rq.reshape(-1, 2, head)).reshape(-1, 32), **tol)
+    torch.testing.assert_close(k, l2norm(rk.reshape(-1, 2, head)).reshape(-1, 32), **tol)
+    torch.testing.assert_close(v, rv, **tol)
+    torch.testing.assert_close(conv, rconv, rtol=0, atol=0)
+    torch.testing.assert_close(conv_b, rconv_b, rtol=0, atol=0)

@@ -1,0 +1,30 @@
+"""benchmarks/kernel_profile.py's attribution of kernels to the host operators that launched them, on
+hand-made profiler events (the GPU path's input; a CPU run has no device kernels to attribute)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def _event(name, parent=None, kernels=()):
+    from torch.autograd import DeviceType
+    return SimpleNamespace(name=name, cpu_parent=parent, device_type=DeviceType.CPU,
+                           kernels=[SimpleNamespace(name=k) for k in kernels])
+
+
+def test_kernels_are_named_by_the_operators_above_their_launch():
+    import kernel_profile
+    pad = _event("aten::pad")
+    copy = _event("aten::copy_", _event("aten::constant_pad_nd", pad))
+    launches = [_event("cudaLaunchKernel", copy, ["copy_kernel"]), _event("cudaLaunchKernel", copy, ["copy_kernel"]),
+                _event("cudaLaunchKernel", _event("aten::contiguous"), ["copy_kernel"]),
+                _event("cuLaunchKernel", None, ["triton_kernel"])]
+    prof = SimpleNamespace(events=lambda: [pad, copy] + launches)
+    got = kernel_profile._launchers(prof)
+    # outermost first, the runtime call left out, at most three levels; a launch with no operator above
+    # it keeps its own name
+    assert got == {"copy_kernel": {"aten::pad > aten::constant_pad_nd > aten::copy_": 2, "aten::contiguous": 1},
+                   "triton_kernel": {"cuLaunchKernel": 1}}

@@ -1,0 +1,134 @@
+"""The prefill's short convolution in one Triton kernel: depthwise causal conv + SiLU over varlen tokens from
+the carried state, q and k l2-normalised per head, and each part (q, k, v) written to an output of its own.
+`conv_parts_reference` below is the torch reference with the same signature (ops.causal_conv + ops.l2norm).
+
+Why: on the H200 at 16k tokens the Kimi-Linear-shaped stack spent 0.45 ms per KDA layer in fla's conv
+(three calls, one per part, so the chunk kernels get contiguous q / k / v; about 1.8 TB/s) and another
+0.13 ms in the l2norm passes fla's chunk kernels make over q and k (model_prefill_kda_h200.json, the
+--profile run). Here one pass reads the inputs once and writes the parts once, already normalised, and the
+chunk kernels are told not to normalise again (recurrence/fla.py, qk_normalized).
+
+A program takes BT tokens of one sequence and one head's channels (BD = the head dim, a power of two that
+divides every part): the conv's W taps are W shifted loads of the same tile (the first W-1 positions of a
+sequence come from its carried state), the head's l2 norm is a row sum inside the tile. The new state and
+the captured states are the last W-1 inputs before a position: a sequence's last tile writes its new
+state; checkpoint captures come from fused_ops._windows, as before.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# tokens per program: 64 x 128 channels is a 16 KB bf16 tile, loaded W times (the shifts hit L1/L2)
+BLOCK_T = 64
+EPS = 1e-6               # fla's l2norm eps (ops.l2norm), which the chunk kernels would otherwise apply
+
+
+@triton.jit
+def _conv_parts_kernel(x, weight, state, out, new_state, chunks, cu, stride_x, stride_sn, stride_sc, T_total, C,
+                       S1, S2, NORM_C, eps, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Program (channel block, chunk): chunk = (sequence, tile) from `chunks`. Channels [0, S1) are part 0,
+    [S1, S2) part 1, [S2, C) part 2; part p lands in `out` at T_total x its first channel, row stride its
+    width. Channels below NORM_C are l2-normalised per block (= per head). A sequence's last tile also
+    writes its new state (new_state [N, C, W-1], contiguous): the last W-1 inputs."""
+    i_c = tl.program_id(0)
+    i_k = tl.program_id(1)
+    n = tl.load(chunks + 2 * i_k).to(tl.int64)
+    t0 = tl.load(chunks + 2 * i_k + 1).to(tl.int64) * BT
+    bos = tl.load(cu + n).to(tl.int64)
+    length = tl.load(cu + n + 1).to(tl.int64) - bos
+    o_t = t0 + tl.arange(0, BT)                        # positions inside the sequence
+    c0 = i_c * BD
+    o_c = c0 + tl.arange(0, BD)
+    m_t = o_t < length
+    acc = tl.zeros([BT, BD], dtype=tl.float32)
+    for j in tl.static_range(W):
+        p = o_t - (W - 1) + j                          # the input this tap reads
+        from_x = m_t & (p >= 0)
+        from_state = m_t & (p < 0)
+        xv = tl.load(x + (bos + p)[:, None] * stride_x + o_c[None, :], mask=from_x[:, None], other=0.0)
+        sv = tl.load(state + n * stride_sn + o_c[None, :] * stride_sc + (p + W - 1)[:, None],
+                     mask=from_state[:, None], other=0.0)
+        w = tl.load(weight + o_c * W + j).to(tl.float32)
+        acc += (xv.to(tl.float32) + sv.to(tl.float32)) * w[None, :]
+    y = acc * tl.sigmoid(acc)
+    rstd = 1 / tl.sqrt(tl.sum(y * y, 1) + eps)
+    y = tl.where(c0 < NORM_C, y * rstd[:, None], y)
+    start = tl.where(c0 < S1, 0, tl.where(c0 < S2, S1, S2))
+    width = tl.where(c0 < S1, S1, tl.where(c0 < S2, S2 - S1, C - S2))
+    base = out + start.to(tl.int64) * T_total
+    tl.store(base + (bos + o_t)[:, None] * width + (o_c - start)[None, :], y.to(out.dtype.element_ty),
+             mask=m_t[:, None])
+    if t0 + BT >= length:
+        for j in tl.static_range(W - 1):
+            p = length - (W - 1) + j + tl.zeros([BD], dtype=tl.int64)
+            xv = tl.load(x + (bos + p) * stride_x + o_c, mask=p >= 0, other=0.0)
+            sv = tl.load(state + n * stride_sn + o_c * stride_sc + p + W - 1, mask=p < 0, other=0.0)
+            # exactly one of the two is the input (the other is 0): the sum is it, exactly
+            tl.store(new_state + (n * C + o_c) * (W - 1) + j,
+                     (xv.to(tl.float32) + sv.to(tl.float32)).to(new_state.dtype.element_ty))
+
+
+# (cu_seqlens, device) -> (chunk table [NT, 2] int32, cu [N+1] int64) on the device: every layer of a forward
+# asks for the same one
+_TABLES: dict = {}
+
+
+def _tables(cu_seqlens: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (tuple(cu_seqlens), str(device))
+    hit = _TABLES.get(key)
+    if hit is None:
+        if len(_TABLES) >= 256:          # a serving loop sees many batch shapes: forget, never grow
+            _TABLES.clear()
+        rows = [(n, t) for n, (a, b) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:]))
+                for t in range(-(-(b - a) // BLOCK_T))]
+        hit = _TABLES[key] = (torch.tensor(rows, dtype=torch.int32).reshape(-1, 2).to(device),
+                              torch.tensor(cu_seqlens, dtype=torch.long).to(device))
+    return hit
+
+
+def supports(parts: list[int], head_dim: int, W: int) -> bool:
+    """Whether the kernel takes these shapes: at most three parts, each a multiple of a power-of-two head dim."""
+    return (len(parts) <= 3 and head_dim >= 16 and head_dim & (head_dim - 1) == 0 and 1 < W <= 8
+            and all(p % head_dim == 0 for p in parts))
+
+
+def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
+               parts: list[int], normalized: int, head_dim: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """(outputs, new state): silu(causal_conv(x)) cut into `parts` channels, each a contiguous [T, c] tensor
+    in x's dtype, the first `normalized` parts l2-normalised per group of head_dim channels (fp32 inside,
+    one rounding); the new state [N, C, W-1] in conv_state's dtype (ops.causal_conv's).
+
+    x [T, C] (a column slice is fine: unit channel stride); weight [C, W]; conv_state [N, C, W-1] (any
+    strides); cu_seqlens: the N sequences' token offsets. The caller checks supports()."""
+    T, C = x.shape
+    W = weight.shape[1]
+    assert x.stride(1) == 1 and sum(parts) == C and supports(parts, head_dim, W), (x.stride(), parts, head_dim)
+    bounds = [0]
+    for p in parts:
+        bounds.append(bounds[-1] + p)
+    S1, S2 = (bounds[1:3] + [C, C])[:2]
+    if conv_state.stride(2) != 1:
+        conv_state = conv_state.contiguous()
+    out = torch.empty(T * C, dtype=x.dtype, device=x.device)
+    new_state = torch.empty(conv_state.shape, dtype=conv_state.dtype, device=x.device)
+    chunks, cu = _tables(cu_seqlens, x.device)
+    _conv_parts_kernel[(C // head_dim, chunks.shape[0])](
+        x, weight.contiguous(), conv_state, out, new_state, chunks, cu, x.stride(0), conv_state.stride(0),
+        conv_state.stride(1), T, C, S1, S2, bounds[normalized], EPS, W=W, BT=BLOCK_T, BD=head_dim, num_warps=4)
+    return tuple(out[T * a:T * b].view(T, b - a) for a, b in zip(bounds[:-1], bounds[1:])), new_state
+
+
+def conv_parts_reference(x, weight, conv_state, cu_seqlens, parts, normalized, head_dim):
+    """The torch reference of conv_parts (fp32 inside, the outputs in x's dtype)."""
+    from trtllm_dasc.model.ops import causal_conv, l2norm
+    y, state, _ = causal_conv(x.float(), weight.float(), conv_state.float(), cu_seqlens)
+    outs, a = [], 0
+    for i, p in enumerate(parts):
+        part = y[:, a:a + p]
+        if i < normalized:
+            part = l2norm(part.reshape(-1, p // head_dim, head_dim)).reshape(-1, p)
+        outs.append(part.to(x.dtype))
+        a += p
+    return tuple(outs), state.to(conv_state.dtype)
