@@ -76,3 +76,28 @@ def test_mixer_conv_step_matches_the_reference_path():
     torch.testing.assert_close(v, rv, **tol)
     torch.testing.assert_close(conv, rconv, rtol=0, atol=0)
     torch.testing.assert_close(conv_b, rconv_b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_conv_decode_in_place_matches_reference_and_leaves_other_rows(W):
+    # one token per sequence, the layer's state rows read and shifted where they live (states in fp32
+    # next to bf16 inputs on a GPU, as a checkpoint's conv dtype may be)
+    from trtllm_dasc.model.conv_kernel import conv_decode_in_place
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    g = torch.Generator().manual_seed(W)
+    parts, head, R = [32, 32, 64], 16, 9
+    C = sum(parts)
+    x = torch.randn(4, C + 10, generator=g)[:, 3:3 + C].to(DEV, dtype)
+    weight = (torch.randn(C, W, generator=g) * 0.5).to(DEV, dtype)
+    states = torch.randn(R, C, W - 1, generator=g).to(DEV)
+    rows = torch.tensor([7, 0, 3, 5], device=DEV)
+    before = states.clone()
+    got = conv_decode_in_place(x, weight, states, rows, parts, head)
+    y, new, _ = causal_conv(x.float(), weight.float(), before[rows], list(range(5)))
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for part, ref in zip(got, torch.split(y, parts, dim=-1)):
+        assert part.is_contiguous() and part.dtype == dtype
+        torch.testing.assert_close(part.float(), ref, **tol)
+    torch.testing.assert_close(states[rows], new, rtol=0, atol=0)           # shifted, the new input last
+    others = [r for r in range(R) if r not in rows.tolist()]
+    torch.testing.assert_close(states[others], before[others], rtol=0, atol=0)

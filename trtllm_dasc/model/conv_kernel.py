@@ -132,3 +132,61 @@ def conv_parts_reference(x, weight, conv_state, cu_seqlens, parts, normalized, h
         outs.append(part.to(x.dtype))
         a += p
     return tuple(outs), state.to(conv_state.dtype)
+
+
+@triton.jit
+def _conv_decode_kernel(x, weight, states, rows, out, stride_x, stride_sr, stride_sc, C, S1, S2,
+                        W: tl.constexpr, BD: tl.constexpr):
+    """Program (channel block, sequence): one new token. Reads the sequence's state row where it lives
+    (states [R, C, W-1], row rows[n]), writes the conv output to its part in `out` (as _conv_parts_kernel,
+    T_total = the batch) and shifts the row in place: the oldest input out, the new one in."""
+    i_c = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    N = tl.num_programs(1)
+    r = tl.load(rows + n).to(tl.int64)
+    c0 = i_c * BD
+    o_c = c0 + tl.arange(0, BD)
+    p_s = states + r * stride_sr + o_c * stride_sc
+    xv = tl.load(x + n * stride_x + o_c).to(tl.float32)
+    acc = xv * tl.load(weight + o_c * W + W - 1).to(tl.float32)
+    for j in tl.static_range(W - 1):
+        acc += tl.load(p_s + j).to(tl.float32) * tl.load(weight + o_c * W + j).to(tl.float32)
+    y = acc * tl.sigmoid(acc)
+    start = tl.where(c0 < S1, 0, tl.where(c0 < S2, S1, S2))
+    width = tl.where(c0 < S1, S1, tl.where(c0 < S2, S2 - S1, C - S2))
+    tl.store(out + start.to(tl.int64) * N + n * width + o_c - start, y.to(out.dtype.element_ty))
+    # every load of the row above is done before the row is overwritten (the compiler may not know that
+    # the stores below alias them)
+    tl.debug_barrier()
+    for j in tl.static_range(W - 2):
+        tl.store(p_s + j, tl.load(p_s + j + 1))
+    tl.store(p_s + W - 2, xv.to(states.dtype.element_ty))
+
+
+def conv_decode_in_place(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, rows: torch.Tensor,
+                         parts: list[int], block: int) -> tuple[torch.Tensor, ...]:
+    """A decode step's conv: x [N, C] (one token per sequence; a column slice is fine), weight [C, W],
+    states [R, C, W-1] every row of the layer (updated in place: row rows[i] is sequence i's), rows [N]
+    int64 on the device. Returns silu(conv) cut into `parts`, each a contiguous [N, c] tensor in x's dtype.
+    block: channels per program, dividing every part (the head dim). No gather of the N states before and
+    no scatter after (what model.forward's eager path does); nothing read on the host, so a CUDA graph can
+    hold it. Rows must be distinct, except a graph's padding, which repeats its one reserved row."""
+    N, C = x.shape
+    W = weight.shape[1]
+    assert x.stride(1) == 1 and states.stride(2) == 1 and sum(parts) == C and supports(parts, block, W)
+    bounds = [0]
+    for p in parts:
+        bounds.append(bounds[-1] + p)
+    S1, S2 = (bounds[1:3] + [C, C])[:2]
+    out = torch.empty(N * C, dtype=x.dtype, device=x.device)
+    _conv_decode_kernel[(C // block, N)](x, weight.contiguous(), states, rows, out, x.stride(0), states.stride(0),
+                                         states.stride(1), C, S1, S2, W=W, BD=block, num_warps=1)
+    return tuple(out[N * a:N * b].view(N, b - a) for a, b in zip(bounds[:-1], bounds[1:]))
+
+
+def conv_decode_reference(x, weight, states, rows, parts, block):
+    """The torch reference of conv_decode_in_place (gather, ops.causal_conv, scatter)."""
+    from trtllm_dasc.model.ops import causal_conv
+    y, new, _ = causal_conv(x.float(), weight.float(), states[rows].float(), list(range(x.shape[0] + 1)))
+    states[rows] = new.to(states.dtype)
+    return tuple(t.to(x.dtype) for t in torch.split(y, parts, dim=-1))

@@ -23,7 +23,7 @@ from trtllm_dasc.model.weights import load
 class MixerOut:
     out: torch.Tensor       # [T, D] partial output of this rank
     ht: torch.Tensor | None  # [N, HV, K, V] fp32 final temporal states (None: updated in place)
-    conv: torch.Tensor      # [N, C, W-1] final conv states
+    conv: torch.Tensor | None  # [N, C, W-1] final conv states (None: updated in place)
     hb: torch.Tensor        # [n_cuts, HV, K, V] fp32 captured temporal states, (sequence, cut) order
     conv_b: torch.Tensor    # [n_cuts, C, W-1] captured conv states
 
@@ -125,14 +125,18 @@ class KDALayer:
         return cls(w, len(bundles), K, spec.rms_norm_eps)
 
     def forward(self, x, cu_seqlens: list[int], h0, conv0, backend, cuts=None, in_place=None) -> MixerOut:
-        """in_place: (states [R, H, K, V] fp32, rows [N]) for a decode step whose recurrent states the
-        backend's kernel reads and writes where they live (backend.kda_decode_in_place); h0 is then unused
-        and the returned ht is None."""
+        """in_place: (states [R, H, K, V] fp32, conv states [R, C, W-1], rows [N]) for a decode step whose
+        recurrent and conv states are read and written where they live (backend.kda_decode_in_place,
+        conv_kernel.conv_decode_in_place); h0 and conv0 are then unused and the returned ht and conv None."""
         T, H, K = x.shape[0], self.H, self.K
         fused = getattr(backend, "fused_mixer", False)
         norm_fn = gated_norm if fused else gated_rms_norm
         mixed, f_a, g_a, b = torch.split(linear(x, self.w["in_proj"]), [3 * H * K, K, K, H], dim=-1)
-        qkv, conv, conv_b, normed = _conv_parts(mixed, self.w["conv"], conv0, cu_seqlens, cuts, [H * K] * 3, fused, K)
+        if in_place is not None:
+            qkv, conv, normed = self._conv_in_place(mixed, in_place[1], in_place[2], cu_seqlens), None, False
+        else:
+            qkv, conv, conv_b, normed = _conv_parts(mixed, self.w["conv"], conv0, cu_seqlens, cuts, [H * K] * 3,
+                                                    fused, K)
         q, k, v = (t.reshape(1, T, H, K) for t in qkv)
         raw_gate = linear(f_a, self.w["f_b"]).view(T, H, K)
         if fused:       # fla's kernel computes the decay from the raw gate and beta from b (recurrence/fla.py)
@@ -142,11 +146,23 @@ class KDALayer:
             g = -self.w["A_log"].exp()[:, None] * F.softplus(raw_gate.float() + self.w["dt_bias"].view(H, K))
             beta, gate = torch.sigmoid(b), {}
         if in_place is not None:
-            states, rows = in_place
+            states, _, rows = in_place
             o, ht, hb = backend.kda_decode_in_place(q, k, v, g[None], beta[None], states, rows, **gate), None, \
                 states.new_empty(0, *states.shape[1:])
+            conv_b = in_place[1].new_empty(0, *in_place[1].shape[1:])
         else:
             o, ht, hb = run_recurrence(backend, "kda", q, k, v, g[None], beta[None], h0, cu_seqlens, cuts, **gate)
         og = linear(g_a, self.w["g_b"]).view(T, H, K)
         o = norm_fn(o[0], og, self.w["o_norm"], self.eps, "sigmoid")
         return MixerOut(linear(o.reshape(T, H * K), self.w["o"]), ht, conv, hb, conv_b)
+
+    def _conv_in_place(self, mixed, conv_states, rows, cu_seqlens):
+        """A decode step's conv on the state rows where they live: one kernel (conv_kernel.py), or, for
+        shapes it does not take, fla's update between a gather and a scatter of the rows."""
+        from trtllm_dasc.model import conv_kernel
+        parts, W = [self.H * self.K] * 3, self.w["conv"].shape[1]
+        if conv_kernel.supports(parts, self.K, W):
+            return conv_kernel.conv_decode_in_place(mixed, self.w["conv"], conv_states, rows, parts, self.K)
+        qkv, conv, _ = short_conv(mixed, self.w["conv"], conv_states[rows], cu_seqlens, None, split=parts)
+        conv_states[rows] = conv
+        return qkv

@@ -236,7 +236,6 @@ class HybridModel:
         rows = torch.tensor([s.row for s in batch], dtype=torch.long, device=dev)
         x, hbs, convs = self._layers(self.w["embed"][torch.cat(ids).to(dev)], cu, rows, state, kv, attn_batch,
                                      cuts, refresh, merge, timer)
-        eps = self.spec.rms_norm_eps
         out = ForwardOutput(None, [0], cu)
         picks = []
         for i, mode in enumerate(modes):
@@ -249,7 +248,7 @@ class HybridModel:
             with timer("head"):
                 sel = torch.cat(picks).to(dev)
                 rows_x = x if sel.numel() == x.shape[0] else x[sel]
-                out.logits = (rms_norm(rows_x, self.w["norm"], eps, self.offset_norm) @ self.w["lm_head"].T).float()
+                out.logits = self._head(rows_x)
         out.capture_seq = [i for i, c in enumerate(cuts) for _ in c]
         out.capture_pos = [starts[i] + r for i, c in enumerate(cuts) for r in c]
         if out.capture_seq:
@@ -276,9 +275,16 @@ class HybridModel:
     def fused_norm_weights(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, the (input, post-attention) norm weights the fused kernel multiplies with: qwen3_next's
         1 + w in fp32 as its reference computes it (made once), kimi's w as it is."""
-        def eff(w):
-            return 1.0 + w.float() if self.offset_norm else w
+        eff = self._fused_weight
         return [(eff(in_norm), eff(post_norm)) for _, _, in_norm, post_norm in self.layers]
+
+    @functools.cached_property
+    def fused_final_norm_weight(self) -> torch.Tensor:
+        """The final norm's weight as the fused kernel multiplies with it."""
+        return self._fused_weight(self.w["norm"])
+
+    def _fused_weight(self, w: torch.Tensor) -> torch.Tensor:
+        return 1.0 + w.float() if self.offset_norm else w
 
     def _layers(self, x, cu, rows, state, kv, attn_batch, cuts, refresh, merge, timer):
         """Every layer over the batch's hidden states x [T, D]: (x after the last layer, the captured
@@ -317,18 +323,22 @@ class HybridModel:
         batch = AttnBatch(cu, [], None, positions, decode)
         x, _, _ = self._layers(self.w["embed"][ids], cu, rows, state, kv, batch, [[] for _ in range(B)], None,
                                None, lambda kind: contextlib.nullcontext())
-        return (rms_norm(x, self.w["norm"], self.spec.rms_norm_eps, self.offset_norm) @ self.w["lm_head"].T).float()
+        return self._head(x)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of hidden states x [n, D]: the final norm (one kernel when fused), the LM head."""
+        fused_w = self.fused_final_norm_weight if self._fused() else None
+        h, _ = self._add_norm(x, None, self.w["norm"], fused_w)
+        return (h @ self.w["lm_head"].T).float()
 
     def _linear(self, mixer, lin, h, cu, rows, state, cuts, refresh, merge):
         """One linear layer over the batch; with a refresh, replays first, then merge, then the rest."""
         n = len(cu) - 1
         if (refresh is None and cu[-1] == n and mixer.kind == "kda" and not any(cuts)
                 and hasattr(self.backend, "kda_decode_in_place")):
-            # a decode step: the kernel updates the layer's state rows in place (no gather and scatter)
-            res = mixer.forward(h, cu, None, state.conv[lin, rows], self.backend, cuts,
-                                in_place=(state.temporal[lin], rows))
-            state.conv[lin, rows] = res.conv
-            return res
+            # a decode step: the kernels update the layer's state rows in place (no gather and scatter)
+            return mixer.forward(h, cu, None, None, self.backend, cuts,
+                                 in_place=(state.temporal[lin], state.conv[lin], rows))
 
         def run(a, b):
             base = cu[a]
