@@ -1,5 +1,6 @@
 """fla's fused kernels for the work around the recurrence (GPU only): the short conv and the gated norm;
-and for the rest of a layer: the residual add with the next RMSNorm, and SwiGLU's activation.
+and for the rest of a layer: the residual add with the next RMSNorm, and SwiGLU's activation. Where a kernel
+of ours does better it takes over (the prefill's conv: conv_kernel.py; SwiGLU: swiglu_kernel.py).
 
 The fused mixer path (linear_attn.py, taken when the recurrence backend says `fused_mixer`) calls these in
 place of ops.causal_conv and ops.gated_rms_norm, which stay the torch references with the same signatures
@@ -123,5 +124,9 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, e
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up in one fla kernel (fp32 inside, one rounding; torch rounds silu's output first)."""
+    """silu(gate) * up in one kernel of ours (model/swiglu_kernel.py; fp32 inside, one rounding: torch
+    rounds silu's output first); fla's kernel for shapes ours does not take."""
+    if gate.dim() == 2 and gate.stride(1) == up.stride(1) == 1 and gate.shape == up.shape:
+        from trtllm_dasc.model.swiglu_kernel import swiglu as tiled_swiglu
+        return tiled_swiglu(gate, up)
     return fla_swiglu(gate, up)
