@@ -61,13 +61,14 @@ def _conv_parts_kernel(x, weight, state, out, new_state, chunks, cu, stride_x, s
     tl.store(base + (bos + o_t)[:, None] * width + (o_c - start)[None, :], y.to(out.dtype.element_ty),
              mask=m_t[:, None])
     if t0 + BT >= length:
+        # (names of their own: Triton refuses a variable whose shape changes inside a branch)
         for j in tl.static_range(W - 1):
-            p = length - (W - 1) + j + tl.zeros([BD], dtype=tl.int64)
-            xv = tl.load(x + (bos + p) * stride_x + o_c, mask=p >= 0, other=0.0)
-            sv = tl.load(state + n * stride_sn + o_c * stride_sc + p + W - 1, mask=p < 0, other=0.0)
+            last = length - (W - 1) + j + tl.zeros([BD], dtype=tl.int64)
+            last_x = tl.load(x + (bos + last) * stride_x + o_c, mask=last >= 0, other=0.0)
+            last_s = tl.load(state + n * stride_sn + o_c * stride_sc + last + W - 1, mask=last < 0, other=0.0)
             # exactly one of the two is the input (the other is 0): the sum is it, exactly
             tl.store(new_state + (n * C + o_c) * (W - 1) + j,
-                     (xv.to(tl.float32) + sv.to(tl.float32)).to(new_state.dtype.element_ty))
+                     (last_x.to(tl.float32) + last_s.to(tl.float32)).to(new_state.dtype.element_ty))
 
 
 # (cu_seqlens, device) -> (chunk table [NT, 2] int32, cu [N+1] int64) on the device: every layer of a forward
