@@ -10,7 +10,9 @@ chunk kernels are told not to normalise again (recurrence/fla.py, qk_normalized)
 
 A program takes BT tokens of one sequence and one head's channels (BD = the head dim, a power of two that
 divides every part): the conv's W taps are W shifted loads of the same tile (the first W-1 positions of a
-sequence come from its carried state), the head's l2 norm is a row sum inside the tile. The new state and
+sequence come from its carried state, in its first tile only: the state's [C, W-1] layout makes those
+loads scalar, and with them in every tile the kernel ran at a quarter of the bandwidth), the head's l2 norm
+is a row sum inside the tile. The new state and
 the captured states are the last W-1 inputs before a position: a sequence's last tile writes its new
 state; checkpoint captures come from fused_ops._windows, as before.
 """
@@ -43,18 +45,27 @@ def _conv_parts_kernel(x, weight, state, out, new_state, chunks, cu, stride_x, s
     o_c = c0 + tl.arange(0, BD)
     m_t = o_t < length
     acc = tl.zeros([BT, BD], dtype=tl.float32)
-    for j in tl.static_range(W):
-        p = o_t - (W - 1) + j                          # the input this tap reads
-        from_x = m_t & (p >= 0)
-        from_state = m_t & (p < 0)
-        xv = tl.load(x + (bos + p)[:, None] * stride_x + o_c[None, :], mask=from_x[:, None], other=0.0)
-        sv = tl.load(state + n * stride_sn + o_c[None, :] * stride_sc + (p + W - 1)[:, None],
-                     mask=from_state[:, None], other=0.0)
-        w = tl.load(weight + o_c * W + j).to(tl.float32)
-        acc += (xv.to(tl.float32) + sv.to(tl.float32)) * w[None, :]
+    if t0 >= W - 1:
+        # every tap inside the sequence: W vectorised loads of the tile, shifted by one row each
+        for j in tl.static_range(W):
+            xv = tl.load(x + (bos + o_t - (W - 1) + j)[:, None] * stride_x + o_c[None, :], mask=m_t[:, None],
+                         other=0.0)
+            acc += xv.to(tl.float32) * tl.load(weight + o_c * W + j).to(tl.float32)[None, :]
+    else:
+        # a sequence's first tile: its first W-1 positions reach back into the carried state, whose
+        # [C, W-1] layout makes these loads scalar; kept out of the other tiles (it cost them 4x)
+        for j in tl.static_range(W):
+            p = o_t - (W - 1) + j                          # the input this tap reads
+            from_x = m_t & (p >= 0)
+            from_state = m_t & (p < 0)
+            xv = tl.load(x + (bos + p)[:, None] * stride_x + o_c[None, :], mask=from_x[:, None], other=0.0)
+            sv = tl.load(state + n * stride_sn + o_c[None, :] * stride_sc + (p + W - 1)[:, None],
+                         mask=from_state[:, None], other=0.0)
+            w = tl.load(weight + o_c * W + j).to(tl.float32)
+            acc += (xv.to(tl.float32) + sv.to(tl.float32)) * w[None, :]
     y = acc * tl.sigmoid(acc)
-    rstd = 1 / tl.sqrt(tl.sum(y * y, 1) + eps)
-    y = tl.where(c0 < NORM_C, y * rstd[:, None], y)
+    if c0 < NORM_C:
+        y = y * (1 / tl.sqrt(tl.sum(y * y, 1) + eps))[:, None]
     start = tl.where(c0 < S1, 0, tl.where(c0 < S2, S1, S2))
     width = tl.where(c0 < S1, S1, tl.where(c0 < S2, S2 - S1, C - S2))
     base = out + start.to(tl.int64) * T_total
