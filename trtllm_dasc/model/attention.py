@@ -10,6 +10,7 @@ MLA applies no RoPE (Kimi-Linear's MLA is NoPE); the k_rope channels are used as
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -70,11 +71,17 @@ def _cudnn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     T padded up to the bucket. Returns [T, H, Ev]. The padding goes on the token dim before the [1, H, T, E]
     views are taken and an unpadded call's inputs are made contiguous, so every call has the layout
     (strides) of warm_long_prefill's contiguous tensors: cuDNN's graph cache keys on strides too."""
+    pad = -q.shape[0] % CUDNN_BUCKET
+    return _cudnn_sdpa(*(F.pad(t, (0, 0, 0, 0, 0, pad)) if pad else t.contiguous() for t in (q, k, v)))[:q.shape[0]]
+
+
+def _cudnn_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA of q [T, H, E], k [T, Hk, E], v [T, Hk, Ev] as they are (any strides with a unit last one)
+    on cuDNN, values at their own dim where the build takes that (flash behind cuDNN otherwise, values
+    padded). Returns [T, H, Ev]."""
     global _CUDNN_OWN_VALUE_DIM
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    T, Ev = q.shape[0], v.shape[-1]
-    pad = -T % CUDNN_BUCKET
-    q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) if pad else t.contiguous() for t in (q, k, v))
+    Ev = v.shape[-1]
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     gqa = q.shape[1] != k.shape[1]
     if Ev != q.shape[-1] and _CUDNN_OWN_VALUE_DIM is not False:
@@ -82,14 +89,19 @@ def _cudnn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
             _CUDNN_OWN_VALUE_DIM = True
-            return out[0, :, :T].transpose(0, 1)
+            return out[0].transpose(0, 1)
         except RuntimeError:
             _CUDNN_OWN_VALUE_DIM = False
     if Ev != q.shape[-1]:
         vt = F.pad(vt, (0, q.shape[-1] - Ev))       # flash and older cuDNN want one head dim
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
-    return out[0, :, :T, :Ev].transpose(0, 1)
+    return out[0, ..., :Ev].transpose(0, 1)
+
+
+def _takes_cudnn(T: int, start: int, q: torch.Tensor) -> bool:
+    """Whether a sequence's attention takes the cuDNN long-prefill path (see CUDNN_MIN_TOKENS)."""
+    return start == 0 and T >= CUDNN_MIN_TOKENS and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
 
 
 def warm_long_prefill(shapes: set[tuple[int, int, int, int]], max_tokens: int, device, dtype) -> int:
@@ -109,7 +121,7 @@ def warm_long_prefill(shapes: set[tuple[int, int, int, int]], max_tokens: int, d
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
     """q [T, H, E], k [S, Hk, E], v [S, Hk, Ev] with S = start + T. Returns [T, H, Ev]."""
     T, S, Ev = q.shape[0], k.shape[0], v.shape[-1]
-    if start == 0 and T >= CUDNN_MIN_TOKENS and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+    if _takes_cudnn(T, start, q):
         return _cudnn_causal(q, k, v)
     if Ev != q.shape[-1]:
         # the other fused SDPA kernels want one head dim: pad v, slice the output
@@ -220,12 +232,6 @@ class MLAttention:
         # the latent is shared by every head: each rank caches all of it
         return [(1, self.spec.kv_lora_rank + self.spec.qk_rope_head_dim)]
 
-    @property
-    def prefill_shape(self) -> tuple[int, int, int, int]:
-        """(heads, kv heads, key dim, value dim) of this layer's _attend calls (keys expanded per head)."""
-        s = self.spec
-        return self.H, self.H, s.qk_nope_head_dim + s.qk_rope_head_dim, s.v_head_dim
-
     @classmethod
     def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "MLAttention":
         keep_cudnn_out_of_sdpa(device)
@@ -274,11 +280,55 @@ class MLAttention:
             index, start = batch.kv_index[i], batch.starts[i]
             kv.write(layer, index[start:], [latent[a:b, None]])
             (cached,) = kv.read(layer, index)
+            if _takes_cudnn(b - a, start, q) and _CUDNN_OWN_VALUE_DIM is not False:
+                out[a:b] = self._cudnn_prefill(q[a:b], cached[:, 0])
+                continue
             S = cached.shape[0]
             kvx = linear(cached[:, 0, :lora], w["kv_b_proj"]).view(S, H, nope + vd)
             k = torch.cat([kvx[..., :nope], cached[:, :, lora:].expand(S, H, rope)], dim=-1)
             out[a:b] = _attend(q[a:b], k, kvx[..., nope:], start)
         return linear(out.reshape(T, H * vd), w["o_proj"], w.get("o_proj.bias"))
+
+    @functools.cached_property
+    def kv_b_keys_values(self) -> torch.Tensor:
+        """kv_b_proj extended over the whole cached row [latent | rope]: per head its nope key rows (zero on the
+        rope columns), then rope identity rows (the shared rope part copied through, exactly), then its value
+        rows; [H * (nope + rope + vd), lora + rope]. One GEMM of the cached rows gives every head's whole key
+        and its value side by side, where the prefill otherwise concatenated a [S, H, nope + rope] key copy."""
+        s, H = self.spec, self.H
+        nope, rope, lora, vd = s.qk_nope_head_dim, s.qk_rope_head_dim, s.kv_lora_rank, s.v_head_dim
+        kv_b = self.w["kv_b_proj"].view(H, nope + vd, lora)
+        ext = kv_b.new_zeros(H, nope + rope + vd, lora + rope)
+        ext[:, :nope, :lora] = kv_b[:, :nope]
+        ext[:, nope:nope + rope, lora:] = torch.eye(rope, dtype=kv_b.dtype, device=kv_b.device)
+        ext[:, nope + rope:, :lora] = kv_b[:, nope:]
+        return ext.view(-1, lora + rope)
+
+    def _cudnn_prefill(self, q: torch.Tensor, cached: torch.Tensor) -> torch.Tensor:
+        """Attention of a long prefill from position 0 on cuDNN: q [T, H, nope + rope], cached [T, lora + rope]
+        (this sequence's rows). The rows are padded to the cuDNN bucket before the GEMM, so keys and values
+        are views of one [T', H, nope + rope + vd] output with the same strides at every length (the layout
+        warm_long_prefill builds the graphs for). Returns [T, H, vd]."""
+        s, H, T = self.spec, self.H, q.shape[0]
+        E = s.qk_nope_head_dim + s.qk_rope_head_dim
+        pad = -T % CUDNN_BUCKET
+        kvx = linear(F.pad(cached, (0, 0, 0, pad)) if pad else cached, self.kv_b_keys_values).view(T + pad, H, -1)
+        q = F.pad(q, (0, 0, 0, 0, 0, pad)) if pad else q.contiguous()
+        return _cudnn_sdpa(q, kvx[..., :E], kvx[..., E:])[:T]
+
+    def warm_long_prefill(self, max_tokens: int) -> int:
+        """Build cuDNN's graphs of _cudnn_prefill for every bucket up to max_tokens (zeros through this
+        layer's own path: the layout is the real one). Returns the calls made."""
+        s, calls = self.spec, 0
+        dev, dtype = self.w["kv_b_proj"].device, self.w["kv_b_proj"].dtype
+        top = -(-max_tokens // CUDNN_BUCKET) * CUDNN_BUCKET
+        if max_tokens < CUDNN_MIN_TOKENS or dev.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+            return 0
+        for T in range(CUDNN_MIN_TOKENS, top + 1, CUDNN_BUCKET):
+            q = torch.zeros(T, self.H, s.qk_nope_head_dim + s.qk_rope_head_dim, device=dev, dtype=dtype)
+            self._cudnn_prefill(q, torch.zeros(T, s.kv_lora_rank + s.qk_rope_head_dim, device=dev, dtype=dtype))
+            calls += 1
+        return calls
 
     def _decode(self, q, latent, batch: AttnBatch, kv, layer: int) -> torch.Tensor:
         """A decode step in MLA's absorbed form: the query's nope part is taken into the latent space

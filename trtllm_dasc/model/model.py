@@ -159,8 +159,15 @@ class HybridModel:
         if self.device.type != "cuda":
             return 0
         from trtllm_dasc.model.attention import warm_long_prefill
-        shapes = {m.prefill_shape for m, *_ in self.layers if m.kind not in ("gdn", "kda")}
-        return warm_long_prefill(shapes, max_tokens, self.device, self.dtype)
+        attention = [m for m, *_ in self.layers if m.kind not in ("gdn", "kda")]
+        # MLA's long prefill has a layout of its own (keys and values from one GEMM): its first layer builds
+        # the graphs (the others share the shapes), every layer makes its extended kv_b now
+        mla = [m for m in attention if m.kind == "mla"]
+        calls = mla[0].warm_long_prefill(max_tokens) if mla else 0
+        for m in mla:
+            m.kv_b_keys_values
+        shapes = {m.prefill_shape for m in attention if m.kind != "mla"}
+        return calls + warm_long_prefill(shapes, max_tokens, self.device, self.dtype)
 
     def new_state(self, num_rows: int) -> RecurrentState:
         return RecurrentState.zeros(self.cfg, num_rows, self.tp_size, self.dtype, self.device)
