@@ -191,7 +191,8 @@ class GatedAttention:
         w["k_norm"] = load(src, p + "k_norm.weight", (hd,), dtype, device)
         return cls(w, spec, len(heads) if split else H, len(kv_heads) if split else Hk, split)
 
-    def forward(self, x: torch.Tensor, batch: AttnBatch, kv, layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: AttnBatch, kv, layer: int, fused: bool = False) -> torch.Tensor:
+        """fused: accepted for the model's one call signature (this layer's norms stay torch's)."""
         s, w, T = self.spec, self.w, x.shape[0]
         H, Hk, hd, eps = self.H, self.Hk, s.head_dim, s.rms_norm_eps
         qg = linear(x, w["q_proj"], w.get("q_proj.bias")).view(T, H, 2 * hd)
@@ -259,7 +260,9 @@ class MLAttention:
                     w[n + ".bias"] = load(src, p + n + ".bias", (shapes[n][0],), dtype, device)
         return cls(w, spec, H if heads is None else len(heads), heads is not None)
 
-    def forward(self, x: torch.Tensor, batch: AttnBatch, kv, layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: AttnBatch, kv, layer: int, fused: bool = False) -> torch.Tensor:
+        """fused: the latent's RMSNorm in fla's one kernel (model.py passes it with the fused mixers on a GPU;
+        in torch it is six small kernels, which count in a decode step)."""
         s, w, T = self.spec, self.w, x.shape[0]
         H, nope, rope, lora, vd = (self.H, s.qk_nope_head_dim, s.qk_rope_head_dim,
                                    s.kv_lora_rank, s.v_head_dim)
@@ -271,7 +274,12 @@ class MLAttention:
                        w["q_b_proj"])
         q = q.view(T, H, nope + rope)
         ckv = linear(x, w["kv_a_proj_with_mqa"], w.get("kv_a_proj_with_mqa.bias"))
-        latent = torch.cat([rms_norm(ckv[:, :lora], w["kv_a_layernorm"], 1e-6, False), ckv[:, lora:]], dim=-1)
+        if fused:
+            from trtllm_dasc.model.fused_ops import add_rms_norm
+            normed, _ = add_rms_norm(ckv[:, :lora], None, w["kv_a_layernorm"], 1e-6)
+        else:
+            normed = rms_norm(ckv[:, :lora], w["kv_a_layernorm"], 1e-6, False)
+        latent = torch.cat([normed, ckv[:, lora:]], dim=-1)
         if batch.paged is not None:
             return linear(self._decode(q, latent, batch, kv, layer).reshape(T, H * vd), w["o_proj"],
                           w.get("o_proj.bias"))

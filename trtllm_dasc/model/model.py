@@ -310,7 +310,7 @@ class HybridModel:
                 lin += 1
             else:
                 with timer("attention"):
-                    out = mixer.forward(h, attn_batch, kv, att)
+                    out = mixer.forward(h, attn_batch, kv, att, fused)
                     out = self.all_reduce(out) if mixer.partial else out
                 att += 1
             with timer("mlp"):
