@@ -21,7 +21,7 @@ def _ints(*names):
 
 def kernels() -> list[tuple]:
     """(kernel, signature, constexprs) of every launch shape the model uses."""
-    from trtllm_dasc.model import conv_kernel, decode_attention, swiglu_kernel
+    from trtllm_dasc.model import conv_kernel, swiglu_kernel
     out = []
     for dt in ("*bf16", "*fp32"):
         out.append((conv_kernel._conv_parts_kernel,
@@ -37,10 +37,6 @@ def kernels() -> list[tuple]:
                     {"gate": "*bf16", "up": "*bf16", "out": "*bf16",
                      **_ints("T", "I", "stride_g", "stride_u", "stride_o")},
                     {"BLOCK_T": block_t, "BLOCK_I": block_i}))
-    for dv in (512, 256):                                     # MLA's latent values, GQA's head dim
-        out.append((decode_attention._combine_kernel,
-                    {"o_part": "*fp32", "ml_part": "*fp32", "out": "*bf16", "SPLITS": "i32"},
-                    {"DV": dv, "BLOCK_DV": dv}))
     return out
 
 
