@@ -1,7 +1,11 @@
 """Our Triton kernels compiled for the H200 (sm_90) on any machine: Triton's interpreter, which runs them
 on the CPU in the other tests, does not type-check them, so a kernel it runs may not compile (a variable
-that changes shape inside a branch passed the interpreter and failed on the GPU). The compiler runs in a
-child process: TRITON_INTERPRET (tests/conftest.py) patches triton.language in this one."""
+that changes shape inside a branch passed the interpreter and failed on the GPU). And ptxas must place them
+in registers without spilling: the first prefill conv kernel took 255 registers and spilled 1.4 KB per
+thread, and ran at a quarter of the bandwidth. Pointers and the int arguments the launches pass as
+multiples of 16 are compiled as such (Triton specialises a launch that way), or the vector loads and the
+register counts would not be the real ones. The compiler runs in a child process: TRITON_INTERPRET
+(tests/conftest.py) patches triton.language in this one."""
 from __future__ import annotations
 
 import os
@@ -20,34 +24,61 @@ def _ints(*names):
 
 
 def kernels() -> list[tuple]:
-    """(kernel, signature, constexprs) of every launch shape the model uses."""
+    """(kernel, signature, constexprs, num_warps) of every launch shape the model uses."""
     from trtllm_dasc.model import conv_kernel, swiglu_kernel
     out = []
     for dt in ("*bf16", "*fp32"):
         out.append((conv_kernel._conv_parts_kernel,
-                    {"x": dt, "weight": dt, "state": dt, "out": dt, "new_state": dt, "chunks": "*i32", "cu": "*i64",
+                    {"x": dt, "weight": dt, "out": dt, "chunks": "*i32", "cu": "*i64",
+                     **_ints("stride_x", "T_total", "C", "S1", "S2", "NORM_C"), "eps": "fp32"},
+                    {"W": 4, "BT": conv_kernel.BLOCK_T, "BD": 128}, conv_kernel.WARPS))
+        out.append((conv_kernel._conv_head_kernel,
+                    {"x": dt, "weight": dt, "state": dt, "out": dt, "new_state": dt, "cu": "*i64",
                      **_ints("stride_x", "stride_sn", "stride_sc", "T_total", "C", "S1", "S2", "NORM_C"),
                      "eps": "fp32"},
-                    {"W": 4, "BT": conv_kernel.BLOCK_T, "BD": 128}))
+                    {"W": 4, "BW": 4, "BD": 128}, 4))
         out.append((conv_kernel._conv_decode_kernel,
                     {"x": dt, "weight": dt, "states": "*fp32", "rows": "*i64", "out": dt,
-                     **_ints("stride_x", "stride_sr", "stride_sc", "C", "S1", "S2")}, {"W": 4, "BD": 128}))
-    for block_t, block_i in ((8, 1024), (1, 256)):          # prefill and decode tiles
+                     **_ints("stride_x", "stride_sr", "stride_sc", "C", "S1", "S2")}, {"W": 4, "BD": 128}, 1))
+    for block_t, block_i, warps in ((8, 1024, 8), (1, 256, 2)):          # prefill and decode tiles
         out.append((swiglu_kernel._swiglu_kernel,
                     {"gate": "*bf16", "up": "*bf16", "out": "*bf16",
                      **_ints("T", "I", "stride_g", "stride_u", "stride_o")},
-                    {"BLOCK_T": block_t, "BLOCK_I": block_i}))
+                    {"BLOCK_T": block_t, "BLOCK_I": block_i}, warps))
     return out
 
 
+# what the launches pass as multiples of 16 (pointers, row strides, channel counts; not the conv state's
+# [C, W-1] strides nor token counts)
+ALIGNED = {"stride_x", "stride_g", "stride_u", "stride_o", "stride_sr", "C", "S1", "S2", "NORM_C", "I"}
+
+
 def compile_all() -> None:
+    import re
+    import subprocess
+    import tempfile
+
     import triton
     from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
-    for fn, signature, constexprs in kernels():
+    ptxas = get_ptxas(90).path
+    work = tempfile.mkdtemp(prefix="kernel_check_")
+    for fn, signature, constexprs, warps in kernels():
         sig = {**signature, **{name: "constexpr" for name in constexprs}}
-        triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
-        print("compiled", fn.__name__, constexprs)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
+                 if ty.startswith("*") or name in ALIGNED}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        ptx = os.path.join(work, "kernel.ptx")
+        with open(ptx, "w") as f:
+            f.write(k.asm["ptx"])
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(work, "kernel.cubin")],
+                           capture_output=True, text=True)
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", r.stdout + r.stderr)]
+        regs = re.findall(r"Used (\d+) registers", r.stdout + r.stderr)
+        print("compiled", fn.__name__, constexprs, "registers", regs, "spill stores", spills)
+        assert r.returncode == 0 and spills and not any(spills), (fn.__name__, r.stderr[-2000:])
 
 
 def test_our_kernels_compile_for_sm90():

@@ -9,12 +9,12 @@ Why: on the H200 at 16k tokens the Kimi-Linear-shaped stack spent 0.45 ms per KD
 chunk kernels are told not to normalise again (recurrence/fla.py, qk_normalized).
 
 A program takes BT tokens of one sequence and one head's channels (BD = the head dim, a power of two that
-divides every part): the conv's W taps are W shifted loads of the same tile (the first W-1 positions of a
-sequence come from its carried state, in its first tile only: the state's [C, W-1] layout makes those
-loads scalar, and with them in every tile the kernel ran at a quarter of the bandwidth), the head's l2 norm
-is a row sum inside the tile. The new state and
-the captured states are the last W-1 inputs before a position: a sequence's last tile writes its new
-state; checkpoint captures come from fused_ops._windows, as before.
+divides every part): the conv's W taps are W shifted loads of the same tile, the head's l2 norm is a row
+sum inside the tile. The first W-1 outputs of each sequence, whose taps reach back into its carried state,
+are redone by a second small kernel (the state's [C, W-1] layout makes those loads scalar: in the main
+kernel they cost registers and spills in every tile), which also writes the new state. The new state and
+the captured states are the last W-1 inputs before a position: the second kernel writes the new state;
+checkpoint captures come from fused_ops._windows, as before.
 """
 from __future__ import annotations
 
@@ -22,18 +22,36 @@ import torch
 import triton
 import triton.language as tl
 
-# tokens per program: 64 x 128 channels is a 16 KB bf16 tile, loaded W times (the shifts hit L1/L2)
+# tokens per program: with 8 warps a 64 x 128 tile takes 75 registers a thread and spills none (ptxas for
+# sm_90; tests/model/test_kernels_compile.py keeps it so). The one-kernel version before, which also read
+# the carried state and wrote the new one, took 255 with 1.4 KB of spills at 4 warps: on the H200 at 16k
+# tokens it took 0.66 ms per KDA layer (model_prefill_kda_h200x2_9198d82.json's profile), more than fla's
+# conv and l2norm passes had (0.58). This version is not yet measured on the GPU.
 BLOCK_T = 64
+WARPS = 8
 EPS = 1e-6               # fla's l2norm eps (ops.l2norm), which the chunk kernels would otherwise apply
 
 
 @triton.jit
-def _conv_parts_kernel(x, weight, state, out, new_state, chunks, cu, stride_x, stride_sn, stride_sc, T_total, C,
-                       S1, S2, NORM_C, eps, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """Program (channel block, chunk): chunk = (sequence, tile) from `chunks`. Channels [0, S1) are part 0,
-    [S1, S2) part 1, [S2, C) part 2; part p lands in `out` at T_total x its first channel, row stride its
-    width. Channels below NORM_C are l2-normalised per block (= per head). A sequence's last tile also
-    writes its new state (new_state [N, C, W-1], contiguous): the last W-1 inputs."""
+def _finish(acc, out, bos, o_t, m_t, o_c, c0, T_total, C, S1, S2, NORM_C, eps):
+    """SiLU, the l2 norm of q/k heads (channels below NORM_C, one head per block), the store into the part:
+    channels [0, S1) are part 0, [S1, S2) part 1, [S2, C) part 2; part p lands in `out` at T_total x its
+    first channel, row stride its width."""
+    y = acc * tl.sigmoid(acc)
+    if c0 < NORM_C:
+        y = y * (1 / tl.sqrt(tl.sum(y * y, 1) + eps))[:, None]
+    start = tl.where(c0 < S1, 0, tl.where(c0 < S2, S1, S2))
+    width = tl.where(c0 < S1, S1, tl.where(c0 < S2, S2 - S1, C - S2))
+    base = out + start.to(tl.int64) * T_total
+    tl.store(base + (bos + o_t)[:, None] * width + (o_c - start)[None, :], y.to(out.dtype.element_ty),
+             mask=m_t[:, None])
+
+
+@triton.jit
+def _conv_parts_kernel(x, weight, out, chunks, cu, stride_x, T_total, C, S1, S2, NORM_C, eps, W: tl.constexpr,
+                       BT: tl.constexpr, BD: tl.constexpr):
+    """Program (channel block, chunk): chunk = (sequence, tile) from `chunks`. The taps before a sequence's
+    first token read 0 here: _conv_head_kernel redoes those W-1 rows from the carried state afterwards."""
     i_c = tl.program_id(0)
     i_k = tl.program_id(1)
     n = tl.load(chunks + 2 * i_k).to(tl.int64)
@@ -45,41 +63,46 @@ def _conv_parts_kernel(x, weight, state, out, new_state, chunks, cu, stride_x, s
     o_c = c0 + tl.arange(0, BD)
     m_t = o_t < length
     acc = tl.zeros([BT, BD], dtype=tl.float32)
-    if t0 >= W - 1:
-        # every tap inside the sequence: W vectorised loads of the tile, shifted by one row each
-        for j in tl.static_range(W):
-            xv = tl.load(x + (bos + o_t - (W - 1) + j)[:, None] * stride_x + o_c[None, :], mask=m_t[:, None],
-                         other=0.0)
-            acc += xv.to(tl.float32) * tl.load(weight + o_c * W + j).to(tl.float32)[None, :]
-    else:
-        # a sequence's first tile: its first W-1 positions reach back into the carried state, whose
-        # [C, W-1] layout makes these loads scalar; kept out of the other tiles (it cost them 4x)
-        for j in tl.static_range(W):
-            p = o_t - (W - 1) + j                          # the input this tap reads
-            from_x = m_t & (p >= 0)
-            from_state = m_t & (p < 0)
-            xv = tl.load(x + (bos + p)[:, None] * stride_x + o_c[None, :], mask=from_x[:, None], other=0.0)
-            sv = tl.load(state + n * stride_sn + o_c[None, :] * stride_sc + (p + W - 1)[:, None],
-                         mask=from_state[:, None], other=0.0)
-            w = tl.load(weight + o_c * W + j).to(tl.float32)
-            acc += (xv.to(tl.float32) + sv.to(tl.float32)) * w[None, :]
-    y = acc * tl.sigmoid(acc)
-    if c0 < NORM_C:
-        y = y * (1 / tl.sqrt(tl.sum(y * y, 1) + eps))[:, None]
-    start = tl.where(c0 < S1, 0, tl.where(c0 < S2, S1, S2))
-    width = tl.where(c0 < S1, S1, tl.where(c0 < S2, S2 - S1, C - S2))
-    base = out + start.to(tl.int64) * T_total
-    tl.store(base + (bos + o_t)[:, None] * width + (o_c - start)[None, :], y.to(out.dtype.element_ty),
-             mask=m_t[:, None])
-    if t0 + BT >= length:
-        # (names of their own: Triton refuses a variable whose shape changes inside a branch)
-        for j in tl.static_range(W - 1):
-            last = length - (W - 1) + j + tl.zeros([BD], dtype=tl.int64)
-            last_x = tl.load(x + (bos + last) * stride_x + o_c, mask=last >= 0, other=0.0)
-            last_s = tl.load(state + n * stride_sn + o_c * stride_sc + last + W - 1, mask=last < 0, other=0.0)
-            # exactly one of the two is the input (the other is 0): the sum is it, exactly
-            tl.store(new_state + (n * C + o_c) * (W - 1) + j,
-                     (last_x.to(tl.float32) + last_s.to(tl.float32)).to(new_state.dtype.element_ty))
+    for j in tl.static_range(W):
+        # W vectorised loads of the tile, each shifted by one row
+        p = o_t - (W - 1) + j
+        xv = tl.load(x + (bos + p)[:, None] * stride_x + o_c[None, :], mask=(m_t & (p >= 0))[:, None], other=0.0)
+        acc += xv.to(tl.float32) * tl.load(weight + o_c * W + j).to(tl.float32)[None, :]
+    _finish(acc, out, bos, o_t, m_t, o_c, c0, T_total, C, S1, S2, NORM_C, eps)
+
+
+@triton.jit
+def _conv_head_kernel(x, weight, state, out, new_state, cu, stride_x, stride_sn, stride_sc, T_total, C, S1, S2,
+                      NORM_C, eps, W: tl.constexpr, BW: tl.constexpr, BD: tl.constexpr):
+    """Program (channel block, sequence), after _conv_parts_kernel: the sequence's first W-1 outputs again,
+    their taps before the first token read from the carried state (state [N, C, W-1], any strides; scalar
+    loads, which is why they are not in the main kernel), and its new state, the last W-1 inputs
+    (new_state [N, C, W-1], contiguous). BW: W-1 rounded up to a power of two."""
+    i_c = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    bos = tl.load(cu + n).to(tl.int64)
+    length = tl.load(cu + n + 1).to(tl.int64) - bos
+    o_t = tl.arange(0, BW).to(tl.int64)
+    c0 = i_c * BD
+    o_c = c0 + tl.arange(0, BD)
+    m_t = (o_t < W - 1) & (o_t < length)
+    acc = tl.zeros([BW, BD], dtype=tl.float32)
+    for j in tl.static_range(W):
+        p = o_t - (W - 1) + j                          # the input this tap reads
+        xv = tl.load(x + (bos + p)[:, None] * stride_x + o_c[None, :], mask=(m_t & (p >= 0))[:, None], other=0.0)
+        sv = tl.load(state + n * stride_sn + o_c[None, :] * stride_sc + (p + W - 1)[:, None],
+                     mask=(m_t & (p < 0))[:, None], other=0.0)
+        acc += (xv.to(tl.float32) + sv.to(tl.float32)) * tl.load(weight + o_c * W + j).to(tl.float32)[None, :]
+    _finish(acc, out, bos, o_t, m_t, o_c, c0, T_total, C, S1, S2, NORM_C, eps)
+    # the new state: inputs length-(W-1) .. length-1, from x or (a sequence shorter than W-1) the old state;
+    # exactly one of the two loads is the input (the other is 0), so the sum is it, exactly
+    last = length - (W - 1) + o_t
+    m_s = o_t < W - 1
+    lx = tl.load(x + (bos + last)[:, None] * stride_x + o_c[None, :], mask=(m_s & (last >= 0))[:, None], other=0.0)
+    ls = tl.load(state + n * stride_sn + o_c[None, :] * stride_sc + (last + W - 1)[:, None],
+                 mask=(m_s & (last < 0))[:, None], other=0.0)
+    tl.store(new_state + (n * C + o_c[None, :]) * (W - 1) + o_t[:, None],
+             (lx.to(tl.float32) + ls.to(tl.float32)).to(new_state.dtype.element_ty), mask=m_s[:, None])
 
 
 # (cu_seqlens, device) -> (chunk table [NT, 2] int32, cu [N+1] int64) on the device: every layer of a forward
@@ -126,9 +149,14 @@ def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     out = torch.empty(T * C, dtype=x.dtype, device=x.device)
     new_state = torch.empty(conv_state.shape, dtype=conv_state.dtype, device=x.device)
     chunks, cu = _tables(cu_seqlens, x.device)
-    _conv_parts_kernel[(C // head_dim, chunks.shape[0])](
-        x, weight.contiguous(), conv_state, out, new_state, chunks, cu, x.stride(0), conv_state.stride(0),
-        conv_state.stride(1), T, C, S1, S2, bounds[normalized], EPS, W=W, BT=BLOCK_T, BD=head_dim, num_warps=4)
+    w = weight.contiguous()
+    args = (T, C, S1, S2, bounds[normalized], EPS)
+    _conv_parts_kernel[(C // head_dim, chunks.shape[0])](x, w, out, chunks, cu, x.stride(0), *args, W=W, BT=BLOCK_T,
+                                                          BD=head_dim, num_warps=WARPS)
+    # after the main kernel (same stream): each sequence's first W-1 rows from its carried state
+    _conv_head_kernel[(C // head_dim, conv_state.shape[0])](
+        x, w, conv_state, out, new_state, cu, x.stride(0), conv_state.stride(0), conv_state.stride(1), *args, W=W,
+        BW=max(2, triton.next_power_of_2(W - 1)), BD=head_dim, num_warps=4)
     return tuple(out[T * a:T * b].view(T, b - a) for a, b in zip(bounds[:-1], bounds[1:])), new_state
 
 
