@@ -61,8 +61,8 @@ CUDNN_BUCKET = 1024
 
 # Whether this build's cuDNN attention takes values of their own head dim (MLA: keys 192, values 128): on the
 # H200 that ran MLA's 16k causal attention in 4.43 ms against 5.13 with the values padded to 192
-# (benchmarks/results/attention_prefill_h200.json, arm cudnn_dv), and saves the padded copy. None: not yet
-# tried; a build that refuses it gets the padded values (and flash behind cuDNN) from then on.
+# (benchmarks/results/attention_prefill_h200x2_2c312ab.json, arm cudnn_dv), and saves the padded copy. None:
+# not yet tried; a build that refuses it gets the padded values (and flash behind cuDNN) from then on.
 _CUDNN_OWN_VALUE_DIM: bool | None = None
 
 

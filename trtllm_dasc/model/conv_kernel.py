@@ -1,12 +1,13 @@
-"""The prefill's short convolution in one Triton kernel: depthwise causal conv + SiLU over varlen tokens from
-the carried state, q and k l2-normalised per head, and each part (q, k, v) written to an output of its own.
+"""The prefill's short convolution in Triton: depthwise causal conv + SiLU over varlen tokens from the carried
+state, q and k l2-normalised per head, and each part (q, k, v) written to an output of its own.
 `conv_parts_reference` below is the torch reference with the same signature (ops.causal_conv + ops.l2norm).
 
 Why: on the H200 at 16k tokens the Kimi-Linear-shaped stack spent 0.45 ms per KDA layer in fla's conv
 (three calls, one per part, so the chunk kernels get contiguous q / k / v; about 1.8 TB/s) and another
-0.13 ms in the l2norm passes fla's chunk kernels make over q and k (model_prefill_kda_h200.json, the
---profile run). Here one pass reads the inputs once and writes the parts once, already normalised, and the
-chunk kernels are told not to normalise again (recurrence/fla.py, qk_normalized).
+0.13 ms in the l2norm passes fla's chunk kernels make over q and k (the --profile run in
+benchmarks/results/model_prefill_kda_h200x2_2c312ab.json); at 4k tokens its eight launches per layer
+counted more than their bytes. Here one pass reads the inputs once and writes the parts once, already
+normalised, and the chunk kernels are told not to normalise again (recurrence/fla.py, qk_normalized).
 
 A program takes BT tokens of one sequence and one head's channels (BD = the head dim, a power of two that
 divides every part): the conv's W taps are W shifted loads of the same tile, the head's l2 norm is a row
