@@ -28,7 +28,7 @@ def _launcher(event, depth: int = 3) -> str:
     """The chain of host operators above a kernel launch, outermost first ("aten::pad > aten::copy_")."""
     names, e = [], event.cpu_parent
     while e is not None:
-        if not e.name.startswith(("cuda", "cu")):        # the runtime call itself says nothing
+        if not e.name.startswith("cu"):        # the runtime call itself (cudaLaunchKernel, cuLaunchKernelEx)
             names.append(e.name)
         e = e.cpu_parent
     return " > ".join(reversed(names[:depth])) or event.name
@@ -63,8 +63,9 @@ def summarize(prof, steps: int, device: str, top: int = 40) -> dict:
     rows = []
     for n, v in ranked:
         row = {"name": n[:120], "us_per_step": sum(v) / steps, "count_per_step": len(v) / steps}
-        if n in launchers:          # recorded with attribute=True: the three commonest operator chains
-            row["launched_by"] = sorted(launchers[n].items(), key=lambda kv: -kv[1])[:3]
+        if n in launchers:          # recorded with attribute=True: the three commonest chains, launches per step
+            row["launched_by"] = [(chain, k / steps) for chain, k in
+                                  sorted(launchers[n].items(), key=lambda kv: -kv[1])[:3]]
         rows.append(row)
     return {"steps": steps, "events_per_step": len(events) / steps, "busy_us_per_step": busy / steps,
             "span_us_per_step": span / steps, "top": rows}
@@ -75,6 +76,6 @@ def print_summary(label: str, s: dict, lines: int = 15) -> None:
     print(f"  profile {label}: {s['events_per_step']:.0f} device events per step, busy {s['busy_us_per_step']:.0f} us, "
           f"span {s['span_us_per_step']:.0f} us")
     for t in s["top"][:lines]:
-        by = "; ".join(f"{chain} x{n}" for chain, n in t.get("launched_by", []))
+        by = "; ".join(f"{chain} x{n:g}" for chain, n in t.get("launched_by", []))
         print(f"    {t['us_per_step']:>9.1f} us  x{t['count_per_step']:>5.1f}  {t['name'][:90]}"
               + (f"\n{'':>24}from {by[:160]}" if by else ""))

@@ -1,5 +1,6 @@
-"""The prefill's one-pass conv kernel (model/conv_kernel.py; Triton's interpreter on the CPU) against the
-torch reference conv (ops.causal_conv) and l2norm (ops.l2norm), and the mixers' conv step that uses it."""
+"""The prefill's conv kernels (model/conv_kernel.py; Triton's interpreter on the CPU) against the
+torch references (conv_kernel's, built on ops.causal_conv and ops.l2norm), and the mixers' conv step that
+uses them against the torch path."""
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,8 @@ import torch
 pytest.importorskip("triton")
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
-from trtllm_dasc.model.conv_kernel import conv_parts, supports  # noqa: E402
-from trtllm_dasc.model.ops import causal_conv, l2norm  # noqa: E402
+from trtllm_dasc.model.conv_kernel import conv_parts, conv_parts_reference, supports  # noqa: E402
+from trtllm_dasc.model.ops import l2norm  # noqa: E402
 
 # natively on a GPU; on the CPU in Triton's interpreter (tests/conftest.py sets it without a GPU)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -29,28 +30,28 @@ def _inputs(lens, parts, W, dtype, seed=0):
 
 
 @pytest.mark.parametrize("W", [2, 4])
-@pytest.mark.parametrize("parts", [[32, 32, 64], [48, 48, 48]], ids=["gdn-like", "kda-like"])
-def test_conv_parts_match_reference(W, parts):
+@pytest.mark.parametrize("parts", [[32, 32, 64], [48, 48, 48], [32, 96], [64]],
+                         ids=["gdn-like", "kda-like", "two-parts", "one-part"])
+@pytest.mark.parametrize("fp32_state", [False, pytest.param(True, marks=pytest.mark.skipif(
+    DEV == "cpu", reason="on the CPU the inputs are fp32 already"))], ids=["state-as-x", "fp32-state"])
+def test_conv_parts_match_reference(W, parts, fp32_state):
     # sequences shorter than the window (their first outputs read the carried state), one that ends
-    # exactly on a 64-token tile, one over two tiles
+    # exactly on a 64-token tile, one over two tiles; q and k (the first two parts, where there are two)
+    # l2-normalised per head; a carried state in fp32 next to bf16 inputs (a checkpoint's conv dtype)
     dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
-    head = 16
+    head, normalized = 16, min(2, len(parts))
     lens = [1, 2, 64, 5, 130]
     x, weight, state, cu = _inputs(lens, parts, W, dtype)
-    got, new_state = conv_parts(x, weight, state, cu, parts, 2, head)
-    y, ref_state, _ = causal_conv(x.float(), weight.float(), state.float(), cu)
+    state = state.float() if fp32_state else state
+    got, new_state = conv_parts(x, weight, state, cu, parts, normalized, head)
+    ref, ref_state = conv_parts_reference(x.float(), weight, state, cu, parts, normalized, head)
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
-    a = 0
-    for i, (part, p) in enumerate(zip(got, parts)):
+    for part, want, p in zip(got, ref, parts):
         assert part.shape == (cu[-1], p) and part.is_contiguous() and part.dtype == dtype
-        ref = y[:, a:a + p]
-        if i < 2:       # q and k: l2-normalised per head
-            ref = l2norm(ref.reshape(-1, p // head, head)).reshape(-1, p)
-        torch.testing.assert_close(part.float(), ref, **tol)
-        a += p
-    # the new state is the last W-1 inputs: copied, exact
+        torch.testing.assert_close(part.float(), want, **tol)
+    # the new state is the last W-1 inputs: copied, exactly, in the state's dtype
     assert new_state.dtype == state.dtype
-    torch.testing.assert_close(new_state.float(), ref_state, rtol=0, atol=0)
+    torch.testing.assert_close(new_state.float(), ref_state.float(), rtol=0, atol=0)
 
 
 def test_supports_only_whole_power_of_two_heads():
@@ -82,7 +83,7 @@ def test_mixer_conv_step_matches_the_reference_path():
 def test_conv_decode_in_place_matches_reference_and_leaves_other_rows(W):
     # one token per sequence, the layer's state rows read and shifted where they live (states in fp32
     # next to bf16 inputs on a GPU, as a checkpoint's conv dtype may be)
-    from trtllm_dasc.model.conv_kernel import conv_decode_in_place
+    from trtllm_dasc.model.conv_kernel import conv_decode_in_place, conv_decode_reference
     dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
     g = torch.Generator().manual_seed(W)
     parts, head, R = [32, 32, 64], 16, 9
@@ -93,11 +94,12 @@ def test_conv_decode_in_place_matches_reference_and_leaves_other_rows(W):
     rows = torch.tensor([7, 0, 3, 5], device=DEV)
     before = states.clone()
     got = conv_decode_in_place(x, weight, states, rows, parts, head)
-    y, new, _ = causal_conv(x.float(), weight.float(), before[rows], list(range(5)))
+    after_ref = before.clone()
+    ref = conv_decode_reference(x, weight, after_ref, rows, parts, head)
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
-    for part, ref in zip(got, torch.split(y, parts, dim=-1)):
+    for part, want in zip(got, ref):
         assert part.is_contiguous() and part.dtype == dtype
-        torch.testing.assert_close(part.float(), ref, **tol)
-    torch.testing.assert_close(states[rows], new, rtol=0, atol=0)           # shifted, the new input last
+        torch.testing.assert_close(part.float(), want.float(), **tol)
+    torch.testing.assert_close(states[rows], after_ref[rows], rtol=0, atol=0)     # shifted, the new input last
     others = [r for r in range(R) if r not in rows.tolist()]
     torch.testing.assert_close(states[others], before[others], rtol=0, atol=0)

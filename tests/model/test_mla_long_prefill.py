@@ -50,6 +50,9 @@ def test_cudnn_prefill_matches_masked_math(T):
     k = torch.cat([kvx[..., :nope], cached[:, None, lora:].expand(T, H, rope)], dim=-1)
     ref = _reference(q, k, kvx[..., nope:], 0)
     assert out.shape == (T, H, vd)
-    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+    # bf16 against fp32: the relative RMS error over all rows (an absolute tolerance the size of the
+    # outputs would check little), as tests/model/test_attention_gpu.py measures it
+    err = ((out.float() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+    assert err < 2e-2, f"relative RMS error {err:.2e}"
     # the graphs of every bucket up to 5120 tokens are built through the same path
     assert mla.warm_long_prefill(5120) == 2 and mla.warm_long_prefill(4095) == 0

@@ -1,5 +1,6 @@
-"""The tiled SwiGLU kernel (model/swiglu_kernel.py; Triton's interpreter on the CPU) against torch's
-silu(gate) * up, on the column halves of one GEMM output as DenseMLP hands them over."""
+"""The tiled SwiGLU kernel (model/swiglu_kernel.py; Triton's interpreter on the CPU) against its torch
+reference (torch's silu(gate) * up in fp32), on the column halves of one GEMM output as DenseMLP hands them
+over."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from trtllm_dasc.model.swiglu_kernel import swiglu  # noqa: E402
+from trtllm_dasc.model.swiglu_kernel import swiglu, swiglu_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -19,7 +20,7 @@ def test_swiglu_of_gemm_halves_matches_torch(T, inter):
     gu = torch.randn(T, 2 * inter, generator=torch.Generator().manual_seed(T)).to(DEV, dtype)
     gate, up = gu[:, :inter], gu[:, inter:]
     got = swiglu(gate, up)
-    ref = torch.nn.functional.silu(gate.float()) * up.float()
+    ref = swiglu_reference(gate.float(), up.float())
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-6)
     assert got.shape == (T, inter) and got.is_contiguous() and got.dtype == dtype
     torch.testing.assert_close(got.float(), ref, **tol)

@@ -59,11 +59,12 @@ CUDNN_MIN_TOKENS = 4096
 CUDNN_BUCKET = 1024
 
 
-# Whether this build's cuDNN attention takes values of their own head dim (MLA: keys 192, values 128): on the
-# H200 that ran MLA's 16k causal attention in 4.43 ms against 5.13 with the values padded to 192
-# (benchmarks/results/attention_prefill_h200x2_2c312ab.json, arm cudnn_dv), and saves the padded copy. None:
-# not yet tried; a build that refuses it gets the padded values (and flash behind cuDNN) from then on.
-_CUDNN_OWN_VALUE_DIM: bool | None = None
+# Whether this build's cuDNN attention takes values of their own head dim (MLA: keys 192, values 128), per
+# (heads, kv heads, key dim, value dim): on the H200 that ran MLA's 16k causal attention in 4.43 ms against
+# 5.13 with the values padded to 192 (benchmarks/results/attention_prefill_h200x2_2c312ab.json, arm
+# cudnn_dv), and saves the padded copy. A shape missing here is tried; one the build refuses gets the padded
+# values (and flash behind cuDNN) from then on.
+_CUDNN_OWN_VALUE_DIM: dict[tuple[int, int, int, int], bool] = {}
 
 
 def _cudnn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -79,21 +80,23 @@ def _cudnn_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     """Causal SDPA of q [T, H, E], k [T, Hk, E], v [T, Hk, Ev] as they are (any strides with a unit last one)
     on cuDNN, values at their own dim where the build takes that (flash behind cuDNN otherwise, values
     padded). Returns [T, H, Ev]."""
-    global _CUDNN_OWN_VALUE_DIM
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    Ev = v.shape[-1]
+    E, Ev = q.shape[-1], v.shape[-1]
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     gqa = q.shape[1] != k.shape[1]
-    if Ev != q.shape[-1] and _CUDNN_OWN_VALUE_DIM is not False:
+    shape = (q.shape[1], k.shape[1], E, Ev)
+    if Ev != E and _CUDNN_OWN_VALUE_DIM.get(shape, True):
         try:
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
-            _CUDNN_OWN_VALUE_DIM = True
+            _CUDNN_OWN_VALUE_DIM[shape] = True
             return out[0].transpose(0, 1)
-        except RuntimeError:
-            _CUDNN_OWN_VALUE_DIM = False
-    if Ev != q.shape[-1]:
-        vt = F.pad(vt, (0, q.shape[-1] - Ev))       # flash and older cuDNN want one head dim
+        except torch.cuda.OutOfMemoryError:
+            raise                                   # memory, not the shape: nothing to remember
+        except RuntimeError:                        # "no available kernel": this build wants one head dim
+            _CUDNN_OWN_VALUE_DIM[shape] = False
+    if Ev < E:
+        vt = F.pad(vt, (0, E - Ev))                 # flash and older cuDNN want one head dim
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
     return out[0, ..., :Ev].transpose(0, 1)
@@ -288,7 +291,7 @@ class MLAttention:
             index, start = batch.kv_index[i], batch.starts[i]
             kv.write(layer, index[start:], [latent[a:b, None]])
             (cached,) = kv.read(layer, index)
-            if _takes_cudnn(b - a, start, q) and _CUDNN_OWN_VALUE_DIM is not False:
+            if _takes_cudnn(b - a, start, q):
                 out[a:b] = self._cudnn_prefill(q[a:b], cached[:, 0])
                 continue
             S = cached.shape[0]

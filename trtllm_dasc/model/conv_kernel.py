@@ -7,7 +7,8 @@ Why: on the H200 at 16k tokens the Kimi-Linear-shaped stack spent 0.45 ms per KD
 0.13 ms in the l2norm passes fla's chunk kernels make over q and k (the --profile run in
 benchmarks/results/model_prefill_kda_h200x2_2c312ab.json); at 4k tokens its eight launches per layer
 counted more than their bytes. Here one pass reads the inputs once and writes the parts once, already
-normalised, and the chunk kernels are told not to normalise again (recurrence/fla.py, qk_normalized).
+normalised (a second, small one redoes each sequence's first W-1 rows, see below), and the chunk kernels are
+told not to normalise again (recurrence/fla.py, qk_normalized).
 
 A program takes BT tokens of one sequence and one head's channels (BD = the head dim, a power of two that
 divides every part): the conv's W taps are W shifted loads of the same tile, the head's l2 norm is a row
@@ -23,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-# tokens per program: with 8 warps a 64 x 128 tile takes 75 registers a thread and spills none (ptxas for
+# tokens per program: with 8 warps a 64 x 128 tile takes under 90 registers a thread and spills none (ptxas for
 # sm_90; tests/model/test_kernels_compile.py keeps it so). The one-kernel version before, which also read
 # the carried state and wrote the new one, took 255 with 1.4 KB of spills at 4 warps: on the H200 at 16k
 # tokens it took 0.66 ms per KDA layer (model_prefill_kda_h200x2_9198d82.json's profile), more than fla's
@@ -51,10 +52,13 @@ def _finish(acc, out, bos, o_t, m_t, o_c, c0, T_total, C, S1, S2, NORM_C, eps):
 @triton.jit
 def _conv_parts_kernel(x, weight, out, chunks, cu, stride_x, T_total, C, S1, S2, NORM_C, eps, W: tl.constexpr,
                        BT: tl.constexpr, BD: tl.constexpr):
-    """Program (channel block, chunk): chunk = (sequence, tile) from `chunks`. The taps before a sequence's
-    first token read 0 here: _conv_head_kernel redoes those W-1 rows from the carried state afterwards."""
-    i_c = tl.program_id(0)
-    i_k = tl.program_id(1)
+    """Program (channel block, chunk), flattened on grid axis 0 with the channel blocks fastest (axis 1 would
+    cap the chunks at 65535): chunk = (sequence, tile) from `chunks`. The taps before a sequence's first
+    token read 0 here: _conv_head_kernel redoes those W-1 rows from the carried state afterwards."""
+    pid = tl.program_id(0)
+    blocks = C // BD
+    i_c = pid % blocks
+    i_k = pid // blocks
     n = tl.load(chunks + 2 * i_k).to(tl.int64)
     t0 = tl.load(chunks + 2 * i_k + 1).to(tl.int64) * BT
     bos = tl.load(cu + n).to(tl.int64)
@@ -152,8 +156,8 @@ def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     chunks, cu = _tables(cu_seqlens, x.device)
     w = weight.contiguous()
     args = (T, C, S1, S2, bounds[normalized], EPS)
-    _conv_parts_kernel[(C // head_dim, chunks.shape[0])](x, w, out, chunks, cu, x.stride(0), *args, W=W, BT=BLOCK_T,
-                                                          BD=head_dim, num_warps=WARPS)
+    _conv_parts_kernel[(C // head_dim * chunks.shape[0],)](x, w, out, chunks, cu, x.stride(0), *args, W=W,
+                                                            BT=BLOCK_T, BD=head_dim, num_warps=WARPS)
     # after the main kernel (same stream): each sequence's first W-1 rows from its carried state
     _conv_head_kernel[(C // head_dim, conv_state.shape[0])](
         x, w, conv_state, out, new_state, cu, x.stride(0), conv_state.stride(0), conv_state.stride(1), *args, W=W,

@@ -7,7 +7,8 @@ place of ops.causal_conv and ops.gated_rms_norm, which stay the torch references
 and results to bf16 rounding (tests/model/test_fla_gpu.py compares the whole model against the torch
 backend). Why: the reference conv builds a padded copy of the batch and runs cuDNN's depthwise conv over
 it, and the reference norm makes several fp32 passes; here each is one Triton kernel reading the bf16 input
-once. Gate, beta sigmoid and q/k l2norm go inside fla's chunk kernels (recurrence/fla.py).
+once. Gate and beta's sigmoid go inside fla's chunk kernels (recurrence/fla.py); q/k's l2norm too, except
+in a prefill, where our conv kernel takes it.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
 
 def prefill_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
                  cuts: list[list[int]] | None, parts: list[int], head_dim: int):
-    """A prefill's conv in our one-pass kernel (model/conv_kernel.py): (parts, new state, captures) as
+    """A prefill's conv in our kernels (model/conv_kernel.py): (parts, new state, captures) as
     short_conv returns them with split=parts, each part contiguous, and the first two (q and k)
     l2-normalised per head_dim channels: the recurrence must not normalise them again. The caller checks
     conv_kernel.supports(parts, head_dim, W)."""

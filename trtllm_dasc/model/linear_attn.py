@@ -30,7 +30,7 @@ class MixerOut:
 
 def _conv_parts(x, weight, conv0, cu_seqlens, cuts, parts: list[int], fused: bool, head_dim: int):
     """The short conv with its output cut into `parts` channels (q, k, v): (outputs, state, captures,
-    normalized). Fused: a prefill takes our one-pass kernel (model/conv_kernel.py), which also l2-normalises
+    normalized). Fused: a prefill takes our conv kernels (model/conv_kernel.py), which also l2-normalise
     q and k per head (normalized True: the recurrence must not do it again); a decode step and shapes the
     kernel does not take go to fla's (fused_ops.short_conv). Else the torch reference."""
     if fused:

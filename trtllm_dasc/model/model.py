@@ -154,8 +154,9 @@ class HybridModel:
                    device=device, backend=get_backend(backend, device))
 
     def warm_long_prefill(self, max_tokens: int) -> int:
-        """On a GPU: build cuDNN's attention graphs for the long-prefill lengths up to max_tokens that
-        attention.py's _attend buckets (the engine's runner calls this when it loads). Returns the calls."""
+        """On a GPU: build cuDNN's attention graphs for the long-prefill lengths up to max_tokens that the
+        attention layers bucket (attention.py: _attend, MLA's _cudnn_prefill), each through the path the layer
+        takes (the engine's runner calls this when it loads). Returns the calls."""
         if self.device.type != "cuda":
             return 0
         from trtllm_dasc.model.attention import warm_long_prefill
@@ -164,7 +165,7 @@ class HybridModel:
         # the graphs (the others share the shapes), every layer makes its extended kv_b now
         mla = [m for m in attention if m.kind == "mla"]
         calls = mla[0].warm_long_prefill(max_tokens) if mla else 0
-        for m in mla:
+        for m in mla if calls else []:          # only where a long prefill can happen: 12 MB a layer at 32 heads
             m.kv_b_keys_values
         shapes = {m.prefill_shape for m in attention if m.kind != "mla"}
         return calls + warm_long_prefill(shapes, max_tokens, self.device, self.dtype)
