@@ -56,3 +56,14 @@ def test_cudnn_prefill_matches_masked_math(T):
     assert err < 2e-2, f"relative RMS error {err:.2e}"
     # the graphs of every bucket up to 5120 tokens are built through the same path
     assert mla.warm_long_prefill(5120) == 2 and mla.warm_long_prefill(4095) == 0
+
+
+def test_long_prefill_lengths_are_the_buckets_a_prefill_can_reach():
+    # both warm-ups (attention.warm_long_prefill, MLAttention.warm_long_prefill) build graphs for these
+    from trtllm_dasc.model.attention import CUDNN_BUCKET, CUDNN_MIN_TOKENS, long_prefill_lengths
+    assert list(long_prefill_lengths(CUDNN_MIN_TOKENS + 1, "cuda", torch.bfloat16)) == \
+        [CUDNN_MIN_TOKENS, CUDNN_MIN_TOKENS + CUDNN_BUCKET]
+    assert list(long_prefill_lengths(CUDNN_MIN_TOKENS, "cuda", torch.float16)) == [CUDNN_MIN_TOKENS]
+    for max_tokens, device, dtype in ((CUDNN_MIN_TOKENS - 1, "cuda", torch.bfloat16),
+                                      (8192, "cuda", torch.float32), (8192, "cpu", torch.bfloat16)):
+        assert not long_prefill_lengths(max_tokens, device, dtype)

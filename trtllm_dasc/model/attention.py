@@ -107,14 +107,21 @@ def _takes_cudnn(T: int, start: int, q: torch.Tensor) -> bool:
     return start == 0 and T >= CUDNN_MIN_TOKENS and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
 
 
+def long_prefill_lengths(max_tokens: int, device, dtype) -> range:
+    """The bucketed lengths a long prefill of at most max_tokens can run on cuDNN (_takes_cudnn); empty where
+    none can (short, off the GPU, fp32)."""
+    if max_tokens < CUDNN_MIN_TOKENS or torch.device(device).type != "cuda" or dtype not in (torch.bfloat16,
+                                                                                           torch.float16):
+        return range(0)
+    return range(CUDNN_MIN_TOKENS, -(-max_tokens // CUDNN_BUCKET) * CUDNN_BUCKET + 1, CUDNN_BUCKET)
+
+
 def warm_long_prefill(shapes: set[tuple[int, int, int, int]], max_tokens: int, device, dtype) -> int:
     """Build cuDNN's graph for every bucketed length _attend can ask for up to max_tokens, for each
     attention shape (heads, kv heads, key dim, value dim). Returns the calls made."""
-    calls, top = 0, -(-max_tokens // CUDNN_BUCKET) * CUDNN_BUCKET
-    if max_tokens < CUDNN_MIN_TOKENS or dtype not in (torch.bfloat16, torch.float16):
-        return 0                      # _attend never takes cuDNN then
+    calls = 0
     for H, Hk, E, Ev in sorted(shapes):
-        for T in range(CUDNN_MIN_TOKENS, top + 1, CUDNN_BUCKET):
+        for T in long_prefill_lengths(max_tokens, device, dtype):
             _attend(torch.zeros(T, H, E, device=device, dtype=dtype), torch.zeros(T, Hk, E, device=device, dtype=dtype),
                     torch.zeros(T, Hk, Ev, device=device, dtype=dtype), 0)
             calls += 1
@@ -332,10 +339,7 @@ class MLAttention:
         layer's own path: the layout is the real one). Returns the calls made."""
         s, calls = self.spec, 0
         dev, dtype = self.w["kv_b_proj"].device, self.w["kv_b_proj"].dtype
-        top = -(-max_tokens // CUDNN_BUCKET) * CUDNN_BUCKET
-        if max_tokens < CUDNN_MIN_TOKENS or dev.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
-            return 0
-        for T in range(CUDNN_MIN_TOKENS, top + 1, CUDNN_BUCKET):
+        for T in long_prefill_lengths(max_tokens, dev, dtype):
             q = torch.zeros(T, self.H, s.qk_nope_head_dim + s.qk_rope_head_dim, device=dev, dtype=dtype)
             self._cudnn_prefill(q, torch.zeros(T, s.kv_lora_rank + s.qk_rope_head_dim, device=dev, dtype=dtype))
             calls += 1

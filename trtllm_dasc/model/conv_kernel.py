@@ -35,15 +35,21 @@ EPS = 1e-6               # fla's l2norm eps (ops.l2norm), which the chunk kernel
 
 
 @triton.jit
+def _part_of(c0, C, S1, S2):
+    """(first channel, width) of the part that channel c0 is in: channels [0, S1) are part 0, [S1, S2) part 1,
+    [S2, C) part 2. Part p lands in the flat output at T_total x its first channel, row stride its width."""
+    start = tl.where(c0 < S1, 0, tl.where(c0 < S2, S1, S2))
+    width = tl.where(c0 < S1, S1, tl.where(c0 < S2, S2 - S1, C - S2))
+    return start, width
+
+
+@triton.jit
 def _finish(acc, out, bos, o_t, m_t, o_c, c0, T_total, C, S1, S2, NORM_C, eps):
-    """SiLU, the l2 norm of q/k heads (channels below NORM_C, one head per block), the store into the part:
-    channels [0, S1) are part 0, [S1, S2) part 1, [S2, C) part 2; part p lands in `out` at T_total x its
-    first channel, row stride its width."""
+    """SiLU, the l2 norm of q/k heads (channels below NORM_C, one head per block), the store into the part."""
     y = acc * tl.sigmoid(acc)
     if c0 < NORM_C:
         y = y * (1 / tl.sqrt(tl.sum(y * y, 1) + eps))[:, None]
-    start = tl.where(c0 < S1, 0, tl.where(c0 < S2, S1, S2))
-    width = tl.where(c0 < S1, S1, tl.where(c0 < S2, S2 - S1, C - S2))
+    start, width = _part_of(c0, C, S1, S2)
     base = out + start.to(tl.int64) * T_total
     tl.store(base + (bos + o_t)[:, None] * width + (o_c - start)[None, :], y.to(out.dtype.element_ty),
              mask=m_t[:, None])
@@ -110,22 +116,35 @@ def _conv_head_kernel(x, weight, state, out, new_state, cu, stride_x, stride_sn,
              (lx.to(tl.float32) + ls.to(tl.float32)).to(new_state.dtype.element_ty), mask=m_s[:, None])
 
 
-# (cu_seqlens, device) -> (chunk table [NT, 2] int32, cu [N+1] int64) on the device: every layer of a forward
-# asks for the same one
-_TABLES: dict = {}
+# (cu_seqlens, device) -> chunk table [NT, 2] int32 on the device, (sequence, tile) per BLOCK_T tokens: every
+# layer of a forward asks for the same one (cu_seqlens itself: recurrence/fla.cu_tensors' cache)
+_CHUNKS: dict = {}
 
 
-def _tables(cu_seqlens: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunks(cu_seqlens: list[int], device) -> torch.Tensor:
     key = (tuple(cu_seqlens), str(device))
-    hit = _TABLES.get(key)
+    hit = _CHUNKS.get(key)
     if hit is None:
-        if len(_TABLES) >= 256:          # a serving loop sees many batch shapes: forget, never grow
-            _TABLES.clear()
+        if len(_CHUNKS) >= 256:          # a serving loop sees many batch shapes: forget, never grow
+            _CHUNKS.clear()
         rows = [(n, t) for n, (a, b) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:]))
                 for t in range(-(-(b - a) // BLOCK_T))]
-        hit = _TABLES[key] = (torch.tensor(rows, dtype=torch.int32).reshape(-1, 2).to(device),
-                              torch.tensor(cu_seqlens, dtype=torch.long).to(device))
+        hit = _CHUNKS[key] = torch.tensor(rows, dtype=torch.int32).reshape(-1, 2).to(device)
     return hit
+
+
+def _layout(parts: list[int], C: int) -> tuple[list[int], int, int]:
+    """(part bounds [0, p0, p0+p1, ..., C], S1, S2) as the kernels take them (_part_of)."""
+    bounds = [0]
+    for p in parts:
+        bounds.append(bounds[-1] + p)
+    S1, S2 = (bounds[1:3] + [C, C])[:2]
+    return bounds, S1, S2
+
+
+def _split(out: torch.Tensor, rows: int, bounds: list[int]) -> tuple[torch.Tensor, ...]:
+    """The parts of a flat kernel output: part i is a contiguous [rows, width_i] block."""
+    return tuple(out[rows * a:rows * b].view(rows, b - a) for a, b in zip(bounds[:-1], bounds[1:]))
 
 
 def supports(parts: list[int], head_dim: int, W: int) -> bool:
@@ -145,15 +164,13 @@ def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     T, C = x.shape
     W = weight.shape[1]
     assert x.stride(1) == 1 and sum(parts) == C and supports(parts, head_dim, W), (x.stride(), parts, head_dim)
-    bounds = [0]
-    for p in parts:
-        bounds.append(bounds[-1] + p)
-    S1, S2 = (bounds[1:3] + [C, C])[:2]
+    bounds, S1, S2 = _layout(parts, C)
     if conv_state.stride(2) != 1:
         conv_state = conv_state.contiguous()
     out = torch.empty(T * C, dtype=x.dtype, device=x.device)
     new_state = torch.empty(conv_state.shape, dtype=conv_state.dtype, device=x.device)
-    chunks, cu = _tables(cu_seqlens, x.device)
+    from trtllm_dasc.model.recurrence.fla import cu_tensors
+    chunks, cu = _chunks(cu_seqlens, x.device), cu_tensors(cu_seqlens, x.device)[0]
     w = weight.contiguous()
     args = (T, C, S1, S2, bounds[normalized], EPS)
     _conv_parts_kernel[(C // head_dim * chunks.shape[0],)](x, w, out, chunks, cu, x.stride(0), *args, W=W,
@@ -162,7 +179,7 @@ def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     _conv_head_kernel[(C // head_dim, conv_state.shape[0])](
         x, w, conv_state, out, new_state, cu, x.stride(0), conv_state.stride(0), conv_state.stride(1), *args, W=W,
         BW=max(2, triton.next_power_of_2(W - 1)), BD=head_dim, num_warps=4)
-    return tuple(out[T * a:T * b].view(T, b - a) for a, b in zip(bounds[:-1], bounds[1:])), new_state
+    return _split(out, T, bounds), new_state
 
 
 def conv_parts_reference(x, weight, conv_state, cu_seqlens, parts, normalized, head_dim):
@@ -197,8 +214,7 @@ def _conv_decode_kernel(x, weight, states, rows, out, stride_x, stride_sr, strid
     for j in tl.static_range(W - 1):
         acc += tl.load(p_s + j).to(tl.float32) * tl.load(weight + o_c * W + j).to(tl.float32)
     y = acc * tl.sigmoid(acc)
-    start = tl.where(c0 < S1, 0, tl.where(c0 < S2, S1, S2))
-    width = tl.where(c0 < S1, S1, tl.where(c0 < S2, S2 - S1, C - S2))
+    start, width = _part_of(c0, C, S1, S2)
     tl.store(out + start.to(tl.int64) * N + n * width + o_c - start, y.to(out.dtype.element_ty))
     # every load of the row above is done before the row is overwritten (the compiler may not know that
     # the stores below alias them)
@@ -219,14 +235,11 @@ def conv_decode_in_place(x: torch.Tensor, weight: torch.Tensor, states: torch.Te
     N, C = x.shape
     W = weight.shape[1]
     assert x.stride(1) == 1 and states.stride(2) == 1 and sum(parts) == C and supports(parts, block, W)
-    bounds = [0]
-    for p in parts:
-        bounds.append(bounds[-1] + p)
-    S1, S2 = (bounds[1:3] + [C, C])[:2]
+    bounds, S1, S2 = _layout(parts, C)
     out = torch.empty(N * C, dtype=x.dtype, device=x.device)
     _conv_decode_kernel[(C // block, N)](x, weight.contiguous(), states, rows, out, x.stride(0), states.stride(0),
                                          states.stride(1), C, S1, S2, W=W, BD=block, num_warps=1)
-    return tuple(out[N * a:N * b].view(N, b - a) for a, b in zip(bounds[:-1], bounds[1:]))
+    return _split(out, N, bounds)
 
 
 def conv_decode_reference(x, weight, states, rows, parts, block):

@@ -50,13 +50,11 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     # fla keeps W inputs per sequence ([N, C, W], newest last) and never reads the oldest in a prefill
     init = conv_state.new_zeros(N, C, W1 + 1)
     init[:, :, 1:] = conv_state
-    cuts = cuts or [[] for _ in range(N)]
-    rows = [i for i, c in enumerate(cuts) for _ in c]
-    none = conv_state.new_zeros(0, C, W1)
-    if T == N and not rows:
+    if T == N and not any(cuts or []):
         # a decode step: fla's one-token update (shifts the window in place, newest last), no varlen setup
         y, final = causal_conv1d_update(x, init, weight=weight, activation="silu")
-        return (y if split is None else torch.split(y, split, dim=-1)), final[:, :, 1:].to(conv_state.dtype), none
+        return ((y if split is None else torch.split(y, split, dim=-1)), final[:, :, 1:].to(conv_state.dtype),
+                _captures(x, conv_state, cu_seqlens, None))
     cu, cu_host = cu_tensors(cu_seqlens, x.device)
     by_part = split is not None and T >= SPLIT_MIN_TOKENS
     bounds = [0]
@@ -72,9 +70,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     final = finals[0] if len(finals) == 1 else torch.cat(finals, dim=1)
     new_state = final[:, :, 1:].to(conv_state.dtype)
     y = ys[0] if split is None else tuple(ys) if by_part else torch.split(ys[0], split, dim=-1)
-    if not rows:
-        return y, new_state, none
-    return y, new_state, _windows(x, conv_state, cu_seqlens, rows, [p for c in cuts for p in c])
+    return y, new_state, _captures(x, conv_state, cu_seqlens, cuts)
 
 
 def prefill_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
@@ -85,11 +81,16 @@ def prefill_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
     conv_kernel.supports(parts, head_dim, W)."""
     from trtllm_dasc.model.conv_kernel import conv_parts
     ys, new_state = conv_parts(x, weight, conv_state, cu_seqlens, parts, 2, head_dim)
-    cuts = cuts or [[] for _ in range(conv_state.shape[0])]
-    rows = [i for i, c in enumerate(cuts) for _ in c]
+    return ys, new_state, _captures(x, conv_state, cu_seqlens, cuts)
+
+
+def _captures(x, conv_state, cu_seqlens, cuts) -> torch.Tensor:
+    """The conv states at the checkpoint cuts, [sum(len(cuts_i)), C, W-1] in (sequence, cut) order (empty
+    without cuts), from the inputs and the carried state (_windows)."""
+    rows = [i for i, c in enumerate(cuts or []) for _ in c]
     if not rows:
-        return ys, new_state, conv_state.new_zeros(0, *conv_state.shape[1:])
-    return ys, new_state, _windows(x, conv_state, cu_seqlens, rows, [p for c in cuts for p in c])
+        return conv_state.new_zeros(0, *conv_state.shape[1:])
+    return _windows(x, conv_state, cu_seqlens, rows, [p for c in cuts for p in c])
 
 
 def _windows(x, conv_state, cu_seqlens, rows, ends):
