@@ -27,13 +27,15 @@ def _ints(*names):
 
 def kernels() -> list[tuple]:
     """(kernel, signature, constexprs, num_warps) of every launch shape the model uses."""
-    from trtllm_dasc.model import conv_kernel, swiglu_kernel
+    import triton
+
+    from trtllm_dasc.model import conv_kernel, gemv_kernel, swiglu_kernel
     out = []
     for dt in ("*bf16", "*fp32"):
         out.append((conv_kernel._conv_parts_kernel,
                     {"x": dt, "weight": dt, "out": dt, "chunks": "*i32", "cu": "*i64",
-                     **_ints("stride_x", "T_total", "C", "S1", "S2", "NORM_C"), "eps": "fp32"},
-                    {"W": 4, "BT": conv_kernel.BLOCK_T, "BD": 128}, conv_kernel.WARPS))
+                     **_ints("stride_x", "T_total", "C", "S1", "S2", "NORM_C"), "eps": "fp32", "NT": "i32"},
+                    {"W": 4, "BT": conv_kernel.BLOCK_T, "BD": 128, "G": conv_kernel.TILES}, conv_kernel.WARPS))
         out.append((conv_kernel._conv_head_kernel,
                     {"x": dt, "weight": dt, "state": dt, "out": dt, "new_state": dt, "cu": "*i64",
                      **_ints("stride_x", "stride_sn", "stride_sc", "T_total", "C", "S1", "S2", "NORM_C"),
@@ -47,13 +49,20 @@ def kernels() -> list[tuple]:
                     {"gate": "*bf16", "up": "*bf16", "out": "*bf16",
                      **_ints("T", "I", "stride_g", "stride_u", "stride_o")},
                     {"BLOCK_T": block_t, "BLOCK_I": block_i}, warps))
+    for M in range(1, gemv_kernel.MAX_ROWS + 1):                        # the decode shapes' configs
+        for N, K in ((18432, 2304), (2304, 9216), (4096, 128)):
+            bn, bk, warps = gemv_kernel.config(M, N, K)
+            out.append((gemv_kernel._gemv_kernel,
+                        {"x": "*bf16", "w": "*bf16", "y": "*bf16", **_ints("stride_xm", "stride_ym", "N", "K")},
+                        {"M": M, "MP": triton.next_power_of_2(M), "BN": bn, "BK": bk}, warps))
     return out
 
 
 # what the launches pass as multiples of 16 (pointers, row strides, channel counts), and what may be or not
 # (token counts, the conv state's batch stride C x (W-1)); the state's channel stride W-1 never is
-ALIGNED = {"stride_x", "stride_g", "stride_u", "stride_o", "stride_sr", "C", "S1", "S2", "NORM_C", "I"}
-SOMETIMES = {"T_total", "T", "stride_sn"}
+ALIGNED = {"stride_x", "stride_g", "stride_u", "stride_o", "stride_sr", "C", "S1", "S2", "NORM_C", "I", "K",
+           "stride_xm", "stride_ym", "N"}
+SOMETIMES = {"T_total", "T", "stride_sn", "NT"}
 
 
 def compile_all() -> None:

@@ -31,6 +31,7 @@ import triton.language as tl
 # conv and l2norm passes had (0.58). This version is not yet measured on the GPU.
 BLOCK_T = 64
 WARPS = 8
+TILES = 1                # tiles a program takes one after the other
 EPS = 1e-6               # fla's l2norm eps (ops.l2norm), which the chunk kernels would otherwise apply
 
 
@@ -56,30 +57,33 @@ def _finish(acc, out, bos, o_t, m_t, o_c, c0, T_total, C, S1, S2, NORM_C, eps):
 
 
 @triton.jit
-def _conv_parts_kernel(x, weight, out, chunks, cu, stride_x, T_total, C, S1, S2, NORM_C, eps, W: tl.constexpr,
-                       BT: tl.constexpr, BD: tl.constexpr):
-    """Program (channel block, chunk), flattened on grid axis 0 with the channel blocks fastest (axis 1 would
-    cap the chunks at 65535): chunk = (sequence, tile) from `chunks`. The taps before a sequence's first
+def _conv_parts_kernel(x, weight, out, chunks, cu, stride_x, T_total, C, S1, S2, NORM_C, eps, NT, W: tl.constexpr,
+                       BT: tl.constexpr, BD: tl.constexpr, G: tl.constexpr):
+    """Program (channel block, G consecutive chunks), flattened on grid axis 0 with the channel blocks fastest
+    (axis 1 would cap the chunks at 65535): chunk = (sequence, tile) from `chunks` (NT of them). The taps before a sequence's first
     token read 0 here: _conv_head_kernel redoes those W-1 rows from the carried state afterwards."""
     pid = tl.program_id(0)
     blocks = C // BD
     i_c = pid % blocks
-    i_k = pid // blocks
-    n = tl.load(chunks + 2 * i_k).to(tl.int64)
-    t0 = tl.load(chunks + 2 * i_k + 1).to(tl.int64) * BT
-    bos = tl.load(cu + n).to(tl.int64)
-    length = tl.load(cu + n + 1).to(tl.int64) - bos
-    o_t = t0 + tl.arange(0, BT)                        # positions inside the sequence
     c0 = i_c * BD
     o_c = c0 + tl.arange(0, BD)
-    m_t = o_t < length
-    acc = tl.zeros([BT, BD], dtype=tl.float32)
-    for j in tl.static_range(W):
-        # W vectorised loads of the tile, each shifted by one row
-        p = o_t - (W - 1) + j
-        xv = tl.load(x + (bos + p)[:, None] * stride_x + o_c[None, :], mask=(m_t & (p >= 0))[:, None], other=0.0)
-        acc += xv.to(tl.float32) * tl.load(weight + o_c * W + j).to(tl.float32)[None, :]
-    _finish(acc, out, bos, o_t, m_t, o_c, c0, T_total, C, S1, S2, NORM_C, eps)
+    for g in tl.static_range(G):
+        i_k = pid // blocks * G + g
+        if i_k < NT:
+            n = tl.load(chunks + 2 * i_k).to(tl.int64)
+            t0 = tl.load(chunks + 2 * i_k + 1).to(tl.int64) * BT
+            bos = tl.load(cu + n).to(tl.int64)
+            length = tl.load(cu + n + 1).to(tl.int64) - bos
+            o_t = t0 + tl.arange(0, BT)                        # positions inside the sequence
+            m_t = o_t < length
+            acc = tl.zeros([BT, BD], dtype=tl.float32)
+            for j in tl.static_range(W):
+                # W vectorised loads of the tile, each shifted by one row
+                p = o_t - (W - 1) + j
+                xv = tl.load(x + (bos + p)[:, None] * stride_x + o_c[None, :], mask=(m_t & (p >= 0))[:, None],
+                             other=0.0)
+                acc += xv.to(tl.float32) * tl.load(weight + o_c * W + j).to(tl.float32)[None, :]
+            _finish(acc, out, bos, o_t, m_t, o_c, c0, T_total, C, S1, S2, NORM_C, eps)
 
 
 @triton.jit
@@ -121,14 +125,15 @@ def _conv_head_kernel(x, weight, state, out, new_state, cu, stride_x, stride_sn,
 _CHUNKS: dict = {}
 
 
-def _chunks(cu_seqlens: list[int], device) -> torch.Tensor:
-    key = (tuple(cu_seqlens), str(device))
+def _chunks(cu_seqlens: list[int], device, bt: int = 0) -> torch.Tensor:
+    bt = bt or BLOCK_T
+    key = (tuple(cu_seqlens), str(device), bt)
     hit = _CHUNKS.get(key)
     if hit is None:
         if len(_CHUNKS) >= 256:          # a serving loop sees many batch shapes: forget, never grow
             _CHUNKS.clear()
         rows = [(n, t) for n, (a, b) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:]))
-                for t in range(-(-(b - a) // BLOCK_T))]
+                for t in range(-(-(b - a) // bt))]
         hit = _CHUNKS[key] = torch.tensor(rows, dtype=torch.int32).reshape(-1, 2).to(device)
     return hit
 
@@ -154,13 +159,15 @@ def supports(parts: list[int], head_dim: int, W: int) -> bool:
 
 
 def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
-               parts: list[int], normalized: int, head_dim: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+               parts: list[int], normalized: int, head_dim: int, tiles: tuple[int, int, int] | None = None
+               ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """(outputs, new state): silu(causal_conv(x)) cut into `parts` channels, each a contiguous [T, c] tensor
     in x's dtype, the first `normalized` parts l2-normalised per group of head_dim channels (fp32 inside,
     one rounding); the new state [N, C, W-1] in conv_state's dtype (ops.causal_conv's).
 
     x [T, C] (a column slice is fine: unit channel stride); weight [C, W]; conv_state [N, C, W-1] (any
-    strides); cu_seqlens: the N sequences' token offsets. The caller checks supports()."""
+    strides); cu_seqlens: the N sequences' token offsets. The caller checks supports(). tiles: (tokens per
+    tile, warps, tiles per program), default (BLOCK_T, WARPS, TILES) (benchmarks/conv_prefill.py passes others)."""
     T, C = x.shape
     W = weight.shape[1]
     assert x.stride(1) == 1 and sum(parts) == C and supports(parts, head_dim, W), (x.stride(), parts, head_dim)
@@ -170,11 +177,13 @@ def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     out = torch.empty(T * C, dtype=x.dtype, device=x.device)
     new_state = torch.empty(conv_state.shape, dtype=conv_state.dtype, device=x.device)
     from trtllm_dasc.model.recurrence.fla import cu_tensors
-    chunks, cu = _chunks(cu_seqlens, x.device), cu_tensors(cu_seqlens, x.device)[0]
+    chunks, cu = _chunks(cu_seqlens, x.device, (tiles or (BLOCK_T,))[0]), cu_tensors(cu_seqlens, x.device)[0]
     w = weight.contiguous()
     args = (T, C, S1, S2, bounds[normalized], EPS)
-    _conv_parts_kernel[(C // head_dim * chunks.shape[0],)](x, w, out, chunks, cu, x.stride(0), *args, W=W,
-                                                            BT=BLOCK_T, BD=head_dim, num_warps=WARPS)
+    bt, warps, g = tiles or (BLOCK_T, WARPS, TILES)
+    nt = chunks.shape[0]
+    _conv_parts_kernel[(C // head_dim * triton.cdiv(nt, g),)](x, w, out, chunks, cu, x.stride(0), *args, nt, W=W,
+                                                             BT=bt, BD=head_dim, G=g, num_warps=warps)
     # after the main kernel (same stream): each sequence's first W-1 rows from its carried state
     _conv_head_kernel[(C // head_dim, conv_state.shape[0])](
         x, w, conv_state, out, new_state, cu, x.stride(0), conv_state.stride(0), conv_state.stride(1), *args, W=W,

@@ -1,0 +1,77 @@
+"""The prefill's short convolution (model/conv_kernel.py) on the stacks' shapes at 16k tokens: tile choices
+(tokens per tile, warps, tiles per program) side by side with a device copy of the same bytes (what the
+kernel's traffic, inputs read once and outputs written once, would take at copy speed), in the same run.
+Picks conv_kernel's defaults; model_prefill.py's --profile shows the kernel inside the forward.
+
+    python benchmarks/conv_prefill.py [--tokens 16384] [--out benchmarks/results/conv_prefill.json]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_io import provenance, write_result  # noqa: E402
+
+# (arch, parts (q, k, v channels), normalised parts, head dim, in_proj width the conv input is a slice of)
+SHAPES = [("kda", [4096, 4096, 4096], 2, 128, 3 * 4096 + 128 + 128 + 32),
+          ("gdn", [2048, 2048, 4096], 2, 128, 2 * 2048 + 2 * 4096 + 2 * 32)]
+TILES = [(64, 8, 1), (64, 8, 2), (64, 8, 4), (64, 4, 1), (64, 4, 2), (32, 4, 1), (32, 4, 4), (32, 8, 2),
+         (16, 4, 4), (16, 2, 8), (128, 8, 1), (128, 8, 2)]
+
+
+def device_ms(torch, fn, reps: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--out", default="benchmarks/results/conv_prefill.json")
+    p.add_argument("--commit", default=None)
+    args = p.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("conv_prefill: needs a GPU (none visible)")
+        return 2
+    from trtllm_dasc.model import conv_kernel
+    T = args.tokens
+    result = {**provenance("benchmarks/conv_prefill.py", argv, args.commit), "tokens": T,
+              "default_tiles": [conv_kernel.BLOCK_T, conv_kernel.WARPS, conv_kernel.TILES], "shapes": []}
+    for arch, parts, normalized, hd, width in SHAPES:
+        C = sum(parts)
+        proj = torch.randn(T, width, device="cuda", dtype=torch.bfloat16)
+        x = proj[:, :C]
+        weight = torch.randn(C, 4, device="cuda", dtype=torch.bfloat16)
+        state = torch.randn(1, C, 3, device="cuda", dtype=torch.bfloat16)
+        cu = [0, T]
+        nbytes = 2 * T * C * 2                        # read once, written once
+        src = torch.empty(T * C, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        copy_ms = device_ms(torch, lambda: dst.copy_(src))
+        ref = conv_kernel.conv_parts_reference(x, weight, state, cu, parts, normalized, hd)[0]
+        entry = {"arch": arch, "parts": parts, "bytes": nbytes, "copy_ms": copy_ms, "tiles": []}
+        print(f"{arch}: {T} tokens x {C} channels, copy of the same bytes {copy_ms:.3f} ms", flush=True)
+        for tiles in TILES:
+            out = conv_kernel.conv_parts(x, weight, state, cu, parts, normalized, hd, tiles)[0]
+            err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
+            ms = device_ms(torch, lambda: conv_kernel.conv_parts(x, weight, state, cu, parts, normalized, hd, tiles))
+            entry["tiles"].append({"tiles": tiles, "ms": ms, "of_copy": copy_ms / ms, "max_abs_err": err})
+            print(f"  tiles {tiles}: {ms:.3f} ms ({copy_ms / ms:.0%} of copy speed), max err {err:.1e}", flush=True)
+        result["shapes"].append(entry)
+        write_result(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""A decode step's few-row GEMMs, y = x @ w.T for x [M, K] with M <= MAX_ROWS, as one Triton kernel that
+streams w once: each program owns BN output columns (rows of w) and walks K. `gemv_reference` below is the
+torch reference (F.linear in fp32).
+
+Why: at batch 1 the Kimi-Linear-shaped decode step reads 5.6 GB of weights, and cuBLAS read them at
+3.0-3.3 TB/s of the 4.2 measured for a copy (decode_step_h200_ca67153.json's kernel profile: 1.86 ms of
+GEMMs against a 1.33 ms bound), and it splits K for the down and output projections: 54 extra reduce kernels
+per step, each with its launch gap inside the graph. Here no split, no workspace, no second kernel; the
+whole output row block is reduced in registers. Which (BN, BK, warps) per shape comes from
+benchmarks/gemv_decode.py (cuBLAS against this kernel on the decode's shapes, in the same run).
+
+Used by ops.linear for CUDA inputs of at most MAX_ROWS rows (ops.py says when); anything else goes to
+F.linear.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 4
+
+
+@triton.jit
+def _gemv_kernel(x, w, y, stride_xm, stride_ym, N, K, M: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr):
+    """Program i: output columns [i*BN, (i+1)*BN) of every row. w [N, K] row-major (K contiguous). The
+    accumulator keeps a partial sum per (row, column, lane of K) and reduces once at the end (no shuffles
+    inside the loop); columns past N are clamped onto the last one for the loads (no masks in the hot
+    loop) and dropped at the store. The tail of K (K % BK) runs once, masked."""
+    pid = tl.program_id(0)
+    o_n = pid * BN + tl.arange(0, BN)
+    o_w = tl.minimum(o_n, N - 1).to(tl.int64)
+    o_m = tl.arange(0, MP)
+    m_m = o_m < M
+    o_k = tl.arange(0, BK)
+    p_w = w + o_w[:, None] * K + o_k[None, :]
+    p_x = x + o_m[:, None] * stride_xm + o_k[None, :]
+    acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
+    K_full = K - K % BK
+    for k0 in range(0, K_full, BK):
+        wt = tl.load(p_w + k0).to(tl.float32)
+        xt = tl.load(p_x + k0, mask=m_m[:, None], other=0.0).to(tl.float32)
+        acc += wt[None, :, :] * xt[:, None, :]
+    if K_full < K:
+        m_k = (K_full + o_k) < K
+        wt = tl.load(p_w + K_full, mask=m_k[None, :], other=0.0).to(tl.float32)
+        xt = tl.load(p_x + K_full, mask=m_m[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        acc += wt[None, :, :] * xt[:, None, :]
+    out = tl.sum(acc, 2)
+    tl.store(y + o_m[:, None] * stride_ym + o_n[None, :], out.to(y.dtype.element_ty),
+             mask=m_m[:, None] & (o_n < N)[None, :])
+
+
+def config(M: int, N: int, K: int) -> tuple[int, int, int]:
+    """(BN, BK, num_warps) for an [M, K] x [N, K]^T product: about 32 accumulator registers a thread at
+    any M (BN x BK x MP / threads), and enough programs that every SM has several (N / BN >= ~2 x 132)."""
+    mp = triton.next_power_of_2(M)
+    bk = 512 // mp if K >= 512 else max(16, triton.next_power_of_2(K))
+    bn = 8 if N >= 8 * 264 else 4
+    return bn, bk, 4
+
+
+def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether gemv takes these operands: x [M <= MAX_ROWS, K] on a GPU with a unit column stride, w [N, K]
+    contiguous in x's dtype (bf16 / fp16 / fp32), K a multiple of 8 (16-byte rows)."""
+    return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.stride(1) == 1
+            and w.dim() == 2 and w.is_contiguous() and w.dtype == x.dtype and w.shape[1] == x.shape[1]
+            and x.shape[1] % 8 == 0 and w.shape[0] > 0
+            and x.dtype in (torch.bfloat16, torch.float16, torch.float32))
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, cfg: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x [M, K] @ w[N, K].T -> [M, N] in x's dtype (fp32 accumulation). The caller checks supports().
+    cfg: (BN, BK, num_warps), default config(M, N, K) (the benchmark passes others)."""
+    M, K = x.shape
+    N = w.shape[0]
+    bn, bk, warps = cfg or config(M, N, K)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(N, bn),)](x, w, y, x.stride(0), y.stride(0), N, K, M=M,
+                                        MP=triton.next_power_of_2(M), BN=bn, BK=bk, num_warps=warps)
+    return y
+
+
+def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The torch reference of gemv: fp32 product, one rounding to x's dtype."""
+    return torch.nn.functional.linear(x.float(), w.float()).to(x.dtype)
