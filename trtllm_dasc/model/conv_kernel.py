@@ -24,13 +24,13 @@ import torch
 import triton
 import triton.language as tl
 
-# tokens per program: with 8 warps a 64 x 128 tile takes under 90 registers a thread and spills none (ptxas for
-# sm_90; tests/model/test_kernels_compile.py keeps it so). The one-kernel version before, which also read
-# the carried state and wrote the new one, took 255 with 1.4 KB of spills at 4 warps: on the H200 at 16k
-# tokens it took 0.66 ms per KDA layer (model_prefill_kda_h200x2_9198d82.json's profile), more than fla's
-# conv and l2norm passes had (0.58). This version is not yet measured on the GPU.
-BLOCK_T = 64
-WARPS = 8
+# tokens per tile, warps, tiles per program: benchmarks/conv_prefill.py timed twelve choices on the H200 at
+# 16k tokens (conv_prefill_h200_4e0dcbf.json): 32 tokens at 4 warps took 0.349 ms on the Kimi-Linear shape
+# (55% of a copy of the same bytes) where 64 at 8 warps (the choice before) took 0.431 and 128 at 8 warps
+# 0.630; more tiles per program did not help. Bigger tiles hold more registers and leave fewer loads in
+# flight per SM. tests/model/test_kernels_compile.py keeps the launch free of register spills (ptxas).
+BLOCK_T = 32
+WARPS = 4
 TILES = 1                # tiles a program takes one after the other
 EPS = 1e-6               # fla's l2norm eps (ops.l2norm), which the chunk kernels would otherwise apply
 
