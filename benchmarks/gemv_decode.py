@@ -1,7 +1,8 @@
 """The decode step's GEMMs at batch 1 (and 2, 4): cuBLAS (F.linear) against our few-row kernel
 (model/gemv_kernel.py) on every weight shape of the Kimi-Linear-shaped stack, in the same run, as TB/s of
 weight bytes against the measured copy bandwidth, and the step's GEMM total (each shape's count per step x
-its time). --sweep also times (BN, BK, warps) choices at batch 1, to pick gemv_kernel.config's defaults.
+its time), and as ops.linear picks (gemv_kernel.preferred). --sweep also times (BN, BK, warps) choices at
+batch 1, to pick gemv_kernel.config's defaults.
 
 Timing: one CUDA graph of many calls (a decode step is a graph), cycling through enough copies of the
 weight that they do not fit in L2 (a step reads each weight once, from HBM), device time by CUDA events.
@@ -86,6 +87,7 @@ def main(argv=None) -> int:
             t_ours = time_calls(torch, lambda i: gemv_kernel.gemv(x, ws[i]), copies)
             cfg = gemv_kernel.config(M, N, K)
             entry["rows"][M] = {"cublas_us": t_blas * 1e6, "gemv_us": t_ours * 1e6, "gemv_config": cfg,
+                                "linear_takes_gemv": gemv_kernel.preferred(M, N, K),
                                 "cublas_fraction": nbytes / t_blas / bandwidth,
                                 "gemv_fraction": nbytes / t_ours / bandwidth, "max_abs_err": err.item()}
             print(f"{name:<12} M={M} N={N:>6} K={K:>5}: cuBLAS {t_blas * 1e6:7.2f} us "
@@ -102,16 +104,19 @@ def main(argv=None) -> int:
             print("   best at batch 1: " + ", ".join(f"{s['config']} {s['us']:.2f} us ({s['fraction']:.1%})"
                                                     for s in sweep[:4]), flush=True)
         result["shapes"].append(entry)
-        del ws
+        ws = None         # free the copies before the next shape
         torch.cuda.empty_cache()
         write_result(args.out, result)
     for M in rows:
         blas = sum(s["count_per_step"] * s["rows"][M]["cublas_us"] for s in result["shapes"])
         ours = sum(s["count_per_step"] * s["rows"][M]["gemv_us"] for s in result["shapes"])
         total = sum(s["count_per_step"] * s["weight_bytes"] for s in result["shapes"])
-        result["step"][M] = {"cublas_ms": blas / 1e3, "gemv_ms": ours / 1e3, "weight_bytes": total,
-                             "bound_ms": total / bandwidth * 1e3}
+        chosen = sum(s["count_per_step"] * s["rows"][M]["gemv_us" if s["rows"][M]["linear_takes_gemv"] else
+                                                       "cublas_us"] for s in result["shapes"])
+        result["step"][M] = {"cublas_ms": blas / 1e3, "gemv_ms": ours / 1e3, "ops_linear_ms": chosen / 1e3,
+                             "weight_bytes": total, "bound_ms": total / bandwidth * 1e3}
         print(f"step GEMMs at batch {M}: cuBLAS {blas / 1e3:.3f} ms, ours {ours / 1e3:.3f} ms, "
+              f"as ops.linear picks {chosen / 1e3:.3f} ms, "
               f"bound {total / bandwidth * 1e3:.3f} ms ({total / 1e9:.2f} GB)")
     write_result(args.out, result)
     return 0

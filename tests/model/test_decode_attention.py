@@ -66,6 +66,37 @@ def test_mla_absorbed_layout_reads_the_value_as_the_latent_head():
     torch.testing.assert_close(got[1], p @ k[:, :lora], rtol=1e-5, atol=1e-5)
 
 
+def test_mla_query_in_two_tensors_matches_the_concatenated_query():
+    # the MLA decode passes its latent query and the rope part where q_proj left it (a strided view)
+    lens, lora, rope = [3, 40], 32, 8
+    q, pool, _, tables, seq_lens = _pools(2, 4, 1, lora + rope, lora, lens, 16, seed=5, same_pool=True)
+    wide = torch.randn(2, 4, 3 * rope, generator=torch.Generator().manual_seed(5)).to(DEV)
+    wide[..., rope:2 * rope] = q[..., lora:]
+    got = paged_decode_attention(q[..., :lora].contiguous(), pool, pool, tables, seq_lens, 0.1, dv=lora,
+                                 q_rope=wide[..., rope:2 * rope])
+    ref = paged_decode_attention_ref(q, pool, pool, tables, seq_lens, 0.1, dv=lora)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_latent_write_norms_the_rows_into_the_pool_and_touches_no_other():
+    from trtllm_dasc.model.decode_attention import latent_write, latent_write_reference
+    g = torch.Generator().manual_seed(6)
+    lora, rope = 48, 8
+    # kv_a's output: a [B, lora + rope] slice of something wider, as a strided view
+    ckv = (torch.randn(3, lora + rope + 5, generator=g) * 3).to(DEV)[:, :lora + rope]
+    weight = torch.rand(lora, generator=g).to(DEV) + 0.5
+    pool = torch.full((4, 4, 1, lora + rope), float("nan"), device=DEV)
+    ref = pool.clone()
+    rows = torch.tensor([5, 0, 14], device=DEV)
+    latent_write(ckv, weight, pool, rows, 1e-6)
+    latent_write_reference(ckv, weight, ref, rows, 1e-6)
+    flat, flat_ref = pool.view(-1, lora + rope), ref.view(-1, lora + rope)
+    torch.testing.assert_close(flat[rows], flat_ref[rows], rtol=1e-5, atol=1e-5)
+    others = torch.ones(16, dtype=torch.bool, device=DEV)
+    others[rows] = False
+    assert flat[others].isnan().all()
+
+
 def test_bf16_inputs_keep_fp32_sums():
     lens = [200, 1]
     q, k_pool, v_pool, tables, seq_lens = _pools(2, 2, 2, 64, 64, lens, 16, seed=2)

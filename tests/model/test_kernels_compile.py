@@ -29,7 +29,7 @@ def kernels() -> list[tuple]:
     """(kernel, signature, constexprs, num_warps) of every launch shape the model uses."""
     import triton
 
-    from trtllm_dasc.model import conv_kernel, gemv_kernel, swiglu_kernel
+    from trtllm_dasc.model import conv_kernel, decode_attention, gemv_kernel, swiglu_kernel
     out = []
     for dt in ("*bf16", "*fp32"):
         out.append((conv_kernel._conv_parts_kernel,
@@ -49,6 +49,13 @@ def kernels() -> list[tuple]:
                     {"gate": "*bf16", "up": "*bf16", "out": "*bf16",
                      **_ints("T", "I", "stride_g", "stride_u", "stride_o")},
                     {"BLOCK_T": block_t, "BLOCK_I": block_i}, warps))
+    for block_s, block_d in ((64, 128), (512, 16)):                     # MLA at batch 1; GQA's most splits
+        out.append((decode_attention._combine_kernel,
+                    {"o_part": "*fp32", "ml_part": "*fp32", "out": "*bf16", **_ints("SPLITS", "DV")},
+                    {"BLOCK_S": block_s, "BLOCK_D": block_d}, 4))
+    out.append((decode_attention._latent_write_kernel,
+                {"ckv": "*bf16", "weight": "*bf16", "pool": "*bf16", "rows": "*i64",
+                 **_ints("stride_c", "stride_p"), "eps": "fp32"}, {"LORA": 512, "ROPE": 64, "BL": 512, "BR": 64}, 4))
     for M in range(1, gemv_kernel.MAX_ROWS + 1):                        # the decode shapes' configs
         for N, K in ((18432, 2304), (2304, 9216), (4096, 128)):
             bn, bk, warps = gemv_kernel.config(M, N, K)
@@ -61,8 +68,8 @@ def kernels() -> list[tuple]:
 # what the launches pass as multiples of 16 (pointers, row strides, channel counts), and what may be or not
 # (token counts, the conv state's batch stride C x (W-1)); the state's channel stride W-1 never is
 ALIGNED = {"stride_x", "stride_g", "stride_u", "stride_o", "stride_sr", "C", "S1", "S2", "NORM_C", "I", "K",
-           "stride_xm", "stride_ym", "N"}
-SOMETIMES = {"T_total", "T", "stride_sn", "NT"}
+           "stride_xm", "stride_ym", "N", "DV", "stride_c", "stride_p"}
+SOMETIMES = {"T_total", "T", "stride_sn", "NT", "SPLITS"}
 
 
 def compile_all() -> None:

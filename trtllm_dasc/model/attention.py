@@ -284,6 +284,10 @@ class MLAttention:
                        w["q_b_proj"])
         q = q.view(T, H, nope + rope)
         ckv = linear(x, w["kv_a_proj_with_mqa"], w.get("kv_a_proj_with_mqa.bias"))
+        if batch.paged is not None and fused:
+            # a decode step: the new latent rows normed into the pool in one kernel, no latent tensor
+            return linear(self._decode(q, ckv, batch, kv, layer, raw=True).reshape(T, H * vd), w["o_proj"],
+                          w.get("o_proj.bias"))
         if fused:
             from trtllm_dasc.model.fused_ops import add_rms_norm
             normed, _ = add_rms_norm(ckv[:, :lora], None, w["kv_a_layernorm"], 1e-6)
@@ -354,19 +358,27 @@ class MLAttention:
             calls += 1
         return calls
 
-    def _decode(self, q, latent, batch: AttnBatch, kv, layer: int) -> torch.Tensor:
+    def _decode(self, q, latent, batch: AttnBatch, kv, layer: int, raw: bool = False) -> torch.Tensor:
         """A decode step in MLA's absorbed form: the query's nope part is taken into the latent space
         (q_nope W_kb per head), attention runs over the cached latent rows as one shared head (keys: the
         whole row, values: its lora part), and W_vb maps the result out. Same product as expanding every
-        cached row through kv_b_proj (the prefill path), without that S x kv_b work per step."""
-        from trtllm_dasc.model.decode_attention import paged_decode_attention   # triton: GPU decode only
+        cached row through kv_b_proj (the prefill path), without that S x kv_b work per step.
+        latent: the new tokens' cache rows; raw: kv_a_proj's output instead, which
+        decode_attention.latent_write norms into the pool in one kernel (the fused path)."""
+        from trtllm_dasc.model.decode_attention import latent_write, paged_decode_attention   # triton: GPU only
         s, H = self.spec, self.H
         nope, rope, lora, vd = s.qk_nope_head_dim, s.qk_rope_head_dim, s.kv_lora_rank, s.v_head_dim
         tables, lens, new_rows = batch.paged
-        kv.write(layer, new_rows, [latent[:, None]])
         (pool,) = kv.pools[layer]
+        if raw:
+            latent_write(latent, self.w["kv_a_layernorm"], pool, new_rows, 1e-6)
+        else:
+            kv.write(layer, new_rows, [latent[:, None]])
         kv_b = self.w["kv_b_proj"].view(H, nope + vd, lora)
         q_lat = torch.einsum("bhn,hnl->bhl", q[..., :nope], kv_b[:, :nope])
-        qa = torch.cat([q_lat, q[..., nope:]], dim=-1).contiguous()
-        o_lat = paged_decode_attention(qa, pool, pool, tables, lens, (nope + rope) ** -0.5, dv=lora)
+        if q_lat.stride(-1) != 1:
+            q_lat = q_lat.contiguous()
+        # the query as two tensors (latent part, rope part as q holds it): no concatenated copy
+        o_lat = paged_decode_attention(q_lat, pool, pool, tables, lens, (nope + rope) ** -0.5, dv=lora,
+                                       q_rope=q[..., nope:])
         return torch.einsum("bhl,hvl->bhv", o_lat, kv_b[:, nope:])

@@ -60,8 +60,9 @@ def _finish(acc, out, bos, o_t, m_t, o_c, c0, T_total, C, S1, S2, NORM_C, eps):
 def _conv_parts_kernel(x, weight, out, chunks, cu, stride_x, T_total, C, S1, S2, NORM_C, eps, NT, W: tl.constexpr,
                        BT: tl.constexpr, BD: tl.constexpr, G: tl.constexpr):
     """Program (channel block, G consecutive chunks), flattened on grid axis 0 with the channel blocks fastest
-    (axis 1 would cap the chunks at 65535): chunk = (sequence, tile) from `chunks` (NT of them). The taps before a sequence's first
-    token read 0 here: _conv_head_kernel redoes those W-1 rows from the carried state afterwards."""
+    (axis 1 would cap the chunks at 65535): chunk = (sequence, tile) from `chunks` (NT of them). The taps
+    before a sequence's first token read 0 here: _conv_head_kernel redoes those W-1 rows from the carried
+    state afterwards."""
     pid = tl.program_id(0)
     blocks = C // BD
     i_c = pid % blocks
