@@ -40,7 +40,7 @@ run_parts() {   # run_parts PARTS GPU
   if [[ $parts == *parity* ]]; then       # the fused mixers against the torch reference first: a wrong kernel
     # -v: one line per test as it ends, so a run cut by the limit still names what passed and failed
     # few CPU threads: its torch references must not slow a benchmark timing the host on the other GPU
-    OMP_NUM_THREADS=${PARITY_THREADS:-4} timeout ${PARITY_LIMIT:-330} python3 -m pytest -v --tb=short -p no:cacheprovider tests/model/test_fused_ops.py tests/model/test_conv_kernel.py tests/model/test_swiglu_kernel.py tests/model/test_mla_long_prefill.py \
+    OMP_NUM_THREADS=${PARITY_THREADS:-4} timeout ${PARITY_LIMIT:-330} python3 -m pytest -v --tb=short -p no:cacheprovider tests/model/test_fused_ops.py tests/model/test_conv_kernel.py tests/model/test_swiglu_kernel.py tests/model/test_mla_long_prefill.py tests/model/test_gemv_kernel.py \
       tests/model/test_decode_attention.py tests/model/test_attention_gpu.py \
       tests/model/test_decode_graphs.py tests/engine/test_decode_graphs_engine.py \
       "tests/model/test_fla_gpu.py::test_model_fla_matches_torch_backend" \
