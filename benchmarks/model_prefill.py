@@ -122,6 +122,34 @@ def run_once(model, ids, cuda: bool, timed: bool):
     return 1e3 * (time.perf_counter() - t), (timer.totals_ms() if timer else {})
 
 
+def host_syncs(fn) -> list[dict]:
+    """The host synchronisations inside fn() (torch's sync debug mode: .item(), copies from or to pageable
+    host memory, ...), counted by the code that asked (the innermost frames of ours and of the libraries).
+    Each stalls the launch queue: the GPU idles until the host has launched the next kernels."""
+    import collections
+    import traceback
+    import warnings
+    hits = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if ("site-packages" in f.filename or "trtllm_dasc" in f.filename)
+                  and "/torch/" not in f.filename and "warnings" not in f.filename]
+        where = " < ".join(f"{f.filename.rsplit('site-packages/', 1)[-1]}:{f.lineno} {f.name}"
+                           for f in reversed(frames[-3:]))
+        hits[where or str(message)[:80]] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [{"where": w, "count": n} for w, n in hits.most_common()]
+
+
 def fla_layer(raw: dict, device: str, dtype):
     """fla's own mixer with this stack's shapes (KimiDeltaAttention / GatedDeltaNet), or None without
     the flash-linear-attention package (fla-core alone has no layers)."""
@@ -194,6 +222,9 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true",
                    help="also one forward per length under torch.profiler (kernel_profile.py): kernels, device-busy "
                         "time and the costliest kernels, in the row's \"profile\"")
+    p.add_argument("--sync-probe", action="store_true",
+                   help="list the host synchronisations inside one forward per length (where the GPU waits "
+                        "for the host), by the code that asked")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device exists (CI check)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/model_prefill_<arch>.json)")
     p.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
@@ -288,6 +319,11 @@ def main(argv=None) -> int:
                 run_once(model, ids, cuda, timed=False)
             row["profile"] = summarize(prof, 1, device)
             print_summary(f"T={T}", row["profile"], lines=25)
+        if args.sync_probe and cuda:
+            row["host_syncs"] = host_syncs(lambda: run_once(model, ids, cuda, timed=False))
+            print(f"  host synchronisations in one forward at T={T}: {sum(h['count'] for h in row['host_syncs'])}")
+            for h in row["host_syncs"][:20]:
+                print(f"    {h['count']:>4}  {h['where']}")
         rows.append(row)
         save(rows, complete=False)
         print(f"T={T}: {row['tokens_per_s']:.0f} tok/s (warm-up {warmup_s:.0f} s)"
