@@ -121,13 +121,12 @@ def _conv_head_kernel(x, weight, state, out, new_state, cu, stride_x, stride_sn,
              (lx.to(tl.float32) + ls.to(tl.float32)).to(new_state.dtype.element_ty), mask=m_s[:, None])
 
 
-# (cu_seqlens, device) -> chunk table [NT, 2] int32 on the device, (sequence, tile) per BLOCK_T tokens: every
+# (cu_seqlens, device, tokens per tile) -> chunk table [NT, 2] int32 on the device, (sequence, tile): every
 # layer of a forward asks for the same one (cu_seqlens itself: recurrence/fla.cu_tensors' cache)
 _CHUNKS: dict = {}
 
 
-def _chunks(cu_seqlens: list[int], device, bt: int = 0) -> torch.Tensor:
-    bt = bt or BLOCK_T
+def _chunks(cu_seqlens: list[int], device, bt: int = BLOCK_T) -> torch.Tensor:
     key = (tuple(cu_seqlens), str(device), bt)
     hit = _CHUNKS.get(key)
     if hit is None:
@@ -178,10 +177,10 @@ def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     out = torch.empty(T * C, dtype=x.dtype, device=x.device)
     new_state = torch.empty(conv_state.shape, dtype=conv_state.dtype, device=x.device)
     from trtllm_dasc.model.recurrence.fla import cu_tensors
-    chunks, cu = _chunks(cu_seqlens, x.device, (tiles or (BLOCK_T,))[0]), cu_tensors(cu_seqlens, x.device)[0]
+    bt, warps, g = tiles or (BLOCK_T, WARPS, TILES)
+    chunks, cu = _chunks(cu_seqlens, x.device, bt), cu_tensors(cu_seqlens, x.device)[0]
     w = weight.contiguous()
     args = (T, C, S1, S2, bounds[normalized], EPS)
-    bt, warps, g = tiles or (BLOCK_T, WARPS, TILES)
     nt = chunks.shape[0]
     _conv_parts_kernel[(C // head_dim * triton.cdiv(nt, g),)](x, w, out, chunks, cu, x.stride(0), *args, nt, W=W,
                                                              BT=bt, BD=head_dim, G=g, num_warps=warps)
