@@ -29,6 +29,20 @@ def _inputs(lens, parts, W, dtype, seed=0):
     return x.to(DEV, dtype), weight.to(DEV, dtype), state.to(DEV, dtype), cu
 
 
+@pytest.mark.parametrize("tiles", [(16, 4, 4), (64, 8, 2)], ids=["BT16-G4", "BT64-G2"])
+def test_conv_parts_tile_choices_the_benchmark_times_match_reference(tiles):
+    # several tiles a program, the last program's short of tiles, tiles spanning sequence ends
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    parts, lens = [32, 32, 64], [1, 2, 64, 5, 130]
+    x, weight, state, cu = _inputs(lens, parts, 4, dtype)
+    got, new_state = conv_parts(x, weight, state, cu, parts, 2, 16, tiles)
+    ref, ref_state = conv_parts_reference(x.float(), weight, state, cu, parts, 2, 16)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for part, want in zip(got, ref):
+        torch.testing.assert_close(part.float(), want.float(), **tol)
+    torch.testing.assert_close(new_state.float(), ref_state.float(), **tol)
+
+
 @pytest.mark.parametrize("W", [2, 4])
 @pytest.mark.parametrize("parts", [[32, 32, 64], [48, 48, 48], [32, 96], [64]],
                          ids=["gdn-like", "kda-like", "two-parts", "one-part"])

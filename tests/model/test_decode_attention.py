@@ -166,6 +166,19 @@ def test_key_splits_combine_to_the_reference(splits):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_combine_kernel_matches_its_torch_reference_with_empty_splits():
+    from trtllm_dasc.model.decode_attention import _combine, _combine_kernel, _pow2
+    g = torch.Generator().manual_seed(9)
+    B, H, S, DV = 2, 3, 5, 40
+    o_part = torch.randn(B, H, S, DV, generator=g)
+    ml = torch.stack([torch.randn(B, H, S, generator=g) * 3, torch.rand(B, H, S, generator=g) + 0.5], -1)
+    ml[0, :, 3:, 0], ml[0, :, 3:, 1], o_part[0, :, 3:] = float("-inf"), 0.0, 0.0     # splits without keys
+    o_part, ml = o_part.to(DEV), ml.to(DEV)
+    out = torch.full((B, H, DV), float("nan"), device=DEV)
+    _combine_kernel[(B * H, 3)](o_part, ml, out, S, DV, BLOCK_S=max(16, _pow2(S)), BLOCK_D=16)
+    torch.testing.assert_close(out, _combine(o_part, ml), rtol=1e-5, atol=1e-5)
+
+
 def test_paged_attention_takes_batches_up_to_the_token_limit(tmp_path):
     # with the paged path on, a batch whose longest sequence brings PAGED_MAX_TOKENS tokens gets per-token
     # tables (one row per new token, lengths position + 1); one token more and it takes the SDPA path

@@ -6,7 +6,7 @@ per sequence and layer); a decode step of 64 sequences made 64 launches per atte
 is one launch whose inputs are fixed-shape tensors (block tables [B, max_blocks], lengths [B]): nothing
 depends on host values, which a CUDA graph of the decode step needs. A program takes every query head of
 one KV head (GQA's group, MLA's all heads) so each key row is read once, as MMAs; a batch of few sequences
-splits its keys over more programs (flash-decoding) and _combine joins the splits.
+splits its keys over more programs (flash-decoding) and _combine_kernel joins the splits.
 
 Layouts (kv_cache.py): a pool is [num_blocks, block_size, heads, dim]; token t of sequence b lives at block
 block_tables[b, t // block_size], row t % block_size. GQA: k_pool and v_pool, query head h reads KV head
@@ -48,7 +48,7 @@ def _paged_decode_kernel(q, q2, k_pool, v_pool, o_part, ml_part, block_tables, s
                          F32_DOT: tl.constexpr):
     """One (sequence, KV head, key split): the GROUP query heads of that KV head against keys
     [split * chunk, +chunk) as two MMAs per key block (scores, then probabilities x values), online
-    softmax; writes the unnormalised output and the (max, sum) of its split for _combine. SPLITS is a
+    softmax; writes the unnormalised output and the (max, sum) of its split for _combine_kernel. SPLITS is a
     runtime value: the eager path's grows with the context and must not compile a kernel per value.
     The key dim is two segments, DK1 (a power of two) then DK2 (the rest, maybe 0): MLA's 576 = 512 + 64
     would otherwise be padded to 1024. The query's DK2 columns come from q2 (MLA: the rope part where it
