@@ -1,7 +1,8 @@
-"""The prefill's short convolution (model/conv_kernel.py) on the stacks' shapes at 16k tokens: tile choices
-(tokens per tile, warps, tiles per program) side by side with a device copy of the same bytes (what the
-kernel's traffic, inputs read once and outputs written once, would take at copy speed), in the same run.
-Picks conv_kernel's defaults; model_prefill.py's --profile shows the kernel inside the forward.
+"""The prefill's short convolution (model/conv_kernel.py) on the stacks' shapes at 16k tokens: its two kernels'
+choices (the tile kernel: tokens per tile, warps, tiles per program; the rows kernel: tokens per program,
+widest channel block, warps) side by side with a device copy of the same bytes (what the kernel's traffic,
+inputs read once and outputs written once, would take at copy speed), in the same run. Picks conv_kernel's
+defaults (its ROWS, BLOCK_T, WARPS, TILES); model_prefill.py's --profile shows the kernel inside the forward.
 
     python benchmarks/conv_prefill.py [--tokens 16384] [--out benchmarks/results/conv_prefill.json]
 """
@@ -18,8 +19,12 @@ from results_io import provenance, write_result  # noqa: E402
 # (arch, parts (q, k, v channels), normalised parts, head dim, in_proj width the conv input is a slice of)
 SHAPES = [("kda", [4096, 4096, 4096], 2, 128, 3 * 4096 + 128 + 128 + 32),
           ("gdn", [2048, 2048, 4096], 2, 128, 2 * 2048 + 2 * 4096 + 2 * 32)]
-TILES = [(64, 8, 1), (64, 8, 2), (64, 8, 4), (64, 4, 1), (64, 4, 2), (32, 4, 1), (32, 4, 4), (32, 8, 2),
-         (16, 4, 4), (16, 2, 8), (128, 8, 1), (128, 8, 2)]
+# the tile kernel: (tokens per tile, warps, tiles per program)
+TILES = [(64, 8, 1), (32, 4, 1), (16, 4, 4), (64, 8, 2)]
+# the rows kernel (each input row read once, the window in registers): (tokens per program, widest channel
+# block, warps)
+ROWS = [(64, 1024, 4), (128, 1024, 4), (256, 1024, 4), (512, 1024, 8), (128, 512, 4), (256, 512, 2),
+        (128, 256, 2), (64, 256, 1), (256, 2048, 8)]
 
 
 def device_ms(torch, fn, reps: int = 20) -> float:
@@ -47,7 +52,8 @@ def main(argv=None) -> int:
     from trtllm_dasc.model import conv_kernel
     T = args.tokens
     result = {**provenance("benchmarks/conv_prefill.py", argv, args.commit), "tokens": T,
-              "default_tiles": [conv_kernel.BLOCK_T, conv_kernel.WARPS, conv_kernel.TILES], "shapes": []}
+              "default_tiles": [conv_kernel.BLOCK_T, conv_kernel.WARPS, conv_kernel.TILES],
+              "default_rows": conv_kernel.ROWS, "shapes": []}
     for arch, parts, normalized, hd, width in SHAPES:
         C = sum(parts)
         proj = torch.randn(T, width, device="cuda", dtype=torch.bfloat16)
@@ -62,12 +68,15 @@ def main(argv=None) -> int:
         ref = conv_kernel.conv_parts_reference(x, weight, state, cu, parts, normalized, hd)[0]
         entry = {"arch": arch, "parts": parts, "bytes": nbytes, "copy_ms": copy_ms, "tiles": []}
         print(f"{arch}: {T} tokens x {C} channels, copy of the same bytes {copy_ms:.3f} ms", flush=True)
-        for tiles in TILES:
-            out = conv_kernel.conv_parts(x, weight, state, cu, parts, normalized, hd, tiles)[0]
+        arms = [("tiles", t) for t in TILES] + [("rows", r) for r in ROWS]
+        entry["rows"] = []
+        for kind, choice in arms:
+            kw = {kind: choice}
+            out = conv_kernel.conv_parts(x, weight, state, cu, parts, normalized, hd, **kw)[0]
             err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
-            ms = device_ms(torch, lambda: conv_kernel.conv_parts(x, weight, state, cu, parts, normalized, hd, tiles))
-            entry["tiles"].append({"tiles": tiles, "ms": ms, "of_copy": copy_ms / ms, "max_abs_err": err})
-            print(f"  tiles {tiles}: {ms:.3f} ms ({copy_ms / ms:.0%} of copy speed), max err {err:.1e}", flush=True)
+            ms = device_ms(torch, lambda: conv_kernel.conv_parts(x, weight, state, cu, parts, normalized, hd, **kw))
+            entry[kind].append({kind: choice, "ms": ms, "of_copy": copy_ms / ms, "max_abs_err": err})
+            print(f"  {kind} {choice}: {ms:.3f} ms ({copy_ms / ms:.0%} of copy speed), max err {err:.1e}", flush=True)
         result["shapes"].append(entry)
         write_result(args.out, result)
     return 0

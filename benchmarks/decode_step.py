@@ -162,6 +162,35 @@ def time_decode(engine, torch, batch: int, context: int, warmup: int, reps: int,
     return out
 
 
+def time_replay(graphs, torch, batch: int, reps: int) -> dict | None:
+    """The decode graph of batch's bucket alone, every entry padding (the reserved state row and KV block, so
+    no request's state moves): ``replay_ms`` the median wall time of replay + synchronize (the graph's launch
+    and its device time), ``replay_device_ms`` back-to-back replays timed by device events (the device time,
+    launch gaps between its kernels included). Against step_ms they split a step into the graph and the
+    host work around it (inputs in, logits out, sampling, scheduling)."""
+    if graphs is None or not graphs.use_graphs:
+        return None
+    b = graphs.bucket(batch)
+    if b not in graphs.graphs:
+        return None
+    graphs._pad(0, b)
+    graph = graphs.graphs[b][0]
+    walls = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return {"replay_ms": 1e3 * statistics.median(walls), "replay_device_ms": start.elapsed_time(end) / reps}
+
+
 def parse_batches(text: str) -> list[int]:
     try:
         batches = [int(x) for x in text.split(",")]
@@ -239,6 +268,11 @@ def run(args, torch, model: str, batches: list[int], save=None, profile: tuple =
     model_obj = engine.runner.model
     for b in batches:
         t = time_decode(engine, torch, b, args.context, args.warmup, args.reps, max_new)
+        replay = time_replay(engine.runner.graphs, torch, b, args.reps)
+        if replay:
+            t.update(replay)
+            print(f"  batch {b}: graph replay alone {replay['replay_ms']:.3f} ms wall, "
+                  f"{replay['replay_device_ms']:.3f} ms device (back to back)", flush=True)
         if args.compare_eager:
             # the same batch without the CUDA graphs (the batched attention kernel launched eagerly), then
             # also with attention one sequence at a time (the path before the batched kernel)

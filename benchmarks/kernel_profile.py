@@ -47,9 +47,33 @@ def _launchers(prof) -> dict[str, dict[str, int]]:
     return out
 
 
+def idle_gaps(events, steps: int, largest: int = 15, wide_us: float = 20.0) -> dict:
+    """Where the device sat idle between its events: per step the idle time inside the span, the count and
+    sum of gaps wider than ``wide_us``, and the ``largest`` gaps with the events on either side and where in
+    the trace they fall (0 = its start, 1 = its end). A step of many kernels loses a launch gap per kernel
+    (small, everywhere); the host waiting on the device or the device on the host shows as few wide ones."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in events)
+    if not spans:
+        return {"idle_us_per_step": 0.0, "wide_gaps_per_step": 0.0, "wide_gap_us_per_step": 0.0, "largest": []}
+    first, last = spans[0][0], max(end for _, end, _ in spans)
+    gaps, reach, before = [], spans[0][1], spans[0][2]
+    for start, end, name in spans[1:]:
+        if start > reach:
+            gaps.append((start - reach, reach, before, name))
+        if end >= reach:
+            reach, before = end, name
+    wide = [g for g in gaps if g[0] > wide_us]
+    where = lambda t: round((t - first) / max(last - first, 1e-9), 4)  # noqa: E731
+    return {"idle_us_per_step": sum(g[0] for g in gaps) / steps, "wide_gap_us": wide_us,
+            "wide_gaps_per_step": len(wide) / steps, "wide_gap_us_per_step": sum(g[0] for g in wide) / steps,
+            "largest": [{"us": g[0], "at": where(g[1]), "after": g[2][:80], "before": g[3][:80]}
+                        for g in sorted(gaps, key=lambda g: -g[0])[:largest]]}
+
+
 def summarize(prof, steps: int, device: str, top: int = 40) -> dict:
     """Per step: device events, their summed time (busy) and the span from the first start to the last end;
-    the ``top`` names by summed time with their count per step. Times in microseconds."""
+    the ``top`` names by summed time with their count per step; the idle gaps (idle_gaps). Times in
+    microseconds."""
     from torch.autograd import DeviceType
     cuda = device.startswith("cuda")
     events = [e for e in prof.events() if (e.device_type == DeviceType.CUDA) == cuda]
@@ -68,13 +92,18 @@ def summarize(prof, steps: int, device: str, top: int = 40) -> dict:
                                   sorted(launchers[n].items(), key=lambda kv: -kv[1])[:3]]
         rows.append(row)
     return {"steps": steps, "events_per_step": len(events) / steps, "busy_us_per_step": busy / steps,
-            "span_us_per_step": span / steps, "top": rows}
+            "span_us_per_step": span / steps, "top": rows, "gaps": idle_gaps(events, steps)}
 
 
 def print_summary(label: str, s: dict, lines: int = 15) -> None:
     """The summary's head on stdout (the JSON keeps all of ``top``)."""
     print(f"  profile {label}: {s['events_per_step']:.0f} device events per step, busy {s['busy_us_per_step']:.0f} us, "
           f"span {s['span_us_per_step']:.0f} us")
+    g = s.get("gaps")
+    if g:
+        print(f"  idle {g['idle_us_per_step']:.0f} us per step, {g['wide_gaps_per_step']:.1f} gaps over "
+              f"{g.get('wide_gap_us', 20):g} us ({g['wide_gap_us_per_step']:.0f} us); largest: "
+              + ", ".join(f"{x['us']:.0f} us at {x['at']:.2f} before {x['before'][:40]}" for x in g["largest"][:5]))
     for t in s["top"][:lines]:
         by = "; ".join(f"{chain} x{n:g}" for chain, n in t.get("launched_by", []))
         print(f"    {t['us_per_step']:>9.1f} us  x{t['count_per_step']:>5.1f}  {t['name'][:90]}"

@@ -7,12 +7,14 @@
 #           prefill  benchmarks/model_prefill.py for ARCHS (default "kda gdn") with --compare-fla (fla's
 #                    KimiDeltaAttention / GatedDeltaNet next to our mixer) and --compare-unfused
 #           store    benchmarks/state_bandwidth.py (the planner's TP8 masks; store/load against copy bandwidth)
+#           conv     benchmarks/conv_prefill.py (the prefill conv's kernel choices against a copy of its bytes)
 #   GPU 1:  decode   benchmarks/decode_step.py --compare-eager (batch 1/8/32/64 against the weight-bandwidth
 #                    bound; graphs / no graphs / per-sequence attention), kernel profiles of PROFILE batches
 #           wr       benchmarks/wr_hit_cost.py (dasc-wr minus dasc-nr per hit in a batched replay, W=16)
 # On one GPU (nvidia-h200) the two halves run one after the other, never side by side (they time the GPU).
 # PARTS0 / PARTS1 move parts between the GPUs (see below); STORE_ARGS go to state_bandwidth.py (--sweep),
-# PREFILL_ARGS to model_prefill.py (--profile, --tokens ...).
+# PREFILL_ARGS to model_prefill.py (--profile, --tokens ...), COMPARE replaces its default "--compare-fla
+# --compare-unfused" (COMPARE= : our forward alone), DECODE_ARGS go to decode_step.py (--batches 1).
 # Limits: PARITY_LIMIT (330), PREFILL_LIMIT (190 per arch), STORE_LIMIT (150), DECODE_LIMIT (240), WR_LIMIT
 # (220) seconds.
 # Carry as .whl: ../shared/tools/gpu-wheels .whl kernels flash-linear-attention==0.6.0 einops transformers==5.24.0
@@ -28,7 +30,7 @@ PARTS=${PARTS:-parity,prefill,store,decode,wr}
 # which GPU runs what: GPU 0 the parity / attn / prefill / store parts, GPU 1 decode / wr, unless PARTS0 and
 # PARTS1 say otherwise (e.g. PARTS0=parity PARTS1=prefill,store: the tests beside the benchmarks)
 pick() { local out= p; for p in ${PARTS//,/ }; do [[ ",$1," == *",$p,"* ]] && out+="$p,"; done; echo "$out"; }
-PARTS0=${PARTS0-$(pick parity,attn,prefill,store)}
+PARTS0=${PARTS0-$(pick parity,attn,conv,prefill,store)}
 PARTS1=${PARTS1-$(pick decode,wr)}
 [[ "$PARTS0,$PARTS1" == *decode* || "$PARTS0,$PARTS1" == *wr* ]] || SHAPED_MODEL=0   # only decode / wr read it
 source scripts/gpu_prelude.sh
@@ -52,16 +54,17 @@ run_parts() {   # run_parts PARTS GPU
     # what each failure said (its short traceback: the assertion and the numbers), which a line summary lost
     sed -n '/= FAILURES =/,/short test summary/p' /tmp/parity.log | grep -v "^\s*$" | tail -120
   fi
+  [[ $parts == *conv* ]] && timeout 120 python3 benchmarks/conv_prefill.py --out "$OUT/conv_prefill.json" $C
   [[ $parts == *attn* ]] && timeout 120 python3 benchmarks/attention_prefill.py --out "$OUT/attention_prefill.json" $C
   if [[ $parts == *prefill* ]]; then
     for arch in ${ARCHS:-kda gdn}; do
-      timeout ${PREFILL_LIMIT:-190} python3 benchmarks/model_prefill.py --arch $arch --compare-fla --compare-unfused \
+      timeout ${PREFILL_LIMIT:-190} python3 benchmarks/model_prefill.py --arch $arch ${COMPARE---compare-fla --compare-unfused} \
         ${PREFILL_ARGS:-} --out "$OUT/model_prefill_$arch.json" $C
     done
   fi
   [[ $parts == *store* ]] && timeout ${STORE_LIMIT:-150} python3 benchmarks/state_bandwidth.py ${STORE_ARGS:-} $C
   [[ $parts == *decode* ]] && timeout ${DECODE_LIMIT:-240} python3 benchmarks/decode_step.py --model /tmp/kimi48 \
-    --compare-eager ${PROFILE:+--profile $PROFILE} --out "$OUT/decode_step.json" $C
+    --compare-eager ${PROFILE:+--profile $PROFILE} ${DECODE_ARGS:-} --out "$OUT/decode_step.json" $C
   [[ $parts == *wr* ]] && timeout ${WR_LIMIT:-220} python3 benchmarks/wr_hit_cost.py --model /tmp/kimi48 \
     --out "$OUT/wr_hit_cost.json" $C
 }

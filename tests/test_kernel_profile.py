@@ -28,3 +28,18 @@ def test_kernels_are_named_by_the_operators_above_their_launch():
     # it keeps its own name
     assert got == {"copy_kernel": {"aten::pad > aten::constant_pad_nd > aten::copy_": 2, "aten::contiguous": 1},
                    "triton_kernel": {"cuLaunchKernel": 1}}
+
+
+def _timed(name, start, end):
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end))
+
+
+def test_idle_gaps_are_the_holes_between_device_events():
+    import kernel_profile
+    # a (0-10), b (5-30) overlapping a, a hole of 70, c (100-110), a hole of 5, d (115-200); counted by hand
+    events = [_timed("d", 115, 200), _timed("a", 0, 10), _timed("c", 100, 110), _timed("b", 5, 30)]
+    got = kernel_profile.idle_gaps(events, steps=1, wide_us=20)
+    assert got["idle_us_per_step"] == 75 and got["wide_gaps_per_step"] == 1 and got["wide_gap_us_per_step"] == 70
+    assert got["largest"][0] == {"us": 70, "at": 0.15, "after": "b", "before": "c"}
+    assert got["largest"][1]["us"] == 5 and got["largest"][1]["before"] == "d"
+    assert kernel_profile.idle_gaps([], steps=1)["largest"] == []

@@ -43,6 +43,30 @@ def test_conv_parts_tile_choices_the_benchmark_times_match_reference(tiles):
     torch.testing.assert_close(new_state.float(), ref_state.float(), **tol)
 
 
+@pytest.mark.parametrize("rows", [(8, 32, 4), (16, 64, 2), (64, 16, 1)], ids=["R8-C32", "R16-C64", "R64-C16"])
+def test_conv_rows_kernel_matches_reference(rows):
+    # the rows kernel (W = 4): ranges shorter than, equal to and longer than one 8-row step, ranges that end
+    # inside a step, sequences shorter than the window, channel blocks of one and of several heads (q / k
+    # normalised per head inside a block of several)
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    parts, lens = [32, 32, 64], [1, 2, 64, 5, 130, 17]
+    x, weight, state, cu = _inputs(lens, parts, 4, dtype, seed=3)
+    got, new_state = conv_parts(x, weight, state, cu, parts, 2, 16, rows=rows)
+    ref, ref_state = conv_parts_reference(x.float(), weight, state, cu, parts, 2, 16)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for part, want in zip(got, ref):
+        torch.testing.assert_close(part.float(), want.float(), **tol)
+    torch.testing.assert_close(new_state.float(), ref_state.float(), rtol=0, atol=0)
+
+
+def test_rows_block_never_straddles_parts():
+    from trtllm_dasc.model.conv_kernel import rows_block
+    assert rows_block([4096, 4096, 4096], 128, 1024) == 1024
+    assert rows_block([2048, 2048, 4096], 128, 4096) == 2048
+    assert rows_block([384, 384, 384], 128, 1024) == 128        # 384 = 3 heads: one head a block
+    assert rows_block([256], 128, 64) == 128                      # never below a head
+
+
 @pytest.mark.parametrize("W", [2, 4])
 @pytest.mark.parametrize("parts", [[32, 32, 64], [48, 48, 48], [32, 96], [64]],
                          ids=["gdn-like", "kda-like", "two-parts", "one-part"])

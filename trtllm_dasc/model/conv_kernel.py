@@ -32,6 +32,9 @@ import triton.language as tl
 BLOCK_T = 32
 WARPS = 4
 TILES = 1                # tiles a program takes one after the other
+# the rows kernel (W = 4): (tokens per program, widest channel block, warps); None: the tile kernel by
+# default. Set from benchmarks/conv_prefill.py's run (see there).
+ROWS: tuple[int, int, int] | None = None
 EPS = 1e-6               # fla's l2norm eps (ops.l2norm), which the chunk kernels would otherwise apply
 
 
@@ -85,6 +88,66 @@ def _conv_parts_kernel(x, weight, out, chunks, cu, stride_x, T_total, C, S1, S2,
                              other=0.0)
                 acc += xv.to(tl.float32) * tl.load(weight + o_c * W + j).to(tl.float32)[None, :]
             _finish(acc, out, bos, o_t, m_t, o_c, c0, T_total, C, S1, S2, NORM_C, eps)
+
+
+@triton.jit
+def _rows_finish(acc, row, ok, q, width, norm, eps):
+    """_finish for one token row of the rows kernel: acc [heads, HD] fp32 (its l2 norm a sum along axis 1),
+    q the row-0 pointers of the block's channels in their part (row stride width)."""
+    y = acc * tl.sigmoid(acc)
+    if norm:
+        y = y * (1 / tl.sqrt(tl.sum(y * y, 1) + eps))[:, None]
+    tl.store(q + row * width, y.to(q.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _conv_rows_kernel(x, weight, out, ranges, stride_x, T_total, C, S1, S2, NORM_C, eps, BC: tl.constexpr,
+                      HD: tl.constexpr):
+    """W = 4 only. Program (channel block of BC channels, token range from `ranges`: first row, rows, the
+    sequence's first row), flattened on axis 0 with the channel blocks fastest. The range's rows are read
+    once each, eight rows a step (all eight loads written before any store: the compiler may not move a load
+    above a store it cannot prove apart), and the last three inputs ride along in registers: no shifted
+    re-reads. Taps before the sequence's first row read 0, as in _conv_parts_kernel (_conv_head_kernel redoes
+    those rows from the carried state)."""
+    pid = tl.program_id(0)
+    blocks = C // BC
+    i_c = pid % blocks
+    i_r = pid // blocks
+    r0 = tl.load(ranges + 3 * i_r).to(tl.int64)
+    n = tl.load(ranges + 3 * i_r + 1)
+    bos = tl.load(ranges + 3 * i_r + 2).to(tl.int64)
+    c0 = i_c * BC
+    o_hd = c0 + tl.arange(0, BC // HD)[:, None] * HD + tl.arange(0, HD)[None, :]      # [heads, HD] channels
+    w0 = tl.load(weight + o_hd * 4).to(tl.float32)
+    w1 = tl.load(weight + o_hd * 4 + 1).to(tl.float32)
+    w2 = tl.load(weight + o_hd * 4 + 2).to(tl.float32)
+    w3 = tl.load(weight + o_hd * 4 + 3).to(tl.float32)
+    p = x + o_hd
+    h1 = tl.load(p + (r0 - 3) * stride_x, mask=r0 - 3 >= bos, other=0.0).to(tl.float32)
+    h2 = tl.load(p + (r0 - 2) * stride_x, mask=r0 - 2 >= bos, other=0.0).to(tl.float32)
+    h3 = tl.load(p + (r0 - 1) * stride_x, mask=r0 - 1 >= bos, other=0.0).to(tl.float32)
+    start, width = _part_of(c0, C, S1, S2)
+    q = out + start.to(tl.int64) * T_total + (o_hd - start)
+    norm = c0 < NORM_C
+    for i in range(0, n, 8):
+        r = r0 + i
+        f0 = tl.load(p + r * stride_x, mask=i < n, other=0.0).to(tl.float32)
+        f1 = tl.load(p + (r + 1) * stride_x, mask=i + 1 < n, other=0.0).to(tl.float32)
+        f2 = tl.load(p + (r + 2) * stride_x, mask=i + 2 < n, other=0.0).to(tl.float32)
+        f3 = tl.load(p + (r + 3) * stride_x, mask=i + 3 < n, other=0.0).to(tl.float32)
+        f4 = tl.load(p + (r + 4) * stride_x, mask=i + 4 < n, other=0.0).to(tl.float32)
+        f5 = tl.load(p + (r + 5) * stride_x, mask=i + 5 < n, other=0.0).to(tl.float32)
+        f6 = tl.load(p + (r + 6) * stride_x, mask=i + 6 < n, other=0.0).to(tl.float32)
+        f7 = tl.load(p + (r + 7) * stride_x, mask=i + 7 < n, other=0.0).to(tl.float32)
+        _rows_finish(w0 * h1 + w1 * h2 + w2 * h3 + w3 * f0, r, i < n, q, width, norm, eps)
+        _rows_finish(w0 * h2 + w1 * h3 + w2 * f0 + w3 * f1, r + 1, i + 1 < n, q, width, norm, eps)
+        _rows_finish(w0 * h3 + w1 * f0 + w2 * f1 + w3 * f2, r + 2, i + 2 < n, q, width, norm, eps)
+        _rows_finish(w0 * f0 + w1 * f1 + w2 * f2 + w3 * f3, r + 3, i + 3 < n, q, width, norm, eps)
+        _rows_finish(w0 * f1 + w1 * f2 + w2 * f3 + w3 * f4, r + 4, i + 4 < n, q, width, norm, eps)
+        _rows_finish(w0 * f2 + w1 * f3 + w2 * f4 + w3 * f5, r + 5, i + 5 < n, q, width, norm, eps)
+        _rows_finish(w0 * f3 + w1 * f4 + w2 * f5 + w3 * f6, r + 6, i + 6 < n, q, width, norm, eps)
+        _rows_finish(w0 * f4 + w1 * f5 + w2 * f6 + w3 * f7, r + 7, i + 7 < n, q, width, norm, eps)
+        h1, h2, h3 = f5, f6, f7
 
 
 @triton.jit
@@ -158,16 +221,40 @@ def supports(parts: list[int], head_dim: int, W: int) -> bool:
             and all(p % head_dim == 0 for p in parts))
 
 
+def _ranges(cu_seqlens: list[int], device, rows: int) -> torch.Tensor:
+    """The rows kernel's table [NR, 3] int32 on the device: (first row, rows, the sequence's first row) of
+    each range of at most `rows` tokens inside one sequence (cached as _chunks)."""
+    key = ("ranges", tuple(cu_seqlens), str(device), rows)
+    hit = _CHUNKS.get(key)
+    if hit is None:
+        if len(_CHUNKS) >= 256:
+            _CHUNKS.clear()
+        table = [(r, min(rows, b - r), a) for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:]) for r in range(a, b, rows)]
+        hit = _CHUNKS[key] = torch.tensor(table, dtype=torch.int32).reshape(-1, 3).to(device)
+    return hit
+
+
+def rows_block(parts: list[int], head_dim: int, widest: int) -> int:
+    """Channels a program of the rows kernel takes: the largest power of two up to `widest` that divides
+    every part (a block never straddles two parts) and holds whole heads."""
+    bc = max(head_dim, widest)
+    while bc > head_dim and any(p % bc for p in parts):
+        bc //= 2
+    return bc
+
+
 def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
-               parts: list[int], normalized: int, head_dim: int, tiles: tuple[int, int, int] | None = None
-               ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+               parts: list[int], normalized: int, head_dim: int, tiles: tuple[int, int, int] | None = None,
+               rows: tuple[int, int, int] | None = None) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """(outputs, new state): silu(causal_conv(x)) cut into `parts` channels, each a contiguous [T, c] tensor
     in x's dtype, the first `normalized` parts l2-normalised per group of head_dim channels (fp32 inside,
     one rounding); the new state [N, C, W-1] in conv_state's dtype (ops.causal_conv's).
 
     x [T, C] (a column slice is fine: unit channel stride); weight [C, W]; conv_state [N, C, W-1] (any
-    strides); cu_seqlens: the N sequences' token offsets. The caller checks supports(). tiles: (tokens per
-    tile, warps, tiles per program), default (BLOCK_T, WARPS, TILES) (benchmarks/conv_prefill.py passes others)."""
+    strides); cu_seqlens: the N sequences' token offsets. The caller checks supports(). Which kernel:
+    rows = (tokens per program, widest channel block, warps) takes _conv_rows_kernel (W = 4 only), tiles =
+    (tokens per tile, warps, tiles per program) _conv_parts_kernel; neither: the module's defaults
+    (benchmarks/conv_prefill.py times the choices)."""
     T, C = x.shape
     W = weight.shape[1]
     assert x.stride(1) == 1 and sum(parts) == C and supports(parts, head_dim, W), (x.stride(), parts, head_dim)
@@ -177,13 +264,23 @@ def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
     out = torch.empty(T * C, dtype=x.dtype, device=x.device)
     new_state = torch.empty(conv_state.shape, dtype=conv_state.dtype, device=x.device)
     from trtllm_dasc.model.recurrence.fla import cu_tensors
-    bt, warps, g = tiles or (BLOCK_T, WARPS, TILES)
-    chunks, cu = _chunks(cu_seqlens, x.device, bt), cu_tensors(cu_seqlens, x.device)[0]
+    cu = cu_tensors(cu_seqlens, x.device)[0]
     w = weight.contiguous()
     args = (T, C, S1, S2, bounds[normalized], EPS)
-    nt = chunks.shape[0]
-    _conv_parts_kernel[(C // head_dim * triton.cdiv(nt, g),)](x, w, out, chunks, cu, x.stride(0), *args, nt, W=W,
-                                                             BT=bt, BD=head_dim, G=g, num_warps=warps)
+    if rows is None and tiles is None and W == 4:
+        rows = ROWS
+    if rows is not None and W == 4:
+        per_program, widest, warps = rows
+        bc = rows_block(parts, head_dim, widest)
+        ranges = _ranges(cu_seqlens, x.device, per_program)
+        _conv_rows_kernel[(C // bc * ranges.shape[0],)](x, w, out, ranges, x.stride(0), *args, BC=bc, HD=head_dim,
+                                                        num_warps=warps)
+    else:
+        bt, warps, g = tiles or (BLOCK_T, WARPS, TILES)
+        chunks = _chunks(cu_seqlens, x.device, bt)
+        nt = chunks.shape[0]
+        _conv_parts_kernel[(C // head_dim * triton.cdiv(nt, g),)](x, w, out, chunks, cu, x.stride(0), *args, nt,
+                                                                 W=W, BT=bt, BD=head_dim, G=g, num_warps=warps)
     # after the main kernel (same stream): each sequence's first W-1 rows from its carried state
     _conv_head_kernel[(C // head_dim, conv_state.shape[0])](
         x, w, conv_state, out, new_state, cu, x.stride(0), conv_state.stride(0), conv_state.stride(1), *args, W=W,
