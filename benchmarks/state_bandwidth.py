@@ -274,20 +274,22 @@ def host_time(fn, n: int = 200) -> float:
     return (t1 - t0) / n * 1e6
 
 
-def tile_sweep(masks16: list[Masks], layout: str, do_bench, copy_gbps: float) -> list[dict]:
-    """Batch-64 W=16 arms (the run's own masks) under other tile sizes / warp counts (defaults restored after)."""
+def tile_sweep(masks_w: list[Masks], layout: str, do_bench, copy_gbps: float, tiles=(2048, 4096, 8192),
+               warps_list=(4, 8)) -> list[dict]:
+    """Batch-64 arms of the given masks under other tile sizes / warp counts (defaults restored after)."""
     from trtllm_dasc.state import triton_ops
     saved, rows = (triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS), []
     try:
-        for tile in (2048, 4096, 8192):
-            for warps in (4, 8):
+        for tile in tiles:
+            for warps in warps_list:
                 triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS = tile, warps
-                for masks in masks16:
+                for masks in masks_w:
                     for codec in ("native", "int8"):
                         for a in measure(masks, codec, layout, 64, do_bench):
                             rows.append({"tile": tile, "warps": warps, **a,
                                          "pct_of_copy_graph": 100 * a["GBps_graph"] / copy_gbps})
-                            print(f"sweep tile {tile:5} warps {warps} {masks.model:16} {codec:6} {a['op']:5} "
+                            print(f"sweep tile {tile:5} warps {warps} {masks.model:16} W {masks.wmax:>3} {codec:6} "
+                                  f"{a['op']:5} "
                                   f"graph {a['GBps_graph']:6.0f} GB/s {rows[-1]['pct_of_copy_graph']:5.1f}%")
     finally:
         triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS = saved
@@ -295,13 +297,16 @@ def tile_sweep(masks16: list[Masks], layout: str, do_bench, copy_gbps: float) ->
 
 
 def sweep_masks(args, grid: list[Masks]) -> list[Masks]:
-    """W=16 masks of every model from the run's source (the grid's own where it has them)."""
-    have = {m.model: m for m in grid if m.wmax == 16}
-    for name in MODELS:
-        if name not in have:
-            have[name] = (random_masks(name, 16) if args.masks == "random"
-                          else plan_masks(name, (16,), args.layout, args.reference_dir)[0])
-    return [have[name] for name in MODELS]
+    """The --sweep-w masks of every model from the run's source (the grid's own where it has them)."""
+    out = []
+    for w in args.sweep_w:
+        have = {m.model: m for m in grid if m.wmax == w}
+        for name in MODELS:
+            if name not in have:
+                have[name] = (random_masks(name, w) if args.masks == "random"
+                              else plan_masks(name, (w,), args.layout, args.reference_dir)[0])
+        out.extend(have[name] for name in MODELS)
+    return out
 
 
 def print_arms(arms: list[dict]) -> None:
@@ -327,12 +332,20 @@ def parse_args(argv):
                     help="directory holding the released config.json files (names as in REFERENCE)")
     ap.add_argument("--quick", action="store_true", help="batch 64 only, W_max 16 only")
     ap.add_argument("--sweep", action="store_true", help="also time tile sizes and warps on batch-64 arms")
+    ap.add_argument("--sweep-w", default="16", help="comma-separated W_max values whose masks --sweep times (16)")
+    ap.add_argument("--sweep-tiles", default="2048,4096,8192", help="tile sizes (elements per program) to sweep")
+    ap.add_argument("--sweep-warps", default="4,8", help="warp counts to sweep")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "state_bandwidth.json"))
     ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
     args = ap.parse_args(argv)
     if args.plan and args.masks:
         ap.error("--plan gives the masks; leave out --masks")
     args.masks = args.masks or "plan"
+    try:
+        args.sweep_w, args.sweep_tiles, args.sweep_warps = ([int(x) for x in v.split(",")] for v in
+                                                            (args.sweep_w, args.sweep_tiles, args.sweep_warps))
+    except ValueError:
+        ap.error("--sweep-w, --sweep-tiles and --sweep-warps take comma-separated integers")
     return args
 
 
@@ -355,7 +368,8 @@ def main(argv=None) -> int:
         for codec in ("native", "int8"):
             for B in ((64,) if args.quick else (1, 64)):
                 arms.extend(measure(masks, codec, args.layout, B, do_bench))
-    sweep = tile_sweep(sweep_masks(args, grid), args.layout, do_bench, copy_gbps) if args.sweep else []
+    sweep = (tile_sweep(sweep_masks(args, grid), args.layout, do_bench, copy_gbps, args.sweep_tiles, args.sweep_warps)
+             if args.sweep else [])
     for a in arms:
         a["pct_of_copy"] = 100.0 * a["GBps"] / copy_gbps
         a["pct_of_copy_graph"] = 100.0 * a["GBps_graph"] / copy_gbps

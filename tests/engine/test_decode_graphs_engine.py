@@ -37,13 +37,13 @@ def test_decode_steps_through_the_graph_buffers_match_eager(dense_models, arch, 
     r = eng.runner
     assert r.graphs is not None and r.state.num_rows == r.num_rows + 1 and r.kv.cfg.num_blocks == 401
     calls = []
-    run = r.graphs.run
+    launch = r.graphs.launch
 
-    def counted(*a, **kw):
-        out = run(*a, **kw)
-        calls.append(len(a[1]))
+    def counted(n):
+        out = launch(n)
+        calls.append(n)
         return out
-    r.graphs.run = counted
+    r.graphs.launch = counted
     outs = eng.generate([greedy(("g", i), p, n=5) for i, p in enumerate(prompts)])
     assert outs == expected
     if DEV == "cpu":
@@ -52,6 +52,32 @@ def test_decode_steps_through_the_graph_buffers_match_eager(dense_models, arch, 
     assert calls and max(calls) == 3 and r.graphs is not None
     assert r.graphs.use_graphs == (DEV == "cuda")
     eng.sanity_check()
+    eng.shutdown()
+
+
+def test_sampled_and_banned_requests_through_the_graph_buffers_match_eager(dense_models, monkeypatch):
+    # the graph's own argmax is used only for plain greedy rows: a banned token (the sampler's fallback on
+    # the step's logits) and a seeded temperature draw (logits rows read from the graph's output) beside
+    # a greedy request give the tokens of the same engine without graphs
+    from trtllm_dasc.engine import runner as runner_mod
+    from trtllm_dasc.engine.request import GenerationRequest
+    from trtllm_dasc.engine.sampling import SamplingParams
+    path, _ = dense_models["gdn"]
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (7, 12, 4)]
+
+    def requests(tag):
+        first = greedy((tag, 0), prompts[0], n=4)
+        return [first, GenerationRequest((tag, 1), prompts[1], 4, SamplingParams(temperature=0.8, seed=5)),
+                greedy((tag, 2), prompts[2], n=4, bad_words=[[t] for t in range(0, 64, 2)])]
+    eager = make_engine(path, device=DEV, cuda_graphs=False)
+    expected = eager.generate(requests("e"))
+    eager.shutdown()
+    monkeypatch.setattr(runner_mod, "graphs_wanted", lambda cfg, model: True)
+    eng = make_engine(path, device=DEV)
+    assert eng.runner.graphs is not None
+    outs = eng.generate(requests("g"))
+    assert outs == expected and all(t % 2 or t >= 64 for t in outs[2])
     eng.shutdown()
 
 

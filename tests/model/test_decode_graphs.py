@@ -55,8 +55,10 @@ def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch)
                 logits.append(r.forward(batch, "last").logits)
             else:
                 starts = [s.start for s in batch]
-                decode = r.kv.decode_tables([s.block_table for s in batch], starts)
-                logits.append(dg.run(steps[i], starts, [0, 1, 2], decode))
+                got, greedy, finite = dg.run(steps[i].tolist(), starts, [0, 1, 2], [s.block_table for s in batch])
+                # the graph's own argmax and health check, row for row, on the host
+                assert greedy == got.argmax(-1).tolist() and finite == [True] * 3
+                logits.append(got)
                 for s in batch:
                     r.lengths[s.row] = s.start + 1
         assert torch.equal(r.state.temporal[:, 4], idle)
@@ -66,3 +68,21 @@ def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch)
     model.paged_attention = None
     for a, b in zip(results[1], results[0]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_bad_block_table_is_refused_before_anything_moves(tmp_path):
+    from hybrid_tiny import DENSE_MLP, decode_case
+    from trtllm_dasc.model.direct import DirectRunner
+    model, prompts, steps = decode_case(tmp_path, "gdn", 6, (6, 13), 2, DEV, **DENSE_MLP["gdn"])
+    r = DirectRunner(model, rows=3, max_tokens=48, block_size=4)
+    for row, p in enumerate(prompts):
+        r.run(p, row=row, logits="none")
+    dg = DecodeGraphs(model, r.state, r.kv, max_batch=2, max_blocks=r.blocks_per_row, pad_row=2,
+                      pad_block=r.blocks_per_row * 3 - 1)
+    before = r.state.temporal.clone(), r.kv.pools[0][0].clone()
+    starts = [len(p) for p in prompts]
+    tables = [r.table(0), r.table(1)]
+    for bad, why in (([tables[0], tables[1][:1]], "cannot hold"), ([tables[0], [10 ** 6] * 12], "outside")):
+        with pytest.raises(ValueError, match=why):
+            dg.run(steps[0].tolist(), starts, [0, 1], bad)
+    assert torch.equal(r.state.temporal, before[0]) and torch.equal(r.kv.pools[0][0], before[1])

@@ -102,10 +102,10 @@ class ModelRunner:
             rows = [r for _, r in plan.warm_loads]
             self.pool.load([s for s, _ in plan.warm_loads], self.state.temporal, self.state.conv, rows, zero_fill=True)
             self.state.conv[:, rows] = 0
-        batch = [SeqInput(s.token_ids, s.row, s.block_table, s.start, tuple(p for p, _ in s.captures))
-                 for s in plan.spans]
         out = self._graph_step(plan)
         if out is None:
+            batch = [SeqInput(s.token_ids, s.row, s.block_table, s.start, tuple(p for p, _ in s.captures))
+                     for s in plan.spans]
             refresh = None
             if plan.replays:
                 refresh = Refresh(len(plan.replays), [a for a, _ in plan.replays], [b for _, b in plan.replays])
@@ -125,17 +125,17 @@ class ModelRunner:
                 or any(len(s.token_ids) != 1 or s.captures or s.logits == "none" for s in spans)
                 or len({s.row for s in spans}) != len(spans)):
             return None
-        ids = torch.tensor([int(s.token_ids[0]) for s in spans], dtype=torch.long)
+        ids = [int(s.token_ids[0]) for s in spans]
         starts = [s.start for s in spans]
-        if (ids.min() < 0 or ids.max() >= self.model.spec.vocab_size or min(starts) < 0
+        if (min(ids) < 0 or max(ids) >= self.model.spec.vocab_size or min(starts) < 0
                 or not g.eligible(starts)):
             return None                     # model.forward says what is wrong, or takes the odd shape
         try:
-            # validation, then (first time for this batch size) the capture: neither touches a real row
-            decode = self.kv.decode_tables([s.block_table for s in spans], starts)
+            # validation into the host mirrors, then (first time for this batch size) the capture: neither
+            # touches a real row
+            b = g.fill(ids, starts, [s.row for s in spans], [s.block_table for s in spans])
         except ValueError:
             return None                     # a block table the cache refuses: forward raises it properly
-        b = g.bucket(len(spans))
         if g.use_graphs and b not in g.graphs:
             try:
                 g.capture(b)
@@ -143,9 +143,9 @@ class ModelRunner:
                 self._drop_graphs(e)
                 return None
         # from here a failure is the step's: the state rows may have advanced, so no eager retry
-        logits = g.run(ids, starts, [s.row for s in spans], decode)
         n = len(spans)
-        return ForwardOutput(logits, list(range(n + 1)), list(range(n + 1)))
+        logits, greedy, finite = g.launch(n)
+        return ForwardOutput(logits, list(range(n + 1)), list(range(n + 1)), picks=(greedy, finite))
 
     def capture_graphs(self) -> None:
         """Record every decode bucket's CUDA graph now (the engine's warm-up calls this before ready)."""
@@ -190,16 +190,21 @@ class ModelRunner:
         rows = [i for i, s in enumerate(plan.spans) if s.logits != "none"]
         if not rows:
             return
-        # one device sync for every span's health and every greedy choice
-        finite = torch.isfinite(out.logits).all(-1).cpu()
-        last = out.logits[torch.tensor([cu[i + 1] - 1 for i in rows], device=out.logits.device)]
         bans = [(j, t) for j, i in enumerate(rows) for t in plan.spans[i].banned]
-        if bans:
-            last[[j for j, _ in bans], [t for _, t in bans]] = float("-inf")
-        greedy = torch.argmax(last, -1).tolist()
+        if out.picks is not None and not bans and len(rows) == out.logits.shape[0]:
+            # the decode graph's own argmax and health check, one logits row per span, already on the host
+            greedy, finite = out.picks
+            last = out.logits
+        else:
+            # one device sync for every span's health and every greedy choice
+            finite = torch.isfinite(out.logits).all(-1).tolist()
+            last = out.logits[torch.tensor([cu[i + 1] - 1 for i in rows], device=out.logits.device)]
+            if bans:
+                last[[j for j, _ in bans], [t for _, t in bans]] = float("-inf")
+            greedy = torch.argmax(last, -1).tolist()
         for j, i in enumerate(rows):
             s = plan.spans[i]
-            if not bool(finite[cu[i]:cu[i + 1]].all()):
+            if not all(finite[cu[i]:cu[i + 1]]):
                 result.errors[i] = result.errors[i] or "non-finite logits"
                 continue
             if s.logits == "all":

@@ -10,9 +10,12 @@ counted more than their bytes. Here one pass reads the inputs once and writes th
 normalised (a second, small one redoes each sequence's first W-1 rows, see below), and the chunk kernels are
 told not to normalise again (recurrence/fla.py, qk_normalized).
 
-A program takes BT tokens of one sequence and one head's channels (BD = the head dim, a power of two that
-divides every part): the conv's W taps are W shifted loads of the same tile, the head's l2 norm is a row
-sum inside the tile. The first W-1 outputs of each sequence, whose taps reach back into its carried state,
+Two main kernels, the same results: with the stacks' window W = 4 the rows kernel (_conv_rows_kernel, the
+default: a program takes a range of one sequence's tokens and a block of whole heads, reads each row once and
+carries the last three inputs in registers); for other windows the tile kernel (_conv_parts_kernel: a
+program takes BT tokens of one sequence and one head's channels, BD = the head dim, a power of two that
+divides every part; the conv's W taps are W shifted loads of the same tile). The head's l2 norm is a sum
+over the head's channels inside the program. The first W-1 outputs of each sequence, whose taps reach back into its carried state,
 are redone by a second small kernel (the state's [C, W-1] layout makes those loads scalar: in the main
 kernel they cost registers and spills in every tile), which also writes the new state. The new state and
 the captured states are the last W-1 inputs before a position: the second kernel writes the new state;
@@ -32,9 +35,12 @@ import triton.language as tl
 BLOCK_T = 32
 WARPS = 4
 TILES = 1                # tiles a program takes one after the other
-# the rows kernel (W = 4): (tokens per program, widest channel block, warps); None: the tile kernel by
-# default. Set from benchmarks/conv_prefill.py's run (see there).
-ROWS: tuple[int, int, int] | None = None
+# the rows kernel (W = 4, both stacks' window): (tokens per program, widest channel block, warps). On the
+# H200 at 16k tokens (conv_prefill_h200_f3328d5.json) 64 tokens of 256 channels at one warp took 0.266 ms on
+# the Kimi-Linear shape (72% of copy speed; 0.181 ms, 71%, on Qwen3-Next's), where the tile kernel's best,
+# (32, 4, 1) above, took 0.347 (55%): it reads each input row once where the tile kernel's W shifted loads
+# re-read W-1 rows per tile. Blocks of 1024 channels at 4 warps were as fast (0.269); longer ranges slower.
+ROWS: tuple[int, int, int] | None = (64, 256, 1)
 EPS = 1e-6               # fla's l2norm eps (ops.l2norm), which the chunk kernels would otherwise apply
 
 

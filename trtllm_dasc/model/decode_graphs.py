@@ -10,6 +10,12 @@ token ids, positions, state rows, block tables ([max_batch, max_blocks]), length
 the padding of a batch up to its bucket, one state row and one KV block that no request owns (pad_row,
 pad_block: the caller reserves them; padded entries write garbage there and nowhere else).
 Off the GPU (use_graphs False) the same buffers run decode_static eagerly: the tests' path.
+
+The host work around a replay is kept to two copies in and one out, because at batch 1 it was a sixth of
+the step (decode_step_h200_f3328d5.json: step 2.90 ms, the graph alone 2.40 ms): the inputs are written
+into pinned host mirrors (plain Python, no torch ops) and copied in two non-blocking copies; the graph
+itself takes each row's argmax and whether its logits are finite, which come back in one small copy (the
+sampler's greedy choice and health check, without three more kernels and two syncs after the replay).
 """
 from __future__ import annotations
 
@@ -42,12 +48,22 @@ class DecodeGraphs:
         self.buckets = buckets_for(max_batch)
         self.use_graphs = capturable(model) if use_graphs is None else use_graphs and capturable(model)
         dev, B = model.device, max_batch
-        self.ids = torch.zeros(B, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(B, dtype=torch.long, device=dev)
-        self.rows = torch.zeros(B, dtype=torch.long, device=dev)
-        self.tables = torch.zeros(B, max_blocks, dtype=torch.int32, device=dev)
-        self.lens = torch.ones(B, dtype=torch.int32, device=dev)
-        self.new_rows = torch.zeros(B, dtype=torch.long, device=dev)
+        pinned = dev.type == "cuda"
+        # one int64 buffer (ids, positions, rows, new KV rows) and one int32 buffer (lengths, then the block
+        # tables [B, max_blocks]), each mirrored on the host: a step copies them in two copies (of the
+        # tables only the bucket's rows). The graphs read views of the device buffers, which never move.
+        self._d64 = torch.zeros(4, B, dtype=torch.long, device=dev)
+        self._d32 = torch.zeros(B + B * max_blocks, dtype=torch.int32, device=dev)
+        self._h64 = torch.zeros(4, B, dtype=torch.long, pin_memory=pinned)
+        self._h32 = torch.zeros(B + B * max_blocks, dtype=torch.int32, pin_memory=pinned)
+        self._n64, self._n32 = self._h64.numpy(), self._h32.numpy()
+        self.ids, self.positions, self.rows, self.new_rows = self._d64
+        self.lens = self._d32[:B]
+        self.tables = self._d32[B:].view(B, max_blocks)
+        # written by the graph: each row's argmax and whether all its logits are finite (1 / 0)
+        self._picks = torch.zeros(2, B, dtype=torch.long, device=dev)
+        self._h_picks = torch.zeros(2, B, dtype=torch.long, pin_memory=pinned)
+        self._copied = torch.cuda.Event() if pinned else None    # the host mirrors may be rewritten after it
         self.graphs: dict[int, tuple] = {}       # bucket -> (CUDAGraph, its logits output)
         self.pool = None                         # one memory pool shared by every bucket's graph
         self._pad(0, B)
@@ -57,7 +73,7 @@ class DecodeGraphs:
 
     def eligible(self, starts: list[int]) -> bool:
         """A batch of one-token sequences at positions starts that the buffers can hold (the caller checks
-        the rest; run's decode_tables validates the block tables)."""
+        the rest; fill validates the block tables)."""
         bs = self.kv.block_size
         return (0 < len(starts) <= self.max_batch and self.model.tp_size == 1
                 and all(s // bs + 1 <= self.max_blocks for s in starts))
@@ -72,8 +88,11 @@ class DecodeGraphs:
         self.new_rows[a:b] = self.pad_block * self.kv.block_size
 
     def _body(self, b: int) -> torch.Tensor:
-        return self.model.decode_static(self.ids[:b], self.positions[:b], self.rows[:b],
-                                        (self.tables[:b], self.lens[:b], self.new_rows[:b]), self.state, self.kv)
+        logits = self.model.decode_static(self.ids[:b], self.positions[:b], self.rows[:b],
+                                          (self.tables[:b], self.lens[:b], self.new_rows[:b]), self.state, self.kv)
+        self._picks[0, :b].copy_(torch.argmax(logits, -1))
+        self._picks[1, :b].copy_(torch.isfinite(logits).all(-1))
+        return logits
 
     def capture(self, b: int) -> None:
         """Record bucket b's graph (warm-up runs first: Triton compiles and autotunes outside the capture).
@@ -98,26 +117,61 @@ class DecodeGraphs:
                 if b not in self.graphs:
                     self.capture(b)
 
-    def run(self, ids: torch.Tensor, starts: list[int], rows: list[int], decode) -> torch.Tensor:
-        """Logits fp32 [n, vocab] of one decode step: ids [n] (one token per sequence at position starts[i],
-        state row rows[i]) and decode = kv.decode_tables(their block tables, starts), which validates the
-        tables; the rest the caller checked (model.forward's checks). A failing capture raises before any
-        real row is touched; after that, errors are the step's own."""
-        n = len(starts)
+    def fill(self, ids: list[int], starts: list[int], rows: list[int], tables: list) -> int:
+        """Stage one step in the host mirrors: ids (one token per sequence at position starts[i], state row
+        rows[i], block table tables[i]; the caller checked ids and rows as model.forward does), entries n..b-1
+        padding. Returns the bucket b. Validates the tables as kv.decode_tables does (ValueError) before
+        anything is written; touches nothing on the device."""
+        bs, blocks, nb = self.kv.block_size, self.kv.cfg.num_blocks, self.max_blocks
+        for table, s in zip(tables, starts):
+            need = s // bs + 1
+            if len(table) < need:
+                raise ValueError(f"block table of {len(table)} blocks cannot hold {need * bs} tokens")
+            if min(table[:need]) < 0 or max(table[:need]) >= blocks:
+                raise ValueError(f"block table {list(table[:need])} names blocks outside 0..{blocks - 1}")
+        n, B = len(starts), self.max_batch
         b = self.bucket(n)
-        tables, lens, new_rows = decode
+        if self._copied is not None:
+            self._copied.synchronize()          # the last step's copies have read the mirrors
+        h, t = self._n64, self._n32
+        h[0, :n], h[1, :n], h[2, :n] = ids, starts, rows
+        h[3, :n] = [table[s // bs] * bs + s % bs for table, s in zip(tables, starts)]
+        h[0, n:b], h[1, n:b], h[2, n:b], h[3, n:b] = 0, 0, self.pad_row, self.pad_block * bs
+        t[:n] = [s + 1 for s in starts]
+        t[n:b] = 1
+        for i, (table, s) in enumerate(zip(tables, starts)):
+            need = s // bs + 1
+            row = B + i * nb
+            t[row:row + need] = table[:need]
+            t[row + need:row + nb] = 0
+        t[B + n * nb:B + b * nb] = self.pad_block
+        return b
+
+    def launch(self, n: int) -> tuple:
+        """Run the staged step of n sequences (fill first; the bucket's graph captured, or eagerly): two
+        copies in, the replay, one copy out. Returns (logits fp32 [n, vocab], a view the next step
+        overwrites; the argmax of each row; whether each row's logits are all finite), the lists on the
+        host."""
+        b, B = self.bucket(n), self.max_batch
+        self._d64.copy_(self._h64, non_blocking=True)
+        self._d32[:B + b * self.max_blocks].copy_(self._h32[:B + b * self.max_blocks], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        if self.use_graphs:
+            graph, logits = self.graphs[b]
+            graph.replay()
+        else:
+            logits = self._body(b)
+        self._h_picks.copy_(self._picks, non_blocking=self._copied is not None)
+        if self._copied is not None:
+            torch.cuda.current_stream(self.model.device).synchronize()
+        picks = self._h_picks[:, :n].tolist()
+        return logits[:n], picks[0], [bool(f) for f in picks[1]]
+
+    def run(self, ids: list[int], starts: list[int], rows: list[int], tables: list) -> tuple:
+        """fill, the bucket's capture when it has none yet (which pads the device buffers: the staged step
+        is copied in after it), launch."""
+        b = self.fill(ids, starts, rows, tables)
         if self.use_graphs and b not in self.graphs:
-            self.capture(b)                 # pads the buffers first: the real entries are filled below
-        self.ids[:n].copy_(ids, non_blocking=True)
-        self.positions[:n].copy_(torch.tensor(starts, dtype=torch.long), non_blocking=True)
-        self.rows[:n].copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
-        self.tables[:n].zero_()
-        self.tables[:n, :tables.shape[1]].copy_(tables)
-        self.lens[:n].copy_(lens)
-        self.new_rows[:n].copy_(new_rows)
-        self._pad(n, b)
-        if not self.use_graphs:
-            return self._body(b)[:n]
-        graph, out = self.graphs[b]
-        graph.replay()
-        return out[:n].clone()       # the next replay overwrites the graph's output
+            self.capture(b)
+        return self.launch(len(starts))

@@ -80,6 +80,9 @@ class ForwardOutput:
     capture_pos: list[int] = field(default_factory=list)      # its absolute prefix length
     capture_temporal: torch.Tensor | None = None               # fp32 [n, L_linear, HV, K, V]
     capture_conv: torch.Tensor | None = None                   # [n, L_linear, C, W-1]
+    # a decode graph's step (model/decode_graphs.py): per logits row its argmax and whether all its logits
+    # are finite, computed inside the graph and already on the host; None: the sampler computes them
+    picks: tuple[list[int], list[bool]] | None = None
 
 
 LOGITS = ("none", "last", "all")
@@ -242,8 +245,6 @@ class HybridModel:
         positions = torch.cat([torch.arange(s, s + t.numel()) for s, t in zip(starts, ids)]).to(dev)
         attn_batch = AttnBatch(cu, starts, kv_index, positions, paged)
         rows = torch.tensor([s.row for s in batch], dtype=torch.long, device=dev)
-        x, hbs, convs = self._layers(self.w["embed"][torch.cat(ids).to(dev)], cu, rows, state, kv, attn_batch,
-                                     cuts, refresh, merge, timer)
         out = ForwardOutput(None, [0], cu)
         picks = []
         for i, mode in enumerate(modes):
@@ -252,9 +253,14 @@ class HybridModel:
             elif mode == "last":
                 picks.append(torch.tensor([cu[i + 1] - 1]))
             out.logits_cu.append(out.logits_cu[-1] + (0 if mode == "none" else picks[-1].numel()))
+        # the rows for the head copied to the device now, while nothing is queued: a copy from pageable
+        # memory may wait for the queue, and after the layers that is the whole forward (the H200 sat idle
+        # ~0.8 ms at the end of a 16k prefill, model_prefill_kda_h200_f3328d5.json's gaps)
+        sel = torch.cat(picks).to(dev) if picks else None
+        x, hbs, convs = self._layers(self.w["embed"][torch.cat(ids).to(dev)], cu, rows, state, kv, attn_batch,
+                                     cuts, refresh, merge, timer)
         if picks:
             with timer("head"):
-                sel = torch.cat(picks).to(dev)
                 rows_x = x if sel.numel() == x.shape[0] else x[sel]
                 out.logits = self._head(rows_x)
         out.capture_seq = [i for i, c in enumerate(cuts) for _ in c]
