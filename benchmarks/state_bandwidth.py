@@ -30,6 +30,7 @@ Writes benchmarks/results/state_bandwidth.json (and $OUT/state_bandwidth.json wh
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -275,24 +276,24 @@ def host_time(fn, n: int = 200) -> float:
 
 
 def tile_sweep(masks_w: list[Masks], layout: str, do_bench, copy_gbps: float, tiles=(2048, 4096, 8192),
-               warps_list=(4, 8)) -> list[dict]:
-    """Batch-64 arms of the given masks under other tile sizes / warp counts (defaults restored after)."""
+               warps_list=(4, 8), conv_tiles=(None,)) -> list[dict]:
+    """Batch-64 arms of the given masks under other tile sizes / warp counts / conv copy tiles (None: the
+    tile size; defaults restored after)."""
     from trtllm_dasc.state import triton_ops
-    saved, rows = (triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS), []
+    saved, rows = (triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS, triton_ops.CONV_TILE_ELEMS), []
     try:
-        for tile in tiles:
-            for warps in warps_list:
-                triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS = tile, warps
-                for masks in masks_w:
-                    for codec in ("native", "int8"):
-                        for a in measure(masks, codec, layout, 64, do_bench):
-                            rows.append({"tile": tile, "warps": warps, **a,
-                                         "pct_of_copy_graph": 100 * a["GBps_graph"] / copy_gbps})
-                            print(f"sweep tile {tile:5} warps {warps} {masks.model:16} W {masks.wmax:>3} {codec:6} "
-                                  f"{a['op']:5} "
-                                  f"graph {a['GBps_graph']:6.0f} GB/s {rows[-1]['pct_of_copy_graph']:5.1f}%")
+        for tile, warps, conv_tile in itertools.product(tiles, warps_list, conv_tiles):
+            triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS, triton_ops.CONV_TILE_ELEMS = tile, warps, conv_tile
+            for masks in masks_w:
+                for codec in ("native", "int8"):
+                    for a in measure(masks, codec, layout, 64, do_bench):
+                        rows.append({"tile": tile, "warps": warps, "conv_tile": conv_tile or tile, **a,
+                                     "pct_of_copy_graph": 100 * a["GBps_graph"] / copy_gbps})
+                        print(f"sweep tile {tile:5} warps {warps} conv {conv_tile or tile:5} {masks.model:16} "
+                              f"W {masks.wmax:>3} {codec:6} {a['op']:5} graph {a['GBps_graph']:6.0f} GB/s "
+                              f"{rows[-1]['pct_of_copy_graph']:5.1f}%")
     finally:
-        triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS = saved
+        triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS, triton_ops.CONV_TILE_ELEMS = saved
     return rows
 
 
@@ -335,6 +336,7 @@ def parse_args(argv):
     ap.add_argument("--sweep-w", default="16", help="comma-separated W_max values whose masks --sweep times (16)")
     ap.add_argument("--sweep-tiles", default="2048,4096,8192", help="tile sizes (elements per program) to sweep")
     ap.add_argument("--sweep-warps", default="4,8", help="warp counts to sweep")
+    ap.add_argument("--sweep-conv-tiles", default="0", help="conv copy tiles to sweep (0: the tile size)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "state_bandwidth.json"))
     ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
     args = ap.parse_args(argv)
@@ -342,10 +344,12 @@ def parse_args(argv):
         ap.error("--plan gives the masks; leave out --masks")
     args.masks = args.masks or "plan"
     try:
-        args.sweep_w, args.sweep_tiles, args.sweep_warps = ([int(x) for x in v.split(",")] for v in
-                                                            (args.sweep_w, args.sweep_tiles, args.sweep_warps))
+        args.sweep_w, args.sweep_tiles, args.sweep_warps, args.sweep_conv_tiles = (
+            [int(x) for x in v.split(",")] for v in (args.sweep_w, args.sweep_tiles, args.sweep_warps,
+                                                     args.sweep_conv_tiles))
     except ValueError:
-        ap.error("--sweep-w, --sweep-tiles and --sweep-warps take comma-separated integers")
+        ap.error("--sweep-w, --sweep-tiles, --sweep-warps and --sweep-conv-tiles take comma-separated integers")
+    args.sweep_conv_tiles = [t or None for t in args.sweep_conv_tiles]
     return args
 
 
@@ -368,8 +372,8 @@ def main(argv=None) -> int:
         for codec in ("native", "int8"):
             for B in ((64,) if args.quick else (1, 64)):
                 arms.extend(measure(masks, codec, args.layout, B, do_bench))
-    sweep = (tile_sweep(sweep_masks(args, grid), args.layout, do_bench, copy_gbps, args.sweep_tiles, args.sweep_warps)
-             if args.sweep else [])
+    sweep = (tile_sweep(sweep_masks(args, grid), args.layout, do_bench, copy_gbps, args.sweep_tiles, args.sweep_warps,
+                        args.sweep_conv_tiles) if args.sweep else [])
     for a in arms:
         a["pct_of_copy"] = 100.0 * a["GBps"] / copy_gbps
         a["pct_of_copy_graph"] = 100.0 * a["GBps_graph"] / copy_gbps
@@ -380,7 +384,8 @@ def main(argv=None) -> int:
     result = {**provenance("benchmarks/state_bandwidth.py", argv, args.commit), "torch": torch.__version__,
               "triton": triton.__version__, "copy_GBps": copy_gbps, "layout": args.layout, "mask_source": args.masks
               if not args.plan else "plan-file", "masks": [m.summary() for m in grid],
-              "tile_elems": triton_ops.TILE_ELEMS, "num_warps": triton_ops.NUM_WARPS, "arms": arms, "sweep": sweep}
+              "tile_elems": triton_ops.TILE_ELEMS, "num_warps": triton_ops.NUM_WARPS,
+              "conv_tile_elems": triton_ops.CONV_TILE_ELEMS or triton_ops.TILE_ELEMS, "arms": arms, "sweep": sweep}
     paths = [args.out] + ([os.path.join(os.environ["OUT"], "state_bandwidth.json")] if os.environ.get("OUT") else [])
     for p in paths:
         write_result(p, result)

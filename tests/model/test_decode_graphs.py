@@ -58,7 +58,7 @@ def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch)
                 got, greedy, finite = dg.run(steps[i].tolist(), starts, [0, 1, 2], [s.block_table for s in batch])
                 # the graph's own argmax and health check, row for row, on the host
                 assert greedy == got.argmax(-1).tolist() and finite == [True] * 3
-                logits.append(got)
+                logits.append(got.clone())        # a view the next step overwrites
                 for s in batch:
                     r.lengths[s.row] = s.start + 1
         assert torch.equal(r.state.temporal[:, 4], idle)

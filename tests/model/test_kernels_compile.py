@@ -21,6 +21,10 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# lowrank_kernel's default tiles and benchmarks/lowrank_prefill.py's arms
+LOWRANK_TILES = ((128, 128, 4), (64, 128, 4), (128, 256, 8), (256, 128, 8), (128, 64, 4))
+
+
 def _ints(*names):
     return {n: "i32" for n in names}
 
@@ -36,7 +40,7 @@ def kernels() -> list[tuple]:
                     {"x": dt, "weight": dt, "out": dt, "chunks": "*i32", "cu": "*i64",
                      **_ints("stride_x", "T_total", "C", "S1", "S2", "NORM_C"), "eps": "fp32", "NT": "i32"},
                     {"W": 4, "BT": conv_kernel.BLOCK_T, "BD": 128, "G": conv_kernel.TILES}, conv_kernel.WARPS))
-        for bc, warps in ((256, 1), (1024, 4), (1024, 8), (512, 4), (256, 2)):     # the rows kernel's benchmarked blocks
+        for bc, warps in ((256, 1), (1024, 4), (1024, 8), (512, 4), (256, 2)):  # the rows kernel: default, benchmarked
             out.append((conv_kernel._conv_rows_kernel,
                         {"x": dt, "weight": dt, "out": dt, "ranges": "*i32",
                          **_ints("stride_x", "T_total", "C", "S1", "S2", "NORM_C"), "eps": "fp32"},
@@ -49,6 +53,22 @@ def kernels() -> list[tuple]:
         out.append((conv_kernel._conv_decode_kernel,
                     {"x": dt, "weight": dt, "states": "*fp32", "rows": "*i64", "out": dt,
                      **_ints("stride_x", "stride_sr", "stride_sc", "C", "S1", "S2")}, {"W": 4, "BD": 128}, 1))
+    from trtllm_dasc.state import kernels as state_kernels
+    # the checkpoint store's INT8 path with the fma quotient (QUANT 2: the interpreter never runs it)
+    out.append((state_kernels.gather_units_kernel,
+                {"src": "*fp32", "dst": "*i8", "dst_scale": "*fp32", "src_idx": "*i64", "dst_idx": "*i64",
+                 "unit_layer": "*i64", "unit_src": "*i64", "unit_dst": "*i64",
+                 **_ints("n_rows", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_dst_l", "stride_scale_b"),
+                 "conv_src": "*bf16", "conv_dst": "*bf16",
+                 **_ints("conv_cw", "stride_csrc_b", "stride_csrc_l", "stride_cdst_b", "stride_cdst_l")},
+                {"R": 1, "V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "QUANT": 2, "CONV_BLOCK": 4096, "TO_BF16": False}, 4))
+    out.append((state_kernels.quantize_kernel, {"x": "*fp32", "q": "*i8", "s": "*fp32", "n_rows": "i32"},
+                {"V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "FAST_DIV": True}, 4))
+    from trtllm_dasc.model import lowrank_kernel
+    for bm, bn, warps in LOWRANK_TILES:
+        out.append((lowrank_kernel._up_pair_kernel,
+                    {"x": "*bf16", "w": "*bf16", "y": "*bf16", **_ints("stride_x", "T", "N")},
+                    {"K": 128, "BM": bm, "BN": bn}, warps))
     for block_t, block_i, warps in ((8, 1024, 8), (1, 256, 2)):          # prefill and decode tiles
         out.append((swiglu_kernel._swiglu_kernel,
                     {"gate": "*bf16", "up": "*bf16", "out": "*bf16",

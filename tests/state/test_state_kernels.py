@@ -135,6 +135,28 @@ def test_quantize_dequantize_match_naive(device, shape, monkeypatch):
     assert_close("x_hat", naive.dequantize_int8(qa, sa), tri.dequantize_int8(qb, sb))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fma quotient (kernels._quantize_rows FAST_DIV) "
+                    "runs on a GPU only; the interpreter takes div_rn")
+def test_fma_quotients_equal_ieee_division_near_every_rounding_boundary():
+    # 4M quotients against numpy's Eq. 10: rows of random magnitudes (1e-9 .. 1e3), and elements put on,
+    # and one float step either side of, the half-integer multiples of the row's scale, where a quotient
+    # one ulp off would round the other way
+    g = torch.Generator().manual_seed(11)
+    rows, V = 32768, 128
+    mag = 10.0 ** (torch.rand(rows, 1, generator=g) * 12 - 9)
+    x = (torch.rand(rows, V, generator=g) * 2 - 1) * mag
+    x[:, 0] = mag[:, 0]                                         # amax known: s = mag / 127
+    s = (torch.clamp(mag, min=1e-8) / 127).float()
+    half = (torch.randint(-126, 126, (rows, V - 1), generator=g) + 0.5) * s
+    step = torch.randint(-1, 2, (rows, V - 1), generator=g).float()
+    x[:, 1:] = torch.where(torch.rand(rows, V - 1, generator=g) < 0.5, torch.nextafter(
+        half, half + step * torch.inf).where(step != 0, half), x[:, 1:])
+    q, sc = tri.quantize_int8(x.cuda())
+    qn, sn = numpy_eq10(x.numpy())
+    np.testing.assert_array_equal(sc.cpu().numpy(), sn)
+    np.testing.assert_array_equal(q.cpu().numpy(), qn)
+
+
 def test_quantize_ties_and_floor(device):
     # amax 127 -> s == 1 exactly: the .5 quotients test round half to even in the kernel
     x = torch.tensor([[127.0, 2.5, -2.5, 3.5, -3.5, 0.5, -0.5, 126.5], [0.0] * 8, [1e-9] * 8], device=device)

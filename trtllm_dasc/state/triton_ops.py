@@ -15,6 +15,8 @@ from trtllm_dasc.state.naive import as_units
 # elements per program tile: 4096 fp32 = 16 KiB read per program keeps enough bytes in flight per SM
 TILE_ELEMS = 4096
 NUM_WARPS = 4
+# elements per program of the conv copy that store / load fuse into their launch (None: TILE_ELEMS)
+CONV_TILE_ELEMS: int | None = None
 # grid axis 1 and 2 limits on CUDA
 MAX_BATCH = 65535
 
@@ -73,13 +75,14 @@ def _conv_args(src, dst, src_strides, dst_strides, layout):
         st = x.stride()
         assert st[-1] == 1 and st[-2] == layout.conv_width, "conv [.., conv_dim, width] must be contiguous"
     cw = layout.conv_dim * layout.conv_width
-    block = max(16, min(TILE_ELEMS, _pow2(cw)))          # blocks never straddle layers (kernels._conv_block)
+    block = max(16, min(CONV_TILE_ELEMS or TILE_ELEMS, _pow2(cw)))    # never straddles layers (kernels._conv_block)
     to_bf16 = dst.dtype == torch.bfloat16 and src.dtype != torch.bfloat16
     return (src, dst, cw, *src_strides, *dst_strides), layout.num_layers * _cdiv(cw, block), block, to_bf16
 
 
 def _gather(src_units, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, unit_dst, stride_dst_b,
             stride_dst_l, stride_scale_b, layout, quant, conv=None):
+    # QUANT: 0 none, 1 int8 with div_rn (the interpreter), 2 int8 with the fma quotient (kernels._quantize_rows)
     R, V = layout.rows_per_unit, layout.value_dim
     n_rows, B = unit_layer.numel() * R, src_idx.numel()
     (c_src, c_dst, *c_rest), n_conv, conv_block, to_bf16 = conv or _conv_args(None, None, None, None, layout)
@@ -91,7 +94,7 @@ def _gather(src_units, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, u
         src_units, dst, dst_scale if dst_scale is not None else dst, src_idx, dst_idx, unit_layer, unit_src,
         unit_dst, n_rows, src_units.stride(0), src_units.stride(1), stride_dst_b, stride_dst_l, stride_scale_b,
         c_src if c_src is not None else dst, c_dst if c_dst is not None else dst, *c_rest,
-        R=R, V=V, BLOCK_R=BR, BLOCK_V=BV, QUANT=quant, CONV_BLOCK=conv_block, TO_BF16=to_bf16,
+        R=R, V=V, BLOCK_R=BR, BLOCK_V=BV, QUANT=(1 + src_units.is_cuda) * quant, CONV_BLOCK=conv_block, TO_BF16=to_bf16,
         num_warps=NUM_WARPS)
 
 
@@ -146,7 +149,8 @@ def quantize_int8(x: torch.Tensor, scale_dtype: torch.dtype = torch.float32) -> 
     n_rows = xc.numel() // max(V, 1)
     if n_rows:
         BR, BV = _blocks(n_rows, V)
-        kernels.quantize_kernel[(_cdiv(n_rows, BR),)](xc, q, s, n_rows, V=V, BLOCK_R=BR, BLOCK_V=BV)
+        kernels.quantize_kernel[(_cdiv(n_rows, BR),)](xc, q, s, n_rows, V=V, BLOCK_R=BR, BLOCK_V=BV,
+                                                      FAST_DIV=xc.is_cuda)
     return q, s
 
 
