@@ -8,7 +8,6 @@
 #                    KimiDeltaAttention / GatedDeltaNet next to our mixer) and --compare-unfused
 #           store    benchmarks/state_bandwidth.py (the planner's TP8 masks; store/load against copy bandwidth)
 #           conv     benchmarks/conv_prefill.py (the prefill conv's kernel choices against a copy of its bytes)
-#                    and benchmarks/lowrank_prefill.py (KDA's gate up-projections: cuBLAS against our kernel)
 #   GPU 1:  decode   benchmarks/decode_step.py --compare-eager (batch 1/8/32/64 against the weight-bandwidth
 #                    bound; graphs / no graphs / per-sequence attention), kernel profiles of PROFILE batches
 #           wr       benchmarks/wr_hit_cost.py (dasc-wr minus dasc-nr per hit in a batched replay, W=16)
@@ -43,7 +42,7 @@ run_parts() {   # run_parts PARTS GPU
   if [[ $parts == *parity* ]]; then       # the fused mixers against the torch reference first: a wrong kernel
     # -v: one line per test as it ends, so a run cut by the limit still names what passed and failed
     # few CPU threads: its torch references must not slow a benchmark timing the host on the other GPU
-    OMP_NUM_THREADS=${PARITY_THREADS:-4} timeout ${PARITY_LIMIT:-330} python3 -m pytest -v --tb=short -p no:cacheprovider tests/model/test_fused_ops.py tests/model/test_conv_kernel.py tests/model/test_swiglu_kernel.py tests/model/test_mla_long_prefill.py tests/model/test_gemv_kernel.py tests/model/test_lowrank_kernel.py tests/state/test_state_kernels.py \
+    OMP_NUM_THREADS=${PARITY_THREADS:-4} timeout ${PARITY_LIMIT:-330} python3 -m pytest -v --tb=short -p no:cacheprovider tests/model/test_fused_ops.py tests/model/test_conv_kernel.py tests/model/test_swiglu_kernel.py tests/model/test_mla_long_prefill.py tests/model/test_gemv_kernel.py tests/state/test_state_kernels.py \
       tests/model/test_decode_attention.py tests/model/test_attention_gpu.py \
       tests/model/test_decode_graphs.py tests/engine/test_decode_graphs_engine.py \
       "tests/model/test_fla_gpu.py::test_model_fla_matches_torch_backend" \
@@ -56,7 +55,6 @@ run_parts() {   # run_parts PARTS GPU
     sed -n '/= FAILURES =/,/short test summary/p' /tmp/parity.log | grep -v "^\s*$" | tail -120
   fi
   [[ $parts == *conv* ]] && timeout 120 python3 benchmarks/conv_prefill.py --out "$OUT/conv_prefill.json" $C
-  [[ $parts == *conv* ]] && timeout 60 python3 benchmarks/lowrank_prefill.py --out "$OUT/lowrank_prefill.json" $C
   [[ $parts == *attn* ]] && timeout 120 python3 benchmarks/attention_prefill.py --out "$OUT/attention_prefill.json" $C
   if [[ $parts == *prefill* ]]; then
     for arch in ${ARCHS:-kda gdn}; do

@@ -21,10 +21,6 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# lowrank_kernel's default tiles and benchmarks/lowrank_prefill.py's arms
-LOWRANK_TILES = ((128, 128, 4), (64, 128, 4), (128, 256, 8), (256, 128, 8), (128, 64, 4))
-
-
 def _ints(*names):
     return {n: "i32" for n in names}
 
@@ -64,11 +60,6 @@ def kernels() -> list[tuple]:
                 {"R": 1, "V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "QUANT": 2, "CONV_BLOCK": 4096, "TO_BF16": False}, 4))
     out.append((state_kernels.quantize_kernel, {"x": "*fp32", "q": "*i8", "s": "*fp32", "n_rows": "i32"},
                 {"V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "FAST_DIV": True}, 4))
-    from trtllm_dasc.model import lowrank_kernel
-    for bm, bn, warps in LOWRANK_TILES:
-        out.append((lowrank_kernel._up_pair_kernel,
-                    {"x": "*bf16", "w": "*bf16", "y": "*bf16", **_ints("stride_x", "T", "N")},
-                    {"K": 128, "BM": bm, "BN": bn}, warps))
     for block_t, block_i, warps in ((8, 1024, 8), (1, 256, 2)):          # prefill and decode tiles
         out.append((swiglu_kernel._swiglu_kernel,
                     {"gate": "*bf16", "up": "*bf16", "out": "*bf16",

@@ -118,11 +118,10 @@ class KDALayer:
              "conv": torch.cat([rows(f"{n}_conv1d.weight", (H * K, 1, W))[:, 0] for n in "qkv"]),
              "A_log": load(src, p + "A_log", (1, 1, H, 1), torch.float32, device).view(H)[s.heads.to(device)],
              "dt_bias": rows("dt_bias", (H * K,), torch.float32),
-             # f_b and g_b stacked (lowrank_kernel.up_pair takes both in one launch); "f_b" / "g_b" are views
-             "fg_b": torch.cat([rows("f_b_proj.weight", (H * K, K)), rows("g_b_proj.weight", (H * K, K))]),
+             "f_b": rows("f_b_proj.weight", (H * K, K)),
+             "g_b": rows("g_b_proj.weight", (H * K, K)),
              "o_norm": load(src, p + "o_norm.weight", (K,), dtype, device),
              "o": load(src, p + "o_proj.weight", (D, H * K), dtype, device, cols=s.head_rows)}
-        w["f_b"], w["g_b"] = w["fg_b"].chunk(2)
         return cls(w, len(bundles), K, spec.rms_norm_eps)
 
     def forward(self, x, cu_seqlens: list[int], h0, conv0, backend, cuts=None, in_place=None) -> MixerOut:
@@ -132,22 +131,14 @@ class KDALayer:
         T, H, K = x.shape[0], self.H, self.K
         fused = getattr(backend, "fused_mixer", False)
         norm_fn = gated_norm if fused else gated_rms_norm
-        proj = linear(x, self.w["in_proj"])
-        mixed, f_a, g_a, b = torch.split(proj, [3 * H * K, K, K, H], dim=-1)
-        raw_gate = og = None
-        if fused and in_place is None:
-            from trtllm_dasc.model import lowrank_kernel
-            fg_a = proj[:, 3 * H * K:3 * H * K + 2 * K]          # f_a and g_a side by side
-            if lowrank_kernel.supports(fg_a, self.w["fg_b"]):
-                raw_gate, og = (t.view(T, H, K) for t in lowrank_kernel.up_pair(fg_a, self.w["fg_b"]))
+        mixed, f_a, g_a, b = torch.split(linear(x, self.w["in_proj"]), [3 * H * K, K, K, H], dim=-1)
         if in_place is not None:
             qkv, conv, normed = self._conv_in_place(mixed, in_place[1], in_place[2], cu_seqlens), None, False
         else:
             qkv, conv, conv_b, normed = _conv_parts(mixed, self.w["conv"], conv0, cu_seqlens, cuts, [H * K] * 3,
                                                     fused, K)
         q, k, v = (t.reshape(1, T, H, K) for t in qkv)
-        if raw_gate is None:
-            raw_gate = linear(f_a, self.w["f_b"]).view(T, H, K)
+        raw_gate = linear(f_a, self.w["f_b"]).view(T, H, K)
         if fused:       # fla's kernel computes the decay from the raw gate and beta from b (recurrence/fla.py)
             g, beta, gate = raw_gate, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True,
                                           "qk_normalized": normed}
@@ -161,8 +152,7 @@ class KDALayer:
             conv_b = in_place[1].new_empty(0, *in_place[1].shape[1:])
         else:
             o, ht, hb = run_recurrence(backend, "kda", q, k, v, g[None], beta[None], h0, cu_seqlens, cuts, **gate)
-        if og is None:
-            og = linear(g_a, self.w["g_b"]).view(T, H, K)
+        og = linear(g_a, self.w["g_b"]).view(T, H, K)
         o = norm_fn(o[0], og, self.w["o_norm"], self.eps, "sigmoid")
         return MixerOut(linear(o.reshape(T, H * K), self.w["o"]), ht, conv, hb, conv_b)
 
