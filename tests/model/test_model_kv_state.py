@@ -83,3 +83,18 @@ def test_state_rows_export_import():
         other.import_rows([0], rows)
     with pytest.raises(IndexError):
         other.export_rows([2])
+
+
+def test_token_index_equals_block_times_size_plus_offset_for_every_span():
+    # against the definition, position by position: spans starting and ending inside blocks, empty spans,
+    # block sizes 1 to 16, tables longer than the span needs
+    import random
+    rng = random.Random(0)
+    for bs in (1, 2, 4, 16):
+        kv = _kv(num_blocks=200, block_size=bs)
+        for _ in range(300):
+            end = rng.randint(0, 60)
+            start = rng.randint(0, end)
+            table = rng.sample(range(200), -(-end // bs) + rng.randint(0, 3))
+            want = [table[p // bs] * bs + p % bs for p in range(start, end)]
+            assert kv.token_index(table, start, end).tolist() == want

@@ -57,9 +57,11 @@ class PagedKVCache:
             raise ValueError(f"block table of {len(block_table)} blocks cannot hold {end} tokens")
         if need and not all(0 <= b < self.cfg.num_blocks for b in block_table[:need]):
             raise ValueError(f"block table {block_table[:need]} names blocks outside 0..{self.cfg.num_blocks - 1}")
-        table = torch.tensor(block_table[:need], dtype=torch.long)
-        pos = torch.arange(start, end)
-        return (table[pos // bs] * bs + pos % bs).to(self.cfg.device)
+        # every row of the blocks the span touches, then the span's slice of them: no per-position
+        # division (two int64 divisions over a 16k-token prefill's positions were most of its host prologue)
+        first = start // bs
+        rows = (torch.tensor(block_table[first:need], dtype=torch.long)[:, None] * bs + torch.arange(bs)).view(-1)
+        return rows[start - first * bs:end - first * bs].to(self.cfg.device)
 
     def decode_tables(self, block_tables: list[list[int]], starts: list[int]):
         """token_tables for a decode step: one new token per sequence, at position starts[i]."""

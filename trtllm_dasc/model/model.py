@@ -200,7 +200,8 @@ class HybridModel:
             t = torch.as_tensor(s.token_ids, dtype=torch.long).reshape(-1)
             if t.numel() == 0:
                 raise UserError(f"sequence {i} has no tokens")
-            if t.min() < 0 or t.max() >= self.spec.vocab_size:
+            lo, hi = torch.aminmax(t)
+            if lo < 0 or hi >= self.spec.vocab_size:
                 raise UserError(f"token ids of sequence {i} must be in 0..{self.spec.vocab_size - 1}")
             if not 0 <= s.row < state.num_rows:
                 raise UserError(f"row {s.row} of sequence {i} is outside 0..{state.num_rows - 1}")
