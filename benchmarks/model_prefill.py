@@ -13,8 +13,9 @@ causal attention 2 x (T+1)/2 x heads x (d_qk + d_v) per attention layer (QK^T an
 delta rule's 6 K V + 2 C (3 K + 2 V) per linear head (C = 64: W S, Q S, K^T V' against the state; K K^T,
 the WY products, Q K^T and P V' inside a chunk); the fraction of peak divides by --peak-tflops (790: the
 bf16 GEMM rate measured on the H200, ENVIRONMENT.md).
-Timing: CUDA events around every linear-attention mixer, attention mixer and MLP; a warm-up run per
-length first (fla's Triton autotuning stays out of the timed runs). With --compare-fla (needs the
+Timing: CUDA events around every linear-attention mixer, attention mixer and MLP, and around the forward's
+prologue (prologue_ms: its host work before the first layer, while the device waits, and the embedding); a
+warm-up run per length first (fla's Triton autotuning stays out of the timed runs). With --compare-fla (needs the
 flash-linear-attention package: fla.layers), fla's KimiDeltaAttention / GatedDeltaNet of the same shapes
 is timed on the same tokens, so our mixer per layer stands next to fla's own layer in the same run; with
 --compare-unfused the same model also runs with the mixers' conv, gate and norm in torch (backend
@@ -302,7 +303,7 @@ def main(argv=None) -> int:
                "gflop_per_token": round(flops["total"] / 1e9, 4),
                "flops_split": flops,
                "fraction_of_peak": round(flops["total"] * T / (total * 1e-3) / (args.peak_tflops * 1e12), 4)}
-        for kind in ("linear_attn", "attention", "mlp", "head"):
+        for kind in ("prologue", "linear_attn", "attention", "mlp", "head"):
             row[f"{kind}_ms"] = round(split.get(kind, 0.0), 3)
         row["other_ms"] = round(max(0.0, totals[best] - sum(split.values())), 3)
         row["mixer_ms_per_layer"] = round(row["linear_attn_ms"] / cfg.num_linear_layers, 3)
@@ -329,13 +330,13 @@ def main(argv=None) -> int:
         print(f"T={T}: {row['tokens_per_s']:.0f} tok/s (warm-up {warmup_s:.0f} s)"
               + (f" (unfused {row['unfused']['tokens_per_s']:.0f})" if "unfused" in row else ""), flush=True)
     hdr = (f"{'tokens':>7} {'total ms':>10} {'tok/s':>10} {'% peak':>7} {'lin-attn ms':>12} {'attn ms':>9} "
-           f"{'mlp ms':>9} {'head ms':>8} {'mixer/layer':>12} {'fla layer':>10}")
+           f"{'mlp ms':>9} {'head ms':>8} {'prologue':>9} {'mixer/layer':>12} {'fla layer':>10}")
     print(hdr)
     for r in rows:
         fla_ms = f"{r['fla_layer_ms']:>10.3f}" if "fla_layer_ms" in r else f"{'-':>10}"
         print(f"{r['tokens']:>7} {r['total_ms']:>10.2f} {r['tokens_per_s']:>10.0f} {100 * r['fraction_of_peak']:>6.1f}% "
               f"{r['linear_attn_ms']:>12.2f} {r['attention_ms']:>9.2f} {r['mlp_ms']:>9.2f} {r['head_ms']:>8.2f} "
-              f"{r['mixer_ms_per_layer']:>12.3f} {fla_ms}")
+              f"{r['prologue_ms']:>9.2f} {r['mixer_ms_per_layer']:>12.3f} {fla_ms}")
         if "unfused" in r:
             u = r["unfused"]
             print(f"{'':>7} unfused: {u['total_ms']:.2f} ms, {u['tokens_per_s']:.0f} tok/s, mixer/layer "

@@ -207,16 +207,18 @@ def print_masks(grid: list[Masks]) -> None:
 
 
 # ---- timing (CUDA only) -------------------------------------------------------------------------------
-def bytes_moved(lay, op: str, B: int, model_bytes: int = 2) -> int:
+def bytes_moved(lay, op: str, B: int, model_bytes: int = 2, with_conv: bool = True) -> int:
     payload = lay.num_retained * (lay.unit_bytes())
-    conv = lay.num_layers * lay.conv_dim * lay.conv_width
+    conv = lay.num_layers * lay.conv_dim * lay.conv_width * with_conv
     if op == "store":
         return B * (lay.num_retained * lay.unit_elements * 4 + payload + conv * (model_bytes + 2))
     active = lay.num_layers * lay.units_per_layer * lay.unit_elements * 4
     return B * (payload + active + conv * (2 + model_bytes))
 
 
-def measure(masks: Masks, codec: str, layout: str, B: int, do_bench) -> list[dict]:
+def measure(masks: Masks, codec: str, layout: str, B: int, do_bench, with_conv: bool = True) -> list[dict]:
+    """Store and load of B checkpoints under these masks; with_conv False: the temporal units alone (the
+    conv copy that the same launch carries left out, so its share of a small store's time shows)."""
     from trtllm_dasc.state import CheckpointPool, StateLayout, triton_ops
     name, W, spec = masks.model, masks.wmax, MODELS[masks.model]
     L, n, V, R = spec["L"], spec["n"], spec["V"], spec["R"]
@@ -229,22 +231,23 @@ def measure(masks: Masks, codec: str, layout: str, B: int, do_bench) -> list[dic
     slots = torch.arange(1, B + 1, device="cuda")        # slot 0 is reserved
     out = []
     for op in ("store", "load"):
+        c, pc = (conv, pool.conv) if with_conv else (None, None)
         if op == "store":
-            fn = lambda: triton_ops.store(temporal, conv, rows, pool.payload, pool.scales, pool.conv, slots, lay)  # noqa: E731
+            fn = lambda: triton_ops.store(temporal, c, rows, pool.payload, pool.scales, pc, slots, lay)  # noqa: E731
         else:
-            fn = lambda: triton_ops.load(pool.payload, pool.scales, pool.conv, slots, temporal, conv, rows, lay)  # noqa: E731
+            fn = lambda: triton_ops.load(pool.payload, pool.scales, pc, slots, temporal, c, rows, lay)  # noqa: E731
         fn()
         torch.cuda.synchronize()
         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
         host_us = host_time(fn)
         ms_graph = do_bench(capture(fn).replay, warmup=25, rep=100, return_mode="median")
-        nbytes = bytes_moved(lay, op, B)
+        nbytes = bytes_moved(lay, op, B, with_conv=with_conv)
         out.append({"model": name, "arch": spec["arch"], "wmax": W, "kept_fraction": round(lay.num_retained / (L * n), 4),
                     "codec": codec, "layout": layout, "op": op, "batch": B, "us": ms * 1e3,
                     "us_per_checkpoint": ms * 1e3 / B, "host_us": host_us, "us_graph": ms_graph * 1e3,
                     "us_per_checkpoint_graph": ms_graph * 1e3 / B, "bytes": nbytes, "GBps": nbytes / ms / 1e6,
                     "GBps_graph": nbytes / ms_graph / 1e6,
-                    "slot_bytes": lay.slot_bytes(), **masks.record()})
+                    "slot_bytes": lay.slot_bytes(), "with_conv": with_conv, **masks.record()})
     del pool, temporal, conv
     torch.cuda.empty_cache()
     return out
@@ -311,12 +314,13 @@ def sweep_masks(args, grid: list[Masks]) -> list[Masks]:
 
 
 def print_arms(arms: list[dict]) -> None:
-    hdr = (f"{'model':16} {'W':>4} {'kept':>5} {'codec':6} {'op':5} {'B':>3} {'us':>8} {'us/ckpt':>8} {'graph':>7} "
+    hdr = (f"{'model':16} {'W':>4} {'kept':>5} {'codec':6} {'op':6} {'B':>3} {'us':>8} {'us/ckpt':>8} {'graph':>7} "
            f"{'g/ckpt':>7} {'host':>6} {'GB/s':>6} {'%copy':>6} {'g%copy':>6}")
     print(hdr)
     print("-" * len(hdr))
     for a in arms:
-        print(f"{a['model']:16} {a['wmax']:>4} {a['kept_fraction']:>5.2f} {a['codec']:6} {a['op']:5} {a['batch']:>3} "
+        op = a["op"] if a.get("with_conv", True) else a["op"] + "-"      # "-": without the conv copy
+        print(f"{a['model']:16} {a['wmax']:>4} {a['kept_fraction']:>5.2f} {a['codec']:6} {op:6} {a['batch']:>3} "
               f"{a['us']:>8.1f} {a['us_per_checkpoint']:>8.1f} {a['us_graph']:>7.1f} {a['us_per_checkpoint_graph']:>7.2f} "
               f"{a['host_us']:>6.1f} {a['GBps']:>6.0f} {a['pct_of_copy']:>6.1f} {a['pct_of_copy_graph']:>6.1f}")
 
@@ -337,6 +341,8 @@ def parse_args(argv):
     ap.add_argument("--sweep-tiles", default="2048,4096,8192", help="tile sizes (elements per program) to sweep")
     ap.add_argument("--sweep-warps", default="4,8", help="warp counts to sweep")
     ap.add_argument("--sweep-conv-tiles", default="0", help="conv copy tiles to sweep (0: the tile size)")
+    ap.add_argument("--split-conv", action="store_true",
+                    help="also time every batch-64 arm without its conv copy (the temporal units alone)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "state_bandwidth.json"))
     ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
     args = ap.parse_args(argv)
@@ -372,6 +378,8 @@ def main(argv=None) -> int:
         for codec in ("native", "int8"):
             for B in ((64,) if args.quick else (1, 64)):
                 arms.extend(measure(masks, codec, args.layout, B, do_bench))
+            if args.split_conv:
+                arms.extend(measure(masks, codec, args.layout, 64, do_bench, with_conv=False))
     sweep = (tile_sweep(sweep_masks(args, grid), args.layout, do_bench, copy_gbps, args.sweep_tiles, args.sweep_warps,
                         args.sweep_conv_tiles) if args.sweep else [])
     for a in arms:

@@ -96,3 +96,14 @@ def test_reference_configs_are_the_shared_ones():
         pytest.skip(f"{shared} is not here (the benchmark's copies live in tests/data)")
     for name in bw.REFERENCE.values():
         assert filecmp.cmp(Path(bw.REFERENCE_DIR) / name, shared / name, shallow=False)
+
+
+def test_bytes_without_the_conv_copy_are_the_units_alone():
+    # by hand: 2 layers x 3 units of 2 x 4 fp32, half kept; conv 6 x 3 per layer in bf16 (2 B read, 2 written)
+    from state_helpers import make_layout
+    lay = make_layout(2, 3, 2, 4, keep=0.5, conv=(6, 3))
+    conv = 2 * 6 * 3 * (2 + 2)
+    for op in ("store", "load"):
+        assert bw.bytes_moved(lay, op, 5) - bw.bytes_moved(lay, op, 5, with_conv=False) == 5 * conv
+    units = lay.num_retained * 2 * 4
+    assert bw.bytes_moved(lay, "store", 1, with_conv=False) == units * 4 + lay.num_retained * lay.unit_bytes()

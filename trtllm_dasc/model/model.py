@@ -228,7 +228,8 @@ class HybridModel:
         """Prefill/decode a batch; updates the batch's state rows and writes its new tokens' KV.
 
         logits: 'all' (every token), 'last' (each sequence's last token) or 'none', or one of those per
-        sequence. timer: optional callable(kind) -> context manager, kind in linear_attn/attention/mlp/head.
+        sequence. timer: optional callable(kind) -> context manager, kind in prologue (the checks and index
+        tensors before the first layer, and the embedding) / linear_attn / attention / mlp / head.
         refresh + merge: dasc-wr replay sequences at the head of the batch (see Refresh); merge is
         callable(linear_layer_index, src_rows, dst_rows).
         """
@@ -237,6 +238,30 @@ class HybridModel:
         if refresh is not None and refresh.num_replay and merge is None:
             raise RuntimeError("a refresh needs the merge callable")
         timer = timer or (lambda kind: contextlib.nullcontext())
+        with timer("prologue"):
+            x, cu, cuts, rows, attn_batch, sel, out = self._prologue(batch, state, kv, logits)
+        first = batch[0].row
+        # the batch's state rows as a slice when they are consecutive (one sequence always is): each linear
+        # layer then reads and writes them in place of a gather and a scatter
+        row_range = (first, first + len(batch)) if [s.row for s in batch] == list(range(first, first + len(batch))) \
+            else None
+        x, hbs, convs = self._layers(x, cu, rows, state, kv, attn_batch, cuts, refresh, merge, timer, row_range)
+        if sel is not None:
+            with timer("head"):
+                rows_x = x if sel.numel() == x.shape[0] else x[sel]
+                out.logits = self._head(rows_x)
+        starts = [s.start for s in batch]
+        out.capture_seq = [i for i, c in enumerate(cuts) for _ in c]
+        out.capture_pos = [starts[i] + r for i, c in enumerate(cuts) for r in c]
+        if out.capture_seq:
+            out.capture_temporal = torch.stack(hbs, dim=1)
+            out.capture_conv = torch.stack(convs, dim=1)
+        return out
+
+    def _prologue(self, batch, state, kv, logits):
+        """What forward needs before the first layer, from the checked batch (_prepare): the embedded tokens,
+        the token offsets, the capture cuts, the state rows and the attention batch on the device, the head's
+        rows on the device (None: no logits) and the ForwardOutput with its logits offsets."""
         ids, cuts, kv_index, modes, paged = self._prepare(batch, state, kv, logits)
         starts = [s.start for s in batch]
         cu = [0]
@@ -258,18 +283,8 @@ class HybridModel:
         # memory may wait for the queue, and after the layers that is the whole forward (the H200 sat idle
         # ~0.8 ms at the end of a 16k prefill, model_prefill_kda_h200_f3328d5.json's gaps)
         sel = torch.cat(picks).to(dev) if picks else None
-        x, hbs, convs = self._layers(self.w["embed"][torch.cat(ids).to(dev)], cu, rows, state, kv, attn_batch,
-                                     cuts, refresh, merge, timer)
-        if picks:
-            with timer("head"):
-                rows_x = x if sel.numel() == x.shape[0] else x[sel]
-                out.logits = self._head(rows_x)
-        out.capture_seq = [i for i, c in enumerate(cuts) for _ in c]
-        out.capture_pos = [starts[i] + r for i, c in enumerate(cuts) for r in c]
-        if out.capture_seq:
-            out.capture_temporal = torch.stack(hbs, dim=1)
-            out.capture_conv = torch.stack(convs, dim=1)
-        return out
+        x = self.w["embed"][torch.cat(ids).to(dev)]
+        return x, cu, cuts, rows, attn_batch, sel, out
 
     def _fused(self) -> bool:
         """fla's kernels for the work between the mixers too (the residual add + norm, SwiGLU): with the
@@ -301,7 +316,7 @@ class HybridModel:
     def _fused_weight(self, w: torch.Tensor) -> torch.Tensor:
         return 1.0 + w.float() if self.offset_norm else w
 
-    def _layers(self, x, cu, rows, state, kv, attn_batch, cuts, refresh, merge, timer):
+    def _layers(self, x, cu, rows, state, kv, attn_batch, cuts, refresh, merge, timer, row_range=None):
         """Every layer over the batch's hidden states x [T, D]: (x after the last layer, the captured
         temporal and conv states per linear layer). Updates the state rows and writes the new tokens' KV.
         Each residual add is taken together with the norm after it (one kernel when fused)."""
@@ -311,7 +326,7 @@ class HybridModel:
             h, x = self._add_norm(x, pending, in_norm, in_fused)
             if mixer.kind in ("gdn", "kda"):
                 with timer("linear_attn"):
-                    res = self._linear(mixer, lin, h, cu, rows, state, cuts, refresh, merge)
+                    res = self._linear(mixer, lin, h, cu, rows, state, cuts, refresh, merge, row_range)
                     out = res.out if self.tp_size == 1 else self.all_reduce(res.out)
                 hbs.append(res.hb)
                 convs.append(res.conv_b)
@@ -346,8 +361,9 @@ class HybridModel:
         h, _ = self._add_norm(x, None, self.w["norm"], fused_w)
         return (h @ self.w["lm_head"].T).float()
 
-    def _linear(self, mixer, lin, h, cu, rows, state, cuts, refresh, merge):
-        """One linear layer over the batch; with a refresh, replays first, then merge, then the rest."""
+    def _linear(self, mixer, lin, h, cu, rows, state, cuts, refresh, merge, row_range=None):
+        """One linear layer over the batch; with a refresh, replays first, then merge, then the rest.
+        row_range: (first, end) when the batch's rows are first..end-1 in order (views, not gathers)."""
         n = len(cu) - 1
         if (refresh is None and cu[-1] == n and mixer.kind == "kda" and not any(cuts)
                 and hasattr(self.backend, "kda_decode_in_place")):
@@ -357,10 +373,11 @@ class HybridModel:
 
         def run(a, b):
             base = cu[a]
-            res = mixer.forward(h[base:cu[b]], [c - base for c in cu[a:b + 1]], state.temporal[lin, rows[a:b]],
-                                state.conv[lin, rows[a:b]], self.backend, cuts[a:b])
-            state.temporal[lin, rows[a:b]] = res.ht
-            state.conv[lin, rows[a:b]] = res.conv
+            which = rows[a:b] if row_range is None else slice(row_range[0] + a, row_range[0] + b)
+            res = mixer.forward(h[base:cu[b]], [c - base for c in cu[a:b + 1]], state.temporal[lin, which],
+                                state.conv[lin, which], self.backend, cuts[a:b])
+            state.temporal[lin, which] = res.ht
+            state.conv[lin, which] = res.conv
             return res
         if refresh is None or refresh.num_replay == 0:
             return run(0, n)
