@@ -16,8 +16,8 @@ carries the last three inputs in registers); for other windows the tile kernel (
 program takes BT tokens of one sequence and one head's channels, BD = the head dim, a power of two that
 divides every part; the conv's W taps are W shifted loads of the same tile). The head's l2 norm is a sum
 over the head's channels inside the program. The first W-1 outputs of each sequence, whose taps reach back
-into its carried state, are redone by a second small kernel (the state's [C, W-1] layout makes those loads scalar: in the main
-kernel they cost registers and spills in every tile), which also writes the new state. The new state and
+into its carried state, are redone by a second small kernel (the state's [C, W-1] layout makes those loads
+scalar: in the main kernel they cost registers and spills in every tile), which also writes the new state. The new state and
 the captured states are the last W-1 inputs before a position: the second kernel writes the new state;
 checkpoint captures come from fused_ops._windows, as before.
 """
