@@ -14,6 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from copy_bandwidth import device_ms  # noqa: E402
 from results_io import provenance, write_result  # noqa: E402
 
 # (arch, parts (q, k, v channels), normalised parts, head dim, in_proj width the conv input is a slice of)
@@ -25,18 +26,6 @@ TILES = [(64, 8, 1), (32, 4, 1), (16, 4, 4), (64, 8, 2)]
 # block, warps)
 ROWS = [(64, 1024, 4), (128, 1024, 4), (256, 1024, 4), (512, 1024, 8), (128, 512, 4), (256, 512, 2),
         (128, 256, 2), (64, 256, 1), (256, 2048, 8)]
-
-
-def device_ms(torch, fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def main(argv=None) -> int:

@@ -33,3 +33,18 @@ def copy_bandwidth(device: str = "cuda", nbytes: int = GIB, reps: int = 10) -> f
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return 2 * nbytes / statistics.median(times)
+
+
+def device_ms(torch, fn, reps: int = 20) -> float:
+    """Milliseconds of device time per call of fn() (a launch, or a CUDA graph's replay), reps calls back to
+    back between two events after one untimed call: the device's time, launch gaps between the calls included,
+    none of the host's waiting."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps

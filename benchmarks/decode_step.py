@@ -40,7 +40,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from copy_bandwidth import GIB, copy_bandwidth  # noqa: E402
+from copy_bandwidth import GIB, copy_bandwidth, device_ms  # noqa: E402
 from kernel_profile import kernel_trace, print_summary, summarize  # noqa: E402
 from results_io import provenance, write_result  # noqa: E402
 
@@ -182,13 +182,7 @@ def time_replay(graphs, torch, batch: int, reps: int) -> dict | None:
         graph.replay()
         torch.cuda.synchronize()
         walls.append(time.perf_counter() - t0)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return {"replay_ms": 1e3 * statistics.median(walls), "replay_device_ms": start.elapsed_time(end) / reps}
+    return {"replay_ms": 1e3 * statistics.median(walls), "replay_device_ms": device_ms(torch, graph.replay, reps)}
 
 
 def parse_batches(text: str) -> list[int]:

@@ -17,6 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from copy_bandwidth import device_ms  # noqa: E402
 from results_io import provenance, write_result  # noqa: E402
 
 # (name, N, K, count per step) of the Kimi-Linear-shaped stack (benchmarks/shaped_model.py: 20 KDA layers of
@@ -41,15 +42,7 @@ def time_calls(torch, fn, copies: int, calls: int = 60, replays: int = 5) -> flo
     with torch.cuda.graph(graph):
         for c in range(calls):
             fn(c % copies)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / (replays * calls)
+    return device_ms(torch, graph.replay, replays) / 1e3 / calls
 
 
 def main(argv=None) -> int:
