@@ -36,11 +36,11 @@ def kernels() -> list[tuple]:
                     {"x": dt, "weight": dt, "out": dt, "chunks": "*i32", "cu": "*i64",
                      **_ints("stride_x", "T_total", "C", "S1", "S2", "NORM_C"), "eps": "fp32", "NT": "i32"},
                     {"W": 4, "BT": conv_kernel.BLOCK_T, "BD": 128, "G": conv_kernel.TILES}, conv_kernel.WARPS))
-        for bc, warps in ((256, 1), (1024, 4), (1024, 8), (512, 4), (256, 2)):  # the rows kernel: default, benchmarked
-            out.append((conv_kernel._conv_rows_kernel,
-                        {"x": dt, "weight": dt, "out": dt, "ranges": "*i32",
-                         **_ints("stride_x", "T_total", "C", "S1", "S2", "NORM_C"), "eps": "fp32"},
-                        {"BC": bc, "HD": 128}, warps))
+        per_program, widest, warps = conv_kernel.ROWS            # the rows kernel's default block
+        out.append((conv_kernel._conv_rows_kernel,
+                    {"x": dt, "weight": dt, "out": dt, "ranges": "*i32",
+                     **_ints("stride_x", "T_total", "C", "S1", "S2", "NORM_C"), "eps": "fp32"},
+                    {"BC": conv_kernel.rows_block([4096] * 3, 128, widest), "HD": 128}, warps))
         out.append((conv_kernel._conv_head_kernel,
                     {"x": dt, "weight": dt, "state": dt, "out": dt, "new_state": dt, "cu": "*i64",
                      **_ints("stride_x", "stride_sn", "stride_sc", "T_total", "C", "S1", "S2", "NORM_C"),
