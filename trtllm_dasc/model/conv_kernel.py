@@ -17,9 +17,9 @@ program takes BT tokens of one sequence and one head's channels, BD = the head d
 divides every part; the conv's W taps are W shifted loads of the same tile). The head's l2 norm is a sum
 over the head's channels inside the program. The first W-1 outputs of each sequence, whose taps reach back
 into its carried state, are redone by a second small kernel (the state's [C, W-1] layout makes those loads
-scalar: in the main kernel they cost registers and spills in every tile), which also writes the new state. The new state and
-the captured states are the last W-1 inputs before a position: the second kernel writes the new state;
-checkpoint captures come from fused_ops._windows, as before.
+scalar: in the main kernel they cost registers and spills in every tile), which also writes the new state.
+The new state and the captured states are the last W-1 inputs before a position: the second kernel writes
+the new state; checkpoint captures come from fused_ops._windows, as before.
 """
 from __future__ import annotations
 
@@ -190,21 +190,26 @@ def _conv_head_kernel(x, weight, state, out, new_state, cu, stride_x, stride_sn,
              (lx.to(tl.float32) + ls.to(tl.float32)).to(new_state.dtype.element_ty), mask=m_s[:, None])
 
 
-# (cu_seqlens, device, tokens per tile) -> chunk table [NT, 2] int32 on the device, (sequence, tile): every
-# layer of a forward asks for the same one (cu_seqlens itself: recurrence/fla.cu_tensors' cache)
+# (kind, cu_seqlens, tokens per tile or range, device) -> the kernels' tables on the device (_device_table)
 _CHUNKS: dict = {}
 
 
-def _chunks(cu_seqlens: list[int], device, bt: int = BLOCK_T) -> torch.Tensor:
-    key = (tuple(cu_seqlens), str(device), bt)
+def _device_table(key: tuple, device, width: int, rows) -> torch.Tensor:
+    """rows() (a list of int tuples of `width`) as an int32 [n, width] tensor on the device, made once per key:
+    every layer of a forward asks for the same table (cu_seqlens itself: recurrence/fla.cu_tensors' cache)."""
+    key = (*key, str(device))
     hit = _CHUNKS.get(key)
     if hit is None:
         if len(_CHUNKS) >= 256:          # a serving loop sees many batch shapes: forget, never grow
             _CHUNKS.clear()
-        rows = [(n, t) for n, (a, b) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:]))
-                for t in range(-(-(b - a) // bt))]
-        hit = _CHUNKS[key] = torch.tensor(rows, dtype=torch.int32).reshape(-1, 2).to(device)
+        hit = _CHUNKS[key] = torch.tensor(rows(), dtype=torch.int32).reshape(-1, width).to(device)
     return hit
+
+
+def _chunks(cu_seqlens: list[int], device, bt: int = BLOCK_T) -> torch.Tensor:
+    """The tile kernel's table [NT, 2]: (sequence, tile) of every tile of bt tokens."""
+    return _device_table(("chunks", tuple(cu_seqlens), bt), device, 2, lambda: [
+        (n, t) for n, (a, b) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])) for t in range(-(-(b - a) // bt))])
 
 
 def _layout(parts: list[int], C: int) -> tuple[list[int], int, int]:
@@ -228,16 +233,10 @@ def supports(parts: list[int], head_dim: int, W: int) -> bool:
 
 
 def _ranges(cu_seqlens: list[int], device, rows: int) -> torch.Tensor:
-    """The rows kernel's table [NR, 3] int32 on the device: (first row, rows, the sequence's first row) of
-    each range of at most `rows` tokens inside one sequence (cached as _chunks)."""
-    key = ("ranges", tuple(cu_seqlens), str(device), rows)
-    hit = _CHUNKS.get(key)
-    if hit is None:
-        if len(_CHUNKS) >= 256:
-            _CHUNKS.clear()
-        table = [(r, min(rows, b - r), a) for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:]) for r in range(a, b, rows)]
-        hit = _CHUNKS[key] = torch.tensor(table, dtype=torch.int32).reshape(-1, 3).to(device)
-    return hit
+    """The rows kernel's table [NR, 3]: (first row, rows, the sequence's first row) of each range of at most
+    `rows` tokens inside one sequence."""
+    return _device_table(("ranges", tuple(cu_seqlens), rows), device, 3, lambda: [
+        (r, min(rows, b - r), a) for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:]) for r in range(a, b, rows)])
 
 
 def rows_block(parts: list[int], head_dim: int, widest: int) -> int:

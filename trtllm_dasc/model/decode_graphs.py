@@ -120,15 +120,10 @@ class DecodeGraphs:
     def fill(self, ids: list[int], starts: list[int], rows: list[int], tables: list) -> int:
         """Stage one step in the host mirrors: ids (one token per sequence at position starts[i], state row
         rows[i], block table tables[i]; the caller checked ids and rows as model.forward does), entries n..b-1
-        padding. Returns the bucket b. Validates the tables as kv.decode_tables does (ValueError) before
-        anything is written; touches nothing on the device."""
-        bs, blocks, nb = self.kv.block_size, self.kv.cfg.num_blocks, self.max_blocks
-        for table, s in zip(tables, starts):
-            need = s // bs + 1
-            if len(table) < need:
-                raise ValueError(f"block table of {len(table)} blocks cannot hold {need * bs} tokens")
-            if min(table[:need]) < 0 or max(table[:need]) >= blocks:
-                raise ValueError(f"block table {list(table[:need])} names blocks outside 0..{blocks - 1}")
+        padding. Returns the bucket b. Validates the tables (kv.check_table, ValueError) before anything is
+        written; touches nothing on the device."""
+        bs, nb = self.kv.block_size, self.max_blocks
+        needs = [self.kv.check_table(table, s + 1) for table, s in zip(tables, starts)]
         n, B = len(starts), self.max_batch
         b = self.bucket(n)
         if self._copied is not None:
@@ -139,8 +134,7 @@ class DecodeGraphs:
         h[0, n:b], h[1, n:b], h[2, n:b], h[3, n:b] = 0, 0, self.pad_row, self.pad_block * bs
         t[:n] = [s + 1 for s in starts]
         t[n:b] = 1
-        for i, (table, s) in enumerate(zip(tables, starts)):
-            need = s // bs + 1
+        for i, (table, need) in enumerate(zip(tables, needs)):
             row = B + i * nb
             t[row:row + need] = table[:need]
             t[row + need:row + nb] = 0

@@ -48,38 +48,36 @@ class PagedKVCache:
     def block_size(self) -> int:
         return self.cfg.block_size
 
+    def check_table(self, block_table: list[int], tokens: int) -> int:
+        """The blocks a sequence of `tokens` tokens takes from its block table; ValueError when the table is
+        shorter or names a block outside the pool (a write there would land in another sequence's rows)."""
+        need = -(-tokens // self.cfg.block_size)
+        if len(block_table) < need:
+            raise ValueError(f"block table of {len(block_table)} blocks cannot hold {tokens} tokens")
+        if need and (min(block_table[:need]) < 0 or max(block_table[:need]) >= self.cfg.num_blocks):
+            raise ValueError(f"block table {list(block_table[:need])} names blocks outside "
+                             f"0..{self.cfg.num_blocks - 1}")
+        return need
+
     def token_index(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         """Flat row indices (block * bs + offset) of positions [start, end) of a sequence: computed once
         per forward and reused by every layer."""
         bs = self.cfg.block_size
-        need = -(-end // bs)
-        if len(block_table) < need:
-            raise ValueError(f"block table of {len(block_table)} blocks cannot hold {end} tokens")
-        if need and not all(0 <= b < self.cfg.num_blocks for b in block_table[:need]):
-            raise ValueError(f"block table {block_table[:need]} names blocks outside 0..{self.cfg.num_blocks - 1}")
+        need = self.check_table(block_table, end)
         # every row of the blocks the span touches, then the span's slice of them: no per-position
         # division (two int64 divisions over a 16k-token prefill's positions were most of its host prologue)
         first = start // bs
         rows = (torch.tensor(block_table[first:need], dtype=torch.long)[:, None] * bs + torch.arange(bs)).view(-1)
         return rows[start - first * bs:end - first * bs].to(self.cfg.device)
 
-    def decode_tables(self, block_tables: list[list[int]], starts: list[int]):
-        """token_tables for a decode step: one new token per sequence, at position starts[i]."""
-        return self.token_tables(block_tables, starts, [1] * len(starts))
-
     def token_tables(self, block_tables: list[list[int]], starts: list[int], counts: list[int]):
         """What the paged attention kernel (decode_attention.py) reads for new tokens: sequence i brings
         counts[i] tokens at positions starts[i].. . Per new token, in batch order: its sequence's block table
         (one int32 tensor [tokens, max blocks], padded with 0, never read past a length), its length
         position + 1 (int32: it sees keys 0..position, causal) and its flat KV row (int64), on the cache's
-        device: three copies per step where token_index made one per sequence. Validates like token_index."""
+        device: three copies per step where token_index made one per sequence. Validates (check_table)."""
         bs = self.cfg.block_size
-        need = [-(-(s + c) // bs) for s, c in zip(starts, counts)]
-        for table, n in zip(block_tables, need):
-            if len(table) < n:
-                raise ValueError(f"block table of {len(table)} blocks cannot hold {n * bs} tokens")
-            if not all(0 <= b < self.cfg.num_blocks for b in table[:n]):
-                raise ValueError(f"block table {list(table[:n])} names blocks outside 0..{self.cfg.num_blocks - 1}")
+        need = [self.check_table(table, s + c) for table, s, c in zip(block_tables, starts, counts)]
         width = max(need)
         tables = torch.tensor([[int(b) for b in t[:n]] + [0] * (width - n) for t, n in zip(block_tables, need)],
                               dtype=torch.int32)

@@ -345,9 +345,9 @@ class HybridModel:
     @torch.inference_mode()
     def decode_static(self, ids, positions, rows, decode, state: RecurrentState, kv: PagedKVCache) -> torch.Tensor:
         """One decode step from device tensors alone: ids, positions, rows [B] int64 and decode = (block
-        tables, lengths, new KV rows) as kv.decode_tables makes them. Nothing inside reads a host value or
-        copies from the host, so a CUDA graph of one batch size can capture it (model/decode_graphs.py); the
-        caller checked the batch as forward does. Returns fp32 logits [B, vocab]."""
+        tables, lengths, new KV rows) as kv.token_tables makes them for one token each. Nothing inside reads
+        a host value or copies from the host, so a CUDA graph of one batch size can capture it
+        (model/decode_graphs.py); the caller checked the batch as forward does. Returns fp32 logits [B, vocab]."""
         B = ids.shape[0]
         cu = list(range(B + 1))
         batch = AttnBatch(cu, [], None, positions, decode)
