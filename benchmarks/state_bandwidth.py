@@ -3,7 +3,9 @@
 One TP8 rank of Kimi-Linear-48B (kda channel units) and of Qwen3-Next-80B (gdn head units), W_max 0, 16
 and 128, native and int8 codecs, batch 1 and 64. Bytes = what the kernels read + write (load writes whole
 active rows: retained units and the zero-filled omitted ones), timed with triton.testing.do_bench (median,
-L2 flushed between reps).
+L2 flushed between reps). Batch-64 arms also time a device copy of their own bytes under the same protocol
+and both again with the L2 emptied by a read instead of do_bench's zeroing (flush_study: the zeroing's
+dirty lines are written back inside the timed call, a fixed cost a 1 GiB copy hides and a small store not).
 
 Masks (which units of the rank a checkpoint keeps), --masks:
   plan (default)  the planner's plan. Each model's real config.json (tests/data/, the repository's copies
@@ -242,15 +244,52 @@ def measure(masks: Masks, codec: str, layout: str, B: int, do_bench, with_conv: 
         host_us = host_time(fn)
         ms_graph = do_bench(capture(fn).replay, warmup=25, rep=100, return_mode="median")
         nbytes = bytes_moved(lay, op, B, with_conv=with_conv)
+        flush = flush_study(fn, nbytes, do_bench) if B >= 64 else {}
         out.append({"model": name, "arch": spec["arch"], "wmax": W, "kept_fraction": round(lay.num_retained / (L * n), 4),
                     "codec": codec, "layout": layout, "op": op, "batch": B, "us": ms * 1e3,
                     "us_per_checkpoint": ms * 1e3 / B, "host_us": host_us, "us_graph": ms_graph * 1e3,
                     "us_per_checkpoint_graph": ms_graph * 1e3 / B, "bytes": nbytes, "GBps": nbytes / ms / 1e6,
                     "GBps_graph": nbytes / ms_graph / 1e6,
-                    "slot_bytes": lay.slot_bytes(), "with_conv": with_conv, **masks.record()})
+                    "slot_bytes": lay.slot_bytes(), "with_conv": with_conv, **flush, **masks.record()})
     del pool, temporal, conv
     torch.cuda.empty_cache()
     return out
+
+
+FLUSH_BYTES = 256 << 20      # what triton's do_bench zeroes between reps to empty the L2 (50 MB on the H200)
+
+
+def clean_flush_ms(fn, reps: int = 100) -> float:
+    """Median ms of fn() between two events, the L2 emptied before each call by READING 256 MB (do_bench
+    writes them: its flush leaves up to an L2 of dirty lines that the timed call then writes back to HBM,
+    ~50 MB, a fixed ~10 us that a 1 GiB copy never shows and a 90 MB store cannot hide)."""
+    buf = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+    sink = torch.empty((), dtype=torch.float32, device="cuda")
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for _ in range(5):
+        fn()
+    for a, b in zip(start, end):
+        torch.amax(buf, dim=0, out=sink)
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return float(np.median([a.elapsed_time(b) for a, b in zip(start, end)]))
+
+
+def flush_study(fn, nbytes: int, do_bench) -> dict:
+    """The same arm beside a plain device copy of the same bytes (nbytes / 2 read, nbytes / 2 written), both
+    under do_bench's flush (zeroing: the dirty L2 it leaves is written back inside the timed call) and under
+    a read flush (clean_flush_ms): how far a small store or load's fraction of the 1 GiB copy bandwidth is the
+    kernel's own and how far the size and the timing protocol's."""
+    src = torch.ones(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy = lambda: dst.copy_(src)  # noqa: E731
+    copy_ms = do_bench(copy, warmup=25, rep=100, return_mode="median")
+    clean_ms, copy_clean_ms = clean_flush_ms(fn), clean_flush_ms(copy)
+    return {"same_size_copy_us": copy_ms * 1e3, "us_read_flush": clean_ms * 1e3,
+            "same_size_copy_us_read_flush": copy_clean_ms * 1e3, "GBps_read_flush": nbytes / clean_ms / 1e6}
 
 
 def capture(fn) -> "torch.cuda.CUDAGraph":
@@ -325,6 +364,24 @@ def print_arms(arms: list[dict]) -> None:
               f"{a['host_us']:>6.1f} {a['GBps']:>6.0f} {a['pct_of_copy']:>6.1f} {a['pct_of_copy_graph']:>6.1f}")
 
 
+def print_flush(arms: list[dict]) -> None:
+    """The batch-64 arms beside a copy of their own bytes, under do_bench's zeroing flush and a read flush."""
+    rows = [a for a in arms if "us_read_flush" in a]
+    if not rows:
+        return
+    print("\nsame bytes copied (torch copy_), L2 flushed by zeroing (do_bench) / by reading 256 MB:")
+    hdr = (f"{'model':16} {'W':>4} {'codec':6} {'op':6} {'us':>7} {'copy':>7} {'%same':>6} {'us rd':>7} "
+           f"{'copy rd':>7} {'%same rd':>8} {'%copy rd':>8}")
+    print(hdr)
+    print("-" * len(hdr))
+    for a in rows:
+        op = a["op"] if a.get("with_conv", True) else a["op"] + "-"
+        print(f"{a['model']:16} {a['wmax']:>4} {a['codec']:6} {op:6} {a['us']:>7.1f} {a['same_size_copy_us']:>7.1f} "
+              f"{a['pct_of_same_size_copy']:>6.1f} {a['us_read_flush']:>7.1f} "
+              f"{a['same_size_copy_us_read_flush']:>7.1f} {a['pct_of_same_size_copy_read_flush']:>8.1f} "
+              f"{a['pct_of_copy_read_flush']:>8.1f}")
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--masks", choices=["plan", "random"], default=None,
@@ -385,10 +442,15 @@ def main(argv=None) -> int:
     for a in arms:
         a["pct_of_copy"] = 100.0 * a["GBps"] / copy_gbps
         a["pct_of_copy_graph"] = 100.0 * a["GBps_graph"] / copy_gbps
+        if "us_read_flush" in a:
+            a["pct_of_same_size_copy"] = 100.0 * a["same_size_copy_us"] / a["us"]
+            a["pct_of_copy_read_flush"] = 100.0 * a["GBps_read_flush"] / copy_gbps
+            a["pct_of_same_size_copy_read_flush"] = 100.0 * a["same_size_copy_us_read_flush"] / a["us_read_flush"]
     print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"copy bandwidth (torch clone, 1 GiB fp32): {copy_gbps:.0f} GB/s")
     print("us: eager call (python + launch + kernel); graph: CUDA-graph replay (kernel only); host: python+launch")
     print_arms(arms)
+    print_flush(arms)
     result = {**provenance("benchmarks/state_bandwidth.py", argv, args.commit), "torch": torch.__version__,
               "triton": triton.__version__, "copy_GBps": copy_gbps, "layout": args.layout, "mask_source": args.masks
               if not args.plan else "plan-file", "masks": [m.summary() for m in grid],
