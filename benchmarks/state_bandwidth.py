@@ -4,8 +4,9 @@ One TP8 rank of Kimi-Linear-48B (kda channel units) and of Qwen3-Next-80B (gdn h
 and 128, native and int8 codecs, batch 1 and 64. Bytes = what the kernels read + write (load writes whole
 active rows: retained units and the zero-filled omitted ones), timed with triton.testing.do_bench (median,
 L2 flushed between reps). Batch-64 arms also time a device copy of their own bytes under the same protocol
-and both again with the L2 emptied by a read instead of do_bench's zeroing (flush_study: the zeroing's
-dirty lines are written back inside the timed call, a fixed cost a 1 GiB copy hides and a small store not).
+and both again with the L2 emptied by a read instead of do_bench's zeroing, all as CUDA-graph replays
+(flush_study: the zeroing's dirty lines are written back inside the timed call, a fixed cost that a 1 GiB
+copy hides and a small store cannot).
 
 Masks (which units of the rank a checkpoint keeps), --masks:
   plan (default)  the planner's plan. Each model's real config.json (tests/data/, the repository's copies
@@ -262,7 +263,7 @@ FLUSH_BYTES = 256 << 20      # what triton's do_bench zeroes between reps to emp
 def clean_flush_ms(fn, reps: int = 100) -> float:
     """Median ms of fn() between two events, the L2 emptied before each call by READING 256 MB (do_bench
     writes them: its flush leaves up to an L2 of dirty lines that the timed call then writes back to HBM,
-    ~50 MB, a fixed ~10 us that a 1 GiB copy never shows and a 90 MB store cannot hide)."""
+    a fixed few us that a 1 GiB copy hides and a 90 MB store cannot)."""
     buf = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
     sink = torch.empty((), dtype=torch.float32, device="cuda")
     start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -279,17 +280,20 @@ def clean_flush_ms(fn, reps: int = 100) -> float:
 
 
 def flush_study(fn, nbytes: int, do_bench) -> dict:
-    """The same arm beside a plain device copy of the same bytes (nbytes / 2 read, nbytes / 2 written), both
-    under do_bench's flush (zeroing: the dirty L2 it leaves is written back inside the timed call) and under
-    a read flush (clean_flush_ms): how far a small store or load's fraction of the 1 GiB copy bandwidth is the
-    kernel's own and how far the size and the timing protocol's."""
+    """The arm beside a plain device copy of the same bytes (nbytes / 2 read, nbytes / 2 written), both as
+    CUDA-graph replays (an eager call whose host work outlasts the flush kernel starts late inside the timed
+    span: a slower host moved the Kimi W=128 stores' eager figures by 15-25 us), under do_bench's flush
+    (zeroing: the dirty L2 it leaves is written back inside the timed call) and under a read flush
+    (clean_flush_ms): how far a small store's fraction of the 1 GiB copy bandwidth is the kernel's own and
+    how far it is the size's and the timing protocol's."""
     src = torch.ones(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    copy = lambda: dst.copy_(src)  # noqa: E731
+    arm, copy = capture(fn).replay, capture(lambda: dst.copy_(src)).replay
     copy_ms = do_bench(copy, warmup=25, rep=100, return_mode="median")
-    clean_ms, copy_clean_ms = clean_flush_ms(fn), clean_flush_ms(copy)
-    return {"same_size_copy_us": copy_ms * 1e3, "us_read_flush": clean_ms * 1e3,
-            "same_size_copy_us_read_flush": copy_clean_ms * 1e3, "GBps_read_flush": nbytes / clean_ms / 1e6}
+    clean_ms, copy_clean_ms = clean_flush_ms(arm), clean_flush_ms(copy)
+    return {"same_size_copy_us_graph": copy_ms * 1e3, "us_graph_read_flush": clean_ms * 1e3,
+            "same_size_copy_us_graph_read_flush": copy_clean_ms * 1e3,
+            "GBps_graph_read_flush": nbytes / clean_ms / 1e6, "same_size_copy_GBps_graph": nbytes / copy_ms / 1e6}
 
 
 def capture(fn) -> "torch.cuda.CUDAGraph":
@@ -365,21 +369,24 @@ def print_arms(arms: list[dict]) -> None:
 
 
 def print_flush(arms: list[dict]) -> None:
-    """The batch-64 arms beside a copy of their own bytes, under do_bench's zeroing flush and a read flush."""
-    rows = [a for a in arms if "us_read_flush" in a]
+    """The batch-64 arms beside a copy of their own bytes (graph replays), L2 flushed by do_bench's zeroing
+    and by a read."""
+    rows = [a for a in arms if "us_graph_read_flush" in a]
     if not rows:
         return
-    print("\nsame bytes copied (torch copy_), L2 flushed by zeroing (do_bench) / by reading 256 MB:")
-    hdr = (f"{'model':16} {'W':>4} {'codec':6} {'op':6} {'us':>7} {'copy':>7} {'%same':>6} {'us rd':>7} "
-           f"{'copy rd':>7} {'%same rd':>8} {'%copy rd':>8}")
+    print("\nCUDA-graph replays beside a copy of the same bytes (torch copy_), L2 flushed by zeroing (do_bench) "
+          "/ by reading 256 MB; %1GiB: of the 1 GiB copy bandwidth, %same: of the same-size copy's:")
+    hdr = (f"{'model':16} {'W':>4} {'codec':6} {'op':6} {'us':>7} {'copy us':>7} {'copy%1GiB':>9} {'%same':>6} "
+           f"{'us rd':>7} {'copy rd':>7} {'%1GiB rd':>8} {'%same rd':>8}")
     print(hdr)
     print("-" * len(hdr))
     for a in rows:
         op = a["op"] if a.get("with_conv", True) else a["op"] + "-"
-        print(f"{a['model']:16} {a['wmax']:>4} {a['codec']:6} {op:6} {a['us']:>7.1f} {a['same_size_copy_us']:>7.1f} "
-              f"{a['pct_of_same_size_copy']:>6.1f} {a['us_read_flush']:>7.1f} "
-              f"{a['same_size_copy_us_read_flush']:>7.1f} {a['pct_of_same_size_copy_read_flush']:>8.1f} "
-              f"{a['pct_of_copy_read_flush']:>8.1f}")
+        print(f"{a['model']:16} {a['wmax']:>4} {a['codec']:6} {op:6} {a['us_graph']:>7.1f} "
+              f"{a['same_size_copy_us_graph']:>7.1f} {a['same_size_copy_pct_of_copy']:>9.1f} "
+              f"{a['pct_of_same_size_copy_graph']:>6.1f} {a['us_graph_read_flush']:>7.1f} "
+              f"{a['same_size_copy_us_graph_read_flush']:>7.1f} {a['pct_of_copy_graph_read_flush']:>8.1f} "
+              f"{a['pct_of_same_size_copy_graph_read_flush']:>8.1f}")
 
 
 def parse_args(argv):
@@ -442,10 +449,12 @@ def main(argv=None) -> int:
     for a in arms:
         a["pct_of_copy"] = 100.0 * a["GBps"] / copy_gbps
         a["pct_of_copy_graph"] = 100.0 * a["GBps_graph"] / copy_gbps
-        if "us_read_flush" in a:
-            a["pct_of_same_size_copy"] = 100.0 * a["same_size_copy_us"] / a["us"]
-            a["pct_of_copy_read_flush"] = 100.0 * a["GBps_read_flush"] / copy_gbps
-            a["pct_of_same_size_copy_read_flush"] = 100.0 * a["same_size_copy_us_read_flush"] / a["us_read_flush"]
+        if "us_graph_read_flush" in a:
+            a["pct_of_same_size_copy_graph"] = 100.0 * a["same_size_copy_us_graph"] / a["us_graph"]
+            a["same_size_copy_pct_of_copy"] = 100.0 * a["same_size_copy_GBps_graph"] / copy_gbps
+            a["pct_of_copy_graph_read_flush"] = 100.0 * a["GBps_graph_read_flush"] / copy_gbps
+            a["pct_of_same_size_copy_graph_read_flush"] = (100.0 * a["same_size_copy_us_graph_read_flush"]
+                                                           / a["us_graph_read_flush"])
     print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"copy bandwidth (torch clone, 1 GiB fp32): {copy_gbps:.0f} GB/s")
     print("us: eager call (python + launch + kernel); graph: CUDA-graph replay (kernel only); host: python+launch")
