@@ -219,11 +219,9 @@ def bytes_moved(lay, op: str, B: int, model_bytes: int = 2, with_conv: bool = Tr
     return B * (payload + active + conv * (2 + model_bytes))
 
 
-def measure(masks: Masks, codec: str, layout: str, B: int, do_bench, with_conv: bool = True,
-            ops=("store", "load")) -> list[dict]:
+def measure(masks: Masks, codec: str, layout: str, B: int, do_bench, with_conv: bool = True) -> list[dict]:
     """Store and load of B checkpoints under these masks; with_conv False: the temporal units alone (the
-    conv copy that the same launch carries left out, so its share of a small store's time shows). Each row
-    records whether the store streamed (triton_ops.STREAM_STORE, its eviction hints)."""
+    conv copy that the same launch carries left out, so its share of a small store's time shows)."""
     from trtllm_dasc.state import CheckpointPool, StateLayout, triton_ops
     name, W, spec = masks.model, masks.wmax, MODELS[masks.model]
     L, n, V, R = spec["L"], spec["n"], spec["V"], spec["R"]
@@ -235,7 +233,7 @@ def measure(masks: Masks, codec: str, layout: str, B: int, do_bench, with_conv: 
     rows = torch.arange(B, device="cuda")
     slots = torch.arange(1, B + 1, device="cuda")        # slot 0 is reserved
     out = []
-    for op in ops:
+    for op in ("store", "load"):
         c, pc = (conv, pool.conv) if with_conv else (None, None)
         if op == "store":
             fn = lambda: triton_ops.store(temporal, c, rows, pool.payload, pool.scales, pc, slots, lay)  # noqa: E731
@@ -253,8 +251,7 @@ def measure(masks: Masks, codec: str, layout: str, B: int, do_bench, with_conv: 
                     "us_per_checkpoint": ms * 1e3 / B, "host_us": host_us, "us_graph": ms_graph * 1e3,
                     "us_per_checkpoint_graph": ms_graph * 1e3 / B, "bytes": nbytes, "GBps": nbytes / ms / 1e6,
                     "GBps_graph": nbytes / ms_graph / 1e6,
-                    "slot_bytes": lay.slot_bytes(), "with_conv": with_conv, "stream": triton_ops.STREAM_STORE,
-                    **flush, **masks.record()})
+                    "slot_bytes": lay.slot_bytes(), "with_conv": with_conv, **flush, **masks.record()})
     del pool, temporal, conv
     torch.cuda.empty_cache()
     return out
@@ -289,15 +286,19 @@ def flush_study(fn, nbytes: int, do_bench) -> dict:
     (zeroing: the dirty L2 it leaves is written back inside the timed call) and under a read flush
     (clean_flush_ms): how far a small store's fraction of the 1 GiB copy bandwidth is the kernel's own and
     how far it is the size's and the timing protocol's."""
-    # whole 256-byte lines: a copy of an odd byte count ran at ~60% of an aligned one's speed on the H200
-    src = torch.ones(nbytes // 512 * 256, dtype=torch.uint8, device="cuda")
+    # whole 2 MiB pages: copies of byte counts off a coarse alignment (an odd number of 256-byte lines) ran at
+    # ~60% of an aligned copy's speed on the H200 (state_bandwidth_h200_37bd60c_stream.json); the figures
+    # below are the copy's own bytes per second, so the rounding (< 2 MiB of >= 40) does not skew them
+    half = max(1, nbytes // (4 << 20)) * (2 << 20)
+    src = torch.ones(half, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     arm, copy = capture(fn).replay, capture(lambda: dst.copy_(src)).replay
     copy_ms = do_bench(copy, warmup=25, rep=100, return_mode="median")
     clean_ms, copy_clean_ms = clean_flush_ms(arm), clean_flush_ms(copy)
-    return {"same_size_copy_us_graph": copy_ms * 1e3, "us_graph_read_flush": clean_ms * 1e3,
-            "same_size_copy_us_graph_read_flush": copy_clean_ms * 1e3,
-            "GBps_graph_read_flush": nbytes / clean_ms / 1e6, "same_size_copy_GBps_graph": nbytes / copy_ms / 1e6}
+    return {"same_size_copy_bytes": 2 * half, "same_size_copy_us_graph": copy_ms * 1e3,
+            "same_size_copy_GBps_graph": 2 * half / copy_ms / 1e6, "us_graph_read_flush": clean_ms * 1e3,
+            "GBps_graph_read_flush": nbytes / clean_ms / 1e6, "same_size_copy_us_graph_read_flush": copy_clean_ms * 1e3,
+            "same_size_copy_GBps_graph_read_flush": 2 * half / copy_clean_ms / 1e6}
 
 
 def capture(fn) -> "torch.cuda.CUDAGraph":
@@ -360,18 +361,13 @@ def sweep_masks(args, grid: list[Masks]) -> list[Masks]:
     return out
 
 
-def _op_label(a: dict) -> str:
-    """store / load; "-": without the conv copy (--split-conv); "~": without the store's eviction hints."""
-    return a["op"] + ("" if a.get("with_conv", True) else "-") + ("" if a.get("stream", True) else "~")
-
-
 def print_arms(arms: list[dict]) -> None:
     hdr = (f"{'model':16} {'W':>4} {'kept':>5} {'codec':6} {'op':6} {'B':>3} {'us':>8} {'us/ckpt':>8} {'graph':>7} "
            f"{'g/ckpt':>7} {'host':>6} {'GB/s':>6} {'%copy':>6} {'g%copy':>6}")
     print(hdr)
     print("-" * len(hdr))
     for a in arms:
-        op = _op_label(a)
+        op = a["op"] if a.get("with_conv", True) else a["op"] + "-"      # "-": without the conv copy
         print(f"{a['model']:16} {a['wmax']:>4} {a['kept_fraction']:>5.2f} {a['codec']:6} {op:6} {a['batch']:>3} "
               f"{a['us']:>8.1f} {a['us_per_checkpoint']:>8.1f} {a['us_graph']:>7.1f} {a['us_per_checkpoint_graph']:>7.2f} "
               f"{a['host_us']:>6.1f} {a['GBps']:>6.0f} {a['pct_of_copy']:>6.1f} {a['pct_of_copy_graph']:>6.1f}")
@@ -390,7 +386,7 @@ def print_flush(arms: list[dict]) -> None:
     print(hdr)
     print("-" * len(hdr))
     for a in rows:
-        op = _op_label(a)
+        op = a["op"] if a.get("with_conv", True) else a["op"] + "-"
         print(f"{a['model']:16} {a['wmax']:>4} {a['codec']:6} {op:6} {a['us_graph']:>7.1f} "
               f"{a['same_size_copy_us_graph']:>7.1f} {a['same_size_copy_pct_of_copy']:>9.1f} "
               f"{a['pct_of_same_size_copy_graph']:>6.1f} {a['us_graph_read_flush']:>7.1f} "
@@ -416,9 +412,6 @@ def parse_args(argv):
     ap.add_argument("--sweep-conv-tiles", default="0", help="conv copy tiles to sweep (0: the tile size)")
     ap.add_argument("--split-conv", action="store_true",
                     help="also time every batch-64 arm without its conv copy (the temporal units alone)")
-    ap.add_argument("--compare-stream", action="store_true",
-                    help="also time every batch-64 store with the store's L2 eviction hints flipped "
-                         "(triton_ops.STREAM_STORE)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "state_bandwidth.json"))
     ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
     args = ap.parse_args(argv)
@@ -456,24 +449,17 @@ def main(argv=None) -> int:
                 arms.extend(measure(masks, codec, args.layout, B, do_bench))
             if args.split_conv:
                 arms.extend(measure(masks, codec, args.layout, 64, do_bench, with_conv=False))
-            if args.compare_stream:
-                # the same batch-64 store without the eviction hints, in the same run
-                triton_ops.STREAM_STORE = not triton_ops.STREAM_STORE
-                try:
-                    arms.extend(measure(masks, codec, args.layout, 64, do_bench, ops=("store",)))
-                finally:
-                    triton_ops.STREAM_STORE = not triton_ops.STREAM_STORE
     sweep = (tile_sweep(sweep_masks(args, grid), args.layout, do_bench, copy_gbps, args.sweep_tiles, args.sweep_warps,
                         args.sweep_conv_tiles) if args.sweep else [])
     for a in arms:
         a["pct_of_copy"] = 100.0 * a["GBps"] / copy_gbps
         a["pct_of_copy_graph"] = 100.0 * a["GBps_graph"] / copy_gbps
         if "us_graph_read_flush" in a:
-            a["pct_of_same_size_copy_graph"] = 100.0 * a["same_size_copy_us_graph"] / a["us_graph"]
+            a["pct_of_same_size_copy_graph"] = 100.0 * a["GBps_graph"] / a["same_size_copy_GBps_graph"]
             a["same_size_copy_pct_of_copy"] = 100.0 * a["same_size_copy_GBps_graph"] / copy_gbps
             a["pct_of_copy_graph_read_flush"] = 100.0 * a["GBps_graph_read_flush"] / copy_gbps
-            a["pct_of_same_size_copy_graph_read_flush"] = (100.0 * a["same_size_copy_us_graph_read_flush"]
-                                                           / a["us_graph_read_flush"])
+            a["pct_of_same_size_copy_graph_read_flush"] = (100.0 * a["GBps_graph_read_flush"]
+                                                           / a["same_size_copy_GBps_graph_read_flush"])
     print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"copy bandwidth (torch clone, 1 GiB fp32): {copy_gbps:.0f} GB/s")
     print("us: eager call (python + launch + kernel); graph: CUDA-graph replay (kernel only); host: python+launch")

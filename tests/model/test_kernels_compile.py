@@ -50,16 +50,14 @@ def kernels() -> list[tuple]:
                     {"x": dt, "weight": dt, "states": "*fp32", "rows": "*i64", "out": dt,
                      **_ints("stride_x", "stride_sr", "stride_sc", "C", "S1", "S2")}, {"W": 4, "BD": 128}, 1))
     from trtllm_dasc.state import kernels as state_kernels
-    # the checkpoint store's INT8 path with the fma quotient (QUANT 2: the interpreter never runs it) and the
-    # eviction hints (STREAM: the interpreter ignores them)
+    # the checkpoint store's INT8 path with the fma quotient (QUANT 2: the interpreter never runs it)
     out.append((state_kernels.gather_units_kernel,
                 {"src": "*fp32", "dst": "*i8", "dst_scale": "*fp32", "src_idx": "*i64", "dst_idx": "*i64",
                  "unit_layer": "*i64", "unit_src": "*i64", "unit_dst": "*i64",
                  **_ints("n_rows", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_dst_l", "stride_scale_b"),
                  "conv_src": "*bf16", "conv_dst": "*bf16",
                  **_ints("conv_cw", "stride_csrc_b", "stride_csrc_l", "stride_cdst_b", "stride_cdst_l")},
-                {"R": 1, "V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "QUANT": 2, "CONV_BLOCK": 4096, "TO_BF16": False,
-                 "STREAM": True}, 4))
+                {"R": 1, "V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "QUANT": 2, "CONV_BLOCK": 4096, "TO_BF16": False}, 4))
     out.append((state_kernels.quantize_kernel, {"x": "*fp32", "q": "*i8", "s": "*fp32", "n_rows": "i32"},
                 {"V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "FAST_DIV": True}, 4))
     for block_t, block_i, warps in ((8, 1024, 8), (1, 256, 2)):          # prefill and decode tiles

@@ -54,38 +54,29 @@ def _to_bf16_rtne(x):
 
 @triton.jit
 def _conv_block(src, dst, i_src, i_dst, blk, cw, s_src_b, s_src_l, s_dst_b, s_dst_l,
-                BLOCK: tl.constexpr, TO_BF16: tl.constexpr, STREAM: tl.constexpr = False):
+                BLOCK: tl.constexpr, TO_BF16: tl.constexpr):
     """Block blk of one request's conv state, L layers of cw = conv_dim * width contiguous elements (src at
     i_src * s_src_b + l * s_src_l, dst likewise), cdiv(cw, BLOCK) blocks per layer; cast to dst's dtype
     (TO_BF16: rounded to nearest even like torch). The layer comes from one scalar division per program:
     a 64-bit division per element (the flat indexing this replaced) cost the INT8 stores, where the conv
-    copy is a quarter of the bytes, a third of their bandwidth. STREAM: _gather_rows' eviction hints."""
+    copy is a quarter of the bytes, a third of their bandwidth."""
     per_layer = tl.cdiv(cw, BLOCK)
     layer = (blk // per_layer).to(tl.int64)
     e = (blk - layer * per_layer) * BLOCK + tl.arange(0, BLOCK)
     mask = e < cw
-    if STREAM:
-        x = tl.load(src + i_src * s_src_b + layer * s_src_l + e, mask=mask, other=0, eviction_policy="evict_first")
-    else:
-        x = tl.load(src + i_src * s_src_b + layer * s_src_l + e, mask=mask, other=0)
+    x = tl.load(src + i_src * s_src_b + layer * s_src_l + e, mask=mask, other=0)
     if TO_BF16:
         y = _to_bf16_rtne(x.to(tl.float32))
     else:
         y = x.to(dst.dtype.element_ty)
-    if STREAM:
-        tl.store(dst + i_dst * s_dst_b + layer * s_dst_l + e, y, mask=mask, eviction_policy="evict_first")
-    else:
-        tl.store(dst + i_dst * s_dst_b + layer * s_dst_l + e, y, mask=mask)
+    tl.store(dst + i_dst * s_dst_b + layer * s_dst_l + e, y, mask=mask)
 
 
 @triton.jit
 def _gather_rows(src, dst, dst_scale, n_src, n_dst, blk, unit_layer, unit_src, unit_dst, n_rows,
                  stride_src_l, stride_src_n, stride_dst_b, stride_dst_l, stride_scale_b,
                  R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-                 QUANT: tl.constexpr, STREAM: tl.constexpr):
-    # STREAM: the state is read once and the checkpoint not read back soon, so both go to the L2 as first to
-    # evict; they then replace each other there instead of the lines the kernels before left (dirty ones
-    # would be written back to HBM inside this launch: a small store pays for its predecessor's writes)
+                 QUANT: tl.constexpr):
     E: tl.constexpr = R * V
     ri = blk * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = ri < n_rows
@@ -97,21 +88,14 @@ def _gather_rows(src, dst, dst_scale, n_src, n_dst, blk, unit_layer, unit_src, u
     v = tl.arange(0, BLOCK_V)
     mask = rmask[:, None] & (v < V)[None, :]
     src_row = layer * stride_src_l + n_src * stride_src_n + u_src * E + r * V
-    if STREAM:
-        x = tl.load(src + src_row[:, None] + v[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
-    else:
-        x = tl.load(src + src_row[:, None] + v[None, :], mask=mask, other=0.0)
+    x = tl.load(src + src_row[:, None] + v[None, :], mask=mask, other=0.0)
     dst_row = n_dst * stride_dst_b + layer * stride_dst_l + u_dst * E + r * V
     if QUANT:
         q, s = _quantize_rows(x.to(tl.float32), QUANT == 2)
-        y = q.to(tl.int8)
+        tl.store(dst + dst_row[:, None] + v[None, :], q.to(tl.int8), mask=mask)
         tl.store(dst_scale + n_dst * stride_scale_b + u_dst * R + r, s.to(dst_scale.dtype.element_ty), mask=rmask)
     else:
-        y = x.to(dst.dtype.element_ty)
-    if STREAM:
-        tl.store(dst + dst_row[:, None] + v[None, :], y, mask=mask, eviction_policy="evict_first")
-    else:
-        tl.store(dst + dst_row[:, None] + v[None, :], y, mask=mask)
+        tl.store(dst + dst_row[:, None] + v[None, :], x.to(dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -120,8 +104,7 @@ def gather_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_
                         conv_src, conv_dst, conv_cw, stride_csrc_b, stride_csrc_l,
                         stride_cdst_b, stride_cdst_l,
                         R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-                        QUANT: tl.constexpr, CONV_BLOCK: tl.constexpr, TO_BF16: tl.constexpr,
-                        STREAM: tl.constexpr = False):
+                        QUANT: tl.constexpr, CONV_BLOCK: tl.constexpr, TO_BF16: tl.constexpr):
     """For each listed unit j (n_rows = J * R rows): read src[layer_j, src_idx[b], unit_src[j]] and write
     it at dst + dst_idx[b] * stride_dst_b + layer_j * stride_dst_l + unit_dst[j] * E. Pack/store use
     stride_dst_l = 0 (dst = slots), refresh-merge dst = the active state. QUANT: int8 + one scale per row.
@@ -134,10 +117,10 @@ def gather_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_
     if pid < n_tb:
         _gather_rows(src, dst, dst_scale, n_src, n_dst, pid, unit_layer, unit_src, unit_dst, n_rows,
                      stride_src_l, stride_src_n, stride_dst_b, stride_dst_l, stride_scale_b, R, V, BLOCK_R,
-                     BLOCK_V, QUANT, STREAM)
+                     BLOCK_V, QUANT)
     else:
         _conv_block(conv_src, conv_dst, n_src, n_dst, pid - n_tb, conv_cw, stride_csrc_b,
-                    stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16, STREAM)
+                    stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16)
 
 
 @triton.jit

@@ -21,10 +21,6 @@ TILE_ELEMS = 2048
 NUM_WARPS = 4
 # elements per program of the conv copy that store / load fuse into their launch (None: TILE_ELEMS)
 CONV_TILE_ELEMS: int | None = None
-# the store's loads and stores marked first to evict from the L2 (kernels._gather_rows says why). On the H200
-# (state_bandwidth_h200_a3c86aa.json) the Kimi INT8 W=128 store at batch 64 took 29.2 us after do_bench's
-# zeroing flush and 24.2 after a flush by reading: ~5 us of the 29 were the flush's dirty lines written back.
-STREAM_STORE = True
 # grid axis 1 and 2 limits on CUDA
 MAX_BATCH = 65535
 
@@ -89,7 +85,7 @@ def _conv_args(src, dst, src_strides, dst_strides, layout):
 
 
 def _gather(src_units, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, unit_dst, stride_dst_b,
-            stride_dst_l, stride_scale_b, layout, quant, conv=None, stream=False):
+            stride_dst_l, stride_scale_b, layout, quant, conv=None):
     # QUANT: 0 none, 1 int8 with div_rn (the interpreter), 2 int8 with the fma quotient (kernels._quantize_rows)
     R, V = layout.rows_per_unit, layout.value_dim
     n_rows, B = unit_layer.numel() * R, src_idx.numel()
@@ -103,7 +99,7 @@ def _gather(src_units, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, u
         unit_dst, n_rows, src_units.stride(0), src_units.stride(1), stride_dst_b, stride_dst_l, stride_scale_b,
         c_src if c_src is not None else dst, c_dst if c_dst is not None else dst, *c_rest,
         R=R, V=V, BLOCK_R=BR, BLOCK_V=BV, QUANT=(1 + src_units.is_cuda) * quant, CONV_BLOCK=conv_block, TO_BF16=to_bf16,
-        STREAM=stream, num_warps=NUM_WARPS)
+        num_warps=NUM_WARPS)
 
 
 def _scatter(payload, scales, slots, t, rows, layout, zero_fill, conv=None):
@@ -196,7 +192,7 @@ def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: Stat
         cs, ps = conv.stride(), conv_store.stride()
         conv_args = _conv_args(conv, conv_store, (cs[1], cs[0]), (ps[0], ps[1]), layout)
     _gather(t, payload, scales if quant else None, rows, slots, ix.unit_layer, ix.unit_local, ix.slot_pos,
-            payload.stride(0), 0, scales.stride(0) if quant else 0, layout, quant, conv_args, STREAM_STORE)
+            payload.stride(0), 0, scales.stride(0) if quant else 0, layout, quant, conv_args)
 
 
 def load(payload, scales, conv_store, slots, temporal, conv, rows, layout: StateLayout,
