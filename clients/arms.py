@@ -28,9 +28,10 @@ def dense_checkpoint_bytes(model: str, dtype: str, tp: int = 1) -> int:
 
 def capacity(model: str, arm: Arm, budget: int, dtype: str, tp: int = 1, placement: str = "off") -> dict:
     """What dasc-build will plan for this arm: slots N(W) = floor(B / bytes) - 1 and the bytes per slot of
-    the most loaded rank (``budget`` is per rank, Eq. 8)."""
+    the most loaded rank (``budget`` is per rank, Eq. 8). ``placement``: the run's, unless the arm names one."""
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     fields = arm.engine_fields()
+    placement = arm.placement or placement
     plan, _ = plan_from_path(model, PlanOptions(wmax=arm.wmax, tp=tp, placement=placement if tp > 1 else "off",
                                                 codec=arm.codec, selection=fields["selection"],
                                                 mask_seed=fields["mask_seed"]), conv_dtype=dtype)
@@ -42,7 +43,7 @@ def capacity(model: str, arm: Arm, budget: int, dtype: str, tp: int = 1, placeme
 def build_engine(model: str, arm: Arm, out: str, budget: int, flags: list[str]) -> str:
     """The arm's engine directory, made by dasc-build (a subprocess: what a user runs)."""
     cmd = [sys.executable, "-m", "build_scripts.dasc_build", "--model", model, "--output", out, "--force",
-           "--state-budget-bytes", str(budget), *arm.build_flags(), *flags]
+           "--state-budget-bytes", str(budget), *flags, *arm.build_flags()]
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))

@@ -98,6 +98,8 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
         raise UserError(f"--tp must be >= 1, got {args.tp}")
     if args.inprocess is not None and args.tp > 1:
         raise UserError("--inprocess runs the engine in this process, at TP1 only: leave it out with --tp > 1")
+    if args.tp == 1 and any(a.placement not in (None, "off") for a in arms):
+        raise UserError("an arm's :storage / :hybrid placement needs --tp > 1 (one rank has nothing to balance)")
     for name in ("concurrency", "max_batch_size", "block_size", "prefill_chunk"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -138,14 +140,32 @@ def run_arm(target_factory, work, phases, proto, progress_label: str) -> dict:
     target = target_factory()
     try:
         bar = Progress(requests_per_arm(phases, proto), progress_label)
+        before = target.control("stats")
         t0 = time.perf_counter()
         blocks = run_protocol(target, work, phases, proto, bar)
         bar.close()
-        slots = target.control("stats")["checkpoint_slots"]
+        after = target.control("stats")
     finally:
         target.close()
-    return {"blocks": blocks, "engine_slots": slots, "seconds": time.perf_counter() - t0,
-            "summary": summarize(blocks)}
+    return {"blocks": blocks, "engine_slots": after["checkpoint_slots"], "seconds": time.perf_counter() - t0,
+            "engine_slot_bytes_per_rank": after.get("checkpoint_slot_bytes_per_rank"),
+            "exchange": exchange_delta(before.get("exchange"), after.get("exchange")), "summary": summarize(blocks)}
+
+
+def exchange_delta(before: dict | None, after: dict | None) -> dict | None:
+    """The storage balance's all-to-all over the protocol (rank 0's clock): per store and load, the calls of
+    the checkpoint op, its collective calls, bytes this rank sent and milliseconds per op. None: the arm's
+    placement moves nothing (no exchange)."""
+    if not after:
+        return None
+    out = {}
+    for op, a in after.items():
+        b = (before or {}).get(op) or {"ops": 0, "calls": 0, "seconds": 0.0, "bytes_sent": 0}
+        ops = a["ops"] - b["ops"]
+        seconds = a["seconds"] - b["seconds"]
+        out[op] = {"ops": ops, "calls": a["calls"] - b["calls"], "bytes_sent": a["bytes_sent"] - b["bytes_sent"],
+                   "ms_per_op": 1e3 * seconds / ops if ops else None}
+    return out
 
 
 def run(args, argv=None, extra: dict | None = None) -> dict:
@@ -213,14 +233,15 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
             raise
         finally:
             server.stop()
-        result["arms"].append(_arm_entry(a, caps[a.spec], "triton", res, ready_s, server.log_path))
+        entry = _arm_entry(a, caps[a.spec], "triton", res, ready_s, server.log_path, result["placement"])
+        result["arms"].append(entry)
         write_json(json_path, result)
     if args.inprocess:
         from clients.inprocess import EngineTarget
         a = next(x for x in arms if x.spec == args.inprocess)
         res = run_arm(lambda: EngineTarget(engines[a.spec], args.concurrency, args.request_timeout, args.torch_threads),
                       work, phases, proto, f"{a.spec:>10} (in-process)")
-        entry = _arm_entry(a, caps[a.spec], "in-process", res, None, None)
+        entry = _arm_entry(a, caps[a.spec], "in-process", res, None, None, result["placement"])
         served = next(x for x in result["arms"] if x["spec"] == a.spec)
         entry["label"] = a.label + " (in-process)"
         entry["triton_over_inprocess"] = ratios(served, entry)
@@ -233,16 +254,34 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     return result
 
 
-def _arm_entry(arm, cap: dict, target: str, res: dict, ready_s, log_path) -> dict:
+def _arm_entry(arm, cap: dict, target: str, res: dict, ready_s, log_path, placement: str) -> dict:
+    """The arm's JSON entry, after checking the engine against the planner (what `dasc plan` prints): its
+    slot count and its most loaded rank's slot bytes."""
+    per_rank = res.get("engine_slot_bytes_per_rank") or []
+    worst = max(per_rank) if per_rank and None not in per_rank else None
     if res["engine_slots"] != cap["slots"]:
         raise RuntimeError(f"arm {arm.spec}: the engine has {res['engine_slots']} slots, the plan said {cap['slots']}")
+    if worst is not None and worst != cap["checkpoint_bytes"]:
+        raise RuntimeError(f"arm {arm.spec}: the engine's most loaded rank holds {worst:,} B a checkpoint, the plan "
+                           f"said {cap['checkpoint_bytes']:,}")
     return {"spec": arm.spec, "label": arm.label, "target": target, "wmax": arm.wmax, "policy": arm.policy,
-            "codec": arm.codec, **cap, "ready_s": ready_s, "protocol_s": res["seconds"], "server_log": log_path,
+            "codec": arm.codec, "placement": arm.placement or placement, **cap,
+            "engine_slot_bytes_per_rank": per_rank,
+            # what `dasc plan` predicts against what the ranks allocated (equal, or the arm raised above)
+            "plan_check": {"plan_slots": cap["slots"], "engine_slots": res["engine_slots"],
+                           "plan_worst_rank_bytes": cap["checkpoint_bytes"], "engine_worst_rank_bytes": worst},
+            "exchange": res.get("exchange"), "ready_s": ready_s, "protocol_s": res["seconds"], "server_log": log_path,
             "summary": res["summary"], "blocks": res["blocks"]}
 
 
 def report(result: dict, plot_path: str | None, title: str) -> None:
     print(format_table(result["arms"]))
+    for entry in result["arms"]:
+        ex = entry.get("exchange")
+        if ex:
+            print(f"{entry['spec']}: all-to-all " + ", ".join(
+                f"{op} {v['ms_per_op']:.3f} ms per op ({v['ops']} ops, {v['bytes_sent']:,} B sent)"
+                for op, v in ex.items() if v["ms_per_op"] is not None))
     for entry in result["arms"]:
         if "triton_over_inprocess" in entry:
             r = entry["triton_over_inprocess"]

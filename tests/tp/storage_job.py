@@ -50,7 +50,10 @@ def main() -> None:
     mine = {"rank": group.rank, "temporal_equal": bool(torch.equal(tb, tr)), "conv_equal": bool(torch.equal(cb, cr)),
             "loaded_rows_nonzero": bool(tb[:, [5, 1, 3]].abs().sum() > 0),
             "sent": sum(c for _, _, c in pool.sends), "received": sum(c for _, _, c in pool.recvs),
-            "slot_bytes": pool.slot_bytes}
+            "slot_bytes": pool.slot_bytes, "exchange": pool.exchange_report(),
+            # one unit's encoding: its elements (fp32, or int8 with an fp32 scale per row)
+            "unit_bytes": pool.staging.unit_elements * (1 if args.codec == "int8" else 4)
+            + (4 * pool.staging.rows_per_unit if args.codec == "int8" else 0)}
     everyone = group.gather(mine)
     if group.rank == 0:
         Path(args.out).write_text(json.dumps({"ranks": everyone, "planner_slot_bytes": plan.slot_bytes_per_rank(),

@@ -94,6 +94,17 @@ def test_tp_dasc_arms_match_tp1(models, tmp_path, arch, tp, arm):
                                                codec=arm.get("codec", "native")),
                              conv_dtype="float32")   # the engine checkpoints conv state in its own dtype
     assert [r["slot_bytes"] for r in got["rank_reports"]] == plan.slot_bytes_per_rank()
+    # the engine's stats: every rank's slot as allocated, and the all-to-all clock where units move
+    assert got["slot_bytes_per_rank"] == plan.slot_bytes_per_rank()
+    if plan.moved_units:
+        ex = got["exchange"]
+        assert ex["store"]["ops"] > 0 and ex["load"]["ops"] > 0, ex
+        for op in ("store", "load"):
+            # payload (and int8 scales) each one collective per op; time measured
+            assert ex[op]["calls"] == ex[op]["ops"] * (2 if arm.get("codec") == "int8" else 1), ex
+            assert ex[op]["seconds"] > 0 and ex[op]["ms_per_op"] > 0
+    else:
+        assert got["exchange"] is None
 
 
 def test_tp_degree_that_does_not_divide_the_heads_is_refused(models):
@@ -128,6 +139,13 @@ def test_storage_all_to_all_round_trip_is_bit_exact(models, tmp_path, arch, tp, 
     assert sum(r["received"] for r in ranks) == got["moved_units"]
     for r in ranks:
         assert r["temporal_equal"] and r["conv_equal"] and r["loaded_rows_nonzero"], r
+        # the all-to-all clock: one store and one load, a collective per encoded tensor each, and the bytes
+        # a rank sent are its moved units' encodings (store: the units it sends; load: those it gives back)
+        ex, per_unit = r["exchange"], r["unit_bytes"] * 3            # three slots stored and loaded
+        calls = 2 if codec == "int8" else 1
+        assert ex["store"]["ops"] == ex["load"]["ops"] == 1 and ex["store"]["calls"] == ex["load"]["calls"] == calls
+        assert ex["store"]["bytes_sent"] == r["sent"] * per_unit
+        assert ex["load"]["bytes_sent"] == r["received"] * per_unit
     assert [r["slot_bytes"] for r in ranks] == got["planner_slot_bytes"]
 
 

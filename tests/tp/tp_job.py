@@ -53,7 +53,9 @@ def job(engine) -> dict:
     sampled = _run(engine, [GenerationRequest("sampled", hot[0], 6,
                                               SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=7))])
     engine.sanity_check()
-    return {"cold": first, "hot": second, "sampled": sampled, "rank_reports": engine.rank_reports}
+    stats = engine.stats()
+    return {"cold": first, "hot": second, "sampled": sampled, "rank_reports": engine.rank_reports,
+            "exchange": stats["exchange"], "slot_bytes_per_rank": stats["checkpoint_slot_bytes_per_rank"]}
 
 
 def engine_config(args) -> EngineConfig:

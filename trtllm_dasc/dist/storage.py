@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from trtllm_dasc.dist.exchange_clock import ExchangeClock
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.state import CheckpointPool, StateLayout
 from trtllm_dasc.state import ops as state_ops
@@ -56,6 +57,7 @@ class BalancedPool:
         self.sends = sorted((x.dst, x.src_start, x.count) for x in t if x.src == rank)
         self.recvs = sorted((x.src, x.dst_start, x.count) for x in t if x.dst == rank)
         self.tp = tp
+        self.clock = ExchangeClock(device)
 
     # the CheckpointPool interface ------------------------------------------------------------------
     @property
@@ -71,6 +73,10 @@ class BalancedPool:
 
     def allocated_bytes(self) -> int:
         return self.pool.allocated_bytes()
+
+    def exchange_report(self, wait: bool = False) -> dict:
+        """The all-to-all's time per store and load on this rank (dist/exchange_clock.py)."""
+        return self.clock.report(wait)
 
     def memory_report(self) -> dict:
         report = self.pool.memory_report()
@@ -88,11 +94,12 @@ class BalancedPool:
             self.pool.scales[slot_idx, :self.own] = scales[:, :self.own]
         if conv_s is not None:
             self.pool.conv[slot_idx] = conv_s
+        self.clock.op("store")
         for dst_tensor, src_tensor in ((self.pool.payload, payload), (self.pool.scales, scales)):
             if src_tensor is None:
                 continue
             got = self._exchange([src_tensor[:, p:p + c] for _, p, c in self.sends], self.sends,
-                                 self.recvs, n, src_tensor)
+                                 self.recvs, n, src_tensor, "store")
             for (_, p, c), part in zip(self.recvs, got):
                 dst_tensor[slot_idx, p:p + c] = part
 
@@ -104,11 +111,12 @@ class BalancedPool:
         if scales is not None:
             scales[:, :self.own] = self.pool.scales[slot_idx, :self.own]
         # the inverse transfer: what this rank holds for others goes back; its own tail comes home
+        self.clock.op("load")
         for stage, held in ((payload, self.pool.payload), (scales, self.pool.scales)):
             if stage is None:
                 continue
             got = self._exchange([held[slot_idx, p:p + c] for _, p, c in self.recvs], self.recvs,
-                                 self.sends, n, stage)
+                                 self.sends, n, stage, "load")
             for (_, p, c), part in zip(self.sends, got):
                 stage[:, p:p + c] = part
         conv_s = self.pool.conv[slot_idx] if self.pool.conv is not None else None
@@ -125,8 +133,9 @@ class BalancedPool:
                 if pool.conv is not None else None)
         return payload, scales, conv
 
-    def _exchange(self, parts, outgoing, incoming, n: int, like: torch.Tensor) -> list[torch.Tensor]:
-        """Send parts[i] ([n, count_i, ...]) to outgoing[i]'s peer; returns the incoming parts in order."""
+    def _exchange(self, parts, outgoing, incoming, n: int, like: torch.Tensor, op: str) -> list[torch.Tensor]:
+        """Send parts[i] ([n, count_i, ...]) to outgoing[i]'s peer; returns the incoming parts in order. The
+        collective's time goes to ``op`` (store or load) on the clock."""
         tail = like.shape[2:]
         per_unit = n * math.prod(tail)
         send_sizes, recv_sizes = [0] * self.tp, [0] * self.tp
@@ -138,7 +147,8 @@ class BalancedPool:
         send = (torch.cat([p.reshape(-1) for p in parts]) if parts
                 else torch.empty(0, dtype=like.dtype, device=like.device))
         recv = torch.empty(sum(recv_sizes), dtype=like.dtype, device=like.device)
-        self.all_to_all(recv, send, recv_sizes, send_sizes)
+        self.clock.time(op, send.numel() * send.element_size(),
+                        lambda: self.all_to_all(recv, send, recv_sizes, send_sizes))
         out, at = [], 0
         for _, _, c in incoming:
             size = c * per_unit

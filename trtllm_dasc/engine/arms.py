@@ -4,6 +4,8 @@
     nr<W> / wr<W>          dasc at W_max = W with that load policy; wr-warm<W>: wr from a warm scratch
     rand<W>@<seed>         nr with the count-matched random mask of that seed (the paper's control)
     ...+int8               the INT8 temporal codec
+    ...:<placement>        at TP, this arm's placement of the units (off, storage, hybrid) instead of the run's
+                           own: `nr16:storage,nr16:hybrid` compares placements in one run
 An arm is the EngineConfig / dasc-build fields that differ between arms; everything else is shared.
 """
 from __future__ import annotations
@@ -13,8 +15,8 @@ from dataclasses import dataclass
 
 from trtllm_dasc.errors import UserError
 
-SPEC = re.compile(r"(dense|(nr|wr-warm|wr)(\d+)|rand(\d+)@(\d+))(\+int8)?")
-EXAMPLES = "dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8"
+SPEC = re.compile(r"(dense|(nr|wr-warm|wr)(\d+)|rand(\d+)@(\d+))(\+int8)?(?::(off|storage|hybrid))?")
+EXAMPLES = "dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8, nr16:storage"
 
 
 @dataclass(slots=True)
@@ -24,6 +26,7 @@ class ArmSpec:
     policy: str = "nr"
     codec: str = "native"
     mask_seed: int | None = None          # set: the random selection with this seed
+    placement: str | None = None          # set: this arm's TP placement (None: the run's)
 
     @property
     def label(self) -> str:
@@ -33,18 +36,23 @@ class ArmSpec:
             name = f"random W={self.wmax} mask {self.mask_seed}"
         else:
             name = f"dasc-{self.policy} W={self.wmax}"
-        return name + (" + INT8" if self.codec == "int8" else "")
+        return name + (" + INT8" if self.codec == "int8" else "") + (f" [{self.placement}]" if self.placement else "")
 
     def engine_fields(self) -> dict:
-        """The EngineConfig fields of this arm."""
-        return {"wmax": self.wmax, "policy": self.policy, "codec": self.codec,
-                "selection": "random" if self.mask_seed is not None else "decay", "mask_seed": self.mask_seed}
+        """The EngineConfig fields of this arm (placement only when the spec names one)."""
+        fields = {"wmax": self.wmax, "policy": self.policy, "codec": self.codec,
+                  "selection": "random" if self.mask_seed is not None else "decay", "mask_seed": self.mask_seed}
+        if self.placement is not None:
+            fields["placement"] = self.placement
+        return fields
 
     def build_flags(self) -> list[str]:
-        """The dasc-build flags of this arm."""
+        """The dasc-build flags of this arm (given after the run's shared ones, so its placement wins)."""
         flags = ["--wmax", str(self.wmax), "--policy", self.policy, "--codec", self.codec]
         if self.mask_seed is not None:
             flags += ["--selection", "random", "--mask-seed", str(self.mask_seed)]
+        if self.placement is not None:
+            flags += ["--placement", self.placement]
         return flags
 
 
@@ -52,17 +60,18 @@ def parse_arm(spec: str) -> ArmSpec:
     m = SPEC.fullmatch(spec.strip())
     if m is None:
         raise UserError(f"arm {spec.strip()!r}: expected dense, nr<W>, wr<W>, wr-warm<W> or rand<W>@<seed>, each "
-                        f"optionally +int8 (e.g. {EXAMPLES})")
+                        f"optionally +int8 and :off / :storage / :hybrid (e.g. {EXAMPLES})")
     codec = "int8" if m.group(6) else "native"
+    placement = m.group(7)
     if m.group(1) == "dense":
-        return ArmSpec(spec.strip(), codec=codec)
+        return ArmSpec(spec.strip(), codec=codec, placement=placement)
     if m.group(2):
         wmax, policy, seed = int(m.group(3)), m.group(2), None
     else:
         wmax, policy, seed = int(m.group(4)), "nr", int(m.group(5))
     if wmax == 0:
         raise UserError(f"arm {spec.strip()!r}: a dasc arm needs W_max >= 1 (dense is `dense`)")
-    return ArmSpec(spec.strip(), wmax, policy, codec, seed)
+    return ArmSpec(spec.strip(), wmax, policy, codec, seed, placement)
 
 
 def parse_arms(text: str) -> list[ArmSpec]:

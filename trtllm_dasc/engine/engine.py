@@ -328,7 +328,12 @@ class Engine:
                    checkpoint_slots_free=sch.slots.num_free, checkpoints_cached=sch.cache.num_checkpoints(),
                    kv_blocks=self.cfg.num_kv_blocks, kv_blocks_free=sch.blocks.num_free,
                    state_rows=sch.rows.capacity, state_rows_free=sch.rows.num_free,
-                   queued=len(sch.waiting) + len(self._inbox), running=len(sch.running), dead=self.dead)
+                   queued=len(sch.waiting) + len(self._inbox), running=len(sch.running), dead=self.dead,
+                   # every rank's checkpoint slot as allocated (the planner predicts the largest) and, where the
+                   # storage balance moves units, rank 0's all-to-all time per store and load
+                   checkpoint_slot_bytes_per_rank=[r.get("slot_bytes") for r in self.rank_reports])
+        report = getattr(self.runner.pool, "exchange_report", None)
+        out["exchange"] = report() if report is not None else None
         return out
 
     def sanity_check(self) -> None:

@@ -1,0 +1,110 @@
+"""The TP benchmark's bookkeeping, without MPI: arms naming their own placement (`nr16:storage`), the slots and
+most loaded rank's bytes the serving benchmark expects for them against what `dasc plan --json` prints, the
+all-to-all clock and its per-protocol delta."""
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tp_helpers import build_tp_model  # noqa: E402
+
+from clients import arms as armlib  # noqa: E402
+from clients.matched_hbm import exchange_delta  # noqa: E402
+from trtllm_dasc.dist.exchange_clock import ExchangeClock  # noqa: E402
+from trtllm_dasc.engine.arms import parse_arm  # noqa: E402
+from trtllm_dasc.errors import UserError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kda_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tp-arms-kda")
+    build_tp_model(path, "kda", seed=3)
+    return str(path)
+
+
+def _dasc_plan(model: str, *flags) -> dict:
+    from trtllm_dasc.cli import main
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["plan", "--model", model, "--json", *map(str, flags)]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_arm_spec_names_its_placement():
+    a = parse_arm("wr64+int8:storage")
+    assert (a.wmax, a.policy, a.codec, a.placement) == (64, "wr", "int8", "storage")
+    assert a.label == "dasc-wr W=64 + INT8 [storage]"
+    assert a.build_flags()[-2:] == ["--placement", "storage"]
+    assert a.engine_fields()["placement"] == "storage"
+    # without a suffix the run's placement applies: the arm sets none
+    assert parse_arm("nr16").placement is None and "placement" not in parse_arm("nr16").engine_fields()
+    assert parse_arm("dense:hybrid").placement == "hybrid"
+    for bad in ("nr16:sideways", "nr16:", "nr16+int8:storage:off"):
+        with pytest.raises(UserError, match="storage"):
+            parse_arm(bad)
+
+
+@pytest.mark.parametrize("spec, run_placement", [("nr32:storage", "off"), ("nr32:off", "hybrid"), ("nr32", "storage"),
+                                                 ("wr16+int8:hybrid", "off")])
+def test_capacity_equals_dasc_plan(kda_model, spec, run_placement):
+    """What the benchmark checks each arm's engine against is what `dasc plan` prints for the arm's own
+    placement (the run's when the arm names none)."""
+    arm = parse_arm(spec)
+    budget = 10_000_000
+    cap = armlib.capacity(kda_model, arm, budget, "float32", tp=4, placement=run_placement)
+    want = _dasc_plan(kda_model, "--wmax", arm.wmax, "--tp", 4, "--placement", arm.placement or run_placement,
+                      "--codec", arm.codec, "--budget-bytes", budget, "--conv-dtype", "float32")
+    assert cap["slots"] == want["slots"]
+    assert cap["checkpoint_bytes"] == want["bottleneck_slot_bytes"] == max(want["slot_bytes_per_rank"])
+
+
+def test_storage_placement_changes_the_worst_rank(kda_model):
+    """The comparison the placements exist for: storage balancing lowers the most loaded rank's bytes."""
+    off = armlib.capacity(kda_model, parse_arm("nr32:off"), 10_000_000, "float32", tp=4)
+    storage = armlib.capacity(kda_model, parse_arm("nr32:storage"), 10_000_000, "float32", tp=4)
+    assert storage["checkpoint_bytes"] < off["checkpoint_bytes"] and storage["slots"] >= off["slots"]
+
+
+def test_matched_hbm_refuses_a_placement_at_tp1(kda_model, tmp_path):
+    from clients.matched_hbm import add_arguments, check
+    from trtllm_dasc.cli import _Parser
+    p = _Parser(prog="matched_hbm")
+    add_arguments(p)
+    args = p.parse_args(["--model", kda_model, "--out", str(tmp_path), "--arms", "dense,nr16:storage",
+                         "--dense-slots", "4"])
+    with pytest.raises(UserError, match="--tp > 1"):
+        check(args)
+
+
+def test_exchange_clock_counts_ops_calls_bytes_and_time():
+    clock = ExchangeClock("cpu")
+    for _ in range(2):
+        clock.op("store")
+        clock.time("store", 100, lambda: time.sleep(0.01))
+        clock.time("store", 50, lambda: None)
+    clock.op("load")
+    clock.time("load", 7, lambda: time.sleep(0.005))
+    r = clock.report()
+    assert (r["store"]["ops"], r["store"]["calls"], r["store"]["bytes_sent"]) == (2, 4, 300)
+    assert r["store"]["seconds"] >= 0.02 and r["store"]["ms_per_op"] == pytest.approx(500 * r["store"]["seconds"])
+    assert (r["load"]["ops"], r["load"]["calls"], r["load"]["bytes_sent"]) == (1, 1, 7)
+    assert r["load"]["seconds"] >= 0.005
+
+
+def test_exchange_delta_is_the_protocols_share():
+    before = {"store": {"ops": 2, "calls": 2, "seconds": 0.5, "bytes_sent": 10},
+              "load": {"ops": 0, "calls": 0, "seconds": 0.0, "bytes_sent": 0}}
+    after = {"store": {"ops": 6, "calls": 6, "seconds": 0.9, "bytes_sent": 50},
+             "load": {"ops": 4, "calls": 4, "seconds": 0.2, "bytes_sent": 8}}
+    d = exchange_delta(before, after)
+    assert d["store"] == {"ops": 4, "calls": 4, "bytes_sent": 40, "ms_per_op": pytest.approx(100.0)}
+    assert d["load"]["ms_per_op"] == pytest.approx(50.0)
+    assert exchange_delta(None, None) is None
+    assert exchange_delta(None, after)["store"]["ops"] == 6
