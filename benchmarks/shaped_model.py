@@ -8,6 +8,12 @@ the file small. Tensor names and shapes are exactly those our loader reads, reco
 config through it with a random source, and written with safetensors in bf16.
 
     python benchmarks/shaped_model.py OUT_DIR [--arch kda|gdn] [--vocab 32000] [--device cuda]
+    python benchmarks/shaped_model.py OUT_DIR --arch gdn --layers 4 --hidden 256 --intermediate 512 --vocab 4096
+
+--layers/--hidden/--intermediate make a reduced model for CPU ranks: the released linear-attention heads
+(Kimi 32 x 128 channels, Qwen 16 key x 32 value heads of 128) and attention heads, so each TP8 rank holds the
+real per-layer state and the planner balances the real units, in the first N layers of the released
+pattern (at least one full-attention layer) with a narrow residual stream and MLP.
 """
 from __future__ import annotations
 
@@ -24,9 +30,16 @@ from trtllm_dasc.model import HybridModel, RandomWeights  # noqa: E402
 from trtllm_dasc.plan.synthetic import KIMI_48B, QWEN3_NEXT_80B, decay_tensors, synthetic_decay  # noqa: E402
 
 
-def shaped_config(arch: str, vocab: int) -> dict:
+def shaped_config(arch: str, vocab: int, layers: int | None = None, hidden: int | None = None,
+                  intermediate: int | None = None) -> dict:
     raw = json.loads(json.dumps(KIMI_48B if arch == "kda" else QWEN3_NEXT_80B))
     raw["vocab_size"] = vocab
+    if layers is not None:
+        _first_layers(raw, arch, layers)
+    if hidden is not None:
+        raw["hidden_size"] = hidden
+    if intermediate is not None:
+        raw["intermediate_size"] = intermediate
     if arch == "kda":
         raw["mlp_layer_types"] = ["dense"] * raw["num_hidden_layers"]
         raw["first_k_dense_replace"] = raw["num_hidden_layers"]
@@ -34,7 +47,22 @@ def shaped_config(arch: str, vocab: int) -> dict:
         # the dense MLP of the active width (10 experts x 512 + a 512 shared expert)
         raw.update(num_experts=0, intermediate_size=5632, mlp_only_layers=list(range(raw["num_hidden_layers"])))
     raw["tie_word_embeddings"] = False
+    if intermediate is not None:
+        raw["intermediate_size"] = intermediate       # gdn's dense width above replaced it
     return raw
+
+
+def _first_layers(raw: dict, arch: str, layers: int) -> None:
+    """Keep the released stack's first `layers` layers (its pattern: three linear, then full attention)."""
+    if layers < 1:
+        raise ValueError(f"--layers must be >= 1, got {layers}")
+    raw["num_hidden_layers"] = layers
+    if arch == "kda":
+        lin = raw["linear_attn_config"]         # 1-based layer numbers
+        lin["kda_layers"] = [i for i in lin["kda_layers"] if i <= layers]
+        lin["full_attn_layers"] = [i for i in lin["full_attn_layers"] if i <= layers]
+    else:
+        raw["layer_types"] = raw["layer_types"][:layers]
 
 
 class Recorder:
@@ -59,8 +87,9 @@ class Recorder:
         return t
 
 
-def write_shaped_model(out_dir: str, arch: str = "kda", vocab: int = 32000, device: str = "cpu") -> str:
-    raw = shaped_config(arch, vocab)
+def write_shaped_model(out_dir: str, arch: str = "kda", vocab: int = 32000, device: str = "cpu",
+                       layers: int | None = None, hidden: int | None = None, intermediate: int | None = None) -> str:
+    raw = shaped_config(arch, vocab, layers, hidden, intermediate)
     cfg = HybridConfig.from_dict(raw)
     rec = Recorder(device)
     model = HybridModel.from_source(cfg, rec, dtype="bfloat16", device=device)
@@ -90,8 +119,11 @@ def main() -> int:
     ap.add_argument("--arch", default="kda", choices=["kda", "gdn"])
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--layers", type=int, default=None, help="the released stack's first N layers (reduced model)")
+    ap.add_argument("--hidden", type=int, default=None, help="residual width (reduced model)")
+    ap.add_argument("--intermediate", type=int, default=None, help="dense MLP width (reduced model)")
     a = ap.parse_args()
-    print(f"wrote {write_shaped_model(a.out, a.arch, a.vocab, a.device)}")
+    print(f"wrote {write_shaped_model(a.out, a.arch, a.vocab, a.device, a.layers, a.hidden, a.intermediate)}")
     return 0
 
 
