@@ -78,8 +78,9 @@ def main(argv=None) -> int:
     from clients import matched_hbm
     from trtllm_dasc.cli import _Parser
     work = args.work or f"/tmp/tp8_{args.arch}"
+    # --keep-going: one arm's failure is recorded (failed_arms) and the grid goes on
     flags = ["--model", model, "--out", work, "--tp", "8", "--arms", ARMS, "--phase-arms", PHASE_ARMS,
-             "--json", out, *(CPU if args.cpu else GPU), *rest]
+             "--json", out, "--keep-going", *(CPU if args.cpu else GPU), *rest]
     if args.commit:
         flags += ["--commit", args.commit]
     parser = _Parser(prog="serve_matched_hbm_tp8")
@@ -98,7 +99,7 @@ def main(argv=None) -> int:
     matched_hbm.report(result, os.path.splitext(out)[0] + ".png",
                        f"matched-HBM serving at TP8, {name}-shaped{' (reduced, CPU ranks)' if args.cpu else ''}, "
                        f"budget {result['budget_bytes']:,} B per rank")
-    return 0
+    return 1 if result.get("failed_arms") else 0
 
 
 if __name__ == "__main__":

@@ -74,6 +74,8 @@ def add_arguments(p) -> None:
                    help="TP placement of the dasc arms' units (with --tp > 1)")
     g.add_argument("--torch-threads", type=int, default=None, help="the server's OMP_NUM_THREADS (default: "
                    "torch's choice; 1 on a small shared CPU)")
+    p.add_argument("--keep-going", action="store_true", help="an arm that fails (its server, its requests, its "
+                   "slots against the plan) is recorded under failed_arms and the next arm runs; the exit code is 1")
     p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     p.add_argument("--title", default=None, help="plot title")
 
@@ -210,7 +212,6 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
         print(f"[matched-hbm]   {a.label:24} {caps[a.spec]['slots']:>6} slots of {caps[a.spec]['checkpoint_bytes']:,} B",
               file=sys.stderr)
     print("[matched-hbm] phases: " + "; ".join(f"{p.name}: {len(p.blocks)} block(s)" for p in phases), file=sys.stderr)
-    from clients.client import GrpcTarget
     kernels = args.kernel_cache or os.path.join(out_dir, "kernels")
     engines = {}
     for a in arms:
@@ -218,22 +219,17 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
         armlib.share_kernels(engine, kernels)
         engines[a.spec] = engine
     for a in arms:
-        t0 = time.perf_counter()
-        server = armlib.serve(engines[a.spec], os.path.join(out_dir, "servers", a.spec), args.ready_timeout,
-                              args.torch_threads, args.tp)
-        ready_s = time.perf_counter() - t0
         try:
-            res = run_arm(lambda: GrpcTarget(server.grpc_url, args.concurrency, timeout=args.request_timeout),
-                          work, phases, proto, f"{a.spec:>10} (triton)")
+            entry = _served_arm(a, engines[a.spec], caps[a.spec], args, out_dir, work, phases, proto,
+                                result["placement"])
         except RuntimeError as e:
-            # failed requests are usually the server itself gone: say so, with its log
-            if server.proc.poll() is not None:
-                raise RuntimeError(f"arm {a.spec}: tritonserver exited with code {server.proc.returncode} during "
-                                   f"the protocol (log: {server.log_path}); the client saw: {e}") from None
-            raise
-        finally:
-            server.stop()
-        entry = _arm_entry(a, caps[a.spec], "triton", res, ready_s, server.log_path, result["placement"])
+            if not args.keep_going:
+                raise
+            # one arm's failure (its server, its requests, its accounting) is recorded and the grid goes on
+            print(f"[matched-hbm] arm {a.spec} failed: {e}", file=sys.stderr, flush=True)
+            result.setdefault("failed_arms", []).append({"spec": a.spec, "error": str(e)})
+            write_json(json_path, result)
+            continue
         result["arms"].append(entry)
         write_json(json_path, result)
     if args.inprocess:
@@ -252,6 +248,27 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     write_json(json_path, result)
     result["json_path"] = json_path
     return result
+
+
+def _served_arm(a, engine: str, cap: dict, args, out_dir: str, work, phases, proto, placement: str) -> dict:
+    """One arm through its own tritonserver: serve, run the protocol, stop; its JSON entry."""
+    from clients.client import GrpcTarget
+    t0 = time.perf_counter()
+    server = armlib.serve(engine, os.path.join(out_dir, "servers", a.spec), args.ready_timeout, args.torch_threads,
+                          args.tp)
+    ready_s = time.perf_counter() - t0
+    try:
+        res = run_arm(lambda: GrpcTarget(server.grpc_url, args.concurrency, timeout=args.request_timeout),
+                      work, phases, proto, f"{a.spec:>10} (triton)")
+    except RuntimeError as e:
+        # failed requests are usually the server itself gone: say so, with its log
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"arm {a.spec}: tritonserver exited with code {server.proc.returncode} during "
+                               f"the protocol (log: {server.log_path}); the client saw: {e}") from None
+        raise RuntimeError(f"arm {a.spec}: {e} (server log: {server.log_path})") from None
+    finally:
+        server.stop()
+    return _arm_entry(a, cap, "triton", res, ready_s, server.log_path, placement)
 
 
 def _arm_entry(arm, cap: dict, target: str, res: dict, ready_s, log_path, placement: str) -> dict:
@@ -282,6 +299,8 @@ def report(result: dict, plot_path: str | None, title: str) -> None:
             print(f"{entry['spec']}: all-to-all " + ", ".join(
                 f"{op} {v['ms_per_op']:.3f} ms per op ({v['ops']} ops, {v['bytes_sent']:,} B sent)"
                 for op, v in ex.items() if v["ms_per_op"] is not None))
+    for failed in result.get("failed_arms", []):
+        print(f"FAILED {failed['spec']}: {failed['error']}")
     for entry in result["arms"]:
         if "triton_over_inprocess" in entry:
             r = entry["triton_over_inprocess"]
@@ -302,7 +321,7 @@ def main(argv=None) -> int:
         plot = None if args.plot == "none" else (args.plot or os.path.join(os.path.abspath(args.out), "matched_hbm.png"))
         report(result, plot, args.title or f"matched-HBM serving, {os.path.basename(os.path.abspath(args.model))}, "
                f"budget {result['budget_bytes']:,} B, {args.device}")
-        return 0
+        return 1 if result.get("failed_arms") else 0
     return run_command("matched_hbm", __doc__.splitlines()[0], add_arguments, command, argv)
 
 

@@ -13,11 +13,41 @@ from dataclasses import dataclass
 from trtllm_dasc.errors import UserError
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (the torch rendezvous here; tritonserver's ports in serve/)."""
-    with socket.socket() as s:
+    """A free TCP port on 127.0.0.1 (the torch rendezvous here; tritonserver's ports in serve/), below the
+    kernel's ephemeral range: a port from that range is free when probed but any socket may take it before
+    its owner binds it, and a TP8 server's gloo mesh opens dozens (tritonserver, binding its metrics port
+    only after the model and its ranks were up, found it taken and crashed in one of 25 arms)."""
+    import random
+    low = _ephemeral_low()
+    candidates = random.Random().sample(range(max(1024, low - 12000), low), 64) if low > 2048 else []
+    for port in candidates:
+        if port in _HANDED_OUT:                 # one server asks for three: never the same twice
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if len(_HANDED_OUT) > 4096:
+            _HANDED_OUT.clear()
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as s:                  # nothing free below the range: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def mpi_world():

@@ -36,6 +36,9 @@ LABELLED = [
      lambda s: dict(s["checkpoint_loads"])),
     ("dasc_requests_ended_total", "requests ended without completing", "counter", "reason",
      lambda s: dict(s["ended"])),
+    # only where the TP storage balance moves units (the stats' exchange is None otherwise: no series)
+    ("dasc_checkpoint_exchange_seconds_total", "seconds in the storage balance's all-to-all (rank 0)", "counter",
+     "op", lambda s: {op: v["seconds"] for op, v in (s.get("exchange") or {}).items()}),
 ]
 
 
