@@ -108,3 +108,36 @@ def test_exchange_delta_is_the_protocols_share():
     assert d["load"]["ms_per_op"] == pytest.approx(50.0)
     assert exchange_delta(None, None) is None
     assert exchange_delta(None, after)["store"]["ops"] == 6
+
+
+def test_keep_going_records_a_failed_arm_and_runs_the_next(kda_model, tmp_path, monkeypatch):
+    """The TP8 grid is 25 servers: one that dies is recorded under failed_arms and the grid goes on (without
+    --keep-going the failure ends the run, as before). Servers are stubbed: what is tested is the loop."""
+    from clients import matched_hbm
+    from trtllm_dasc.cli import _Parser
+    monkeypatch.setattr(armlib, "build_engine", lambda model, arm, out, budget, flags: out)
+    monkeypatch.setattr(armlib, "share_kernels", lambda engine, cache: None)
+    served = []
+
+    def fake_served(a, engine, cap, args, out_dir, work, phases, proto, placement):
+        served.append(a.spec)
+        if a.spec == "nr16:storage":
+            raise RuntimeError("arm nr16:storage: tritonserver exited with code 139")
+        return {"spec": a.spec, "placement": a.placement or placement}
+    monkeypatch.setattr(matched_hbm, "_served_arm", fake_served)
+    monkeypatch.setattr(matched_hbm, "ratios", lambda entry, base: {})      # no figures to compare here
+    p = _Parser(prog="matched_hbm")
+    matched_hbm.add_arguments(p)
+    argv = ["--model", kda_model, "--out", str(tmp_path), "--arms", "dense,nr16:storage,nr16:off", "--tp", "4",
+            "--dense-slots", "4", "--scale", "0.03", "--blocks-per-phase", "1", "--device", "cpu", "--dtype", "float32"]
+    result = matched_hbm.run(p.parse_args([*argv, "--keep-going"]))
+    assert served == ["dense", "nr16:storage", "nr16:off"]
+    assert [a["spec"] for a in result["arms"]] == ["dense", "nr16:off"]
+    assert result["failed_arms"] == [{"spec": "nr16:storage", "error": "arm nr16:storage: tritonserver exited with "
+                                      "code 139"}]
+    with open(result["json_path"]) as f:
+        assert json.load(f)["failed_arms"][0]["spec"] == "nr16:storage"
+    served.clear()
+    with pytest.raises(RuntimeError, match="code 139"):
+        matched_hbm.run(p.parse_args(argv))
+    assert served == ["dense", "nr16:storage"]
