@@ -71,8 +71,24 @@ def test_tp2_serving_equals_tp1_engine_with_moved_units(model, tmp_path):
         for i in range(len(prompts)):
             assert got[f"s{i}"]["error"] is None and got[f"s{i}"]["tokens"] == want[i], i
         assert rec["cached"] > 0 and rec["tokens"] == again
+        # the all-to-all's time on the metrics port (stores moved units away, the hit brought them back)
+        exchange = {}
+        for _ in range(20):
+            exchange = _exchange_seconds(server.metrics_url)
+            if exchange.get("store", 0) > 0 and exchange.get("load", 0) > 0:
+                break
+            time.sleep(0.5)
+        assert exchange.get("store", 0) > 0 and exchange.get("load", 0) > 0, exchange
     finally:
         server.stop()
+
+
+def _exchange_seconds(url: str) -> dict:
+    import re
+    import urllib.request
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r'^dasc_checkpoint_exchange_seconds_total\{.*?op="(\w+)".*?\} (\S+)$', text, re.M)}
 
 
 def test_a_dead_rank_takes_the_server_down(model, tmp_path):
