@@ -141,3 +141,20 @@ def test_keep_going_records_a_failed_arm_and_runs_the_next(kda_model, tmp_path, 
     with pytest.raises(RuntimeError, match="code 139"):
         matched_hbm.run(p.parse_args(argv))
     assert served == ["dense", "nr16:storage"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device: the clock's event path")
+def test_exchange_clock_on_the_gpu_reads_events_once_the_device_passed_them():
+    """On a GPU the clock never waits: a collective still queued is left for a later report, then counted."""
+    import torch
+    clock = ExchangeClock("cuda")
+    torch.cuda.synchronize()
+    clock.op("store")
+    clock.time("store", 64, lambda: torch.cuda._sleep(200_000_000))      # ~0.1 s of device time, queued
+    early = clock.report()
+    assert early["store"]["calls"] == 1 and early["store"]["bytes_sent"] == 64
+    assert early["store"]["seconds"] == 0.0                                 # not reached yet: not waited for
+    late = clock.report(wait=True)
+    assert late["store"]["seconds"] > 0.01
+    assert late["store"]["ms_per_op"] == pytest.approx(1e3 * late["store"]["seconds"])
+    assert clock.report()["store"]["seconds"] == late["store"]["seconds"]   # counted once
