@@ -62,27 +62,13 @@ def main(argv=None) -> int:
             print(f"writing the Kimi-Linear-48B-shaped checkpoint to {model}", file=sys.stderr, flush=True)
             write_shaped_model(model, "kda", device="cuda" if torch.cuda.is_available() else "cpu")
     from clients import matched_hbm
-    from trtllm_dasc.cli import _Parser
-
     flags = ["--model", model, "--out", args.work, "--arms", ARMS, "--phase-arms", ARMS, "--inprocess", "nr16",
-             "--json", out,
-             *base, *rest]
-    parser = _Parser(prog="serve_matched_hbm")
-    matched_hbm.add_arguments(parser)
-    mh = parser.parse_args(flags)
-    extra = {"benchmark": "benchmarks/serve_matched_hbm.py", "clients_flags": flags, "torch": torch.__version__,
-             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-    from trtllm_dasc.errors import UserError
-    try:
-        result = matched_hbm.run(mh, ["benchmarks/serve_matched_hbm.py", *argv], extra)
-    except UserError as e:
-        print(f"serve_matched_hbm: error: {e}", file=sys.stderr)
-        return 2
-    matched_hbm.report(result, os.path.splitext(out)[0] + ".png",
-                       f"matched-HBM serving, Kimi-Linear-48B-shaped (random weights), TP1, budget "
-                       f"{result['budget_bytes']:,} B, {extra['gpu'] or 'cpu smoke'}")
-    return 0
-
+             "--json", out, *base, *rest, *(["--commit", args.commit] if args.commit else [])]
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return matched_hbm.drive("serve_matched_hbm", flags, argv, {"benchmark": "benchmarks/serve_matched_hbm.py",
+                                                                 "torch": torch.__version__, "gpu": gpu},
+                             lambda result: f"matched-HBM serving, Kimi-Linear-48B-shaped (random weights), TP1, "
+                                            f"budget {result['budget_bytes']:,} B, {gpu or 'cpu smoke'}")
 
 if __name__ == "__main__":
     sys.exit(main())

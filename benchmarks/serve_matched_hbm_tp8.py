@@ -76,31 +76,18 @@ def main(argv=None) -> int:
         else:
             write_shaped_model(model, args.arch, device="cuda")
     from clients import matched_hbm
-    from trtllm_dasc.cli import _Parser
-    work = args.work or f"/tmp/tp8_{args.arch}"
     # --keep-going: one arm's failure is recorded (failed_arms) and the grid goes on
-    flags = ["--model", model, "--out", work, "--tp", "8", "--arms", ARMS, "--phase-arms", PHASE_ARMS,
-             "--json", out, "--keep-going", *(CPU if args.cpu else GPU), *rest]
-    if args.commit:
-        flags += ["--commit", args.commit]
-    parser = _Parser(prog="serve_matched_hbm_tp8")
-    matched_hbm.add_arguments(parser)
-    mh = parser.parse_args(flags)
-    extra = {"benchmark": "benchmarks/serve_matched_hbm_tp8.py", "clients_flags": flags, "torch": torch.__version__,
-             "kind": kind, "arch": args.arch, "reduced_model": REDUCED if args.cpu else None,
+    flags = ["--model", model, "--out", args.work or f"/tmp/tp8_{args.arch}", "--tp", "8", "--arms", ARMS,
+             "--phase-arms", PHASE_ARMS, "--json", out, "--keep-going", *(CPU if args.cpu else GPU), *rest,
+             *(["--commit", args.commit] if args.commit else [])]
+    extra = {"benchmark": "benchmarks/serve_matched_hbm_tp8.py", "torch": torch.__version__, "kind": kind,
+             "arch": args.arch, "reduced_model": REDUCED if args.cpu else None,
              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.cpu else None}
-    from trtllm_dasc.errors import UserError
-    try:
-        result = matched_hbm.run(mh, ["benchmarks/serve_matched_hbm_tp8.py", *argv], extra)
-    except UserError as e:
-        print(f"serve_matched_hbm_tp8: error: {e}", file=sys.stderr)
-        return 2
     name = {"kda": "Kimi-Linear", "gdn": "Qwen3-Next"}[args.arch]
-    matched_hbm.report(result, os.path.splitext(out)[0] + ".png",
-                       f"matched-HBM serving at TP8, {name}-shaped{' (reduced, CPU ranks)' if args.cpu else ''}, "
-                       f"budget {result['budget_bytes']:,} B per rank")
-    return 1 if result.get("failed_arms") else 0
-
+    return matched_hbm.drive("serve_matched_hbm_tp8", flags, argv, extra,
+                             lambda result: f"matched-HBM serving at TP8, {name}-shaped"
+                                            f"{' (reduced, CPU ranks)' if args.cpu else ''}, budget "
+                                            f"{result['budget_bytes']:,} B per rank")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -361,13 +361,18 @@ def sweep_masks(args, grid: list[Masks]) -> list[Masks]:
     return out
 
 
+def _op_label(a: dict) -> str:
+    """store / load, "-" appended for an arm timed without its conv copy (--split-conv)."""
+    return a["op"] if a.get("with_conv", True) else a["op"] + "-"
+
+
 def print_arms(arms: list[dict]) -> None:
     hdr = (f"{'model':16} {'W':>4} {'kept':>5} {'codec':6} {'op':6} {'B':>3} {'us':>8} {'us/ckpt':>8} {'graph':>7} "
            f"{'g/ckpt':>7} {'host':>6} {'GB/s':>6} {'%copy':>6} {'g%copy':>6}")
     print(hdr)
     print("-" * len(hdr))
     for a in arms:
-        op = a["op"] if a.get("with_conv", True) else a["op"] + "-"      # "-": without the conv copy
+        op = _op_label(a)
         print(f"{a['model']:16} {a['wmax']:>4} {a['kept_fraction']:>5.2f} {a['codec']:6} {op:6} {a['batch']:>3} "
               f"{a['us']:>8.1f} {a['us_per_checkpoint']:>8.1f} {a['us_graph']:>7.1f} {a['us_per_checkpoint_graph']:>7.2f} "
               f"{a['host_us']:>6.1f} {a['GBps']:>6.0f} {a['pct_of_copy']:>6.1f} {a['pct_of_copy_graph']:>6.1f}")
@@ -386,7 +391,7 @@ def print_flush(arms: list[dict]) -> None:
     print(hdr)
     print("-" * len(hdr))
     for a in rows:
-        op = a["op"] if a.get("with_conv", True) else a["op"] + "-"
+        op = _op_label(a)
         print(f"{a['model']:16} {a['wmax']:>4} {a['codec']:6} {op:6} {a['us_graph']:>7.1f} "
               f"{a['same_size_copy_us_graph']:>7.1f} {a['same_size_copy_pct_of_copy']:>9.1f} "
               f"{a['pct_of_same_size_copy_graph']:>6.1f} {a['us_graph_read_flush']:>7.1f} "

@@ -313,6 +313,24 @@ def report(result: dict, plot_path: str | None, title: str) -> None:
     print(f"json: {result['json_path']}")
 
 
+def drive(prog: str, flags: list[str], argv: list[str], extra: dict, title) -> int:
+    """A benchmark script's run of this protocol with the flags it composed (its own, then the user's, then
+    --commit): parse, run, report (the plot beside --json); ``title(result)`` is the plot's title. Returns the
+    exit code: 2 on a refused option, 1 when an arm failed under --keep-going, else 0."""
+    from trtllm_dasc.cli import _Parser
+    from trtllm_dasc.errors import UserError
+    parser = _Parser(prog=prog)
+    add_arguments(parser)
+    args = parser.parse_args(flags)
+    try:
+        result = run(args, [f"benchmarks/{prog}.py", *argv], {**extra, "clients_flags": flags})
+    except UserError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    report(result, os.path.splitext(args.json)[0] + ".png", title(result))
+    return 1 if result.get("failed_arms") else 0
+
+
 def main(argv=None) -> int:
     from trtllm_dasc.cli import run_command
 
