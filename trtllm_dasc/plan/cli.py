@@ -19,8 +19,10 @@ def add_arguments(p) -> None:
     p.add_argument("--model", required=True,
                    help="checkpoint directory (config.json + safetensors) or a bare config.json (then --wmax 0)")
     p.add_argument("--wmax", default="16",
-                   help="W_max in tokens: units with horizon <= W_max are omitted; 0 keeps all. A comma list "
-                        "(16,64,128) prints one table row per value (default 16)")
+                   help="W_max in tokens: a unit is kept iff its horizon > W_max, so a tie (horizon == W_max) "
+                        "is omitted; horizons next to an integer are computed correctly rounded, so every CPU "
+                        "selects the same units. 0 keeps all. A comma list (16,64,128) prints one table row "
+                        "per value (default 16)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     p.add_argument("--placement", choices=PLACEMENTS, default="hybrid",
                    help="TP balancing: off, storage (balanced slot widths), hybrid (bundle permutation + storage)")

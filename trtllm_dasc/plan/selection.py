@@ -58,7 +58,15 @@ def padded_width(retained_counts: list[int]) -> int:
 
 def wr_unit_window(horizon: float, wmax: int) -> int:
     """One omitted unit's replay window: its horizon rounded up to a power of two, clamped to [4, W_max]."""
-    pow2 = 1 if horizon <= 1 else 1 << math.ceil(math.log2(horizon))
+    if horizon <= 1:
+        pow2 = 1
+    elif math.isinf(horizon):
+        pow2 = wmax
+    else:
+        # frexp is exact (horizon = m * 2^e, 0.5 <= m < 1): the power of two at or above it without a log2,
+        # whose last ulp could move a horizon that is itself a power of two
+        m, e = math.frexp(horizon)
+        pow2 = 1 << (e - 1 if m == 0.5 else e)
     return int(min(max(pow2, 4), wmax))
 
 
