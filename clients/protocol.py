@@ -122,6 +122,7 @@ def run_block(target, work: Workload, lo: int, hi: int, seed: int, cfg: Protocol
         "replay": {"requests": len(recs), "seconds": seconds, "prompt_tokens": prompt_tokens, "cached_tokens": cached,
                    "hit_rate": cached / prompt_tokens, "input_tokens_per_s": prompt_tokens / seconds,
                    "replayed_tokens": sum(r.replayed_tokens for r in recs),
+                   "output_tokens": sum(r.output_tokens for r in recs),
                    # per request, in replay order: prompt index, L_i, C_i, TTFT and end-to-end (ms)
                    "order": [lo + int(k) for k in order], "prompt_len": [r.prompt_tokens for r in recs],
                    "cached": [r.cached_tokens for r in recs],
