@@ -21,6 +21,7 @@ directories of one measurement. Progress goes to stderr.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -81,6 +82,8 @@ def add_arguments(p) -> None:
                    "--arms); dense is added to run beside the others")
     g.add_argument("--max-units", type=int, default=None, help="at most this many (phase, block, seed) units "
                    "in this call (a 10-minute device call)")
+    g.add_argument("--plan-only", action="store_true", help="print the manifest's phases, units and cells (and "
+                   "what is done in --cells-dir) and exit: nothing is built or started")
     g = p.add_argument_group("engine (passed to dasc-build)")
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: cuda when available)")
     g.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
@@ -186,8 +189,10 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
     """dasc-build flags shared by every arm (the runtime must be the same; only the arm differs)."""
     per_request = work.max_prompt_tokens + output_tokens
     blocks_per_request = math.ceil(per_request / args.block_size)
-    # KV for every prompt of the largest block plus the running requests: KV never decides a hit
-    kv = args.kv_blocks or (max(p.q for p in phases) + args.max_batch_size) * blocks_per_request
+    # KV for every prompt of the largest boundary block plus the running requests: KV never decides a hit
+    # there (the full-dataset phase is past every arm's capacity by design; its KV is bounded like the rest)
+    bounded = [p.q for p in phases if p.arms != ["full dataset"]] or [p.q for p in phases]
+    kv = args.kv_blocks or (max(bounded) + args.max_batch_size) * blocks_per_request
     flags = ["--tp", args.tp, "--placement", args.placement if args.tp > 1 else "off",
              "--device", args.device, "--dtype", args.dtype, "--max-batch-size", args.max_batch_size,
              "--prefill-chunk", args.prefill_chunk, "--interval", args.interval or per_request, "--kv-blocks", kv,
@@ -278,6 +283,30 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
     return out
 
 
+def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
+    """What --plan-only prints: per phase Q, blocks used and repeats; units and cells, done and to do."""
+    from clients.cells import manifest_id
+    from clients.runner import plan_units
+    done = 0
+    if cells_dir and os.path.exists(os.path.join(cells_dir, "manifest.json")):
+        from clients.cells import CellStore
+        store = CellStore(cells_dir, manifest)
+        done = sum(store.done(a["key"], u) for a in manifest["arms"] for u in manifest["units"])
+        pending = len(plan_units(store, store.manifest, [a["key"] for a in manifest["arms"]], None))
+    else:
+        pending = len(manifest["units"])
+    out = {"manifest_id": manifest_id(manifest), "arms": [a["key"] for a in manifest["arms"]],
+           "slots": {a["key"]: a["slots"] for a in manifest["arms"]},
+           "phases": [{"name": p["name"], "q": p["q"], "blocks": f"{len(p['blocks'])} of {p['blocks_in_dataset']}",
+                       "repeats": p["repeats"]} for p in manifest["phases"]],
+           "units": len(manifest["units"]), "cells": len(manifest["units"]) * len(manifest["arms"]),
+           "cells_done": done, "units_pending": pending,
+           "requests_per_arm": sum(2 * p["q"] * p["repeats"] * len(p["blocks"]) for p in manifest["phases"])
+           * len(manifest["seeds"])}
+    print(json.dumps(out, indent=1))
+    return {**out, "plan_only": True}
+
+
 def run(args, argv=None, extra: dict | None = None) -> dict:
     """One call: the cells of --arms not yet done in the cells directory (all of them without --cells-dir),
     then the result of every cell there, written to the JSON. ``argv``: the command to record (default:
@@ -312,6 +341,8 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
         # the baseline runs beside every arm it is compared with; the in-process twin beside its arm
         wanted = [*(["dense"] if manifest["baseline"] and wanted != ["dense"] else []), *wanted]
         call_keys = [a["key"] for a in manifest["arms"] if a["spec"] in wanted]
+    if args.plan_only:
+        return plan_summary(manifest, args.cells_dir)
     prov = provenance(argv if argv is not None else ["-m", "clients.matched_hbm", *sys.argv[1:]], args.commit)
     store = CellStore(args.cells_dir or os.path.join(out_dir, "cells"), manifest, fresh=not args.cells_dir)
     call = new_call_id()
@@ -379,6 +410,8 @@ def drive(prog: str, flags: list[str], argv: list[str], extra: dict, title) -> i
     args = parser.parse_args(flags)
     try:
         result = run(args, [f"benchmarks/{prog}.py", *argv], {**extra, "clients_flags": flags})
+        if result.get("plan_only"):
+            return 0
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -391,6 +424,8 @@ def main(argv=None) -> int:
 
     def command(args):
         result = run(args, ["-m", "clients.matched_hbm", *(sys.argv[1:] if argv is None else argv)])
+        if result.get("plan_only"):
+            return 0
         plot = None if args.plot == "none" else (args.plot or os.path.join(os.path.abspath(args.out), "matched_hbm.png"))
         report(result, plot, args.title or f"matched-HBM serving, {os.path.basename(os.path.abspath(args.model))}, "
                f"budget {result['budget_bytes']:,} B, {args.device}")
