@@ -8,6 +8,11 @@ Runs join only when they measured the same thing: same model, budget, workload, 
 seeds, concurrency and build flags. Otherwise the join is refused, naming the first field that differs.
 
     python benchmarks/merge_matched_hbm.py RUN.json RUN.json ... --out benchmarks/results/merged.json [--title T]
+    python benchmarks/merge_matched_hbm.py --cells DIR [DIR ...] --out RESULT.json [--title T]
+
+--cells: the cells directories of one resumable measurement (clients.matched_hbm --cells-dir, possibly several
+copies from several machines): the result equals one unsplit run's. Refused when the directories hold
+different manifests, a cell of another manifest, or cells measured at different commits.
 """
 from __future__ import annotations
 
@@ -63,11 +68,16 @@ def main(argv=None) -> int:
     from clients.report import write_json
     from trtllm_dasc.errors import UserError
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="result JSONs of clients.matched_hbm / serve_matched_hbm.py")
+    ap.add_argument("runs", nargs="*", help="result JSONs of clients.matched_hbm / serve_matched_hbm.py")
+    ap.add_argument("--cells", nargs="+", default=None, metavar="DIR", help="cells directories of one measurement")
     ap.add_argument("--out", required=True, help="merged JSON (the plot goes beside it, .png)")
     ap.add_argument("--title", default=None)
     args = ap.parse_args(argv)
     try:
+        if args.cells:
+            return _merge_cells(args, sys.argv[1:] if argv is None else list(argv))
+        if not args.runs:
+            raise UserError("give result JSONs, or --cells DIR")
         runs = []
         for path in args.runs:
             try:
@@ -83,6 +93,22 @@ def main(argv=None) -> int:
     write_json(args.out, merged)
     report(merged, os.path.splitext(args.out)[0] + ".png",
            args.title or f"matched-HBM serving, budget {merged['budget_bytes']:,} B ({len(runs)} runs joined)")
+    return 0
+
+
+def _merge_cells(args, argv: list[str]) -> int:
+    from clients.cells import load_dirs
+    from clients.matched_hbm import report, result_of
+    from clients.report import provenance, write_json
+    manifest, calls, cells = load_dirs(args.cells)
+    commit = (calls or cells)[0].get("commit") if (calls or cells) else None
+    prov = provenance(["benchmarks/merge_matched_hbm.py", *argv], commit)
+    result = result_of(manifest, calls, cells, prov)
+    result["cells_dirs"] = [os.path.abspath(d) for d in args.cells]
+    result["json_path"] = args.out
+    write_json(args.out, result)
+    report(result, os.path.splitext(args.out)[0] + ".png",
+           args.title or f"matched-HBM serving, budget {result['budget_bytes']:,} B ({len(calls)} calls joined)")
     return 0
 
 

@@ -10,6 +10,12 @@ what Triton adds (`triton_over_inprocess` in the JSON). The arms share one compi
 
     python benchmarks/serve_matched_hbm.py [--model /tmp/kimi48] [--out benchmarks/results/serve_matched_hbm_h200.json]
     python benchmarks/serve_matched_hbm.py --smoke     # the same path on the CPU, embedded tiny model, tiny scale
+    python benchmarks/serve_matched_hbm.py --paper --cells-dir runs/mh_kimi48 --call-arms dense,nr16 \\
+        --max-units 4 [--blocks-per-phase K]          # App. C.2 as stated, one resumable 10-minute call
+--paper: clients.matched_hbm --paper (127 dense slots, six phases, dense x6, concurrency 96, chunked prefill 8192,
+HTTP SSE) with the issue's eight arms (PAPER_ARMS); each call runs the cells of --call-arms not yet in --cells-dir
+(dense beside them) and writes the result of every cell so far; carry the cells directory from call to call
+and join copies with benchmarks/merge_matched_hbm.py --cells.
 Any further flag goes to `python -m clients.matched_hbm` and overrides the one set here (e.g. --dense-slots 32).
 The phases are always those of all five arms, so a run split in two (one GPU call each, e.g.
 `--arms dense,nr16,nr16+int8` then `--arms dense,nr64,wr16 --inprocess none`) measures the same blocks.
@@ -31,6 +37,9 @@ ARMS = "dense,nr16,nr16+int8,nr64,wr16"
 GPU = ["--dense-slots", "16", "--scale", "1.0", "--blocks-per-phase", "1", "--seeds", "42,123,7",
        "--concurrency", "96", "--max-batch-size", "64", "--max-num-tokens", "8192", "--device", "cuda",
        "--dtype", "bfloat16"]
+# the arms; the phases are the paper's (dense, nr16, nr64, nr128, nr512 boundaries + the full dataset)
+PAPER_ARMS = "dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8"
+PAPER = ["--paper", "--device", "cuda", "--dtype", "bfloat16", "--max-batch-size", "96"]
 SMOKE = ["--dense-slots", "3", "--scale", "0.03", "--blocks-per-phase", "1", "--seeds", "42,7",
          "--concurrency", "4", "--max-batch-size", "4", "--device", "cpu", "--dtype", "float32",
          "--torch-threads", "1"]
@@ -45,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="/tmp/serve_matched_hbm", help="engines, server logs, kernel cache")
     ap.add_argument("--commit", default=None, help="commit to record (the device's .git may be stale)")
     ap.add_argument("--smoke", action="store_true", help="CPU, the embedded tiny model, a tiny scale")
+    ap.add_argument("--paper", action="store_true", help="the paper's protocol and arms, resumable (--cells-dir)")
     args, rest = ap.parse_known_args(argv)
     # `timeout` ends a long run with SIGTERM: leave through the finally blocks, so the server it started
     # is stopped (the JSON already holds every finished arm)
@@ -56,14 +66,19 @@ def main(argv=None) -> int:
         out = args.out or "/tmp/serve_matched_hbm_smoke.json"
         base = SMOKE
     else:
-        model, out, base = args.model, args.out or os.path.join(HERE, "results", "serve_matched_hbm_h200.json"), GPU
+        name = "serve_matched_hbm_paper_h200.json" if args.paper else "serve_matched_hbm_h200.json"
+        model, out, base = args.model, args.out or os.path.join(HERE, "results", name), GPU
         if not os.path.isfile(os.path.join(model, "model.safetensors")):
             from shaped_model import write_shaped_model
             print(f"writing the Kimi-Linear-48B-shaped checkpoint to {model}", file=sys.stderr, flush=True)
             write_shaped_model(model, "kda", device="cuda" if torch.cuda.is_available() else "cpu")
     from clients import matched_hbm
-    flags = ["--model", model, "--out", args.work, "--arms", ARMS, "--phase-arms", ARMS, "--inprocess", "nr16",
-             "--json", out, *base, *rest, *(["--commit", args.commit] if args.commit else [])]
+    if args.paper:
+        flags = ["--model", model, "--out", args.work, "--arms", PAPER_ARMS, "--json", out, *PAPER, *rest,
+                 *(["--commit", args.commit] if args.commit else [])]
+    else:
+        flags = ["--model", model, "--out", args.work, "--arms", ARMS, "--phase-arms", ARMS, "--inprocess", "nr16",
+                 "--json", out, *base, *rest, *(["--commit", args.commit] if args.commit else [])]
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return matched_hbm.drive("serve_matched_hbm", flags, argv, {"benchmark": "benchmarks/serve_matched_hbm.py",
                                                                  "torch": torch.__version__, "gpu": gpu},

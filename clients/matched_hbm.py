@@ -3,20 +3,33 @@ dasc-build, served by its own tritonserver and driven by the same streaming work
 
     python -m clients.matched_hbm --model CKPT --dense-slots 6 --arms dense,nr16,nr16+int8 --out OUT \\
         [--scale 0.1 --blocks-per-phase 1 --concurrency 8 --device cpu]
+    python -m clients.matched_hbm --model CKPT --paper --arms dense,nr16,... --cells-dir DIR \\
+        [--call-arms dense,nr16 --max-units 20]          # the paper's protocol, one resumable call
 
-Writes OUT/matched_hbm.json (command, commit, every block's figures and the per-arm summaries) and
-OUT/matched_hbm.png, and prints the table. Progress goes to stderr.
+--paper: the protocol as App. C.2 states it: 127 deployable dense slots (128 dense physical slots, Eq. 8),
+six phases (the dense, W=16, 64, 128, 512 capacity boundaries of dasc-nr and the full dataset), the
+dense-boundary phase replayed six times, concurrency 96, chunked prefill 8192, one output token, seeds
+42/123/7, TTFT over HTTP to the first SSE chunk of generate_stream. Each flag it sets can still be given.
+
+The unit of work is a cell (arm, phase, block, seed); the manifest (DIR/manifest.json) fixes every cell
+before the first runs. With --cells-dir a call runs the cells not yet done there (at most --max-units
+(phase, block, seed) units, the baseline dense beside each arm) and writes each cell as it ends; without
+it every cell runs in this call. Either way OUT/matched_hbm.json (or --json) gets the result of all the
+cells done so far (command, commit, every block's figures, the per-arm summaries) and OUT/matched_hbm.png
+the plot of the arms whose cells are all done; benchmarks/merge_matched_hbm.py --cells DIR... joins cell
+directories of one measurement. Progress goes to stderr.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 import time
 
 from clients import arms as armlib
-from clients.protocol import Phase, ProtocolConfig, make_phases, requests_per_arm, run_protocol
-from clients.report import format_table, provenance, ratios, summarize, write_json
+from clients.protocol import Phase, ProtocolConfig, make_phases, repeats
+from clients.report import format_table, provenance, write_json
 from clients.workload import WorkloadConfig, build_workload
 from trtllm_dasc.errors import UserError
 
@@ -28,7 +41,10 @@ def add_arguments(p) -> None:
     p.add_argument("--plot", default=None, help="plot path (default OUT/matched_hbm.png); 'none' for no plot")
     p.add_argument("--arms", default="dense,nr16,nr16+int8", help="comma list: dense, nr<W>, wr<W>, wr-warm<W>, "
                    "rand<W>@<seed>, each optionally +int8 (default dense,nr16,nr16+int8)")
-    g = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("--paper", action="store_true", help="the paper's App. C.2 protocol: 127 dense slots, six "
+                   "phases (dense, nr16, nr64, nr128, nr512 boundaries + the full dataset), dense phase x6, concurrency "
+                   "96, chunked prefill 8192, HTTP SSE (each can still be set)")
+    g = p.add_mutually_exclusive_group()
     g.add_argument("--state-budget-bytes", type=int, help="the matched checkpoint budget (bytes per rank)")
     g.add_argument("--dense-slots", type=int, help="budget = (K + 1) dense checkpoints: dense gets K slots "
                    "(slot 0 is reserved; the paper's 128 dense physical slots give 127)")
@@ -43,9 +59,11 @@ def add_arguments(p) -> None:
     g.add_argument("--output-tokens", type=int, default=1)
     g.add_argument("--blocks-per-phase", type=int, default=None, help="an evenly spread subset of each phase's "
                    "blocks (default: all of them, as the paper)")
-    g.add_argument("--dense-repeats", type=int, default=1, help="replays of the dense-boundary phase (the "
-                   "paper: 6)")
-    g.add_argument("--full-phase", action="store_true", help="end with one block of the whole dataset (the "
+    g.add_argument("--block-seed", type=int, default=None, help="with --blocks-per-phase: a seeded sample of each "
+                   "phase's blocks (the same for every arm) instead of evenly spread ones (--paper: 0)")
+    g.add_argument("--dense-repeats", type=int, default=None, help="replays of the dense-boundary phase (default "
+                   "1; the paper and --paper: 6)")
+    g.add_argument("--full-phase", action="store_true", default=None, help="end with one block of the whole dataset (the "
                    "paper's sixth phase)")
     g.add_argument("--phase-arms", default=None, help="comma list of arms whose capacity boundaries make the "
                    "phases (default: --arms); the same list in two runs gives them the same phases, so arms "
@@ -54,12 +72,25 @@ def add_arguments(p) -> None:
     g.add_argument("--inprocess", default=None, metavar="ARM", help="also run this arm in-process through "
                    "Engine (no Triton): the serving overhead")
     g.add_argument("--request-timeout", type=float, default=600.0)
+    g.add_argument("--transport", choices=["http", "grpc"], default="http", help="http (default, the paper's): "
+                   "POST generate_stream, TTFT to the first SSE chunk; grpc: tritonclient stream, TTFT to the first "
+                   "response")
+    g = p.add_argument_group("resumable runs")
+    g.add_argument("--cells-dir", default=None, help="cells directory: run the cells not yet done there, keep "
+                   "the rest (default: OUT/cells, emptied first)")
+    g.add_argument("--call-arms", default=None, help="comma list: the arms this call runs (default: all of "
+                   "--arms); dense is added to run beside the others")
+    g.add_argument("--max-units", type=int, default=None, help="at most this many (phase, block, seed) units "
+                   "in this call (a 10-minute device call)")
+    g.add_argument("--plan-only", action="store_true", help="print the manifest's phases, units and cells (and "
+                   "what is done in --cells-dir) and exit: nothing is built or started")
     g = p.add_argument_group("engine (passed to dasc-build)")
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: cuda when available)")
     g.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--max-batch-size", type=int, default=8)
     g.add_argument("--max-num-tokens", type=int, default=None)
-    g.add_argument("--prefill-chunk", type=int, default=2048)
+    g.add_argument("--prefill-chunk", type=int, default=None, help="prefill tokens of one request per step "
+                   "(default 2048; --paper 8192)")
     g.add_argument("--interval", type=int, default=None, help="checkpoint interval (default: longer than any "
                    "prompt, so a prompt takes one slot at its end plus the shared branch points)")
     g.add_argument("--prompt-only", action="store_true", help="checkpoint prompt ends only")
@@ -87,8 +118,42 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
         raise UserError(f"{name} must be a comma list of integers, got {text!r}") from None
 
 
+# the paper's App. C.2 settings (--paper); a flag the user gives wins
+PAPER = {"dense_slots": 127, "dense_repeats": 6, "full_phase": True, "prefill_chunk": 8192, "max_num_tokens": 8192,
+         "block_seed": 0}
+PAPER_PHASE_ARMS = ("dense", "nr16", "nr64", "nr128", "nr512")
+
+
+def paper_defaults(args) -> None:
+    """Fill the flags left unset: the paper's values with --paper, else the earlier defaults."""
+    if getattr(args, "_defaults_done", False):
+        return
+    args._defaults_done = True
+    paper = args.paper
+    if args.state_budget_bytes is None and args.dense_slots is None:
+        if not paper:
+            raise UserError("one of --state-budget-bytes / --dense-slots is required (or --paper: 127 dense slots)")
+        args.dense_slots = PAPER["dense_slots"]
+    if args.dense_repeats is None:
+        args.dense_repeats = PAPER["dense_repeats"] if paper else 1
+    if args.full_phase is None:
+        args.full_phase = paper
+    if args.prefill_chunk is None:
+        args.prefill_chunk = PAPER["prefill_chunk"] if paper else 2048
+    if paper:
+        if args.max_num_tokens is None:
+            args.max_num_tokens = PAPER["max_num_tokens"]
+        if args.block_seed is None and args.blocks_per_phase is not None:
+            args.block_seed = PAPER["block_seed"]
+        if args.phase_arms is None:
+            # the capacity boundaries of the paper's phases, at the no-TP-balancing capacity ("live N_off")
+            suffix = ":off" if args.tp > 1 else ""
+            args.phase_arms = ",".join(a if a == "dense" else a + suffix for a in PAPER_PHASE_ARMS)
+
+
 def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
     """Every option checked before anything is built; returns the arms and the two configs."""
+    paper_defaults(args)
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         raise UserError(f"--model {args.model!r} is not a checkpoint directory (no config.json)")
     arms = armlib.parse_arms(args.arms)
@@ -105,14 +170,15 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
     for name in ("concurrency", "max_batch_size", "block_size", "prefill_chunk"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("state_budget_bytes", "dense_slots", "kv_blocks", "interval", "max_num_tokens", "torch_threads"):
+    for name in ("state_budget_bytes", "dense_slots", "kv_blocks", "interval", "max_num_tokens", "torch_threads",
+                 "max_units"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.request_timeout <= 0 or args.ready_timeout <= 0:
         raise UserError("--request-timeout and --ready-timeout must be > 0")
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,
                            blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill,
-                           dense_repeats=args.dense_repeats, full_phase=args.full_phase)
+                           dense_repeats=args.dense_repeats, full_phase=args.full_phase, block_seed=args.block_seed)
     from trtllm_dasc.config import HybridConfig
     vocab = HybridConfig.from_path(args.model).schema.network.vocab_size
     work = WorkloadConfig(vocab=vocab, prompts=args.prompts, scale=args.scale, seed=args.workload_seed)
@@ -123,8 +189,10 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
     """dasc-build flags shared by every arm (the runtime must be the same; only the arm differs)."""
     per_request = work.max_prompt_tokens + output_tokens
     blocks_per_request = math.ceil(per_request / args.block_size)
-    # KV for every prompt of the largest block plus the running requests: KV never decides a hit
-    kv = args.kv_blocks or (max(p.q for p in phases) + args.max_batch_size) * blocks_per_request
+    # KV for every prompt of the largest boundary block plus the running requests: KV never decides a hit
+    # there (the full-dataset phase is past every arm's capacity by design; its KV is bounded like the rest)
+    bounded = [p.q for p in phases if p.arms != ["full dataset"]] or [p.q for p in phases]
+    kv = args.kv_blocks or (max(bounded) + args.max_batch_size) * blocks_per_request
     flags = ["--tp", args.tp, "--placement", args.placement if args.tp > 1 else "off",
              "--device", args.device, "--dtype", args.dtype, "--max-batch-size", args.max_batch_size,
              "--prefill-chunk", args.prefill_chunk, "--interval", args.interval or per_request, "--kv-blocks", kv,
@@ -136,43 +204,114 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
     return [str(f) for f in flags]
 
 
-def run_arm(target_factory, work, phases, proto, progress_label: str) -> dict:
-    """The protocol against one target (made here, closed afterwards); its blocks and summary."""
-    from clients.progress import Progress
-    target = target_factory()
-    try:
-        bar = Progress(requests_per_arm(phases, proto), progress_label)
-        before = target.control("stats")
-        t0 = time.perf_counter()
-        blocks = run_protocol(target, work, phases, proto, bar)
-        bar.close()
-        after = target.control("stats")
-    finally:
-        target.close()
-    return {"blocks": blocks, "engine_slots": after["checkpoint_slots"], "seconds": time.perf_counter() - t0,
-            "engine_slot_bytes_per_rank": after.get("checkpoint_slot_bytes_per_rank"),
-            "exchange": exchange_delta(before.get("exchange"), after.get("exchange")), "summary": summarize(blocks)}
-
-
 def exchange_delta(before: dict | None, after: dict | None) -> dict | None:
     """The storage balance's all-to-all over the protocol (rank 0's clock): per store and load, the calls of
     the checkpoint op, its collective calls, bytes this rank sent and milliseconds per op. None: the arm's
     placement moves nothing (no exchange)."""
-    if not after:
-        return None
-    out = {}
-    for op, a in after.items():
-        b = (before or {}).get(op) or {"ops": 0, "calls": 0, "seconds": 0.0, "bytes_sent": 0}
-        ops = a["ops"] - b["ops"]
-        seconds = a["seconds"] - b["seconds"]
-        out[op] = {"ops": ops, "calls": a["calls"] - b["calls"], "bytes_sent": a["bytes_sent"] - b["bytes_sent"],
-                   "ms_per_op": 1e3 * seconds / ops if ops else None}
+    from clients.runner import exchange_seconds
+    out = exchange_seconds(before, after)
+    for v in (out or {}).values():
+        v.pop("seconds")
     return out
 
 
+def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, dense_bytes) -> dict:
+    """Everything the figures depend on, fixed before any cell runs: the arms (with their planned slots),
+    the phases with the blocks each uses, the seeds, and the engine, workload and client settings."""
+    import hashlib
+    from clients.protocol import repeats, unit_key, units
+    with open(os.path.join(args.model, "config.json"), "rb") as f:
+        model_sha = hashlib.sha256(f.read()).hexdigest()[:16]
+    placement = args.placement if args.tp > 1 else "off"
+    keys = [{"key": a.spec, "spec": a.spec, "label": a.label, "target": "triton", "wmax": a.wmax, "policy": a.policy,
+             "codec": a.codec, "placement": a.placement or placement, **caps[a.spec]} for a in arms]
+    if args.inprocess:
+        a = next(x for x in arms if x.spec == args.inprocess)
+        keys.append({**next(k for k in keys if k["spec"] == a.spec), "key": f"{a.spec}@in-process",
+                     "label": a.label + " (in-process)", "target": "in-process"})
+    nblocks = {p.q: len(work) // p.q for p in phases}
+    selection = ("all" if proto.blocks_per_phase is None else
+                 {"blocks_per_phase": proto.blocks_per_phase, "seed": proto.block_seed,
+                  "how": "seeded sample" if proto.block_seed is not None else "evenly spread"})
+    return {
+        "kind": "matched_hbm", "protocol": "paper App. C.2: flush -> untimed fill -> telemetry -> seeded shuffle "
+        "-> timed streaming replay -> telemetry, per phase, block and seed",
+        "baseline": "dense" if any(a.spec == "dense" for a in arms) else None,
+        "arms": keys,
+        "phases": [{"name": p.name, "q": p.q, "arms": p.arms, "repeats": repeats(i, proto),
+                    "blocks_in_dataset": nblocks[p.q], "blocks": p.blocks} for i, p in enumerate(phases)],
+        "block_selection": selection,
+        "seeds": list(proto.seeds),
+        "units": [unit_key(*u) for u in units(phases, proto)],
+        "config": {"model": os.path.abspath(args.model), "model_config_sha256": model_sha, "device": args.device,
+                   "dtype": args.dtype, "torch_threads": args.torch_threads, "tp": args.tp, "placement": placement,
+                   "budget_bytes": budget, "dense_checkpoint_bytes": dense_bytes, "build_flags": flags,
+                   "workload": {"prompts": len(work), "scale": wcfg.scale, "seed": wcfg.seed,
+                                "prefix_tokens": wcfg.scaled(wcfg.prefix_tokens),
+                                "question_tokens": wcfg.scaled(wcfg.question_tokens)},
+                   "seeds": list(proto.seeds), "concurrency": args.concurrency, "output_tokens": proto.output_tokens,
+                   "target_fill": proto.target_fill, "dense_repeats": proto.dense_repeats,
+                   "full_phase": proto.full_phase, "transport": args.transport}}
+
+
+class _Context:
+    """What a call's cells share: the parsed flags, the workload, phases, units and the output folder."""
+
+    def __init__(self, args, work, phases, proto, out_dir):
+        from clients.protocol import units
+        self.args, self.work, self.phases, self.proto, self.out_dir = args, work, phases, proto, out_dir
+        self.units = units(phases, proto)
+
+
+def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, extra: dict | None = None) -> dict:
+    """The result JSON of a measurement from its cells (a run, a resumed run and a merge all write this)."""
+    from clients.assemble import assemble
+    cfg = manifest["config"]
+    failed = [{"spec": f["spec"], "error": f["error"]} for c in calls for f in c.get("failed_arms", [])]
+    failed += [{"spec": a["key"], "error": a["failed"]} for c in calls for a in c.get("arms", []) if "failed" in a]
+    out = {**prov, **cfg, "protocol": manifest["protocol"],
+           "phases": [{"name": p["name"], "q": p["q"], "arms": p["arms"], "repeats": p["repeats"],
+                       "blocks": p["blocks"]} for p in manifest["phases"]],
+           "manifest": {"id": manifest["id"], "units": len(manifest["units"]), "arms": [a["key"] for a in manifest["arms"]],
+                        "block_selection": manifest["block_selection"],
+                        "blocks_per_phase": {p["name"]: f"{len(p['blocks'])} of {p['blocks_in_dataset']}"
+                                             for p in manifest["phases"]}},
+           "calls": [{k: c.get(k) for k in ("call", "command", "commit", "gpu", "started", "max_units")} for c in calls],
+           **(extra or {}), **assemble(manifest, calls, cells)}
+    if failed:
+        out["failed_arms"] = failed
+    return out
+
+
+def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
+    """What --plan-only prints: per phase Q, blocks used and repeats; units and cells, done and to do."""
+    from clients.cells import manifest_id
+    from clients.runner import plan_units
+    done = 0
+    if cells_dir and os.path.exists(os.path.join(cells_dir, "manifest.json")):
+        from clients.cells import CellStore
+        store = CellStore(cells_dir, manifest)
+        done = sum(store.done(a["key"], u) for a in manifest["arms"] for u in manifest["units"])
+        pending = len(plan_units(store, store.manifest, [a["key"] for a in manifest["arms"]], None))
+    else:
+        pending = len(manifest["units"])
+    out = {"manifest_id": manifest_id(manifest), "arms": [a["key"] for a in manifest["arms"]],
+           "slots": {a["key"]: a["slots"] for a in manifest["arms"]},
+           "phases": [{"name": p["name"], "q": p["q"], "blocks": f"{len(p['blocks'])} of {p['blocks_in_dataset']}",
+                       "repeats": p["repeats"]} for p in manifest["phases"]],
+           "units": len(manifest["units"]), "cells": len(manifest["units"]) * len(manifest["arms"]),
+           "cells_done": done, "units_pending": pending,
+           "requests_per_arm": sum(2 * p["q"] * p["repeats"] * len(p["blocks"]) for p in manifest["phases"])
+           * len(manifest["seeds"])}
+    print(json.dumps(out, indent=1))
+    return {**out, "plan_only": True}
+
+
 def run(args, argv=None, extra: dict | None = None) -> dict:
-    """Build, serve and measure every arm; the result (also written to the JSON after each arm).
-    ``argv``: the command to record (default: this module's); ``extra``: more top-level fields."""
+    """One call: the cells of --arms not yet done in the cells directory (all of them without --cells-dir),
+    then the result of every cell there, written to the JSON. ``argv``: the command to record (default:
+    this module's); ``extra``: more top-level fields."""
+    from clients.cells import CellStore, new_call_id
     arms, proto, wcfg = check(args)
     if args.device == "auto":
         import torch
@@ -191,109 +330,56 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     flags = engine_flags(args, wcfg, phases, proto.output_tokens)
     out_dir = os.path.abspath(args.out)
     json_path = args.json or os.path.join(out_dir, "matched_hbm.json")
-    result = {**provenance(argv if argv is not None else ["-m", "clients.matched_hbm", *sys.argv[1:]], args.commit),
-              "protocol": "paper App. C.2: flush -> untimed fill -> seeded shuffle -> timed streaming replay",
-              "model": os.path.abspath(args.model), "device": args.device, "dtype": args.dtype,
-              "torch_threads": args.torch_threads, "tp": args.tp,
-              "placement": args.placement if args.tp > 1 else "off",
-              "budget_bytes": budget, "dense_checkpoint_bytes": dense_bytes, "build_flags": flags,
-              "workload": {"prompts": len(work), "scale": wcfg.scale, "seed": wcfg.seed,
-                           "prefix_tokens": wcfg.scaled(wcfg.prefix_tokens),
-                           "question_tokens": wcfg.scaled(wcfg.question_tokens)},
-              "seeds": list(proto.seeds), "concurrency": args.concurrency, "output_tokens": proto.output_tokens,
-              "target_fill": proto.target_fill, "dense_repeats": proto.dense_repeats,
-              "full_phase": proto.full_phase,
-              "phases": [{"name": p.name, "q": p.q, "arms": p.arms, "blocks": p.blocks} for p in phases],
-              **(extra or {}), "arms": []}
+    manifest = make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, dense_bytes)
+    keys = [a["key"] for a in manifest["arms"]]
+    call_keys = keys
+    if args.call_arms:
+        wanted = [x.strip() for x in args.call_arms.split(",")]
+        bad = [w for w in wanted if w not in {a.spec for a in arms}]
+        if bad:
+            raise UserError(f"--call-arms {bad[0]!r} is not one of --arms ({args.arms})")
+        # the baseline runs beside every arm it is compared with; the in-process twin beside its arm
+        wanted = [*(["dense"] if manifest["baseline"] and wanted != ["dense"] else []), *wanted]
+        call_keys = [a["key"] for a in manifest["arms"] if a["spec"] in wanted]
+    if args.plan_only:
+        return plan_summary(manifest, args.cells_dir)
+    prov = provenance(argv if argv is not None else ["-m", "clients.matched_hbm", *sys.argv[1:]], args.commit)
+    store = CellStore(args.cells_dir or os.path.join(out_dir, "cells"), manifest, fresh=not args.cells_dir)
+    call = new_call_id()
+    store.begin_call(call, {"command": prov["command"], "commit": prov["commit"], "started": time.time(),
+                            "gpu": (extra or {}).get("gpu"), "max_units": args.max_units, "call_keys": call_keys})
     print(f"[matched-hbm] budget {budget:,} B per rank ({budget / dense_bytes:.2f} dense checkpoints of "
           f"{dense_bytes:,} B); {len(work)} prompts, prefix {wcfg.scaled(wcfg.prefix_tokens)} + question "
-          f"{wcfg.scaled(wcfg.question_tokens)} tokens", file=sys.stderr)
+          f"{wcfg.scaled(wcfg.question_tokens)} tokens; cells in {store.root} (manifest {store.manifest['id']})",
+          file=sys.stderr)
     for a in arms:
         print(f"[matched-hbm]   {a.label:24} {caps[a.spec]['slots']:>6} slots of {caps[a.spec]['checkpoint_bytes']:,} B",
               file=sys.stderr)
-    print("[matched-hbm] phases: " + "; ".join(f"{p.name}: {len(p.blocks)} block(s)" for p in phases), file=sys.stderr)
-    kernels = args.kernel_cache or os.path.join(out_dir, "kernels")
-    engines = {}
-    for a in arms:
-        engine = armlib.build_engine(args.model, a, os.path.join(out_dir, "engines", a.spec), budget, flags)
-        armlib.share_kernels(engine, kernels)
-        engines[a.spec] = engine
-    for a in arms:
-        try:
-            entry = _served_arm(a, engines[a.spec], caps[a.spec], args, out_dir, work, phases, proto,
-                                result["placement"])
-        except RuntimeError as e:
-            if not args.keep_going:
-                raise
-            # one arm's failure (its server, its requests, its accounting) is recorded and the grid goes on
-            print(f"[matched-hbm] arm {a.spec} failed: {e}", file=sys.stderr, flush=True)
-            result.setdefault("failed_arms", []).append({"spec": a.spec, "error": str(e)})
-            write_json(json_path, result)
-            continue
-        result["arms"].append(entry)
+    print("[matched-hbm] phases: " + "; ".join(f"{p.name}: {len(p.blocks)} of {len(work) // p.q} block(s)"
+                                                + (f" x{r}" if (r := repeats(i, proto)) > 1 else "")
+                                                for i, p in enumerate(phases)), file=sys.stderr)
+    from clients import runner
+    try:
+        runner.run_call(store, _Context(args, work, phases, proto, out_dir), call, prov["commit"], call_keys,
+                        args.max_units, args.keep_going)
+    finally:
+        result = result_of(store.manifest, store.calls(), store.cells(), prov, extra)
+        result["cells_dir"] = store.root
         write_json(json_path, result)
-    if args.inprocess:
-        from clients.inprocess import EngineTarget
-        a = next(x for x in arms if x.spec == args.inprocess)
-        res = run_arm(lambda: EngineTarget(engines[a.spec], args.concurrency, args.request_timeout, args.torch_threads),
-                      work, phases, proto, f"{a.spec:>10} (in-process)")
-        entry = _arm_entry(a, caps[a.spec], "in-process", res, None, None, result["placement"])
-        served = next(x for x in result["arms"] if x["spec"] == a.spec)
-        entry["label"] = a.label + " (in-process)"
-        entry["triton_over_inprocess"] = ratios(served, entry)
-        result["arms"].append(entry)
-    base = result["arms"][0]
-    for entry in result["arms"][1:]:
-        entry[f"vs_{base['spec']}"] = ratios(entry, base)
-    write_json(json_path, result)
     result["json_path"] = json_path
     return result
 
 
-def _served_arm(a, engine: str, cap: dict, args, out_dir: str, work, phases, proto, placement: str) -> dict:
-    """One arm through its own tritonserver: serve, run the protocol, stop; its JSON entry."""
-    from clients.client import GrpcTarget
-    t0 = time.perf_counter()
-    server = armlib.serve(engine, os.path.join(out_dir, "servers", a.spec), args.ready_timeout, args.torch_threads,
-                          args.tp)
-    ready_s = time.perf_counter() - t0
-    try:
-        res = run_arm(lambda: GrpcTarget(server.grpc_url, args.concurrency, timeout=args.request_timeout),
-                      work, phases, proto, f"{a.spec:>10} (triton)")
-    except RuntimeError as e:
-        # failed requests are usually the server itself gone: say so, with its log
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"arm {a.spec}: tritonserver exited with code {server.proc.returncode} during "
-                               f"the protocol (log: {server.log_path}); the client saw: {e}") from None
-        raise RuntimeError(f"arm {a.spec}: {e} (server log: {server.log_path})") from None
-    finally:
-        server.stop()
-    return _arm_entry(a, cap, "triton", res, ready_s, server.log_path, placement)
-
-
-def _arm_entry(arm, cap: dict, target: str, res: dict, ready_s, log_path, placement: str) -> dict:
-    """The arm's JSON entry, after checking the engine against the planner (what `dasc plan` prints): its
-    slot count and its most loaded rank's slot bytes."""
-    per_rank = res.get("engine_slot_bytes_per_rank") or []
-    worst = max(per_rank) if per_rank and None not in per_rank else None
-    if res["engine_slots"] != cap["slots"]:
-        raise RuntimeError(f"arm {arm.spec}: the engine has {res['engine_slots']} slots, the plan said {cap['slots']}")
-    if worst is not None and worst != cap["checkpoint_bytes"]:
-        raise RuntimeError(f"arm {arm.spec}: the engine's most loaded rank holds {worst:,} B a checkpoint, the plan "
-                           f"said {cap['checkpoint_bytes']:,}")
-    return {"spec": arm.spec, "label": arm.label, "target": target, "wmax": arm.wmax, "policy": arm.policy,
-            "codec": arm.codec, "placement": arm.placement or placement, **cap,
-            "engine_slot_bytes_per_rank": per_rank,
-            # what `dasc plan` predicts against what the ranks allocated (equal, or the arm raised above)
-            "plan_check": {"plan_slots": cap["slots"], "engine_slots": res["engine_slots"],
-                           "plan_worst_rank_bytes": cap["checkpoint_bytes"], "engine_worst_rank_bytes": worst},
-            "exchange": res.get("exchange"), "ready_s": ready_s, "protocol_s": res["seconds"], "server_log": log_path,
-            "summary": res["summary"], "blocks": res["blocks"]}
-
-
 def report(result: dict, plot_path: str | None, title: str) -> None:
-    print(format_table(result["arms"]))
-    for entry in result["arms"]:
+    whole = [a for a in result["arms"] if not a.get("pending")]
+    if not result.get("complete", True):
+        print(f"cells: {result['cells_done']} of {result['cells_total']} done; arms with cells to run: "
+              + ", ".join(a["key"] for a in result["arms"] if a.get("pending")) or "none")
+    if not whole:
+        print(f"json: {result['json_path']}")
+        return
+    print(format_table(whole))
+    for entry in whole:
         ex = entry.get("exchange")
         if ex:
             print(f"{entry['spec']}: all-to-all " + ", ".join(
@@ -308,7 +394,7 @@ def report(result: dict, plot_path: str | None, title: str) -> None:
                   f"input throughput x{r['input_tokens_per_s']['mean']:.2f}")
     if plot_path:
         from clients.plot import plot_arms
-        plot_arms(plot_path, result["arms"], title)
+        plot_arms(plot_path, whole, title)
         print(f"plot: {plot_path}")
     print(f"json: {result['json_path']}")
 
@@ -324,6 +410,8 @@ def drive(prog: str, flags: list[str], argv: list[str], extra: dict, title) -> i
     args = parser.parse_args(flags)
     try:
         result = run(args, [f"benchmarks/{prog}.py", *argv], {**extra, "clients_flags": flags})
+        if result.get("plan_only"):
+            return 0
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -336,6 +424,8 @@ def main(argv=None) -> int:
 
     def command(args):
         result = run(args, ["-m", "clients.matched_hbm", *(sys.argv[1:] if argv is None else argv)])
+        if result.get("plan_only"):
+            return 0
         plot = None if args.plot == "none" else (args.plot or os.path.join(os.path.abspath(args.out), "matched_hbm.png"))
         report(result, plot, args.title or f"matched-HBM serving, {os.path.basename(os.path.abspath(args.model))}, "
                f"budget {result['budget_bytes']:,} B, {args.device}")

@@ -29,6 +29,8 @@ class ProtocolConfig:
     # both are opt-in here (a GPU call of 10 minutes does not hold them at the paper's scale)
     dense_repeats: int = 1
     full_phase: bool = False
+    # with blocks_per_phase: None picks evenly spread blocks, a seed a seeded subset (the same for every arm)
+    block_seed: int | None = None
 
     def __post_init__(self):
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -59,7 +61,8 @@ def make_phases(slots: dict[str, int], prompts: int, cfg: ProtocolConfig) -> lis
     by_q: dict[int, list[str]] = {}
     for arm, n in slots.items():
         by_q.setdefault(block_size(n, cfg.target_fill), []).append(arm)
-    phases = [Phase(arms, q, phase_blocks(prompts, q, cfg.blocks_per_phase)) for q, arms in sorted(by_q.items())]
+    phases = [Phase(arms, q, phase_blocks(prompts, q, cfg.blocks_per_phase, cfg.block_seed))
+              for q, arms in sorted(by_q.items())]
     if cfg.full_phase and (not phases or phases[-1].q < prompts):
         phases.append(Phase(["full dataset"], prompts, [(0, prompts)]))
     return phases
@@ -119,6 +122,7 @@ def run_block(target, work: Workload, lo: int, hi: int, seed: int, cfg: Protocol
         "replay": {"requests": len(recs), "seconds": seconds, "prompt_tokens": prompt_tokens, "cached_tokens": cached,
                    "hit_rate": cached / prompt_tokens, "input_tokens_per_s": prompt_tokens / seconds,
                    "replayed_tokens": sum(r.replayed_tokens for r in recs),
+                   "output_tokens": sum(r.output_tokens for r in recs),
                    # per request, in replay order: prompt index, L_i, C_i, TTFT and end-to-end (ms)
                    "order": [lo + int(k) for k in order], "prompt_len": [r.prompt_tokens for r in recs],
                    "cached": [r.cached_tokens for r in recs],
@@ -127,6 +131,31 @@ def run_block(target, work: Workload, lo: int, hi: int, seed: int, cfg: Protocol
         # the engine's own counters over the replay (cache_stats): an independent count of Eq. 9
         "server": _delta(after, filled),
     }
+
+
+def unit_key(phase: int, block: int, seed: int) -> str:
+    return f"p{phase}-b{block}-s{seed}"
+
+
+def units(phases: list[Phase], cfg: ProtocolConfig) -> list[tuple[int, int, int]]:
+    """Every (phase, block, seed) cell of one arm, in run order: phase, then seed, then block. ``block`` is
+    the block's index in the dataset (lo // q), so a subset names the same blocks in every run."""
+    return [(i, lo // p.q, seed) for i, p in enumerate(phases) for seed in cfg.seeds for lo, _ in p.blocks]
+
+
+def run_cell(target, work: Workload, phases: list[Phase], unit: tuple[int, int, int], cfg: ProtocolConfig,
+             progress=None) -> list[dict]:
+    """One cell: its block replayed repeats(phase) times, each flush -> fill -> shuffle -> timed replay."""
+    i, b, seed = unit
+    phase = phases[i]
+    lo, hi = b * phase.q, (b + 1) * phase.q
+    out = []
+    for rep in range(repeats(i, cfg)):
+        if progress is not None:
+            progress.update(0, note=f"{phase.name} seed {seed}")
+        rec = run_block(target, work, lo, hi, seed, cfg, progress)
+        out.append({"phase": phase.name, "q": phase.q, "block": b, "repeat": rep, **rec})
+    return out
 
 
 def run_protocol(target, work: Workload, phases: list[Phase], cfg: ProtocolConfig, progress=None) -> list[dict]:

@@ -104,12 +104,18 @@ def block_size(slots: int, target: float = 0.85) -> int:
     return math.ceil(Fraction(slots) / Fraction(str(target)))
 
 
-def phase_blocks(prompts: int, q: int, max_blocks: int | None = None) -> list[tuple[int, int]]:
+def phase_blocks(prompts: int, q: int, max_blocks: int | None = None, seed: int | None = None) -> list[tuple[int, int]]:
     """The dataset cut into floor(prompts / Q) consecutive blocks of Q (the paper: 80 for Q = 150 of 12,032);
-    with ``max_blocks`` an evenly spread subset of them (CPU runs)."""
+    with ``max_blocks`` a subset of them: evenly spread, or with ``seed`` a seeded sample (a budget that
+    does not favour any part of the dataset; it depends on the seed, Q and the dataset only, so every arm
+    of a measurement replays the same blocks)."""
     n = prompts // q
     if n == 0:
         raise UserError(f"a block of {q} prompts does not fit in a dataset of {prompts}: raise --prompts")
-    picks = range(n) if max_blocks is None or max_blocks >= n else \
-        sorted({(2 * i + 1) * n // (2 * max_blocks) for i in range(max_blocks)})
+    if max_blocks is None or max_blocks >= n:
+        picks = range(n)
+    elif seed is not None:
+        picks = sorted(int(x) for x in np.random.default_rng([seed, q, prompts]).choice(n, max_blocks, replace=False))
+    else:
+        picks = sorted({(2 * i + 1) * n // (2 * max_blocks) for i in range(max_blocks)})
     return [(b * q, (b + 1) * q) for b in picks]

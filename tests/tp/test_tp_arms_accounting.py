@@ -117,15 +117,21 @@ def test_keep_going_records_a_failed_arm_and_runs_the_next(kda_model, tmp_path, 
     from trtllm_dasc.cli import _Parser
     monkeypatch.setattr(armlib, "build_engine", lambda model, arm, out, budget, flags: out)
     monkeypatch.setattr(armlib, "share_kernels", lambda engine, cache: None)
+    from clients import assemble, runner
     served = []
+    block = {"seed": 42, "phase": "p", "replay": {"ttft_ms": [1.0], "prompt_tokens": 1, "cached_tokens": 0,
+                                                   "seconds": 1.0},
+             "server": {"prompt_tokens": 1, "cached_tokens": 0, "checkpoint_evictions": 0, "kv_block_evictions": 0}}
 
-    def fake_served(a, engine, cap, args, out_dir, work, phases, proto, placement):
-        served.append(a.spec)
-        if a.spec == "nr16:storage":
+    def fake_served(arm, engine, units, store, ctx, call, commit):
+        served.append(arm["spec"])
+        if arm["spec"] == "nr16:storage":
             raise RuntimeError("arm nr16:storage: tritonserver exited with code 139")
-        return {"spec": a.spec, "placement": a.placement or placement}
-    monkeypatch.setattr(matched_hbm, "_served_arm", fake_served)
-    monkeypatch.setattr(matched_hbm, "ratios", lambda entry, base: {})      # no figures to compare here
+        for u in units:
+            store.write(arm["key"], u, call, commit, {"blocks": [block]})
+        return {"placement": arm["placement"]}
+    monkeypatch.setattr(runner, "served", fake_served)
+    monkeypatch.setattr(assemble, "ratios", lambda entry, base: {})      # no figures to compare here
     p = _Parser(prog="matched_hbm")
     matched_hbm.add_arguments(p)
     argv = ["--model", kda_model, "--out", str(tmp_path), "--arms", "dense,nr16:storage,nr16:off", "--tp", "4",

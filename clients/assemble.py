@@ -1,0 +1,74 @@
+"""A matched-HBM measurement's result from its cells: the JSON one unsplit run writes (arms with their block
+records and summaries, within-seed ratios against the baseline), whatever calls measured the cells.
+
+Pairing: an arm's ratio to the baseline uses, for every (phase, block, seed) cell, the baseline cell that
+the same call measured (the two ran on the same device, one after the other). The baseline's own figures
+use its earliest measurement of each cell. An arm with cells still to run, or without a baseline cell of
+its own call, gets no ratio; `pending` says how many cells it lacks.
+"""
+from __future__ import annotations
+
+from clients.report import ratios, summarize
+
+EXCHANGE_KEYS = ("ops", "calls", "seconds", "bytes_sent")
+
+
+def _sum_exchange(cells: list[dict]) -> dict | None:
+    out = {}
+    for c in cells:
+        for op, v in (c.get("exchange") or {}).items():
+            acc = out.setdefault(op, dict.fromkeys(EXCHANGE_KEYS, 0))
+            for k in EXCHANGE_KEYS:
+                acc[k] += v.get(k) or 0
+    for v in out.values():
+        v["ms_per_op"] = 1e3 * v["seconds"] / v["ops"] if v["ops"] else None
+    return out or None
+
+
+def assemble(manifest: dict, calls: list[dict], cells: list[dict]) -> dict:
+    """``manifest``, ``calls`` and ``cells`` of one measurement (clients.cells.load_dirs); the result."""
+    by: dict[tuple[str, str], list[dict]] = {}
+    for c in cells:
+        by.setdefault((c["arm"], c["unit"]), []).append(c)
+    for v in by.values():
+        v.sort(key=lambda c: c["call"])
+    units = manifest["units"]
+    base_key = manifest.get("baseline")
+    entries = []
+    for arm in manifest["arms"]:
+        key = arm["key"]
+        have = [u for u in units if (key, u) in by]
+        chosen = [by[(key, u)][0] for u in have]
+        blocks = [b for c in chosen for b in c["blocks"]]
+        entry = {k: v for k, v in arm.items() if k != "key"}
+        entry.update({"key": key, "cells": len(have), "pending": len(units) - len(have),
+                      "calls": sorted({c["call"] for c in chosen}),
+                      "exchange": _sum_exchange(chosen),
+                      "arm_calls": [a for call in calls for a in call.get("arms", []) if a.get("key") == key],
+                      "summary": summarize(blocks) if blocks else None, "blocks": blocks})
+        entries.append(entry)
+    base = next((e for e in entries if e["key"] == base_key), None)
+    for e in entries:
+        if base is None or e is base or e["pending"] or e["target"] != "triton":
+            continue
+        paired, unpaired = [], 0
+        for u in units:
+            call = by[(e["key"], u)][0]["call"]
+            match = [c for c in by.get((base_key, u), []) if c["call"] == call]
+            if match:
+                paired += match[0]["blocks"]
+            else:
+                unpaired += 1
+        if unpaired:
+            e["unpaired_cells"] = unpaired
+        else:
+            e[f"vs_{base['spec']}"] = ratios(e, {"summary": summarize(paired)})
+    for e in entries:
+        if e["target"] == "in-process" and not e["pending"]:
+            served = next((x for x in entries if x["spec"] == e["spec"] and x["target"] == "triton"), None)
+            if served is not None and not served["pending"]:
+                e["triton_over_inprocess"] = ratios(served, e)
+    done = [e for e in entries if e["summary"] is not None]
+    return {"complete": all(not e["pending"] for e in entries),
+            "cells_done": sum(e["cells"] for e in entries), "cells_total": len(units) * len(entries),
+            "arms": done, "arms_pending": [e["key"] for e in entries if e["summary"] is None]}

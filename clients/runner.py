@@ -1,0 +1,156 @@
+"""One call of a matched-HBM measurement: the cells of its arms not yet done, arm by arm (one server at a time),
+each cell's JSON written as it ends.
+
+Which cells a call runs: the units (phase, block, seed) where one of its non-baseline arms lacks a cell,
+in manifest order, at most --max-units of them; every arm of the call runs those units it lacks and the
+baseline runs all of them, so each arm's cell has a baseline cell of the same call (same device, same
+call: the within-seed ratios compare like with like). A call cut short keeps every finished cell; the next
+call runs what is missing, measuring the baseline again beside it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from clients import arms as armlib
+from clients.protocol import run_cell, unit_key
+
+
+def exchange_seconds(before: dict | None, after: dict | None) -> dict | None:
+    """The storage balance's all-to-all between two stats answers (rank 0's clock), as
+    clients.matched_hbm.exchange_delta plus the seconds (cells add up; the merge divides once)."""
+    if not after:
+        return None
+    out = {}
+    for op, a in after.items():
+        b = (before or {}).get(op) or {"ops": 0, "calls": 0, "seconds": 0.0, "bytes_sent": 0}
+        ops = a["ops"] - b["ops"]
+        seconds = a["seconds"] - b["seconds"]
+        out[op] = {"ops": ops, "calls": a["calls"] - b["calls"], "bytes_sent": a["bytes_sent"] - b["bytes_sent"],
+                   "seconds": seconds, "ms_per_op": 1e3 * seconds / ops if ops else None}
+    return out
+
+
+def plan_units(store, manifest: dict, call_keys: list[str], max_units: int | None) -> list[str]:
+    """The units this call measures (see the module docstring)."""
+    base = manifest.get("baseline")
+    others = [k for k in call_keys if k != base] or call_keys
+    todo = [u for u in manifest["units"] if any(not store.done(k, u) for k in others)]
+    return todo if max_units is None else todo[:max_units]
+
+
+def arm_units(store, manifest: dict, key: str, units: list[str]) -> list[str]:
+    """What one arm of the call runs: all the call's units for the baseline, else those it lacks."""
+    if key == manifest.get("baseline"):
+        return units
+    return [u for u in units if not store.done(key, u)]
+
+
+def _check_plan(arm: dict, stats: dict) -> dict:
+    """The engine against the planner (what `dasc plan` prints): slot count and most loaded rank's bytes."""
+    per_rank = stats.get("checkpoint_slot_bytes_per_rank") or []
+    worst = max(per_rank) if per_rank and None not in per_rank else None
+    if stats["checkpoint_slots"] != arm["slots"]:
+        raise RuntimeError(f"arm {arm['spec']}: the engine has {stats['checkpoint_slots']} slots, the plan said "
+                           f"{arm['slots']}")
+    if worst is not None and worst != arm["checkpoint_bytes"]:
+        raise RuntimeError(f"arm {arm['spec']}: the engine's most loaded rank holds {worst:,} B a checkpoint, the "
+                           f"plan said {arm['checkpoint_bytes']:,}")
+    return {"plan_slots": arm["slots"], "engine_slots": stats["checkpoint_slots"],
+            "plan_worst_rank_bytes": arm["checkpoint_bytes"], "engine_worst_rank_bytes": worst,
+            "engine_slot_bytes_per_rank": per_rank}
+
+
+def run_cells(target, store, arm: dict, units: list[str], ctx, call: str, commit: str | None, label: str) -> dict:
+    """The arm's ``units`` against ``target`` (closed afterwards); each cell written as it ends."""
+    from clients.progress import Progress
+    from clients.protocol import repeats
+    phases, work, proto = ctx.phases, ctx.work, ctx.proto
+    by_key = {unit_key(*u): u for u in ctx.units}
+    try:
+        n = sum(2 * phases[by_key[u][0]].q * repeats(by_key[u][0], proto) for u in units)
+        bar = Progress(n, label)
+        t0 = time.perf_counter()
+        check = _check_plan(arm, target.control("stats"))
+        for u in units:
+            before = target.control("stats")
+            c0 = time.perf_counter()
+            blocks = run_cell(target, work, phases, by_key[u], proto, bar)
+            after = target.control("stats")
+            store.write(arm["key"], u, call, commit, {"seconds": time.perf_counter() - c0, "blocks": blocks,
+                                                       "exchange": exchange_seconds(before.get("exchange"),
+                                                                                     after.get("exchange"))})
+        bar.close()
+    finally:
+        target.close()
+    return {"plan_check": check, "protocol_s": time.perf_counter() - t0, "units": len(units)}
+
+
+def served(arm: dict, engine: str, units: list[str], store, ctx, call: str, commit: str | None) -> dict:
+    """One arm through its own tritonserver: serve, run its cells, stop."""
+    args = ctx.args
+    t0 = time.perf_counter()
+    server = armlib.serve(engine, os.path.join(ctx.out_dir, "servers", arm["spec"]), args.ready_timeout,
+                          args.torch_threads, args.tp)
+    ready_s = time.perf_counter() - t0
+    try:
+        if args.transport == "http":
+            from clients.http_client import HttpTarget
+            make = lambda: HttpTarget(server.http_url, args.concurrency, timeout=args.request_timeout)  # noqa: E731
+        else:
+            from clients.client import GrpcTarget
+            make = lambda: GrpcTarget(server.grpc_url, args.concurrency, timeout=args.request_timeout)  # noqa: E731
+        res = run_cells(make(), store, arm, units, ctx, call, commit, f"{arm['spec']:>10} (triton)")
+    except RuntimeError as e:
+        # failed requests are usually the server itself gone: say so, with its log
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"arm {arm['spec']}: tritonserver exited with code {server.proc.returncode} during "
+                               f"the protocol (log: {server.log_path}); the client saw: {e}") from None
+        raise RuntimeError(f"arm {arm['spec']}: {e} (server log: {server.log_path})") from None
+    finally:
+        server.stop()
+    return {**res, "ready_s": ready_s, "server_log": server.log_path}
+
+
+def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], max_units: int | None,
+             keep_going: bool) -> list[dict]:
+    """Build the engines this call needs and run its cells; per arm what happened (also in calls/<call>.json)."""
+    manifest, args = store.manifest, ctx.args
+    units = plan_units(store, manifest, call_keys, max_units)
+    arms = {a["key"]: a for a in manifest["arms"]}
+    todo = [(k, arm_units(store, manifest, k, units)) for k in call_keys]
+    todo = [(k, us) for k, us in todo if us]
+    print(f"[matched-hbm] call {call}: {len(units)} unit(s); " +
+          ", ".join(f"{k} {len(us)}" for k, us in todo) + f" cell(s); {sum(1 for _ in manifest['units'])} units in "
+          "the manifest", file=sys.stderr, flush=True)
+    engines = {}
+    kernels = args.kernel_cache or os.path.join(ctx.out_dir, "kernels")
+    for key, _ in todo:
+        spec = arms[key]["spec"]
+        if spec not in engines:
+            a = armlib.parse_arms(spec)[0]
+            engines[spec] = armlib.build_engine(args.model, a, os.path.join(ctx.out_dir, "engines", spec),
+                                                manifest["config"]["budget_bytes"], manifest["config"]["build_flags"])
+            armlib.share_kernels(engines[spec], kernels)
+    done = []
+    for key, us in todo:
+        arm = arms[key]
+        try:
+            if arm["target"] == "in-process":
+                from clients.inprocess import EngineTarget
+                res = run_cells(EngineTarget(engines[arm["spec"]], args.concurrency, args.request_timeout,
+                                             args.torch_threads), store, arm, us, ctx, call, commit,
+                                f"{arm['spec']:>10} (in-process)")
+            else:
+                res = served(arm, engines[arm["spec"]], us, store, ctx, call, commit)
+            done.append({"key": key, **res})
+        except RuntimeError as e:
+            if not keep_going:
+                store.update_call(call, arms=done, failed_arms=[{"key": key, "spec": arm["spec"], "error": str(e)}])
+                raise
+            # one arm's failure (its server, its requests, its accounting) is recorded and the call goes on
+            print(f"[matched-hbm] arm {key} failed: {e}", file=sys.stderr, flush=True)
+            done.append({"key": key, "failed": str(e)})
+        store.update_call(call, arms=done)
+    return done

@@ -1,0 +1,136 @@
+"""The resumable matched-HBM protocol against real tritonservers (dasc-build engines of the embedded model, CPU):
+  - a run split over two calls (--cells-dir, --max-units 1, then the rest) and merged from its cells equals
+    the unsplit run in everything but timings: manifest, cells, every request's prompt and cached tokens,
+    output tokens, the engine's own counters;
+  - the HTTP SSE transport (generate_stream) and the gRPC one give the same hits and token counts.
+One client (concurrency 1) makes the cache's eviction order, and so every hit, independent of timing."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from clients.matched_hbm import main
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = str(ROOT / "trtllm_dasc" / "assets" / "tiny-kimi-linear")
+# two phases (dense's boundary Q=4 and INT8's Q=15), one block each, one seed: two units, four cells
+ARGV = ["--model", MODEL, "--arms", "dense,nr16+int8", "--dense-slots", "3", "--scale", "0.03",
+        "--blocks-per-phase", "1", "--seeds", "42", "--concurrency", "1", "--output-tokens", "2", "--device", "cpu",
+        "--dtype", "float32", "--max-batch-size", "4", "--torch-threads", "1", "--plot", "none"]
+# what a repeat of the same measurement may change: clocks, and where it ran
+TIMING = {"seconds", "ttft_ms", "e2e_ms", "input_tokens_per_s", "protocol_s", "ready_s", "server_log", "call",
+          "calls", "exchange", "arm_calls", "ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "vs_dense"}
+
+
+def _load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def _strip(x):
+    if isinstance(x, dict):
+        return {k: _strip(v) for k, v in x.items() if k not in TIMING}
+    if isinstance(x, list):
+        return [_strip(v) for v in x]
+    return x
+
+
+def _merge_mod():
+    spec = importlib.util.spec_from_file_location("merge_matched_hbm", ROOT / "benchmarks" / "merge_matched_hbm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cells")
+    out = {}
+    assert main([*ARGV, "--out", str(d / "whole"), "--json", str(d / "whole.json")]) == 0
+    out["whole"] = _load(d / "whole.json")
+    split = ["--out", str(d / "split"), "--cells-dir", str(d / "split_cells"), "--json", str(d / "split.json")]
+    assert main([*ARGV, *split, "--max-units", "1"]) == 0
+    out["half"] = _load(d / "split.json")
+    assert main([*ARGV, *split]) == 0
+    assert _merge_mod().main(["--cells", str(d / "split_cells"), "--out", str(d / "merged.json")]) == 0
+    out["merged"] = _load(d / "merged.json")
+    # the dense arm alone (its blocks are those of the two phases all the same)
+    grpc = [*ARGV, "--transport", "grpc", "--phase-arms", "dense,nr16+int8", "--out", str(d / "grpc"), "--json",
+            str(d / "grpc.json")]
+    grpc[grpc.index("--arms") + 1] = "dense"
+    assert main(grpc) == 0
+    out["grpc"] = _load(d / "grpc.json")
+    out["dir"] = d
+    return out
+
+
+def _requests(res):
+    """Per arm, per block in order: the replay's prompt order, L_i, C_i, output tokens, engine counters."""
+    return {a["key"]: [(b["phase"], b["seed"], b["replay"]["order"], b["replay"]["prompt_len"], b["replay"]["cached"],
+                        b["replay"]["output_tokens"], b["server"]["cached_tokens"], b["fill"]["checkpoints_cached"])
+                       for b in a["blocks"]] for a in res["arms"]}
+
+
+def test_first_call_is_partial_and_says_so(runs):
+    half = runs["half"]
+    assert half["complete"] is False and (half["cells_done"], half["cells_total"]) == (2, 4)
+    # the dense cell of the unit ran beside the arm's: the first unit of each arm, nothing more
+    assert [(a["key"], a["cells"], a["pending"]) for a in half["arms"]] == [("dense", 1, 1), ("nr16+int8", 1, 1)]
+    assert "vs_dense" not in half["arms"][1]
+
+
+def test_split_run_merged_equals_the_unsplit_run(runs):
+    whole, merged = runs["whole"], runs["merged"]
+    assert merged["complete"] and whole["complete"]
+    assert merged["manifest"] == whole["manifest"] and merged["manifest"]["units"] == 2
+    assert len(merged["calls"]) == 2 and len(whole["calls"]) == 1
+    assert _requests(merged) == _requests(whole)
+    # everything else but timings and provenance: phases, slots, blocks, the hit rates of the summaries
+    for key in ("command", "commit", "calls", "cells_dir", "cells_dirs", "json_path", "python", "cpus"):
+        whole.pop(key, None)
+        merged.pop(key, None)
+    assert _strip(merged) == _strip(whole)
+    for a in merged["arms"]:
+        assert a["summary"]["seeds"]["hit_rate"]["std"] == 0.0 and a["summary"]["seeds"]["hit_rate"]["mean"] > 0
+
+
+def test_each_ratio_pairs_cells_of_one_call(runs):
+    d = runs["dir"] / "split_cells"
+    cells = {(c["arm"], c["unit"]): c["call"] for c in map(_load, (d / "cells").glob("*/*.json"))}
+    # the manifest's units: phase 0 (Q=4) and 1 (Q=15), each the middle block of the dataset (evenly spread)
+    units = _load(d / "manifest.json")["units"]
+    assert units == [f"p0-b{6016 // 4}-s42", f"p1-b{802 // 2}-s42"]
+    assert sorted(cells) == sorted((arm, u) for arm in ("dense", "nr16+int8") for u in units)
+    for unit in units:
+        assert cells[("dense", unit)] == cells[("nr16+int8", unit)]
+    assert cells[("dense", units[0])] != cells[("dense", units[1])]
+    assert "vs_dense" in runs["merged"]["arms"][1]
+
+
+def test_http_and_grpc_transports_give_the_same_hits_and_tokens(runs):
+    http, grpc = runs["whole"], runs["grpc"]
+    assert http["transport"] == "http" and grpc["transport"] == "grpc"
+    assert _requests(http)["dense"] == _requests(grpc)["dense"]
+    for a in http["arms"]:
+        for b in a["blocks"]:
+            rp = b["replay"]
+            # two output tokens each; the client's Eq. 9 counts equal the engine's over the replay
+            assert rp["output_tokens"] == 2 * rp["requests"]
+            assert rp["cached_tokens"] == b["server"]["cached_tokens"] and rp["prompt_tokens"] == b["server"]["prompt_tokens"]
+            # the first SSE chunk comes before the stream ends
+            assert all(0 < t < e for t, e in zip(rp["ttft_ms"], rp["e2e_ms"]))
+    # some misses at dense's Q=15 block, so the comparison is not between two all-hit runs
+    dense = http["arms"][0]["blocks"]
+    assert any(c < n - 1 for b in dense for c, n in zip(b["replay"]["cached"], b["replay"]["prompt_len"]))
+
+
+def test_a_call_with_another_manifest_is_refused(runs, capsys):
+    d = runs["dir"]
+    argv = [*ARGV, "--out", str(d / "split"), "--cells-dir", str(d / "split_cells")]
+    argv[argv.index("--seeds") + 1] = "7"
+    assert main(argv) == 2
+    assert "another manifest" in capsys.readouterr().err
