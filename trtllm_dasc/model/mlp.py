@@ -158,7 +158,8 @@ class KimiMoE(_MoE):
         groups = choice.view(-1, s.n_group, E // s.n_group).topk(min(2, E // s.n_group), dim=-1)[0].sum(-1)
         keep = torch.zeros_like(groups).scatter_(1, torch.topk(groups, s.topk_group, dim=-1)[1], 1.0)
         keep = keep[:, :, None].expand(-1, s.n_group, E // s.n_group).reshape(-1, E).bool()
-        idx = torch.topk(choice.masked_fill(~keep, float("-inf")), s.top_k, dim=-1)[1]
+        # unsorted like transformers: the weights are then summed in its order, to the bit
+        idx = torch.topk(choice.masked_fill(~keep, float("-inf")), s.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, idx)
         if s.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
