@@ -16,11 +16,17 @@ from trtllm_dasc.model.decode_graphs import DecodeGraphs, buckets_for  # noqa: E
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def test_moe_models_are_not_captured(tiny):
+def test_moe_models_are_captured_only_on_a_fused_backend(tiny):
     from trtllm_dasc.model import HybridModel
     path, _ = tiny("kda")                                  # MoE layers
     model = HybridModel.from_pretrained(path, device=DEV)
     r_state, kv = model.new_state(2), model.new_kv_cache(4, 4)
+    # the fused kernels (a GPU's default) read nothing on the host; the CPU's per-expert loop does
+    assert DecodeGraphs(model, r_state, kv, 1, 2, pad_row=1, pad_block=3, use_graphs=True).use_graphs == (DEV == "cuda")
+    moes = [m for _, m, *_ in model.layers if hasattr(m, "backend")]
+    assert moes
+    for m in moes:
+        m.backend = "loop"
     assert not DecodeGraphs(model, r_state, kv, 1, 2, pad_row=1, pad_block=3, use_graphs=True).use_graphs
 
 
@@ -30,12 +36,19 @@ def test_buckets():
     assert buckets_for(6) == [1, 2, 4, 6]
 
 
-@pytest.mark.parametrize("arch", ["gdn", "kda"])
-def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch):
+# the moe cases only where they capture (a GPU): on the CPU they would run the per-expert loop eagerly,
+# nothing the dense cases do not cover, at a minute and more each
+_GPU_ONLY = pytest.mark.skipif(DEV != "cuda", reason="MoE decode graphs need the fused experts (a GPU)")
+
+
+@pytest.mark.parametrize("arch, mlp", [("gdn", "dense"), ("kda", "dense"), pytest.param("gdn", "moe", marks=_GPU_ONLY),
+                                       pytest.param("kda", "moe", marks=_GPU_ONLY)])
+def test_bucketed_steps_match_forward_and_leave_other_rows_alone(tmp_path, arch, mlp):
     from hybrid_tiny import DENSE_MLP, decode_case
     from trtllm_dasc.model.direct import DirectRunner
-    # dense MLPs: an MoE layer's expert loop cannot be captured (DecodeGraphs then runs eagerly)
-    model, prompts, steps = decode_case(tmp_path, arch, 6, (6, 13, 30), 4, DEV, **DENSE_MLP[arch])
+    # moe: the tiny models' MoE layers, captured on a GPU through the fused experts (model/moe)
+    model, prompts, steps = decode_case(tmp_path, arch, 6, (6, 13, 30), 4, DEV,
+                                        **(DENSE_MLP[arch] if mlp == "dense" else {}))
     model.paged_attention = True          # the eager arm uses the same batched attention: equal to rounding
     results = []
     for graphs in (False, True):

@@ -240,8 +240,8 @@ class ModelRunner:
 
 def graphs_wanted(cfg: EngineConfig, model: HybridModel) -> bool:
     """Decode steps as CUDA graphs: asked for, on a GPU, with the kernel backend (its decode path reads no
-    host values), on one rank (the all-reduce is not captured), with dense MLPs (the MoE layers' expert loop
-    reads the routing on the host: model/mlp.py)."""
+    host values), on one rank (the all-reduce is not captured), with dense MLPs or MoE layers on a fused
+    backend (the per-expert loop reads the routing on the host: model/moe, decode_graphs.capturable)."""
     from trtllm_dasc.model.decode_graphs import capturable
     return cfg.cuda_graphs and cfg.tp_size == 1 and getattr(model.backend, "fused_mixer", False) and capturable(model)
 

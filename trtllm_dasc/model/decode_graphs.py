@@ -31,10 +31,11 @@ def buckets_for(max_batch: int) -> list[int]:
 
 
 def capturable(model) -> bool:
-    """Whether a decode step of this model can be captured: on a GPU, and with dense MLPs only (an MoE
-    layer's expert loop reads its routing on the host, model/mlp.py)."""
+    """Whether a decode step of this model can be captured: on a GPU, with dense MLPs or MoE layers on a
+    fused backend (model/moe: the per-expert loop reads its routing on the host, the fused kernels do not)."""
     from trtllm_dasc.model.mlp import DenseMLP
-    return model.device.type == "cuda" and all(isinstance(m, DenseMLP) for _, m, *_ in model.layers)
+    return model.device.type == "cuda" and all(isinstance(m, DenseMLP) or getattr(m, "capturable", False)
+                                               for _, m, *_ in model.layers)
 
 
 class DecodeGraphs:

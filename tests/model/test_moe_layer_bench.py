@@ -1,0 +1,39 @@
+"""benchmarks/moe_layer.py on the CPU (--smoke): both arms run through the real layers, the fused one's
+output matches the loop's, and the JSON records the target, the command and the commit."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+def test_smoke_run_records_both_arms_and_the_target(tmp_path, monkeypatch, capsys):
+    import moe_layer
+    monkeypatch.delenv("OUT", raising=False)
+    out = tmp_path / "moe.json"
+    assert moe_layer.main(["--smoke", "--no-sweep", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # the target is stated before any figure
+    assert printed.index(moe_layer.TARGET) < printed.index("T=    1")
+    got = json.loads(out.read_text())
+    assert got["target"] == moe_layer.TARGET and got["command"].startswith("python benchmarks/moe_layer.py --smoke")
+    assert "commit" in got and got["device"] == "cpu"
+    for key in ("kimi", "qwen"):
+        m = got["models"][key]
+        assert m["arms"] == ["loop", "triton"] and [r["tokens"] for r in m["rows"]] == [1, 9]
+        for r in m["rows"]:
+            assert r["loop_ms"] > 0 and r["triton_ms"] > 0
+            # fp32 on both paths: the fused kernels agree with the loop to rounding
+            assert r["triton_rel_err"] < 1e-5
+    assert got["models"]["kimi"]["shape"]["n_group"] == 4
+
+
+def test_bad_arguments_and_no_gpu_are_refused(tmp_path):
+    import moe_layer
+    assert moe_layer.main(["--smoke", "--reps", "0", "--out", str(tmp_path / "x.json")]) == 2
+    import torch
+    if not torch.cuda.is_available():
+        assert moe_layer.main(["--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()

@@ -1,0 +1,45 @@
+"""The routed experts of a MoE layer: sum over each token's top_k chosen experts of the routing weight times
+the expert's SwiGLU MLP. Backends (`experts(..., backend=)`):
+
+- "loop": naive.py, a loop over the chosen experts (the torch reference; the CPU default). It reads the
+  routing on the host: a synchronisation and several launches per active expert.
+- "triton": kernel.py, align.py's device-side sort by expert then two grouped GEMMs (the GPU default): no
+  host synchronisation, a grid fixed by the shapes (CUDA-graph capturable).
+- "grouped_mm": grouped_mm.py, torch._grouped_mm (sm90, bf16 only; grouped_mm.available).
+"""
+from __future__ import annotations
+
+import torch
+
+from trtllm_dasc.model.moe.naive import experts_naive
+
+BACKENDS = ("loop", "triton", "grouped_mm")
+
+
+def default_backend(device: torch.device | str) -> str:
+    """The fused Triton kernels on a GPU, the per-expert loop elsewhere (Triton needs a GPU, or its
+    interpreter, which only tests ask for)."""
+    return "triton" if torch.device(device).type == "cuda" else "loop"
+
+
+def experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
+            down: torch.Tensor, backend: str | None = None, fused_act: bool = False) -> torch.Tensor:
+    """Routed experts of T tokens.
+
+    x [T, D]; idx [T, top_k] expert ids (any int dtype); weights [T, top_k] routing weights (fp32 or x's
+    dtype); gate_up [E, 2I, D], each expert's gate rows then its up rows (at TP this rank's I channels of
+    each); down [E, D, I]. Returns [T, D] in x's dtype (at TP a partial sum over the rank's channels).
+    backend: one of BACKENDS, None for default_backend(x.device). fused_act: the loop's SwiGLU in our
+    kernel (the fused backends always fuse it)."""
+    backend = backend or default_backend(x.device)
+    if x.shape[0] == 0:
+        return torch.zeros_like(x)
+    if backend == "loop":
+        return experts_naive(x, idx, weights, gate_up, down, fused_act)
+    if backend == "triton":
+        from trtllm_dasc.model.moe.kernel import experts_triton
+        return experts_triton(x, idx, weights, gate_up, down)
+    if backend == "grouped_mm":
+        from trtllm_dasc.model.moe.grouped_mm import experts_grouped_mm
+        return experts_grouped_mm(x, idx, weights, gate_up, down)
+    raise ValueError(f"MoE backend {backend!r}: expected one of {', '.join(BACKENDS)}")
