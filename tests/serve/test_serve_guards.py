@@ -1,8 +1,10 @@
-"""A stop acts only on the request that asked (issue 29 item 3, issue 30 item 2), against the real
+"""Guards of a served model against other clients, on the real tritonserver serving the embedded default
+model. (1) A stop acts only on the request that asked (issue 29 item 3, issue 30 item 2), against the real
 tritonserver serving the embedded default model, through tritonclient's gRPC streams as TensorRT-LLM's
 stock client sends them: an empty request id (the stock client's default) is "no id" and never matches
 another client's request; a second in-flight request under a taken id is refused naming it; a request a
-stop ended says so in its final response (output finish_reason 'cancelled'), never passing for a completion."""
+stop ended says so in its final response (output finish_reason 'cancelled'), never passing for a completion.
+(2) The model-repository and shared-memory APIs answer only requests with the run's admin key."""
 from __future__ import annotations
 
 import queue
@@ -12,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serve_helpers import build_engine, serve, triton_inputs
+from serve_helpers import build_engine, triton_inputs
+from trtllm_dasc.serve.tritonserver import new_admin_key, start_server
 
 ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
 # long enough to still be generating when the stop arrives (a few hundred ms on the CPU)
@@ -25,7 +28,12 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stop")
     engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
                           "--max-context", 1024)
-    s = serve(engine, tmp / "work")
+    s = start_server(str(engine / "model_repo"), str(tmp / "work"), admin_key=new_admin_key())
+    try:
+        s.wait_ready(300)
+    except Exception:
+        s.stop()
+        raise
     yield s
     s.stop()
 
@@ -142,3 +150,32 @@ def test_a_taken_id_is_refused_and_a_stop_ends_only_its_request(server):
         a.close()
         b.close()
         c.close()
+
+
+def test_repository_and_shared_memory_apis_want_the_admin_key(server):
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+    g, h = grpc.InferenceServerClient(server.grpc_url), http.InferenceServerClient(server.http_url)
+    try:
+        refused = []
+        for call in (lambda c, **kw: c.load_model("dasc_hybrid", **kw),
+                     lambda c, **kw: c.get_model_repository_index(**kw),
+                     lambda c, **kw: c.register_system_shared_memory("probe", "/dasc_probe", 64, **kw),
+                     lambda c, **kw: c.get_system_shared_memory_status(**kw)):
+            for client in (g, h):
+                with pytest.raises(InferenceServerException) as e:
+                    call(client)
+                refused.append(str(e.value))
+        assert all("restricted" in r.lower() and "dasc-admin-key" in r for r in refused), refused
+        # with the key the same APIs answer (the index lists our model; no region is registered)
+        for client, protocol in ((g, "grpc"), (h, "http")):
+            index = client.get_model_repository_index(headers=server.admin_headers(protocol))
+            names = [m.name for m in index.models] if hasattr(index, "models") else [m["name"] for m in index]
+            assert "dasc_hybrid" in names
+            client.get_system_shared_memory_status(headers=server.admin_headers(protocol))
+        # inference stays open
+        assert g.is_model_ready("dasc_hybrid") and h.is_server_ready()
+    finally:
+        g.close()
+        h.close()
