@@ -70,11 +70,13 @@ def serve(engine_dir: str, work_dir: str, timeout: float, torch_threads: int | N
     processes would compete for the CPU with the engine and are not part of what is measured.
     ``torch_threads`` sets the engine's OpenMP threads (on a 2-core CPU shared with the client, two
     threads made a bf16 depthwise conv on the engine's loop thread 20x slower than one)."""
-    from trtllm_dasc.serve.tritonserver import start_server
+    from trtllm_dasc.serve.tritonserver import new_admin_key, start_server
     env = {"OMP_NUM_THREADS": str(torch_threads)} if torch_threads else None
+    # explicit model control opens the repository API (load a model from any path: run its model.py): it
+    # and the shared-memory API answer only this run's key (server.admin_headers())
     server = start_server(os.path.join(engine_dir, "model_repo"), work_dir, env=env,
                           extra_args=["--model-control-mode=explicit", "--load-model=dasc_hybrid"],
-                          tp=(tp, engine_dir))
+                          tp=(tp, engine_dir), admin_key=new_admin_key())
     try:
         server.wait_ready(timeout)
     except (RuntimeError, TimeoutError) as e:

@@ -70,6 +70,18 @@ def test_stock_client_stops_a_long_request(servers, how):
     flags = ["--request-output-len", 400, "--streaming", "--stop-after-ms", 300]
     if how == "request-cancel":
         flags.append("--stop-via-request-cancel")
+    else:
+        # a stop names its request by id (an empty id, the client's default, matches no request): as
+        # TensorRT-LLM's own CI runs this client, with --request-id
+        flags += ["--request-id", "1"]
     proc = run_client(s["decoupled"], tmp, *flags)
     # the client itself asserts it got fewer than 400 tokens
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_stock_client_stop_without_an_id_is_refused(servers):
+    s, _, tmp = servers
+    # TensorRT-LLM answers the same: "A request id must be provided for request cancellation"; the request
+    # itself runs to its end (this client then fails its own fewer-tokens check or reports the error)
+    proc = run_client(s["decoupled"], tmp, "--request-output-len", 40, "--streaming", "--stop-after-ms", 100)
+    assert proc.returncode != 0 and "request id" in proc.stdout + proc.stderr, proc.stdout[-3000:]

@@ -2,8 +2,8 @@
 
 Control goes through MPI (mpi4py, ``broadcast`` of small picklable objects from rank 0), tensors through
 torch.distributed (``all_reduce``): gloo between CPU ranks, NCCL between GPUs. The torch group is
-rendezvoused over TCP on 127.0.0.1 at a port rank 0 picks and broadcasts over MPI, so no environment
-(MASTER_ADDR, ...) has to be set by the caller.
+rendezvoused through a TCP store listening on 127.0.0.1 at a port rank 0 binds and broadcasts over MPI, so
+no environment (MASTER_ADDR, ...) has to be set by the caller.
 """
 from __future__ import annotations
 
@@ -75,12 +75,25 @@ class TPGroup:
         import torch.distributed as dist
         comm = mpi_world()
         rank, size = comm.Get_rank(), comm.Get_size()
-        port = comm.bcast(free_port() if rank == 0 else None, root=0)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        listener = None
+        if rank == 0:
+            # the rendezvous store listens on a socket we bound to loopback ourselves: given only a host and
+            # port, torch's store server binds every interface; this also leaves no window for another
+            # process to take a probed port
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(128)
+        port = comm.bcast(listener.getsockname()[1] if rank == 0 else None, root=0)
+        if rank == 0:
+            store = dist.TCPStore("127.0.0.1", port, size, True, timeout=timeout, wait_for_workers=False,
+                                  master_listen_fd=listener.detach())
+        else:
+            store = dist.TCPStore("127.0.0.1", port, size, False, timeout=timeout)
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
         return cls(rank, size, comm, backend)
 
     def all_reduce(self, tensor):

@@ -49,12 +49,20 @@ def mpi_environment(num_ranks: int, base: dict | None = None) -> dict:
     """``base`` (default: this process's environment) plus what an mpirun of ``num_ranks`` ranks needs."""
     env = dict(os.environ if base is None else base)
     env[RANK_ENV] = str(num_ranks)
+    # every socket of the ranks on loopback (they share one host): no MPI TCP transport between them (shared
+    # memory carries MPI's messages), gloo's and NCCL's bootstrap on lo. mpirun's own out-of-band listener
+    # is left as it is: Open MPI 5's prterun refuses a loopback-only out-of-band channel (checked: "No
+    # network interfaces were found for out-of-band communications" with prte_if_include=lo)
+    for key, value in LOOPBACK_ENV.items():
+        env.setdefault(key, value)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # containers run as root; Open MPI refuses that unless told twice
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     return env
 
+
+LOOPBACK_ENV = {"OMPI_MCA_btl": "^tcp", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 # more ranks than cores is normal for CPU tests (8 ranks on a 2-core CI machine)
 MPIRUN_FLAGS = ["--oversubscribe"]

@@ -26,6 +26,13 @@ def add_arguments(p) -> None:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address the HTTP, gRPC and metrics endpoints listen on (default 127.0.0.1, this machine "
+                        "only; 0.0.0.0 for every interface). TP ranks talk over loopback whatever this says")
+    p.add_argument("--restrict-apis", action="store_true",
+                   help="answer the model-repository and shared-memory APIs only with the header "
+                        "'dasc-admin-key: KEY' (gRPC: 'triton-grpc-protocol-dasc-admin-key'; a fresh KEY per "
+                        "run, written to WORK_DIR/admin-key, mode 0600)")
     p.add_argument("--work-dir", default=None, help="where the server log (and a built engine) go "
                                                    "(default: a new temporary directory)")
     p.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for the warm-up")
@@ -84,8 +91,18 @@ def run(args) -> int:
     if tp > 1:
         from trtllm_dasc.dist.launch import find_mpirun
         find_mpirun()
+    admin_key = None
+    if args.restrict_apis:
+        from trtllm_dasc.serve.tritonserver import new_admin_key
+        admin_key = new_admin_key()
+        key_path = os.path.join(work_dir, "admin-key")
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(admin_key + "\n")
+        print(f"[dasc serve] repository and shared-memory APIs restricted: header dasc-admin-key (gRPC: triton-grpc-protocol-dasc-admin-key), key in {key_path}",
+              file=sys.stderr)
     server = start_server(repo, work_dir, http_port=args.http_port, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port, tp=(tp, engine_dir))
+                          metrics_port=args.metrics_port, tp=(tp, engine_dir), host=args.host, admin_key=admin_key)
     print(f"[dasc serve] starting tritonserver for {engine_dir} (log: {server.log_path})", file=sys.stderr)
     try:
         deadline = time.time() + args.ready_timeout

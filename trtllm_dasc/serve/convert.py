@@ -229,5 +229,17 @@ def response_tensors(sreq: ServeRequest, out: RequestOutput) -> dict | None:
     return t
 
 
+def finish_tensor(reason: str) -> dict:
+    """finish_reason, on a request's final response: 'length', 'stop' or 'cancelled'."""
+    return {"finish_reason": np.array([[reason.encode()]], dtype=object)}
+
+
+def cancelled_tensors() -> dict:
+    """The final response of a request a stop request or a shutdown ended: no tokens (sequence_length 0,
+    which TensorRT-LLM's clients skip) and finish_reason 'cancelled'."""
+    return {"output_ids": np.zeros((1, 1, 0), dtype=np.int32), "sequence_length": np.zeros((1, 1), dtype=np.int32),
+            **finish_tensor("cancelled")}
+
+
 def stats_tensor(stats: dict) -> dict:
     return {"cache_stats": np.array([[json.dumps(stats, default=str).encode()]], dtype=object)}

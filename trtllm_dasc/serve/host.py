@@ -19,7 +19,8 @@ from typing import Protocol
 from trtllm_dasc.engine.config import EngineConfig
 from trtllm_dasc.engine.engine import Engine
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.serve.convert import Control, ServeRequest, parse_request, response_tensors, stats_tensor
+from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, parse_request,
+                                      response_tensors, stats_tensor)
 
 log = logging.getLogger("trtllm_dasc.serve")
 
@@ -32,6 +33,10 @@ WARN_WINDOW = 64
 class Sink(Protocol):
     def send(self, tensors: dict | None, error: str | None, final: bool) -> None: ...
     def cancelled(self) -> bool: ...
+
+
+# TensorRT-LLM's words for a stop without an id (its model.py answers the same)
+NO_STOP_ID = "a stop request needs the request id of the request to stop (an empty id matches no request)"
 
 
 def engine_config(engine_dir: str) -> EngineConfig:
@@ -66,7 +71,7 @@ class EngineHost:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._inflight: dict[object, tuple[ServeRequest, Sink]] = {}
-        self._by_triton_id: dict[str, list] = {}
+        self._by_triton_id: dict[str, _Group] = {}      # non-empty Triton id -> its request, while in flight
         self._recent: list[tuple[int, int, int]] = []     # (prompt, matched KV, cached) per finished request
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="dasc-cancel-watch", daemon=True)
@@ -79,7 +84,7 @@ class EngineHost:
             # a stop signal comes with dummy inputs (TensorRT-LLM's client sends input_lengths 0): first
             stop = inputs.get("stop")
             if stop is not None and stop.size and bool(stop.reshape(-1)[0]):
-                self._stop_request(triton_id, sink)
+                self._stop_request(triton_id or "", sink)
                 return
             parsed = parse_request(inputs, triton_id or "", decoupled=self.decoupled,
                                    exclude_default=self.exclude_default)
@@ -94,25 +99,35 @@ class EngineHost:
             sink.send(None, f"internal error: {type(e).__name__}: {e}", True)
 
     def _run(self, parsed: list[ServeRequest], triton_id: str, sink: Sink) -> None:
-        group = _Group(len(parsed), sink, self.engine.abort)
+        group = _Group(len(parsed), sink, self.engine.abort, lambda g: self._unregister(triton_id, g))
+        # engine ids are ours: Triton ids may be empty or repeat across clients
         for sreq in parsed:
-            # engine ids are ours: Triton ids may be empty or repeat across clients
-            rid = (triton_id, next(self._ids))
-            sreq.gen.request_id = rid
-            group.rids.append(rid)
-            with self._lock:
-                self._inflight[rid] = (sreq, sink)
-                self._by_triton_id.setdefault(triton_id, []).append(rid)
+            sreq.gen.request_id = (triton_id, next(self._ids))
+            group.rids.append(sreq.gen.request_id)
+        with self._lock:
+            # a stop names its request by id: two in flight under one id would be stopped together, so the
+            # second is refused (an empty id is "no id": never registered, never matched by a stop)
+            if triton_id and triton_id in self._by_triton_id:
+                raise UserError(f"request id {triton_id!r} is already in flight: ids must be unique among "
+                                "in-flight requests (or empty)")
+            if triton_id:
+                self._by_triton_id[triton_id] = group
+            for sreq in parsed:
+                self._inflight[sreq.gen.request_id] = (sreq, sink)
+        for sreq in parsed:
             try:
                 self.engine.submit(sreq.gen, lambda out, s=sreq: self._event(s, group, out))
             except UserError as e:
-                self._forget(rid, triton_id)
+                with self._lock:
+                    for rid in group.rids:
+                        self._inflight.pop(rid, None)
                 group.fail(str(e))
                 return
 
     def _event(self, sreq: ServeRequest, group: "_Group", out) -> None:
         if out.finished:
-            self._forget(sreq.gen.request_id, sreq.gen.request_id[0])
+            with self._lock:
+                self._inflight.pop(sreq.gen.request_id, None)
             if out.finish_reason in ("length", "stop"):
                 st = out.stats
                 self._note_hit(st.prompt_tokens, st.kv_matched_tokens, st.cached_tokens)
@@ -121,23 +136,24 @@ class EngineHost:
         elif out.finish_reason == "cancelled":
             group.cancel()
         else:
-            group.send(response_tensors(sreq, out), out.finished)
+            group.send(response_tensors(sreq, out), out.finished, out.finish_reason)
 
-    def _forget(self, rid, triton_id) -> None:
+    def _unregister(self, triton_id: str, group: "_Group") -> None:
+        """The request's final response is out: its id is free again (for a new request and for stops)."""
         with self._lock:
-            self._inflight.pop(rid, None)
-            ids = self._by_triton_id.get(triton_id)
-            if ids is not None and rid in ids:
-                ids.remove(rid)
-                if not ids:
-                    del self._by_triton_id[triton_id]
+            if self._by_triton_id.get(triton_id) is group:
+                del self._by_triton_id[triton_id]
 
     def _stop_request(self, triton_id: str, sink: Sink) -> None:
-        """TensorRT-LLM's `stop` input: cancel the in-flight request(s) with this request id."""
+        """TensorRT-LLM's `stop` input: end the in-flight request with this (non-empty) request id. The
+        stopped request's final response says so (finish_reason 'cancelled', no tokens), never passing for
+        a normal completion; the stop itself gets an empty final response."""
+        if not triton_id:
+            raise UserError(NO_STOP_ID)
         with self._lock:
-            rids = list(self._by_triton_id.get(triton_id, []))
-        for rid in rids:
-            self.engine.abort(rid)
+            group = self._by_triton_id.get(triton_id)
+        if group is not None:
+            group.cancel()
         sink.send(None, None, True)
 
     def _control(self, control: Control, sink: Sink) -> None:
@@ -191,28 +207,38 @@ class EngineHost:
 
 class _Group:
     """The responses of one Triton request (several engine requests when its batch dimension is > 1): the
-    final flag goes on the last response of the last sequence; an error or cancellation ends it once."""
+    final flag goes on the last response of the last sequence, with finish_reason; an error, a
+    cancellation or a stop ends it once. ``on_done(group)`` runs after its final response."""
 
-    def __init__(self, n: int, sink: Sink, abort):
-        self.left, self.sink, self.done, self.abort = n, sink, False, abort
+    def __init__(self, n: int, sink: Sink, abort, on_done=None):
+        self.left, self.sink, self.done, self.abort, self.on_done = n, sink, False, abort, on_done
         self.rids: list = []
+        self.reasons: set = set()
         self.lock = threading.Lock()
 
-    def send(self, tensors: dict | None, finished: bool) -> None:
+    def send(self, tensors: dict | None, finished: bool, reason: str | None = None) -> None:
         with self.lock:
             if self.done:
                 return
             if finished:
                 self.left -= 1
+                self.reasons.add(reason)
             final = self.left == 0
             self.done = final
-            if tensors is not None or final:
+            if final:
+                # "stop" (end id or a stop word) wins over "length" when the sequences differ
+                tensors = {**(tensors or {}), **finish_tensor("stop" if "stop" in self.reasons else "length")}
+            if tensors is not None:
                 self.sink.send(tensors, None, final)
+        if final:
+            self._done()
 
     def fail(self, error: str) -> None:
         self._end(error)
 
     def cancel(self) -> None:
+        """Cancelled (a stop request naming it, or a shutdown): a final response with no tokens and
+        finish_reason 'cancelled'. (A client that cancelled its own request is not listening any more.)"""
         self._end(None)
 
     def _end(self, error: str | None) -> None:
@@ -221,6 +247,11 @@ class _Group:
             if self.done:
                 return
             self.done = True
-            self.sink.send(None, error, True)
+            self.sink.send(None if error is not None else cancelled_tensors(), error, True)
+        self._done()
         for rid in self.rids:
             self.abort(rid)
+
+    def _done(self) -> None:
+        if self.on_done is not None:
+            self.on_done(self)

@@ -1,6 +1,7 @@
 """The dasc_hybrid model's Triton I/O: TensorRT-LLM's `tensorrt_llm` model (its
 all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt), name for name, dtype for dtype, dim for dim, so
-its clients work unchanged; plus what is ours (cached_tokens, replayed_tokens, cache_control, cache_stats).
+its clients work unchanged; plus what is ours (cached_tokens, replayed_tokens, cache_control, cache_stats,
+finish_reason).
 
 Every TensorRT-LLM input is declared, the ones we do not support too: a request using one gets an error
 naming it (from serve/convert.py) instead of Triton's "unexpected input". The committed template
@@ -122,6 +123,9 @@ OUTPUTS = [
     TensorSpec("cached_tokens", "TYPE_INT32", (1,)),
     TensorSpec("replayed_tokens", "TYPE_INT32", (1,)),
     TensorSpec("cache_stats", "TYPE_STRING", (1,)),
+    # ours, on every final response: why the request ended, "length", "stop" (end id or stop word) or
+    # "cancelled" (a stop request naming it, or a shutdown): a stopped request never passes for a completion
+    TensorSpec("finish_reason", "TYPE_STRING", (1,)),
 ]
 
 INPUT_NAMES = {t.name for t in INPUTS}

@@ -60,9 +60,29 @@ def backends_dir(dest: str, paths: ServerPaths | None = None) -> str:
     return dest
 
 
+# the APIs a restricted server answers only with the admin header: loading models from any path (and so
+# running any model.py) and registering shared memory (a client could map the Python stub's own region)
+RESTRICTED_APIS = "model-repository,shared-memory"
+ADMIN_HEADER = "dasc-admin-key"
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+
+
+def new_admin_key() -> str:
+    """A fresh per-run key for the restricted APIs."""
+    import secrets
+    return secrets.token_hex(16)
+
+
+def restricted_api_args(key: str) -> list[str]:
+    """tritonserver's options restricting RESTRICTED_APIS to requests carrying ``ADMIN_HEADER: key``."""
+    spec = f"{RESTRICTED_APIS}:{ADMIN_HEADER}={key}"
+    return [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
+
+
 @dataclass
 class ServerProcess:
-    """A running tritonserver on 127.0.0.1 (use as a context manager, or call stop())."""
+    """A running tritonserver on 127.0.0.1 (or ``host``; use as a context manager, or call stop()).
+    ``admin_key``: the header value the restricted APIs want (None: not restricted)."""
 
     proc: subprocess.Popen
     http_port: int
@@ -70,18 +90,33 @@ class ServerProcess:
     metrics_port: int
     log_path: str
     env: dict = field(default_factory=dict, repr=False)
+    host: str = "127.0.0.1"
+    admin_key: str | None = field(default=None, repr=False)
+
+    @property
+    def connect_host(self) -> str:
+        """Where a local client reaches it (a wildcard address is reached on loopback)."""
+        if self.host in ("0.0.0.0", "::", ""):
+            return "127.0.0.1"
+        return f"[{self.host}]" if ":" in self.host else self.host
+
+    def admin_headers(self, protocol: str = "http") -> dict:
+        """The header the restricted APIs want (gRPC: tritonserver expects it prefixed)."""
+        if not self.admin_key:
+            return {}
+        return {(GRPC_HEADER_PREFIX if protocol == "grpc" else "") + ADMIN_HEADER: self.admin_key}
 
     @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self.connect_host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.connect_host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.connect_host}:{self.metrics_port}/metrics"
 
     def log(self) -> str:
         try:
@@ -94,7 +129,7 @@ class ServerProcess:
         """Poll /v2/health/ready until the server (and so every model's warm-up) is ready."""
         import urllib.request
         deadline = time.time() + timeout
-        url = f"http://127.0.0.1:{self.http_port}/v2/health/ready"
+        url = f"http://{self.http_url}/v2/health/ready"
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with code {self.proc.returncode}:\n{self.log()[-4000:]}")
@@ -133,9 +168,11 @@ class ServerProcess:
 def start_server(model_repository: str, work_dir: str, *, http_port: int | None = None,
                  grpc_port: int | None = None, metrics_port: int | None = None, log_verbose: int = 0,
                  extra_args: list[str] | None = None, env: dict | None = None,
-                 tp: tuple[int, str] | None = None) -> ServerProcess:
-    """Start tritonserver on 127.0.0.1 for ``model_repository``; ``work_dir`` keeps the backends directory
-    and the server log. Returns at once: call ``wait_ready``.
+                 tp: tuple[int, str] | None = None, host: str = "127.0.0.1",
+                 admin_key: str | None = None) -> ServerProcess:
+    """Start tritonserver on 127.0.0.1 (or ``host``) for ``model_repository``; ``work_dir`` keeps the
+    backends directory and the server log. Returns at once: call ``wait_ready``. With ``admin_key`` the
+    repository and shared-memory APIs answer only requests carrying it (restricted_api_args).
 
     ``tp = (T, engine_dir)`` with T > 1: one mpirun runs the server as rank 0 and T - 1 dist.worker ranks of
     that engine (MPMD); the dasc_hybrid model inside the server joins as rank 0. ``proc`` is then mpirun:
@@ -149,10 +186,10 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
     run_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), run_env.get("PATH", "")])
     run_env.update(env or {})
     cmd = [paths.binary, "--model-repository", os.path.abspath(model_repository),
-           "--backend-directory", backends, "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-           "--metrics-address", "127.0.0.1", "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+           "--backend-directory", backends, "--http-address", host, "--grpc-address", host,
+           "--metrics-address", host, "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
            "--metrics-port", str(ports[2]), "--log-verbose", str(log_verbose), "--disable-auto-complete-config",
-           *(extra_args or [])]
+           *(restricted_api_args(admin_key) if admin_key else []), *(extra_args or [])]
     if tp is not None and tp[0] > 1:
         from trtllm_dasc.dist.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
         # MPMD: mpirun -np 1 tritonserver ... : -np T-1 python -m trtllm_dasc.dist.worker --engine DIR,
@@ -165,4 +202,4 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)
     log.close()
-    return ServerProcess(proc, *ports, log_path, run_env)
+    return ServerProcess(proc, *ports, log_path, run_env, host=host, admin_key=admin_key)

@@ -36,10 +36,11 @@ class DecoupledSink:
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
             if error is not None:
                 self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=flags)
-            elif tensors is not None:
+            elif tensors is not None and not (final and self.sender.is_cancelled()):
                 self.sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]),
                                  flags=flags)
             else:
+                # nothing to say, or the client cancelled (it reads no more): the final flag alone
                 self.sender.send(flags=flags)
             self.closed = final
 

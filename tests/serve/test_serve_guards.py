@@ -1,0 +1,181 @@
+"""Guards of a served model against other clients, on the real tritonserver serving the embedded default
+model. (1) A stop acts only on the request that asked (issue 29 item 3, issue 30 item 2), against the real
+tritonserver serving the embedded default model, through tritonclient's gRPC streams as TensorRT-LLM's
+stock client sends them: an empty request id (the stock client's default) is "no id" and never matches
+another client's request; a second in-flight request under a taken id is refused naming it; a request a
+stop ended says so in its final response (output finish_reason 'cancelled'), never passing for a completion.
+(2) The model-repository and shared-memory APIs answer only requests with the run's admin key."""
+from __future__ import annotations
+
+import queue
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from serve_helpers import build_engine, triton_inputs
+from trtllm_dasc.serve.tritonserver import new_admin_key, start_server
+
+ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
+# long enough to still be generating when the stop arrives (a few hundred ms on the CPU)
+N = 400
+PROMPT = [5, 17, 29, 41, 53, 65, 77]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stop")
+    engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
+                          "--max-context", 1024)
+    s = start_server(str(engine / "model_repo"), str(tmp / "work"), admin_key=new_admin_key())
+    try:
+        s.wait_ready(300)
+    except Exception:
+        s.stop()
+        raise
+    yield s
+    s.stop()
+
+
+class Stream:
+    """One client's gRPC stream; every response in arrival order as (request id, tokens, final, params, error)."""
+
+    def __init__(self, url):
+        import tritonclient.grpc as grpc
+        self.grpc, self.events = grpc, queue.Queue()
+        self.client = grpc.InferenceServerClient(url)
+        self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
+
+    def send(self, rid, inputs):
+        self.client.async_stream_infer("dasc_hybrid", inputs, request_id=rid, enable_empty_final_response=True)
+
+    def generate(self, rid, n=N):
+        self.send(rid, triton_inputs(self.grpc, PROMPT, n, streaming=True))
+
+    def stop(self, rid):
+        # what TensorRT-LLM's client sends (prepare_stop_signals): dummy inputs and stop = true
+        self.send(rid, triton_inputs(self.grpc, [0], 0, input_lengths=np.array([[0]], np.int32), stop=True))
+
+    def next(self, timeout=120):
+        result, error = self.events.get(timeout=timeout)
+        if error is not None:
+            return None, [], True, {}, error.message()
+        resp = result.get_response()
+        ids, reason = result.as_numpy("output_ids"), result.as_numpy("finish_reason")
+        final = resp.parameters["triton_final_response"].bool_param
+        params = {} if reason is None else {"finish_reason": reason.reshape(-1)[0].decode()}
+        return resp.id, ids.reshape(-1).tolist() if ids is not None else [], final, params, None
+
+    def close(self):
+        self.client.stop_stream()
+        self.client.close()
+
+
+def first_token(stream):
+    rid, tokens, final, _, error = stream.next()
+    assert error is None and tokens and not final, (error, tokens, final)
+    return tokens
+
+
+def drain(stream, tokens):
+    """The rest of a generating request: (all its tokens, its final response's parameters)."""
+    while True:
+        _, new, final, params, error = stream.next()
+        assert error is None, error
+        tokens = tokens + new
+        if final:
+            return tokens, params
+
+
+def test_stop_with_an_empty_id_stops_no_one_else(server):
+    a, b = Stream(server.grpc_url), Stream(server.grpc_url)
+    try:
+        a.generate("")
+        got_a = first_token(a)
+        b.generate("")
+        got_b = first_token(b)
+        b.stop("")
+        # the issue: a's request was cut short by b's stop, with a normal-looking end
+        tokens_a, params_a = drain(a, got_a)
+        assert len(tokens_a) == N and params_a["finish_reason"] == "length", (len(tokens_a), params_a)
+        # b's stream: its own request keeps going; the stop is refused in one line naming what is missing
+        stop_error, rest_b = None, got_b
+        while True:
+            _, new, final, params, error = b.next()
+            if error is not None:
+                stop_error = error
+                continue
+            rest_b += new
+            if final:
+                break
+        assert stop_error is not None and "request id" in stop_error, stop_error
+        assert len(rest_b) == N and params["finish_reason"] == "length"
+        # greedy, same prompt: both requests produced the same, complete output
+        assert tokens_a == rest_b
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_taken_id_is_refused_and_a_stop_ends_only_its_request(server):
+    a, b, c = Stream(server.grpc_url), Stream(server.grpc_url), Stream(server.grpc_url)
+    try:
+        a.generate("job-1")
+        got_a = first_token(a)
+        b.generate("other")
+        got_b = first_token(b)
+        # a second request under job-1 while the first runs: refused, naming the id
+        c.generate("job-1")
+        _, _, _, _, error = c.next()
+        assert error is not None and "'job-1' is already in flight" in error, error
+        c.stop("job-1")
+        _, tokens, final, params, error = c.next()
+        assert error is None and final and tokens == [], (error, params)
+        tokens_a, params_a = drain(a, got_a)
+        # the stopped request ends early and its final response says why (no normal completion)
+        assert len(tokens_a) < N and params_a["finish_reason"] == "cancelled", (len(tokens_a), params_a)
+        tokens_b, params_b = drain(b, got_b)
+        assert len(tokens_b) == N and params_b["finish_reason"] == "length"
+        # job-1 is free again once its final response is out
+        deadline = time.time() + 10
+        c.generate("job-1", 3)
+        while True:
+            _, new, final, params, error = c.next()
+            assert error is None, error
+            if final:
+                break
+        assert params["finish_reason"] == "length" and time.time() < deadline
+    finally:
+        a.close()
+        b.close()
+        c.close()
+
+
+def test_repository_and_shared_memory_apis_want_the_admin_key(server):
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+    g, h = grpc.InferenceServerClient(server.grpc_url), http.InferenceServerClient(server.http_url)
+    try:
+        refused = []
+        for call in (lambda c, **kw: c.load_model("dasc_hybrid", **kw),
+                     lambda c, **kw: c.get_model_repository_index(**kw),
+                     lambda c, **kw: c.register_system_shared_memory("probe", "/dasc_probe", 64, **kw),
+                     lambda c, **kw: c.get_system_shared_memory_status(**kw)):
+            for client in (g, h):
+                with pytest.raises(InferenceServerException) as e:
+                    call(client)
+                refused.append(str(e.value))
+        assert all("restricted" in r.lower() and "dasc-admin-key" in r for r in refused), refused
+        # with the key the same APIs answer (the index lists our model; no region is registered)
+        for client, protocol in ((g, "grpc"), (h, "http")):
+            index = client.get_model_repository_index(headers=server.admin_headers(protocol))
+            names = [m.name for m in index.models] if hasattr(index, "models") else [m["name"] for m in index]
+            assert "dasc_hybrid" in names
+            client.get_system_shared_memory_status(headers=server.admin_headers(protocol))
+        # inference stays open
+        assert g.is_model_ready("dasc_hybrid") and h.is_server_ready()
+    finally:
+        g.close()
+        h.close()
