@@ -135,7 +135,7 @@ def _check_tokenizer(model_dir: str, vocab: int) -> None:
     tok = read_json(path, CheckpointCheckError)
     ids = _token_ids(tok) if isinstance(tok, dict) else []
     if ids and max(ids) >= vocab:
-        raise CheckpointCheckError(f"tokenizer.json has token id {max(ids)} but config.json vocab_size is {vocab} "
+        raise CheckpointCheckError(f"tokenizer.json has token id {max(ids)} but config.json says vocab_size {vocab} "
                                    "(the embedding's rows): the tokenizer belongs to another model")
 
 
