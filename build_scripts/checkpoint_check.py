@@ -80,11 +80,12 @@ def needed_tensors(model_dir: str, files: SafetensorsCheckpoint, dtype: str) -> 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func is torch.isfinite and args and args[0].is_meta:
-                return torch.ones((), dtype=torch.bool)
+                return finite
             if func is torch.Tensor.to and args and id(args[0]) in handed and "dtype" in kwargs:
                 asked[handed[id(args[0])]][1] = str(kwargs["dtype"]).removeprefix("torch.")
             return func(*args, **kwargs)
 
+    finite = torch.ones((), dtype=torch.bool)
     cfg = HybridConfig.from_path(model_dir)
     with MetaValues():
         HybridModel.from_source(cfg, ShapeSource(), dtype=dtype, device="meta", backend="torch")
