@@ -174,9 +174,10 @@ def _chunk_defect(arr: np.ndarray, stored: str, limit: float | None) -> str | No
     return None
 
 
-def _check_values(needed: list[Needed], infos: list[TensorInfo], out=sys.stderr) -> None:
+def _check_values(needed: list[Needed], infos: list[TensorInfo], out=None) -> None:
     """Stream every needed tensor (file order) and refuse NaN / Inf, and values the cast would overflow."""
     import torch
+    out = out or sys.stderr
     order = sorted(zip(needed, infos), key=lambda p: (p[1].file, p[1].start))
     total, done, t0, last = sum(i.nbytes for i in infos), 0, time.time(), 0.0
     live = total >= PROGRESS_MIN_BYTES

@@ -163,3 +163,19 @@ def test_needed_tensors_are_what_transformers_saves(tmp_path, arch):
     fp32 = {n.name for n in needed if n.load_dtype == "float32"}
     assert {k for k in saved if k.endswith(("A_log", "dt_bias"))} <= fp32
     assert not any(k.endswith("_proj.weight") for k in fp32)
+
+
+def test_values_are_streamed_in_chunks_with_progress_lines(tiny, tmp_path, monkeypatch, capsys):
+    """A NaN far inside a tensor read in many small chunks is still found; a large checkpoint gets
+    progress lines ending at 100%."""
+    from build_scripts import checkpoint_check
+    monkeypatch.setattr(checkpoint_check, "CHUNK_BYTES", 256)
+    monkeypatch.setattr(checkpoint_check, "PROGRESS_MIN_BYTES", 0)
+    ckpt = _copy(tiny, tmp_path)
+    report = checkpoint_check.check_checkpoint(str(ckpt), "bfloat16")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "finite check" in line]
+    assert report["finite_checked"] and lines and "(100%" in lines[-1]
+    # the last element of the embedding: its chunk is the tensor's last of many
+    _edit(ckpt, _poison(EMBED, float("nan"), (VOCAB - 1, 47)))
+    with pytest.raises(checkpoint_check.CheckpointCheckError, match="model.embed_tokens.weight.*NaN"):
+        checkpoint_check.check_checkpoint(str(ckpt), "bfloat16")
