@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import glob
 import json
 import os
 import secrets
@@ -172,6 +173,10 @@ def staged_output(output: str, force: bool):
         with OutputLock(out):
             # again under the lock: another build may have finished since the first check
             check_output(output, force)
+            # under the lock no other build of this output runs: a building directory left is a killed build's
+            for stale in glob.glob(os.path.join(glob.escape(os.path.dirname(out)),
+                                                f".{glob.escape(os.path.basename(out))}.building-*")):
+                shutil.rmtree(stale, ignore_errors=True)
             tmp = _sibling(out, "building")
             yield tmp
             publish(tmp, out)

@@ -140,3 +140,15 @@ def test_os_error_mid_build_is_one_line_and_keeps_the_old_engine(ckpt, tmp_path,
     monkeypatch.setattr(dasc_build, "copy_model", full_disk)
     _one_error(*_run(ckpt, out, capfd, "--wmax", 16, "--force"), "No space left on device", "model.safetensors")
     assert _complete(out)["engine"]["wmax"] == 0 and _siblings(tmp_path) == []
+
+
+def test_a_killed_builds_leftovers_are_cleared(ckpt, tmp_path, capfd):
+    """SIGKILL leaves the building directory and the (unlocked) lock file: the next build takes both over."""
+    out = tmp_path / "engine"
+    left = tmp_path / ".engine.building-999999-dead"
+    (left / "model").mkdir(parents=True)
+    (tmp_path / ".engine.dasc-build.lock").write_text("999999")
+    rc, err = _run(ckpt, out, capfd)
+    assert rc == 0, err
+    _complete(out)
+    assert _siblings(tmp_path) == []
