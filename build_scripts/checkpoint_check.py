@@ -83,7 +83,20 @@ def needed_tensors(model_dir: str, files: SafetensorsCheckpoint, dtype: str) -> 
                 return finite
             if func is torch.Tensor.to and args and id(args[0]) in handed and "dtype" in kwargs:
                 asked[handed[id(args[0])]][1] = str(kwargs["dtype"]).removeprefix("torch.")
+            if func in (torch.cat, torch.stack) and not kwargs and len(args) <= 2:
+                # meta cat / stack run python meta kernels whose first call imports torch._dynamo (seconds):
+                # only the result's shape matters here
+                return _joined(func is torch.stack, *args)
             return func(*args, **kwargs)
+
+    def _joined(stack, parts, dim=0):
+        parts = list(parts)
+        shape = list(parts[0].shape)
+        if stack:
+            shape.insert(dim, len(parts))
+        else:
+            shape[dim] = sum(p.shape[dim] for p in parts)
+        return torch.empty(shape, dtype=parts[0].dtype, device="meta")
 
     finite = torch.ones((), dtype=torch.bool)
     cfg = HybridConfig.from_path(model_dir)
