@@ -93,7 +93,7 @@ def needed_tensors(model_dir: str, files: SafetensorsCheckpoint, dtype: str) -> 
         parts = list(parts)
         shape = list(parts[0].shape)
         if stack:
-            shape.insert(dim, len(parts))
+            shape.insert(dim % (len(shape) + 1), len(parts))
         else:
             shape[dim] = sum(p.shape[dim] for p in parts)
         return torch.empty(shape, dtype=parts[0].dtype, device="meta")
