@@ -50,7 +50,8 @@ def needed_tensors(model_dir: str, files: SafetensorsCheckpoint, dtype: str) -> 
     from trtllm_dasc.model.model import HybridModel
 
     asked: dict[str, list] = {}
-    handed: dict[int, str] = {}
+    # id -> (name, tensor): the tensor is kept so that its id is never reused by another
+    handed: dict[int, tuple] = {}
 
     class ShapeSource:
         # the loaders' sliced-source protocol (weights.load): shapes in, meta tensors out
@@ -70,7 +71,7 @@ def needed_tensors(model_dir: str, files: SafetensorsCheckpoint, dtype: str) -> 
             if cols is not None:
                 cut[1] = len(cols)
             t = torch.empty(cut, dtype=torch.float32, device="meta")
-            handed[id(t)] = name
+            handed[id(t)] = (name, t)
             return t
 
     class MetaValues(TorchFunctionMode):
@@ -82,7 +83,7 @@ def needed_tensors(model_dir: str, files: SafetensorsCheckpoint, dtype: str) -> 
             if func is torch.isfinite and args and args[0].is_meta:
                 return finite
             if func is torch.Tensor.to and args and id(args[0]) in handed and "dtype" in kwargs:
-                asked[handed[id(args[0])]][1] = str(kwargs["dtype"]).removeprefix("torch.")
+                asked[handed[id(args[0])][0]][1] = str(kwargs["dtype"]).removeprefix("torch.")
             if func in (torch.cat, torch.stack) and not kwargs and len(args) <= 2:
                 # meta cat / stack run python meta kernels whose first call imports torch._dynamo (seconds):
                 # only the result's shape matters here
