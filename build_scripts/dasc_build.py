@@ -18,6 +18,7 @@ import shutil
 import sys
 import time
 
+from build_scripts.engine_output import check_output, staged_output
 from trtllm_dasc.errors import UserError
 
 ENGINE_VERSION = 1
@@ -29,7 +30,9 @@ MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
 def add_arguments(p) -> None:
     p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (config.json + safetensors)")
     p.add_argument("--output", required=True, help="engine directory to create")
-    p.add_argument("--force", action="store_true", help="replace an existing engine directory")
+    p.add_argument("--force", action="store_true", help="replace an existing engine directory (only a dasc engine)")
+    p.add_argument("--skip-finite-check", action="store_true", help="do not read every weight for NaN / Inf "
+                   "before building (names, shapes and dtypes are still checked; recorded in the engine)")
     g = p.add_argument_group("dasc")
     g.add_argument("--wmax", type=int, default=16, help="W_max: units with a static horizon <= W_max are "
                    "omitted from checkpoints (0: dense, keep everything)")
@@ -96,11 +99,7 @@ def check_args(args) -> None:
     out = os.path.abspath(args.output)
     if os.path.abspath(args.model) == out or out.startswith(os.path.abspath(args.model) + os.sep):
         raise UserError("--output must not be the checkpoint directory or inside it")
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)) and not args.force:
-        raise UserError(f"--output {args.output!r} exists and is not empty: pass --force to replace it")
-    parent = os.path.dirname(out)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise UserError(f"--output: directory {parent!r} does not exist or is not writable")
+    check_output(args.output, args.force)
 
 
 def _is_weights(name: str) -> bool:
@@ -130,6 +129,18 @@ def copy_model(src: str, dst: str, weights: bool = True) -> int:
     return total
 
 
+def check_weights(args) -> dict:
+    """The whole checkpoint checked before anything is written (checkpoint_check.py); what was checked."""
+    if getattr(args, "load_format", None) == "dummy":
+        return {"skipped": "dummy weights"}
+    from build_scripts.checkpoint_check import check_checkpoint
+    checked = check_checkpoint(args.model, args.dtype, finite=not getattr(args, "skip_finite_check", False))
+    print(f"[dasc-build] checkpoint: {checked['tensors']} tensors, {checked['bytes'] / 2**20:.1f} MiB checked (names, "
+          f"shapes, dtypes, vocabulary{', finite values' if checked['finite_checked'] else '; finite check skipped'}, "
+          f"{checked['seconds']:.1f} s)", file=sys.stderr)
+    return checked
+
+
 def build(args) -> str:
     """Write the engine directory; returns its path."""
     from trtllm_dasc.config import HybridConfig
@@ -155,13 +166,11 @@ def build(args) -> str:
     print(f"[dasc-build] plan: W_max {args.wmax}, {kept:.1%} of the units kept, {report['bottleneck_slot_bytes']:,} B "
           f"per checkpoint ({report['compression_ckpt']:.2f}x smaller than dense, {time.time() - t0:.1f} s)",
           file=sys.stderr)
+    checked = check_weights(args)
     with open(os.path.join(args.model, "config.json")) as f:
         model_config = json.load(f)
     out = os.path.abspath(args.output)
-    tmp = out + ".building"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
+    with staged_output(out, args.force) as tmp:
         copy_model(args.model, os.path.join(tmp, "model"), weights=args.tp == 1)
         HybridConfig.from_path(os.path.join(tmp, "model"))     # the copy is complete and parses
         if args.tp > 1:
@@ -184,7 +193,7 @@ def build(args) -> str:
                    "max_queue_delay_microseconds": args.max_queue_delay_microseconds}
         meta = {"dasc_engine_version": ENGINE_VERSION, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "source": os.path.abspath(args.model), "engine": opts, "serving": serving,
-                "model_config": model_config}
+                "checkpoint_check": checked, "model_config": model_config}
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(meta, f, indent=1)
         repo = os.path.join(tmp, "model_repo")
@@ -201,12 +210,6 @@ def build(args) -> str:
                 extra[name]["tokenizer_dir"] = "../../model"
         for name, model_values in extra.items():
             fill_model(name, repo, model_values)
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     print(f"[dasc-build] wrote {out}: models {', '.join(['dasc_hybrid', *extra])}", file=sys.stderr)
     return out
 

@@ -270,6 +270,18 @@ CLI_ROWS = [
     ("eps-nan", ["plan", "--model", "{kda}", "--wmax", "16", "--eps", "nan", "--json"], ["--eps", "nan"]),
     ("eps-inf", ["plan", "--model", "{kda}", "--wmax", "16", "--eps", "inf"], ["--eps", "inf"]),
     ("eps-one", ["plan", "--model", "{kda}", "--wmax", "16", "--eps", "1"], ["--eps", "1.0"]),
+    # issue 29: every numeric option of dasc plan range-checked (--a 5 printed an infinite compression)
+    ("a-five", ["plan", "--model", "{kda}", "--wmax", "16", "--a", "5"], ["--a", "[-3, 3]", "5.0"]),
+    ("a-minus-fifty", ["plan", "--model", "{kda}", "--wmax", "16", "--a", "-50", "--json"], ["--a", "-50.0"]),
+    ("eps-subnormal", ["plan", "--model", "{kda}", "--wmax", "16", "--eps", "1e-320"], ["--eps", "1e-320"]),
+    ("eps-large", ["plan", "--model", "{kda}", "--wmax", "16", "--eps", "0.9"], ["--eps", "0.5]", "0.9"]),
+    ("wmax-huge", ["plan", "--model", "{kda}", "--wmax", str(10**23)], ["--wmax", "at most", str(10**23)]),
+    ("wmax-list-negative", ["plan", "--model", "{kda}", "--wmax", "16,-1"], ["--wmax", "-1"]),
+    ("budget-huge", ["plan", "--model", "{kda}", "--wmax", "0", "--budget-bytes", str(2**63)],
+     ["budget", "2^63", str(2**63)]),
+    ("mask-seed-huge", ["plan", "--model", "{kda}", "--selection", "random", "--mask-seed", str(2**64)],
+     ["--mask-seed", str(2**64)]),
+    ("tp-huge", ["plan", "--model", "{kda}", "--wmax", "0", "--tp", "1000000"], ["TP degree 1000000"]),
     ("plot-missing-dir", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", "{tmp}/no/such/dir/p.png"],
      ["--plot", "no/such/dir", "does not exist"]),
     ("plot-unwritable", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", "/proc/p.png"],
@@ -296,6 +308,15 @@ CLI_ROWS = [
 def test_bad_cli_input(tiny_kda, tmp_path, argv, needles):
     args = [a.format(kda=tiny_kda, tmp=tmp_path) for a in argv]
     assert_cli_error(dasc(*args), args[0], [n.format(kda=tiny_kda, tmp=tmp_path) for n in needles])
+
+
+def test_plan_range_edges_are_accepted(tiny_kda):
+    """The ends of every range are valid plans (the checks refuse only what lies outside)."""
+    for flags in (["--a", "3", "--eps", "0.5"], ["--a", "-3", "--eps", "1e-12"], ["--wmax", str(2**31 - 1)],
+                  ["--budget-bytes", str(2**63 - 1)], ["--selection", "random", "--mask-seed", str(2**63 - 1)]):
+        code, out, err = dasc("plan", "--model", tiny_kda, *flags, "--json")
+        assert code == 0, (flags, err)
+        assert json.loads(out)["units_per_layer"]
 
 
 def test_synth_refuses_to_overwrite_a_model(tiny_kda, tmp_path):

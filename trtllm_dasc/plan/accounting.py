@@ -21,11 +21,16 @@ def slot_bytes_per_rank(cfg: HybridConfig, tp: int, rank_widths: list[int], code
     return [w * unit + conv for w in rank_widths]
 
 
+MAX_BUDGET_BYTES = 2**63 - 1
+
+
 def slots_for_budget(budget_bytes: int, slot_bytes: int, what: str = "one slot", allow_none: bool = False) -> int:
     """Deployable slots N = floor(B / b) - 1; a budget that holds none is an error (``what`` names the slot
     in it), unless ``allow_none`` (the dense comparison arm of a plan that does fit)."""
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise UserError(f"the checkpoint budget must be a positive integer of bytes, got {budget_bytes!r}")
+    if budget_bytes > MAX_BUDGET_BYTES:
+        raise UserError(f"the checkpoint budget must be at most 2^63 - 1 bytes (int64), got {budget_bytes}")
     n = budget_bytes // slot_bytes - 1
     if n < 1 and not allow_none:
         raise UserError(f"budget of {budget_bytes} B holds no deployable slot: {what} takes {slot_bytes} B "

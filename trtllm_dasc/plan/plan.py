@@ -25,6 +25,14 @@ PLAN_VERSION = 1
 PLACEMENTS = ("off", "storage", "hybrid")
 CODECS = ("native", "int8")
 LAYOUTS = ("ragged", "padded")
+# the static gate logit stands for a typical input (the paper: -0.3, compared with 0); beyond +-3 softplus
+# pushes every head to the end of its decay range and the plan describes no input (--a 5 kept nothing and
+# printed an infinite compression)
+A_RANGE = (-3.0, 3.0)
+# eps: the fraction a unit's memory decays to; below 1e-12 horizons measure float noise, above 0.5 the
+# "horizon" is shorter than a half-life
+EPS_RANGE = (1e-12, 0.5)
+MAX_MASK_SEED = 2**63 - 1
 
 
 @dataclass(slots=True)
@@ -48,8 +56,8 @@ class PlanOptions:
         if (self.selection == "random") != (self.mask_seed is not None):
             raise UserError("--selection random needs --mask-seed (and --mask-seed needs --selection random)")
         if self.mask_seed is not None and (isinstance(self.mask_seed, bool) or not isinstance(self.mask_seed, int)
-                                           or self.mask_seed < 0):
-            raise UserError(f"--mask-seed must be a non-negative integer, got {self.mask_seed!r}")
+                                           or not 0 <= self.mask_seed <= MAX_MASK_SEED):
+            raise UserError(f"--mask-seed must be an integer in [0, 2^63 - 1], got {self.mask_seed!r}")
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise UserError(f"--tp must be a positive integer, got {self.tp!r}")
         for name, allowed in (("placement", PLACEMENTS), ("codec", CODECS), ("layout", LAYOUTS)):
@@ -58,8 +66,14 @@ class PlanOptions:
         # NaN compares false both ways: without these checks --a nan kept every unit and printed NaN JSON
         if isinstance(self.a, bool) or not isinstance(self.a, (int, float)) or not math.isfinite(self.a):
             raise UserError(f"--a must be a finite number, got {self.a!r}")
+        if not A_RANGE[0] <= self.a <= A_RANGE[1]:
+            raise UserError(f"--a (the static gate logit) must lie in [{A_RANGE[0]:g}, {A_RANGE[1]:g}] (the paper "
+                            f"uses {DEFAULT_A}), got {self.a!r}")
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not 0.0 < self.eps < 1.0:
             raise UserError(f"--eps must lie in (0, 1), got {self.eps!r}")
+        if not EPS_RANGE[0] <= self.eps <= EPS_RANGE[1]:
+            raise UserError(f"--eps must lie in [{EPS_RANGE[0]:g}, {EPS_RANGE[1]:g}] (the paper uses {DEFAULT_EPS:g}), "
+                            f"got {self.eps!r}")
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}

@@ -13,11 +13,17 @@ import numpy as np
 from trtllm_dasc.errors import UserError
 
 
+# token positions are int32 everywhere: a longer window is no window
+MAX_WMAX = 2**31 - 1
+
+
 def check_wmax(wmax) -> int:
     if isinstance(wmax, bool) or not isinstance(wmax, int):
         raise UserError(f"--wmax must be an integer number of tokens, got {wmax!r}")
     if wmax < 0:
         raise UserError(f"--wmax must be >= 0 (0 keeps every unit), got {wmax}")
+    if wmax > MAX_WMAX:
+        raise UserError(f"--wmax must be at most {MAX_WMAX} tokens (longer than any context), got {wmax}")
     return wmax
 
 

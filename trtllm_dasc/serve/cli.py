@@ -128,6 +128,8 @@ def run(args) -> int:
         print("[dasc serve] stopping", file=sys.stderr)
         return 0
     except RuntimeError as e:
-        raise UserError(str(e).splitlines()[0] + f" (log: {server.log_path})") from None
+        # the model's own load or warm-up error, not only "tritonserver exited with code 1"
+        from trtllm_dasc.serve.load_errors import start_failure
+        raise UserError(start_failure(str(e).splitlines()[0], server.log(), server.log_path)) from None
     finally:
         server.stop()

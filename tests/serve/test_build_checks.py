@@ -1,0 +1,181 @@
+"""dasc-build refuses a checkpoint the engine would fail on or serve wrong, before writing anything: each
+defect of issue 29 (a NaN weight, an Inf LM head, a missing tensor, a wrongly shaped q_proj or embedding, a
+config vocabulary that disagrees with the weights, an int8 k_proj) in a tiny transformers checkpoint is
+one error line naming the tensor, exit code 2, and no file beside the checkpoint."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from build_scripts import dasc_build
+from build_scripts.checkpoint_check import needed_tensors
+from serve_helpers import VOCAB, build
+from trtllm_dasc.checkpoint_files import SafetensorsCheckpoint
+
+WEIGHTS = "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny qwen3_next checkpoint (float32) and the same saved in bfloat16, written by transformers."""
+    root = tmp_path_factory.mktemp("ckpts")
+    model = build(root / "gdn", "gdn", seed=3)
+    model.to(torch.bfloat16).save_pretrained(str(root / "gdn-bf16"))
+    return root
+
+
+def _copy(tiny, tmp_path, name="gdn"):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(tiny / name, dst)
+    return dst
+
+
+def _edit(ckpt, fn):
+    tensors = load_file(str(ckpt / WEIGHTS))
+    fn(tensors)
+    save_file(tensors, str(ckpt / WEIGHTS), metadata={"format": "pt"})
+
+
+def _build(ckpt, tmp_path, capfd, *flags) -> tuple[int, str]:
+    rc = dasc_build.main(["--model", str(ckpt), "--output", str(tmp_path / "engine"), "--device", "cpu", *flags])
+    return rc, capfd.readouterr().err
+
+
+def _assert_refused(rc, err, tmp_path, *needles):
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert all(n in errors[0] for n in needles), errors[0]
+    # nothing written: no engine, no temporary sibling, no lock
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def _poison(name, value, index=(0, 0)):
+    def fn(t):
+        t[name][index] = value
+    return fn
+
+
+LM_HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
+Q_PROJ, K_PROJ = "model.layers.1.self_attn.q_proj.weight", "model.layers.4.self_attn.k_proj.weight"
+IN_PROJ = "model.layers.2.linear_attn.in_proj_qkvz.weight"
+EXPERT = "model.layers.3.mlp.experts.4.down_proj.weight"
+NORM = "model.layers.3.post_attention_layernorm.weight"
+
+
+@pytest.mark.parametrize("stored", ["gdn", "gdn-bf16"], ids=["f32", "bf16"])
+@pytest.mark.parametrize("edit,tensor,needle", [
+    (_poison(IN_PROJ, float("nan"), (5, 7)), IN_PROJ, "NaN or Inf"),
+    (_poison(EXPERT, float("nan"), (47, 23)), EXPERT, "NaN or Inf"),
+    (_poison(LM_HEAD, float("inf"), (96, 47)), LM_HEAD, "NaN or Inf"),
+    (_poison(NORM, float("-inf"), (0,)), NORM, "NaN or Inf"),
+], ids=["nan-linear-attn", "nan-expert", "inf-lm-head", "inf-norm"])
+def test_non_finite_weight_is_refused(tiny, tmp_path, capfd, stored, edit, tensor, needle):
+    ckpt = _copy(tiny, tmp_path, stored)
+    _edit(ckpt, edit)
+    rc, err = _build(ckpt, tmp_path, capfd)
+    _assert_refused(rc, err, tmp_path, repr(tensor), needle)
+
+
+def _drop(name):
+    def fn(t):
+        del t[name]
+    return fn
+
+
+def _resize(name, rows):
+    def fn(t):
+        t[name] = t[name][:rows].clone()
+    return fn
+
+
+def _int8(name):
+    def fn(t):
+        t[name] = (t[name] * 100).round().to(torch.int8)
+    return fn
+
+
+@pytest.mark.parametrize("edit,tensor,needles", [
+    (_drop(NORM), NORM, ["missing"]),
+    (_drop(LM_HEAD), LM_HEAD, ["missing"]),
+    (_resize(Q_PROJ, -1), Q_PROJ, ["shape [143, 48]", "[144, 48]"]),
+    (_resize(EMBED, VOCAB - 1), EMBED, [f"{VOCAB - 1} rows", f"vocab_size {VOCAB}"]),
+    (_int8(K_PROJ), K_PROJ, ["I8", "not a float"]),
+], ids=["missing-norm", "missing-lm-head", "q-proj-shape", "embed-rows", "int8-k-proj"])
+def test_malformed_checkpoint_is_refused(tiny, tmp_path, capfd, edit, tensor, needles):
+    ckpt = _copy(tiny, tmp_path)
+    _edit(ckpt, edit)
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check")
+    _assert_refused(rc, err, tmp_path, repr(tensor), *needles)
+
+
+def test_config_vocabulary_disagreeing_with_the_weights_is_refused(tiny, tmp_path, capfd):
+    ckpt = _copy(tiny, tmp_path)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["vocab_size"] = VOCAB + 3
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    rc, err = _build(ckpt, tmp_path, capfd)
+    _assert_refused(rc, err, tmp_path, repr(EMBED), f"{VOCAB} rows", f"vocab_size {VOCAB + 3}")
+
+
+def test_tokenizer_larger_than_the_vocabulary_is_refused(tiny, tmp_path, capfd):
+    ckpt = _copy(tiny, tmp_path)
+    tok = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+           "added_tokens": [{"id": VOCAB, "content": "<extra>", "special": True}]}
+    (ckpt / "tokenizer.json").write_text(json.dumps(tok))
+    rc, err = _build(ckpt, tmp_path, capfd)
+    _assert_refused(rc, err, tmp_path, "tokenizer.json", f"token id {VOCAB}", f"vocab_size {VOCAB}")
+
+
+def test_value_the_load_dtype_overflows_is_refused_only_for_that_dtype(tiny, tmp_path, capfd):
+    ckpt = _copy(tiny, tmp_path)
+    # float16 holds at most 65504; bfloat16 and float32 hold 1e5
+    _edit(ckpt, _poison(Q_PROJ, 1e5, (3, 3)))
+    rc, err = _build(ckpt, tmp_path, capfd, "--dtype", "float16")
+    _assert_refused(rc, err, tmp_path, repr(Q_PROJ), "1e+05")
+    rc, err = _build(ckpt, tmp_path, capfd, "--dtype", "bfloat16")
+    assert rc == 0, err
+
+
+def test_skip_finite_check_is_recorded_and_a_clean_build_records_the_check(tiny, tmp_path, capfd):
+    ckpt = _copy(tiny, tmp_path)
+    rc, err = _build(ckpt, tmp_path, capfd)
+    assert rc == 0, err
+    meta = json.loads((tmp_path / "engine" / "config.json").read_text())["checkpoint_check"]
+    assert meta["finite_checked"] is True and meta["tensors"] == len(load_file(str(ckpt / WEIGHTS)))
+    _edit(ckpt, _poison(IN_PROJ, float("nan")))
+    rc, err = _build(ckpt, tmp_path, capfd, "--force", "--skip-finite-check")
+    assert rc == 0, err
+    assert json.loads((tmp_path / "engine" / "config.json").read_text())["checkpoint_check"]["finite_checked"] is False
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_needed_tensors_are_what_transformers_saves(tmp_path, arch):
+    """The loaders' requests (meta device) list every tensor transformers writes, at its saved shape."""
+    build(tmp_path, arch, seed=1)
+    saved = {k: tuple(v.shape) for k, v in load_file(str(tmp_path / WEIGHTS)).items()}
+    needed = needed_tensors(str(tmp_path), SafetensorsCheckpoint(str(tmp_path)), "bfloat16")
+    assert {n.name: n.shape for n in needed} == saved
+    # the decay parameters are loaded in float32 whatever the engine's dtype; projections in the engine's
+    fp32 = {n.name for n in needed if n.load_dtype == "float32"}
+    assert {k for k in saved if k.endswith(("A_log", "dt_bias"))} <= fp32
+    assert not any(k.endswith("_proj.weight") for k in fp32)
+
+
+def test_values_are_streamed_in_chunks_with_progress_lines(tiny, tmp_path, monkeypatch, capsys):
+    """A NaN far inside a tensor read in many small chunks is still found; a large checkpoint gets
+    progress lines ending at 100%."""
+    from build_scripts import checkpoint_check
+    monkeypatch.setattr(checkpoint_check, "CHUNK_BYTES", 256)
+    monkeypatch.setattr(checkpoint_check, "PROGRESS_MIN_BYTES", 0)
+    ckpt = _copy(tiny, tmp_path)
+    report = checkpoint_check.check_checkpoint(str(ckpt), "bfloat16")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "finite check" in line]
+    assert report["finite_checked"] and lines and "(100%" in lines[-1]
+    # the last element of the embedding: its chunk is the tensor's last of many
+    _edit(ckpt, _poison(EMBED, float("nan"), (VOCAB - 1, 47)))
+    with pytest.raises(checkpoint_check.CheckpointCheckError, match="model.embed_tokens.weight.*NaN"):
+        checkpoint_check.check_checkpoint(str(ckpt), "bfloat16")

@@ -1,0 +1,154 @@
+"""Where dasc-build writes: the engine appears complete or not at all (built beside the output, renamed
+into place); --force replaces a dasc engine and nothing else; a concurrent build of the same output is
+refused in one line (two racing builds: exactly one succeeds and the engine is complete); an OS error
+(/proc, /sys, a file as parent, a failing write mid-build) is one line with no traceback."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from build_scripts import dasc_build
+from build_scripts.engine_output import OutputLock
+from serve_helpers import build
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("out")
+    build(root / "ckpt", "gdn", seed=2)
+    return root / "ckpt"
+
+
+def _run(ckpt, out, capfd, *flags) -> tuple[int, str]:
+    rc = dasc_build.main(["--model", str(ckpt), "--output", str(out), "--device", "cpu", *map(str, flags)])
+    return rc, capfd.readouterr().err
+
+
+def _one_error(rc, err, *needles):
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert all(n in errors[0] for n in needles), errors[0]
+
+
+def _complete(engine) -> dict:
+    """The engine's metadata, after checking that every part of a finished build is there."""
+    meta = json.loads((engine / "config.json").read_text())
+    assert meta["dasc_engine_version"] >= 1
+    for part in ("plan.json", "model/model.safetensors", "model/config.json", "model_repo/dasc_hybrid/config.pbtxt",
+                 "kernels"):
+        assert (engine / part).exists(), part
+    return meta
+
+
+def _siblings(parent) -> list[str]:
+    """Temporary directories and lock files a build leaves behind (none)."""
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def test_force_replaces_an_engine_in_one_step(ckpt, tmp_path, capfd):
+    out = tmp_path / "engine"
+    rc, err = _run(ckpt, out, capfd, "--wmax", 0)
+    assert rc == 0, err
+    assert _complete(out)["engine"]["wmax"] == 0 and _siblings(tmp_path) == []
+    rc, err = _run(ckpt, out, capfd, "--wmax", 16, "--force")
+    assert rc == 0, err
+    assert _complete(out)["engine"]["wmax"] == 16 and _siblings(tmp_path) == []
+
+
+def test_force_never_replaces_what_is_not_an_engine(ckpt, tmp_path, capfd):
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "thesis.tex").write_text("precious")
+    _one_error(*_run(ckpt, user, capfd, "--force"), "not a dasc engine")
+    assert (user / "thesis.tex").read_text() == "precious" and sorted(os.listdir(user)) == ["thesis.tex"]
+    # a config.json of some other program is not the marker either
+    (user / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    _one_error(*_run(ckpt, user, capfd, "--force"), "not a dasc engine")
+    assert (user / "thesis.tex").exists()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    _one_error(*_run(ckpt, afile, capfd, "--force"), "not a directory")
+    assert afile.read_text() == "x"
+    link = tmp_path / "link"
+    link.symlink_to(user)
+    _one_error(*_run(ckpt, link, capfd, "--force"), "symbolic link")
+    assert link.is_symlink() and (user / "thesis.tex").exists()
+    assert _siblings(tmp_path) == []
+
+
+def test_an_empty_directory_is_filled(ckpt, tmp_path, capfd):
+    out = tmp_path / "empty"
+    out.mkdir()
+    rc, err = _run(ckpt, out, capfd)
+    assert rc == 0, err
+    _complete(out)
+
+
+def test_a_held_lock_refuses_the_build_in_one_line(ckpt, tmp_path, capfd):
+    out = tmp_path / "engine"
+    with OutputLock(str(out)) as lock:
+        _one_error(*_run(ckpt, out, capfd), "another dasc-build", f"pid {os.getpid()}")
+        assert not out.exists() and os.path.exists(lock.path)
+    # released: the lock file is gone and the build goes through
+    assert not os.path.exists(lock.path)
+    rc, err = _run(ckpt, out, capfd)
+    assert rc == 0, err
+    _complete(out)
+    assert _siblings(tmp_path) == []
+
+
+def test_two_racing_builds_one_succeeds_and_the_engine_is_complete(ckpt, tmp_path):
+    out = tmp_path / "engine"
+    cmd = [sys.executable, "-m", "build_scripts.dasc_build", "--model", str(ckpt), "--output", str(out),
+           "--device", "cpu", "--skip-finite-check"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(120), p.stderr.read()) for p in procs]
+    ok = [err for rc, err in results if rc == 0]
+    refused = [(rc, err) for rc, err in results if rc != 0]
+    assert len(ok) == 1 and len(refused) == 1, results
+    rc, err = refused[0]
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "another dasc-build" in errors[0] or "exists and is not empty" in errors[0], errors[0]
+    assert f"wrote {out}" in ok[0]
+    _complete(out)
+    assert _siblings(tmp_path) == []
+
+
+@pytest.mark.parametrize("where", ["/proc/dasc-engine", "/sys/dasc-engine", "FILE/engine"], ids=["proc", "sys", "file"])
+def test_unwritable_output_is_one_line(ckpt, tmp_path, capfd, where):
+    if where.startswith("FILE"):
+        (tmp_path / "FILE").write_text("x")
+        where = str(tmp_path / where)
+    _one_error(*_run(ckpt, where, capfd), "--output")
+    assert not os.path.lexists(where)
+
+
+def test_os_error_mid_build_is_one_line_and_keeps_the_old_engine(ckpt, tmp_path, capfd, monkeypatch):
+    out = tmp_path / "engine"
+    rc, err = _run(ckpt, out, capfd, "--wmax", 0)
+    assert rc == 0, err
+
+    def full_disk(src, dst, weights=True):
+        os.makedirs(dst)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(dst, "model.safetensors"))
+    monkeypatch.setattr(dasc_build, "copy_model", full_disk)
+    _one_error(*_run(ckpt, out, capfd, "--wmax", 16, "--force"), "No space left on device", "model.safetensors")
+    assert _complete(out)["engine"]["wmax"] == 0 and _siblings(tmp_path) == []
+
+
+def test_a_killed_builds_leftovers_are_cleared(ckpt, tmp_path, capfd):
+    """SIGKILL leaves the building directory and the (unlocked) lock file: the next build takes both over."""
+    out = tmp_path / "engine"
+    left = tmp_path / ".engine.building-999999-dead"
+    (left / "model").mkdir(parents=True)
+    (tmp_path / ".engine.dasc-build.lock").write_text("999999")
+    rc, err = _run(ckpt, out, capfd)
+    assert rc == 0, err
+    _complete(out)
+    assert _siblings(tmp_path) == []

@@ -1,0 +1,76 @@
+"""dasc serve says why a model did not load: the model's own error (its first line, from tritonserver's
+log) and a non-zero exit, for a load failure (an engine built for CUDA on a machine without it) and for a
+warm-up failure (finite weights whose logits overflow), with the real tritonserver."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from serve_helpers import build, build_engine
+from trtllm_dasc.serve.load_errors import first_model_error, start_failure
+from trtllm_dasc.serve.tritonserver import free_port
+
+# verbatim lines of tritonserver 2.51's log for an engine built with --device cuda, served without CUDA
+LOG = r'''I1201 21:46:02.078121 18094 pb_stub.cc:366] "Failed to initialize Python stub: UserError: device cuda requested but CUDA is not available\n\nAt:\n  /w/trtllm_dasc/engine/runner.py(42): __init__\n"
+E1201 21:46:05.650382 18094 backend_model.cc:692] "ERROR: Failed to create instance: UserError: device cuda requested but CUDA is not available\n\nAt:\n  /w/trtllm_dasc/engine/runner.py(42): __init__\n"
+E1201 21:46:05.650638 18094 model_lifecycle.cc:642] "failed to load 'dasc_hybrid' version 1: Internal: UserError: device cuda requested but CUDA is not available\n\nAt:\n  /w/trtllm_dasc/engine/runner.py(42): __init__\n"
+I1201 21:46:05.650672 18094 model_lifecycle.cc:777] "failed to load 'dasc_hybrid'"
+| dasc_hybrid | 1       | UNAVAILABLE: Internal: UserError: device cuda requested but CUDA is not available |
+Error: Failed to initialize NVML
+error: creating server: Internal - failed to load all models'''
+
+
+def test_the_first_model_error_is_found_in_the_log():
+    assert first_model_error(LOG) == ("model 'dasc_hybrid' failed to load: UserError: device cuda requested but "
+                                      "CUDA is not available")
+    # without the lifecycle line, the backend's own error line
+    backend_only = "\n".join(line for line in LOG.splitlines() if "model_lifecycle" not in line)
+    assert first_model_error(backend_only) == "Failed to create instance: UserError: device cuda requested but " \
+                                              "CUDA is not available"
+    assert first_model_error("I1201 server started\nerror: creating server: x") is None
+    assert start_failure("tritonserver exited with code 1:", "", "/w/log") == \
+        "tritonserver exited with code 1 (log: /w/log)"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loaderr")
+    build(root / "ckpt", "gdn", seed=4)
+    return root / "ckpt"
+
+
+def _serve(engine, tmp_path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", str(engine), "--work-dir", str(tmp_path / "w"),
+           "--http-port", str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
+           "--ready-timeout", "240"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def _assert_says(proc, *needles):
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert errors[0].startswith("dasc serve: error: model 'dasc_hybrid' failed to load: "), errors[0]
+    assert all(n in errors[0] for n in needles), errors[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA engine loads where CUDA is")
+def test_serve_prints_the_models_load_error(ckpt, tmp_path):
+    engine = build_engine(ckpt, tmp_path / "engine", "--device", "cuda", "--max-batch-size", 2, "--kv-blocks", 64,
+                          "--max-context", 128)
+    _assert_says(_serve(engine, tmp_path), "device cuda requested but CUDA is not available", "tritonserver.log")
+
+
+def test_serve_prints_the_models_warmup_error(ckpt, tmp_path):
+    # finite weights (the build's checks pass) whose logits overflow float32 in the warm-up's first step
+    bad = tmp_path / "ckpt"
+    subprocess.run(["cp", "-r", str(ckpt), str(bad)], check=True)
+    t = load_file(str(bad / "model.safetensors"))
+    t["model.norm.weight"][:] = 1e30
+    t["lm_head.weight"][:] = 1e30
+    save_file(t, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    engine = build_engine(bad, tmp_path / "engine", "--max-batch-size", 2, "--kv-blocks", 64, "--max-context", 128)
+    _assert_says(_serve(engine, tmp_path), "warmup", "non-finite logits")
