@@ -84,6 +84,21 @@ def decay_tensors(alpha: np.ndarray, units_per_head: int, seed: int = 0, a: floa
     return A_log, dt_bias
 
 
+def profile_decay_params(cfg, seed: int = 0) -> list:
+    """The paper-shaped A_log / dt_bias of every linear layer of cfg (HybridConfig), as horizons.DecayParams
+    (float64, flat: A_log [value heads], dt_bias [units]). The one source of the decay weights of a synthetic
+    checkpoint (write_checkpoint) and of dummy weights (model/weights.py DummyWeights), so a dummy engine
+    plans exactly what `dasc plan` plans for the synthetic checkpoint of the same seed."""
+    from trtllm_dasc.plan.horizons import DecayParams
+    per_head = cfg.units_per_layer // cfg.num_value_heads
+    alpha = synthetic_decay(cfg.arch, cfg.num_linear_layers, cfg.num_value_heads, per_head, seed)
+    A_log, dt_bias = decay_tensors(alpha, per_head, seed)
+    # float32, the dtype the tensors are stored and loaded in, so a plan from either source reads equal values
+    return [DecayParams(layer=layer, A_log=A_log[i].astype(np.float32).astype(np.float64),
+                        dt_bias=dt_bias[i].astype(np.float32).astype(np.float64))
+            for i, layer in enumerate(cfg.linear_layers)]
+
+
 MODELS = {"kda": KIMI_48B, "gdn": QWEN3_NEXT_80B}
 # what a checkpoint directory holds that writing a new one would replace or contradict
 _CHECKPOINT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json")
@@ -123,14 +138,11 @@ def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2, fo
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 2 * cfg.num_linear_layers:
         raise UserError(f"--shards must be in 1..{2 * cfg.num_linear_layers} (one per decay tensor at most), "
                         f"got {shards!r}")
-    per_head = cfg.units_per_layer // cfg.num_value_heads
-    alpha = synthetic_decay(arch, cfg.num_linear_layers, cfg.num_value_heads, per_head, seed)
-    A_log, dt_bias = decay_tensors(alpha, per_head, seed)
     tensors = {}
-    for i, layer in enumerate(cfg.linear_layers):
-        prefix = f"model.layers.{layer}.{fam.linear_prefix}"
-        tensors[prefix + "A_log"] = A_log[i].astype(np.float32).reshape(fam.a_log_view)
-        tensors[prefix + "dt_bias"] = dt_bias[i].astype(np.float32)
+    for p in profile_decay_params(cfg, seed):
+        prefix = f"model.layers.{p.layer}.{fam.linear_prefix}"
+        tensors[prefix + "A_log"] = p.A_log.astype(np.float32).reshape(fam.a_log_view)
+        tensors[prefix + "dt_bias"] = p.dt_bias.astype(np.float32)
     _prepare_out_dir(out_dir, force)
     try:
         _write_files(out_dir, raw, tensors, shards, save_file)
