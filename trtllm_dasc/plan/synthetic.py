@@ -221,3 +221,29 @@ def write_tiny_model(out_dir: str, arch: str = "kda", seed: int = 0) -> str:
             m.dt_bias.copy_(torch.tensor(dt_bias[i], dtype=torch.float32).view_as(m.dt_bias))
     model.float().eval().save_pretrained(out_dir)
     return out_dir
+
+
+def tiny_moe_config(arch: str, layers: int = 6, experts: int = 8, top_k: int = 2, **over) -> dict:
+    """The released model of `arch` shrunk to a CPU-sized mixture of experts: its routers (kda: sigmoid scores
+    with groups and the correction bias, a shared expert, the first layer dense; gdn: softmax top-k, a gated
+    shared expert), its layer pattern (every third layer full attention here), hidden 64, 4 linear heads of
+    16, vocab 320. For tests and the benchmarks' --smoke runs; `over` replaces any field."""
+    from trtllm_dasc.families.released import complete_released
+    if arch not in MODELS:
+        raise UserError(f"arch must be kda or gdn, got {arch!r}")
+    raw, _ = complete_released(json.loads(json.dumps(MODELS[arch])))
+    raw.update(hidden_size=64, vocab_size=320, intermediate_size=96, moe_intermediate_size=32,
+               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4 if arch == "kda" else 2)
+    types = ["full_attention" if (i + 1) % 3 == 0 else "linear_attention" for i in range(layers)]
+    if arch == "kda":
+        raw["linear_attn_config"] = {"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4,
+                                     "kda_layers": [i + 1 for i, t in enumerate(types) if t == "linear_attention"],
+                                     "full_attn_layers": [i + 1 for i, t in enumerate(types) if t == "full_attention"]}
+        raw.update(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_experts=experts,
+                   num_experts_per_token=top_k, num_expert_group=2, topk_group=1)
+    else:
+        raw.update(layer_types=types, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=16, linear_value_head_dim=16, num_experts=experts, num_experts_per_tok=top_k,
+                   shared_expert_intermediate_size=32)
+    raw.update(over)
+    return raw
