@@ -210,12 +210,12 @@ def build(args) -> str:
     if args.tp > 1 and plan.moved_units and args.layout != "ragged":
         raise UserError(f"--placement {args.placement} moves checkpoint units between ranks, which the run time "
                         "does for the ragged layout only: use --layout ragged or --placement off")
+    footprint = check_build_memory(args, opts, cfg, plan, is_dummy)
     report = plan.report(args.state_budget_bytes)
     kept = sum(map(len, plan.retained)) / (plan.config.units_per_layer * plan.config.num_linear_layers)
     print(f"[dasc-build] plan: W_max {args.wmax}, {kept:.1%} of the units kept, {report['bottleneck_slot_bytes']:,} B "
           f"per checkpoint ({report['compression_ckpt']:.2f}x smaller than dense, {time.time() - t0:.1f} s)",
           file=sys.stderr)
-    footprint = check_build_memory(args, opts, cfg, plan, is_dummy)
     if is_dummy:
         print(f"[dasc-build] {DUMMY_NOTE}; seed {args.seed}"
               + (f"; released router fields added to the config: {', '.join(completed)}" if completed else ""),
