@@ -128,3 +128,14 @@ def test_dummy_needs_the_network_and_safetensors_needs_weights(tmp_path, capsys)
     assert dasc_build(["--model", str(model), "--output", str(tmp_path / "f"), "--load-format", "safetensors",
                        *SMALL]) == 2
     assert "--load-format dummy" in capsys.readouterr().err
+
+
+def test_prefill_computes_logits_for_the_sampled_positions_only(tmp_path, monkeypatch):
+    from trtllm_dasc.model.model import HybridModel
+    assert build(tiny_checkpoint(tmp_path), tmp_path / "e", "--prefill-chunk", 16) == 0
+    engine = Engine(engine_config(str(tmp_path / "e")))
+    rows, head = [], HybridModel._head
+    monkeypatch.setattr(HybridModel, "_head", lambda self, x: rows.append(x.shape[0]) or head(self, x))
+    # a 40-token prompt in chunks of 16, then 3 decode steps: one LM-head row per step, none for the first chunks
+    engine.generate([GenerationRequest(0, list(range(7, 47)), 4, SamplingParams(temperature=1.0, seed=2))])
+    assert rows == [1, 1, 1, 1]
