@@ -3,7 +3,9 @@
     ENGINE_DIR/
       config.json     every option (the EngineConfig, serving options) and the model's config.json
       plan.json       the dasc plan (`dasc plan --json`): what each checkpoint keeps, the wr window, bytes
-      model/          the checkpoint's files (config, safetensors, tokenizer), copied (hard-linked when it can)
+      model/          the checkpoint's files (config, safetensors, tokenizer), copied (hard-linked when it can);
+                      with --load-format dummy only config.json and dummy_weights.json (the seed): each rank
+                      makes its weights on its device at load time, nothing of their size is ever written
       kernels/        Triton's compiled-kernel cache, filled by the server's warm-up and reused afterwards
       model_repo/     the filled Triton model repository: dasc_hybrid (+ preprocessing, postprocessing and
                       ensemble when the checkpoint has a tokenizer); serve it with `dasc serve ENGINE_DIR`
@@ -22,13 +24,17 @@ from build_scripts.engine_output import check_output, staged_output
 from trtllm_dasc.errors import UserError
 
 ENGINE_VERSION = 1
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DUMMY_NOTE = ("DUMMY WEIGHTS: random values made at load time (dasc-build --load-format dummy); outputs are "
+              "meaningless, speeds and memory are those of the real model")
 # the checkpoint files an engine directory keeps
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "model.safetensors.index.json")
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (config.json + safetensors)")
+    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (config.json + safetensors); "
+                   "with --load-format dummy a bare config.json or a directory holding only one")
     p.add_argument("--output", required=True, help="engine directory to create")
     p.add_argument("--force", action="store_true", help="replace an existing engine directory (only a dasc engine)")
     p.add_argument("--skip-finite-check", action="store_true", help="do not read every weight for NaN / Inf "
@@ -50,6 +56,16 @@ def add_arguments(p) -> None:
                    help="TP placement of checkpoint units (with --tp > 1)")
     g.add_argument("--state-budget-bytes", type=int, default=None,
                    help="checkpoint pool bytes per rank (default: 64 dense checkpoints' worth)")
+    g = p.add_argument_group("weights")
+    g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
+                   help="safetensors: the checkpoint's weights; dummy: random weights of the config's full size, "
+                        "made on each rank's device at load time (nothing but the config is written; the decay "
+                        "tensors follow the planner's paper-shaped profile), as vLLM's --load-format dummy; "
+                        "auto: safetensors (dummy for a dummy engine's model)")
+    g.add_argument("--seed", type=int, default=0, help="seed of --load-format dummy")
+    g.add_argument("--memory-limit-bytes", type=int, default=None,
+                   help="device memory one rank may take (weights + KV cache + state rows + checkpoint pool); "
+                        "checked at build and before loading (default: the device's free memory at load time)")
     g = p.add_argument_group("runtime")
     g.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N")
@@ -84,16 +100,46 @@ def engine_options(args) -> dict:
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
                 interval=args.interval, prefill_chunk=args.prefill_chunk, prompt_only=args.prompt_only,
                 plan_path="plan.json", kernel_cache_dir="kernels", tp_size=args.tp,
-                placement=args.placement if args.tp > 1 else "off", rank_weights="weights" if args.tp > 1 else None)
+                placement=args.placement if args.tp > 1 else "off",
+                rank_weights="weights" if args.tp > 1 and not dummy(args) else None,
+                load_format="dummy" if dummy(args) else "safetensors",
+                memory_limit_bytes=getattr(args, "memory_limit_bytes", None))
     EngineConfig(**opts)
     return opts
+
+
+def dummy(args) -> bool:
+    """Whether the engine gets dummy weights: --load-format dummy, or auto on a dummy engine's model."""
+    fmt = getattr(args, "load_format", "auto")
+    if fmt == "auto" and os.path.isdir(args.model):
+        from trtllm_dasc.checkpoint_files import DUMMY_MARKER
+        return os.path.isfile(os.path.join(args.model, DUMMY_MARKER))
+    return fmt == "dummy"
+
+
+def model_config_file(args) -> str:
+    """--model's config.json (a bare file is accepted for dummy weights only)."""
+    if dummy(args) and os.path.isfile(args.model):
+        return args.model
+    return os.path.join(args.model, "config.json")
 
 
 def check_args(args) -> None:
     if isinstance(args.tp, bool) or not isinstance(args.tp, int) or args.tp < 1:
         raise UserError(f"--tp must be a positive integer, got {args.tp!r}")
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
-        raise UserError(f"--model {args.model!r} is not a checkpoint directory (no config.json)")
+    if getattr(args, "load_format", "auto") not in LOAD_FORMATS:
+        raise UserError(f"--load-format must be one of {'|'.join(LOAD_FORMATS)}, got {args.load_format!r}")
+    seed = getattr(args, "seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise UserError(f"--seed must be a non-negative integer, got {seed!r}")
+    if not os.path.isfile(model_config_file(args)):
+        what = "a config.json or a directory holding one" if dummy(args) else "a checkpoint directory"
+        raise UserError(f"--model {args.model!r} is not {what} (no config.json)")
+    if (not dummy(args) and getattr(args, "load_format", "auto") == "safetensors"
+            and not os.path.isfile(os.path.join(args.model, "model.safetensors.index.json"))
+            and not any(f.endswith(".safetensors") for f in os.listdir(args.model))):
+        raise UserError(f"--model {args.model!r} holds no safetensors weights: pass --load-format dummy for "
+                        "random weights of its config")
     if args.max_queue_delay_microseconds < 0:
         raise UserError(f"--max-queue-delay-microseconds must be >= 0, got {args.max_queue_delay_microseconds}")
     out = os.path.abspath(args.output)
@@ -145,35 +191,55 @@ def build(args) -> str:
     """Write the engine directory; returns its path."""
     from trtllm_dasc.config import HybridConfig
     from trtllm_dasc.plan import PlanOptions, plan_from_path
-    from trtllm_dasc.serve.repository import fill_model
+    from trtllm_dasc.plan.plan import plan_from_params
+    from trtllm_dasc.plan.synthetic import profile_decay_params
+    from trtllm_dasc.serve.repository import add_parameters, fill_model
     from trtllm_dasc.serve.tokenizer import text_model_values
 
+    # a namespace made by hand (tests, dasc serve's older callers) may lack the weights options
+    for name, default in (("load_format", "auto"), ("seed", 0), ("memory_limit_bytes", None)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
     check_args(args)
     opts = engine_options(args)
     if getattr(args, "tensorrt", False):
         from plugins.engines import check_available
         check_available()
+    is_dummy = dummy(args)
+    model_config, completed = read_model_config(args, is_dummy)
+    cfg = HybridConfig.from_dict(model_config, conv_dtype=args.dtype)
+    check_network(cfg, args.tp, require=is_dummy)
     # plan first: a checkpoint that cannot be planned fails before anything is written
     t0 = time.time()
-    plan, _ = plan_from_path(args.model, PlanOptions(wmax=args.wmax, tp=opts["tp_size"], placement=opts["placement"],
-                                                     codec=args.codec, layout=args.layout, selection=args.selection,
-                                                     mask_seed=args.mask_seed), conv_dtype=args.dtype)
+    options = PlanOptions(wmax=args.wmax, tp=opts["tp_size"], placement=opts["placement"], codec=args.codec,
+                          layout=args.layout, selection=args.selection, mask_seed=args.mask_seed)
+    if is_dummy:
+        # the decay tensors the dummy loader will make: the planner's paper-shaped profile of this seed
+        plan, _ = plan_from_params(cfg, profile_decay_params(cfg, args.seed), options)
+    else:
+        plan, _ = plan_from_path(args.model, options, conv_dtype=args.dtype)
     if args.tp > 1 and plan.moved_units and args.layout != "ragged":
         raise UserError(f"--placement {args.placement} moves checkpoint units between ranks, which the run time "
                         "does for the ragged layout only: use --layout ragged or --placement off")
+    footprint = check_build_memory(args, opts, cfg, plan, is_dummy)
     report = plan.report(args.state_budget_bytes)
     kept = sum(map(len, plan.retained)) / (plan.config.units_per_layer * plan.config.num_linear_layers)
     print(f"[dasc-build] plan: W_max {args.wmax}, {kept:.1%} of the units kept, {report['bottleneck_slot_bytes']:,} B "
           f"per checkpoint ({report['compression_ckpt']:.2f}x smaller than dense, {time.time() - t0:.1f} s)",
           file=sys.stderr)
     checked = check_weights(args)
-    with open(os.path.join(args.model, "config.json")) as f:
-        model_config = json.load(f)
+    if is_dummy:
+        print(f"[dasc-build] {DUMMY_NOTE}; seed {args.seed}"
+              + (f"; released router fields added to the config: {', '.join(completed)}" if completed else ""),
+              file=sys.stderr)
     out = os.path.abspath(args.output)
     with staged_output(out, args.force) as tmp:
-        copy_model(args.model, os.path.join(tmp, "model"), weights=args.tp == 1)
+        if is_dummy:
+            write_dummy_model(args, os.path.join(tmp, "model"), model_config, completed)
+        else:
+            copy_model(args.model, os.path.join(tmp, "model"), weights=args.tp == 1)
         HybridConfig.from_path(os.path.join(tmp, "model"))     # the copy is complete and parses
-        if args.tp > 1:
+        if args.tp > 1 and not is_dummy:
             from trtllm_dasc.model.rank_weights import write_rank_weights
             t1 = time.time()
 
@@ -193,7 +259,11 @@ def build(args) -> str:
                    "max_queue_delay_microseconds": args.max_queue_delay_microseconds}
         meta = {"dasc_engine_version": ENGINE_VERSION, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "source": os.path.abspath(args.model), "engine": opts, "serving": serving,
-                "checkpoint_check": checked, "model_config": model_config}
+                "checkpoint_check": checked, "model_config": model_config,
+                "weights": weights_record(args, is_dummy, completed),
+                "memory_per_rank": None if footprint is None else {
+                    "weights": footprint.weights, "kv_cache": footprint.kv, "state_rows": footprint.state,
+                    "checkpoint_pool": footprint.pool, "total": footprint.total}}
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(meta, f, indent=1)
         repo = os.path.join(tmp, "model_repo")
@@ -201,7 +271,9 @@ def build(args) -> str:
                   "max_queue_delay_microseconds": args.max_queue_delay_microseconds,
                   # relative to the model's directory: the engine directory can move
                   "engine_dir": "../..", "exclude_input_in_output": str(args.exclude_input_in_output).lower()}
-        fill_model("dasc_hybrid", repo, values)
+        add_parameters(fill_model("dasc_hybrid", repo, values), {
+            "load_format": "dummy" if is_dummy else "safetensors",
+            "weights": f"{DUMMY_NOTE}; seed {args.seed}" if is_dummy else "checkpoint weights (safetensors)"})
         extra = {}
         if os.path.isfile(os.path.join(tmp, "model", "tokenizer.json")):
             # text in, text out: the checkpoint's own tokenizer, found relative to each model's directory
@@ -212,6 +284,72 @@ def build(args) -> str:
             fill_model(name, repo, model_values)
     print(f"[dasc-build] wrote {out}: models {', '.join(['dasc_hybrid', *extra])}", file=sys.stderr)
     return out
+
+
+def read_model_config(args, is_dummy: bool) -> tuple[dict, list[str]]:
+    """--model's config.json, and for dummy weights the released router fields it lacks (families/released.py):
+    (config, the fields added)."""
+    from trtllm_dasc.checkpoint_files import read_json
+    from trtllm_dasc.families import ConfigError
+    raw = read_json(model_config_file(args), ConfigError)
+    if not isinstance(raw, dict):
+        raise UserError(f"{model_config_file(args)} must hold a JSON object")
+    if not is_dummy:
+        return raw, []
+    from trtllm_dasc.families.released import complete_released
+    return complete_released(raw)
+
+
+def check_network(cfg, tp: int, require: bool) -> None:
+    """The network part of the config (required for dummy weights: they are made from it) and how the TP
+    degree splits the experts: each expert's intermediate channels (and the shared expert's) must split
+    evenly, or the layer would be replicated on every rank unnoticed."""
+    schema = cfg.schema
+    net = schema.require_network() if require else schema.network
+    if net is None or "moe" not in net.mlp_types:
+        return
+    for what, width in (("routed expert", net.moe_intermediate_size), ("shared expert", net.shared_intermediate_size)):
+        if width and width % tp:
+            raise UserError(f"--tp {tp} splits each {what}'s {width} intermediate channels unevenly: use a TP "
+                            f"degree that divides {width}")
+
+
+def check_build_memory(args, opts: dict, cfg, plan, is_dummy: bool):
+    """With --memory-limit-bytes: rank 0's footprint, refused in one line when over the limit (the runner
+    checks again, against the device, before loading). Returns the footprint (None without a limit)."""
+    if getattr(args, "memory_limit_bytes", None) is None:
+        return None
+    from trtllm_dasc.engine.config import EngineConfig
+    from trtllm_dasc.engine.loading import check_memory
+    from trtllm_dasc.engine.runner import DENSE_SLOTS_DEFAULT
+    from trtllm_dasc.model.weights import CheckpointReader, DummyWeights
+    source = DummyWeights(cfg, args.seed) if is_dummy else CheckpointReader(args.model)
+    budget = args.state_budget_bytes or (DENSE_SLOTS_DEFAULT + 1) * cfg.dense_checkpoint_bytes_per_rank(args.tp)
+    return check_memory(EngineConfig(**opts), cfg, source, 0, plan.bundle_order, 2 * args.max_batch_size, budget)
+
+
+def write_dummy_model(args, dst: str, model_config: dict, completed: list[str]) -> None:
+    """model/ of a dummy engine: the (completed) config.json, the dummy record, the tokenizer files if --model
+    has them; no weights."""
+    from trtllm_dasc.checkpoint_files import DUMMY_MARKER
+    if os.path.isdir(args.model):
+        copy_model(args.model, dst, weights=False)
+    else:
+        os.makedirs(dst)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(model_config, f, indent=1)
+    with open(os.path.join(dst, DUMMY_MARKER), "w") as f:
+        json.dump(weights_record(args, True, completed), f, indent=1)
+
+
+def weights_record(args, is_dummy: bool, completed: list[str]) -> dict:
+    if not is_dummy:
+        return {"load_format": "safetensors"}
+    from trtllm_dasc.families.released import released_name
+    raw = read_model_config(args, False)[0]
+    return {"load_format": "dummy", "seed": args.seed, "note": DUMMY_NOTE,
+            "decay_profile": "the planner's paper-shaped profile (trtllm_dasc/plan/synthetic.py)",
+            "released_shapes": released_name(raw), "completed_fields": completed}
 
 
 def run(args) -> int:

@@ -114,6 +114,23 @@ def _tensor_info(path, name, entry, data_start, data_len, bad) -> TensorInfo:
     return TensorInfo(path, dtype, tuple(shape), data_start + begin, end - begin)
 
 
+# written by `dasc-build --load-format dummy` beside config.json: the checkpoint's weights are random, made at
+# load time from this seed (model/weights.py DummyWeights; its decay tensors: plan/synthetic.py)
+DUMMY_MARKER = "dummy_weights.json"
+
+
+def dummy_marker(model_dir: str) -> dict | None:
+    """The dummy-weights record of a checkpoint directory ({"load_format": "dummy", "seed": S, ...}), or None."""
+    path = os.path.join(model_dir, DUMMY_MARKER)
+    if not os.path.isdir(model_dir) or not os.path.isfile(path):
+        return None
+    meta = read_json(path)
+    seed = meta.get("seed") if isinstance(meta, dict) else None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise CheckpointFileError(f"{path} must hold a JSON object with a non-negative integer 'seed'")
+    return meta
+
+
 def has_weights(model_dir: str) -> bool:
     return os.path.isfile(os.path.join(model_dir, INDEX)) or bool(glob.glob(os.path.join(model_dir, "*.safetensors")))
 

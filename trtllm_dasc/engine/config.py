@@ -15,6 +15,7 @@ LAYOUTS = ("ragged", "padded")
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "fla", "fla-unfused")   # model/recurrence/__init__.py says what each runs
 PLACEMENTS = ("off", "storage", "hybrid")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
 MAX_TP = 64
 # a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)
 MAX_COUNT = 1 << 31
@@ -53,12 +54,18 @@ class EngineConfig:
     tp_size: int = 1
     placement: str = "off"              # off | storage | hybrid (the planner's TP placement of the units)
     rank_weights: str | None = None     # per-rank weight files (dasc-build --tp); None: slice the checkpoint
+    # where the weights come from: safetensors (the checkpoint's files), dummy (random, made on the device at
+    # load time: dasc-build --load-format dummy), auto (dummy when the checkpoint is a dummy one, else safetensors)
+    load_format: str = "auto"
+    # device memory one rank may take (weights + KV cache + state rows + checkpoint pool), checked before
+    # loading; None: the device's free memory (a CPU device is not checked)
+    memory_limit_bytes: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
             raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
         for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
-                              ("backend", BACKENDS), ("placement", PLACEMENTS)):
+                              ("backend", BACKENDS), ("placement", PLACEMENTS), ("load_format", LOAD_FORMATS)):
             if getattr(self, name) not in allowed:
                 raise UserError(f"{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):
@@ -70,7 +77,7 @@ class EngineConfig:
                             f"with mask seed {self.mask_seed!r}")
         if self.mask_seed is not None:
             _count(self, "mask_seed", minimum=0)
-        for name in ("replay_window", "state_budget_bytes", "max_num_tokens"):
+        for name in ("replay_window", "state_budget_bytes", "max_num_tokens", "memory_limit_bytes"):
             if getattr(self, name) is not None:
                 _count(self, name, minimum=0 if name == "replay_window" else 1, cap=1 << 50)
         if not isinstance(self.prompt_only, bool):

@@ -18,12 +18,13 @@ import sys
 import torch
 
 from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.engine.loading import check_memory, weight_source
 from trtllm_dasc.engine.sampling import sample
 from trtllm_dasc.engine.step import StepOutput, StepPlan
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.checkpoint_files import dummy_marker
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.model import ForwardOutput, HybridModel, Refresh, SeqInput
-from trtllm_dasc.model.weights import CheckpointReader
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.state import CheckpointPool, StateLayout
 from trtllm_dasc.state import ops as state_ops
@@ -46,23 +47,23 @@ class ModelRunner:
             raise UserError("tp_size > 1 needs the ranks' all-reduce (run it through trtllm_dasc.dist)")
         # the plan first: its bundle order decides which heads this rank loads
         self.plan = engine_plan(cfg)
-        if cfg.rank_weights:
-            # this rank's own file (dasc-build --tp): already cut, checked against the plan's bundle order
-            from trtllm_dasc.model.rank_weights import RankWeights
-            source = RankWeights(cfg.rank_weights, tp_rank, cfg.tp_size, self.plan.bundle_order)
-        else:
-            source = CheckpointReader(cfg.model)
-        self.model = HybridModel.from_source(HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype), source,
-                                             dtype=cfg.dtype, device=cfg.device, backend=cfg.backend,
-                                             tp_rank=tp_rank, tp_size=cfg.tp_size,
+        model_cfg = HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype)
+        source = weight_source(cfg, model_cfg, tp_rank, self.plan.bundle_order)
+        dense = self.plan.config.dense_checkpoint_bytes_per_rank(cfg.tp_size)
+        self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes
+        self.num_rows = 2 * cfg.max_batch
+        # refused before a byte is loaded when it cannot fit (model/footprint.py)
+        self.footprint = check_memory(cfg, model_cfg, source, tp_rank, self.plan.bundle_order, self.num_rows,
+                                      self.budget)
+        self.model = HybridModel.from_source(model_cfg, source, dtype=cfg.dtype, device=cfg.device,
+                                             backend=cfg.backend, tp_rank=tp_rank, tp_size=cfg.tp_size,
                                              bundle_order=self.plan.bundle_order)
+        self.dummy_weights = getattr(source, "dummy", False)
         # cuDNN's long-prefill attention graphs for the lengths a step can reach (model/attention.py), on
         # every rank (a TP worker runs its own runner) before the engine can report ready; nothing on a CPU
         # or when no step reaches CUDNN_MIN_TOKENS
         self.model.warm_long_prefill(min(cfg.prefill_chunk, cfg.max_context, cfg.max_num_tokens or cfg.max_context))
         self.model.all_reduce = all_reduce
-        dense = self.plan.config.dense_checkpoint_bytes_per_rank(cfg.tp_size)
-        self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes
         from trtllm_dasc.dist.storage import BalancedPool, exchanges
         if exchanges(self.plan):
             if all_to_all is None:
@@ -71,7 +72,6 @@ class ModelRunner:
             self.pool = BalancedPool(self.plan, self.budget, tp_rank, all_to_all, device=cfg.device)
         else:
             self.pool = CheckpointPool.from_plan(self.plan, self.budget, tp_rank, device=cfg.device)
-        self.num_rows = 2 * cfg.max_batch
         # CUDA graphs pad a decode batch up to its bucket into one state row and one KV block that the
         # scheduler never hands out (it knows num_rows rows and cfg.num_kv_blocks blocks)
         graphs = graphs_wanted(cfg, self.model)
@@ -253,7 +253,9 @@ def engine_plan(cfg: EngineConfig):
     options = PlanOptions(wmax=cfg.wmax, tp=cfg.tp_size, placement=cfg.placement, codec=cfg.codec, layout=cfg.layout,
                           selection=cfg.selection, mask_seed=cfg.mask_seed)
     if cfg.plan_path is None:
-        return plan_from_path(cfg.model, options, conv_dtype=cfg.dtype)[0]
+        # dummy weights without a dummy record (EngineConfig(load_format="dummy") on a bare config): seed 0
+        seed = 0 if cfg.load_format == "dummy" and dummy_marker(cfg.model) is None else None
+        return plan_from_path(cfg.model, options, conv_dtype=cfg.dtype, dummy_seed=seed)[0]
     from trtllm_dasc.plan import DascPlan
     try:
         with open(cfg.plan_path) as f:

@@ -67,21 +67,37 @@ def draw_seed(seed: int | None, token_index: int) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
+def draw_uniform(seed: int | None, token_index: int) -> float:
+    """The one uniform number in [0, 1) that decides output token token_index of a request: drawn on the
+    host from (seed, index) alone, so every device and every TP rank picks the same token from the same
+    distribution."""
+    gen = torch.Generator().manual_seed(draw_seed(seed, token_index))
+    return float(torch.rand(1, generator=gen, dtype=torch.float64))
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, token_index: int) -> int:
-    """The next token from one position's logits [vocab] (any device)."""
+    """The next token from one position's logits [vocab], computed where the logits are (a 151,936 or
+    163,840-entry row never crosses to the host: only the chosen id does).
+
+    temperature scales the logits; top-k keeps the k largest (ties at the k-th kept); softmax; the tokens
+    are ranked by probability (ties by id) and top-p keeps the smallest prefix whose mass reaches top_p;
+    the token is the first in that order whose cumulative mass exceeds u x the kept mass (inverse CDF), u
+    = draw_uniform(seed, token_index)."""
     if params.greedy:
         return int(torch.argmax(logits))
-    logits = logits.float().cpu() / params.temperature
-    if params.top_k:
-        kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    x = logits.float() / params.temperature
+    if params.top_k and params.top_k < x.numel():
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    ranked, order = torch.sort(probs, descending=True, stable=True)
+    # the running sums in fp64: 150k fp32 terms would carry ~1e-5 of rounding into every boundary
+    ranked = ranked.double()
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (always at least the top token)
-        drop = torch.cumsum(sorted_probs, 0) - sorted_probs >= params.top_p
-        sorted_probs[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-        probs = probs / probs.sum()
-    gen = torch.Generator().manual_seed(draw_seed(params.seed, token_index))
-    return int(torch.multinomial(probs, 1, generator=gen))
+        # drop a token when the mass before it already reaches top_p (the top token always stays)
+        ranked = ranked.masked_fill(torch.cumsum(ranked, 0) - ranked >= params.top_p, 0.0)
+    cdf = torch.cumsum(ranked, 0)
+    target = (cdf[-1] * draw_uniform(params.seed, token_index)).reshape(1)
+    # the first rank whose cumulative mass exceeds the target has a probability > 0
+    pos = torch.searchsorted(cdf, target, right=True).clamp_max(cdf.numel() - 1)
+    return int(order[pos])

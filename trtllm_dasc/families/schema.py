@@ -158,6 +158,12 @@ def check_network(net, family: Family, layers: int) -> None:
         if net.num_experts % net.n_group or not 0 < net.topk_group <= net.n_group:
             raise ConfigError(f"expert groups: {net.num_experts} experts, n_group {net.n_group}, "
                               f"topk_group {net.topk_group} do not fit")
+        # the router picks top_k experts among the topk_group best groups: fewer there and it would pick
+        # experts its group mask excluded
+        if net.topk_group * (net.num_experts // net.n_group) < net.top_k:
+            raise ConfigError(f"expert groups: topk_group {net.topk_group} of {net.n_group} groups hold "
+                              f"{net.topk_group * (net.num_experts // net.n_group)} experts, fewer than the "
+                              f"{net.top_k} experts per token")
     if family.attention == "gqa":
         if net.head_dim < 1:
             raise ConfigError(f"head_dim must be >= 1 (hidden_size // num_attention_heads when absent), "

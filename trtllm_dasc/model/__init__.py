@@ -5,8 +5,8 @@ from trtllm_dasc.model.model import DTYPES, ForwardOutput, HybridModel, Refresh,
 from trtllm_dasc.model.recurrence import get_backend, run_recurrence
 from trtllm_dasc.model.spec import ModelSpec
 from trtllm_dasc.model.state import RecurrentState, StateRows
-from trtllm_dasc.model.weights import CheckpointReader, RandomWeights, WeightError
+from trtllm_dasc.model.weights import CheckpointReader, DummyWeights, RandomWeights, WeightError
 
 __all__ = ["HybridModel", "SeqInput", "Refresh", "ForwardOutput", "DTYPES", "PagedKVCache", "KVCacheConfig",
            "SeqKV", "RecurrentState", "StateRows", "ModelSpec", "CheckpointReader", "RandomWeights",
-           "WeightError", "get_backend", "run_recurrence"]
+           "DummyWeights", "WeightError", "get_backend", "run_recurrence"]

@@ -8,6 +8,7 @@ names transformers 5.x writes back (e.g. kimi `self_attn.q_conv1d.weight`,
 """
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -62,18 +63,75 @@ class RandomWeights:
         return not name.endswith(".bias") or "e_score_correction_bias" in name or "dt_bias" in name
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if name.endswith(("A_log", "dt_bias")):
+            return self._decay(name, shape)
+        if "norm" in name:
+            return self._norm(name, shape)
+        if name.endswith("e_score_correction_bias"):
+            return torch.zeros(shape, device=self.device)
+        return self._normal(name, shape)
+
+    def _decay(self, name: str, shape) -> torch.Tensor:
         def uniform(lo, hi):
             return torch.rand(shape, generator=self.gen, device=self.device) * (hi - lo) + lo
         if name.endswith("A_log"):
             return uniform(1.0, 16.0).log()
-        if name.endswith("dt_bias"):
-            dt = uniform(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
-            return dt + torch.log(-torch.expm1(-dt))
-        if "norm" in name:
-            return torch.ones(shape, device=self.device)
-        if name.endswith("e_score_correction_bias"):
-            return torch.zeros(shape, device=self.device)
+        dt = uniform(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
+        return dt + torch.log(-torch.expm1(-dt))
+
+    def _norm(self, name: str, shape) -> torch.Tensor:
+        return torch.ones(shape, device=self.device)
+
+    def _normal(self, name: str, shape) -> torch.Tensor:
         return torch.randn(shape, generator=self.gen, device=self.device) * self.std
+
+
+class DummyWeights(RandomWeights):
+    """`dasc-build --load-format dummy`: full-size random weights made on the device at load time, nothing read.
+
+    Every tensor is a function of (seed, tensor name) alone: its own generator is seeded from a hash of both,
+    so the values depend on neither the order of loading nor the TP degree, and a rank's slice (the loader
+    cuts the full tensor, weights.load) is the slice of the full tensor. One device type gives one set of
+    values (CUDA's generator differs from the CPU's). Matrices are N(0, 1/fan_in): each projection keeps its
+    input's scale, so activations stay O(1) through any depth (the norms re-centre the residual stream) and
+    the logits come out O(1); norms are neutral (qwen3_next's 1 + w norms get w = 0); the correction bias 0;
+    A_log / dt_bias are the paper-shaped decay profile the planner uses (plan/synthetic.py), so the engine's
+    state capacities equal `dasc plan`'s for the synthetic checkpoint of the same seed."""
+
+    dummy = True
+
+    def __init__(self, cfg, seed: int = 0, device: str | torch.device = "cpu"):
+        from trtllm_dasc.plan.synthetic import profile_decay_params
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+            raise WeightError(f"dummy weights' seed must be a non-negative integer, got {seed!r}")
+        super().__init__(seed=seed, device=device)
+        self.seed, self.path = seed, f"dummy weights (seed {seed})"
+        self.offset_norm = cfg.family.norm_offset
+        self.linear_prefix = cfg.family.linear_prefix
+        self.decay = {}
+        for p in profile_decay_params(cfg, seed):
+            self.decay[f"model.layers.{p.layer}.{cfg.family.linear_prefix}A_log"] = p.A_log
+            self.decay[f"model.layers.{p.layer}.{cfg.family.linear_prefix}dt_bias"] = p.dt_bias
+
+    def tensor_seed(self, name: str) -> int:
+        digest = hashlib.blake2b(f"{self.seed}:{name}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1
+
+    def _decay(self, name: str, shape) -> torch.Tensor:
+        values = self.decay.get(name)
+        if values is None or values.size != math.prod(shape):
+            raise WeightError(f"dummy weights have no decay profile for {name!r} of shape {list(shape)}")
+        return torch.tensor(values, dtype=torch.float32, device=self.device).view(shape)
+
+    def _norm(self, name: str, shape) -> torch.Tensor:
+        # qwen3_next's decoder and q/k norms scale by (1 + w); its gated linear-attention norm by w
+        offset = self.offset_norm and f".{self.linear_prefix}norm" not in name
+        return (torch.zeros if offset else torch.ones)(shape, device=self.device)
+
+    def _normal(self, name: str, shape) -> torch.Tensor:
+        gen = torch.Generator(device=self.device).manual_seed(self.tensor_seed(name))
+        fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
+        return torch.randn(shape, generator=gen, device=self.device) * (1.0 / math.sqrt(max(fan_in, 1)))
 
 
 def load(src, name: str, shape: tuple[int, ...], dtype: torch.dtype, device, rows=None, cols=None) -> torch.Tensor:
@@ -89,6 +147,9 @@ def load(src, name: str, shape: tuple[int, ...], dtype: torch.dtype, device, row
             t = t.index_select(0, rows.to(t.device))
         if cols is not None:
             t = t.index_select(1, cols.to(t.device))
+    if t.device.type == "meta":
+        # shapes only (model/footprint.py counts the bytes a load would take): nothing to check or move
+        return t.to(dtype=dtype).contiguous()
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         where = f" in {src.path}" if isinstance(getattr(src, "path", None), str) else ""
         raise WeightError(f"tensor {name!r}{where} holds NaN or Inf values: the checkpoint is corrupt")

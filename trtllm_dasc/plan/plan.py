@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtllm_dasc.checkpoint_files import has_weights
+from trtllm_dasc.checkpoint_files import dummy_marker, has_weights
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan import accounting
@@ -230,17 +230,51 @@ def build_plan(cfg: HybridConfig, horizons: list[np.ndarray] | None, options: Pl
                     permutation_optimal=optimal, wr_window=window)
 
 
-def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float32",
-                   conv_dtype: str = "bfloat16") -> tuple[DascPlan, list[np.ndarray] | None]:
-    """Plan a checkpoint directory (reads config.json + A_log/dt_bias) or a bare config.json (W=0 only).
-    Returns the plan and the per-layer horizons (None when no weights were read)."""
-    from trtllm_dasc.plan.horizons import decay_factors, horizons_from_params, read_decay_params
+def model_dir_of(path: str) -> str:
+    """An engine directory (dasc-build's output) stands for its model/ checkpoint; any other path for itself."""
+    import json
+    meta = os.path.join(path, "config.json")
+    if os.path.isdir(path) and os.path.isdir(os.path.join(path, "model")) and os.path.isfile(meta):
+        try:
+            with open(meta) as f:
+                if "dasc_engine_version" in json.load(f):
+                    return os.path.join(path, "model")
+        except (OSError, ValueError):
+            pass
+    return path
 
+
+def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float32",
+                   conv_dtype: str = "bfloat16", dummy_seed: int | None = None
+                   ) -> tuple[DascPlan, list[np.ndarray] | None]:
+    """Plan a checkpoint directory (reads config.json + A_log/dt_bias; a dummy-weights one, dasc-build
+    --load-format dummy, its seed's decay profile; an engine directory, its model/) or a bare config.json (W=0
+    only, unless dummy_seed says the weights will be dummy ones of that seed).
+    Returns the plan and the per-layer horizons (None when no weights were read)."""
+    from trtllm_dasc.plan.horizons import read_decay_params
+
+    path = model_dir_of(path)
     cfg = HybridConfig.from_path(path, temporal_dtype=temporal_dtype, conv_dtype=conv_dtype)
     cfg.shard(options.tp)
-    horizons, summary = None, {}
-    if os.path.isdir(path) and (options.wmax > 0 or has_weights(path)):
+    dummy = dummy_marker(path)
+    if dummy_seed is None and dummy is not None:
+        dummy_seed = dummy["seed"]
+    params = None
+    if dummy_seed is not None:
+        # dummy weights: the decay tensors the loader will make (plan/synthetic.py's profile)
+        from trtllm_dasc.plan.synthetic import profile_decay_params
+        params = profile_decay_params(cfg, dummy_seed)
+    elif os.path.isdir(path) and (options.wmax > 0 or has_weights(path)):
         params = read_decay_params(path, cfg)
+    return plan_from_params(cfg, params, options)
+
+
+def plan_from_params(cfg: HybridConfig, params, options: PlanOptions) -> tuple[DascPlan, list[np.ndarray] | None]:
+    """Plan cfg from its decay tensors (horizons.DecayParams per linear layer; None: W=0 only)."""
+    from trtllm_dasc.plan.horizons import decay_factors, horizons_from_params
+
+    horizons, summary = None, {}
+    if params is not None:
         horizons = horizons_from_params(params, cfg, options.a, options.eps)
         alpha = decay_factors(params, cfg, options.a)
         q1, med, q3 = np.quantile(alpha, [0.25, 0.5, 0.75])
@@ -249,4 +283,3 @@ def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float
     plan = build_plan(cfg, horizons, options)
     plan.decay_summary = summary
     return plan, horizons
-

@@ -84,6 +84,21 @@ def decay_tensors(alpha: np.ndarray, units_per_head: int, seed: int = 0, a: floa
     return A_log, dt_bias
 
 
+def profile_decay_params(cfg, seed: int = 0) -> list:
+    """The paper-shaped A_log / dt_bias of every linear layer of cfg (HybridConfig), as horizons.DecayParams
+    (float64, flat: A_log [value heads], dt_bias [units]). The one source of the decay weights of a synthetic
+    checkpoint (write_checkpoint) and of dummy weights (model/weights.py DummyWeights), so a dummy engine
+    plans exactly what `dasc plan` plans for the synthetic checkpoint of the same seed."""
+    from trtllm_dasc.plan.horizons import DecayParams
+    per_head = cfg.units_per_layer // cfg.num_value_heads
+    alpha = synthetic_decay(cfg.arch, cfg.num_linear_layers, cfg.num_value_heads, per_head, seed)
+    A_log, dt_bias = decay_tensors(alpha, per_head, seed)
+    # float32, the dtype the tensors are stored and loaded in, so a plan from either source reads equal values
+    return [DecayParams(layer=layer, A_log=A_log[i].astype(np.float32).astype(np.float64),
+                        dt_bias=dt_bias[i].astype(np.float32).astype(np.float64))
+            for i, layer in enumerate(cfg.linear_layers)]
+
+
 MODELS = {"kda": KIMI_48B, "gdn": QWEN3_NEXT_80B}
 # what a checkpoint directory holds that writing a new one would replace or contradict
 _CHECKPOINT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json")
@@ -123,14 +138,11 @@ def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2, fo
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 2 * cfg.num_linear_layers:
         raise UserError(f"--shards must be in 1..{2 * cfg.num_linear_layers} (one per decay tensor at most), "
                         f"got {shards!r}")
-    per_head = cfg.units_per_layer // cfg.num_value_heads
-    alpha = synthetic_decay(arch, cfg.num_linear_layers, cfg.num_value_heads, per_head, seed)
-    A_log, dt_bias = decay_tensors(alpha, per_head, seed)
     tensors = {}
-    for i, layer in enumerate(cfg.linear_layers):
-        prefix = f"model.layers.{layer}.{fam.linear_prefix}"
-        tensors[prefix + "A_log"] = A_log[i].astype(np.float32).reshape(fam.a_log_view)
-        tensors[prefix + "dt_bias"] = dt_bias[i].astype(np.float32)
+    for p in profile_decay_params(cfg, seed):
+        prefix = f"model.layers.{p.layer}.{fam.linear_prefix}"
+        tensors[prefix + "A_log"] = p.A_log.astype(np.float32).reshape(fam.a_log_view)
+        tensors[prefix + "dt_bias"] = p.dt_bias.astype(np.float32)
     _prepare_out_dir(out_dir, force)
     try:
         _write_files(out_dir, raw, tensors, shards, save_file)
@@ -209,3 +221,29 @@ def write_tiny_model(out_dir: str, arch: str = "kda", seed: int = 0) -> str:
             m.dt_bias.copy_(torch.tensor(dt_bias[i], dtype=torch.float32).view_as(m.dt_bias))
     model.float().eval().save_pretrained(out_dir)
     return out_dir
+
+
+def tiny_moe_config(arch: str, layers: int = 6, experts: int = 8, top_k: int = 2, **over) -> dict:
+    """The released model of `arch` shrunk to a CPU-sized mixture of experts: its routers (kda: sigmoid scores
+    with groups and the correction bias, a shared expert, the first layer dense; gdn: softmax top-k, a gated
+    shared expert), its layer pattern (every third layer full attention here), hidden 64, 4 linear heads of
+    16, vocab 320. For tests and the benchmarks' --smoke runs; `over` replaces any field."""
+    from trtllm_dasc.families.released import complete_released
+    if arch not in MODELS:
+        raise UserError(f"arch must be kda or gdn, got {arch!r}")
+    raw, _ = complete_released(json.loads(json.dumps(MODELS[arch])))
+    raw.update(hidden_size=64, vocab_size=320, intermediate_size=96, moe_intermediate_size=32,
+               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4 if arch == "kda" else 2)
+    types = ["full_attention" if (i + 1) % 3 == 0 else "linear_attention" for i in range(layers)]
+    if arch == "kda":
+        raw["linear_attn_config"] = {"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4,
+                                     "kda_layers": [i + 1 for i, t in enumerate(types) if t == "linear_attention"],
+                                     "full_attn_layers": [i + 1 for i, t in enumerate(types) if t == "full_attention"]}
+        raw.update(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_experts=experts,
+                   num_experts_per_token=top_k, num_expert_group=2, topk_group=1)
+    else:
+        raw.update(layer_types=types, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=16, linear_value_head_dim=16, num_experts=experts, num_experts_per_tok=top_k,
+                   shared_expert_intermediate_size=32)
+    raw.update(over)
+    return raw

@@ -86,8 +86,11 @@ def run(args) -> int:
     stop = {"signal": None}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, f: stop.update(signal=s))
-    from trtllm_dasc.serve.host import engine_config
+    from trtllm_dasc.serve.host import dummy_notice, engine_config
     tp = engine_config(engine_dir).tp_size
+    notice = dummy_notice(engine_dir)
+    if notice:
+        print(f"[dasc serve] {notice}", file=sys.stderr, flush=True)
     if tp > 1:
         from trtllm_dasc.dist.launch import find_mpirun
         find_mpirun()
@@ -115,8 +118,8 @@ def run(args) -> int:
                     return 0
                 if time.time() > deadline:
                     raise UserError(f"tritonserver was not ready after {args.ready_timeout} s; see {server.log_path}")
-        print(f"[dasc serve] ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}",
-              flush=True)
+        print(f"[dasc serve] ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}"
+              + ("  (DUMMY WEIGHTS)" if notice else ""), flush=True)
         while stop["signal"] is None:
             if server.proc.poll() is not None:
                 print(f"[dasc serve] tritonserver exited with code {server.proc.returncode}", file=sys.stderr)

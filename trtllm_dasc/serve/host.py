@@ -54,11 +54,33 @@ def engine_config(engine_dir: str) -> EngineConfig:
     return EngineConfig(**opts)
 
 
+def engine_weights(engine_dir: str) -> dict:
+    """The engine directory's weights record ({"load_format": "safetensors"} for engines built before it)."""
+    try:
+        with open(os.path.join(engine_dir, "config.json")) as f:
+            record = json.load(f).get("weights")
+    except (OSError, ValueError, AttributeError):
+        record = None
+    return record if isinstance(record, dict) else {"load_format": "safetensors"}
+
+
+def dummy_notice(engine_dir: str) -> str | None:
+    """One line saying plainly that the engine's weights are dummy ones, or None for real weights."""
+    w = engine_weights(engine_dir)
+    if w.get("load_format") != "dummy":
+        return None
+    return (f"{w.get('note', 'DUMMY WEIGHTS: random values; outputs are meaningless')} (seed {w.get('seed')}"
+            + (f", {w['released_shapes']} shapes" if w.get("released_shapes") else "") + ")")
+
+
 class EngineHost:
     def __init__(self, engine_dir: str, *, decoupled: bool = True, exclude_input_default: bool = False,
                  warmup: bool = True):
         self.decoupled, self.exclude_default = decoupled, exclude_input_default
         cfg = engine_config(engine_dir)
+        self.dummy_notice = dummy_notice(engine_dir)
+        if self.dummy_notice:
+            log.warning("%s", self.dummy_notice)
         if cfg.tp_size > 1:
             # this process (the server's Python backend stub) is rank 0 of the mpirun that `dasc serve --tp`
             # started; the other ranks are dist.worker processes beside the server

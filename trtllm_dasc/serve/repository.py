@@ -41,3 +41,12 @@ def fill_model(name: str, out_repo: str, values: dict, templates: str = TEMPLATE
     with open(config, "w") as f:
         f.write(fill_text(text, values, f"{name}/config.pbtxt"))
     return dst
+
+
+def add_parameters(model_dir: str, params: dict) -> None:
+    """Append string parameters to a filled model's config.pbtxt (Triton reports them in the model config)."""
+    config = os.path.join(model_dir, "config.pbtxt")
+    with open(config, "a") as f:
+        for key, value in params.items():
+            text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+            f.write(f'parameters: {{\n  key: "{key}"\n  value: {{ string_value: "{text}" }}\n}}\n')
