@@ -62,7 +62,8 @@ def add_arguments(p) -> None:
                         "made on each rank's device at load time (nothing but the config is written; the decay "
                         "tensors follow the planner's paper-shaped profile), as vLLM's --load-format dummy; "
                         "auto: safetensors (dummy for a dummy engine's model)")
-    g.add_argument("--seed", type=int, default=0, help="seed of --load-format dummy")
+    g.add_argument("--seed", type=int, default=None, help="seed of --load-format dummy (default: the seed a dummy "
+                   "engine's model directory records, else 0)")
     g.add_argument("--memory-limit-bytes", type=int, default=None,
                    help="device memory one rank may take (weights + KV cache + state rows + checkpoint pool); "
                         "checked at build and before loading (default: the device's free memory at load time)")
@@ -117,6 +118,15 @@ def dummy(args) -> bool:
     return fmt == "dummy"
 
 
+def resolve_seed(args) -> int:
+    """--seed, else the seed a dummy engine's model directory records (its weights are remade the same), else 0."""
+    seed = getattr(args, "seed", None)
+    if seed is None and os.path.isdir(args.model):
+        from trtllm_dasc.checkpoint_files import dummy_marker
+        seed = (dummy_marker(args.model) or {}).get("seed")
+    return 0 if seed is None else seed
+
+
 def model_config_file(args) -> str:
     """--model's config.json (a bare file is accepted for dummy weights only)."""
     if dummy(args) and os.path.isfile(args.model):
@@ -129,7 +139,7 @@ def check_args(args) -> None:
         raise UserError(f"--tp must be a positive integer, got {args.tp!r}")
     if getattr(args, "load_format", "auto") not in LOAD_FORMATS:
         raise UserError(f"--load-format must be one of {'|'.join(LOAD_FORMATS)}, got {args.load_format!r}")
-    seed = getattr(args, "seed", 0)
+    seed = args.seed = resolve_seed(args)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
         raise UserError(f"--seed must be a non-negative integer, got {seed!r}")
     if not os.path.isfile(model_config_file(args)):
@@ -175,9 +185,9 @@ def copy_model(src: str, dst: str, weights: bool = True) -> int:
     return total
 
 
-def check_weights(args) -> dict:
+def check_weights(args, is_dummy: bool) -> dict:
     """The whole checkpoint checked before anything is written (checkpoint_check.py); what was checked."""
-    if getattr(args, "load_format", None) == "dummy":
+    if is_dummy:
         return {"skipped": "dummy weights"}
     from build_scripts.checkpoint_check import check_checkpoint
     checked = check_checkpoint(args.model, args.dtype, finite=not getattr(args, "skip_finite_check", False))
@@ -197,7 +207,7 @@ def build(args) -> str:
     from trtllm_dasc.serve.tokenizer import text_model_values
 
     # a namespace made by hand (tests, dasc serve's older callers) may lack the weights options
-    for name, default in (("load_format", "auto"), ("seed", 0), ("memory_limit_bytes", None)):
+    for name, default in (("load_format", "auto"), ("seed", None), ("memory_limit_bytes", None)):
         if not hasattr(args, name):
             setattr(args, name, default)
     check_args(args)
@@ -227,7 +237,7 @@ def build(args) -> str:
     print(f"[dasc-build] plan: W_max {args.wmax}, {kept:.1%} of the units kept, {report['bottleneck_slot_bytes']:,} B "
           f"per checkpoint ({report['compression_ckpt']:.2f}x smaller than dense, {time.time() - t0:.1f} s)",
           file=sys.stderr)
-    checked = check_weights(args)
+    checked = check_weights(args, is_dummy)
     if is_dummy:
         print(f"[dasc-build] {DUMMY_NOTE}; seed {args.seed}"
               + (f"; released router fields added to the config: {', '.join(completed)}" if completed else ""),

@@ -139,3 +139,13 @@ def test_prefill_computes_logits_for_the_sampled_positions_only(tmp_path, monkey
     # a 40-token prompt in chunks of 16, then 3 decode steps: one LM-head row per step, none for the first chunks
     engine.generate([GenerationRequest(0, list(range(7, 47)), 4, SamplingParams(temperature=1.0, seed=2))])
     assert rows == [1, 1, 1, 1]
+
+
+def test_a_dummy_engines_model_rebuilds_as_dummy_by_default(tmp_path):
+    """What the benchmark drivers do: one dummy model directory (config + seed), then an engine per arm
+    with the default --load-format auto; no weights check may ask for safetensors there."""
+    assert build(tiny_checkpoint(tmp_path), tmp_path / "first", "--seed", 5) == 0
+    model = tmp_path / "first" / "model"
+    assert dasc_build(["--model", str(model), "--output", str(tmp_path / "arm"), *SMALL]) == 0
+    meta = json.loads((tmp_path / "arm" / "config.json").read_text())
+    assert meta["weights"]["load_format"] == "dummy" and meta["weights"]["seed"] == 5
