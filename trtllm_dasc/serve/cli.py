@@ -6,10 +6,11 @@ then stays in the foreground. It stops the server and exits on Ctrl-C / SIGTERM 
 exits (its code), or when the engine inside it has died (1; seen on the metrics port), never leaving a
 hung process behind.
 
-Ctrl-C / SIGTERM drain gracefully (serve/drain.py): the server reports not-ready and refuses new requests
-at once, the requests in flight finish or, after --drain-seconds, end with a 'cancelled' final response;
-the models unload, tritonserver (and at TP every rank) exits, the Python backend's shared-memory regions
-of this server are removed; anything still running --drain-seconds + 15 s after the signal is killed.
+Ctrl-C / SIGTERM drain gracefully (serve/drain.py): the model refuses new requests at once (one line: the
+server is shutting down), the requests in flight finish or, after --drain-seconds, end with a 'cancelled'
+final response; then the server reports not-ready, the models unload, tritonserver (and at TP every rank) exits, the Python backend's shared-memory regions
+of this server are removed; anything still running 10 s after the drain (at most --drain-seconds + 1 s) is
+killed (a client holding its gRPC stream open keeps Triton 2.51 from unloading the model).
 The exit code is then 0 (also after a kill past the bound, which the log line says).
 """
 from __future__ import annotations

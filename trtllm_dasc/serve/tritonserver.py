@@ -160,7 +160,7 @@ class ServerProcess:
         drain time plus the unload's) whatever is left of the run is killed. Then no process of the server's
         session and none of its shared-memory regions remain. Returns the server's (or mpirun's) exit code."""
         drain = self.drain_seconds if drain_seconds is None else drain_seconds
-        timeout = drain + 1.0 + UNLOAD_S + 5.0 if timeout is None else timeout
+        timeout = drain + 1.0 + UNLOAD_S + 2.0 if timeout is None else timeout
         t0 = time.time()
         if self.proc.poll() is None:
             if self.drain_file and self.ready:
@@ -175,8 +175,11 @@ class ServerProcess:
                 os.kill(target, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+            # tritonserver gives the unload UNLOAD_S (--exit-timeout-secs); a model a client's open gRPC stream
+            # still references never unloads (Triton 2.51), and the server then hangs on exit: killed after
+            until = min(t0 + timeout, time.time() + UNLOAD_S + 2.0)
             try:
-                self.proc.wait(max(0.0, t0 + timeout - time.time()))
+                self.proc.wait(max(0.0, until - time.time()))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
