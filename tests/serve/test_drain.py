@@ -110,8 +110,15 @@ def test_sigterm_drains_in_flight_streams_and_leaves_nothing(tmp_path):
         assert "killed" not in err, err[-2000:]
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            # a failure before the signal: dasc serve's own stop, never a kill that would orphan its server
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(BOUND + 5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pid in server_processes(work):
+            os.kill(pid, signal.SIGKILL)
         for s in ("core", "text", "late"):
             if s in locals():
                 locals()[s].client.close()
