@@ -117,11 +117,12 @@ def test_sigterm_drains_in_flight_streams_and_leaves_nothing(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for pid in server_processes(work):
+        time.sleep(0.3)
+        left = server_processes(work)
+        for pid in left:
             os.kill(pid, signal.SIGKILL)
         for s in ("core", "text", "late"):
             if s in locals():
                 locals()[s].client.close()
-    time.sleep(0.3)
-    assert not server_processes(work), server_processes(work)
+    assert not left, left
     assert not [r for r in regions if os.path.exists(f"/dev/shm/{r}")]
