@@ -15,7 +15,7 @@ from hybrid_tiny import VOCAB, build  # noqa: E402
 
 from trtllm_dasc.serve.tritonserver import start_server  # noqa: E402
 
-__all__ = ["VOCAB", "build", "build_engine", "serve", "hf_greedy", "triton_inputs", "StreamClient"]
+__all__ = ["VOCAB", "build", "build_engine", "serve", "hf_greedy", "triton_inputs", "StreamClient", "Stream"]
 
 
 def build_engine(ckpt, out, *flags) -> Path:
@@ -111,4 +111,46 @@ class StreamClient:
 
     def close(self) -> None:
         self.client.stop_stream()
+        self.client.close()
+
+
+class Stream:
+    """One client's gRPC stream; ``next`` gives each response in arrival order as
+    (request id, output ids, final, finish_reason or None, error message or None)."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc as grpc
+        self.grpc, self.events = grpc, queue.Queue()
+        self.client = grpc.InferenceServerClient(url)
+        self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
+
+    def send(self, rid: str, inputs, model: str = "dasc_hybrid") -> None:
+        self.client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True)
+
+    def generate(self, rid: str, prompt, n: int) -> None:
+        self.send(rid, triton_inputs(self.grpc, prompt, n, streaming=True))
+
+    def generate_text(self, rid: str, text: str, n: int) -> None:
+        """Through the ensemble (text in, text out), streamed."""
+        values = {"text_input": np.array([[text.encode()]], object), "max_tokens": np.array([[n]], np.int32),
+                  "stream": np.array([[True]], bool)}
+        inputs = []
+        for name, arr in values.items():
+            i = self.grpc.InferInput(name, list(arr.shape), _triton_dtype(arr))
+            i.set_data_from_numpy(arr)
+            inputs.append(i)
+        self.send(rid, inputs, "ensemble")
+
+    def next(self, timeout: float = 120.0):
+        result, error = self.events.get(timeout=timeout)
+        if error is not None:
+            return None, [], True, None, error.message()
+        resp = result.get_response()
+        ids, reason = result.as_numpy("output_ids"), result.as_numpy("finish_reason")
+        final = resp.parameters["triton_final_response"].bool_param
+        reason = None if reason is None else reason.reshape(-1)[0].decode()
+        return resp.id, ids.reshape(-1).tolist() if ids is not None else [], final, reason, None
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
         self.client.close()

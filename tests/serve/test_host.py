@@ -2,6 +2,7 @@
 prompts share prefixes but the checkpoints do not serve them."""
 import logging
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -24,12 +25,16 @@ class Sink:
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory):
+def engine(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("host")
     build(tmp / "ckpt", "kda", seed=8)
     # checkpoints at prompt ends only: prompts that share a prefix (cached KV) but never repeat get no hit
-    engine = build_engine(tmp / "ckpt", tmp / "engine", "--wmax", 0, "--max-batch-size", 2, "--kv-blocks", 400,
-                          "--block-size", 4, "--max-context", 256, "--prompt-only")
+    return build_engine(tmp / "ckpt", tmp / "engine", "--wmax", 0, "--max-batch-size", 2, "--kv-blocks", 400,
+                        "--block-size", 4, "--max-context", 256, "--prompt-only")
+
+
+@pytest.fixture(scope="module")
+def host(engine):
     h = EngineHost(str(engine), warmup=False)
     yield h
     h.shutdown()
@@ -64,3 +69,36 @@ def test_shared_prefixes_with_no_hits_are_warned_about(host, caplog):
         assert sink.done.wait(60)
     warned = [r for r in caplog.records if "share prefixes" in r.getMessage()]
     assert warned, [r.getMessage() for r in caplog.records]
+
+
+def test_drain_refuses_new_requests_and_cancels_the_rest_at_the_deadline(engine, tmp_path, monkeypatch):
+    from trtllm_dasc.serve.drain import DRAIN_ENV, is_drained, request_drain
+    drain_file = str(tmp_path / "drain")
+    monkeypatch.setenv(DRAIN_ENV, drain_file)
+    h = EngineHost(str(engine), warmup=False)
+    try:
+        short, long_ = Sink(), Sink()
+        h.submit(inputs([1, 2, 3], 2), "short", short)
+        h.submit({**inputs([4, 5, 6], 200), "streaming": np.array([True])}, "long", long_)
+        assert short.done.wait(60)
+        t0 = time.time()
+        request_drain(drain_file, 1.0)
+        # admission closes at once (the watcher polls every 50 ms), in one line
+        time.sleep(0.3)
+        late = Sink()
+        h.submit(inputs([7], 1), "late", late)
+        assert late.done.wait(5) and "shutting down" in late.sent[-1][1] and "\n" not in late.sent[-1][1]
+        assert not is_drained(drain_file)
+        # the long request runs until the deadline, then its final response says 'cancelled'
+        assert long_.done.wait(10)
+        tensors, error, final = long_.sent[-1]
+        assert error is None and final and tensors["finish_reason"].reshape(-1)[0] == b"cancelled"
+        assert 0.9 < time.time() - t0 < 3
+        n = sum(t["output_ids"].shape[-1] for t, _, _ in long_.sent[:-1] if t is not None)
+        assert 0 < n < 200
+        deadline = time.time() + 2
+        while not is_drained(drain_file) and time.time() < deadline:
+            time.sleep(0.02)
+        assert is_drained(drain_file) and h.stats()["inflight"] == 0
+    finally:
+        h.shutdown()

@@ -5,6 +5,13 @@ ready (the dasc_hybrid model reports ready only after the engine's warm-up), pri
 then stays in the foreground. It stops the server and exits on Ctrl-C / SIGTERM (0), when the server
 exits (its code), or when the engine inside it has died (1; seen on the metrics port), never leaving a
 hung process behind.
+
+Ctrl-C / SIGTERM drain gracefully (serve/drain.py): the model refuses new requests at once (one line: the
+server is shutting down), the requests in flight finish or, after --drain-seconds, end with a 'cancelled'
+final response; then the server reports not-ready, the models unload, tritonserver (and at TP every rank) exits, the Python backend's shared-memory regions
+of this server are removed; anything still running 10 s after the drain (at most --drain-seconds + 1 s) is
+killed (a client holding its gRPC stream open keeps Triton 2.51 from unloading the model).
+The exit code is then 0 (also after a kill past the bound, which the log line says).
 """
 from __future__ import annotations
 
@@ -33,6 +40,9 @@ def add_arguments(p) -> None:
                    help="answer the model-repository and shared-memory APIs only with the header "
                         "'dasc-admin-key: KEY' (gRPC: 'triton-grpc-protocol-dasc-admin-key'; a fresh KEY per "
                         "run, written to WORK_DIR/admin-key, mode 0600)")
+    p.add_argument("--drain-seconds", type=float, default=10.0,
+                   help="on Ctrl-C / SIGTERM: seconds the requests in flight get to finish before they are "
+                        "cancelled (default 10; new requests are refused at once)")
     p.add_argument("--work-dir", default=None, help="where the server log (and a built engine) go "
                                                    "(default: a new temporary directory)")
     p.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for the warm-up")
@@ -79,6 +89,8 @@ def run(args) -> int:
     for name in ("http_port", "grpc_port", "metrics_port"):
         if not 0 < getattr(args, name) < 65536:
             raise UserError(f"--{name.replace('_', '-')} must be a port number, got {getattr(args, name)}")
+    if not 0 <= args.drain_seconds <= 3600:
+        raise UserError(f"--drain-seconds must be between 0 and 3600, got {args.drain_seconds}")
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="dasc-serve-")
     os.makedirs(work_dir, exist_ok=True)
     engine_dir = engine_dir_for(args, work_dir)
@@ -105,7 +117,8 @@ def run(args) -> int:
         print(f"[dasc serve] repository and shared-memory APIs restricted: header dasc-admin-key (gRPC: triton-grpc-protocol-dasc-admin-key), key in {key_path}",
               file=sys.stderr)
     server = start_server(repo, work_dir, http_port=args.http_port, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port, tp=(tp, engine_dir), host=args.host, admin_key=admin_key)
+                          metrics_port=args.metrics_port, tp=(tp, engine_dir), host=args.host, admin_key=admin_key,
+                          drain_seconds=args.drain_seconds)
     print(f"[dasc serve] starting tritonserver for {engine_dir} (log: {server.log_path})", file=sys.stderr)
     try:
         deadline = time.time() + args.ready_timeout
@@ -127,8 +140,16 @@ def run(args) -> int:
             if not engine_alive(server.metrics_url):
                 print("[dasc serve] the engine died; stopping the server (see its log)", file=sys.stderr)
                 return 1
-            time.sleep(POLL_S)
-        print("[dasc serve] stopping", file=sys.stderr)
+            # a signal must start the drain at once (a sleep resumes after the handler): short slices
+            until = time.time() + POLL_S
+            while stop["signal"] is None and time.time() < until:
+                time.sleep(0.02)
+        print(f"[dasc serve] draining (at most {args.drain_seconds:g} s for the requests in flight)",
+              file=sys.stderr, flush=True)
+        server.stop()
+        report = server.stop_report
+        killed = f", killed {len(report['killed'])} leftover processes" if report["killed"] else ""
+        print(f"[dasc serve] stopped in {report['seconds']:.1f} s{killed}", file=sys.stderr)
         return 0
     except RuntimeError as e:
         # the model's own load or warm-up error, not only "tritonserver exited with code 1"

@@ -19,6 +19,7 @@ from typing import Protocol
 from trtllm_dasc.engine.config import EngineConfig
 from trtllm_dasc.engine.engine import Engine
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.serve.drain import DRAIN_ENV, mark_drained, read_drain_request
 from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, parse_request,
                                       response_tensors, stats_tensor)
 
@@ -37,6 +38,8 @@ class Sink(Protocol):
 
 # TensorRT-LLM's words for a stop without an id (its model.py answers the same)
 NO_STOP_ID = "a stop request needs the request id of the request to stop (an empty id matches no request)"
+DRAINING = ("the server is shutting down: new requests are refused (the requests in flight finish or are "
+            "cancelled within its drain time)")
 
 
 def engine_config(engine_dir: str) -> EngineConfig:
@@ -95,7 +98,12 @@ class EngineHost:
         self._inflight: dict[object, tuple[ServeRequest, Sink]] = {}
         self._by_triton_id: dict[str, _Group] = {}      # non-empty Triton id -> its request, while in flight
         self._recent: list[tuple[int, int, int]] = []     # (prompt, matched KV, cached) per finished request
+        self._groups: set[_Group] = set()                 # every Triton request in flight (for the drain)
         self._stop = threading.Event()
+        # `dasc serve` asks for a graceful drain by writing this file (serve/drain.py): {"deadline": epoch s}
+        self._drain_file = os.environ.get(DRAIN_ENV) or None
+        self._drain_deadline: float | None = None
+        self._drained = False
         self._watcher = threading.Thread(target=self._watch, name="dasc-cancel-watch", daemon=True)
         self._watcher.start()
 
@@ -121,6 +129,8 @@ class EngineHost:
             sink.send(None, f"internal error: {type(e).__name__}: {e}", True)
 
     def _run(self, parsed: list[ServeRequest], triton_id: str, sink: Sink) -> None:
+        if self._drain_deadline is not None:
+            raise UserError(DRAINING)
         group = _Group(len(parsed), sink, self.engine.abort, lambda g: self._unregister(triton_id, g))
         # engine ids are ours: Triton ids may be empty or repeat across clients
         for sreq in parsed:
@@ -134,6 +144,7 @@ class EngineHost:
                                 "in-flight requests (or empty)")
             if triton_id:
                 self._by_triton_id[triton_id] = group
+            self._groups.add(group)
             for sreq in parsed:
                 self._inflight[sreq.gen.request_id] = (sreq, sink)
         for sreq in parsed:
@@ -163,6 +174,7 @@ class EngineHost:
     def _unregister(self, triton_id: str, group: "_Group") -> None:
         """The request's final response is out: its id is free again (for a new request and for stops)."""
         with self._lock:
+            self._groups.discard(group)
             if self._by_triton_id.get(triton_id) is group:
                 del self._by_triton_id[triton_id]
 
@@ -188,6 +200,7 @@ class EngineHost:
         """Client cancellations reach the engine as aborts (a queued request produces no event to notice
         them on, so this polls)."""
         while not self._stop.wait(0.05):
+            self._check_drain()
             with self._lock:
                 items = list(self._inflight.items())
             for rid, (_, sink) in items:
@@ -196,6 +209,32 @@ class EngineHost:
                         self.engine.abort(rid)
                 except Exception:  # noqa: BLE001 - a dead sender is a cancelled one
                     self.engine.abort(rid)
+
+    # ---- graceful drain ---------------------------------------------------------------------------------
+    def _check_drain(self) -> None:
+        """Once `dasc serve` asked for a drain: admission is closed (submit refuses in one line), the requests
+        in flight run on until the deadline, then every one left is cancelled (its final response says
+        'cancelled'); once none is left a marker file says so, and `dasc serve` stops tritonserver, which
+        then finds nothing in flight and unloads the models at once."""
+        if self._drain_deadline is None:
+            if self._drain_file is None or not os.path.exists(self._drain_file):
+                return
+            self._drain_deadline = read_drain_request(self._drain_file)
+            log.warning("draining: %d requests in flight, cancelled in %.1f s unless finished", len(self._groups),
+                        max(0.0, self._drain_deadline - time.time()))
+        with self._lock:
+            left = list(self._groups)
+        if not left:
+            if not self._drained:
+                self._drained = True
+                mark_drained(self._drain_file)
+                log.warning("drained: nothing in flight")
+            return
+        if time.time() < self._drain_deadline:
+            return
+        for group in left:
+            group.cancel()
+        log.warning("drain deadline: cancelled %d requests", len(left))
 
     # ---- reporting -----------------------------------------------------------------------------------------
     def _note_hit(self, prompt: int, matched: int, cached: int) -> None:
@@ -218,6 +257,7 @@ class EngineHost:
     def stats(self) -> dict:
         s = self.engine.stats()
         s["inflight"] = len(self._inflight)
+        s["draining"] = self._drain_deadline is not None
         s["time_ns"] = time.time_ns()
         return s
 

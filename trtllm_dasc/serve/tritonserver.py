@@ -18,6 +18,8 @@ import sysconfig
 import time
 from dataclasses import dataclass, field
 
+from trtllm_dasc.serve.drain import (DEFAULT_DRAIN_S, DRAIN_ENV, UNLOAD_S, find_tritonserver, is_drained,
+                                     kill_session, new_shm_prefix, remove_regions, request_drain, shm_backend_args)
 from trtllm_dasc.dist.group import free_port  # noqa: F401  (also this module's: tests import it here)
 from trtllm_dasc.errors import UserError
 
@@ -92,6 +94,15 @@ class ServerProcess:
     env: dict = field(default_factory=dict, repr=False)
     host: str = "127.0.0.1"
     admin_key: str | None = field(default=None, repr=False)
+    # the graceful drain (serve/drain.py): the file the model polls, the seconds it gets, the binary to
+    # signal, the prefix of the Python backend's shared-memory regions of this server
+    drain_file: str | None = None
+    drain_seconds: float = DEFAULT_DRAIN_S
+    binary: str | None = None
+    shm_prefix: str | None = None
+    # what stop() found: the seconds from the signal to the exit, processes killed, regions removed
+    stop_report: dict = field(default_factory=dict, repr=False)
+    ready: bool = False
 
     @property
     def connect_host(self) -> str:
@@ -136,26 +147,51 @@ class ServerProcess:
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
+                        self.ready = True
                         return
             except OSError:
                 pass
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not ready after {timeout} s:\n{self.log()[-4000:]}")
 
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM, then SIGKILL after ``timeout``; the server's own process group goes with it (its Python
-        backend stubs must not outlive it)."""
+    def stop(self, timeout: float | None = None, drain_seconds: float | None = None) -> int:
+        """Graceful drain (serve/drain.py): admission closes, what is in flight finishes or is cancelled
+        within ``drain_seconds``, tritonserver unloads its models and exits; after ``timeout`` (default: the
+        drain time plus the unload's) whatever is left of the run is killed. Then no process of the server's
+        session and none of its shared-memory regions remain. Returns the server's (or mpirun's) exit code."""
+        drain = self.drain_seconds if drain_seconds is None else drain_seconds
+        timeout = drain + 1.0 + UNLOAD_S + 2.0 if timeout is None else timeout
+        t0 = time.time()
         if self.proc.poll() is None:
-            self.proc.terminate()
+            if self.drain_file and self.ready:
+                # the model first (admission closed, streams ended), then the server: signalled at once,
+                # tritonserver would refuse the ensemble's next steps of the streams still running
+                deadline = request_drain(self.drain_file, drain) + 1.0
+                while time.time() < deadline and self.proc.poll() is None and not is_drained(self.drain_file):
+                    time.sleep(0.02)
+            # at TP proc is mpirun: signal tritonserver itself (mpirun would not pass SIGTERM on to it)
+            target = (find_tritonserver(self.proc.pid, self.binary) if self.binary else None) or self.proc.pid
             try:
-                self.proc.wait(timeout)
+                os.kill(target, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            # tritonserver gives the unload UNLOAD_S (--exit-timeout-secs); a model a client's open gRPC stream
+            # still references never unloads (Triton 2.51), and the server then hangs on exit: killed after
+            until = min(t0 + timeout, time.time() + UNLOAD_S + 2.0)
+            try:
+                self.proc.wait(max(0.0, until - time.time()))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        exited = time.time() - t0
+        # stubs, TP ranks: nothing of the run outlives it (they are all in the server's own session)
+        killed = kill_session(self.proc.pid)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        removed = remove_regions(self.shm_prefix) if self.shm_prefix else []
+        self.stop_report = {"seconds": exited, "killed": killed, "regions_removed": removed}
         return self.proc.returncode
 
     def __enter__(self) -> "ServerProcess":
@@ -169,14 +205,17 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
                  grpc_port: int | None = None, metrics_port: int | None = None, log_verbose: int = 0,
                  extra_args: list[str] | None = None, env: dict | None = None,
                  tp: tuple[int, str] | None = None, host: str = "127.0.0.1",
-                 admin_key: str | None = None) -> ServerProcess:
+                 admin_key: str | None = None, drain_seconds: float = DEFAULT_DRAIN_S) -> ServerProcess:
     """Start tritonserver on 127.0.0.1 (or ``host``) for ``model_repository``; ``work_dir`` keeps the
     backends directory and the server log. Returns at once: call ``wait_ready``. With ``admin_key`` the
     repository and shared-memory APIs answer only requests carrying it (restricted_api_args).
 
     ``tp = (T, engine_dir)`` with T > 1: one mpirun runs the server as rank 0 and T - 1 dist.worker ranks of
     that engine (MPMD); the dasc_hybrid model inside the server joins as rank 0. ``proc`` is then mpirun:
-    when any rank dies mpirun ends the rest, so the server never outlives its TP group."""
+    when any rank dies mpirun ends the rest, so the server never outlives its TP group.
+
+    ``drain_seconds``: what ServerProcess.stop (and so a SIGTERM to `dasc serve`) gives the requests in
+    flight before cancelling them; tritonserver's own exit timeout is that plus the unload's."""
     paths = find_server()
     os.makedirs(work_dir, exist_ok=True)
     backends = backends_dir(os.path.join(work_dir, "backends"), paths)
@@ -185,10 +224,19 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
     run_env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [paths.libs, run_env.get("LD_LIBRARY_PATH")]))
     run_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), run_env.get("PATH", "")])
     run_env.update(env or {})
+    shm_prefix = new_shm_prefix()
+    drain_file = os.path.join(os.path.abspath(work_dir), f"drain-{shm_prefix[-9:-1]}")
+    if os.path.exists(drain_file):
+        os.unlink(drain_file)
+    run_env[DRAIN_ENV] = drain_file
+    # what tritonserver waits for in-flight inferences after the drain: none but an ensemble request Triton
+    # lost track of (a cancelled ensemble stream holds one for good), so the unload's time
+    exit_timeout = int(UNLOAD_S)
     cmd = [paths.binary, "--model-repository", os.path.abspath(model_repository),
            "--backend-directory", backends, "--http-address", host, "--grpc-address", host,
            "--metrics-address", host, "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
            "--metrics-port", str(ports[2]), "--log-verbose", str(log_verbose), "--disable-auto-complete-config",
+           f"--exit-timeout-secs={exit_timeout}", *shm_backend_args(shm_prefix),
            *(restricted_api_args(admin_key) if admin_key else []), *(extra_args or [])]
     if tp is not None and tp[0] > 1:
         from trtllm_dasc.dist.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
@@ -202,4 +250,5 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)
     log.close()
-    return ServerProcess(proc, *ports, log_path, run_env, host=host, admin_key=admin_key)
+    return ServerProcess(proc, *ports, log_path, run_env, host=host, admin_key=admin_key, drain_file=drain_file,
+                         drain_seconds=drain_seconds, binary=paths.binary, shm_prefix=shm_prefix)

@@ -1,0 +1,97 @@
+"""Client cancellation reaches the engine (issue 30 item 3), on the real tritonserver serving the embedded
+default model: gRPC `stop_stream(cancel_requests=True)` on a stream to the core model and a dropped HTTP
+connection to its `generate_stream` (SSE) each end the request in the engine within a step or two (counted
+in dasc_requests_ended_total{reason="cancelled"}, the running gauge back to 0, long before max_tokens
+would be reached), and leave nothing in flight: the following shutdown takes seconds, not Triton's 30 s
+exit timeout, and kills nothing."""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from serve_helpers import Stream, build_engine
+from trtllm_dasc.serve.tritonserver import start_server
+
+ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
+PROMPT = [5, 17, 29, 41, 53, 65, 77]
+# about ten seconds of generation here: a cancel seen within ~2 s stopped it well before max_tokens
+N = 1000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cancel")
+    engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
+                          "--max-context", 1024)
+    s = start_server(str(engine / "model_repo"), str(tmp / "work"), drain_seconds=1.0)
+    try:
+        s.wait_ready(300)
+    except Exception:
+        s.stop()
+        raise
+    yield s
+    s.stop()
+
+
+def metric(server, name: str, labels: str = "") -> float:
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+CANCELLED = ("dasc_requests_ended_total", '{reason="cancelled"}')
+
+
+def wait_cancelled(server, before: float, timeout: float = 3.0) -> float:
+    """Seconds until the engine counted one more cancelled request and runs nothing."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if metric(server, *CANCELLED) >= before + 1 and metric(server, "dasc_running_requests") == 0:
+            return time.time() - t0
+        time.sleep(0.1)
+    raise AssertionError(f"not cancelled in the engine within {timeout} s: cancelled "
+                         f"{metric(server, *CANCELLED)} (before {before}), running "
+                         f"{metric(server, 'dasc_running_requests')}")
+
+
+def test_grpc_stream_cancel_aborts_in_the_engine(server):
+    before = metric(server, *CANCELLED)
+    stream = Stream(server.grpc_url)
+    stream.generate("g1", PROMPT, N)
+    for _ in range(3):
+        _, tokens, final, _, error = stream.next()
+        assert error is None and tokens and not final
+    stream.close(cancel=True)
+    wait_cancelled(server, before)
+
+
+def test_dropped_sse_connection_aborts_in_the_engine(server):
+    before = metric(server, *CANCELLED)
+    body = json.dumps({"input_ids": PROMPT, "input_lengths": [len(PROMPT)], "request_output_len": [N],
+                       "streaming": [True]}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    sock.sendall(b"POST /v2/models/dasc_hybrid/generate_stream HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    got = b""
+    while got.count(b"data:") < 3:
+        chunk = sock.recv(4096)
+        assert chunk, got
+        got += chunk
+    assert b"output_ids" in got, got[:500]
+    sock.close()
+    wait_cancelled(server, before)
+
+
+def test_shutdown_after_cancels_is_prompt(server):
+    # runs last in this module: nothing of the cancelled requests is in flight, so the drain is immediate
+    # and tritonserver unloads at once (before: it waited for in-flight inferences up to 30 s)
+    t0 = time.time()
+    server.stop()
+    assert time.time() - t0 < 5, (time.time() - t0, server.stop_report)
+    assert not server.stop_report["killed"], server.stop_report
