@@ -43,7 +43,7 @@ def test_random_masks_are_count_matched_seeded_and_distinct():
 @pytest.mark.parametrize("opts, msg", [({"selection": "random"}, "needs --mask-seed"),
                                        ({"mask_seed": 3}, "needs --selection random"),
                                        ({"selection": "best"}, "--selection must be"),
-                                       ({"selection": "random", "mask_seed": -1}, "non-negative")])
+                                       ({"selection": "random", "mask_seed": -1}, r"--mask-seed must be an integer in \[0, ")])
 def test_bad_selection_options_are_one_line(opts, msg):
     with pytest.raises(UserError, match=msg):
         PlanOptions(wmax=16, **opts)

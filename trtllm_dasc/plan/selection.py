@@ -13,8 +13,9 @@ import numpy as np
 from trtllm_dasc.errors import UserError
 
 
-# token positions are int32 everywhere: a longer window is no window
-MAX_WMAX = 2**31 - 1
+# horizons are doubles, compared with W_max: past 2^53 not every integer is a double, so a larger W_max
+# would no longer mean what it says (a wr window is further bounded by the cached tokens it replays)
+MAX_WMAX = 2**53
 
 
 def check_wmax(wmax) -> int:
@@ -23,7 +24,7 @@ def check_wmax(wmax) -> int:
     if wmax < 0:
         raise UserError(f"--wmax must be >= 0 (0 keeps every unit), got {wmax}")
     if wmax > MAX_WMAX:
-        raise UserError(f"--wmax must be at most {MAX_WMAX} tokens (longer than any context), got {wmax}")
+        raise UserError(f"--wmax must be at most {MAX_WMAX} tokens (2^53: the doubles' integers), got {wmax}")
     return wmax
 
 
