@@ -14,22 +14,27 @@ PARAMS = [dict(temperature=1.0), dict(temperature=0.7, top_k=50), dict(temperatu
           dict(temperature=0.8, top_k=1000, top_p=0.5)]
 
 
-def reference(logits: np.ndarray, p: SamplingParams, u: float) -> tuple[int, float]:
-    """(token, distance of the draw from the nearest cumulative-mass boundary), all in float64."""
-    x = logits.astype(np.float64) / p.temperature
-    if p.top_k and p.top_k < x.size:
-        kth = np.sort(x)[-p.top_k]
-        x = np.where(x < kth, -np.inf, x)
-    probs = np.exp(x - x.max())
+def reference(logits: torch.Tensor, p: SamplingParams, u: float) -> tuple[int, float]:
+    """(token, distance of the draw or of the top-p cut from the nearest boundary). The probabilities are
+    torch's fp32 softmax of the tempered, top-k-masked logits (exp's last bits differ between CPU kinds,
+    so the reference takes the same values); ranking, the top-p cut and the inverse CDF are numpy float64."""
+    x = logits.float() / p.temperature
+    if p.top_k and p.top_k < x.numel():
+        kth = np.sort(x.numpy())[-p.top_k]
+        x = torch.where(x < float(kth), torch.tensor(float("-inf")), x)
+    probs = torch.softmax(x, dim=-1).numpy().astype(np.float64)
     probs /= probs.sum()
     order = np.argsort(-probs, kind="stable")
     ranked = probs[order]
+    cut = np.inf
     if p.top_p < 1.0:
-        ranked = np.where(np.cumsum(ranked) - ranked >= p.top_p, 0.0, ranked)
+        before = np.cumsum(ranked) - ranked
+        cut = np.abs(before - p.top_p).min()
+        ranked = np.where(before >= p.top_p, 0.0, ranked)
     cdf = np.cumsum(ranked)
     target = u * cdf[-1]
     pos = min(int(np.searchsorted(cdf, target, side="right")), cdf.size - 1)
-    margin = min(abs(cdf[pos] - target), abs(target - (cdf[pos - 1] if pos else 0.0)))
+    margin = min(abs(cdf[pos] - target), abs(target - (cdf[pos - 1] if pos else 0.0)), cut)
     return int(order[pos]), margin
 
 
@@ -43,9 +48,9 @@ def test_sampler_picks_the_reference_token(vocab):
         params = SamplingParams(seed=11, **kw)
         compared = 0
         for i in range(6):
-            want, margin = reference(logits.numpy(), params, draw_uniform(params.seed, i))
+            want, margin = reference(logits, params, draw_uniform(params.seed, i))
             if margin < 1e-9:
-                continue            # a draw on a boundary: fp32 softmax may round either way
+                continue            # a draw or a cut on a boundary: float64 sums may round either way
             assert sample(logits, params, i) == want, (i, kw)
             compared += 1
         assert compared >= 4, kw

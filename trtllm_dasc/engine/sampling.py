@@ -91,8 +91,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, token_index: int) -> in
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     ranked, order = torch.sort(probs, descending=True, stable=True)
-    # the running sums in fp64: 150k fp32 terms would carry ~1e-5 of rounding into every boundary
+    # the running sums in fp64: 150k fp32 terms would carry ~1e-5 of rounding into every boundary; and
+    # renormalised there: the fp32 softmax sums to 1 - O(1e-6) (its exp's last bits differ between CPU
+    # kinds), which would move the top-p cut by that much
     ranked = ranked.double()
+    ranked = ranked / ranked.sum()
     if params.top_p < 1.0:
         # drop a token when the mass before it already reaches top_p (the top token always stays)
         ranked = ranked.masked_fill(torch.cumsum(ranked, 0) - ranked >= params.top_p, 0.0)
