@@ -49,13 +49,20 @@ class Frontend:
     # --- upstream: the core model's generate_stream --------------------------------------------------------
     async def generate(self, req: GenRequest):
         """Yields (new text, new token count, cached_tokens, finish_reason or None) per upstream response."""
-        reader, writer = await asyncio.open_connection(*self.upstream)
+        try:
+            reader, writer = await asyncio.open_connection(*self.upstream)
+        except OSError as e:
+            raise APIError(f"the Triton server at {self.upstream[0]}:{self.upstream[1]} is not reachable "
+                           f"({e.strerror or e})", None, 503, "server_error") from None
         try:
             body = json.dumps(req.triton_inputs(self.tok.end_id)).encode()
             writer.write(f"POST /v2/models/{CORE_MODEL}/generate_stream HTTP/1.1\r\nHost: localhost\r\n"
                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             await writer.drain()
-            status, headers = await _read_head(reader)
+            try:
+                status, headers = await _read_head(reader)
+            except (OSError, asyncio.IncompleteReadError):
+                raise APIError("the Triton server closed the connection", None, 503, "server_error") from None
             if status != 200:
                 text = (await reader.read(MAX_BODY)).decode(errors="replace")
                 raise _upstream_error(text, status)
@@ -208,6 +215,9 @@ class Frontend:
                 if not keep:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            # stop(): the frontend is closing; ending quietly keeps asyncio from logging the cancel
             pass
         finally:
             writer.close()
@@ -372,9 +382,16 @@ class FrontendThread:
 
         async def close():
             self.server.close()
+            # the open connections' handlers (keep-alive clients) end here, not at exit on a closed loop
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             self.loop.stop()
         asyncio.run_coroutine_threadsafe(close(), self.loop)
         self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
 
 
 def start_frontend(engine_dir: str, triton_http: str, host: str = "127.0.0.1", port: int = 0,
