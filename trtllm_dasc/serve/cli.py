@@ -36,6 +36,9 @@ def add_arguments(p) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address the HTTP, gRPC and metrics endpoints listen on (default 127.0.0.1, this machine "
                         "only; 0.0.0.0 for every interface). TP ranks talk over loopback whatever this says")
+    p.add_argument("--openai-port", type=int, default=None,
+                   help="also serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models) "
+                        "on this port, on --host (default: off)")
     p.add_argument("--restrict-apis", action="store_true",
                    help="answer the model-repository and shared-memory APIs only with the header "
                         "'dasc-admin-key: KEY' (gRPC: 'triton-grpc-protocol-dasc-admin-key'; a fresh KEY per "
@@ -86,8 +89,8 @@ def engine_alive(metrics_url: str) -> bool:
 def run(args) -> int:
     from trtllm_dasc.serve.tritonserver import start_server
 
-    for name in ("http_port", "grpc_port", "metrics_port"):
-        if not 0 < getattr(args, name) < 65536:
+    for name in ("http_port", "grpc_port", "metrics_port", "openai_port"):
+        if getattr(args, name, None) is not None and not 0 < getattr(args, name) < 65536:
             raise UserError(f"--{name.replace('_', '-')} must be a port number, got {getattr(args, name)}")
     if not 0 <= args.drain_seconds <= 3600:
         raise UserError(f"--drain-seconds must be between 0 and 3600, got {args.drain_seconds}")
@@ -133,6 +136,10 @@ def run(args) -> int:
                     raise UserError(f"tritonserver was not ready after {args.ready_timeout} s; see {server.log_path}")
         print(f"[dasc serve] ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}"
               + ("  (DUMMY WEIGHTS)" if notice else ""), flush=True)
+        if args.openai_port is not None:
+            from trtllm_dasc.serve.openai_frontend import start_frontend
+            openai = start_frontend(engine_dir, server.http_url, args.host, args.openai_port)
+            print(f"[dasc serve] OpenAI API: http://{server.connect_host}:{openai.port}/v1", flush=True)
         while stop["signal"] is None:
             if server.proc.poll() is not None:
                 print(f"[dasc serve] tritonserver exited with code {server.proc.returncode}", file=sys.stderr)

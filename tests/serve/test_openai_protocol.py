@@ -1,0 +1,75 @@
+"""The OpenAI frontend's request side without a server: a tokenizer_config.json chat_template renders and
+encodes as transformers' apply_chat_template does (the reference), template errors are a 400 naming
+'messages', and the sampling fields map onto TensorRT-LLM's inputs (temperature 0 is greedy)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trtllm_dasc.serve.openai_frontend import Frontend
+from trtllm_dasc.serve.openai_protocol import APIError, GenRequest
+
+ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
+CHATML = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools here') }}"
+          "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+MESSAGES = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Name a "}, {"type": "text", "text": "planet."}]}]
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory):
+    """An engine directory's two files the frontend reads: config.json and model/ with the tokenizer."""
+    d = tmp_path_factory.mktemp("engine")
+    shutil.copytree(ASSET, d / "model", ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((d / "model" / "tokenizer_config.json").read_text())
+    (d / "model" / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHATML}))
+    (d / "config.json").write_text(json.dumps({"engine": {"max_context": 256}, "source": str(ASSET)}))
+    return d
+
+
+def test_chat_template_equals_transformers(engine_dir):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(engine_dir / "model"))
+    flat = [MESSAGES[0], {"role": "user", "content": "Name a planet."}]
+    want_text = tok.apply_chat_template(flat, tokenize=False, add_generation_prompt=True)
+    want_ids = tok.apply_chat_template(flat, tokenize=True, add_generation_prompt=True)
+    want_ids = list(want_ids["input_ids"] if hasattr(want_ids, "keys") else want_ids)
+    front = Frontend(str(engine_dir), "127.0.0.1:1")
+    assert front.template.kind == "jinja"
+    assert front.template.render(MESSAGES) == (want_text, False)
+    _, reqs = front.requests({"messages": MESSAGES, "max_tokens": 3}, chat=True)
+    # the template writes BOS itself: no second one from the tokenizer
+    assert reqs[0].prompt_ids == want_ids and want_ids.count(tok.bos_token_id) == 1
+
+
+def test_template_errors_name_messages(engine_dir):
+    front = Frontend(str(engine_dir), "127.0.0.1:1")
+    with pytest.raises(APIError) as e:
+        front.requests({"messages": [{"role": "tool", "content": "x"}]}, chat=True)
+    assert e.value.param == "messages" and "no tools here" in e.value.message and e.value.status == 400
+    with pytest.raises(APIError) as e:
+        front.requests({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, chat=True)
+    assert e.value.param == "messages[0].content"
+
+
+def test_chat_max_tokens_defaults_to_the_context_left(engine_dir):
+    front = Frontend(str(engine_dir), "127.0.0.1:1")
+    _, reqs = front.requests({"messages": [{"role": "user", "content": "hi"}]}, chat=True)
+    assert reqs[0].max_tokens == 256 - len(reqs[0].prompt_ids)
+    _, reqs = front.requests({"prompt": "hi"}, chat=False)
+    assert reqs[0].max_tokens == 16
+
+
+def test_sampling_maps_to_tensorrt_llm_inputs():
+    greedy = GenRequest([1, 5], 4, temperature=0.0, seed=7).triton_inputs(end_id=2)
+    assert greedy["runtime_top_k"] == [1] and "temperature" not in greedy and greedy["seed"] == [7]
+    assert greedy["end_id"] == [2] and greedy["input_lengths"] == [2] and greedy["streaming"] == [True]
+    # OpenAI's defaults (temperature 1, top_p 1) sample from the whole distribution: TensorRT-LLM's
+    # top_k 0 with top_p 0 would be greedy, so top_p goes as 1
+    sampled = GenRequest([1], 4, top_p=0.0).triton_inputs(end_id=2)
+    assert sampled["runtime_top_k"] == [0] and sampled["runtime_top_p"] == [1.0] and sampled["temperature"] == [1.0]
+    assert GenRequest([1], 4, ignore_eos=True).triton_inputs(end_id=2)["end_id"] == [-1]

@@ -1,0 +1,404 @@
+"""An OpenAI-compatible HTTP frontend in front of the Triton server (as Triton's OpenAI frontend and
+`trtllm-serve` offer one): /v1/completions, /v1/chat/completions (SSE streaming: `data: {...}` chunks,
+then `data: [DONE]`), /v1/models, /health.
+
+Stdlib asyncio only, on its own thread. It tokenizes with the engine's own tokenizer (the one the
+ensemble's preprocessing loads, same special tokens) and streams from the core model's generate_stream
+(Triton HTTP, SSE) on loopback, so it knows token counts, the finish reason and `cached_tokens`
+(reported as usage.prompt_tokens_details.cached_tokens). Text is detokenized incrementally (a piece that
+ends inside a UTF-8 character waits for the next token); stop strings are matched on the text, held back
+until they cannot start a stop string, and end the request by closing its upstream stream, which cancels
+it in the engine. Request validation and chat templates live in openai_protocol.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+import uuid
+
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.serve.openai_protocol import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, ChatTemplate, GenRequest, common_fields, max_tokens, prompts)
+from trtllm_dasc.serve.tokenizer import TextTokenizer
+
+CORE_MODEL = "dasc_hybrid"
+# the Triton model names a client may also put in 'model' (Triton's OpenAI frontend lists those)
+ALIASES = ("ensemble", "tensorrt_llm", "dasc_hybrid")
+MAX_BODY = 64 << 20
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
+           500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+class Frontend:
+    def __init__(self, engine_dir: str, triton_http: str, name: str | None = None):
+        with open(os.path.join(engine_dir, "config.json")) as f:
+            meta = json.load(f)
+        self.max_context = int(meta.get("engine", {}).get("max_context", 4096))
+        tok_dir = os.path.join(engine_dir, "model")
+        self.tok = TextTokenizer(tok_dir)
+        self.template = ChatTemplate(tok_dir)
+        source = meta.get("source") or engine_dir
+        self.name = name or os.path.basename(os.path.normpath(source))
+        self.created = int(os.path.getmtime(os.path.join(engine_dir, "config.json")))
+        host, _, port = triton_http.rpartition(":")
+        self.upstream = (host.strip("[]"), int(port))
+
+    # --- upstream: the core model's generate_stream --------------------------------------------------------
+    async def generate(self, req: GenRequest):
+        """Yields (new text, new token count, cached_tokens, finish_reason or None) per upstream response."""
+        try:
+            reader, writer = await asyncio.open_connection(*self.upstream)
+        except OSError as e:
+            raise APIError(f"the Triton server at {self.upstream[0]}:{self.upstream[1]} is not reachable "
+                           f"({e.strerror or e})", None, 503, "server_error") from None
+        try:
+            body = json.dumps(req.triton_inputs(self.tok.end_id)).encode()
+            writer.write(f"POST /v2/models/{CORE_MODEL}/generate_stream HTTP/1.1\r\nHost: localhost\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            await writer.drain()
+            try:
+                status, headers = await _read_head(reader)
+            except (OSError, asyncio.IncompleteReadError):
+                raise APIError("the Triton server closed the connection", None, 503, "server_error") from None
+            if status != 200:
+                text = (await reader.read(MAX_BODY)).decode(errors="replace")
+                raise _upstream_error(text, status)
+            ids, emitted, text, hold = [], 0, "", max((len(s) for s in req.stop), default=1) - 1
+            async for event in _sse(reader, headers.get("transfer-encoding", "") == "chunked"):
+                if "error" in event:
+                    raise _upstream_error(json.dumps(event), 400)
+                new = _flat(event.get("output_ids"))
+                ids += new
+                cached = _first(event.get("cached_tokens"))
+                reason = _first(event.get("finish_reason"))
+                text = self.tok.decode(ids)
+                if text.endswith("\ufffd") and reason is None:
+                    # the last token ends inside a UTF-8 character: wait for the rest of it
+                    yield "", len(new), cached, None
+                    continue
+                cut = min((i for i in (text.find(s) for s in req.stop) if i >= 0), default=-1)
+                if cut >= 0 and cut >= emitted:
+                    yield text[emitted:cut], len(new), cached, "stop"
+                    return
+                safe = len(text) if reason is not None else max(emitted, len(text) - hold)
+                piece, emitted = text[emitted:safe], max(emitted, safe)
+                if reason is not None:
+                    # the engine's 'length' and 'stop' (end_id / stop words) are OpenAI's; 'cancelled' stays
+                    yield piece, len(new), cached, reason
+                    return
+                yield piece, len(new), cached, None
+            raise APIError("the server ended the stream without a final response", None, 500, "server_error")
+        finally:
+            # closing an unfinished stream cancels the request in the engine
+            writer.close()
+
+    # --- request handlers ----------------------------------------------------------------------------------
+    def check_model(self, body: dict) -> str:
+        model = body.get("model")
+        if model is not None and model != self.name and model not in ALIASES:
+            raise APIError(f"the model '{model}' does not exist (this server has '{self.name}')", "model", 404,
+                           code="model_not_found")
+        return self.name
+
+    def requests(self, body: dict, chat: bool) -> tuple[dict, list[GenRequest]]:
+        fields = common_fields(body, chat)
+        self.check_model(body)
+        if chat:
+            text, special = self.template.render(body.get("messages"))
+            ids_list = [self.tok.encode(text, add_special_tokens=special)]
+        else:
+            ids_list = prompts(body, self.tok)
+        default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+        reqs = [GenRequest(ids, max_tokens(body, len(ids), self.max_context, default), **fields["sampling"])
+                for ids in ids_list]
+        return fields, reqs
+
+    async def run_all(self, reqs):
+        """Merges every prompt's stream: (choice index, piece, new tokens, cached, finish_reason)."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def one(i, req):
+            try:
+                async for item in self.generate(req):
+                    await queue.put((i, *item))
+            except BaseException as e:   # noqa: BLE001  (re-raised by the consumer)
+                await queue.put((i, e))
+
+        tasks = [asyncio.create_task(one(i, r)) for i, r in enumerate(reqs)]
+        done = 0
+        try:
+            while done < len(reqs):
+                item = await queue.get()
+                if isinstance(item[1], BaseException):
+                    raise item[1]
+                if item[4] is not None:
+                    done += 1
+                yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def completion(self, body: dict, chat: bool, send):
+        fields, reqs = self.requests(body, chat)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        obj = "chat.completion" if chat else "text_completion"
+        created = int(time.time())
+        head = {"id": rid, "object": obj + (".chunk" if chat and fields["stream"] else ""), "created": created,
+                "model": self.name}
+        usage = {"prompt": sum(len(r.prompt_ids) for r in reqs), "completion": 0, "cached": [0] * len(reqs)}
+
+        def usage_json():
+            return {"prompt_tokens": usage["prompt"], "completion_tokens": usage["completion"],
+                    "total_tokens": usage["prompt"] + usage["completion"],
+                    "prompt_tokens_details": {"cached_tokens": sum(usage["cached"])}}
+
+        def choice(i, piece, reason):
+            if chat:
+                key = "delta" if fields["stream"] else "message"
+                msg = {"content": piece} if fields["stream"] else {"role": "assistant", "content": piece}
+                return {"index": i, key: msg, "logprobs": None, "finish_reason": reason}
+            return {"index": i, "text": piece, "logprobs": None, "finish_reason": reason}
+
+        stream = self.run_all(reqs)
+        try:
+            await self._answer(stream, fields, head, usage, usage_json, choice, len(reqs), chat, send)
+        finally:
+            # a client gone mid-stream: close the upstream streams now (which cancels them in the engine)
+            await stream.aclose()
+
+    async def _answer(self, stream, fields, head, usage, usage_json, choice, n_reqs, chat, send):
+        if not fields["stream"]:
+            texts, reasons = [""] * n_reqs, [None] * n_reqs
+            async for i, piece, n, cached, reason in stream:
+                texts[i] += piece
+                usage["completion"] += n
+                usage["cached"][i] = cached if cached is not None else usage["cached"][i]
+                reasons[i] = reason or reasons[i]
+            await send(200, {**head, "choices": [choice(i, t, r) for i, (t, r) in enumerate(zip(texts, reasons))],
+                             "usage": usage_json()})
+            return
+        # the first upstream response decides whether the request is good (a 400) or streams (200 + SSE)
+        first = await stream.__anext__()
+        events = await send(200, None)
+        if chat:
+            for i in range(n_reqs):
+                await events({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                   "logprobs": None, "finish_reason": None}]})
+        item = first
+        while item is not None:
+            i, piece, n, cached, reason = item
+            usage["completion"] += n
+            usage["cached"][i] = cached if cached is not None else usage["cached"][i]
+            if piece or reason is not None:
+                await events({**head, "choices": [choice(i, piece, reason)],
+                              **({"usage": None} if fields["include_usage"] else {})})
+            item = await anext(stream, None)
+        if fields["include_usage"]:
+            await events({**head, "choices": [], "usage": usage_json()})
+        await events(None)
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
+                                            "owned_by": "trtllm-dasc", "max_model_len": self.max_context}]}
+
+    # --- HTTP ------------------------------------------------------------------------------------------------
+    async def handle(self, reader, writer):
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    return
+                keep = await self.respond(writer, *request)
+                if not keep:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            # stop(): the frontend is closing; ending quietly keeps asyncio from logging the cancel
+            pass
+        finally:
+            writer.close()
+
+    async def respond(self, writer, method, path, body) -> bool:
+        """Serves one request; False when the connection must close (after a stream)."""
+        state = {"streamed": False}
+
+        async def send(status, payload):
+            if payload is not None:
+                data = json.dumps(payload).encode()
+                writer.write(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                await writer.drain()
+                return None
+            state["streamed"] = True
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                         b"Connection: close\r\n\r\n")
+
+            async def event(obj):
+                writer.write(b"data: [DONE]\n\n" if obj is None else b"data: " + json.dumps(obj).encode() + b"\n\n")
+                await writer.drain()
+            return event
+
+        path = path.split("?", 1)[0].rstrip("/")
+        try:
+            if path in ("/v1/completions", "/v1/chat/completions"):
+                if method != "POST":
+                    raise APIError(f"{path} takes POST", None, 405)
+                try:
+                    payload = json.loads(body or b"null")
+                except ValueError as e:
+                    raise APIError(f"the request body is not JSON ({e})", None) from None
+                await self.completion(payload, path.endswith("chat/completions"), send)
+            elif path == "/v1/models" and method == "GET":
+                await send(200, self.models())
+            elif path.startswith("/v1/models/") and method == "GET":
+                model = path[len("/v1/models/"):]
+                self.check_model({"model": model})
+                await send(200, self.models()["data"][0])
+            elif path in ("/health", "/v1/health") and method == "GET":
+                await send(200, {"status": "ok"})
+            else:
+                raise APIError(f"no route {method} {path}", None, 404, code="not_found")
+        except APIError as e:
+            if state["streamed"]:
+                # headers are out: the error goes in the stream, as OpenAI's servers do
+                writer.write(b"data: " + json.dumps(e.body()).encode() + b"\n\ndata: [DONE]\n\n")
+            else:
+                await send(e.status, e.body())
+        except ConnectionError:
+            return False
+        except Exception as e:  # noqa: BLE001  an unexpected failure is this request's, not the server's
+            err = APIError(f"internal error: {type(e).__name__}: {e}".splitlines()[0], None, 500, "server_error")
+            if state["streamed"]:
+                writer.write(b"data: " + json.dumps(err.body()).encode() + b"\n\n")
+            else:
+                await send(500, err.body())
+        return not state["streamed"]
+
+
+def _upstream_error(text: str, status: int) -> APIError:
+    try:
+        message = json.loads(text).get("error", text)
+    except (ValueError, AttributeError):
+        message = text
+    message = str(message).strip().splitlines()[0] if str(message).strip() else f"HTTP {status}"
+    # the core model names its own input ('input_ids', 'runtime_top_k', ...): a bad request's error
+    return APIError(message, None, 400 if status < 500 or "input" in message else 500,
+                    "invalid_request_error" if status < 500 else "server_error")
+
+
+def _flat(value) -> list[int]:
+    out = []
+    stack = [value] if value is not None else []
+    while stack:
+        v = stack.pop(0)
+        if isinstance(v, list):
+            stack[:0] = v
+        else:
+            out.append(int(v))
+    return out
+
+
+def _first(value):
+    while isinstance(value, list):
+        value = value[0] if value else None
+    return value
+
+
+async def _read_head(reader) -> tuple[int, dict]:
+    line = await reader.readline()
+    parts = line.decode("latin-1").split()
+    if len(parts) < 2:
+        raise APIError("the Triton server closed the connection", None, 503, "server_error")
+    headers = {}
+    while True:
+        h = await reader.readline()
+        if h in (b"\r\n", b"\n", b""):
+            break
+        k, _, v = h.decode("latin-1").partition(":")
+        headers[k.strip().lower()] = v.strip().lower()
+    return int(parts[1]), headers
+
+
+async def _sse(reader, chunked: bool):
+    """Triton's generate_stream events as dicts."""
+    buf = b""
+    while True:
+        if chunked:
+            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                return
+            data = await reader.readexactly(size + 2)
+            buf += data[:-2]
+        else:
+            data = await reader.read(65536)
+            if not data:
+                return
+            buf += data
+        while b"\n\n" in buf:
+            block, buf = buf.split(b"\n\n", 1)
+            for line in block.split(b"\n"):
+                if line.startswith(b"data:"):
+                    yield json.loads(line[5:])
+
+
+async def _read_request(reader):
+    line = await reader.readline()
+    if not line:
+        return None
+    parts = line.decode("latin-1").split()
+    if len(parts) != 3:
+        raise ConnectionError("not an HTTP request")
+    length = 0
+    while True:
+        h = await reader.readline()
+        if h in (b"\r\n", b"\n", b""):
+            break
+        k, _, v = h.decode("latin-1").partition(":")
+        if k.strip().lower() == "content-length":
+            length = int(v.strip())
+    if length > MAX_BODY:
+        raise ConnectionError("request body too large")
+    body = await reader.readexactly(length) if length else b""
+    return parts[0].upper(), parts[1], body
+
+
+class FrontendThread:
+    """The frontend on its own event loop thread; `stop()` closes the listening socket and the loop."""
+
+    def __init__(self, frontend: Frontend, host: str, port: int):
+        self.frontend, self.loop = frontend, asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(asyncio.start_server(frontend.handle, host, port))
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, name="openai-frontend", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        if not self.loop.is_running():
+            return
+
+        async def close():
+            self.server.close()
+            # the open connections' handlers (keep-alive clients) end here, not at exit on a closed loop
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.loop.stop()
+        asyncio.run_coroutine_threadsafe(close(), self.loop)
+        self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+def start_frontend(engine_dir: str, triton_http: str, host: str = "127.0.0.1", port: int = 0,
+                   name: str | None = None) -> FrontendThread:
+    """Serve the OpenAI API on host:port (0: a free port; see .port) for the engine tritonserver serves."""
+    frontend = Frontend(engine_dir, triton_http, name)
+    try:
+        return FrontendThread(frontend, host, port)
+    except OSError as e:
+        raise UserError(f"--openai-port {port}: cannot listen on {host}:{port} ({e.strerror or e})") from None

@@ -1,0 +1,241 @@
+"""The OpenAI request side of the frontend (openai_frontend.py): validation of /v1/completions and
+/v1/chat/completions bodies into one `GenRequest` per prompt, OpenAI-style errors, and chat templates.
+
+Field handling follows what OpenAI's API and vLLM / trtllm-serve accept, so stock clients (the `openai`
+package, genai-perf / aiperf's OpenAI modes, lm-eval's local-completions) work unchanged:
+- supported: model, prompt (str, list of str, token ids, list of token-id lists), messages, max_tokens
+  (chat: also max_completion_tokens), temperature, top_p, top_k (extension), min_tokens and ignore_eos
+  (extensions, as vLLM), stop (str or list), stream, stream_options.include_usage, seed, n / best_of = 1.
+- refused with a 400 naming the field: n > 1, best_of > 1, echo, logprobs / top_logprobs (a hook below
+  for when the engine returns log probs), a non-empty logit_bias, suffix, non-zero penalties, tools.
+- other fields (user, metadata, ...) are ignored, as vLLM does, so tools sending extras still work.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+# the temperature below which a request is greedy (TensorRT-LLM's top_k 1)
+GREEDY_BELOW = 1e-5
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# the engine does not return log probs yet: the parallel log-prob work flips this and fills
+# openai_frontend's choice "logprobs" from the core model's output_log_probs
+LOGPROBS_SUPPORTED = False
+# used when tokenizer_config.json has no chat_template: one "role: content" line per message, then the
+# assistant's turn; encoded with the tokenizer's special tokens (BOS) like a plain prompt
+FALLBACK_TEMPLATE = "plain"
+
+
+class APIError(Exception):
+    """An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with an HTTP status."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 type_: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(slots=True)
+class GenRequest:
+    """One prompt's generation, in the core model's terms."""
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_tokens: int = 0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+
+    def triton_inputs(self, end_id: int) -> dict:
+        """The JSON body of the core model's generate_stream (TensorRT-LLM's input names)."""
+        body = {"input_ids": self.prompt_ids, "input_lengths": [len(self.prompt_ids)],
+                "request_output_len": [self.max_tokens], "streaming": [True],
+                "end_id": [-1 if self.ignore_eos else end_id], "min_tokens": [self.min_tokens]}
+        if self.temperature < GREEDY_BELOW:
+            # OpenAI's temperature 0 is greedy; TensorRT-LLM says so with top_k 1
+            body["runtime_top_k"] = [1]
+        else:
+            # TensorRT-LLM's top_p 0 means off (greedy with top_k 0): OpenAI's default top_p is 1
+            body.update(temperature=[self.temperature], runtime_top_k=[self.top_k],
+                        runtime_top_p=[self.top_p if self.top_p > 0 else 1.0])
+        if self.seed is not None:
+            body["seed"] = [self.seed]
+        return body
+
+
+def _number(body: dict, name: str, default, lo=None, hi=None, integer: bool = False):
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        raise APIError(f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", name)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise APIError(f"'{name}' must lie in [{lo}, {hi if hi is not None else 'inf'}], got {value!r}", name)
+    return value
+
+
+def _refuse(body: dict, name: str, neutral=(None,), why: str = "is not supported") -> None:
+    if name in body and body[name] not in neutral:
+        raise APIError(f"'{name}' = {body[name]!r} {why}", name)
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 16:
+        raise APIError("'stop' must be a string or a list of at most 16 strings", "stop")
+    return [s for s in stop if s]
+
+
+def common_fields(body: dict, chat: bool) -> dict:
+    """The sampling fields both endpoints share, validated; refuses what the engine cannot do."""
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object", None)
+    _refuse(body, "n", (None, 1), "is not supported: only n = 1")
+    _refuse(body, "best_of", (None, 1), "is not supported: only best_of = 1")
+    if not LOGPROBS_SUPPORTED:
+        _refuse(body, "logprobs", (None, False),
+                "is not supported: the engine does not return log probabilities yet")
+        _refuse(body, "top_logprobs", (None, 0), "is not supported: the engine does not return log probabilities yet")
+    _refuse(body, "echo", (None, False), "is not supported")
+    _refuse(body, "suffix", (None, ""), "is not supported")
+    _refuse(body, "logit_bias", (None, {}), "is not supported")
+    _refuse(body, "presence_penalty", (None, 0, 0.0), "is not supported (only 0)")
+    _refuse(body, "frequency_penalty", (None, 0, 0.0), "is not supported (only 0)")
+    _refuse(body, "tools", (None, []), "is not supported")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise APIError(f"'stream' must be a boolean, got {stream!r}", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise APIError("'stream_options' must be an object", "stream_options")
+    seed = _number(body, "seed", None, 0, 2**64 - 1, integer=True)
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise APIError(f"'ignore_eos' must be a boolean, got {ignore_eos!r}", "ignore_eos")
+    return {"stream": bool(stream), "include_usage": bool(options.get("include_usage")),
+            "sampling": {"temperature": float(_number(body, "temperature", 1.0, 0, 2)),
+                         "top_p": float(_number(body, "top_p", 1.0, 0, 1)),
+                         "top_k": _number(body, "top_k", 0, 0, None, integer=True) or 0,
+                         "min_tokens": _number(body, "min_tokens", 0, 0, None, integer=True),
+                         "seed": seed, "ignore_eos": ignore_eos, "stop": _stop(body)}}
+
+
+def max_tokens(body: dict, prompt_len: int, max_context: int, default: int | None) -> int:
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    room = max_context - prompt_len
+    if room < 1:
+        raise APIError(f"the prompt has {prompt_len} tokens; this model's context is {max_context} tokens",
+                       "messages" if "messages" in body else "prompt", code="context_length_exceeded")
+    value = _number(body, name, None, 1, None, integer=True)
+    if value is None:
+        return min(room, default) if default else room
+    if value > room:
+        raise APIError(f"'{name}' = {value} with a prompt of {prompt_len} tokens exceeds this model's context "
+                       f"of {max_context} tokens", name, code="context_length_exceeded")
+    return value
+
+
+def prompts(body: dict, tok) -> list[list[int]]:
+    """/v1/completions' prompt as token-id lists: a string is encoded with the tokenizer's special tokens
+    (BOS), as the ensemble's preprocessing does; token ids are taken as they are."""
+    p = body.get("prompt")
+    if isinstance(p, str):
+        return [tok.encode(p)]
+    if isinstance(p, list) and p:
+        if all(isinstance(x, str) for x in p):
+            return [tok.encode(x) for x in p]
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+            return [_ids(p, tok)]
+        if all(isinstance(x, list) and x for x in p):
+            return [_ids(x, tok) for x in p]
+    raise APIError("'prompt' must be a string, a list of strings, a list of token ids or a list of token-id "
+                   "lists (not empty)", "prompt")
+
+
+def _ids(ids: list, tok) -> list[int]:
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < tok.vocab_size for i in ids):
+        raise APIError(f"'prompt': token ids must be integers in [0, {tok.vocab_size})", "prompt")
+    return list(ids)
+
+
+class ChatTemplate:
+    """tokenizer_config.json's chat_template rendered with jinja2 (as transformers' apply_chat_template,
+    the template adds BOS itself), else the plain fallback (FALLBACK_TEMPLATE above)."""
+
+    def __init__(self, tokenizer_dir: str):
+        self.source, self.kind, self.special = None, FALLBACK_TEMPLATE, {}
+        try:
+            with open(os.path.join(tokenizer_dir, "tokenizer_config.json")) as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            config = {}
+        template = config.get("chat_template")
+        if isinstance(template, list):    # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            value = config.get(key)
+            self.special[key] = value.get("content") if isinstance(value, dict) else value
+        if isinstance(template, str):
+            try:
+                import jinja2
+                import jinja2.sandbox
+            except ImportError:
+                template = None
+            else:
+                env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                env.globals["raise_exception"] = _raise
+                self.source, self.kind = env.from_string(template), "jinja"
+
+    def render(self, messages) -> tuple[str, bool]:
+        """(the prompt text, whether to encode it with the tokenizer's special tokens)."""
+        messages = _messages(messages)
+        if self.source is None:
+            lines = [f"{m['role']}: {m['content']}" for m in messages]
+            return "\n".join(lines + ["assistant:"]), True
+        try:
+            return self.source.render(messages=messages, add_generation_prompt=True, **self.special), False
+        except APIError:
+            raise
+        except Exception as e:   # a template error is about the messages it was given
+            raise APIError(f"'messages': the chat template failed ({e})", "messages") from None
+
+
+def _raise(message):
+    raise APIError(f"'messages': {message}", "messages")
+
+
+def _messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise APIError("'messages' must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}].role")
+        content = m.get("content")
+        if isinstance(content, list):
+            # the parts form: only text parts can be served by a text model
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise APIError(f"'messages[{i}].content': only text parts are supported", f"messages[{i}].content")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise APIError(f"'messages[{i}].content' must be a string or a list of text parts",
+                           f"messages[{i}].content")
+        out.append({**m, "content": content})
+    return out
