@@ -86,6 +86,45 @@ def test_nr_above_every_horizon_equals_a_zero_state(tiny_models, arch):
     assert out == ref
 
 
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_nr_load_into_a_reused_row_zeroes_what_it_omits(tiny_models, arch):
+    """A load lands in a row a finished request left full of state (rows are reused, never reset before a
+    load): the units the checkpoint omits must be zero afterwards, whatever the row held."""
+    from trtllm_dasc.model import HybridModel
+    from trtllm_dasc.model.direct import DirectRunner
+    path, _ = tiny_models[arch]
+    engine = make_engine(path, wmax=10**6, max_batch=1)
+    rng = random.Random(6)
+    prefix = [rng.randrange(VOCAB) for _ in range(13)]
+    run_one(engine, 0, prefix + [1])
+    # garbage in every row (temporal and conv): what a reused row may hold
+    g = torch.Generator().manual_seed(0)
+    state = engine.runner.state
+    state.temporal.copy_(torch.randn(state.temporal.shape, generator=g) * 10)
+    state.conv.copy_(torch.randn(state.conv.shape, generator=g).to(state.conv.dtype) * 10)
+    loaded = []
+    inner = engine.runner.pool.load
+
+    def spy(slots, temporal, conv, rows, **kw):
+        inner(slots, temporal, conv, rows, **kw)
+        loaded.append(float(temporal[:, rows].abs().max()))
+    engine.runner.pool.load = spy
+    prompt = prefix + [3, 4, 5]
+    out, stats = run_one(engine, 1, prompt, n=4)
+    # nothing is retained at this W_max: every unit of a loaded row is omitted, so all zero
+    assert loaded == [0.0] and stats.cached_tokens == len(prefix)
+    # brute force as above: exact prefix, temporal state zeroed, continue greedily
+    r = DirectRunner(HybridModel.from_pretrained(str(path)), rows=1, max_tokens=64, block_size=4)
+    r.run(prefix, logits="none")
+    r.state.temporal.zero_()
+    logits = r.run(prompt[len(prefix):], logits="last").logits[0]
+    ref = []
+    for _ in range(4):
+        ref.append(int(torch.argmax(logits)))
+        logits = r.run([ref[-1]], logits="last").logits[0]
+    assert out == ref
+
+
 def test_concurrent_chunked_requests_match_transformers(tiny_models):
     path, hf = tiny_models["kda"]
     rng = random.Random(5)

@@ -70,3 +70,14 @@ def test_bad_word_lists_are_refused(setup, kw, needle):
     engine, _ = setup
     with pytest.raises(UserError, match=needle):
         engine.submit(GenerationRequest("x", PROMPT, 2, **kw))
+
+
+def test_a_multi_token_stop_word_needs_all_its_tokens(setup):
+    engine, hf = setup
+    free = reference(hf, PROMPT, 8)
+    # a two-token stop word whose last token is the output's fourth but whose first is not its third
+    first = next(t for t in range(100) if t != free[2] and [t, free[3]] not in
+                 [free[i:i + 2] for i in range(len(free) - 1)])
+    stop = [[first, free[3]]]
+    (out,) = engine.generate([GenerationRequest("s2", PROMPT, 8, stop_words=stop)])
+    assert out == free == reference(hf, PROMPT, 8, stop=stop) and len(out) == 8

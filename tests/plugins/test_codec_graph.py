@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from plugins.codec import codec_graphs, load_graph, merge_graph, store_graph
+from plugins.codec import QMAX, SCALE_FLOOR, codec_graphs, load_graph, merge_graph, store_graph
 from plugins.graph import Graph, GraphError
 from plugins.numpy_eval import evaluate, to_bfloat16
 from trtllm_dasc.state import naive
@@ -173,3 +173,44 @@ def test_bad_graphs_and_feeds_are_refused():
         evaluate(load_graph(lay, 4, 10), {"payload": np.zeros((2, lay.width, 8), np.float32),
                                           "temporal": np.zeros((4, 10, 6, 8), np.float32),
                                           "rows": np.array([3, 3], np.int32)})
+
+
+def _boundary_values(amax: np.float32) -> np.ndarray:
+    """Values x with x / s at or one or two fp32 steps from k + 0.5 for every k the scale reaches, where
+    x / s and x * (1 / s) (a rounded reciprocal) round differently for some of them."""
+    s = amax / np.float32(QMAX)
+    ties = ((np.arange(-QMAX, QMAX, dtype=np.float64) + 0.5) * np.float64(s)).astype(np.float32)
+    up, down, out = ties, ties, [ties]
+    for _ in range(2):
+        up, down = np.nextafter(up, np.float32(np.inf)), np.nextafter(down, np.float32(-np.inf))
+        out += [up, down]
+    x = np.unique(np.concatenate(out))
+    return x[np.abs(x) <= amax]
+
+
+def test_int8_store_divides_at_rounding_boundaries():
+    """q = round(x / s) with IEEE fp32 division (paper Eq. 10; round half to even), at the values where a
+    multiply by a rounded reciprocal gives another integer: the graph and naive both divide."""
+    V, E = 16, 32
+    rows_of_values = []
+    for amax in (np.float32(1.4707843), np.float32(0.98280406), np.float32(1.2287531), np.float32(1.9010652)):
+        x = _boundary_values(amax)
+        x = np.concatenate([x, np.zeros((-len(x)) % (V - 1), np.float32)]).reshape(-1, V - 1)
+        # the first element of every value row fixes its amax (the scale) exactly
+        rows_of_values.append(np.concatenate([np.full((len(x), 1), amax, np.float32), x], 1))
+    vals = np.concatenate(rows_of_values)                    # [rows, V]
+    n = -(-len(vals) // (E // V))
+    vals = np.concatenate([vals, np.zeros((n * (E // V) - len(vals), V), np.float32)])
+    temporal = vals.reshape(1, 1, n, E)
+    lay = StateLayout.from_retained([list(range(n))], units_per_layer=n, unit_elements=E, value_dim=V, codec="int8")
+    # the reference by definition: numpy's correctly rounded fp32 quotient, then half-to-even
+    s = np.maximum(np.abs(vals).max(1, keepdims=True), np.float32(SCALE_FLOOR)) / np.float32(QMAX)
+    expect = np.clip(np.round(vals / s), -QMAX, QMAX).astype(np.int8)
+    # the test is only worth something where a reciprocal multiply differs
+    assert (np.round(vals * (np.float32(1) / s)) != expect).sum() >= 10
+    out = evaluate(store_graph(lay, 1, 1), {"temporal": temporal, "rows": np.array([0], np.int32)})
+    got = out["payload"][0][lay.slot_pos.numpy()].reshape(-1, V)
+    assert np.array_equal(got, expect)
+    assert np.array_equal(out["scales"][0][lay.slot_pos.numpy()].reshape(-1), s.reshape(-1))
+    q, _ = naive.quantize_int8(torch.from_numpy(vals))
+    assert np.array_equal(q.numpy(), expect)
