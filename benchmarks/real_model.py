@@ -39,6 +39,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -229,11 +230,10 @@ def decode_row(engine, torch, probe, b: int, args, weights: dict, per_seq: dict,
             "tokens_per_s": b / (t["step_ms"] / 1e3)}
 
 
-def run(args, torch) -> dict:
+def run(args, torch, work: str) -> dict:
     from trtllm_dasc.config import DTYPE_BYTES, HybridConfig
     from trtllm_dasc.engine.engine import Engine
     from trtllm_dasc.serve.host import engine_config
-    work = tempfile.mkdtemp(prefix="real-model-")
     config = args.config
     if args.smoke:
         from trtllm_dasc.plan.synthetic import tiny_moe_config
@@ -376,7 +376,12 @@ def main(argv=None) -> int:
             from trtllm_dasc.families.released import complete_released
             path = args.config if os.path.isfile(args.config) else os.path.join(args.config, "config.json")
             args.out = args.out.format(arch=HybridConfig.from_dict(complete_released(json.load(open(path)))[0]).arch)
-        run(args, torch)
+        work = tempfile.mkdtemp(prefix="real-model-")
+        try:
+            run(args, torch, work)
+        finally:
+            # the engine directory holds a config and a plan only: nothing worth keeping
+            shutil.rmtree(work, ignore_errors=True)
     except UserError as e:
         print(f"real_model: error: {e}", file=sys.stderr)
         return 2

@@ -218,6 +218,8 @@ def build(args) -> str:
     is_dummy = dummy(args)
     model_config, completed = read_model_config(args, is_dummy)
     cfg = HybridConfig.from_dict(model_config, conv_dtype=args.dtype)
+    # the linear-attention heads first (the planner's own message), then the network and its experts
+    cfg.shard(args.tp)
     check_network(cfg, args.tp, require=is_dummy)
     # plan first: a checkpoint that cannot be planned fails before anything is written
     t0 = time.time()

@@ -107,7 +107,7 @@ def test_a_model_that_does_not_fit_is_refused_with_what_it_needs_and_has(tmp_pat
     ("kda", dict(topk_group=3), (), "8 experts, n_group 2, topk_group 3 do not fit"),
     ("kda", dict(num_expert_group=4, num_experts_per_token=3), (), "hold 2 experts, fewer than the 3"),
     ("kda", dict(moe_intermediate_size=33), ("--tp", 2), "splits each routed expert's 33 intermediate channels"),
-    ("gdn", dict(shared_expert_intermediate_size=30), ("--tp", 4), "splits each shared expert's 30 intermediate"),
+    ("gdn", dict(shared_expert_intermediate_size=31), ("--tp", 2), "splits each shared expert's 31 intermediate"),
 ], ids=["kda-topk", "gdn-topk", "groups-divide", "topk-group", "group-capacity", "tp-experts", "tp-shared"])
 def test_experts_that_do_not_fit_are_refused_in_one_line(tmp_path, capsys, arch, over, flags, needle):
     model = tiny_checkpoint(tmp_path, arch, **over)
