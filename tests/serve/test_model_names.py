@@ -61,7 +61,7 @@ def test_tensorrt_llm_and_its_earlier_name_serve_the_same_engine(server, referen
                                                timeout=30).read())
     assert config["parameters"]["alias_of"]["string_value"] == "tensorrt_llm"
     # one engine: only tensorrt_llm exports its gauges
-    metrics = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=30).read().decode()
+    metrics = urllib.request.urlopen(server.metrics_url, timeout=30).read().decode()
     alive = [line for line in metrics.splitlines() if line.startswith("dasc_engine_alive")]
     assert len(alive) == 1, alive
 
