@@ -7,7 +7,8 @@
                       with --load-format dummy only config.json and dummy_weights.json (the seed): each rank
                       makes its weights on its device at load time, nothing of their size is ever written
       kernels/        Triton's compiled-kernel cache, filled by the server's warm-up and reused afterwards
-      model_repo/     the filled Triton model repository: dasc_hybrid (+ preprocessing, postprocessing and
+      model_repo/     the filled Triton model repository: tensorrt_llm, dasc_hybrid (its earlier name, forwarding
+                      to it) (+ preprocessing, postprocessing, tensorrt_llm_bls and
                       ensemble when the checkpoint has a tokenizer); serve it with `dasc serve ENGINE_DIR`
 
 Every option is checked before anything is written; a bad one is a one-line error and exit code 2.
@@ -203,7 +204,7 @@ def build(args) -> str:
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     from trtllm_dasc.plan.plan import plan_from_params
     from trtllm_dasc.plan.synthetic import profile_decay_params
-    from trtllm_dasc.serve.repository import add_parameters, fill_model
+    from trtllm_dasc.serve.repository import add_alias, add_parameters, cache_policy, fill_model
     from trtllm_dasc.serve.tokenizer import text_model_values
 
     # a namespace made by hand (tests, dasc serve's older callers) may lack the weights options
@@ -283,18 +284,24 @@ def build(args) -> str:
                   "max_queue_delay_microseconds": args.max_queue_delay_microseconds,
                   # relative to the model's directory: the engine directory can move
                   "engine_dir": "../..", "exclude_input_in_output": str(args.exclude_input_in_output).lower()}
-        add_parameters(fill_model("dasc_hybrid", repo, values), {
+        add_parameters(fill_model("tensorrt_llm", repo, values), {
             "load_format": "dummy" if is_dummy else "safetensors",
-            "weights": f"{DUMMY_NOTE}; seed {args.seed}" if is_dummy else "checkpoint weights (safetensors)"})
+            "weights": f"{DUMMY_NOTE}; seed {args.seed}" if is_dummy else "checkpoint weights (safetensors)",
+            "dasc_policy": cache_policy(args.wmax, args.policy, args.codec)})
+        # the earlier name: a BLS forwarder to tensorrt_llm (one engine), for clients that still use it
+        add_alias(repo, "dasc_hybrid", "tensorrt_llm")
+        models = ["tensorrt_llm", "dasc_hybrid"]
         extra = {}
         if os.path.isfile(os.path.join(tmp, "model", "tokenizer.json")):
             # text in, text out: the checkpoint's own tokenizer, found relative to each model's directory
             extra = text_model_values(os.path.join(tmp, "model"), max_batch_size=args.max_batch_size)
             for name in ("preprocessing", "postprocessing"):
                 extra[name]["tokenizer_dir"] = "../../model"
+            extra["tensorrt_llm_bls"] = {"max_batch_size": args.max_batch_size,
+                                         "decoupled_mode": str(not args.no_decoupled).lower()}
         for name, model_values in extra.items():
             fill_model(name, repo, model_values)
-    print(f"[dasc-build] wrote {out}: models {', '.join(['dasc_hybrid', *extra])}", file=sys.stderr)
+    print(f"[dasc-build] wrote {out}: models {', '.join([*models, *extra])}", file=sys.stderr)
     return out
 
 

@@ -66,8 +66,8 @@ def share_kernels(engine_dir: str, cache_dir: str) -> None:
 
 
 def serve(engine_dir: str, work_dir: str, timeout: float, torch_threads: int | None = None, tp: int = 1):
-    """The arm's tritonserver, ready (warm-up done). Only dasc_hybrid is loaded: the text models'
-    processes would compete for the CPU with the engine and are not part of what is measured.
+    """The arm's tritonserver, ready (warm-up done). Only tensorrt_llm is loaded: the text models' (and the dasc_hybrid
+    forwarder's) processes would compete for the CPU with the engine and are not part of what is measured.
     ``torch_threads`` sets the engine's OpenMP threads (on a 2-core CPU shared with the client, two
     threads made a bf16 depthwise conv on the engine's loop thread 20x slower than one)."""
     from trtllm_dasc.serve.tritonserver import new_admin_key, start_server
@@ -75,7 +75,7 @@ def serve(engine_dir: str, work_dir: str, timeout: float, torch_threads: int | N
     # explicit model control opens the repository API (load a model from any path: run its model.py): it
     # and the shared-memory API answer only this run's key (server.admin_headers())
     server = start_server(os.path.join(engine_dir, "model_repo"), work_dir, env=env,
-                          extra_args=["--model-control-mode=explicit", "--load-model=dasc_hybrid"],
+                          extra_args=["--model-control-mode=explicit", "--load-model=tensorrt_llm"],
                           tp=(tp, engine_dir), admin_key=new_admin_key())
     try:
         server.wait_ready(timeout)

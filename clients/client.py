@@ -1,4 +1,4 @@
-"""Streaming requests to the dasc_hybrid Triton model at a fixed concurrency, timed on the client.
+"""Streaming requests to the tensorrt_llm Triton model at a fixed concurrency, timed on the client.
 
 Each concurrent client owns a gRPC connection and one stream: with the default shared connection some
 streams died with "Socket closed" under 32-way concurrency, and a client's timing must not wait on another
@@ -70,7 +70,7 @@ class GrpcStream:
 
     _ids = itertools.count()
 
-    def __init__(self, url: str, model: str = "dasc_hybrid", timeout: float = 600.0):
+    def __init__(self, url: str, model: str = "tensorrt_llm", timeout: float = 600.0):
         import tritonclient.grpc as grpc
         self.grpc, self.model, self.timeout = grpc, model, timeout
         self.client = grpc.InferenceServerClient(url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
@@ -138,7 +138,7 @@ class GrpcStream:
 class GrpcTarget:
     """``concurrency`` clients of one server, plus one for cache_control."""
 
-    def __init__(self, url: str, concurrency: int, model: str = "dasc_hybrid", timeout: float = 600.0):
+    def __init__(self, url: str, concurrency: int, model: str = "tensorrt_llm", timeout: float = 600.0):
         self.streams = [GrpcStream(url, model, timeout) for _ in range(concurrency + 1)]
 
     def run(self, prompts: list, output_tokens: int, progress=None) -> tuple[list[Record], float]:

@@ -30,7 +30,7 @@ def _scalar_list(value) -> list:
 class HttpStream:
     """One client: its own HTTP/1.1 connection to the server, one request at a time."""
 
-    def __init__(self, url: str, model: str = "dasc_hybrid", timeout: float = 600.0):
+    def __init__(self, url: str, model: str = "tensorrt_llm", timeout: float = 600.0):
         host, _, port = url.rpartition(":")
         self.host, self.port, self.timeout = host or "127.0.0.1", int(port), timeout
         self.path = f"/v2/models/{model}/generate_stream"
@@ -113,7 +113,7 @@ class HttpStream:
 class HttpTarget:
     """``concurrency`` HTTP clients of one server, plus one for cache_control."""
 
-    def __init__(self, url: str, concurrency: int, model: str = "dasc_hybrid", timeout: float = 600.0):
+    def __init__(self, url: str, concurrency: int, model: str = "tensorrt_llm", timeout: float = 600.0):
         self.streams = [HttpStream(url, model, timeout) for _ in range(concurrency + 1)]
 
     def run(self, prompts: list, output_tokens: int, progress=None) -> tuple[list[Record], float]:

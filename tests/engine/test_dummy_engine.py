@@ -50,7 +50,7 @@ def test_reference_config_plans_like_the_synthetic_checkpoint(arch, tmp_path):
     experts = meta["model_config"].get("num_experts")
     assert experts == (256 if arch == "kda" else 512)
     assert ("num_experts" in meta["weights"]["completed_fields"]) == (arch == "kda")
-    assert "DUMMY WEIGHTS" in (engine / "model_repo" / "dasc_hybrid" / "config.pbtxt").read_text()
+    assert "DUMMY WEIGHTS" in (engine / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     assert "DUMMY WEIGHTS" in dummy_notice(str(engine))
     # the planner's capacities for the synthetic checkpoint of that seed, read from safetensors on disk
     synthetic = write_checkpoint(str(tmp_path / "synthetic"), arch, seed=4, shards=1)

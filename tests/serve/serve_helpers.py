@@ -82,7 +82,7 @@ class StreamClient:
         self.events: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
 
-    def send(self, rid: str, inputs, model: str = "dasc_hybrid") -> None:
+    def send(self, rid: str, inputs, model: str = "tensorrt_llm") -> None:
         self.client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True)
 
     def collect(self, n_requests: int, timeout: float = 120.0) -> dict:
@@ -124,7 +124,7 @@ class Stream:
         self.client = grpc.InferenceServerClient(url)
         self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
 
-    def send(self, rid: str, inputs, model: str = "dasc_hybrid") -> None:
+    def send(self, rid: str, inputs, model: str = "tensorrt_llm") -> None:
         self.client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True)
 
     def generate(self, rid: str, prompt, n: int) -> None:

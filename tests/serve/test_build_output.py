@@ -39,8 +39,8 @@ def _complete(engine) -> dict:
     """The engine's metadata, after checking that every part of a finished build is there."""
     meta = json.loads((engine / "config.json").read_text())
     assert meta["dasc_engine_version"] >= 1
-    for part in ("plan.json", "model/model.safetensors", "model/config.json", "model_repo/dasc_hybrid/config.pbtxt",
-                 "kernels"):
+    for part in ("plan.json", "model/model.safetensors", "model/config.json", "model_repo/tensorrt_llm/config.pbtxt",
+                 "model_repo/dasc_hybrid/config.pbtxt", "kernels"):
         assert (engine / part).exists(), part
     return meta
 

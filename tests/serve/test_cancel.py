@@ -76,7 +76,7 @@ def test_dropped_sse_connection_aborts_in_the_engine(server):
     body = json.dumps({"input_ids": PROMPT, "input_lengths": [len(PROMPT)], "request_output_len": [N],
                        "streaming": [True]}).encode()
     sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
-    sock.sendall(b"POST /v2/models/dasc_hybrid/generate_stream HTTP/1.1\r\nHost: x\r\n"
+    sock.sendall(b"POST /v2/models/tensorrt_llm/generate_stream HTTP/1.1\r\nHost: x\r\n"
                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     got = b""
     while got.count(b"data:") < 3:

@@ -102,8 +102,8 @@ def test_response_shapes_streaming_and_whole():
 
 def test_committed_template_is_the_rendered_table():
     from trtllm_dasc.serve.repository import TEMPLATES
-    with open(f"{TEMPLATES}/dasc_hybrid/config.pbtxt") as f:
-        assert f.read() == render_config(), "run: python -m trtllm_dasc.serve.io_spec > model_repo/dasc_hybrid/config.pbtxt"
+    with open(f"{TEMPLATES}/tensorrt_llm/config.pbtxt") as f:
+        assert f.read() == render_config(), "run: python -m trtllm_dasc.serve.io_spec > model_repo/tensorrt_llm/config.pbtxt"
 
 
 def test_the_table_matches_tensorrt_llms_names_dtypes_and_dims():

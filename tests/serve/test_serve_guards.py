@@ -48,7 +48,7 @@ class Stream:
         self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
 
     def send(self, rid, inputs):
-        self.client.async_stream_infer("dasc_hybrid", inputs, request_id=rid, enable_empty_final_response=True)
+        self.client.async_stream_infer("tensorrt_llm", inputs, request_id=rid, enable_empty_final_response=True)
 
     def generate(self, rid, n=N):
         self.send(rid, triton_inputs(self.grpc, PROMPT, n, streaming=True))
@@ -159,7 +159,7 @@ def test_repository_and_shared_memory_apis_want_the_admin_key(server):
     g, h = grpc.InferenceServerClient(server.grpc_url), http.InferenceServerClient(server.http_url)
     try:
         refused = []
-        for call in (lambda c, **kw: c.load_model("dasc_hybrid", **kw),
+        for call in (lambda c, **kw: c.load_model("tensorrt_llm", **kw),
                      lambda c, **kw: c.get_model_repository_index(**kw),
                      lambda c, **kw: c.register_system_shared_memory("probe", "/dasc_probe", 64, **kw),
                      lambda c, **kw: c.get_system_shared_memory_status(**kw)):
@@ -172,10 +172,10 @@ def test_repository_and_shared_memory_apis_want_the_admin_key(server):
         for client, protocol in ((g, "grpc"), (h, "http")):
             index = client.get_model_repository_index(headers=server.admin_headers(protocol))
             names = [m.name for m in index.models] if hasattr(index, "models") else [m["name"] for m in index]
-            assert "dasc_hybrid" in names
+            assert "tensorrt_llm" in names
             client.get_system_shared_memory_status(headers=server.admin_headers(protocol))
         # inference stays open
-        assert g.is_model_ready("dasc_hybrid") and h.is_server_ready()
+        assert g.is_model_ready("tensorrt_llm") and h.is_server_ready()
     finally:
         g.close()
         h.close()

@@ -77,7 +77,7 @@ def test_http_generate_stream_concurrently(dense):
 
     def one(i, p):
         body = json.dumps({"input_ids": p, "input_lengths": len(p), "request_output_len": 3, "streaming": True})
-        req = urllib.request.Request(f"http://{server.http_url}/v2/models/dasc_hybrid/generate_stream",
+        req = urllib.request.Request(f"http://{server.http_url}/v2/models/tensorrt_llm/generate_stream",
                                      data=body.encode(), headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=120) as r:
             events = [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]

@@ -129,7 +129,7 @@ def test_300_mixed_requests_at_concurrency_32(dense):
                 inputs.append(x)
             client.start_stream(callback=callback)
             try:
-                client.async_stream_infer("dasc_hybrid", inputs, request_id=rid, enable_empty_final_response=True)
+                client.async_stream_infer("tensorrt_llm", inputs, request_id=rid, enable_empty_final_response=True)
             except grpc.InferenceServerException:
                 pass                 # a request the server refused at once: the error comes through the callback
             done.wait(120)
@@ -182,12 +182,12 @@ def test_300_mixed_requests_at_concurrency_32(dense):
     lens.set_data_from_numpy(np.array([[1]], np.int32))
     out = grpc.InferInput("request_output_len", [1, 1], "INT32")
     out.set_data_from_numpy(np.array([[1]], np.int32))
-    client.async_stream_infer("dasc_hybrid", [ids, lens, out, x], request_id="flush")
+    client.async_stream_infer("tensorrt_llm", [ids, lens, out, x], request_id="flush")
     assert done.wait(60)
     client.stop_stream()
     time.sleep(1.2)          # the metrics thread updates twice a second
     m = metrics(server)
     assert m['dasc_kv_blocks{state="used"}'] == 0 and m['dasc_checkpoint_slots{state="used"}'] == 0
     assert m['dasc_state_rows{state="used"}'] == 0
-    assert client.is_server_ready() and client.is_model_ready("dasc_hybrid")
+    assert client.is_server_ready() and client.is_model_ready("tensorrt_llm")
     client.close()

@@ -1,4 +1,5 @@
-"""TensorRT-LLM's own example client (inflight_batcher_llm_client.py), unchanged, against dasc_hybrid.
+"""TensorRT-LLM's own example client (inflight_batcher_llm_client.py), unchanged, against tensorrt_llm (its
+default model name) and dasc_hybrid (our earlier name, still served).
 
 Its code is never committed here: the test runs it from a scratch copy of triton-inference-server/
 tensorrtllm_backend (inflight_batcher_llm/client/, commit c2e65b8, the last with the client) named by
@@ -37,9 +38,10 @@ def servers(tmp_path_factory):
     plain.stop()
 
 
-def run_client(server, tmp, *flags, expect=None):
+def run_client(server, tmp, *flags, expect=None, model="dasc_hybrid"):
+    """``model`` None: the client's own default (--model-name omitted: tensorrt_llm)."""
     (tmp / "in.csv").write_text(",".join(map(str, PROMPT)) + "\n")
-    args = [sys.executable, str(CLIENT), "-u", server.grpc_url, "--model-name", "dasc_hybrid",
+    args = [sys.executable, str(CLIENT), "-u", server.grpc_url, *(["--model-name", model] if model else []),
             "--input-tokens-csv", str(tmp / "in.csv"), *map(str, flags)]
     if expect is not None:
         (tmp / "expect.csv").write_text(",".join(map(str, expect)) + "\n")
@@ -47,12 +49,13 @@ def run_client(server, tmp, *flags, expect=None):
     return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=str(CLIENTS))
 
 
+@pytest.mark.parametrize("model", [None, "dasc_hybrid"], ids=["default-name", "dasc_hybrid"])
 @pytest.mark.parametrize("mode", ["streaming", "plain"])
-def test_stock_client_checks_our_greedy_output(servers, mode):
+def test_stock_client_checks_our_greedy_output(servers, mode, model):
     s, hf, tmp = servers
     expect = PROMPT + hf_greedy(hf, PROMPT, 6)
     flags = ("--request-output-len", 6) + (("--streaming",) if mode == "streaming" else ())
-    proc = run_client(s["decoupled" if mode == "streaming" else "plain"], tmp, *flags, expect=expect)
+    proc = run_client(s["decoupled" if mode == "streaming" else "plain"], tmp, *flags, expect=expect, model=model)
     assert proc.returncode == 0 and "PASS!" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -64,8 +67,9 @@ def test_stock_client_perf_metrics_and_exclude_input(servers):
     assert "first_token_time_ns" in proc.stdout
 
 
+@pytest.mark.parametrize("model", [None, "dasc_hybrid"], ids=["default-name", "dasc_hybrid"])
 @pytest.mark.parametrize("how", ["request-cancel", "stop-signal"])
-def test_stock_client_stops_a_long_request(servers, how):
+def test_stock_client_stops_a_long_request(servers, how, model):
     s, _, tmp = servers
     flags = ["--request-output-len", 400, "--streaming", "--stop-after-ms", 300]
     if how == "request-cancel":
@@ -74,7 +78,7 @@ def test_stock_client_stops_a_long_request(servers, how):
         # a stop names its request by id (an empty id, the client's default, matches no request): as
         # TensorRT-LLM's own CI runs this client, with --request-id
         flags += ["--request-id", "1"]
-    proc = run_client(s["decoupled"], tmp, *flags)
+    proc = run_client(s["decoupled"], tmp, *flags, model=model)
     # the client itself asserts it got fewer than 400 tokens
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 

@@ -87,7 +87,7 @@ def test_template_variables_listed(name):
 
 
 def test_template_values_checked(tmp_path):
-    assert text_model_values()["ensemble"]["core_model"] == "dasc_hybrid"
+    assert text_model_values()["ensemble"]["core_model"] == "tensorrt_llm"
     with pytest.raises(UserError, match="tokenizer.json"):
         text_model_values(str(tmp_path))
     with pytest.raises(UserError, match="core_model"):
@@ -201,7 +201,7 @@ CORE_INPUTS = {"input_ids": ("TYPE_INT32", "-1", "ragged"), "input_lengths": ("T
                "beam_width": ("TYPE_INT32", "1", ""), "streaming": ("TYPE_BOOL", "1", "")}
 CORE_OUTPUTS = {"output_ids": ("TYPE_INT32", "-1, -1"), "sequence_length": ("TYPE_INT32", "-1"),
                 "context_logits": ("TYPE_FP32", "-1, -1"), "batch_index": ("TYPE_INT32", "1"),
-                "sequence_index": ("TYPE_INT32", "1"), "cached_tokens": ("TYPE_INT32", "1"),
+                "sequence_index": ("TYPE_INT32", "1"), "cached_tokens": ("TYPE_INT32", "1"), "dasc_policy": ("TYPE_STRING", "1"),
                 **{n: ("TYPE_INT32", "1") for n in ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
                                                      "kv_cache_alloc_total_blocks", "total_accepted_draft_tokens",
                                                      "total_draft_tokens")},
@@ -328,10 +328,10 @@ def test_ensemble_bad_text_is_an_error(ensemble_server):
 
 
 def test_ensemble_maps_the_real_core_io():
-    """Every core tensor the ensemble maps exists in model_repo/dasc_hybrid with the dtype assumed here."""
-    path = os.path.join(TEMPLATES, "dasc_hybrid", "config.pbtxt")
+    """Every core tensor the ensemble maps exists in model_repo/tensorrt_llm with the dtype assumed here."""
+    path = os.path.join(TEMPLATES, "tensorrt_llm", "config.pbtxt")
     if not os.path.isfile(path):
-        pytest.skip("model_repo/dasc_hybrid is not there yet")
+        pytest.skip("model_repo/tensorrt_llm is not there yet")
     with open(path) as f:
         core = dict(re.findall(r'name: "(\w+)"\s+data_type: (\w+)', f.read()))
     with open(os.path.join(TEMPLATES, "ensemble", "config.pbtxt")) as f:

@@ -1,7 +1,7 @@
 """`dasc serve`: serve an engine directory (or build one from a checkpoint first) with tritonserver.
 
 Starts the real tritonserver on 127.0.0.1 with the engine directory's model repository, waits until it is
-ready (the dasc_hybrid model reports ready only after the engine's warm-up), prints the endpoints, and
+ready (the tensorrt_llm model reports ready only after the engine's warm-up), prints the endpoints, and
 then stays in the foreground. It stops the server and exits on Ctrl-C / SIGTERM (0), when the server
 exits (its code), or when the engine inside it has died (1; seen on the metrics port), never leaving a
 hung process behind.
@@ -76,7 +76,7 @@ def engine_dir_for(args, work_dir: str) -> str:
 
 
 def engine_alive(metrics_url: str) -> bool:
-    """False once the dasc_hybrid model reports its engine dead (dasc_engine_alive 0)."""
+    """False once the tensorrt_llm model reports its engine dead (dasc_engine_alive 0)."""
     try:
         with urllib.request.urlopen(metrics_url, timeout=5) as r:
             text = r.read().decode()
@@ -102,7 +102,11 @@ def run(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, f: stop.update(signal=s))
     from trtllm_dasc.serve.host import dummy_notice, engine_config
-    tp = engine_config(engine_dir).tp_size
+    cfg = engine_config(engine_dir)
+    tp = cfg.tp_size
+    from trtllm_dasc.serve.repository import cache_policy
+    # dasc's prefix cache is lossy unless W_max 0 with the native codec: say so before anything is served
+    print(f"[dasc serve] prefix cache: {cache_policy(cfg.wmax, cfg.policy, cfg.codec)}", file=sys.stderr, flush=True)
     notice = dummy_notice(engine_dir)
     if notice:
         print(f"[dasc serve] {notice}", file=sys.stderr, flush=True)

@@ -24,7 +24,7 @@ from trtllm_dasc.serve.openai_protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, ChatTemplate, GenRequest, common_fields, max_tokens, prompts)
 from trtllm_dasc.serve.tokenizer import TextTokenizer
 
-CORE_MODEL = "dasc_hybrid"
+CORE_MODEL = "tensorrt_llm"
 # the Triton model names a client may also put in 'model' (Triton's OpenAI frontend lists those)
 ALIASES = ("ensemble", "tensorrt_llm", "dasc_hybrid")
 MAX_BODY = 64 << 20

@@ -50,3 +50,34 @@ def add_parameters(model_dir: str, params: dict) -> None:
         for key, value in params.items():
             text = str(value).replace("\\", "\\\\").replace('"', '\\"')
             f.write(f'parameters: {{\n  key: "{key}"\n  value: {{ string_value: "{text}" }}\n}}\n')
+
+
+def add_alias(out_repo: str, alias: str, target: str, templates: str = TEMPLATES) -> str:
+    """A second name for the filled model ``target``: its config.pbtxt under ``alias`` (same I/O, batching
+    and transaction policy) with the forwarding model.py of ``templates/alias`` (a BLS call to ``target``,
+    so the engine loads once)."""
+    src = os.path.join(templates, alias)
+    if not os.path.isdir(src):
+        raise UserError(f"no model template {alias!r} in {templates}")
+    dst = os.path.join(out_repo, alias)
+    if os.path.isdir(dst):
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "config.pbtxt"))
+    with open(os.path.join(out_repo, target, "config.pbtxt")) as f:
+        text = f.read()
+    head = f'name: "{target}"\n'
+    if head not in text:
+        raise UserError(f"{target}/config.pbtxt does not name the model {target!r}")
+    with open(os.path.join(dst, "config.pbtxt"), "w") as f:
+        f.write(text.replace(head, f'name: "{alias}"\n', 1))
+    add_parameters(dst, {"alias_of": target})
+    return dst
+
+
+def cache_policy(wmax: int, policy: str, codec: str) -> str:
+    """One line saying how a cached prefix is restored: exact, or approximate (dasc's lossy compression)."""
+    name = f"dasc-{policy} W_max={wmax}" + (" int8" if codec == "int8" else "")
+    if wmax == 0 and codec == "native":
+        return f"{name}: cached prefixes are exact"
+    return (f"{name}: cached prefixes are approximate (a greedy output may change once its prefix is cached); "
+            "--wmax 0 --codec native for an exact cache")

@@ -21,7 +21,7 @@ from trtllm_dasc.errors import UserError
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 # the embedded default model (scripts/make_default_model.py); its tokenizer lies next to the weights
 DEFAULT_MODEL_DIR = os.path.join(ASSETS, "tiny-kimi-linear")
-DEFAULT_CORE_MODEL = "dasc_hybrid"
+DEFAULT_CORE_MODEL = "tensorrt_llm"
 
 # the ${...} variables of each model_repo/<name>/config.pbtxt (a test keeps these equal to the files).
 # max_batch_size is the core model's variable too: an ensemble's max_batch_size must not exceed any step's.

@@ -1,100 +1,80 @@
-"""dasc_hybrid: the Triton Python model that serves a dasc engine directory (TensorRT-LLM's tensorrt_llm
-model I/O). Thin, like TensorRT-LLM's tensorrt_llm/1/model.py: convert each request, hand it to the
-engine host, send its events back through the response sender; cancellations become aborts; finalize
-drains. Everything else lives in trtllm_dasc.serve (host.py, convert.py, metrics.py).
+"""dasc_hybrid: the earlier name of the tensorrt_llm model, kept so existing clients keep working.
+
+tritonserver 2.51 has no model name aliases, and a second copy of tensorrt_llm's model would load the
+engine twice; so this model is a thin BLS forwarder: each request goes to tensorrt_llm (parameter
+`alias_of`) with its inputs and id unchanged, and every streamed response comes back as it is. Its
+config.pbtxt is tensorrt_llm's filled one under this name (dasc-build writes it:
+trtllm_dasc.serve.repository.add_alias). A client's cancellation reaches the engine as a stop for the
+forwarded request (trtllm_dasc.serve.bls).
 """
 import json
-import os
 import threading
 
 import triton_python_backend_utils as pb_utils
 
-from trtllm_dasc.serve.host import EngineHost
-from trtllm_dasc.serve.metrics import EngineMetrics
+from trtllm_dasc.serve import bls
 
 
-def _param(config: dict, key: str, default: str = "") -> str:
-    value = config.get("parameters", {}).get(key, {}).get("string_value", default)
-    return default if value.startswith("${") else value
-
-
-class DecoupledSink:
-    """Responses through the request's response sender (decoupled mode). After the final response the
-    sender belongs to Triton again: asking it anything then reads freed memory (a segfault seen under
-    load when the cancellation watcher polled a just-finished request), so a lock orders the final send
-    against every later question."""
-
-    def __init__(self, request):
-        self.sender = request.get_response_sender()
-        self.lock = threading.Lock()
-        self.closed = False
-
-    def send(self, tensors, error, final):
-        with self.lock:
-            if self.closed:
-                return
-            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-            if error is not None:
-                self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=flags)
-            elif tensors is not None and not (final and self.sender.is_cancelled()):
-                self.sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()]),
-                                 flags=flags)
-            else:
-                # nothing to say, or the client cancelled (it reads no more): the final flag alone
-                self.sender.send(flags=flags)
-            self.closed = final
-
-    def cancelled(self):
-        with self.lock:
-            return not self.closed and self.sender.is_cancelled()
-
-
-class CollectSink:
-    """One response returned from execute (non-decoupled mode, for clients using plain infer)."""
-
-    def __init__(self):
-        self.done, self.response = threading.Event(), None
-
-    def send(self, tensors, error, final):
-        if error is not None:
-            self.response = pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
-        elif tensors is not None:
-            self.response = pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in tensors.items()])
-        if final:
-            if self.response is None:
-                self.response = pb_utils.InferenceResponse([])
-            self.done.set()
-
-    def cancelled(self):
-        return False
+def _inputs(request):
+    """The request's inputs as a client sends them: a per-request scalar (config reshape [ ]) reaches this
+    model as [batch] and must go on as [batch, 1]."""
+    out = []
+    for t in request.inputs():
+        value = t.as_numpy()
+        out.append(pb_utils.Tensor(t.name(), value.reshape(-1, 1)) if value.ndim < 2 else t)
+    return out
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        engine_dir = _param(config, "engine_dir")
-        if not os.path.isabs(engine_dir):
-            # relative to this model's directory (an engine directory holds its own repository)
-            engine_dir = os.path.join(args["model_repository"], engine_dir)
-        exclude = _param(config, "exclude_input_in_output", "false").lower() == "true"
-        self.host = EngineHost(os.path.normpath(engine_dir), decoupled=self.decoupled,
-                               exclude_input_default=exclude)
-        self.metrics = EngineMetrics(pb_utils, self.host)
+        self.target = config.get("parameters", {}).get("alias_of", {}).get("string_value", "tensorrt_llm")
+        self.outputs = [o["name"] for o in config.get("output", [])]
+        self.threads = set()
+        self.lock = threading.Lock()
 
     def execute(self, requests):
-        sinks = []
+        if not self.decoupled:
+            return [self._plain(r) for r in requests]
         for request in requests:
-            inputs = {t.name(): t.as_numpy() for t in request.inputs()}
-            sink = DecoupledSink(request) if self.decoupled else CollectSink()
-            self.host.submit(inputs, request.request_id(), sink)
-            sinks.append(sink)
-        if self.decoupled:
-            return None
-        for sink in sinks:
-            sink.done.wait()
-        return [sink.response for sink in sinks]
+            t = threading.Thread(target=self._stream, args=(request,), name="dasc-alias", daemon=True)
+            with self.lock:
+                self.threads.add(t)
+            t.start()
+        return None
+
+    def _request(self, request):
+        return pb_utils.InferenceRequest(model_name=self.target, inputs=_inputs(request),
+                                         requested_output_names=self.outputs, request_id=request.request_id())
+
+    def _plain(self, request):
+        response = self._request(request).exec()
+        if response.has_error():
+            return pb_utils.InferenceResponse(error=response.error())
+        return pb_utils.InferenceResponse(response.output_tensors())
+
+    def _stream(self, request):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        sender = request.get_response_sender()
+        rid = bls.forward_id(request.request_id(), "dasc_hybrid")
+        try:
+            for response in bls.stream(pb_utils, self.target, _inputs(request), self.outputs, rid,
+                                       cancelled=sender.is_cancelled):
+                if response.has_error():
+                    sender.send(pb_utils.InferenceResponse(error=response.error()), flags=final)
+                    return
+                sender.send(pb_utils.InferenceResponse(response.output_tensors()))
+            sender.send(flags=final)
+        except Exception as e:  # noqa: BLE001 - the request fails in one line, the model keeps serving
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{type(e).__name__}: {e}")),
+                        flags=final)
+        finally:
+            with self.lock:
+                self.threads.discard(threading.current_thread())
 
     def finalize(self):
-        self.metrics.stop()
-        self.host.shutdown()
+        with self.lock:
+            threads = list(self.threads)
+        for t in threads:
+            t.join(timeout=30)

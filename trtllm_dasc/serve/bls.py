@@ -1,0 +1,81 @@
+"""BLS calls from our Python models to the tensorrt_llm model: a stream with cancellation forwarded as a stop.
+
+Triton 2.51's Python backend has no way to cancel a BLS request (its response iterator has no cancel()),
+so a client's cancellation of the calling model would leave the engine generating. The calling model
+polls its own response sender instead and, once the client cancelled, sends tensorrt_llm a `stop` naming
+the forwarded request's id (TensorRT-LLM's stop signal, scoped to that id). A request without an id is
+forwarded under a fresh unique one, so the stop can never reach another client's request.
+
+Used by model_repo/dasc_hybrid (the earlier name of tensorrt_llm, forwarding to it) and
+model_repo/tensorrt_llm_bls (preprocessing -> tensorrt_llm -> postprocessing).
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+
+import numpy as np
+
+POLL_S = 0.05
+
+
+def forward_id(request_id: str, prefix: str) -> str:
+    """The id a forwarded request carries: the client's, or a unique one (an empty id matches no stop)."""
+    return request_id or f"{prefix}-{uuid.uuid4().hex}"
+
+
+def send_stop(pb_utils, target: str, request_id: str, decoupled: bool = True) -> None:
+    """TensorRT-LLM's stop signal (dummy inputs, stop true) for the request ``request_id`` of ``target``."""
+    inputs = [pb_utils.Tensor("input_ids", np.zeros((1, 1), np.int32)),
+              pb_utils.Tensor("input_lengths", np.zeros((1, 1), np.int32)),
+              pb_utils.Tensor("request_output_len", np.zeros((1, 1), np.int32)),
+              pb_utils.Tensor("stop", np.ones((1, 1), bool))]
+    req = pb_utils.InferenceRequest(model_name=target, inputs=inputs, requested_output_names=["output_ids"],
+                                    request_id=request_id)
+    if decoupled:
+        for _ in req.exec(decoupled=True):
+            pass
+    else:
+        req.exec()
+
+
+class CancelWatch:
+    """While a forwarded stream runs: poll ``cancelled()``; on a cancellation send ``target`` a stop for
+    ``request_id`` (once). Stop it (``close``) before the caller's final response: a response sender must
+    not be asked anything after its final response."""
+
+    def __init__(self, pb_utils, target: str, request_id: str, cancelled):
+        self.pb_utils, self.target, self.request_id, self.cancelled = pb_utils, target, request_id, cancelled
+        self.done = threading.Event()
+        self.fired = False
+        self.thread = threading.Thread(target=self._run, name="dasc-bls-cancel", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.done.wait(POLL_S):
+            if self.cancelled():
+                self.fired = True
+                try:
+                    send_stop(self.pb_utils, self.target, self.request_id)
+                except Exception:  # noqa: BLE001 - the stream ends anyway; nothing to report to
+                    pass
+                return
+
+    def close(self):
+        self.done.set()
+        self.thread.join()
+
+
+def stream(pb_utils, target: str, inputs: list, outputs: list[str], request_id: str, cancelled=None):
+    """Responses of a decoupled BLS request to ``target`` (those with tensors or an error), with a client
+    cancellation (``cancelled()`` true) forwarded as a stop while it runs."""
+    req = pb_utils.InferenceRequest(model_name=target, inputs=inputs, requested_output_names=outputs,
+                                    request_id=request_id)
+    watch = CancelWatch(pb_utils, target, request_id, cancelled) if cancelled is not None else None
+    try:
+        for response in req.exec(decoupled=True):
+            if response.has_error() or response.output_tensors():
+                yield response
+    finally:
+        if watch is not None:
+            watch.close()
