@@ -121,7 +121,7 @@ BAD = [
      "input_ids"),
     ("beam-4", dict(beam_width=np.array([[4]], np.int32)), "beam_width"),
     ("lora", dict(lora_task_id=np.array([[3]], np.uint64)), "lora_task_id"),
-    ("penalty", dict(repetition_penalty=np.array([[1.3]], np.float32)), "repetition_penalty"),
+    ("penalty", dict(repetition_penalty=np.array([[-1.3]], np.float32)), "repetition_penalty"),
     ("oversize", dict(input_ids=np.ones((1, 300), np.int32), input_lengths=np.array([[300]], np.int32)), "input_ids"),
     ("top-p-2", dict(runtime_top_p=np.array([[2.0]], np.float32)), "runtime_top_p"),
 ]
