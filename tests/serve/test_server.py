@@ -213,9 +213,10 @@ def test_log_probs_generation_and_context_logits_over_grpc_and_http(dense):
         while True:
             result, error = client.events.get(timeout=120)
             assert error is None, error
+            if result.as_numpy("output_ids") is not None and result.as_numpy("output_ids").size:
+                results.append(result)
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
-            results.append(result)
     finally:
         client.close()
     tokens = [int(r.as_numpy("output_ids").reshape(-1)[0]) for r in results]
