@@ -237,6 +237,11 @@ def response_tensors(sreq: ServeRequest, out: RequestOutput) -> dict | None:
     """The tensors answering one event, or None when nothing is due yet (a non-streaming request before
     its end). Shapes carry the batch dimension of 1: output_ids [1, beam 1, tokens]."""
     sreq.sent.extend(out.token_ids)
+    # every event's log probs and logits are kept: a non-streaming answer holds all of them
+    if sreq.log_probs:
+        sreq.log_prob_list.extend(out.log_probs or [])
+    if sreq.generation_logits and out.generation_logits is not None:
+        sreq.gen_logits_list.append(out.generation_logits.float().cpu().numpy())
     if not sreq.streaming and not out.finished:
         return None
     if sreq.streaming:
@@ -268,14 +273,11 @@ def response_tensors(sreq: ServeRequest, out: RequestOutput) -> dict | None:
     if sreq.log_probs:
         # TensorRT-LLM's shapes with the batch dimension: cum_log_probs [1, beam], output_log_probs [1, beam,
         # tokens] over the generated tokens (streaming: this response's; else all of them)
-        sreq.log_prob_list.extend(out.log_probs or [])
         lps = (out.log_probs or []) if sreq.streaming else sreq.log_prob_list
         cum = out.cum_log_prob if out.cum_log_prob is not None else float(np.sum(sreq.log_prob_list, dtype=np.float64))
         t["cum_log_probs"] = np.array([[cum]], dtype=np.float32)
         t["output_log_probs"] = np.array(lps, dtype=np.float32).reshape(1, 1, -1)
     if sreq.generation_logits:
-        if out.generation_logits is not None:
-            sreq.gen_logits_list.append(out.generation_logits.float().cpu().numpy())
         rows = [out.generation_logits.float().cpu().numpy()] if sreq.streaming and out.generation_logits is not None \
             else ([] if sreq.streaming else sreq.gen_logits_list)
         if rows:
