@@ -121,7 +121,7 @@ BAD = [
      "input_ids"),
     ("beam-4", dict(beam_width=np.array([[4]], np.int32)), "beam_width"),
     ("lora", dict(lora_task_id=np.array([[3]], np.uint64)), "lora_task_id"),
-    ("penalty", dict(repetition_penalty=np.array([[1.3]], np.float32)), "repetition_penalty"),
+    ("penalty", dict(repetition_penalty=np.array([[-1.3]], np.float32)), "repetition_penalty"),
     ("oversize", dict(input_ids=np.ones((1, 300), np.int32), input_lengths=np.array([[300]], np.int32)), "input_ids"),
     ("top-p-2", dict(runtime_top_p=np.array([[2.0]], np.float32)), "runtime_top_p"),
 ]
@@ -191,3 +191,48 @@ def test_a_request_with_two_sequences_answers_both_with_batch_index(dense):
     finally:
         client.close()
     assert got == {0: a + hf_greedy(hf, a, 2), 1: b + hf_greedy(hf, b, 3)}
+
+
+def test_log_probs_generation_and_context_logits_over_grpc_and_http(dense):
+    """The stock client's outputs: output_log_probs / cum_log_probs per streamed token equal transformers'
+    log-softmax, generation_logits its logits, context_logits on the final response; over HTTP generate the
+    same inputs arrive as JSON keys (Triton maps a key to the input of that name)."""
+    import torch
+    import tritonclient.grpc as grpc
+    server, hf = dense
+    p = prompts(5, 1)[0]
+    ref = hf_greedy(hf, p, 3)
+    with torch.no_grad():
+        logits = hf(torch.tensor([p + ref])).logits[0].float()
+    lps = torch.log_softmax(logits[len(p) - 1:-1], -1)[torch.arange(3), torch.tensor(ref)]
+    client = StreamClient(server.grpc_url)
+    results = []
+    try:
+        client.send("lp", triton_inputs(grpc, p, 3, streaming=True, return_log_probs=True,
+                                        return_generation_logits=True, return_context_logits=True))
+        while True:
+            result, error = client.events.get(timeout=120)
+            assert error is None, error
+            if result.as_numpy("output_ids") is not None and result.as_numpy("output_ids").size:
+                results.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.close()
+    tokens = [int(r.as_numpy("output_ids").reshape(-1)[0]) for r in results]
+    assert tokens == ref
+    got = np.concatenate([r.as_numpy("output_log_probs").reshape(-1) for r in results])
+    np.testing.assert_allclose(got, lps.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose([float(r.as_numpy("cum_log_probs").reshape(-1)[0]) for r in results],
+                               np.cumsum(lps.numpy()), rtol=1e-4, atol=1e-4)
+    gen = np.concatenate([r.as_numpy("generation_logits")[0, 0] for r in results])
+    np.testing.assert_allclose(gen, logits[len(p) - 1:-1].numpy(), rtol=1e-4, atol=1e-4)
+    final = results[-1].as_numpy("context_logits")
+    assert final is not None and final.shape[-2:] == (len(p), VOCAB)
+    # HTTP generate: "return_log_probs": true is honoured, not dropped
+    body = json.dumps({"input_ids": p, "input_lengths": len(p), "request_output_len": 3, "return_log_probs": True})
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/dasc_hybrid/generate", data=body.encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        answer = json.loads(r.read())
+    np.testing.assert_allclose(np.ravel(answer["output_log_probs"]), lps.numpy(), rtol=1e-4, atol=1e-4)

@@ -238,9 +238,18 @@ class Engine:
         elif len(s.output) >= s.req.max_new_tokens:      # validate keeps prompt + max_new <= max_context
             reason = "length"
         out = RequestOutput(s.rid, [token], reason is not None, reason, stats=st)
-        if len(s.output) == 1 and s.req.return_context_logits:
+        # the context logits on the first token's event and on the final one (TensorRT-LLM's clients read
+        # them from the last response)
+        if s.req.return_context_logits and (len(s.output) == 1 or reason is not None):
             import torch
             out.context_logits = torch.cat(s.context_logits) if s.context_logits else None
+        if s.req.return_log_probs:
+            lp = s.step_log_prob
+            s.cum_log_prob += lp if lp is not None else 0.0
+            out.log_probs, out.cum_log_prob = [lp], s.cum_log_prob
+        if s.req.return_generation_logits and s.step_gen_logits is not None:
+            out.generation_logits = s.step_gen_logits[None]
+        s.step_log_prob = s.step_gen_logits = None
         if reason is not None:
             self._finish(s, reason, out=out)
         elif not self._deliver(s, out):

@@ -45,6 +45,12 @@ class RequestOutput:
     stats: RequestStats | None = None
     context_logits: object = None   # fp32 [prompt tokens computed, vocab] when the request asked for them
                                     # (positions cached_tokens .. len(prompt) - 1)
+    # return_log_probs: per token of this event, log-softmax of the sampled token under the logits it was
+    # sampled from (after bias, temperature, penalties and bans; before the top-k / top-p cut: TensorRT-LLM's
+    # unnormalized log probs), and their running sum over the request's output so far
+    log_probs: list | None = None
+    cum_log_prob: float | None = None
+    generation_logits: object = None   # fp32 [tokens of this event, vocab]: the model's raw logits
 
 
 @dataclass(slots=True)
@@ -55,6 +61,8 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     end_id: int | None = None
     return_context_logits: bool = False
+    return_log_probs: bool = False
+    return_generation_logits: bool = False
     # False: reuse nothing from the prefix cache (the context logits then cover the whole prompt; with a
     # hit they cover only the positions computed, [cached_tokens, len(prompt)))
     use_cache: bool = True
@@ -99,7 +107,10 @@ class GenerationRequest:
             if any(not 0 <= t < vocab_size for w in words for t in w):
                 raise UserError(f"{name}: a token id is outside the vocabulary [0, {vocab_size})")
             setattr(self, name, words)
-        for name in ("return_context_logits", "use_cache"):
+        bad = next((t for t, _ in self.sampling.embedding_bias if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise UserError(f"embedding_bias: token id {bad} is outside the vocabulary [0, {vocab_size})")
+        for name in ("return_context_logits", "return_log_probs", "return_generation_logits", "use_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"{name} must be a bool, got {getattr(self, name)!r}")
         # a request object may be submitted again: its figures start afresh

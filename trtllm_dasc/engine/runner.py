@@ -19,7 +19,7 @@ import torch
 
 from trtllm_dasc.engine.config import EngineConfig
 from trtllm_dasc.engine.loading import check_memory, weight_source
-from trtllm_dasc.engine.sampling import sample
+from trtllm_dasc.engine.sampling import process_logits, sample
 from trtllm_dasc.engine.step import StepOutput, StepPlan
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.checkpoint_files import dummy_marker
@@ -111,8 +111,9 @@ class ModelRunner:
                 refresh = Refresh(len(plan.replays), [a for a, _ in plan.replays], [b for _, b in plan.replays])
             out = self.model.forward(batch, self.state, self.kv, logits=[s.logits for s in plan.spans],
                                      refresh=refresh, merge=self.merge_omitted)
-        result = StepOutput(tokens=[None] * len(plan.spans), errors=[None] * len(plan.spans),
-                            logits=[None] * len(plan.spans))
+        n = len(plan.spans)
+        result = StepOutput(tokens=[None] * n, errors=[None] * n, logits=[None] * n, log_probs=[None] * n,
+                            gen_logits=[None] * n)
         result.stored = self._store(out, plan, result.errors)
         self._sample(out, plan, result, sample_tokens)
         return result
@@ -191,7 +192,11 @@ class ModelRunner:
         if not rows:
             return
         bans = [(j, t) for j, i in enumerate(rows) for t in plan.spans[i].banned]
-        if out.picks is not None and not bans and len(rows) == out.logits.shape[0]:
+        # spans whose token comes from processed logits (penalties, bias) or that return log probs /
+        # generation logits: they read their own row, the rest take the batched argmax
+        special = {j for j, i in enumerate(rows) if plan.spans[i].sampling is not None and (
+            plan.spans[i].sampling.processed or plan.spans[i].log_prob or plan.spans[i].raw_logits)}
+        if out.picks is not None and not bans and not special and len(rows) == out.logits.shape[0]:
             # the decode graph's own argmax and health check, one logits row per span, already on the host
             greedy, finite = out.picks
             last = out.logits
@@ -199,7 +204,9 @@ class ModelRunner:
             # one device sync for every span's health and every greedy choice
             finite = torch.isfinite(out.logits).all(-1).tolist()
             last = out.logits[torch.tensor([cu[i + 1] - 1 for i in rows], device=out.logits.device)]
+            raw = last
             if bans:
+                last = last.clone() if special else last
                 last[[j for j, _ in bans], [t for _, t in bans]] = float("-inf")
             greedy = torch.argmax(last, -1).tolist()
         for j, i in enumerate(rows):
@@ -215,9 +222,24 @@ class ModelRunner:
                 result.errors[i] = "every token is banned (bad_words_list / min_tokens)"
                 continue
             try:
-                result.tokens[i] = greedy[j] if s.sampling.greedy else sample(last[j], s.sampling, s.token_index)
+                if j in special:
+                    result.tokens[i] = self._sample_special(raw[j], s, result, i)
+                else:
+                    result.tokens[i] = greedy[j] if s.sampling.greedy else sample(last[j], s.sampling, s.token_index)
             except Exception as e:  # noqa: BLE001 - one request's sampling must not fail the step
                 result.errors[i] = f"sampling failed: {type(e).__name__}: {e}"
+
+    @staticmethod
+    def _sample_special(raw: torch.Tensor, s, result: StepOutput, i: int) -> int:
+        """One span's token from its processed logits (TensorRT-LLM's order: bias, temperature, penalties,
+        bans), with its log probability and raw logits when asked."""
+        x = process_logits(raw, s.sampling, s.history, s.banned)
+        token = int(torch.argmax(x)) if s.sampling.greedy else sample(x, s.sampling, s.token_index, scaled=True)
+        if s.log_prob:
+            result.log_probs[i] = float(torch.log_softmax(x, -1)[token])
+        if s.raw_logits:
+            result.gen_logits[i] = raw.float().cpu()
+        return token
 
     # ---- wr merge ------------------------------------------------------------------------------------
     def merge_omitted(self, layer: int, src_rows: list[int], dst_rows: list[int]) -> None:

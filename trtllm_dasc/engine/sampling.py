@@ -1,4 +1,6 @@
-"""Token sampling: greedy, or seeded temperature / top-k / top-p.
+"""Token sampling: greedy, or seeded temperature / top-k / top-p, after TensorRT-LLM's logits processing
+(embedding bias, temperature, repetition / presence / frequency penalties, bans), with the sampled token's
+log probability.
 
 Sampling is stateless: the draw of output token i of a request uses a generator seeded from (seed, i), so
 a request's tokens depend on neither the batch it ran in nor on which process samples it (TP ranks, a
@@ -22,6 +24,13 @@ class SamplingParams:
     top_k: int = 0                # 0: no top-k cut (1: greedy)
     top_p: float = 1.0            # 1: no nucleus cut
     seed: int | None = None       # None: 0
+    # TensorRT-LLM's penalties (neutral 1 / 0 / 0), over the prompt's and the output's tokens
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # embedding_bias as its non-zero entries ((token id, value), ...): plain data a plan carries to every
+    # rank, and a few entries for the usual sparse bias instead of a vocabulary-sized row per step
+    embedding_bias: tuple = ()
 
     def __post_init__(self):
         self.temperature = _real("temperature", self.temperature)
@@ -37,10 +46,32 @@ class SamplingParams:
             self.seed = _integer("seed", self.seed)
             if not 0 <= self.seed < U64:
                 raise UserError(f"seed must lie in [0, 2**64), got {self.seed}")
+        self.repetition_penalty = _real("repetition_penalty", self.repetition_penalty)
+        if not self.repetition_penalty > 0.0:
+            raise UserError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        self.presence_penalty = _real("presence_penalty", self.presence_penalty)
+        self.frequency_penalty = _real("frequency_penalty", self.frequency_penalty)
+        if not isinstance(self.embedding_bias, (tuple, list)):
+            raise UserError(f"embedding_bias must be (token id, value) pairs, got {type(self.embedding_bias).__name__}")
+        try:
+            self.embedding_bias = tuple((_integer("embedding_bias token", t), _real("embedding_bias", v))
+                                        for t, v in self.embedding_bias)
+        except (TypeError, ValueError):
+            raise UserError("embedding_bias must be (token id, value) pairs") from None
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the penalties need the token counts of the text so far."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def processed(self) -> bool:
+        """Whether the logits change before sampling (the argmax may move)."""
+        return self.penalized or bool(self.embedding_bias)
 
 
 def _integer(name: str, value) -> int:
@@ -75,17 +106,45 @@ def draw_uniform(seed: int | None, token_index: int) -> float:
     return float(torch.rand(1, generator=gen, dtype=torch.float64))
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, token_index: int) -> int:
+def process_logits(logits: torch.Tensor, params: SamplingParams, history=(), banned=()) -> torch.Tensor:
+    """The fp32 logits [vocab] a token is sampled from, as TensorRT-LLM's penalty kernel makes them
+    (kernels/penaltyKernels.cu): + embedding_bias, / temperature (when > 0: greedy's 0 scales nothing), then
+    for each token occurring n > 0 times in ``history`` (prompt and output so far): repetition (x < 0 ?
+    x * r : x / r), - presence, - frequency * n; then the banned ids (bad words, end_id before min_tokens)
+    at -inf. Runs where the logits are."""
+    x = logits.float().clone()
+    if params.embedding_bias:
+        ids = torch.tensor([t for t, _ in params.embedding_bias], device=x.device)
+        x.index_add_(0, ids, torch.tensor([v for _, v in params.embedding_bias], device=x.device))
+    if params.temperature > 0.0 and params.temperature != 1.0:
+        x = x / params.temperature
+    if params.penalized and len(history):
+        counts = torch.bincount(torch.as_tensor(list(history), device=x.device), minlength=x.numel())[:x.numel()]
+        seen = counts > 0
+        if params.repetition_penalty != 1.0:
+            r = params.repetition_penalty
+            x = torch.where(seen, torch.where(x < 0, x * r, x / r), x)
+        if params.presence_penalty != 0.0:
+            x = x - params.presence_penalty * seen
+        if params.frequency_penalty != 0.0:
+            x = x - params.frequency_penalty * counts
+    if len(banned):
+        x[list(banned)] = float("-inf")
+    return x
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, token_index: int, scaled: bool = False) -> int:
     """The next token from one position's logits [vocab], computed where the logits are (a 151,936 or
     163,840-entry row never crosses to the host: only the chosen id does).
 
     temperature scales the logits; top-k keeps the k largest (ties at the k-th kept); softmax; the tokens
     are ranked by probability (ties by id) and top-p keeps the smallest prefix whose mass reaches top_p;
     the token is the first in that order whose cumulative mass exceeds u x the kept mass (inverse CDF), u
-    = draw_uniform(seed, token_index)."""
+    = draw_uniform(seed, token_index). ``scaled``: the logits come from process_logits (already divided by
+    the temperature)."""
     if params.greedy:
         return int(torch.argmax(logits))
-    x = logits.float() / params.temperature
+    x = logits.float() if scaled else logits.float() / params.temperature
     if params.top_k and params.top_k < x.numel():
         kth = torch.topk(x, params.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))

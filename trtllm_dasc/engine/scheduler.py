@@ -152,7 +152,7 @@ class Scheduler:
         if not s.in_prefill:
             n = len(s.output)
             return Span([s.output[-1]], s.row, len(s.prompt) + n - 1, s.table, logits="last",
-                        sampling=req.sampling, token_index=n, banned=banned_tokens(s))
+                        sampling=req.sampling, token_index=n, banned=banned_tokens(s), **_extras(s))
         end = min(len(s.prompt), s.done_tokens + chunk)
         captures = []
         for p in s.positions:
@@ -164,7 +164,7 @@ class Scheduler:
         last = end == len(s.prompt)
         logits = "all" if req.return_context_logits else ("last" if last else "none")
         return Span(s.prompt[s.done_tokens:end], s.row, s.done_tokens, s.table, captures, logits,
-                    req.sampling if last else None, 0, banned_tokens(s) if last else [])
+                    req.sampling if last else None, 0, banned_tokens(s) if last else [], **(_extras(s) if last else {}))
 
     def apply(self, plan: StepPlan, owners: list[Sequence], out: StepOutput) -> list[tuple[Sequence, int | None, str | None]]:
         """Book a successful step. Returns (sequence, sampled token or None, error or None) per sequence
@@ -186,6 +186,9 @@ class Scheduler:
                 s.done_tokens = span.start + len(span.token_ids)
                 if not s.in_prefill:
                     self._insert_prompt(s)
+            if out.tokens[i] is not None:
+                s.step_log_prob = out.log_probs[i] if out.log_probs else None
+                s.step_gen_logits = out.gen_logits[i] if out.gen_logits else None
             if out.errors[i] is not None or out.tokens[i] is not None:
                 events.append((s, out.tokens[i], out.errors[i]))
         return events
@@ -243,6 +246,14 @@ class Scheduler:
         self.cache.sanity_check(refs, locks)
         tree = self.cache.checkpoint_slots()
         assert not tree & slots and tree | slots == self.slots.used_ids(), "checkpoint slots leaked or shared"
+
+
+def _extras(s: Sequence) -> dict:
+    """A sampling span's asks beyond the token: the text's tokens when penalties count them, log probs,
+    generation logits."""
+    req = s.req
+    return {"history": s.prompt + s.output if req.sampling.penalized else [],
+            "log_prob": req.return_log_probs, "raw_logits": req.return_generation_logits}
 
 
 def banned_tokens(s: Sequence) -> list[int]:

@@ -31,6 +31,9 @@ class Sequence:
     captured: dict = field(default_factory=dict)   # position -> checkpoint slot, handed to the tree
     output: list[int] = field(default_factory=list)
     context_logits: list = field(default_factory=list)   # chunks of returned prompt logits
+    cum_log_prob: float = 0.0             # sum of the output tokens' log probs (return_log_probs)
+    step_log_prob: float | None = None    # the last sampled token's, until it is emitted
+    step_gen_logits: object = None        # the last sampled token's raw logits [vocab], until it is emitted
     finish_reason: str | None = None
 
     @property

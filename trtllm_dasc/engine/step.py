@@ -26,6 +26,10 @@ class Span:
     sampling: SamplingParams | None = None   # sample the next token from the last position
     token_index: int = 0                  # which output token the sample is (seeds the draw)
     banned: list[int] = field(default_factory=list)   # token ids the sample must not take (bad words, end_id)
+    # the prompt's and output's tokens so far, only when the sampling's penalties count them
+    history: list[int] = field(default_factory=list)
+    log_prob: bool = False                # return the sampled token's log probability
+    raw_logits: bool = False              # return the last position's raw logits (generation logits)
 
 
 @dataclass(slots=True)
@@ -49,3 +53,5 @@ class StepOutput:
     errors: list[str | None]
     logits: list = field(default_factory=list)
     stored: list[bool] = field(default_factory=list)
+    log_probs: list = field(default_factory=list)      # per span: the sampled token's log prob or None
+    gen_logits: list = field(default_factory=list)     # per span: CPU fp32 [vocab] raw logits or None

@@ -20,9 +20,7 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.io_spec import INPUT_NAMES, SUPPORTED
 
 # unsupported inputs a client may still send with their neutral value (the stock client always sends some)
-NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "len_penalty": 1.0,
-           "beam_search_diversity_rate": 0.0, "runtime_top_p_decay": 1.0, "return_log_probs": False,
-           "return_generation_logits": False}
+NEUTRAL = {"len_penalty": 1.0, "beam_search_diversity_rate": 0.0, "runtime_top_p_decay": 1.0}
 # beam-search-only or decay-only knobs: meaningless without those features, so any value is harmless
 IGNORED = {"early_stopping", "runtime_top_p_min", "runtime_top_p_reset_ids", "draft_acceptance_threshold"}
 
@@ -36,9 +34,13 @@ class ServeRequest:
     exclude_input: bool = False
     perf_metrics: bool = False
     context_logits: bool = False
+    log_probs: bool = False
+    generation_logits: bool = False
     batch_index: int = 0
     batch_size: int = 1
     sent: list = field(default_factory=list)       # tokens already answered (non-streaming: all of them)
+    log_prob_list: list = field(default_factory=list)   # every output token's log prob so far
+    gen_logits_list: list = field(default_factory=list)  # non-streaming: every output token's raw logits
 
 
 @dataclass(slots=True)
@@ -117,18 +119,47 @@ def sampling_params(inputs: dict, b: int) -> SamplingParams:
         raise UserError(f"input 'runtime_top_k' must be >= 0, got {top_k}")
     if not 0.0 <= top_p <= 1.0:
         raise UserError(f"input 'runtime_top_p' must lie in [0, 1], got {top_p}")
-    if top_k == 1 or (top_k == 0 and top_p == 0.0):
-        return SamplingParams(seed=seed)
+    penalties = {}
+    for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+        value = _scalar(inputs, name, b, float)
+        if value is not None:
+            penalties[name] = value
+    penalties["embedding_bias"] = _bias(inputs, b)
     try:
+        if top_k == 1 or (top_k == 0 and top_p == 0.0):
+            # greedy (top-k 1, as TensorRT-LLM runs it): the temperature still scales the logits the
+            # penalties and the log probs see
+            return SamplingParams(temperature=1.0 if temperature is None else temperature, top_k=1, seed=seed,
+                                  **penalties)
         return SamplingParams(temperature=1.0 if temperature is None else temperature, top_k=top_k,
-                              top_p=top_p if top_p > 0.0 else 1.0, seed=seed)
+                              top_p=top_p if top_p > 0.0 else 1.0, seed=seed, **penalties)
     except UserError as e:
         raise UserError(f"input '{_param_input(str(e))}': {e}") from None
 
 
+def _bias(inputs: dict, b: int) -> tuple:
+    """embedding_bias [vocab] (per batch entry [B, vocab]; empty: none) -> its non-zero (id, value) pairs."""
+    arr = inputs.get("embedding_bias")
+    if arr is None or np.size(arr) == 0:
+        return ()
+    arr = np.asarray(arr)
+    if arr.ndim == 1:
+        arr = arr[None]
+    if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.floating):
+        raise UserError(f"input 'embedding_bias' must be FP32 [batch, vocab], got {arr.dtype} {list(arr.shape)}")
+    row = arr[min(b, arr.shape[0] - 1)].astype(np.float32)
+    if not np.all(np.isfinite(row)):
+        raise UserError("input 'embedding_bias' must be finite")
+    ids = np.flatnonzero(row)
+    return tuple(zip(ids.tolist(), row[ids].tolist()))
+
+
 def _param_input(message: str) -> str:
     for field_name, input_name in (("temperature", "temperature"), ("top_k", "runtime_top_k"),
-                                   ("top_p", "runtime_top_p"), ("seed", "seed")):
+                                   ("top_p", "runtime_top_p"), ("seed", "seed"),
+                                   ("repetition_penalty", "repetition_penalty"),
+                                   ("presence_penalty", "presence_penalty"),
+                                   ("frequency_penalty", "frequency_penalty"), ("embedding_bias", "embedding_bias")):
         if message.startswith(field_name):
             return input_name
     return "sampling"
@@ -184,20 +215,33 @@ def _parse_one(inputs, ids, b, rid, decoupled, exclude_default) -> ServeRequest:
     end_id = _scalar(inputs, "end_id", b, int)
     exclude = _scalar(inputs, "exclude_input_in_output", b, bool)
     context = bool(_scalar(inputs, "return_context_logits", b, bool))
+    log_probs = bool(_scalar(inputs, "return_log_probs", b, bool))
+    gen_logits = bool(_scalar(inputs, "return_generation_logits", b, bool))
+    # min_tokens is TensorRT-LLM's input; min_length its older (and the executor's) name: either, or both equal
+    min_tokens, min_length = _scalar(inputs, "min_tokens", b, int), _scalar(inputs, "min_length", b, int)
+    if min_tokens is not None and min_length is not None and min_tokens != min_length:
+        raise UserError(f"inputs 'min_tokens' = {min_tokens} and 'min_length' = {min_length} disagree")
     gen = GenerationRequest(rid, tokens[:length], max_new, sampling_params(inputs, b),
                             end_id=None if end_id is None or end_id < 0 else end_id,
                             return_context_logits=context, use_cache=not context,
-                            min_tokens=_scalar(inputs, "min_tokens", b, int) or 0,
+                            return_log_probs=log_probs, return_generation_logits=gen_logits,
+                            min_tokens=(min_length if min_tokens is None else min_tokens) or 0,
                             stop_words=_words(inputs, "stop_words_list", b),
                             bad_words=_words(inputs, "bad_words_list", b))
     return ServeRequest(gen, streaming, exclude_default if exclude is None else exclude,
-                        bool(_scalar(inputs, "return_perf_metrics", b, bool)), context, b, ids.shape[0])
+                        bool(_scalar(inputs, "return_perf_metrics", b, bool)), context, log_probs, gen_logits, b,
+                        ids.shape[0])
 
 
 def response_tensors(sreq: ServeRequest, out: RequestOutput) -> dict | None:
     """The tensors answering one event, or None when nothing is due yet (a non-streaming request before
     its end). Shapes carry the batch dimension of 1: output_ids [1, beam 1, tokens]."""
     sreq.sent.extend(out.token_ids)
+    # every event's log probs and logits are kept: a non-streaming answer holds all of them
+    if sreq.log_probs:
+        sreq.log_prob_list.extend(out.log_probs or [])
+    if sreq.generation_logits and out.generation_logits is not None:
+        sreq.gen_logits_list.append(out.generation_logits.float().cpu().numpy())
     if not sreq.streaming and not out.finished:
         return None
     if sreq.streaming:
@@ -226,6 +270,18 @@ def response_tensors(sreq: ServeRequest, out: RequestOutput) -> dict | None:
             t[name] = np.array([[value]], dtype=dtype)
     if sreq.context_logits and out.context_logits is not None:
         t["context_logits"] = out.context_logits.float().cpu().numpy()[None]
+    if sreq.log_probs:
+        # TensorRT-LLM's shapes with the batch dimension: cum_log_probs [1, beam], output_log_probs [1, beam,
+        # tokens] over the generated tokens (streaming: this response's; else all of them)
+        lps = (out.log_probs or []) if sreq.streaming else sreq.log_prob_list
+        cum = out.cum_log_prob if out.cum_log_prob is not None else float(np.sum(sreq.log_prob_list, dtype=np.float64))
+        t["cum_log_probs"] = np.array([[cum]], dtype=np.float32)
+        t["output_log_probs"] = np.array(lps, dtype=np.float32).reshape(1, 1, -1)
+    if sreq.generation_logits:
+        rows = [out.generation_logits.float().cpu().numpy()] if sreq.streaming and out.generation_logits is not None \
+            else ([] if sreq.streaming else sreq.gen_logits_list)
+        if rows:
+            t["generation_logits"] = np.concatenate(rows)[None, None]
     return t
 
 

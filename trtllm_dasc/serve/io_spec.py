@@ -60,6 +60,8 @@ INPUTS = [
     _scalar("early_stopping", "TYPE_BOOL"),
     _scalar("repetition_penalty", "TYPE_FP32"),
     _scalar("min_tokens", "TYPE_INT32"),
+    # ours: min_tokens under TensorRT-LLM's older / executor name
+    _scalar("min_length", "TYPE_INT32"),
     _scalar("beam_search_diversity_rate", "TYPE_FP32"),
     _scalar("presence_penalty", "TYPE_FP32"),
     _scalar("frequency_penalty", "TYPE_FP32"),
@@ -135,9 +137,11 @@ INPUT_NAMES = {t.name for t in INPUTS}
 
 # what a request uses with a value of its own we honour; everything else must be absent or neutral
 SUPPORTED = {"input_ids", "input_lengths", "request_output_len", "end_id", "pad_id", "beam_width",
-             "temperature", "runtime_top_k", "runtime_top_p", "seed", "min_tokens", "streaming", "stop",
+             "temperature", "runtime_top_k", "runtime_top_p", "seed", "min_tokens", "min_length", "streaming", "stop",
              "stop_words_list", "bad_words_list", "exclude_input_in_output", "return_perf_metrics",
-             "return_context_logits", "num_return_sequences", "cache_control"}
+             "return_context_logits", "num_return_sequences", "cache_control", "repetition_penalty",
+             "presence_penalty", "frequency_penalty", "embedding_bias", "return_log_probs",
+             "return_generation_logits"}
 
 
 def _tensor(t: TensorSpec, is_input: bool) -> str:
