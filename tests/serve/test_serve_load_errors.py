@@ -76,3 +76,12 @@ def test_serve_prints_the_models_warmup_error(ckpt, tmp_path):
     save_file(t, str(bad / "model.safetensors"), metadata={"format": "pt"})
     engine = build_engine(bad, tmp_path / "engine", "--max-batch-size", 2, "--kv-blocks", 64, "--max-context", 128)
     _assert_says(_serve(engine, tmp_path), "warmup", "non-finite logits")
+
+
+def test_numpy_2_is_refused_before_the_server_starts():
+    """The stub under numpy 2 dies at the first string input, after the model said ready."""
+    from trtllm_dasc.errors import UserError
+    from trtllm_dasc.serve.tritonserver import check_stub_numpy
+    check_stub_numpy("1.26.4")
+    with pytest.raises(UserError, match=r"numpy 2\.1\.0 is installed, .*needs numpy<2"):
+        check_stub_numpy("2.1.0")

@@ -45,7 +45,20 @@ def find_server() -> ServerPaths:
     if missing:
         raise UserError(f"tritonserver not found ({missing[0]} is missing): install it with "
                         "`pip install --no-deps nvidia-pytriton==0.7.0` (make test/run do)")
+    check_stub_numpy()
     return paths
+
+
+def check_stub_numpy(version: str | None = None) -> None:
+    """The 2.51 Python backend stub exchanges tensors through numpy 1.x's ABI: under numpy 2 it reads
+    inputs wrong and a string input kills the stub (seen on the H200: "unpack_from requires a buffer of at
+    least 84215049 bytes"). Refuse before starting rather than after the model reports ready."""
+    if version is None:
+        import numpy
+        version = numpy.__version__
+    if int(version.split(".")[0]) >= 2:
+        raise UserError(f"numpy {version} is installed, but tritonserver 2.51's Python backend stub needs numpy<2: "
+                        "`pip install 'numpy>=1.26,<2'` (pyproject pins it; on a GPU machine carry numpy==1.26.4)")
 
 
 def backends_dir(dest: str, paths: ServerPaths | None = None) -> str:
