@@ -78,13 +78,38 @@ def kernels() -> list[tuple]:
             out.append((gemv_kernel._gemv_kernel,
                         {"x": "*bf16", "w": "*bf16", "y": "*bf16", **_ints("stride_xm", "stride_ym", "N", "K")},
                         {"M": M, "MP": triton.next_power_of_2(M), "BN": bn, "BK": bk}, warps))
+    from trtllm_dasc.model.moe import kernel as moe_kernel
+    from trtllm_dasc.model.moe import small as moe_small
+    for T, k, E, inter, D in ((1, 8, 256, 1024, 2304), (6, 10, 512, 512, 2048)):   # Kimi's, Qwen's decode
+        cfg = moe_small.config(T, k, inter, D)
+        out.append((moe_small._pair_gate_up,
+                    {"x": "*bf16", "idx": "*i64", "w": "*bf16", "h": "*bf16",
+                     **_ints("I", "D", "stride_x", "stride_we", "stride_wn", "stride_h")},
+                    {"TOP_K": k, "BLOCK_N": cfg["gate_up"][0], "BLOCK_K": cfg["gate_up"][1]}, cfg["gate_up"][2]))
+        out.append((moe_small._token_down,
+                    {"h": "*bf16", "idx": "*i64", "topk_w": "*fp32", "w": "*bf16", "y": "*bf16",
+                     **_ints("D", "I", "stride_h", "stride_we", "stride_wn", "stride_y")},
+                    {"TOP_K": k, "BLOCK_N": cfg["down"][0], "BLOCK_K": cfg["down"][1]}, cfg["down"][2]))
+    for T in (1, 2048, 3072, 16384):                                     # the grouped path's 4 tiers (Kimi)
+        cfg = moe_kernel.config(T, 8, 256)
+        ints = {"sorted_ids": "*i32", "block_expert": "*i32", "num_post": "*i32"}
+        const = {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"]}
+        out.append((moe_kernel._gate_up_act,
+                    {"x": "*bf16", "w": "*bf16", "h": "*bf16", **ints,
+                     **_ints("N", "I", "D", "stride_x", "stride_we", "stride_wn", "stride_h")},
+                    {**const, "TOP_K": 8}, cfg["num_warps"]))
+        out.append((moe_kernel._down_weighted,
+                    {"h": "*bf16", "w": "*bf16", "y": "*bf16", "topk_w": "*fp32", **ints,
+                     **_ints("N", "D", "I", "stride_h", "stride_we", "stride_wn", "stride_y")},
+                    const, cfg["num_warps"]))
     return out
 
 
 # what the launches pass as multiples of 16 (pointers, row strides, channel counts), and what may be or not
 # (token counts, the conv state's batch stride C x (W-1)); the state's channel stride W-1 never is
 ALIGNED = {"stride_x", "stride_g", "stride_u", "stride_o", "stride_sr", "C", "S1", "S2", "NORM_C", "I", "K",
-           "stride_xm", "stride_ym", "N", "DV", "stride_c", "stride_p"}
+           "stride_xm", "stride_ym", "N", "DV", "stride_c", "stride_p", "D", "stride_we", "stride_wn", "stride_h",
+           "stride_y"}
 SOMETIMES = {"T_total", "T", "stride_sn", "NT", "SPLITS"}
 
 

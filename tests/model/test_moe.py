@@ -13,14 +13,15 @@ pytest.importorskip("triton")
 from moe_helpers import assert_close, hf_block, ours, random_experts, random_routing  # noqa: E402
 
 from trtllm_dasc.model import moe  # noqa: E402
-from trtllm_dasc.model.moe import align, kernel  # noqa: E402
+from trtllm_dasc.model.moe import align, kernel, small  # noqa: E402
 
 
 @pytest.fixture
 def poisoned(monkeypatch):
     """Every buffer the fused kernels allocate starts as NaN: a row they fail to write shows."""
-    monkeypatch.setattr(kernel, "_buffer", lambda shape, dtype, device: torch.full(shape, float("nan"),
-                                                                                   dtype=dtype, device=device))
+    for mod in (kernel, small):
+        monkeypatch.setattr(mod, "_buffer", lambda shape, dtype, device: torch.full(shape, float("nan"),
+                                                                                    dtype=dtype, device=device))
 
 
 # ---- routing and the layer against transformers --------------------------------------------------------
@@ -67,6 +68,13 @@ def test_layer_bf16_loop_follows_transformers_bf16():
     assert_close("qwen bf16", ref, got, ratio=1e-2)
 
 
+@pytest.fixture
+def wide_small_tiles(monkeypatch):
+    """small.py's GEMVs with 16-channel tiles: the interpreter's time grows with the programs, and the
+    default 2- and 4-channel tiles make many (the default tiles run in the T=1, top_k=1 and layer tests)."""
+    monkeypatch.setattr(small, "config", lambda T, k, inter, D: {"gate_up": (16, 16, 4), "down": (16, 32, 4)})
+
+
 # ---- the fused experts against the loop ----------------------------------------------------------------
 CASES = {  # T, top_k, E, D, I, experts in use
     "T13-K3-E8-D40-I24": (13, 3, 8, 40, 24, 8),
@@ -77,14 +85,51 @@ CASES = {  # T, top_k, E, D, I, experts in use
 }
 
 
+@pytest.mark.parametrize("path", ["triton_grouped", "triton_small"], ids=["grouped", "small"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_triton_experts_equal_loop(case, poisoned):
+def test_triton_experts_equal_loop(case, path, poisoned, request):
+    # both fused paths at every shape, whatever moe.experts would pick for it
     T, k, E, D, inter, used = CASES[case]
+    if path == "triton_small" and T * k > 16:
+        request.getfixturevalue("wide_small_tiles")
     idx, w = random_routing(T, k, E, seed=T, used=used)
     gate_up, down = random_experts(E, D, inter, seed=T + 1)
     x = torch.randn(T, D, generator=torch.Generator().manual_seed(T + 2))
     ref = moe.experts(x, idx, w, gate_up, down, backend="loop")
-    assert_close(case, ref, moe.experts(x, idx, w, gate_up, down, backend="triton"), ratio=1e-5)
+    assert_close(case, ref, moe.experts(x, idx, w, gate_up, down, backend=path), ratio=1e-5)
+
+
+def test_small_path_other_tiles_and_int32_ids(poisoned):
+    # tiles that divide neither I nor D (clamped columns, masked tails of K), more warps; int32 expert ids
+    # and routing weights in a non-contiguous view (the kernels read their own flat copies)
+    T, k, E, D, inter = 3, 5, 7, 40, 24
+    idx, w = random_routing(T, k, E, seed=21)
+    gate_up, down = random_experts(E, D, inter, seed=22)
+    x = torch.randn(T, D, generator=torch.Generator().manual_seed(23))
+    wt = torch.stack([w, w], dim=-1)[..., 0]
+    assert torch.equal(wt, w) and not wt.is_contiguous()
+    cfg = {"gate_up": (16, 16, 2), "down": (16, 16, 8)}
+    assert_close("small tiles", moe.experts(x, idx, w, gate_up, down, backend="loop"),
+                 small.experts_small(x, idx.int(), wt, gate_up, down, cfg), ratio=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 8])
+def test_dispatch_by_pairs(k, monkeypatch, wide_small_tiles):
+    # backend "triton" takes the GEMV path up to SMALL_PAIRS (token, slot) pairs and the grouped GEMMs past
+    # it; both produce the loop's result at the boundary
+    calls = []
+    for mod, name in ((small, "experts_small"), (kernel, "experts_triton")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _real=real, _n=name, **kw: calls.append(_n) or _real(*a, **kw))
+    E, D, inter = 16, 16, 8
+    gate_up, down = random_experts(E, D, inter, seed=30)
+    for T, want in ((1, "experts_small"), (small.SMALL_PAIRS // k, "experts_small"),
+                    (small.SMALL_PAIRS // k + 1, "experts_triton")):
+        idx, w = random_routing(T, k, E, seed=T)
+        x = torch.randn(T, D, generator=torch.Generator().manual_seed(31))
+        got = moe.experts(x, idx, w, gate_up, down, backend="triton")
+        assert calls[-1] == want, (T, k, calls)
+        assert_close(f"T{T} k{k}", moe.experts(x, idx, w, gate_up, down, backend="loop"), got, ratio=1e-5)
 
 
 def test_triton_experts_other_tiles(poisoned):
@@ -94,11 +139,15 @@ def test_triton_experts_other_tiles(poisoned):
     gate_up, down = random_experts(E, D, inter, seed=8)
     x = torch.randn(T, D, generator=torch.Generator().manual_seed(9))
     cfg = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)
-    assert_close("tiles", moe.experts(x, idx, w, gate_up, down, backend="loop"),
-                 kernel.experts_triton(x, idx, w, gate_up, down, cfg), ratio=1e-5)
+    ref = moe.experts(x, idx, w, gate_up, down, backend="loop")
+    assert_close("tiles", ref, kernel.experts_triton(x, idx, w, gate_up, down, cfg), ratio=1e-5)
+    # the down GEMM on tiles of its own (the sweep's split configs)
+    cfg["down"] = dict(BLOCK_N=32, BLOCK_K=8, num_warps=2)
+    assert_close("down tiles", ref, kernel.experts_triton(x, idx, w, gate_up, down, cfg), ratio=1e-5)
 
 
-def test_triton_experts_tp_split_channels_sum_to_whole(poisoned):
+@pytest.mark.parametrize("path", ["triton_grouped", "triton_small"], ids=["grouped", "small"])
+def test_triton_experts_tp_split_channels_sum_to_whole(path, poisoned, wide_small_tiles):
     # TP2: each rank holds half of every expert's intermediate channels (gate and up rows, down columns, as
     # mlp._load_experts cuts them); the ranks' partial outputs add up to the whole layer's
     T, k, E, D, inter = 10, 2, 6, 24, 32
@@ -109,14 +158,15 @@ def test_triton_experts_tp_split_channels_sum_to_whole(poisoned):
     parts = []
     for ch in (torch.arange(0, inter // 2), torch.arange(inter // 2, inter)):
         gu = torch.cat([gate_up[:, ch], gate_up[:, inter + ch]], dim=1)
-        parts.append(moe.experts(x, idx, w, gu.contiguous(), down[:, :, ch].contiguous(), backend="triton"))
+        parts.append(moe.experts(x, idx, w, gu.contiguous(), down[:, :, ch].contiguous(), backend=path))
     assert_close("tp2 sum", whole, parts[0] + parts[1], ratio=1e-5)
 
 
-def test_no_tokens():
+@pytest.mark.parametrize("path", ["triton", "triton_grouped", "triton_small"])
+def test_no_tokens(path):
     x = torch.zeros(0, 8)
     idx, w = random_routing(0, 2, 4, seed=0)
-    out = moe.experts(x, idx, w, *random_experts(4, 8, 8, seed=0), backend="triton")
+    out = moe.experts(x, idx, w, *random_experts(4, 8, 8, seed=0), backend=path)
     assert out.shape == (0, 8)
 
 

@@ -21,9 +21,12 @@ def layers():
     return {k: moe_layer.build_layer(torch, v, torch.bfloat16, "cuda", seed=3) for k, v in moe_layer.MODELS.items()}
 
 
-def _arms():
+def _arms(T: int = 1):
+    """"triton" (the path its dispatch picks), both of its paths forced (the small one where the benchmark
+    times it), and torch's grouped GEMM where it runs."""
     from trtllm_dasc.model.moe import grouped_mm
-    return ["triton"] + (["grouped_mm"] if grouped_mm.available("cuda", torch.bfloat16) else [])
+    return (["triton", "triton_grouped"] + (["triton_small"] if T <= 64 else [])
+            + (["grouped_mm"] if grouped_mm.available("cuda", torch.bfloat16) else []))
 
 
 @pytest.mark.parametrize("key", ["kimi", "qwen"])
@@ -35,7 +38,7 @@ def test_fused_equals_loop_at_real_shapes(layers, key, T):
     with torch.no_grad():
         layer.backend = "loop"
         ref = layer.forward(x, True)
-        for arm in _arms():
+        for arm in _arms(T):
             layer.backend = arm
             assert_close(f"{key} T{T} {arm}", ref, layer.forward(x, True), ratio=1e-2)
         layer.backend = None
@@ -47,7 +50,7 @@ def test_fused_forward_does_not_synchronise(layers, key, T):
     layer = layers[key]
     x = torch.randn(T, layer.w["gate_up"].shape[2], device="cuda").bfloat16()
     with torch.no_grad():
-        for arm in _arms():
+        for arm in _arms(T):
             layer.backend = arm
             layer.forward(x, True)                     # JIT outside the checked call
             torch.cuda.synchronize()
@@ -60,12 +63,13 @@ def test_fused_forward_does_not_synchronise(layers, key, T):
     assert layer.capturable
 
 
+@pytest.mark.parametrize("path", ["triton", "triton_small", "triton_grouped"])
 @pytest.mark.parametrize("key", ["kimi", "qwen"])
-def test_fused_layer_replays_in_a_cuda_graph(layers, key):
+def test_fused_layer_replays_in_a_cuda_graph(layers, key, path):
     import moe_layer
     from copy_bandwidth import device_ms  # noqa: F401  (the benchmark's timer; imported as it imports it)
     layer = layers[key]
-    layer.backend = "triton"
+    layer.backend = path
     x = torch.randn(8, layer.w["gate_up"].shape[2], device="cuda").bfloat16()
     with torch.no_grad():
         got = moe_layer.graph_check(torch, layer, x, True, lambda fn: 0.0)

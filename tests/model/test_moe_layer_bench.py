@@ -27,6 +27,10 @@ def test_smoke_run_records_both_arms_and_the_target(tmp_path, monkeypatch, capsy
             assert r["loop_ms"] > 0 and r["triton_ms"] > 0
             # fp32 on both paths: the fused kernels agree with the loop to rounding
             assert r["triton_rel_err"] < 1e-5
+            # the other fused path than the one "triton" took, as an arm of its own (9 tokens x top-3 = 27
+            # pairs: the small path, as at 1)
+            assert r["triton_path"] == "small" and r["triton_grouped_rel_err"] < 1e-5 and r["triton_grouped_ms"] > 0
+        assert m["small_pairs"] >= 27
     assert got["models"]["kimi"]["shape"]["n_group"] == 4
 
 

@@ -10,6 +10,15 @@ Triton compiles a kernel variant per specialisation of its integer arguments (eq
   hits   b prompts extending the cold ones by 1 + {15, 4, 31, 0, ...} tokens: checkpoint loads at batch
          b (wr: replays + merge), short prefills of both kinds of lengths with stores, decode at batch b.
 One request per round samples (temperature, top-k, top-p). Then the cache is flushed and the counters reset.
+
+Prompt lengths (prompt_lengths): the first LONG_PER_ROUND prompts of the first round (the largest batch)
+and of the last (one request) are the longest, two
+prefill chunks and a few tokens (two requests' chunked prefills share steps, the second chunk runs at a start
+offset of a full chunk, a chunk holds up to prefill_chunk / interval checkpoint captures, hits load them
+from that deep), capped by max_context and, halved until it fits, by the KV cache. Users' prompts that long
+are ordinary (the H200's first pass of 2.3-3k-token prompts ran 21x slower than its second while warm-up
+stopped at 517 tokens: 2 x interval + 5, the old cap). The other prompts of a round keep the short lengths
+(2 x interval + 5, at most 4096): the batch shapes, at a cost that does not grow with the context.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ from trtllm_dasc.engine.sampling import SamplingParams
 
 TAILS = (15, 4, 31, 0, 63, 9, 16, 2)
 DECODE = 3
+LONG_PER_ROUND = 2                  # at most 2 (_long_lengths)
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -40,21 +50,38 @@ def _lengths(longest: int, b: int) -> list[int]:
     return [min(n, longest) for n in out]
 
 
+def _long_lengths(longest: int, n: int) -> list[int]:
+    """n <= 2 long prompt lengths: longest on the 16-token grid, then longest made odd (both past two chunks
+    when longest is two chunks + 5)."""
+    return [max(1, longest - longest % 16), max(1, longest - (1 - longest % 2))][:n]
+
+
+def prompt_lengths(cfg, worst_case_blocks) -> tuple[int, int]:
+    """(longest, short): the cold prompts' lengths before the per-prompt offsets of _lengths (see the
+    module's docstring). worst_case_blocks(prompt_len, max_new): the scheduler's count of a request's KV
+    blocks."""
+    # room for the longest tail and the decode after the cold prompt, in the context and in the KV cache
+    room = cfg.max_context - max(TAILS) - 1 - DECODE
+    longest = max(1, min(room, 2 * cfg.prefill_chunk + 5))
+    while longest > 1 and worst_case_blocks(longest + 1 + max(TAILS), DECODE) > cfg.num_kv_blocks:
+        longest //= 2
+    return longest, max(1, min(longest, 2 * cfg.interval + 5, 4096))
+
+
 def warmup(engine) -> dict:
     cfg, t0 = engine.cfg, time.perf_counter()
     rng = random.Random(0)
     vocab = engine.vocab_size
-    # room for the longest tail and the decode after the cold prompt, in the context and in the KV cache
-    longest = max(1, min(cfg.max_context - max(TAILS) - 1 - DECODE, 2 * cfg.interval + 5,
-                         2 * cfg.prefill_chunk + 5, 4096))
-    while longest > 1 and (engine.scheduler.worst_case_blocks(longest + 1 + max(TAILS), DECODE)
-                           > cfg.num_kv_blocks):
-        longest //= 2
+    longest, short = prompt_lengths(cfg, engine.scheduler.worst_case_blocks)
     requests = 0
     # largest batch first: fla autotunes a kernel once, on its first call, with a key that ignores the
     # token count, so that first call should look like full-batch traffic rather than a lone request
-    for b in reversed(batch_buckets(cfg.max_batch)):
-        cold = [[rng.randrange(vocab) for _ in range(n)] for n in _lengths(longest, b)]
+    buckets = batch_buckets(cfg.max_batch)
+    for b in reversed(buckets):
+        # the long prompts beside the batch's others and alone; the rounds between keep to the short ones
+        n_long = min(b, LONG_PER_ROUND) if b in (buckets[0], buckets[-1]) else 0
+        lengths = _long_lengths(longest, n_long) + _lengths(short, b)[n_long:]
+        cold = [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
         hits = [p + [rng.randrange(vocab) for _ in range(1 + TAILS[i % len(TAILS)])] for i, p in enumerate(cold)]
         for name, prompts in (("cold", cold), ("hit", hits)):
             batch = [GenerationRequest(("warmup", b, name, i), p, DECODE,
@@ -73,4 +100,4 @@ def warmup(engine) -> dict:
         engine.cache.evictions[kind] = 0
     engine.ready = True
     return {"seconds": time.perf_counter() - t0, "requests": requests, "longest_prompt": longest,
-            "batch_sizes": batch_buckets(cfg.max_batch)}
+            "short_prompt": short, "batch_sizes": batch_buckets(cfg.max_batch)}

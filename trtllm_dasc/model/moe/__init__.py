@@ -3,8 +3,11 @@ the expert's SwiGLU MLP. Backends (`experts(..., backend=)`):
 
 - "loop": naive.py, a loop over the chosen experts (the torch reference; the CPU default). It reads the
   routing on the host: a synchronisation and several launches per active expert.
-- "triton": kernel.py, align.py's device-side sort by expert then two grouped GEMMs (the GPU default): no
-  host synchronisation, a grid fixed by the shapes (CUDA-graph capturable).
+- "triton" (the GPU default): by the number of (token, slot) pairs, small.py's two GEMVs over the pairs
+  (T * top_k <= small.SMALL_PAIRS: decode; no sort, no alignment) or kernel.py's grouped GEMMs after
+  align.py's device-side sort by expert. Both: no host synchronisation, grids fixed by the shapes
+  (CUDA-graph capturable; T is fixed per captured graph, so is the path).
+- "triton_small" / "triton_grouped": one of the two at any T (benchmarks and tests).
 - "grouped_mm": grouped_mm.py, torch._grouped_mm (sm90, bf16 only; grouped_mm.available).
 """
 from __future__ import annotations
@@ -13,7 +16,7 @@ import torch
 
 from trtllm_dasc.model.moe.naive import experts_naive
 
-BACKENDS = ("loop", "triton", "grouped_mm")
+BACKENDS = ("loop", "triton", "grouped_mm", "triton_small", "triton_grouped")
 
 
 def default_backend(device: torch.device | str) -> str:
@@ -37,6 +40,12 @@ def experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, gate_up: 
     if backend == "loop":
         return experts_naive(x, idx, weights, gate_up, down, fused_act)
     if backend == "triton":
+        from trtllm_dasc.model.moe.small import SMALL_PAIRS
+        backend = "triton_small" if x.shape[0] * idx.shape[1] <= SMALL_PAIRS else "triton_grouped"
+    if backend == "triton_small":
+        from trtllm_dasc.model.moe.small import experts_small
+        return experts_small(x, idx, weights, gate_up, down)
+    if backend == "triton_grouped":
         from trtllm_dasc.model.moe.kernel import experts_triton
         return experts_triton(x, idx, weights, gate_up, down)
     if backend == "grouped_mm":

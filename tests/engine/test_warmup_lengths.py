@@ -1,0 +1,60 @@
+"""Warm-up's prompt lengths (engine/warmup.py): the longest reaches two prefill chunks whatever the checkpoint
+interval (the H200's first pass of 2.3-3k-token prompts ran 21x slower than its second while warm-up
+stopped at 2 x interval + 5 = 517 tokens), within the context and the KV cache; and a real warm-up sends
+two such prompts in one batch and one alone."""
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import make_engine
+
+from trtllm_dasc.engine import warmup as wu
+from trtllm_dasc.engine.config import EngineConfig
+
+
+def _blocks(bs: int):
+    """A request's KV blocks counted anew (no replay window): ceil((prompt + new) / block size)."""
+    return lambda prompt, new: -(-(prompt + new) // bs)
+
+
+def test_longest_reaches_two_chunks_at_the_default_interval():
+    # real_model.py's engines: interval 256, chunks of 2048 (and 4096), a context of several chunks
+    for chunk in (2048, 4096):
+        cfg = EngineConfig(model="unused", interval=256, prefill_chunk=chunk, max_context=4 * chunk,
+                           num_kv_blocks=4096, block_size=16)
+        longest, short = wu.prompt_lengths(cfg, _blocks(16))
+        assert longest >= 2 * chunk
+        # the batch's other prompts keep to the interval's scale
+        assert short <= 2 * 256 + 5
+
+
+@pytest.mark.parametrize("max_context, kv_blocks", [(3032, 4096), (100000, 300)], ids=["context", "kv"])
+def test_longest_stays_within_the_context_and_the_cache(max_context, kv_blocks):
+    cfg = EngineConfig(model="unused", interval=256, prefill_chunk=4096, max_context=max_context,
+                       num_kv_blocks=kv_blocks, block_size=16)
+    longest, _ = wu.prompt_lengths(cfg, _blocks(16))
+    # the hit prompt (longest + 1 + the longest tail) and its decode fit the context and the cache
+    end = longest + 1 + max(wu.TAILS)
+    assert end + wu.DECODE <= max_context and -(-(end + wu.DECODE) // 16) <= kv_blocks
+    # and it is not needlessly short: the context's room (real_model.py's pass: 3000-token prompts) or half
+    # of what would overflow the cache
+    if max_context < 8000:
+        assert longest == max_context - max(wu.TAILS) - 1 - wu.DECODE
+    else:
+        assert -(-(2 * longest + 1 + max(wu.TAILS) + wu.DECODE) // 16) > kv_blocks
+
+
+def test_warmup_sends_two_long_prompts_together_and_one_alone(tiny_models, monkeypatch):
+    # interval 8, chunks of 16: the old cap (2 x 8 + 5 = 21) fell short of two chunks (32)
+    engine = make_engine(tiny_models["gdn"][0], max_batch=4, interval=8, prefill_chunk=16, max_context=128)
+    batches = []
+    real = engine.generate
+    monkeypatch.setattr(engine, "generate", lambda reqs, **kw: batches.append([len(r.prompt) for r in reqs])
+                        or real(reqs, **kw))
+    report = engine.warmup()
+    assert report["longest_prompt"] >= 2 * 16
+    cold = batches[::2]
+    assert [len(b) for b in cold] == [4, 2, 1]
+    # the largest batch holds two prompts of two chunks, the lone request one
+    assert sum(n >= 2 * 16 for n in cold[0]) == wu.LONG_PER_ROUND and cold[-1][0] >= 2 * 16
+    assert engine.ready and engine.stats()["kv_blocks_free"] == engine.cfg.num_kv_blocks

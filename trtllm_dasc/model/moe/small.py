@@ -1,0 +1,135 @@
+"""The routed experts of a decode step's few tokens as two GEMVs, with no sort and no alignment (the small-T
+path of moe.experts; kernel.py is the grouped-GEMM path of larger batches).
+
+At decode the layer is bound by the bytes of the experts it reads (Kimi at batch 1: 8 experts x 3 x 2304 x
+1024 x 2 B = 113 MB, 27 us at 4.2 TB/s), yet kernel.py's path costs ~10 alignment launches before its two
+GEMMs, pads every expert's one or two rows to a 16-row MMA block, and sums y over top_k in a third launch.
+Here:
+
+1. _pair_gate_up: one program per ((token, slot) pair, BLOCK_N intermediate channels). It reads the pair's
+   expert id from idx itself, streams that expert's BLOCK_N gate rows and BLOCK_N up rows along D once,
+   reduces in fp32 registers (a partial sum per lane of K, one reduction at the end: no shuffles in the
+   loop), silu(g) * u, one rounding -> h [T*top_k, I] (row = t * top_k + j).
+2. _token_down: one program per (token, BLOCK_N output channels): one loop over the token's top_k slots x
+   I, each step the slot's down rows times h's row times the slot's routing weight (fp32), accumulated in
+   registers -> out [T, D]: the routing weight and the sum over top_k fused, in a fixed order (no atomics,
+   the result does not depend on the schedule), one rounding.
+
+Few columns a program and long steps of K (many programs, many bytes in flight), as the dense gemv_kernel
+measured best at batch 1 on the H200. Both grids are functions of (T, top_k, I, D) only: CUDA-graph
+capturable, no host synchronisation. Row, expert and token indices are widened to int64 before any address
+arithmetic (expert e's offset e * 2I * D passes 2^31 at 256 experts x 2048 x 2304 x 2 B).
+
+A pair reads its expert's weights whether or not another pair chose the same expert (the grouped path reads
+each expert in use once), so the path pays off while pairs rarely share experts: SMALL_PAIRS.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# T * top_k up to which moe.experts takes this path. At 64 pairs over Kimi's 256 experts ~57 distinct
+# experts are expected (256 x (1 - (255/256)^64)): ~11% of the bytes read twice (less where the L2 catches
+# them), against the grouped path's ~10 alignment launches and 16-row padding; Kimi decodes up to 8 tokens
+# and Qwen (top-10) up to 6 here. benchmarks/moe_layer.py times both paths at every decode size (its
+# triton_small arm) so the threshold can follow the H200's numbers.
+SMALL_PAIRS = 64
+
+
+@triton.jit
+def _pair_gate_up(x, idx, w, h, I, D, stride_x, stride_we, stride_wn, stride_h, TOP_K: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(I, BLOCK_N)
+    r = (pid // tiles_n).to(tl.int64)
+    cols = (pid % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < I
+    # columns past I read the last one (no mask on the weights in the loop) and are dropped at the store
+    c64 = tl.minimum(cols, I - 1).to(tl.int64)
+    e = tl.load(idx + r).to(tl.int64)
+    kk = tl.arange(0, BLOCK_K)
+    x_ptr = x + (r // TOP_K) * stride_x + kk
+    g_ptr = w + e * stride_we + c64[:, None] * stride_wn + kk[None, :]
+    # the up rows follow the I gate rows of the same expert
+    u_ptr = g_ptr + I * stride_wn
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, tl.cdiv(D, BLOCK_K)):
+        kmask = kk < D - k0 * BLOCK_K
+        a = tl.load(x_ptr, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        acc_g += tl.load(g_ptr, mask=kmask[None, :], other=0.0).to(tl.float32) * a
+        acc_u += tl.load(u_ptr, mask=kmask[None, :], other=0.0).to(tl.float32) * a
+        x_ptr += BLOCK_K
+        g_ptr += BLOCK_K
+        u_ptr += BLOCK_K
+    g = tl.sum(acc_g, 1)
+    u = tl.sum(acc_u, 1)
+    out = g * tl.sigmoid(g) * u
+    tl.store(h + r * stride_h + cols, out.to(h.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _token_down(h, idx, topk_w, w, y, D, I, stride_h, stride_we, stride_wn, stride_y, TOP_K: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(D, BLOCK_N)
+    t = (pid // tiles_n).to(tl.int64)
+    cols = (pid % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < D
+    c64 = tl.minimum(cols, D - 1).to(tl.int64)
+    kk = tl.arange(0, BLOCK_K)
+    steps = tl.cdiv(I, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    # one flat loop over (slot, step of I): one software-pipelined loop, whatever top_k and I are
+    for s in range(0, TOP_K * steps):
+        j = s // steps
+        k0 = (s % steps) * BLOCK_K
+        r = t * TOP_K + j
+        e = tl.load(idx + r).to(tl.int64)
+        wt = tl.load(topk_w + r).to(tl.float32)
+        kmask = kk < I - k0
+        a = tl.load(h + r * stride_h + k0 + kk, mask=kmask, other=0.0).to(tl.float32) * wt
+        b = tl.load(w + e * stride_we + c64[:, None] * stride_wn + (k0 + kk)[None, :], mask=kmask[None, :],
+                    other=0.0)
+        acc += b.to(tl.float32) * a[None, :]
+    tl.store(y + t * stride_y + cols, tl.sum(acc, 1).to(y.dtype.element_ty), mask=cmask)
+
+
+def config(T: int, top_k: int, I: int, D: int) -> dict:
+    """Tiles of both kernels: (BLOCK_N, BLOCK_K, num_warps) each. gate_up: 4 gate + 4 up rows a program,
+    steps of 512 along D (2048 programs at Kimi's batch 1); down: 2 output channels a program, steps of 1024
+    along I (1152 programs at batch 1), as gemv_kernel's measured batch-1 optimum (2 columns, 1024-wide
+    steps, 4 warps): ~32 fp32 accumulator registers a thread each. benchmarks/moe_layer.py sweeps others."""
+    return {"gate_up": (4, min(512, max(16, triton.next_power_of_2(D))), 4),
+            "down": (2, min(1024, max(16, triton.next_power_of_2(I))), 4)}
+
+
+def _buffer(shape, dtype, device) -> torch.Tensor:
+    """The intermediate's and the output's allocation (tests poison it with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def experts_small(x, idx, weights, gate_up, down, cfg: dict | None = None) -> torch.Tensor:
+    """See moe.experts (any T works; moe.experts sends T * top_k <= SMALL_PAIRS here). cfg: tiles (default
+    config(...)): {"gate_up": (BLOCK_N, BLOCK_K, warps), "down": (...)}."""
+    T, D = x.shape
+    k = idx.shape[1]
+    E, I2, _ = gate_up.shape
+    inter = I2 // 2
+    assert gate_up.shape == (E, 2 * inter, D) and down.shape == (E, D, inter) and idx.shape == weights.shape
+    assert x.stride(1) == gate_up.stride(2) == down.stride(2) == 1, "unit stride along the reduced dims"
+    cfg = cfg or config(T, k, inter, D)
+    flat_idx = idx.reshape(-1).contiguous()
+    flat_w = weights.reshape(-1).contiguous()
+    h = _buffer((T * k, inter), x.dtype, x.device)
+    bn, bk, warps = cfg["gate_up"]
+    _pair_gate_up[(T * k * triton.cdiv(inter, bn),)](
+        x, flat_idx, gate_up, h, inter, D, x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
+        TOP_K=k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    y = _buffer((T, D), x.dtype, x.device)
+    bn, bk, warps = cfg["down"]
+    _token_down[(T * triton.cdiv(D, bn),)](
+        h, flat_idx, flat_w, down, y, D, inter, h.stride(0), down.stride(0), down.stride(1), y.stride(0),
+        TOP_K=k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    return y
