@@ -45,7 +45,7 @@ def test_routing_equals_transformers(arch, groups):
 
 @pytest.mark.parametrize("arch", ["gdn", "kda"], ids=["qwen", "kimi"])
 @pytest.mark.parametrize("backend, T", [("loop", 40), ("triton", 7)], ids=["loop-T40", "triton-T7"])
-def test_layer_equals_transformers(arch, backend, T, poisoned):
+def test_layer_equals_transformers(arch, backend, T, poisoned, wide_small_tiles):
     block, cfg = hf_block(arch, seed=3)
     layer = ours(arch, block, cfg)
     layer.backend = backend
@@ -71,7 +71,7 @@ def test_layer_bf16_loop_follows_transformers_bf16():
 @pytest.fixture
 def wide_small_tiles(monkeypatch):
     """small.py's GEMVs with 16-channel tiles: the interpreter's time grows with the programs, and the
-    default 2- and 4-channel tiles make many (the default tiles run in the T=1, top_k=1 and layer tests)."""
+    default 2- and 4-channel tiles make many (the default tiles run in the T=1 and top_k=1 cases)."""
     monkeypatch.setattr(small, "config", lambda T, k, inter, D: {"gate_up": (16, 16, 4), "down": (16, 32, 4)})
 
 
@@ -90,6 +90,8 @@ CASES = {  # T, top_k, E, D, I, experts in use
 def test_triton_experts_equal_loop(case, path, poisoned, request):
     # both fused paths at every shape, whatever moe.experts would pick for it
     T, k, E, D, inter, used = CASES[case]
+    if path == "triton_small" and T * k > small.SMALL_PAIRS:
+        pytest.skip("past the small path's pairs (moe.experts takes the grouped one)")
     if path == "triton_small" and T * k > 16:
         request.getfixturevalue("wide_small_tiles")
     idx, w = random_routing(T, k, E, seed=T, used=used)
