@@ -177,6 +177,7 @@ class Engine:
         if sched is None:
             return False
         plan, owners = sched
+        self.telemetry.note_step(plan.spans, owners)
         try:
             out = self.runner.execute(plan)
         except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the loop
@@ -338,6 +339,7 @@ class Engine:
                    kv_blocks=self.cfg.num_kv_blocks, kv_blocks_free=sch.blocks.num_free,
                    state_rows=sch.rows.capacity, state_rows_free=sch.rows.num_free,
                    queued=len(sch.waiting) + len(self._inbox), running=len(sch.running), dead=self.dead,
+                   steps=sch.steps, max_batch=self.cfg.max_batch, block_size=self.cfg.block_size,
                    # every rank's checkpoint slot as allocated (the planner predicts the largest) and, where the
                    # storage balance moves units, rank 0's all-to-all time per store and load
                    checkpoint_slot_bytes_per_rank=[r.get("slot_bytes") for r in self.rank_reports])

@@ -16,16 +16,35 @@ class Telemetry:
     checkpoint_stores: int = 0
     rejected_requests: int = 0       # refused at submit
     ended: dict = field(default_factory=lambda: {"cancelled": 0, "error": 0})
+    kv_matched_tokens: int = 0       # prompt tokens of completed requests whose KV the cache held
+    # the last step's batch (TensorRT-LLM's per-iteration stats): sequences with a span, those in prefill
+    # (replays count), their tokens, and those decoding
+    last_step: dict = field(default_factory=lambda: {"scheduled": 0, "context": 0, "context_tokens": 0,
+                                                     "generation": 0})
 
     def record(self, stats: RequestStats) -> None:
         self.requests += 1
         self.prompt_tokens += stats.prompt_tokens
         self.cached_tokens += stats.cached_tokens
         self.replayed_tokens += stats.replayed_tokens
+        self.kv_matched_tokens += stats.kv_matched_tokens
         self.checkpoint_stores += stats.checkpoints_stored
         if stats.checkpoint_loaded:
             # a load is wr only where a replay really ran (a plan with nothing omitted replays nothing)
             self.checkpoint_loads["wr" if stats.replayed_tokens else "nr"] += 1
+
+    def note_step(self, spans, owners) -> None:
+        """One step's plan: ``owners[i]`` is the sequence of ``spans[i]``; a span starting inside the prompt
+        is prefill (context), one past it is a decode."""
+        context, generation, tokens = set(), set(), 0
+        for span, s in zip(spans, owners):
+            if span.start < len(s.prompt):
+                context.add(id(s))
+                tokens += len(span.token_ids)
+            else:
+                generation.add(id(s))
+        self.last_step = {"scheduled": len(context | generation), "context": len(context),
+                          "context_tokens": tokens, "generation": len(generation)}
 
     @property
     def hit_rate(self) -> float:

@@ -17,7 +17,7 @@ import time
 from typing import Protocol
 
 from trtllm_dasc.engine.config import EngineConfig
-from trtllm_dasc.engine.engine import Engine
+from trtllm_dasc.engine.engine import Engine, EngineDead
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.drain import DRAIN_ENV, mark_drained, read_drain_request
 from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, parse_request,
@@ -100,6 +100,10 @@ class EngineHost:
         self._recent: list[tuple[int, int, int]] = []     # (prompt, matched KV, cached) per finished request
         self._groups: set[_Group] = set()                 # every Triton request in flight (for the drain)
         self._stop = threading.Event()
+        # Triton requests answered with an error before the engine ran them (bad input, a stop without an
+        # id, a duplicate id, a refusal while draining or once the engine is gone): Triton's python backend
+        # counts a decoupled request as a success whatever its response says, so this is the only count
+        self.rejected = 0
         # `dasc serve` asks for a graceful drain by writing this file (serve/drain.py): {"deadline": epoch s}
         self._drain_file = os.environ.get(DRAIN_ENV) or None
         self._drain_deadline: float | None = None
@@ -123,10 +127,15 @@ class EngineHost:
                 return
             self._run(parsed, triton_id, sink)
         except UserError as e:
-            sink.send(None, str(e), True)
+            self._reject(sink, str(e))
         except Exception as e:  # noqa: BLE001 - the request fails, the model keeps serving
             log.exception("request %r failed", triton_id)
-            sink.send(None, f"internal error: {type(e).__name__}: {e}", True)
+            self._reject(sink, f"internal error: {type(e).__name__}: {e}")
+
+    def _reject(self, sink: Sink, error: str) -> None:
+        with self._lock:
+            self.rejected += 1
+        sink.send(None, error, True)
 
     def _run(self, parsed: list[ServeRequest], triton_id: str, sink: Sink) -> None:
         if self._drain_deadline is not None:
@@ -150,8 +159,10 @@ class EngineHost:
         for sreq in parsed:
             try:
                 self.engine.submit(sreq.gen, lambda out, s=sreq: self._event(s, group, out))
-            except UserError as e:
+            except (UserError, EngineDead) as e:
+                # a dead or shut-down engine refuses like bad input: one line, nothing left registered
                 with self._lock:
+                    self.rejected += 1
                     for rid in group.rids:
                         self._inflight.pop(rid, None)
                 group.fail(str(e))
@@ -257,6 +268,7 @@ class EngineHost:
     def stats(self) -> dict:
         s = self.engine.stats()
         s["inflight"] = len(self._inflight)
+        s["rejected"] = self.rejected
         s["draining"] = self._drain_deadline is not None
         s["time_ns"] = time.time_ns()
         return s

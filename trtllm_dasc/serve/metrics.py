@@ -4,10 +4,16 @@ Every family is prefixed dasc_ and labelled with the model; gauges are set and c
 EngineHost.stats() twice a second by a background thread (and once more when the model stops), so a
 scrape of /metrics shows cached and prompt tokens, the hit rate, free and used checkpoint slots, KV
 blocks and state rows, evictions by kind, loads by policy, replayed tokens and the queue.
+
+Beside them, TensorRT-LLM's own gauges (its tensorrtllm_backend's custom_metrics_reporter: the family
+names, the category label and its values, the model and version labels), for every quantity we have, so
+dashboards built on nv_trt_llm_* work unchanged; docs/design.md "Metrics" maps each to its source.
 """
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 INTERVAL_S = 0.5
 
@@ -21,6 +27,8 @@ FAMILIES = [
     ("dasc_hit_rate", "token-weighted cache hit rate (paper Eq. 9)", "gauge", lambda s: s["hit_rate"]),
     ("dasc_queue_length", "requests waiting for admission", "gauge", lambda s: s["queued"]),
     ("dasc_running_requests", "requests running in the engine", "gauge", lambda s: s["running"]),
+    ("dasc_requests_rejected_total", "requests refused before the engine ran them (also in ended{error})",
+     "counter", lambda s: s.get("rejected", 0)),
     ("dasc_engine_alive", "1 while the engine serves, 0 once it stopped after an error", "gauge",
      lambda s: 0 if s["dead"] else 1),
 ]
@@ -34,16 +42,65 @@ LABELLED = [
     ("dasc_evictions_total", "cache evictions", "counter", "kind", lambda s: dict(s["evictions"])),
     ("dasc_checkpoint_loads_total", "checkpoint loads on a hit", "counter", "policy",
      lambda s: dict(s["checkpoint_loads"])),
+    # errors: failed in the engine, or refused before it ran them (counted by the host, see host.py)
     ("dasc_requests_ended_total", "requests ended without completing", "counter", "reason",
-     lambda s: dict(s["ended"])),
+     lambda s: {**s["ended"], "error": s["ended"]["error"] + s.get("rejected", 0)}),
     # only where the TP storage balance moves units (the stats' exchange is None otherwise: no series)
     ("dasc_checkpoint_exchange_seconds_total", "seconds in the storage balance's all-to-all (rank 0)", "counter",
      "op", lambda s: {op: v["seconds"] for op, v in (s.get("exchange") or {}).items()}),
 ]
 
 
+
+def _busy(s: dict) -> bool:
+    return bool(s["running"] or s["queued"])
+
+
+def _step(s: dict, key: str) -> int:
+    # TensorRT-LLM reports the last iteration's batch; an idle engine runs none, so its batch is empty
+    return s["last_step"][key] if _busy(s) else 0
+
+
+def memory_bytes() -> dict:
+    """This process's resident memory and the bytes torch holds on the GPU (0 without CUDA)."""
+    out = {"cpu": 0, "gpu": 0}
+    try:
+        with open("/proc/self/statm") as f:
+            out["cpu"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["gpu"] = sum(torch.cuda.memory_allocated(d) for d in range(torch.cuda.device_count()))
+    return out
+
+
+# TensorRT-LLM's gauge families: (name, help, category label, {label value: how to read it from stats})
+TRTLLM = [
+    ("nv_trt_llm_request_metrics", "TRT LLM request metrics", "request_type", {
+        "active": lambda s: s["running"], "max": lambda s: s["max_batch"],
+        "scheduled": lambda s: _step(s, "scheduled"), "context": lambda s: _step(s, "context"),
+        "waiting": lambda s: s["queued"]}),
+    ("nv_trt_llm_runtime_memory_metrics", "TRT LLM runtime memory metrics", "memory_type", {
+        "cpu": lambda s: s["memory"]["cpu"], "gpu": lambda s: s["memory"]["gpu"]}),
+    ("nv_trt_llm_kv_cache_block_metrics", "TRT LLM KV cache block metrics", "kv_cache_block_type", {
+        "max": lambda s: s["kv_blocks"], "free": lambda s: s["kv_blocks_free"],
+        "used": lambda s: s["kv_blocks"] - s["kv_blocks_free"], "tokens_per": lambda s: s["block_size"],
+        "reused": lambda s: s["kv_matched_tokens"] // s["block_size"],
+        "fraction": lambda s: (s["kv_blocks"] - s["kv_blocks_free"]) / s["kv_blocks"]}),
+    ("nv_trt_llm_inflight_batcher_metrics", "TRT LLM inflight_batcher-specific metrics",
+     "inflight_batcher_specific_metric", {
+        "total_context_tokens": lambda s: _step(s, "context_tokens"),
+        "generation_requests": lambda s: _step(s, "generation"),
+        # no pipeline parallelism (one micro batch) and no pausing (a request keeps its blocks to the end)
+        "micro_batch_id": lambda s: 0, "paused_requests": lambda s: 0}),
+    ("nv_trt_llm_general_metrics", "General TRT LLM metrics", "general_type", {
+        "timestamp": lambda s: s["time_ns"] // 1000, "iteration_counter": lambda s: s["steps"]}),
+]
+
+
 class EngineMetrics:
-    def __init__(self, pb_utils, host):
+    def __init__(self, pb_utils, host, model: str = "tensorrt_llm", version: str = "1"):
         self.host = host
         kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE}
         self.metrics = []      # (metric object, kind, reader, last value)
@@ -59,6 +116,12 @@ class EngineMetrics:
             for key in read(host.stats()):
                 self.metrics.append([family.Metric(labels={label: key}), kind,
                                      lambda s, read=read, key=key: read(s)[key], 0])
+        for name, help_text, label, reads in TRTLLM:
+            family = pb_utils.MetricFamily(name=name, description=help_text, kind=kinds["gauge"])
+            self.families.append(family)
+            for key, read in reads.items():
+                metric = family.Metric(labels={"model": model, "version": str(version), label: key})
+                self.metrics.append([metric, "gauge", read, 0])
         self._stop = threading.Event()
         self.update()
         self._thread = threading.Thread(target=self._loop, name="dasc-metrics", daemon=True)
@@ -66,6 +129,7 @@ class EngineMetrics:
 
     def update(self) -> None:
         stats = self.host.stats()
+        stats["memory"] = memory_bytes()
         for entry in self.metrics:
             metric, kind, read, last = entry
             value = read(stats)

@@ -91,7 +91,8 @@ class TritonPythonModel:
         exclude = _param(config, "exclude_input_in_output", "false").lower() == "true"
         self.host = EngineHost(os.path.normpath(engine_dir), decoupled=self.decoupled,
                                exclude_input_default=exclude)
-        self.metrics = EngineMetrics(pb_utils, self.host)
+        # TensorRT-LLM's nv_trt_llm_* series carry the model's name and version as its backend sets them
+        self.metrics = EngineMetrics(pb_utils, self.host, model=args["model_name"], version=args["model_version"])
         # how a cached prefix is restored (lossy unless W_max 0 and the native codec), on every response
         # whose config declares dasc_policy (an engine directory built before it does not)
         self.extra = {}
