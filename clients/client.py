@@ -135,11 +135,12 @@ class GrpcStream:
         self.client.close()
 
 
-class GrpcTarget:
-    """``concurrency`` clients of one server, plus one for cache_control."""
+class Target:
+    """``concurrency`` clients of one server, plus one for cache_control; ``make`` opens one client (a
+    GrpcStream here, an HttpStream in http_client.py)."""
 
-    def __init__(self, url: str, concurrency: int, model: str = "tensorrt_llm", timeout: float = 600.0):
-        self.streams = [GrpcStream(url, model, timeout) for _ in range(concurrency + 1)]
+    def __init__(self, make, concurrency: int):
+        self.streams = [make() for _ in range(concurrency + 1)]
 
     def run(self, prompts: list, output_tokens: int, progress=None) -> tuple[list[Record], float]:
         senders = [lambda p, s=s: s.send(p, output_tokens) for s in self.streams[1:]]
@@ -151,3 +152,8 @@ class GrpcTarget:
     def close(self) -> None:
         for s in self.streams:
             s.close()
+
+
+class GrpcTarget(Target):
+    def __init__(self, url: str, concurrency: int, model: str = "tensorrt_llm", timeout: float = 600.0):
+        super().__init__(lambda: GrpcStream(url, model, timeout), concurrency)

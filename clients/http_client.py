@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from clients.client import Record, closed_loop
+from clients.client import Record, Target
 
 
 def _scalar_list(value) -> list:
@@ -110,19 +110,6 @@ class HttpStream:
             self.conn = None
 
 
-class HttpTarget:
-    """``concurrency`` HTTP clients of one server, plus one for cache_control."""
-
+class HttpTarget(Target):
     def __init__(self, url: str, concurrency: int, model: str = "tensorrt_llm", timeout: float = 600.0):
-        self.streams = [HttpStream(url, model, timeout) for _ in range(concurrency + 1)]
-
-    def run(self, prompts: list, output_tokens: int, progress=None) -> tuple[list[Record], float]:
-        senders = [lambda p, s=s: s.send(p, output_tokens) for s in self.streams[1:]]
-        return closed_loop(prompts, senders, progress)
-
-    def control(self, command: str) -> dict:
-        return self.streams[0].control(command)
-
-    def close(self) -> None:
-        for s in self.streams:
-            s.close()
+        super().__init__(lambda: HttpStream(url, model, timeout), concurrency)
