@@ -27,9 +27,11 @@ def build_engine(ckpt, out, *flags) -> Path:
     return Path(out)
 
 
-def serve(engine_dir, work_dir, tp: int = 1):
-    """tp > 1: the engine was built with --tp; one mpirun runs the server and the worker ranks."""
-    server = start_server(str(Path(engine_dir) / "model_repo"), str(work_dir), tp=(tp, str(engine_dir)))
+def serve(engine_dir, work_dir, tp: int = 1, **server_options):
+    """tp > 1: the engine was built with --tp; one mpirun runs the server and the worker ranks.
+    server_options: start_server's (drain_seconds, admin_key, ...)."""
+    server = start_server(str(Path(engine_dir) / "model_repo"), str(work_dir), tp=(tp, str(engine_dir)),
+                          **server_options)
     try:
         server.wait_ready(300)
     except Exception:

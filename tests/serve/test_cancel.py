@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_helpers import Stream, build_engine
-from trtllm_dasc.serve.tritonserver import start_server
+from serve_helpers import Stream, build_engine, serve
 
 ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
 PROMPT = [5, 17, 29, 41, 53, 65, 77]
@@ -29,12 +28,7 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cancel")
     engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
                           "--max-context", 1024)
-    s = start_server(str(engine / "model_repo"), str(tmp / "work"), drain_seconds=1.0)
-    try:
-        s.wait_ready(300)
-    except Exception:
-        s.stop()
-        raise
+    s = serve(engine, tmp / "work", drain_seconds=1.0)
     yield s
     s.stop()
 
@@ -48,8 +42,9 @@ def metric(server, name: str, labels: str = "") -> float:
 CANCELLED = ("dasc_requests_ended_total", '{reason="cancelled"}')
 
 
-def wait_cancelled(server, before: float, timeout: float = 3.0) -> float:
-    """Seconds until the engine counted one more cancelled request and runs nothing."""
+def wait_cancelled(server, before: float, timeout: float = 30.0) -> float:
+    """Seconds until the engine counted one more cancelled request and runs nothing (a bound for a loaded
+    2-core CI machine: the counter says "cancelled", which a request that ran to its end never is)."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         if metric(server, *CANCELLED) >= before + 1 and metric(server, "dasc_running_requests") == 0:
@@ -93,5 +88,5 @@ def test_shutdown_after_cancels_is_prompt(server):
     # and tritonserver unloads at once (before: it waited for in-flight inferences up to 30 s)
     t0 = time.time()
     server.stop()
-    assert time.time() - t0 < 5, (time.time() - t0, server.stop_report)
+    assert time.time() - t0 < 15, (time.time() - t0, server.stop_report)
     assert not server.stop_report["killed"], server.stop_report

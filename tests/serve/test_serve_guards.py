@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serve_helpers import build_engine, triton_inputs
-from trtllm_dasc.serve.tritonserver import new_admin_key, start_server
+from serve_helpers import build_engine, serve, triton_inputs
+from trtllm_dasc.serve.tritonserver import new_admin_key
 
 ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
 # long enough to still be generating when the stop arrives (a few hundred ms on the CPU)
@@ -28,12 +28,7 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stop")
     engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
                           "--max-context", 1024)
-    s = start_server(str(engine / "model_repo"), str(tmp / "work"), admin_key=new_admin_key())
-    try:
-        s.wait_ready(300)
-    except Exception:
-        s.stop()
-        raise
+    s = serve(engine, tmp / "work", admin_key=new_admin_key())
     yield s
     s.stop()
 
