@@ -14,6 +14,15 @@ from trtllm_dasc.serve.host import EngineHost, engine_config
 from trtllm_dasc.serve.metrics import EngineMetrics
 
 
+def unknown_parameters(request) -> str:
+    """The request's parameters, comma-separated (Triton's HTTP generate passes a JSON key that is no input
+    of the model as one); this model reads none."""
+    try:
+        return ", ".join(sorted(json.loads(request.parameters() or "{}")))
+    except ValueError:
+        return ""
+
+
 def _param(config: dict, key: str, default: str = "") -> str:
     value = config.get("parameters", {}).get(key, {}).get("string_value", default)
     return default if value.startswith("${") else value
@@ -104,7 +113,13 @@ class TritonPythonModel:
         for request in requests:
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             sink = DecoupledSink(request, self.extra) if self.decoupled else CollectSink(self.extra)
-            self.host.submit(inputs, request.request_id(), sink)
+            unknown = unknown_parameters(request)
+            if unknown:
+                # over HTTP generate a JSON key that is no input arrives as a parameter: refused, not ignored
+                sink.send(None, f"tensorrt_llm: unknown input(s) or parameter(s) {unknown} (not inputs of this "
+                          "model)", True)
+            else:
+                self.host.submit(inputs, request.request_id(), sink)
             sinks.append(sink)
         if self.decoupled:
             return None
