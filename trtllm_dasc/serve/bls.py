@@ -84,6 +84,11 @@ def stream(pb_utils, target: str, inputs: list, outputs: list[str], request_id: 
             watch.close()
 
 
+# parameters stock clients send that say nothing an input does not (TensorRT-LLM's
+# inflight_batcher_llm_client.py sends `Streaming` beside the `streaming` input): accepted, unread
+KNOWN_PARAMETERS = frozenset({"Streaming"})
+
+
 def refuse_parameters(request, model: str) -> None:
     """Triton's HTTP generate turns every JSON key that is no input of the model into a request parameter;
     our models read none, so one is a client's mistake (a misspelt name, an input this model lacks): refused
@@ -92,6 +97,7 @@ def refuse_parameters(request, model: str) -> None:
         params = json.loads(request.parameters() or "{}")
     except (AttributeError, ValueError):
         return
-    if params:
-        names = ", ".join(sorted(params))
+    unknown = sorted(set(params) - KNOWN_PARAMETERS)
+    if unknown:
+        names = ", ".join(unknown)
         raise UserError(f"{model}: unknown input(s) or parameter(s) {names} (not inputs of this model)")

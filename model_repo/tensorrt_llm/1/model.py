@@ -10,17 +10,10 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.serve.bls import refuse_parameters
 from trtllm_dasc.serve.host import EngineHost, engine_config
 from trtllm_dasc.serve.metrics import EngineMetrics
-
-
-def unknown_parameters(request) -> str:
-    """The request's parameters, comma-separated (Triton's HTTP generate passes a JSON key that is no input
-    of the model as one); this model reads none."""
-    try:
-        return ", ".join(sorted(json.loads(request.parameters() or "{}")))
-    except ValueError:
-        return ""
 
 
 def _param(config: dict, key: str, default: str = "") -> str:
@@ -113,11 +106,11 @@ class TritonPythonModel:
         for request in requests:
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             sink = DecoupledSink(request, self.extra) if self.decoupled else CollectSink(self.extra)
-            unknown = unknown_parameters(request)
-            if unknown:
+            try:
                 # over HTTP generate a JSON key that is no input arrives as a parameter: refused, not ignored
-                sink.send(None, f"tensorrt_llm: unknown input(s) or parameter(s) {unknown} (not inputs of this "
-                          "model)", True)
+                refuse_parameters(request, "tensorrt_llm")
+            except UserError as e:
+                sink.send(None, str(e), True)
             else:
                 self.host.submit(inputs, request.request_id(), sink)
             sinks.append(sink)
