@@ -1,6 +1,6 @@
 """Client cancellation reaches the engine (issue 30 item 3), on the real tritonserver serving the embedded
 default model: gRPC `stop_stream(cancel_requests=True)` on a stream to the core model and a dropped HTTP
-connection to its `generate_stream` (SSE) each end the request in the engine within a step or two (counted
+connection to its `generate_stream` (SSE), and a gRPC stream to the ensemble, each end the request in the engine within a step or two (counted
 in dasc_requests_ended_total{reason="cancelled"}, the running gauge back to 0, long before max_tokens
 would be reached), and leave nothing in flight: the following shutdown takes seconds, not Triton's 30 s
 exit timeout, and kills nothing."""
@@ -62,6 +62,19 @@ def test_grpc_stream_cancel_aborts_in_the_engine(server):
     for _ in range(3):
         _, tokens, final, _, error = stream.next()
         assert error is None and tokens and not final
+    stream.close(cancel=True)
+    wait_cancelled(server, before)
+
+
+def test_grpc_ensemble_stream_cancel_aborts_in_the_engine(server):
+    # the ensemble (text in, text out) is a decoupled Python model forwarding the cancellation as a stop:
+    # Triton's ensemble platform never passed it on, and the engine generated all N tokens
+    before = metric(server, *CANCELLED)
+    stream = Stream(server.grpc_url)
+    stream.generate_text("e1", "The quick brown fox", N)
+    for _ in range(3):
+        _, _, final, _, error = stream.next()
+        assert error is None and not final
     stream.close(cancel=True)
     wait_cancelled(server, before)
 

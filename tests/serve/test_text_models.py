@@ -327,15 +327,45 @@ def test_ensemble_bad_text_is_an_error(ensemble_server):
     assert len(_ensemble(ensemble_server, PROMPTS[0])) == 1
 
 
-def test_ensemble_maps_the_real_core_io():
-    """Every core tensor the ensemble maps exists in model_repo/tensorrt_llm with the dtype assumed here."""
-    path = os.path.join(TEMPLATES, "tensorrt_llm", "config.pbtxt")
-    if not os.path.isfile(path):
-        pytest.skip("model_repo/tensorrt_llm is not there yet")
+# TensorRT-LLM's ensemble I/O (all_models/inflight_batcher_llm/ensemble/config.pbtxt, written out by hand)
+TRTLLM_ENSEMBLE_INPUTS = (
+    "text_input", "decoder_text_input", "max_tokens", "num_return_sequences", "bad_words", "stop_words",
+    "exclude_input_in_output", "end_id", "pad_id", "top_k", "top_p", "temperature", "length_penalty",
+    "repetition_penalty", "min_length", "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
+    "return_context_logits", "return_generation_logits", "return_perf_metrics", "beam_width", "stream",
+    "prompt_embedding_table", "prompt_table_extra_id", "prompt_vocab_size", "embedding_bias_words",
+    "embedding_bias_weights", "lora_task_id", "lora_weights", "lora_config", "guided_decoding_guide_type",
+    "guided_decoding_guide")
+TRTLLM_ENSEMBLE_OUTPUTS = (
+    "text_output", "cum_log_probs", "output_log_probs", "context_logits", "generation_logits", "batch_index",
+    "sequence_index", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
+    "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
+    "total_accepted_draft_tokens", "total_draft_tokens")
+
+
+def _io(path):
     with open(path) as f:
-        core = dict(re.findall(r'name: "(\w+)"\s+data_type: (\w+)', f.read()))
-    with open(os.path.join(TEMPLATES, "ensemble", "config.pbtxt")) as f:
-        step = f.read().split('model_name: "${core_model}"')[1].split("model_name:")[0]
-    mapped = re.findall(r'key: "(\w+)"', step)
-    assert set(mapped) == set(CORE_INPUTS) | set(CORE_OUTPUTS)
-    assert {n: core.get(n) for n in mapped} == {n: (CORE_INPUTS.get(n) or CORE_OUTPUTS[n])[0] for n in mapped}
+        text = f.read()
+    inputs, outputs = text.split("\noutput [")
+    pattern = r'name: "(\w+)"\s+data_type: (\w+)'
+    return dict(re.findall(pattern, inputs)), dict(re.findall(pattern, outputs))
+
+
+def test_ensemble_maps_the_real_core_io():
+    """The ensemble has TensorRT-LLM's ensemble I/O (and the names it had before: min_tokens, seed, ours);
+    every input the text model forwards names an input of model_repo/tensorrt_llm, every output but
+    text_output is one of its outputs with the same dtype."""
+    from trtllm_dasc.serve.text_bls import NAME_MAP, PRE_IN, PRE_OUT, REFUSED
+    core_in, core_out = _io(os.path.join(TEMPLATES, "tensorrt_llm", "config.pbtxt"))
+    ens_in, ens_out = _io(os.path.join(TEMPLATES, "ensemble", "config.pbtxt"))
+    assert set(TRTLLM_ENSEMBLE_INPUTS) | {"min_tokens", "seed"} == set(ens_in)
+    assert set(TRTLLM_ENSEMBLE_OUTPUTS) | {"cached_tokens", "dasc_policy"} == set(ens_out)
+    bias = {"embedding_bias_words", "embedding_bias_weights"}
+    assert set(ens_in) <= set(NAME_MAP) | set(PRE_IN) | set(REFUSED) | bias
+    assert {NAME_MAP[n] for n in ens_in if n in NAME_MAP} | set(PRE_OUT.values()) | {"embedding_bias"} <= set(core_in)
+    assert {n: core_out.get(n) for n in ens_out if n != "text_output"} == \
+        {n: t for n, t in ens_out.items() if n != "text_output"}
+    # the BLS model forwards through the same maps
+    bls_in, bls_out = _io(os.path.join(TEMPLATES, "tensorrt_llm_bls", "config.pbtxt"))
+    assert set(bls_in) <= set(NAME_MAP) | set(PRE_IN) | set(REFUSED) | bias
+    assert set(bls_out) - {"text_output"} <= set(core_out)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -38,13 +39,27 @@ def reference():
     tok = AutoTokenizer.from_pretrained(str(ASSET))
     model = KimiLinearForCausalLM.from_pretrained(str(ASSET), torch_dtype=torch.float32).eval()
 
-    def greedy_text(prompt: str, n: int) -> str:
+    def greedy_text(prompt: str, n: int, log_probs: list | None = None) -> str:
+        """transformers' greedy continuation; with log_probs (a list): each chosen token's log prob too."""
         ids = tok.encode(prompt)
         with torch.no_grad():
             for _ in range(n):
-                ids.append(int(torch.argmax(model(torch.tensor([ids])).logits[0, -1])))
+                logits = model(torch.tensor([ids])).logits[0, -1]
+                ids.append(int(torch.argmax(logits)))
+                if log_probs is not None:
+                    log_probs.append(float(torch.log_softmax(logits.double(), -1)[ids[-1]]))
         return tok.decode(ids[len(tok.encode(prompt)):], skip_special_tokens=True)
     return greedy_text
+
+
+def post(url: str, body: dict):
+    """(HTTP status, JSON body) of one POST."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def test_http_generate_and_generate_stream(text_server, reference):
@@ -60,6 +75,35 @@ def test_http_generate_and_generate_stream(text_server, reference):
     assert "".join(e["text_output"] for e in events) == want
     # the repeat of the prompt is served from the cache
     assert events[-1]["cached_tokens"] > 0
+
+
+def test_ensemble_returns_log_probs(text_server, reference):
+    want_lp = []
+    want = reference(PROMPT, 5, want_lp)
+    url = f"http://{text_server.http_url}/v2/models/ensemble/generate"
+    status, out = post(url, {"text_input": PROMPT, "max_tokens": 5, "exclude_input_in_output": True,
+                             "return_log_probs": True, "return_generation_logits": True})
+    assert status == 200, out
+    assert out["text_output"] == want
+    assert out["output_log_probs"] == pytest.approx(want_lp, abs=2e-3)
+    assert out["cum_log_probs"] == pytest.approx(sum(want_lp), abs=1e-2)
+    vocab = json.loads((ASSET / "config.json").read_text())["vocab_size"]
+    assert len(out["generation_logits"]) == 5 * vocab
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls", "tensorrt_llm", "dasc_hybrid"])
+def test_http_generate_refuses_unknown_keys(text_server, model):
+    # Triton passes a JSON key that is no input of the model on as a request parameter: refused in one
+    # line naming it, never silently ignored
+    url = f"http://{text_server.http_url}/v2/models/{model}/generate"
+    text = model in ("ensemble", "tensorrt_llm_bls")
+    body = ({"text_input": PROMPT, "max_tokens": 3} if text else
+            {"input_ids": [5, 17, 29], "input_lengths": [3], "request_output_len": [3]})
+    status, out = post(url, {**body, "foo": 1, "return_log_prob": True})
+    assert status == 400 and "foo" in out["error"] and "return_log_prob" in out["error"], out
+    assert "\n" not in out["error"] and "Traceback" not in out["error"]
+    status, out = post(url, body)
+    assert status == 200, out
 
 
 @pytest.mark.skipif(not E2E.is_file(), reason=f"TensorRT-LLM's example clients are not here ({E2E}): put a "

@@ -11,10 +11,13 @@ model_repo/tensorrt_llm_bls (preprocessing -> tensorrt_llm -> postprocessing).
 """
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 
 import numpy as np
+
+from trtllm_dasc.errors import UserError
 
 POLL_S = 0.05
 
@@ -79,3 +82,22 @@ def stream(pb_utils, target: str, inputs: list, outputs: list[str], request_id: 
     finally:
         if watch is not None:
             watch.close()
+
+
+# parameters stock clients send that say nothing an input does not (TensorRT-LLM's
+# inflight_batcher_llm_client.py sends `Streaming` beside the `streaming` input): accepted, unread
+KNOWN_PARAMETERS = frozenset({"Streaming"})
+
+
+def refuse_parameters(request, model: str) -> None:
+    """Triton's HTTP generate turns every JSON key that is no input of the model into a request parameter;
+    our models read none, so one is a client's mistake (a misspelt name, an input this model lacks): refused
+    in one line naming them rather than silently ignored."""
+    try:
+        params = json.loads(request.parameters() or "{}")
+    except (AttributeError, ValueError):
+        return
+    unknown = sorted(set(params) - KNOWN_PARAMETERS)
+    if unknown:
+        names = ", ".join(unknown)
+        raise UserError(f"{model}: unknown input(s) or parameter(s) {names} (not inputs of this model)")

@@ -12,6 +12,7 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
+from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve import bls
 
 
@@ -49,6 +50,10 @@ class TritonPythonModel:
                                          requested_output_names=self.outputs, request_id=request.request_id())
 
     def _plain(self, request):
+        try:
+            bls.refuse_parameters(request, "dasc_hybrid")
+        except UserError as e:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
         response = self._request(request).exec()
         if response.has_error():
             return pb_utils.InferenceResponse(error=response.error())
@@ -59,6 +64,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         rid = bls.forward_id(request.request_id(), "dasc_hybrid")
         try:
+            bls.refuse_parameters(request, "dasc_hybrid")
             for response in bls.stream(pb_utils, self.target, _inputs(request), self.outputs, rid,
                                        cancelled=sender.is_cancelled):
                 if response.has_error():
@@ -67,7 +73,8 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(response.output_tensors()))
             sender.send(flags=final)
         except Exception as e:  # noqa: BLE001 - the request fails in one line, the model keeps serving
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{type(e).__name__}: {e}")),
+            text = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(text)),
                         flags=final)
         finally:
             with self.lock:

@@ -10,6 +10,8 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.serve.bls import refuse_parameters
 from trtllm_dasc.serve.host import EngineHost, engine_config
 from trtllm_dasc.serve.metrics import EngineMetrics
 
@@ -105,7 +107,13 @@ class TritonPythonModel:
         for request in requests:
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             sink = DecoupledSink(request, self.extra) if self.decoupled else CollectSink(self.extra)
-            self.host.submit(inputs, request.request_id(), sink)
+            try:
+                # over HTTP generate a JSON key that is no input arrives as a parameter: refused, not ignored
+                refuse_parameters(request, "tensorrt_llm")
+            except UserError as e:
+                sink.send(None, str(e), True)
+            else:
+                self.host.submit(inputs, request.request_id(), sink)
             sinks.append(sink)
         if self.decoupled:
             return None
