@@ -4,8 +4,10 @@ stop signal by request id ends a running plain request early. One engine loads (
 tensorrt_llm and dasc_hybrid forward to it."""
 from __future__ import annotations
 
+import re
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -80,3 +82,38 @@ def test_stop_by_id_ends_a_running_plain_request(server):
     long_t.join(300)
     _, ids = long_box["r"]
     assert len(PROMPT) < len(ids) < len(PROMPT) + 400, len(ids)
+
+
+def metric(server, name: str, labels: str = "") -> float:
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_cancelled_plain_request_ends_in_the_engine(server):
+    # Triton's python backend tells a non-decoupled model through request.is_cancelled(); the forwarder
+    # passes it on as a stop for the engine request's id
+    cancelled = ("dasc_requests_ended_total", '{reason="cancelled"}')
+    before = metric(server, *cancelled)
+    client = grpc.InferenceServerClient(server.grpc_url)
+    done = []
+    ctx = client.async_infer("tensorrt_llm", triton_inputs(grpc, PROMPT, 400),
+                             callback=lambda result, error: done.append(error))
+    time.sleep(1.0)
+    assert metric(server, "dasc_running_requests") == 1 and not done
+    ctx.cancel()
+    t0 = time.time()
+    while time.time() - t0 < 3:
+        if metric(server, *cancelled) >= before + 1 and metric(server, "dasc_running_requests") == 0:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"not cancelled in the engine: cancelled {metric(server, *cancelled)} "
+                             f"(before {before}), running {metric(server, 'dasc_running_requests')}")
+
+
+def test_one_engine_in_the_metrics(server):
+    # the forwarders load no engine: one engine's memory series, one engine alive
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    alive = re.findall(r"^dasc_engine_alive(?:\{[^}]*\})? (\S+)$", text, re.M)
+    assert alive == ["1"], alive
