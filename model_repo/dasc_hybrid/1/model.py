@@ -1,4 +1,6 @@
-"""dasc_hybrid: the earlier name of the tensorrt_llm model, kept so existing clients keep working.
+"""dasc_hybrid: the earlier name of the tensorrt_llm model, kept so existing clients keep working; with
+--no-decoupled also tensorrt_llm itself (a non-decoupled forwarder to tensorrt_llm_engine, one instance per
+batch slot, each gathering one request's stream).
 
 tritonserver 2.51 has no model name aliases, and a second copy of tensorrt_llm's model would load the
 engine twice; so this model is a thin BLS forwarder: each request goes to tensorrt_llm (parameter
