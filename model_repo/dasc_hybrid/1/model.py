@@ -28,6 +28,11 @@ def _inputs(request):
     return out
 
 
+def _is_stop(inputs) -> bool:
+    """TensorRT-LLM's stop signal: the input `stop` true."""
+    return any(t.name() == "stop" and t.as_numpy().any() for t in inputs)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -75,7 +80,7 @@ class TritonPythonModel:
                     raise UserError("input 'streaming': streaming needs the decoupled model "
                                     "(build without --no-decoupled)")
             # a stop names the request to end: forwarded with its id unchanged
-            is_stop = any(t.name() == "stop" and t.as_numpy().any() for t in inputs)
+            is_stop = _is_stop(inputs)
             rid = request.request_id() if is_stop else bls.forward_id(request.request_id(), self.name)
             # Triton 2.51's python backend: InferenceRequest.is_cancelled() in non-decoupled models
             cancelled = getattr(request, "is_cancelled", None)
@@ -93,11 +98,14 @@ class TritonPythonModel:
     def _stream(self, request):
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
-        rid = bls.forward_id(request.request_id(), self.name)
         try:
             bls.refuse_parameters(request, self.name)
-            for response in bls.stream(pb_utils, self.target, _inputs(request), self.outputs, rid,
-                                       cancelled=sender.is_cancelled):
+            inputs = _inputs(request)
+            # a stop names the request to end: its id goes on unchanged (an empty one is refused there)
+            is_stop = _is_stop(inputs)
+            rid = request.request_id() if is_stop else bls.forward_id(request.request_id(), self.name)
+            for response in bls.stream(pb_utils, self.target, inputs, self.outputs, rid,
+                                       cancelled=None if is_stop else sender.is_cancelled):
                 if response.has_error():
                     sender.send(pb_utils.InferenceResponse(error=response.error()), flags=final)
                     return
