@@ -204,7 +204,7 @@ def build(args) -> str:
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     from trtllm_dasc.plan.plan import plan_from_params
     from trtllm_dasc.plan.synthetic import profile_decay_params
-    from trtllm_dasc.serve.repository import add_alias, add_parameters, cache_policy, fill_model
+    from trtllm_dasc.serve.repository import add_alias, add_parameters, cache_policy, fill_model, rename_model
     from trtllm_dasc.serve.tokenizer import text_model_values
 
     # a namespace made by hand (tests, dasc serve's older callers) may lack the weights options
@@ -280,7 +280,8 @@ def build(args) -> str:
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(meta, f, indent=1)
         repo = os.path.join(tmp, "model_repo")
-        values = {"max_batch_size": args.max_batch_size, "decoupled_mode": str(not args.no_decoupled).lower(),
+        # the engine's own model is decoupled in both modes: it batches every request it holds in flight
+        values = {"max_batch_size": args.max_batch_size, "decoupled_mode": "true",
                   "max_queue_delay_microseconds": args.max_queue_delay_microseconds,
                   # relative to the model's directory: the engine directory can move
                   "engine_dir": "../..", "exclude_input_in_output": str(args.exclude_input_in_output).lower()}
@@ -288,9 +289,20 @@ def build(args) -> str:
             "load_format": "dummy" if is_dummy else "safetensors",
             "weights": f"{DUMMY_NOTE}; seed {args.seed}" if is_dummy else "checkpoint weights (safetensors)",
             "dasc_policy": cache_policy(args.wmax, args.policy, args.codec)})
-        # the earlier name: a BLS forwarder to tensorrt_llm (one engine), for clients that still use it
-        add_alias(repo, "dasc_hybrid", "tensorrt_llm")
-        models = ["tensorrt_llm", "dasc_hybrid"]
+        if args.no_decoupled:
+            # plain infer (one response per request) with in-flight batching: the engine loads once as
+            # the decoupled tensorrt_llm_engine; tensorrt_llm and dasc_hybrid are non-decoupled forwarders
+            # with one instance per batch slot (each blocks on one request's stream), so requests of
+            # several clients share the engine's batch, and a stop or cancellation reaches it by id
+            rename_model(repo, "tensorrt_llm", ENGINE_MODEL)
+            for name in ("tensorrt_llm", "dasc_hybrid"):
+                add_alias(repo, name, ENGINE_MODEL, template="dasc_hybrid", decoupled=False,
+                          instances=args.max_batch_size)
+            models = [ENGINE_MODEL, "tensorrt_llm", "dasc_hybrid"]
+        else:
+            # the earlier name: a BLS forwarder to tensorrt_llm (one engine), for clients that still use it
+            add_alias(repo, "dasc_hybrid", "tensorrt_llm")
+            models = ["tensorrt_llm", "dasc_hybrid"]
         extra = {}
         if os.path.isfile(os.path.join(tmp, "model", "tokenizer.json")):
             # text in, text out: the checkpoint's own tokenizer, found relative to each model's directory
@@ -303,6 +315,10 @@ def build(args) -> str:
             fill_model(name, repo, model_values)
     print(f"[dasc-build] wrote {out}: models {', '.join([*models, *extra])}", file=sys.stderr)
     return out
+
+
+# --no-decoupled: the internal (decoupled) model holding the engine
+ENGINE_MODEL = "tensorrt_llm_engine"
 
 
 def read_model_config(args, is_dummy: bool) -> tuple[dict, list[str]]:

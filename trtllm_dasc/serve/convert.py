@@ -297,5 +297,14 @@ def cancelled_tensors() -> dict:
             **finish_tensor("cancelled")}
 
 
+def stopped_tensors(sreq: ServeRequest) -> dict:
+    """The final response of a non-streaming request a stop request ended: as TensorRT-LLM answers it,
+    the tokens generated so far (with the prompt unless exclude_input_in_output), finish_reason
+    'cancelled'."""
+    tokens = ([] if sreq.exclude_input else list(sreq.gen.prompt)) + list(sreq.sent)
+    return {"output_ids": np.array(tokens, dtype=np.int32).reshape(1, 1, -1),
+            "sequence_length": np.array([[len(tokens)]], dtype=np.int32), **finish_tensor("cancelled")}
+
+
 def stats_tensor(stats: dict) -> dict:
     return {"cache_stats": np.array([[json.dumps(stats, default=str).encode()]], dtype=object)}

@@ -21,7 +21,7 @@ from trtllm_dasc.engine.engine import Engine, EngineDead
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.drain import DRAIN_ENV, mark_drained, read_drain_request
 from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, parse_request,
-                                      response_tensors, stats_tensor)
+                                      response_tensors, stats_tensor, stopped_tensors)
 
 log = logging.getLogger("trtllm_dasc.serve")
 
@@ -145,6 +145,9 @@ class EngineHost:
         for sreq in parsed:
             sreq.gen.request_id = (triton_id, next(self._ids))
             group.rids.append(sreq.gen.request_id)
+        if len(parsed) == 1 and not parsed[0].streaming:
+            # a stopped non-streaming request answers what it generated (its client saw nothing yet)
+            group.partial = lambda s=parsed[0]: stopped_tensors(s)
         with self._lock:
             # a stop names its request by id: two in flight under one id would be stopped together, so the
             # second is refused (an empty id is "no id": never registered, never matched by a stop)
@@ -198,7 +201,7 @@ class EngineHost:
         with self._lock:
             group = self._by_triton_id.get(triton_id)
         if group is not None:
-            group.cancel()
+            group.cancel(stopped=True)
         sink.send(None, None, True)
 
     def _control(self, control: Control, sink: Sink) -> None:
@@ -288,6 +291,8 @@ class _Group:
         self.left, self.sink, self.done, self.abort, self.on_done = n, sink, False, abort, on_done
         self.rids: list = []
         self.reasons: set = set()
+        # the tensors a stop request's final response carries (None: no tokens)
+        self.partial = None
         self.lock = threading.Lock()
 
     def send(self, tensors: dict | None, finished: bool, reason: str | None = None) -> None:
@@ -310,18 +315,22 @@ class _Group:
     def fail(self, error: str) -> None:
         self._end(error)
 
-    def cancel(self) -> None:
-        """Cancelled (a stop request naming it, or a shutdown): a final response with no tokens and
-        finish_reason 'cancelled'. (A client that cancelled its own request is not listening any more.)"""
-        self._end(None)
+    def cancel(self, stopped: bool = False) -> None:
+        """Cancelled (a stop request naming it, or a shutdown): a final response with finish_reason
+        'cancelled' and no tokens, or for a stopped non-streaming request the tokens so far (``partial``).
+        (A client that cancelled its own request is not listening any more.)"""
+        self._end(None, stopped)
 
-    def _end(self, error: str | None) -> None:
+    def _end(self, error: str | None, stopped: bool = False) -> None:
         """The request is answered once: its other sequences stop computing (their events are dropped)."""
         with self.lock:
             if self.done:
                 return
             self.done = True
-            self.sink.send(None if error is not None else cancelled_tensors(), error, True)
+            tensors = None
+            if error is None:
+                tensors = self.partial() if stopped and self.partial is not None else cancelled_tensors()
+            self.sink.send(tensors, error, True)
         self._done()
         for rid in self.rids:
             self.abort(rid)

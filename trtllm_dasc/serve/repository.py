@@ -7,6 +7,7 @@ it, never a literal ``${...}`` reaching tritonserver); files other than config.p
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import string
 
@@ -52,11 +53,13 @@ def add_parameters(model_dir: str, params: dict) -> None:
             f.write(f'parameters: {{\n  key: "{key}"\n  value: {{ string_value: "{text}" }}\n}}\n')
 
 
-def add_alias(out_repo: str, alias: str, target: str, templates: str = TEMPLATES) -> str:
-    """A second name for the filled model ``target``: its config.pbtxt under ``alias`` (same I/O, batching
-    and transaction policy) with the forwarding model.py of ``templates/alias`` (a BLS call to ``target``,
-    so the engine loads once)."""
-    src = os.path.join(templates, alias)
+def add_alias(out_repo: str, alias: str, target: str, templates: str = TEMPLATES, *, template: str = "",
+              decoupled: bool | None = None, instances: int = 0) -> str:
+    """A second name for the filled model ``target``: its config.pbtxt under ``alias`` (same I/O and
+    batching) with the forwarding model.py of ``templates/<template or alias>`` (a BLS call to ``target``,
+    so the engine loads once). ``decoupled`` set: that transaction policy instead of the target's;
+    ``instances``: that many model instances (a non-decoupled forwarder blocks an instance per request)."""
+    src = os.path.join(templates, template or alias)
     if not os.path.isdir(src):
         raise UserError(f"no model template {alias!r} in {templates}")
     dst = os.path.join(out_repo, alias)
@@ -68,9 +71,35 @@ def add_alias(out_repo: str, alias: str, target: str, templates: str = TEMPLATES
     head = f'name: "{target}"\n'
     if head not in text:
         raise UserError(f"{target}/config.pbtxt does not name the model {target!r}")
+    text = text.replace(head, f'name: "{alias}"\n', 1)
+    if decoupled is not None:
+        text, n = re.subn(r"decoupled: (true|false)", f"decoupled: {str(decoupled).lower()}", text, count=1)
+        if n != 1:
+            raise UserError(f"{target}/config.pbtxt has no model_transaction_policy to change")
+    if instances:
+        text, n = re.subn(r"(instance_group \[\s*\{\s*count: )\d+", rf"\g<1>{int(instances)}", text, count=1)
+        if n != 1:
+            raise UserError(f"{target}/config.pbtxt has no instance_group count to change")
     with open(os.path.join(dst, "config.pbtxt"), "w") as f:
-        f.write(text.replace(head, f'name: "{alias}"\n', 1))
+        f.write(text)
     add_parameters(dst, {"alias_of": target})
+    return dst
+
+
+def rename_model(out_repo: str, name: str, new: str) -> str:
+    """Move the filled model ``name`` to ``new`` (directory and the config's name line)."""
+    src, dst = os.path.join(out_repo, name), os.path.join(out_repo, new)
+    if os.path.isdir(dst):
+        shutil.rmtree(dst)
+    os.rename(src, dst)
+    config = os.path.join(dst, "config.pbtxt")
+    with open(config) as f:
+        text = f.read()
+    head = f'name: "{name}"\n'
+    if head not in text:
+        raise UserError(f"{name}/config.pbtxt does not name the model {name!r}")
+    with open(config, "w") as f:
+        f.write(text.replace(head, f'name: "{new}"\n', 1))
     return dst
 
 

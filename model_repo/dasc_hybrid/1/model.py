@@ -1,4 +1,6 @@
-"""dasc_hybrid: the earlier name of the tensorrt_llm model, kept so existing clients keep working.
+"""dasc_hybrid: the earlier name of the tensorrt_llm model, kept so existing clients keep working; with
+--no-decoupled also tensorrt_llm itself (a non-decoupled forwarder to tensorrt_llm_engine, one instance per
+batch slot, each gathering one request's stream).
 
 tritonserver 2.51 has no model name aliases, and a second copy of tensorrt_llm's model would load the
 engine twice; so this model is a thin BLS forwarder: each request goes to tensorrt_llm (parameter
@@ -26,18 +28,36 @@ def _inputs(request):
     return out
 
 
+def _is_stop(inputs) -> bool:
+    """TensorRT-LLM's stop signal: the input `stop` true."""
+    return any(t.name() == "stop" and t.as_numpy().any() for t in inputs)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.target = config.get("parameters", {}).get("alias_of", {}).get("string_value", "tensorrt_llm")
         self.outputs = [o["name"] for o in config.get("output", [])]
+        self.name = config.get("name", "dasc_hybrid")
         self.threads = set()
         self.lock = threading.Lock()
 
     def execute(self, requests):
         if not self.decoupled:
-            return [self._plain(r) for r in requests]
+            # each request on its own thread: a batch the dynamic batcher hands one instance runs in the
+            # engine's batch together, not one after another
+            answers = [None] * len(requests)
+
+            def one(i):
+                answers[i] = self._plain(requests[i])
+            threads = [threading.Thread(target=one, args=(i,), name="dasc-alias-plain", daemon=True)
+                       for i in range(len(requests))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return answers
         for request in requests:
             t = threading.Thread(target=self._stream, args=(request,), name="dasc-alias", daemon=True)
             with self.lock:
@@ -50,23 +70,42 @@ class TritonPythonModel:
                                          requested_output_names=self.outputs, request_id=request.request_id())
 
     def _plain(self, request):
+        """One plain (non-decoupled) request: the engine model's stream gathered into one response (a
+        non-streaming request has one), a client's cancellation forwarded as a stop for its id."""
         try:
-            bls.refuse_parameters(request, "dasc_hybrid")
-        except UserError as e:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
-        response = self._request(request).exec()
-        if response.has_error():
-            return pb_utils.InferenceResponse(error=response.error())
-        return pb_utils.InferenceResponse(response.output_tensors())
+            bls.refuse_parameters(request, self.name)
+            inputs = _inputs(request)
+            for t in inputs:
+                if t.name() == "streaming" and t.as_numpy().any():
+                    raise UserError("input 'streaming': streaming needs the decoupled model "
+                                    "(build without --no-decoupled)")
+            # a stop names the request to end: forwarded with its id unchanged
+            is_stop = _is_stop(inputs)
+            rid = request.request_id() if is_stop else bls.forward_id(request.request_id(), self.name)
+            # Triton 2.51's python backend: InferenceRequest.is_cancelled() in non-decoupled models
+            cancelled = getattr(request, "is_cancelled", None)
+            last = None
+            for response in bls.stream(pb_utils, self.target, inputs, self.outputs, rid,
+                                       cancelled=None if is_stop else cancelled):
+                if response.has_error():
+                    return pb_utils.InferenceResponse(error=response.error())
+                last = response
+            return pb_utils.InferenceResponse(last.output_tensors() if last is not None else [])
+        except Exception as e:  # noqa: BLE001 - the request fails in one line, the model keeps serving
+            text = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(text))
 
     def _stream(self, request):
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
-        rid = bls.forward_id(request.request_id(), "dasc_hybrid")
         try:
-            bls.refuse_parameters(request, "dasc_hybrid")
-            for response in bls.stream(pb_utils, self.target, _inputs(request), self.outputs, rid,
-                                       cancelled=sender.is_cancelled):
+            bls.refuse_parameters(request, self.name)
+            inputs = _inputs(request)
+            # a stop names the request to end: its id goes on unchanged (an empty one is refused there)
+            is_stop = _is_stop(inputs)
+            rid = request.request_id() if is_stop else bls.forward_id(request.request_id(), self.name)
+            for response in bls.stream(pb_utils, self.target, inputs, self.outputs, rid,
+                                       cancelled=None if is_stop else sender.is_cancelled):
                 if response.has_error():
                     sender.send(pb_utils.InferenceResponse(error=response.error()), flags=final)
                     return
