@@ -88,6 +88,4 @@ def test_stock_client_stop_without_an_id_is_refused(servers):
     # TensorRT-LLM answers the same: "A request id must be provided for request cancellation"; the request
     # itself runs to its end (this client then fails its own fewer-tokens check or reports the error)
     proc = run_client(s["decoupled"], tmp, "--request-output-len", 40, "--streaming", "--stop-after-ms", 100)
-    out = proc.stdout + proc.stderr
-    # which of the two the client prints first depends on when the refusal reaches its stream callback
-    assert proc.returncode != 0 and ("request id" in out or "got 40" in out), out[-3000:]
+    assert proc.returncode != 0 and "request id" in proc.stdout + proc.stderr, proc.stdout[-3000:]
