@@ -204,7 +204,8 @@ def build(args) -> str:
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     from trtllm_dasc.plan.plan import plan_from_params
     from trtllm_dasc.plan.synthetic import profile_decay_params
-    from trtllm_dasc.serve.repository import add_alias, add_parameters, cache_policy, fill_model, rename_model
+    from trtllm_dasc.serve.repository import (ENGINE_MODEL, add_alias, add_parameters, cache_policy, fill_model,
+                                              rename_model)
     from trtllm_dasc.serve.tokenizer import text_model_values
 
     # a namespace made by hand (tests, dasc serve's older callers) may lack the weights options
@@ -318,7 +319,6 @@ def build(args) -> str:
 
 
 # --no-decoupled: the internal (decoupled) model holding the engine
-ENGINE_MODEL = "tensorrt_llm_engine"
 
 
 def read_model_config(args, is_dummy: bool) -> tuple[dict, list[str]]:

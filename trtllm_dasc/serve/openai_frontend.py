@@ -22,9 +22,9 @@ import uuid
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.openai_protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, ChatTemplate, GenRequest, common_fields, max_tokens, prompts)
+from trtllm_dasc.serve.repository import streaming_model
 from trtllm_dasc.serve.tokenizer import TextTokenizer
 
-CORE_MODEL = "tensorrt_llm"
 # the Triton model names a client may also put in 'model' (Triton's OpenAI frontend lists those)
 ALIASES = ("ensemble", "tensorrt_llm", "dasc_hybrid")
 MAX_BODY = 64 << 20
@@ -37,6 +37,8 @@ class Frontend:
         with open(os.path.join(engine_dir, "config.json")) as f:
             meta = json.load(f)
         self.max_context = int(meta.get("engine", {}).get("max_context", 4096))
+        # a --no-decoupled engine's tensorrt_llm answers plain requests only: stream from the engine's own model
+        self.core_model = streaming_model(meta.get("serving", {}).get("decoupled", True))
         tok_dir = os.path.join(engine_dir, "model")
         self.tok = TextTokenizer(tok_dir)
         self.template = ChatTemplate(tok_dir)
@@ -56,7 +58,7 @@ class Frontend:
                            f"({e.strerror or e})", None, 503, "server_error") from None
         try:
             body = json.dumps(req.triton_inputs(self.tok.end_id)).encode()
-            writer.write(f"POST /v2/models/{CORE_MODEL}/generate_stream HTTP/1.1\r\nHost: localhost\r\n"
+            writer.write(f"POST /v2/models/{self.core_model}/generate_stream HTTP/1.1\r\nHost: localhost\r\n"
                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             await writer.drain()
             try:

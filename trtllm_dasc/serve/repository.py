@@ -13,6 +13,17 @@ import string
 
 from trtllm_dasc.errors import UserError
 
+# the served model (TensorRT-LLM's name); with --no-decoupled it is a plain forwarder and the engine runs in
+# ENGINE_MODEL (decoupled), which is then what a streaming client inside the server has to call
+SERVED_MODEL = "tensorrt_llm"
+ENGINE_MODEL = "tensorrt_llm_engine"
+
+
+def streaming_model(decoupled: bool) -> str:
+    """The model that streams the engine's tokens in an engine directory built decoupled or not."""
+    return SERVED_MODEL if decoupled else ENGINE_MODEL
+
+
 TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                          "model_repo")
 
