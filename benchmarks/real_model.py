@@ -191,6 +191,41 @@ def time_prefill(model, torch, tokens: int, reps: int, shapes: dict, raw: dict, 
             "flops_per_s": achieved, "gemm_fraction": achieved / rate}
 
 
+class CompileLog:
+    """Triton kernels compiled while it is entered (the JIT's in-memory cache misses, fla's autotuning
+    included: one entry per config tried): what a slow first pass compiled that warm-up did not. Entries:
+    (seconds since entering, kernel, its specialisation key); [] without Triton."""
+
+    def __init__(self):
+        self.entries, self._knobs, self._t0 = [], None, 0.0
+
+    def _hook(self, *args, key=None, fn=None, **kw):
+        name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or str(fn)
+        self.entries.append((round(time.perf_counter() - self._t0, 3), name, str(key)[:400]))
+        return False
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        try:
+            import triton
+            self._knobs = triton.knobs.runtime
+            self._previous = self._knobs.jit_cache_hook
+            self._knobs.jit_cache_hook = self._hook
+        except (ImportError, AttributeError):
+            self._knobs = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._knobs is not None:
+            self._knobs.jit_cache_hook = self._previous
+
+    def summary(self) -> dict:
+        kernels: dict[str, int] = {}
+        for _, name, _ in self.entries:
+            kernels[name] = kernels.get(name, 0) + 1
+        return {"compiles": len(self.entries), "by_kernel": kernels, "entries": self.entries[:200]}
+
+
 def time_pass(engine, seed: int, requests: int, prompt: int, new: int) -> float:
     """Seconds of one workload: `requests` prompts of mixed lengths up to `prompt`, `new` tokens each."""
     from trtllm_dasc.engine.request import GenerationRequest
@@ -280,11 +315,16 @@ def run(args, torch, work: str) -> dict:
             write_result(path, result)
 
     # the first traffic after warm-up (what a user meets first), then the same shapes again
-    first = time_pass(engine, 1, args.pass_requests, args.pass_prompt, args.pass_new)
-    second = time_pass(engine, 2, args.pass_requests, args.pass_prompt, args.pass_new)
+    with CompileLog() as first_log:
+        first = time_pass(engine, 1, args.pass_requests, args.pass_prompt, args.pass_new)
+    with CompileLog() as second_log:
+        second = time_pass(engine, 2, args.pass_requests, args.pass_prompt, args.pass_new)
     result["passes"] = {"first_s": first, "second_s": second, "ratio": first / second,
-                        "requests": args.pass_requests, "longest_prompt": args.pass_prompt, "new_tokens": args.pass_new}
-    print(f"passes: first {first:.2f} s, second {second:.2f} s ({first / second:.3f}x)", flush=True)
+                        "requests": args.pass_requests, "longest_prompt": args.pass_prompt, "new_tokens": args.pass_new,
+                        "first_compiled": first_log.summary(), "second_compiled": second_log.summary()}
+    print(f"passes: first {first:.2f} s, second {second:.2f} s ({first / second:.3f}x); Triton compiles in the "
+          f"first {len(first_log.entries)}: {first_log.summary()['by_kernel']}, in the second {len(second_log.entries)}",
+          flush=True)
     save()
     for tokens in args.tokens:
         row = time_prefill(model, torch, tokens, args.reps_prefill, shapes, raw, cfg, rates["gemm"]["flops_per_s"])

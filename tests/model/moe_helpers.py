@@ -13,15 +13,16 @@ from state_helpers import assert_close  # noqa: E402,F401  (fla-style, shared wi
 
 
 def hf_block(arch: str, seed: int = 0, E: int = 64, top_k: int = 8, D: int = 32, inter: int = 16,
-             n_group: int = 4, topk_group: int = 2):
+             n_group: int = 4, topk_group: int = 2, qwen_shared: int = 2):
     """transformers' MoE block (fp32, eval), weights large enough that routing and outputs are not flat:
     Qwen3NextSparseMoeBlock (softmax top-k, gated shared expert) or KimiLinearMoE (sigmoid, grouped top-k,
-    correction bias, scaled, shared expert)."""
+    correction bias, scaled, shared expert). qwen_shared: Qwen's shared expert width in routed experts' widths
+    (Kimi's is one: as wide as a routed expert)."""
     torch.manual_seed(seed)
     if arch == "gdn":
         from transformers import Qwen3NextConfig
         from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
-        cfg = Qwen3NextConfig(hidden_size=D, moe_intermediate_size=inter, shared_expert_intermediate_size=2 * inter,
+        cfg = Qwen3NextConfig(hidden_size=D, moe_intermediate_size=inter, shared_expert_intermediate_size=qwen_shared * inter,
                               num_experts=E, num_experts_per_tok=top_k, norm_topk_prob=True)
         block = Qwen3NextSparseMoeBlock(cfg)
     else:

@@ -68,6 +68,56 @@ def test_layer_bf16_loop_follows_transformers_bf16():
     assert_close("qwen bf16", ref, got, ratio=1e-2)
 
 
+
+# ---- the fused router (moe/route_kernel.py) against the layers' torch route() -----------------------------
+@pytest.mark.parametrize("arch, groups", [("gdn", (1, 1)), ("kda", (4, 2)), ("kda", (8, 3))],
+                         ids=["qwen-E64-K8", "kimi-E64-K8-G4-TG2", "kimi-E64-K8-G8-TG3"])
+def test_route_kernel_equals_route(arch, groups):
+    from trtllm_dasc.model.moe import route_kernel as rk
+    from trtllm_dasc.model.ops import linear
+    block, cfg = hf_block(arch, seed=1, n_group=groups[0], topk_group=groups[1])
+    layer = ours(arch, block, cfg)
+    s, E = layer.spec, layer.spec.num_experts
+    T = 12
+    x = torch.randn(T, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref_w, ref_idx = layer.route(x)
+        if arch == "kda":
+            idx, w = rk.route(linear(x.float(), layer.w["router"]), rk.KIMI, s.top_k, s.n_group, s.topk_group,
+                              s.norm_topk_prob, s.routed_scaling_factor, layer.w["bias"], shared=1)
+            gate = torch.ones(T, 1)
+        else:
+            idx, w = rk.route(linear(x, layer.router_all), rk.QWEN, s.top_k, norm=s.norm_topk_prob, shared=2,
+                              weight_dtype=x.dtype)
+            gate = torch.sigmoid(linear(x, layer.w["shared_gate"]))
+    k = s.top_k
+    # the same experts (the kernel lists them best first, Kimi's reference unsorted), their weights within
+    # a few ulps (Triton's exp and the renormalising sum's order), the shared expert last as expert E
+    ref_sorted, ref_pos = ref_idx.sort(1)
+    got_sorted, got_pos = idx[:, :k].long().sort(1)
+    assert torch.equal(ref_sorted, got_sorted), "expert ids"
+    assert_close("routing weights", ref_w.gather(1, ref_pos), w[:, :k].gather(1, got_pos), ratio=1e-6)
+    assert torch.equal(idx[:, k], torch.full((T,), E, dtype=torch.int32))
+    assert_close("shared weight", gate[:, 0], w[:, k], ratio=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"], ids=["qwen", "kimi"])
+@pytest.mark.parametrize("T", [7, 9], ids=["small-T7", "grouped-T9"])
+def test_fused_layer_with_the_shared_expert_folded(arch, T, poisoned, wide_small_tiles):
+    # a shared expert as wide as the routed ones is stored as expert E: on the small path (T * top_k <= 64)
+    # the kernels run it with the routed ones; on the grouped path it runs beside them
+    block, cfg = hf_block(arch, seed=3, qwen_shared=1)
+    layer = ours(arch, block, cfg)
+    assert layer.gate_up_all is not None and layer.gate_up_all.shape[0] == layer.spec.num_experts + 1
+    assert layer.w["shared"].gate_up.data_ptr() == layer.gate_up_all[-1].data_ptr()
+    layer.backend = "triton"
+    x = torch.randn(T, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = block(x[None])[0]
+        got = layer.forward(x)
+    assert_close(f"{arch} T{T}", ref, got, ratio=1e-5)
+
+
 @pytest.fixture
 def wide_small_tiles(monkeypatch):
     """small.py's GEMVs with 16-channel tiles: the interpreter's time grows with the programs, and the

@@ -40,6 +40,14 @@ class DenseMLP:
         self.gate_up, self.down, self.partial = torch.cat([gate, up]), down, partial
         self.inter = gate.shape[0]
 
+    @classmethod
+    def of(cls, gate_up: torch.Tensor, down: torch.Tensor, partial: bool = False) -> "DenseMLP":
+        """A layer on the given [2I, D] / [D, I] tensors as they are (views, no copy): a shared expert
+        stored as a MoE layer's last expert."""
+        mlp = cls.__new__(cls)
+        mlp.gate_up, mlp.down, mlp.partial, mlp.inter = gate_up, down, partial, gate_up.shape[0] // 2
+        return mlp
+
     @property
     def gate(self) -> torch.Tensor:
         return self.gate_up[:self.inter]
@@ -63,34 +71,64 @@ class DenseMLP:
         return linear(_act(gu[..., :self.inter], gu[..., self.inter:], fused), self.down)
 
 
-def _load_experts(src, prefix, names, E, D, inter, dtype, device, ch=None):
+def _load_experts(src, prefix, names, E, D, inter, dtype, device, ch=None, shared: str | None = None):
     """(gate_up [E, 2I, D], down [E, D, I]) from per-expert weights: names = (gate, up, down) tensor names
     relative to experts.{e}; ch: this rank's intermediate channels of every expert (None: all). gate and
-    up land in one tensor (the fused kernels' one GEMM for both), filled expert by expert: no second copy."""
+    up land in one tensor (the fused kernels' one GEMM for both), filled expert by expert: no second copy.
+    shared: the prefix of a shared expert of the experts' width (gate_proj / up_proj / down_proj), loaded
+    as expert E (_MoE folds it: the tensors returned then hold E + 1 experts)."""
     g, u, d = names
     n = inter if ch is None else len(ch)
-    gate_up = torch.empty(E, 2 * n, D, dtype=dtype, device=device)
-    down = torch.empty(E, D, n, dtype=dtype, device=device)
-    for e in range(E):
-        gate_up[e, :n] = load(src, f"{prefix}experts.{e}.{g}.weight", (inter, D), dtype, device, rows=ch)
-        gate_up[e, n:] = load(src, f"{prefix}experts.{e}.{u}.weight", (inter, D), dtype, device, rows=ch)
-        down[e] = load(src, f"{prefix}experts.{e}.{d}.weight", (D, inter), dtype, device, cols=ch)
+    gate_up = torch.empty(E + (shared is not None), 2 * n, D, dtype=dtype, device=device)
+    down = torch.empty(E + (shared is not None), D, n, dtype=dtype, device=device)
+    sources = [(f"{prefix}experts.{e}.", (g, u, d)) for e in range(E)]
+    if shared is not None:
+        sources.append((shared, ("gate_proj", "up_proj", "down_proj")))
+    for e, (p, (gn, un, dn)) in enumerate(sources):
+        gate_up[e, :n] = load(src, f"{p}{gn}.weight", (inter, D), dtype, device, rows=ch)
+        gate_up[e, n:] = load(src, f"{p}{un}.weight", (inter, D), dtype, device, rows=ch)
+        down[e] = load(src, f"{p}{dn}.weight", (D, inter), dtype, device, cols=ch)
     return gate_up, down
 
 
 class _MoE:
     """What both MoE layers share: the expert weights (w["gate_up"] [E, 2I, D], with w["gate"] / w["up"]
     views of its halves, w["down"] [E, D, I]) and the backend of the routed experts (model/moe: None = the
-    fused Triton kernels on a GPU, the per-expert loop on the CPU; benchmarks and tests set it)."""
+    fused Triton kernels on a GPU, the per-expert loop on the CPU; benchmarks and tests set it).
+
+    A shared expert as wide as the routed ones is stored as expert E (self.gate_up_all / self.down_all hold
+    E + 1 experts; w["gate_up"], w["down"] and w["shared"] are views into them): on the fused path's
+    decode (few tokens) the router kernel appends it to each token's choices and the two expert kernels
+    run it with the routed ones, one launch each, its output summed in their fp32 accumulator. The torch
+    route() stays the reference (transformers' ops); the fused forward routes with moe/route_kernel.py."""
 
     backend: str | None = None
 
     def __init__(self, w: dict, spec, partial: bool = False):
         if "gate_up" not in w:
             w["gate_up"] = torch.cat([w["gate"], w["up"]], dim=1)
+        self.gate_up_all, self.down_all = self._fold_shared(w)
         n = w["gate_up"].shape[1] // 2
         w["gate"], w["up"] = w["gate_up"][:, :n], w["gate_up"][:, n:]
         self.w, self.spec, self.partial = w, spec, partial
+
+    @staticmethod
+    def _fold_shared(w: dict):
+        """(gate_up, down) with the shared expert as their last expert where it is as wide as the routed
+        ones (made here by one copy unless load() stored it there already), else None, None."""
+        sh, E = w.get("shared"), w["gate_up"].shape[0]
+        if sh is None or tuple(sh.gate_up.shape) != tuple(w["gate_up"].shape[1:]) \
+                or tuple(sh.down.shape) != tuple(w["down"].shape[1:]):
+            return None, None
+        base_gu, base_dn = w["gate_up"]._base, w["down"]._base
+        stored = (base_gu is not None and base_dn is not None and base_gu.shape[0] == E + 1
+                  and sh.gate_up.data_ptr() == base_gu[E].data_ptr() and sh.down.data_ptr() == base_dn[E].data_ptr())
+        if not stored:
+            base_gu = torch.cat([w["gate_up"], sh.gate_up[None]])
+            base_dn = torch.cat([w["down"], sh.down[None]])
+            w["gate_up"], w["down"] = base_gu[:E], base_dn[:E]
+            w["shared"] = DenseMLP.of(base_gu[E], base_dn[E], sh.partial)
+        return base_gu, base_dn
 
     @property
     def capturable(self) -> bool:
@@ -101,6 +139,27 @@ class _MoE:
     def _experts(self, x, idx, weights, fused: bool):
         return moe.experts(x, idx, weights, self.w["gate_up"], self.w["down"], self.backend, fused)
 
+    def _fused_backend(self, x: torch.Tensor) -> str | None:
+        """The fused Triton backend this forward takes (None: the torch route and the loop)."""
+        backend = self.backend or moe.default_backend(x.device)
+        return backend if backend in ("triton", "triton_small", "triton_grouped") else None
+
+    def _forward_fused(self, x: torch.Tensor, backend: str, logits: torch.Tensor, route_kw: dict,
+                       fused: bool) -> torch.Tensor:
+        """Routing in one kernel, then the routed (and on the small path the folded shared) experts."""
+        from trtllm_dasc.model.moe import route_kernel
+        from trtllm_dasc.model.moe.small import SMALL_PAIRS, experts_small
+        k, sh = self.spec.top_k, self.w.get("shared")
+        idx, weights = route_kernel.route(logits, top_k=k, **route_kw)
+        small = backend == "triton_small" or (backend == "triton" and x.shape[0] * k <= SMALL_PAIRS)
+        if small and self.gate_up_all is not None:
+            return experts_small(x, idx, weights, self.gate_up_all, self.down_all)
+        if sh is None:
+            return self._experts(x, idx, weights, fused)
+        out = moe.experts(x, idx[:, :k].contiguous(), weights[:, :k].contiguous(), self.w["gate_up"],
+                          self.w["down"], backend, fused)
+        return out, weights[:, k:]
+
 
 class QwenMoE(_MoE):
 
@@ -108,15 +167,25 @@ class QwenMoE(_MoE):
     def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "QwenMoE":
         s, D, p = spec, spec.hidden_size, prefix + "mlp."
         ch, shared_ch = _channels(share, s.moe_intermediate_size, s.shared_intermediate_size)
+        fold = s.shared_intermediate_size == s.moe_intermediate_size
         gate_up, down = _load_experts(src, p, ("gate_proj", "up_proj", "down_proj"), s.num_experts, D,
-                                      s.moe_intermediate_size, dtype, device, ch)
+                                      s.moe_intermediate_size, dtype, device, ch,
+                                      shared=p + "shared_expert." if fold else None)
+        E = s.num_experts
+        shared = DenseMLP.of(gate_up[E], down[E], shared_ch is not None) if fold else \
+            DenseMLP.load(src, p + "shared_expert.", D, s.shared_intermediate_size, dtype, device, channels=shared_ch)
         # the shared expert's sigmoid gate is one scalar per token: it scales each rank's partial alike
-        w = {"router": load(src, p + "gate.weight", (s.num_experts, D), dtype, device),
-             "gate_up": gate_up, "down": down,
-             "shared": DenseMLP.load(src, p + "shared_expert.", D, s.shared_intermediate_size, dtype, device,
-                                     channels=shared_ch),
+        w = {"router": load(src, p + "gate.weight", (E, D), dtype, device),
+             "gate_up": gate_up[:E], "down": down[:E], "shared": shared,
              "shared_gate": load(src, p + "shared_expert_gate.weight", (1, D), dtype, device)}
         return cls(w, spec, ch is not None)
+
+    def __init__(self, w: dict, spec, partial: bool = False):
+        super().__init__(w, spec, partial)
+        # the shared gate's row after the router's: one GEMV gives both (the route kernel reads it last)
+        self.router_all = torch.cat([w["router"], w["shared_gate"]])
+        E = w["router"].shape[0]
+        w["router"], w["shared_gate"] = self.router_all[:E], self.router_all[E:]
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] in x's dtype, expert ids [T, k]): softmax in fp32, top-k, renormalised."""
@@ -129,6 +198,16 @@ class QwenMoE(_MoE):
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
         w = self.w
+        backend = self._fused_backend(x)
+        if backend is not None:
+            from trtllm_dasc.model.moe.route_kernel import QWEN
+            got = self._forward_fused(x, backend, linear(x, self.router_all),
+                                      dict(kind=QWEN, norm=self.spec.norm_topk_prob, shared=2,
+                                           weight_dtype=x.dtype), fused)
+            if not isinstance(got, tuple):
+                return got
+            out, gate = got
+            return out + gate * w["shared"].forward(x, fused)
         weights, idx = self.route(x)
         out = self._experts(x, idx, weights, fused)
         return out + torch.sigmoid(linear(x, w["shared_gate"])) * w["shared"].forward(x, fused)
@@ -140,12 +219,16 @@ class KimiMoE(_MoE):
     def load(cls, src, prefix: str, spec, dtype, device, share: RankShare = RankShare()) -> "KimiMoE":
         s, D, p = spec, spec.hidden_size, prefix + "block_sparse_moe."
         ch, shared_ch = _channels(share, s.moe_intermediate_size, s.shared_intermediate_size or 0)
-        gate_up, down = _load_experts(src, p, ("w1", "w3", "w2"), s.num_experts, D, s.moe_intermediate_size,
-                                      dtype, device, ch)
-        w = {"router": load(src, p + "gate.weight", (s.num_experts, D), torch.float32, device),
-             "bias": load(src, p + "gate.e_score_correction_bias", (s.num_experts,), torch.float32, device),
-             "gate_up": gate_up, "down": down, "shared": None}
-        if s.shared_intermediate_size:
+        fold = s.shared_intermediate_size == s.moe_intermediate_size
+        E = s.num_experts
+        gate_up, down = _load_experts(src, p, ("w1", "w3", "w2"), E, D, s.moe_intermediate_size, dtype, device,
+                                      ch, shared=p + "shared_experts." if fold else None)
+        w = {"router": load(src, p + "gate.weight", (E, D), torch.float32, device),
+             "bias": load(src, p + "gate.e_score_correction_bias", (E,), torch.float32, device),
+             "gate_up": gate_up[:E], "down": down[:E], "shared": None}
+        if fold:
+            w["shared"] = DenseMLP.of(gate_up[E], down[E], shared_ch is not None)
+        elif s.shared_intermediate_size:
             w["shared"] = DenseMLP.load(src, p + "shared_experts.", D, s.shared_intermediate_size, dtype, device,
                                         channels=shared_ch)
         return cls(w, spec, ch is not None)
@@ -166,6 +249,17 @@ class KimiMoE(_MoE):
         return weights * s.routed_scaling_factor, idx
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        backend = self._fused_backend(x)
+        if backend is not None:
+            from trtllm_dasc.model.moe.route_kernel import KIMI
+            s = self.spec
+            got = self._forward_fused(x, backend, linear(x.float(), self.w["router"]),
+                                      dict(kind=KIMI, n_group=s.n_group, topk_group=s.topk_group,
+                                           norm=s.norm_topk_prob, scale=s.routed_scaling_factor,
+                                           bias=self.w["bias"], shared=int(self.w["shared"] is not None)), fused)
+            if not isinstance(got, tuple):
+                return got
+            return got[0] + self.w["shared"].forward(x, fused)
         weights, idx = self.route(x)
         out = self._experts(x, idx, weights, fused)
         return out if self.w["shared"] is None else out + self.w["shared"].forward(x, fused)
