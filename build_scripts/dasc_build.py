@@ -23,9 +23,9 @@ import time
 
 from build_scripts.engine_output import check_output, staged_output
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import BACKENDS, DTYPES, LOAD_FORMATS, add_arm_arguments, build_placement, plan_fields
 
 ENGINE_VERSION = 1
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DUMMY_NOTE = ("DUMMY WEIGHTS: random values made at load time (dasc-build --load-format dummy); outputs are "
               "meaningless, speeds and memory are those of the real model")
 # the checkpoint files an engine directory keeps
@@ -41,20 +41,7 @@ def add_arguments(p) -> None:
     p.add_argument("--skip-finite-check", action="store_true", help="do not read every weight for NaN / Inf "
                    "before building (names, shapes and dtypes are still checked; recorded in the engine)")
     g = p.add_argument_group("dasc")
-    g.add_argument("--wmax", type=int, default=16, help="W_max: units with a static horizon <= W_max are "
-                   "omitted from checkpoints (0: dense, keep everything)")
-    g.add_argument("--selection", default="decay", choices=["decay", "random"], help="decay (dasc) or random: "
-                   "as many units per layer, drawn uniformly (the paper's count-matched control; needs --mask-seed)")
-    g.add_argument("--mask-seed", type=int, default=None, help="seed of --selection random")
-    g.add_argument("--policy", default="nr", choices=["nr", "wr", "wr-warm"],
-                   help="load policy for omitted units (wr-warm, experimental: the replay starts from the checkpoint's "
-                        "retained units; equal to wr on both the single-needle and the 13-task trained models, "
-                        "benchmarks/results/quality)")
-    g.add_argument("--codec", default="native", choices=["native", "int8"], help="checkpoint temporal codec")
-    g.add_argument("--layout", default="ragged", choices=["ragged", "padded"], help="checkpoint slot layout")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    g.add_argument("--placement", default="hybrid", choices=["off", "storage", "hybrid"],
-                   help="TP placement of checkpoint units (with --tp > 1)")
+    add_arm_arguments(g, ("wmax", "selection", "mask_seed", "policy", "codec", "layout", "tp", "placement"))
     g.add_argument("--state-budget-bytes", type=int, default=None,
                    help="checkpoint pool bytes per rank (default: 64 dense checkpoints' worth)")
     g = p.add_argument_group("weights")
@@ -69,9 +56,9 @@ def add_arguments(p) -> None:
                    help="device memory one rank may take (weights + KV cache + state rows + checkpoint pool); "
                         "checked at build and before loading (default: the device's free memory at load time)")
     g = p.add_argument_group("runtime")
-    g.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     g.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N")
-    g.add_argument("--backend", default="auto", choices=["auto", "torch", "fla", "fla-unfused"],
+    g.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="kernel backend: fla (recurrence, mixers and decode attention in GPU kernels), "
                         "fla-unfused (fla's recurrence only), torch (the reference), auto (fla on a GPU)")
     g.add_argument("--max-batch-size", type=int, default=8, help="requests running at once")
@@ -102,7 +89,7 @@ def engine_options(args) -> dict:
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
                 interval=args.interval, prefill_chunk=args.prefill_chunk, prompt_only=args.prompt_only,
                 plan_path="plan.json", kernel_cache_dir="kernels", tp_size=args.tp,
-                placement=args.placement if args.tp > 1 else "off",
+                placement=build_placement(args.placement, args.tp),
                 rank_weights="weights" if args.tp > 1 and not dummy(args) else None,
                 load_format="dummy" if dummy(args) else "safetensors",
                 memory_limit_bytes=getattr(args, "memory_limit_bytes", None))
@@ -225,8 +212,7 @@ def build(args) -> str:
     check_network(cfg, args.tp, require=is_dummy)
     # plan first: a checkpoint that cannot be planned fails before anything is written
     t0 = time.time()
-    options = PlanOptions(wmax=args.wmax, tp=opts["tp_size"], placement=opts["placement"], codec=args.codec,
-                          layout=args.layout, selection=args.selection, mask_seed=args.mask_seed)
+    options = PlanOptions(**plan_fields(opts))
     if is_dummy:
         # the decay tensors the dummy loader will make: the planner's paper-shaped profile of this seed
         plan, _ = plan_from_params(cfg, profile_decay_params(cfg, args.seed), options)
