@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
+from trtllm_dasc import engine_dir as engine_dir_format
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.spec import (BACKENDS, CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, DEFAULT_POLICY, DEFAULT_SELECTION,
                               DEFAULT_TP, DTYPES, ENGINE_PLACEMENT, ENGINE_WMAX, LAYOUTS, LOAD_FORMATS, PLACEMENTS,
@@ -90,6 +91,11 @@ class EngineConfig:
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def engine_config(engine_dir: str) -> EngineConfig:
+    """The EngineConfig an engine directory's config.json describes (paths resolved against the directory)."""
+    return EngineConfig(**engine_dir_format.read(engine_dir).engine)
 
 
 def _count(cfg, name: str, minimum: int, cap: int = MAX_COUNT) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from trtllm_dasc.checkpoint_files import dummy_marker, has_weights
 from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.engine_dir import model_dir_of
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan import accounting
 from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
@@ -221,31 +222,19 @@ def build_plan(cfg: HybridConfig, horizons: list[np.ndarray] | None, options: Pl
                     permutation_optimal=optimal, wr_window=window)
 
 
-def model_dir_of(path: str) -> str:
-    """An engine directory (dasc-build's output) stands for its model/ checkpoint; any other path for itself."""
-    import json
-    meta = os.path.join(path, "config.json")
-    if os.path.isdir(path) and os.path.isdir(os.path.join(path, "model")) and os.path.isfile(meta):
-        try:
-            with open(meta) as f:
-                if "dasc_engine_version" in json.load(f):
-                    return os.path.join(path, "model")
-        except (OSError, ValueError):
-            pass
-    return path
-
-
 def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float32",
-                   conv_dtype: str = "bfloat16", dummy_seed: int | None = None
+                   conv_dtype: str = "bfloat16", dummy_seed: int | None = None, cfg: HybridConfig | None = None
                    ) -> tuple[DascPlan, list[np.ndarray] | None]:
     """Plan a checkpoint directory (reads config.json + A_log/dt_bias; a dummy-weights one, dasc-build
     --load-format dummy, its seed's decay profile; an engine directory, its model/) or a bare config.json (W=0
     only, unless dummy_seed says the weights will be dummy ones of that seed).
+    ``cfg``: the path's config, already parsed (then the dtypes are cfg's and config.json is not read again).
     Returns the plan and the per-layer horizons (None when no weights were read)."""
     from trtllm_dasc.plan.horizons import read_decay_params
 
     path = model_dir_of(path)
-    cfg = HybridConfig.from_path(path, temporal_dtype=temporal_dtype, conv_dtype=conv_dtype)
+    if cfg is None:
+        cfg = HybridConfig.from_path(path, temporal_dtype=temporal_dtype, conv_dtype=conv_dtype)
     cfg.shard(options.tp)
     dummy = dummy_marker(path)
     if dummy_seed is None and dummy is not None:
