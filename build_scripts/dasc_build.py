@@ -252,7 +252,8 @@ def build(args) -> str:
             def progress(rank, size):
                 print(f"[dasc-build] rank {rank + 1}/{args.tp} weights: {size / 2**20:.1f} MiB "
                       f"({time.time() - t1:.1f} s)", file=sys.stderr, flush=True)
-            write_rank_weights(args.model, os.path.join(tmp, engine_dir.RANK_WEIGHTS), args.tp, plan.bundle_order, progress)
+            write_rank_weights(args.model, os.path.join(tmp, engine_dir.RANK_WEIGHTS), args.tp, plan.bundle_order,
+                               progress)
         os.makedirs(os.path.join(tmp, engine_dir.KERNELS))
         if getattr(args, "tensorrt", False):
             from plugins.engines import write_codec_engines

@@ -37,7 +37,9 @@ def unit_byte_parts(unit_elements: int, rows_per_unit: int, temporal_dtype_bytes
     c = CODECS_BY_NAME.get(codec) if isinstance(codec, str) else None
     if c is None:
         raise ConfigError(f"codec must be one of {'|'.join(CODECS)}, got {codec!r}")
-    payload = unit_elements * temporal_dtype_bytes if c.payload_bits is None else -(-unit_elements * c.payload_bits // 8)
+    # bits -> whole bytes, rounded up (a 4-bit codec of an odd unit still takes its last byte)
+    payload = (unit_elements * temporal_dtype_bytes if c.payload_bits is None
+               else -(-unit_elements * c.payload_bits // 8))
     return payload, rows_per_unit * temporal_dtype_bytes if c.row_scales else 0
 
 

@@ -112,7 +112,8 @@ def _flags(engine: bool) -> dict:
         "policy": dict(default=DEFAULT_POLICY, choices=POLICIES, help="load policy for omitted units: nr zero-fills "
                        "them, wr replays the last W cached tokens (wr-warm, experimental: the replay starts from the "
                        "checkpoint's retained units)"),
-        "codec": dict(default=DEFAULT_CODEC, choices=CODECS, help=f"checkpoint temporal codec (default {DEFAULT_CODEC})"),
+        "codec": dict(default=DEFAULT_CODEC, choices=CODECS,
+                      help=f"checkpoint temporal codec (default {DEFAULT_CODEC})"),
         "layout": dict(default=DEFAULT_LAYOUT, choices=LAYOUTS,
                        help=f"checkpoint temporal slot layout (default {DEFAULT_LAYOUT})"),
         "tp": dict(type=int, default=DEFAULT_TP, help=f"tensor-parallel degree (default {DEFAULT_TP})"),
