@@ -15,6 +15,7 @@ Every option is checked before anything is written; a bad one is a one-line erro
 """
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import shutil
@@ -22,10 +23,10 @@ import sys
 import time
 
 from build_scripts.engine_output import check_output, staged_output
+from trtllm_dasc import engine_dir
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import BACKENDS, DTYPES, LOAD_FORMATS, add_arm_arguments, build_placement, plan_fields
 
-ENGINE_VERSION = 1
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DUMMY_NOTE = ("DUMMY WEIGHTS: random values made at load time (dasc-build --load-format dummy); outputs are "
               "meaningless, speeds and memory are those of the real model")
 # the checkpoint files an engine directory keeps
@@ -41,20 +42,7 @@ def add_arguments(p) -> None:
     p.add_argument("--skip-finite-check", action="store_true", help="do not read every weight for NaN / Inf "
                    "before building (names, shapes and dtypes are still checked; recorded in the engine)")
     g = p.add_argument_group("dasc")
-    g.add_argument("--wmax", type=int, default=16, help="W_max: units with a static horizon <= W_max are "
-                   "omitted from checkpoints (0: dense, keep everything)")
-    g.add_argument("--selection", default="decay", choices=["decay", "random"], help="decay (dasc) or random: "
-                   "as many units per layer, drawn uniformly (the paper's count-matched control; needs --mask-seed)")
-    g.add_argument("--mask-seed", type=int, default=None, help="seed of --selection random")
-    g.add_argument("--policy", default="nr", choices=["nr", "wr", "wr-warm"],
-                   help="load policy for omitted units (wr-warm, experimental: the replay starts from the checkpoint's "
-                        "retained units; equal to wr on both the single-needle and the 13-task trained models, "
-                        "benchmarks/results/quality)")
-    g.add_argument("--codec", default="native", choices=["native", "int8"], help="checkpoint temporal codec")
-    g.add_argument("--layout", default="ragged", choices=["ragged", "padded"], help="checkpoint slot layout")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    g.add_argument("--placement", default="hybrid", choices=["off", "storage", "hybrid"],
-                   help="TP placement of checkpoint units (with --tp > 1)")
+    add_arm_arguments(g, ("wmax", "selection", "mask_seed", "policy", "codec", "layout", "tp", "placement"))
     g.add_argument("--state-budget-bytes", type=int, default=None,
                    help="checkpoint pool bytes per rank (default: 64 dense checkpoints' worth)")
     g = p.add_argument_group("weights")
@@ -69,9 +57,9 @@ def add_arguments(p) -> None:
                    help="device memory one rank may take (weights + KV cache + state rows + checkpoint pool); "
                         "checked at build and before loading (default: the device's free memory at load time)")
     g = p.add_argument_group("runtime")
-    g.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     g.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N")
-    g.add_argument("--backend", default="auto", choices=["auto", "torch", "fla", "fla-unfused"],
+    g.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="kernel backend: fla (recurrence, mixers and decode attention in GPU kernels), "
                         "fla-unfused (fla's recurrence only), torch (the reference), auto (fla on a GPU)")
     g.add_argument("--max-batch-size", type=int, default=8, help="requests running at once")
@@ -95,15 +83,15 @@ def add_arguments(p) -> None:
 def engine_options(args) -> dict:
     """The EngineConfig fields, validated now (EngineConfig checks types and ranges)."""
     from trtllm_dasc.engine.config import EngineConfig
-    opts = dict(model="model", wmax=args.wmax, policy=args.policy, selection=args.selection,
+    opts = dict(model=engine_dir.MODEL, wmax=args.wmax, policy=args.policy, selection=args.selection,
                 mask_seed=args.mask_seed, codec=args.codec, layout=args.layout,
                 state_budget_bytes=args.state_budget_bytes, dtype=args.dtype, device=args.device,
                 backend=args.backend, max_batch=args.max_batch_size, max_num_tokens=args.max_num_tokens,
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
                 interval=args.interval, prefill_chunk=args.prefill_chunk, prompt_only=args.prompt_only,
-                plan_path="plan.json", kernel_cache_dir="kernels", tp_size=args.tp,
-                placement=args.placement if args.tp > 1 else "off",
-                rank_weights="weights" if args.tp > 1 and not dummy(args) else None,
+                plan_path=engine_dir.PLAN, kernel_cache_dir=engine_dir.KERNELS, tp_size=args.tp,
+                placement=build_placement(args.placement, args.tp),
+                rank_weights=engine_dir.RANK_WEIGHTS if args.tp > 1 and not dummy(args) else None,
                 load_format="dummy" if dummy(args) else "safetensors",
                 memory_limit_bytes=getattr(args, "memory_limit_bytes", None))
     EngineConfig(**opts)
@@ -218,20 +206,20 @@ def build(args) -> str:
         from plugins.engines import check_available
         check_available()
     is_dummy = dummy(args)
-    model_config, completed = read_model_config(args, is_dummy)
+    # config.json is parsed here, once: the planner, the copy check and the engine's records use this
+    raw_config, model_config, completed = read_model_config(args, is_dummy)
     cfg = HybridConfig.from_dict(model_config, conv_dtype=args.dtype)
     # the linear-attention heads first (the planner's own message), then the network and its experts
     cfg.shard(args.tp)
     check_network(cfg, args.tp, require=is_dummy)
     # plan first: a checkpoint that cannot be planned fails before anything is written
     t0 = time.time()
-    options = PlanOptions(wmax=args.wmax, tp=opts["tp_size"], placement=opts["placement"], codec=args.codec,
-                          layout=args.layout, selection=args.selection, mask_seed=args.mask_seed)
+    options = PlanOptions(**plan_fields(opts))
     if is_dummy:
         # the decay tensors the dummy loader will make: the planner's paper-shaped profile of this seed
         plan, _ = plan_from_params(cfg, profile_decay_params(cfg, args.seed), options)
     else:
-        plan, _ = plan_from_path(args.model, options, conv_dtype=args.dtype)
+        plan, _ = plan_from_path(args.model, options, cfg=cfg)
     if args.tp > 1 and plan.moved_units and args.layout != "ragged":
         raise UserError(f"--placement {args.placement} moves checkpoint units between ranks, which the run time "
                         "does for the ragged layout only: use --layout ragged or --placement off")
@@ -249,10 +237,14 @@ def build(args) -> str:
     out = os.path.abspath(args.output)
     with staged_output(out, args.force) as tmp:
         if is_dummy:
-            write_dummy_model(args, os.path.join(tmp, "model"), model_config, completed)
+            write_dummy_model(args, os.path.join(tmp, engine_dir.MODEL), model_config, completed, raw_config)
         else:
-            copy_model(args.model, os.path.join(tmp, "model"), weights=args.tp == 1)
-        HybridConfig.from_path(os.path.join(tmp, "model"))     # the copy is complete and parses
+            copy_model(args.model, os.path.join(tmp, engine_dir.MODEL), weights=args.tp == 1)
+            # the copy is complete: the config the plan was made from, byte for byte
+            if not filecmp.cmp(model_config_file(args), os.path.join(tmp, engine_dir.MODEL, "config.json"),
+                               shallow=False):
+                raise UserError(f"the copy of {model_config_file(args)} differs from it: was --model changed "
+                                "during the build?")
         if args.tp > 1 and not is_dummy:
             from trtllm_dasc.model.rank_weights import write_rank_weights
             t1 = time.time()
@@ -260,27 +252,25 @@ def build(args) -> str:
             def progress(rank, size):
                 print(f"[dasc-build] rank {rank + 1}/{args.tp} weights: {size / 2**20:.1f} MiB "
                       f"({time.time() - t1:.1f} s)", file=sys.stderr, flush=True)
-            write_rank_weights(args.model, os.path.join(tmp, "weights"), args.tp, plan.bundle_order, progress)
-        os.makedirs(os.path.join(tmp, "kernels"))
+            write_rank_weights(args.model, os.path.join(tmp, engine_dir.RANK_WEIGHTS), args.tp, plan.bundle_order,
+                               progress)
+        os.makedirs(os.path.join(tmp, engine_dir.KERNELS))
         if getattr(args, "tensorrt", False):
             from plugins.engines import write_codec_engines
             write_codec_engines(tmp, plan, args.policy, args.max_batch_size, args.dtype, args.prefill_chunk,
                                 args.interval)
-        with open(os.path.join(tmp, "plan.json"), "w") as f:
+        with open(os.path.join(tmp, engine_dir.PLAN), "w") as f:
             json.dump({**plan.to_dict(), **{k: v for k, v in report.items() if k not in plan.to_dict()}}, f, indent=1)
         serving = {"decoupled": not args.no_decoupled, "exclude_input_in_output": args.exclude_input_in_output,
                    "max_batch_size": args.max_batch_size,
                    "max_queue_delay_microseconds": args.max_queue_delay_microseconds}
-        meta = {"dasc_engine_version": ENGINE_VERSION, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "source": os.path.abspath(args.model), "engine": opts, "serving": serving,
-                "checkpoint_check": checked, "model_config": model_config,
-                "weights": weights_record(args, is_dummy, completed),
-                "memory_per_rank": None if footprint is None else {
-                    "weights": footprint.weights, "kv_cache": footprint.kv, "state_rows": footprint.state,
-                    "checkpoint_pool": footprint.pool, "total": footprint.total}}
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(meta, f, indent=1)
-        repo = os.path.join(tmp, "model_repo")
+        engine_dir.write(tmp, engine=opts, serving=serving, source=os.path.abspath(args.model),
+                         checkpoint_check=checked, model_config=model_config,
+                         weights=weights_record(args, is_dummy, completed, raw_config),
+                         memory_per_rank=None if footprint is None else {
+                             "weights": footprint.weights, "kv_cache": footprint.kv, "state_rows": footprint.state,
+                             "checkpoint_pool": footprint.pool, "total": footprint.total})
+        repo = os.path.join(tmp, engine_dir.REPOSITORY)
         # the engine's own model is decoupled in both modes: it batches every request it holds in flight
         values = {"max_batch_size": args.max_batch_size, "decoupled_mode": "true",
                   "max_queue_delay_microseconds": args.max_queue_delay_microseconds,
@@ -305,9 +295,9 @@ def build(args) -> str:
             add_alias(repo, "dasc_hybrid", "tensorrt_llm")
             models = ["tensorrt_llm", "dasc_hybrid"]
         extra = {}
-        if os.path.isfile(os.path.join(tmp, "model", "tokenizer.json")):
+        if os.path.isfile(os.path.join(tmp, engine_dir.MODEL, "tokenizer.json")):
             # text in, text out: the checkpoint's own tokenizer, found relative to each model's directory
-            extra = text_model_values(os.path.join(tmp, "model"), max_batch_size=args.max_batch_size)
+            extra = text_model_values(os.path.join(tmp, engine_dir.MODEL), max_batch_size=args.max_batch_size)
             for name in ("preprocessing", "postprocessing"):
                 extra[name]["tokenizer_dir"] = "../../model"
             extra["tensorrt_llm_bls"] = {"max_batch_size": args.max_batch_size,
@@ -321,18 +311,18 @@ def build(args) -> str:
 # --no-decoupled: the internal (decoupled) model holding the engine
 
 
-def read_model_config(args, is_dummy: bool) -> tuple[dict, list[str]]:
+def read_model_config(args, is_dummy: bool) -> tuple[dict, dict, list[str]]:
     """--model's config.json, and for dummy weights the released router fields it lacks (families/released.py):
-    (config, the fields added)."""
+    (config as read, config completed, the fields added)."""
     from trtllm_dasc.checkpoint_files import read_json
     from trtllm_dasc.families import ConfigError
     raw = read_json(model_config_file(args), ConfigError)
     if not isinstance(raw, dict):
         raise UserError(f"{model_config_file(args)} must hold a JSON object")
     if not is_dummy:
-        return raw, []
+        return raw, raw, []
     from trtllm_dasc.families.released import complete_released
-    return complete_released(raw)
+    return (raw, *complete_released(raw))
 
 
 def check_network(cfg, tp: int, require: bool) -> None:
@@ -363,7 +353,7 @@ def check_build_memory(args, opts: dict, cfg, plan, is_dummy: bool):
     return check_memory(EngineConfig(**opts), cfg, source, 0, plan.bundle_order, 2 * args.max_batch_size, budget)
 
 
-def write_dummy_model(args, dst: str, model_config: dict, completed: list[str]) -> None:
+def write_dummy_model(args, dst: str, model_config: dict, completed: list[str], raw: dict) -> None:
     """model/ of a dummy engine: the (completed) config.json, the dummy record, the tokenizer files if --model
     has them; no weights."""
     from trtllm_dasc.checkpoint_files import DUMMY_MARKER
@@ -374,14 +364,14 @@ def write_dummy_model(args, dst: str, model_config: dict, completed: list[str]) 
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(model_config, f, indent=1)
     with open(os.path.join(dst, DUMMY_MARKER), "w") as f:
-        json.dump(weights_record(args, True, completed), f, indent=1)
+        json.dump(weights_record(args, True, completed, raw), f, indent=1)
 
 
-def weights_record(args, is_dummy: bool, completed: list[str]) -> dict:
+def weights_record(args, is_dummy: bool, completed: list[str], raw: dict) -> dict:
+    """The engine's weights record; ``raw``: --model's config.json as read (before completion)."""
     if not is_dummy:
         return {"load_format": "safetensors"}
     from trtllm_dasc.families.released import released_name
-    raw = read_model_config(args, False)[0]
     return {"load_format": "dummy", "seed": args.seed, "note": DUMMY_NOTE,
             "decay_profile": "the planner's paper-shaped profile (trtllm_dasc/plan/synthetic.py)",
             "released_shapes": released_name(raw), "completed_fields": completed}

@@ -15,28 +15,18 @@ import ctypes
 import errno
 import fcntl
 import glob
-import json
 import os
 import secrets
 import shutil
 import tempfile
 
+from trtllm_dasc.engine_dir import VERSION_KEY as ENGINE_MARKER
+from trtllm_dasc.engine_dir import is_engine_dir
 from trtllm_dasc.errors import UserError
 
-ENGINE_MARKER = "dasc_engine_version"
 # linux renameat2 flag: swap two existing paths in one step
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
-
-
-def is_engine_dir(path: str) -> bool:
-    """A directory written by dasc-build: its config.json carries the engine marker."""
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            meta = json.load(f)
-        return os.path.isdir(path) and isinstance(meta, dict) and ENGINE_MARKER in meta
-    except (OSError, ValueError):
-        return False
 
 
 def check_output(output: str, force: bool) -> None:

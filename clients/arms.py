@@ -11,6 +11,7 @@ import sys
 from trtllm_dasc.engine.arms import ArmSpec as Arm
 from trtllm_dasc.engine.arms import parse_arms as _parse_arms
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import build_placement
 
 
 def parse_arms(text: str) -> list[Arm]:
@@ -32,7 +33,7 @@ def capacity(model: str, arm: Arm, budget: int, dtype: str, tp: int = 1, placeme
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     fields = arm.engine_fields()
     placement = arm.placement or placement
-    plan, _ = plan_from_path(model, PlanOptions(wmax=arm.wmax, tp=tp, placement=placement if tp > 1 else "off",
+    plan, _ = plan_from_path(model, PlanOptions(wmax=arm.wmax, tp=tp, placement=build_placement(placement, tp),
                                                 codec=arm.codec, selection=fields["selection"],
                                                 mask_seed=fields["mask_seed"]), conv_dtype=dtype)
     r = plan.report(budget)

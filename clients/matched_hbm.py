@@ -32,6 +32,7 @@ from clients.protocol import Phase, ProtocolConfig, make_phases, repeats
 from clients.report import format_table, provenance, write_json
 from clients.workload import WorkloadConfig, build_workload
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import DTYPES, add_arm_arguments, build_placement
 
 
 def add_arguments(p) -> None:
@@ -86,7 +87,7 @@ def add_arguments(p) -> None:
                    "what is done in --cells-dir) and exit: nothing is built or started")
     g = p.add_argument_group("engine (passed to dasc-build)")
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: cuda when available)")
-    g.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     g.add_argument("--max-batch-size", type=int, default=8)
     g.add_argument("--max-num-tokens", type=int, default=None)
     g.add_argument("--prefill-chunk", type=int, default=None, help="prefill tokens of one request per step "
@@ -99,10 +100,7 @@ def add_arguments(p) -> None:
     g.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
                    "(default OUT/kernels)")
     g.add_argument("--ready-timeout", type=float, default=1800.0)
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per server (one mpirun each); the "
-                   "budget is per rank")
-    g.add_argument("--placement", default="hybrid", choices=["off", "storage", "hybrid"],
-                   help="TP placement of the dasc arms' units (with --tp > 1)")
+    add_arm_arguments(g, ("tp", "placement"))
     g.add_argument("--torch-threads", type=int, default=None, help="the server's OMP_NUM_THREADS (default: "
                    "torch's choice; 1 on a small shared CPU)")
     p.add_argument("--keep-going", action="store_true", help="an arm that fails (its server, its requests, its "
@@ -193,7 +191,7 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
     # there (the full-dataset phase is past every arm's capacity by design; its KV is bounded like the rest)
     bounded = [p.q for p in phases if p.arms != ["full dataset"]] or [p.q for p in phases]
     kv = args.kv_blocks or (max(bounded) + args.max_batch_size) * blocks_per_request
-    flags = ["--tp", args.tp, "--placement", args.placement if args.tp > 1 else "off",
+    flags = ["--tp", args.tp, "--placement", build_placement(args.placement, args.tp),
              "--device", args.device, "--dtype", args.dtype, "--max-batch-size", args.max_batch_size,
              "--prefill-chunk", args.prefill_chunk, "--interval", args.interval or per_request, "--kv-blocks", kv,
              "--block-size", args.block_size, "--max-context", blocks_per_request * args.block_size]

@@ -20,10 +20,10 @@ from trtllm_dasc import families
 from trtllm_dasc.checkpoint_files import read_json
 from trtllm_dasc.families import SUPPORTED_MODEL_TYPES, ConfigError, Family, ModelSchema
 from trtllm_dasc.families.schema import check_state
+from trtllm_dasc.spec import CODECS, CODECS_BY_NAME
 
 # bytes per element; kept free of torch so the planner imports nothing heavy
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
-CODECS = ("native", "int8")
 
 __all__ = ["CODECS", "DTYPE_BYTES", "SUPPORTED_MODEL_TYPES", "ConfigError", "HybridConfig", "TPShard",
            "conv_bytes", "unit_bytes", "unit_byte_parts"]
@@ -31,13 +31,16 @@ __all__ = ["CODECS", "DTYPE_BYTES", "SUPPORTED_MODEL_TYPES", "ConfigError", "Hyb
 
 def unit_byte_parts(unit_elements: int, rows_per_unit: int, temporal_dtype_bytes: int, codec: str) -> tuple[int, int]:
     """(payload, scale) bytes of one stored temporal unit: native keeps the temporal dtype and no scales;
-    int8 keeps one byte per element plus one scale per row of d_v, in the temporal source dtype (paper
-    Eq. 10, App. E.1). The one formula the planner (HybridConfig) and the state store (StateLayout) use."""
-    if codec == "native":
-        return unit_elements * temporal_dtype_bytes, 0
-    if codec == "int8":
-        return unit_elements, rows_per_unit * temporal_dtype_bytes
-    raise ConfigError(f"codec must be one of {'|'.join(CODECS)}, got {codec!r}")
+    a quantizing codec keeps its bits per element (rounded up to whole bytes per unit) plus, with row scales,
+    one scale per row of d_v in the temporal source dtype (paper Eq. 10, App. E.1). The one formula the
+    planner (HybridConfig) and the state store (StateLayout) use; spec.CODECS says what each codec keeps."""
+    c = CODECS_BY_NAME.get(codec) if isinstance(codec, str) else None
+    if c is None:
+        raise ConfigError(f"codec must be one of {'|'.join(CODECS)}, got {codec!r}")
+    # bits -> whole bytes, rounded up (a 4-bit codec of an odd unit still takes its last byte)
+    payload = (unit_elements * temporal_dtype_bytes if c.payload_bits is None
+               else -(-unit_elements * c.payload_bits // 8))
+    return payload, rows_per_unit * temporal_dtype_bytes if c.row_scales else 0
 
 
 def unit_bytes(unit_elements: int, rows_per_unit: int, temporal_dtype_bytes: int, codec: str) -> int:

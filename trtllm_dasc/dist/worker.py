@@ -17,7 +17,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from trtllm_dasc.dist.launch import join_ranks, worker
     from trtllm_dasc.errors import UserError
-    from trtllm_dasc.serve.host import engine_config
+    from trtllm_dasc.engine.config import engine_config
     try:
         cfg = engine_config(args.engine)
         group, runner, _ = join_ranks(cfg)

@@ -14,8 +14,17 @@ import re
 from dataclasses import dataclass
 
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import CODECS, DEFAULT_CODEC, DEFAULT_POLICY, PLACEMENTS, POLICIES
 
-SPEC = re.compile(r"(dense|(nr|wr-warm|wr)(\d+)|rand(\d+)@(\d+))(\+int8)?(?::(off|storage|hybrid))?")
+
+def _either(names) -> str:
+    # the longest first: wr-warm must not match as wr
+    return "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+
+
+# +<codec> for every codec but the default one
+SPEC = re.compile(rf"(dense|({_either(POLICIES)})(\d+)|rand(\d+)@(\d+))(?:\+({_either(CODECS[1:])}))?"
+                  rf"(?::({_either(PLACEMENTS)}))?")
 EXAMPLES = "dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8, nr16:storage"
 
 
@@ -23,8 +32,8 @@ EXAMPLES = "dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8, nr16:storage"
 class ArmSpec:
     spec: str
     wmax: int = 0
-    policy: str = "nr"
-    codec: str = "native"
+    policy: str = DEFAULT_POLICY
+    codec: str = DEFAULT_CODEC
     mask_seed: int | None = None          # set: the random selection with this seed
     placement: str | None = None          # set: this arm's TP placement (None: the run's)
 
@@ -36,7 +45,8 @@ class ArmSpec:
             name = f"random W={self.wmax} mask {self.mask_seed}"
         else:
             name = f"dasc-{self.policy} W={self.wmax}"
-        return name + (" + INT8" if self.codec == "int8" else "") + (f" [{self.placement}]" if self.placement else "")
+        name += f" + {self.codec.upper()}" if self.codec != DEFAULT_CODEC else ""
+        return name + (f" [{self.placement}]" if self.placement else "")
 
     def engine_fields(self) -> dict:
         """The EngineConfig fields of this arm (placement only when the spec names one)."""
@@ -59,16 +69,17 @@ class ArmSpec:
 def parse_arm(spec: str) -> ArmSpec:
     m = SPEC.fullmatch(spec.strip())
     if m is None:
-        raise UserError(f"arm {spec.strip()!r}: expected dense, nr<W>, wr<W>, wr-warm<W> or rand<W>@<seed>, each "
-                        f"optionally +int8 and :off / :storage / :hybrid (e.g. {EXAMPLES})")
-    codec = "int8" if m.group(6) else "native"
+        raise UserError(f"arm {spec.strip()!r}: expected dense, {', '.join(p + '<W>' for p in POLICIES)} or "
+                        f"rand<W>@<seed>, each optionally {' / '.join('+' + c for c in CODECS[1:])} and "
+                        f"{' / '.join(':' + p for p in PLACEMENTS)} (e.g. {EXAMPLES})")
+    codec = m.group(6) or DEFAULT_CODEC
     placement = m.group(7)
     if m.group(1) == "dense":
         return ArmSpec(spec.strip(), codec=codec, placement=placement)
     if m.group(2):
         wmax, policy, seed = int(m.group(3)), m.group(2), None
     else:
-        wmax, policy, seed = int(m.group(4)), "nr", int(m.group(5))
+        wmax, policy, seed = int(m.group(4)), DEFAULT_POLICY, int(m.group(5))
     if wmax == 0:
         raise UserError(f"arm {spec.strip()!r}: a dasc arm needs W_max >= 1 (dense is `dense`)")
     return ArmSpec(spec.strip(), wmax, policy, codec, seed, placement)

@@ -4,18 +4,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
+from trtllm_dasc import engine_dir as engine_dir_format
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import (BACKENDS, CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, DEFAULT_POLICY, DEFAULT_SELECTION,
+                              DEFAULT_TP, DTYPES, ENGINE_PLACEMENT, ENGINE_WMAX, LAYOUTS, LOAD_FORMATS, PLACEMENTS,
+                              POLICIES, check_choice, check_selection)
 
-# wr-warm: wr whose scratch row starts from the checkpoint's retained units instead of zeros (the
-# quality issue's candidate refresh for KDA, whose delta rule couples channels). Experimental: it equalled
-# wr on both the single-needle and the 13-task trained models (benchmarks/results/quality).
-POLICIES = ("nr", "wr", "wr-warm")
-CODECS = ("native", "int8")
-LAYOUTS = ("ragged", "padded")
-DTYPES = ("float32", "bfloat16", "float16")
-BACKENDS = ("auto", "torch", "fla", "fla-unfused")   # model/recurrence/__init__.py says what each runs
-PLACEMENTS = ("off", "storage", "hybrid")
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
 MAX_TP = 64
 # a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)
 MAX_COUNT = 1 << 31
@@ -25,13 +19,13 @@ MAX_COUNT = 1 << 31
 class EngineConfig:
     model: str                          # checkpoint directory
     # the arm: W_max = 0 + native codec is dense; anything else is dasc (plan from the decay weights)
-    wmax: int = 0
-    policy: str = "nr"                  # nr: zero-fill omitted units; wr: replay a suffix and merge them
-    codec: str = "native"
-    layout: str = "ragged"
+    wmax: int = ENGINE_WMAX
+    policy: str = DEFAULT_POLICY        # nr: zero-fill omitted units; wr: replay a suffix and merge them
+    codec: str = DEFAULT_CODEC
+    layout: str = DEFAULT_LAYOUT
     state_budget_bytes: int | None = None   # checkpoint pool budget; None: 64 dense checkpoints' worth
     replay_window: int | None = None    # wr window override (tokens); None: the plan's rule
-    selection: str = "decay"            # decay | random (count-matched control for quality experiments)
+    selection: str = DEFAULT_SELECTION  # decay | random (count-matched control for quality experiments)
     mask_seed: int | None = None        # the random selection's seed
     # runtime
     dtype: str = "float32"
@@ -51,8 +45,8 @@ class EngineConfig:
     kernel_cache_dir: str | None = None  # Triton's compiled-kernel cache (TRITON_CACHE_DIR); None: Triton's default
     plan_path: str | None = None        # a dasc plan JSON (an engine dir's plan.json); None: plan at start
     # tensor parallelism (dist/): T ranks under one mpirun, rank 0 schedules; the budget is per rank
-    tp_size: int = 1
-    placement: str = "off"              # off | storage | hybrid (the planner's TP placement of the units)
+    tp_size: int = DEFAULT_TP
+    placement: str = ENGINE_PLACEMENT   # the planner's TP placement of the units (spec.py: why off here)
     rank_weights: str | None = None     # per-rank weight files (dasc-build --tp); None: slice the checkpoint
     # where the weights come from: safetensors (the checkpoint's files), dummy (random, made on the device at
     # load time: dasc-build --load-format dummy), auto (dummy when the checkpoint is a dummy one, else safetensors)
@@ -66,17 +60,12 @@ class EngineConfig:
             raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
         for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
                               ("backend", BACKENDS), ("placement", PLACEMENTS), ("load_format", LOAD_FORMATS)):
-            if getattr(self, name) not in allowed:
-                raise UserError(f"{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
+            check_choice(name, getattr(self, name), allowed)
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):
             _count(self, name, minimum=1)
         _count(self, "wmax", minimum=0)
         _count(self, "tp_size", minimum=1, cap=MAX_TP)
-        if self.selection not in ("decay", "random") or (self.selection == "random") != (self.mask_seed is not None):
-            raise UserError(f"selection must be decay, or random with a mask seed; got {self.selection!r} "
-                            f"with mask seed {self.mask_seed!r}")
-        if self.mask_seed is not None:
-            _count(self, "mask_seed", minimum=0)
+        self.mask_seed = check_selection(self.selection, self.mask_seed)
         for name in ("replay_window", "state_budget_bytes", "max_num_tokens", "memory_limit_bytes"):
             if getattr(self, name) is not None:
                 _count(self, name, minimum=0 if name == "replay_window" else 1, cap=1 << 50)
@@ -102,6 +91,11 @@ class EngineConfig:
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def engine_config(engine_dir: str) -> EngineConfig:
+    """The EngineConfig an engine directory's config.json describes (paths resolved against the directory)."""
+    return EngineConfig(**engine_dir_format.read(engine_dir).engine)
 
 
 def _count(cfg, name: str, minimum: int, cap: int = MAX_COUNT) -> None:

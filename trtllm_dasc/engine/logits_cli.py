@@ -14,6 +14,7 @@ import os
 import tempfile
 
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import BACKENDS, add_arm_arguments
 
 
 def add_arguments(p) -> None:
@@ -25,17 +26,12 @@ def add_arguments(p) -> None:
                    help="prefill K tokens, store the state at K in the checkpoint pool, load it back, continue")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
-    p.add_argument("--backend", default="auto", choices=["auto", "torch", "fla", "fla-unfused"],
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="kernel backend (dasc-build --help says what each runs)")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
-    p.add_argument("--wmax", type=int, default=0, help="dasc W_max for the --split checkpoint (0: dense)")
-    p.add_argument("--policy", default="nr", choices=["nr", "wr", "wr-warm"], help="checkpoint load policy")
-    p.add_argument("--codec", default="native", choices=["native", "int8"], help="checkpoint temporal codec")
+    add_arm_arguments(p, ("wmax", "policy", "codec"), engine=True)
     p.add_argument("--replay-window", type=int, default=None, help="wr replay length override (tokens)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (run under one mpirun, CPU ranks "
-                                                       "over gloo, GPUs over NCCL)")
-    p.add_argument("--placement", default="off", choices=["off", "storage", "hybrid"],
-                   help="TP placement of the checkpoint units (with --tp > 1)")
+    add_arm_arguments(p, ("tp", "placement"), engine=True)
 
 
 def _argv(args) -> list[str]:

@@ -26,6 +26,7 @@ from trtllm_dasc.checkpoint_files import dummy_marker
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.model import ForwardOutput, HybridModel, Refresh, SeqInput
 from trtllm_dasc.plan import PlanOptions, plan_from_path
+from trtllm_dasc.spec import PLAN_TO_ENGINE, plan_fields
 from trtllm_dasc.state import CheckpointPool, StateLayout
 from trtllm_dasc.state import ops as state_ops
 
@@ -272,8 +273,8 @@ def engine_plan(cfg: EngineConfig):
     """The arm's plan: planned from the checkpoint now, or read from ``cfg.plan_path`` (a build's plan.json),
     which must describe this checkpoint and this arm."""
     # the conv state is checkpointed in the model's own precision (the paper's native-precision b^conv)
-    options = PlanOptions(wmax=cfg.wmax, tp=cfg.tp_size, placement=cfg.placement, codec=cfg.codec, layout=cfg.layout,
-                          selection=cfg.selection, mask_seed=cfg.mask_seed)
+    arm = plan_fields(cfg)
+    options = PlanOptions(**arm)
     if cfg.plan_path is None:
         # dummy weights without a dummy record (EngineConfig(load_format="dummy") on a bare config): seed 0
         seed = 0 if cfg.load_format == "dummy" and dummy_marker(cfg.model) is None else None
@@ -284,11 +285,10 @@ def engine_plan(cfg: EngineConfig):
             plan = DascPlan.from_dict(json.load(f))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"plan {cfg.plan_path!r} cannot be read: {e}") from None
-    for name, engine_name in (("wmax", "wmax"), ("codec", "codec"), ("layout", "layout"), ("tp", "tp_size"),
-                              ("placement", "placement"), ("selection", "selection"), ("mask_seed", "mask_seed")):
-        if getattr(plan.options, name) != getattr(cfg, engine_name):
+    for name, value in arm.items():
+        if getattr(plan.options, name) != value:
             raise UserError(f"plan {cfg.plan_path!r} has {name}={getattr(plan.options, name)!r}, the engine "
-                            f"{engine_name}={getattr(cfg, engine_name)!r}")
+                            f"{PLAN_TO_ENGINE[name]}={value!r}")
     model = HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype).to_dict()
     if plan.config.to_dict() != model:
         raise UserError(f"plan {cfg.plan_path!r} was made for another model or dtype than {cfg.model!r}")

@@ -12,31 +12,26 @@ import sys
 
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
-from trtllm_dasc.plan.plan import CODECS, LAYOUTS, PLACEMENTS, PlanOptions, plan_from_path
+from trtllm_dasc.plan.plan import PlanOptions, plan_from_path
+from trtllm_dasc.spec import DEFAULT_WMAX, DTYPES, add_arm_arguments
 
 
 def add_arguments(p) -> None:
     p.add_argument("--model", required=True,
                    help="checkpoint directory (config.json + safetensors) or a bare config.json (then --wmax 0)")
-    p.add_argument("--wmax", default="16",
+    p.add_argument("--wmax", default=str(DEFAULT_WMAX),
                    help="W_max in tokens: a unit is kept iff its horizon > W_max, so a tie (horizon == W_max) "
                         "is omitted; horizons next to an integer are computed correctly rounded, so every CPU "
                         "selects the same units. 0 keeps all. A comma list (16,64,128) prints one table row "
-                        "per value (default 16)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
-    p.add_argument("--placement", choices=PLACEMENTS, default="hybrid",
-                   help="TP balancing: off, storage (balanced slot widths), hybrid (bundle permutation + storage)")
-    p.add_argument("--codec", choices=CODECS, default="native", help="temporal state codec (default native)")
-    p.add_argument("--layout", choices=LAYOUTS, default="ragged", help="temporal layout (default ragged)")
+                        f"per value (default {DEFAULT_WMAX})")
+    add_arm_arguments(p, ("tp", "placement", "codec", "layout"))
     p.add_argument("--budget-bytes", type=int, default=None,
                    help="per-rank checkpoint memory budget: reports dense_slots and slots = floor(B/b) - 1")
     p.add_argument("--a", type=float, default=DEFAULT_A, help=f"static gate logit (default {DEFAULT_A})")
     p.add_argument("--eps", type=float, default=DEFAULT_EPS, help=f"horizon threshold (default {DEFAULT_EPS})")
-    p.add_argument("--temporal-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--conv-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--selection", choices=["decay", "random"], default="decay", help="decay (dasc) or random: "
-                   "the same number of units per layer drawn uniformly (the paper's control; needs --mask-seed)")
-    p.add_argument("--mask-seed", type=int, default=None, help="seed of --selection random")
+    p.add_argument("--temporal-dtype", default="float32", choices=DTYPES)
+    p.add_argument("--conv-dtype", default="bfloat16", choices=DTYPES)
+    add_arm_arguments(p, ("selection", "mask_seed"))
     p.add_argument("--json", action="store_true", help="print one JSON object (needs a single --wmax)")
     p.add_argument("--plot", metavar="FILE.png", help="draw per-layer horizon profiles and capacity vs W_max")
 

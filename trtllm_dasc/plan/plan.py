@@ -14,17 +14,17 @@ import numpy as np
 
 from trtllm_dasc.checkpoint_files import dummy_marker, has_weights
 from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.engine_dir import model_dir_of
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan import accounting
 from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
 from trtllm_dasc.plan.permutation import balance_bundles, identity_order
-from trtllm_dasc.plan.selection import SELECTIONS, check_wmax, random_units, select_units, wr_window
+from trtllm_dasc.plan.selection import check_wmax, random_units, select_units, wr_window
 from trtllm_dasc.plan.storage import StoragePlan, balance_storage
+from trtllm_dasc.spec import (CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, DEFAULT_PLACEMENT, DEFAULT_SELECTION, DEFAULT_TP,
+                              DEFAULT_WMAX, LAYOUTS, PLACEMENTS, check_choice, check_selection)
 
 PLAN_VERSION = 1
-PLACEMENTS = ("off", "storage", "hybrid")
-CODECS = ("native", "int8")
-LAYOUTS = ("ragged", "padded")
 # the static gate logit stands for a typical input (the paper: -0.3, compared with 0); beyond +-3 softplus
 # pushes every head to the end of its decay range and the plan describes no input (--a 5 kept nothing and
 # printed an infinite compression)
@@ -32,37 +32,29 @@ A_RANGE = (-3.0, 3.0)
 # eps: the fraction a unit's memory decays to; below 1e-12 horizons measure float noise, above 0.5 the
 # "horizon" is shorter than a half-life
 EPS_RANGE = (1e-12, 0.5)
-MAX_MASK_SEED = 2**63 - 1
 
 
 @dataclass(slots=True)
 class PlanOptions:
-    wmax: int = 16
-    tp: int = 1
-    placement: str = "hybrid"
-    codec: str = "native"
-    layout: str = "ragged"
+    wmax: int = DEFAULT_WMAX
+    tp: int = DEFAULT_TP
+    placement: str = DEFAULT_PLACEMENT
+    codec: str = DEFAULT_CODEC
+    layout: str = DEFAULT_LAYOUT
     a: float = DEFAULT_A
     eps: float = DEFAULT_EPS
     # "random": the paper's count-matched control, as many units per layer as the decay selection keeps,
     # drawn uniformly with mask_seed (quality experiments only)
-    selection: str = "decay"
+    selection: str = DEFAULT_SELECTION
     mask_seed: int | None = None
 
     def __post_init__(self):
         check_wmax(self.wmax)
-        if self.selection not in SELECTIONS:
-            raise UserError(f"--selection must be one of {'|'.join(SELECTIONS)}, got {self.selection!r}")
-        if (self.selection == "random") != (self.mask_seed is not None):
-            raise UserError("--selection random needs --mask-seed (and --mask-seed needs --selection random)")
-        if self.mask_seed is not None and (isinstance(self.mask_seed, bool) or not isinstance(self.mask_seed, int)
-                                           or not 0 <= self.mask_seed <= MAX_MASK_SEED):
-            raise UserError(f"--mask-seed must be an integer in [0, 2^63 - 1], got {self.mask_seed!r}")
+        self.mask_seed = check_selection(self.selection, self.mask_seed)
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise UserError(f"--tp must be a positive integer, got {self.tp!r}")
         for name, allowed in (("placement", PLACEMENTS), ("codec", CODECS), ("layout", LAYOUTS)):
-            if getattr(self, name) not in allowed:
-                raise UserError(f"--{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
+            check_choice(f"--{name}", getattr(self, name), allowed)
         # NaN compares false both ways: without these checks --a nan kept every unit and printed NaN JSON
         if isinstance(self.a, bool) or not isinstance(self.a, (int, float)) or not math.isfinite(self.a):
             raise UserError(f"--a must be a finite number, got {self.a!r}")
@@ -230,31 +222,19 @@ def build_plan(cfg: HybridConfig, horizons: list[np.ndarray] | None, options: Pl
                     permutation_optimal=optimal, wr_window=window)
 
 
-def model_dir_of(path: str) -> str:
-    """An engine directory (dasc-build's output) stands for its model/ checkpoint; any other path for itself."""
-    import json
-    meta = os.path.join(path, "config.json")
-    if os.path.isdir(path) and os.path.isdir(os.path.join(path, "model")) and os.path.isfile(meta):
-        try:
-            with open(meta) as f:
-                if "dasc_engine_version" in json.load(f):
-                    return os.path.join(path, "model")
-        except (OSError, ValueError):
-            pass
-    return path
-
-
 def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float32",
-                   conv_dtype: str = "bfloat16", dummy_seed: int | None = None
+                   conv_dtype: str = "bfloat16", dummy_seed: int | None = None, cfg: HybridConfig | None = None
                    ) -> tuple[DascPlan, list[np.ndarray] | None]:
     """Plan a checkpoint directory (reads config.json + A_log/dt_bias; a dummy-weights one, dasc-build
     --load-format dummy, its seed's decay profile; an engine directory, its model/) or a bare config.json (W=0
     only, unless dummy_seed says the weights will be dummy ones of that seed).
+    ``cfg``: the path's config, already parsed (then the dtypes are cfg's and config.json is not read again).
     Returns the plan and the per-layer horizons (None when no weights were read)."""
     from trtllm_dasc.plan.horizons import read_decay_params
 
     path = model_dir_of(path)
-    cfg = HybridConfig.from_path(path, temporal_dtype=temporal_dtype, conv_dtype=conv_dtype)
+    if cfg is None:
+        cfg = HybridConfig.from_path(path, temporal_dtype=temporal_dtype, conv_dtype=conv_dtype)
     cfg.shard(options.tp)
     dummy = dummy_marker(path)
     if dummy_seed is None and dummy is not None:

@@ -36,9 +36,6 @@ def select_units(horizons: list[np.ndarray], wmax: int) -> list[list[int]]:
     return [np.flatnonzero(h > wmax).tolist() for h in horizons]
 
 
-SELECTIONS = ("decay", "random")
-
-
 def random_units(counts: list[int], units_per_layer: int, mask_seed: int) -> list[list[int]]:
     """The paper's count-matched control (Sec. 5, Table 3): per layer, ``counts[l]`` units drawn uniformly
     without replacement, seeded by (mask_seed, layer), so compression is the decay selection's and only

@@ -15,7 +15,6 @@ The exit code is then 0 (also after a kill past the bound, which the log line sa
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -23,6 +22,8 @@ import tempfile
 import time
 import urllib.request
 
+from trtllm_dasc.engine_dir import is_engine_dir
+from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.errors import UserError
 
 POLL_S = 1.0
@@ -56,14 +57,6 @@ def add_arguments(p) -> None:
         if action.dest == "output":
             action.required, action.default = False, None
             action.help = "engine directory to build into (default: WORK_DIR/engine)"
-
-
-def is_engine_dir(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            return "dasc_engine_version" in json.load(f)
-    except (OSError, ValueError):
-        return False
 
 
 def engine_dir_for(args, work_dir: str) -> str:
@@ -101,13 +94,15 @@ def run(args) -> int:
     stop = {"signal": None}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, f: stop.update(signal=s))
-    from trtllm_dasc.serve.host import dummy_notice, engine_config
-    cfg = engine_config(engine_dir)
+    from trtllm_dasc.engine.config import EngineConfig
+    from trtllm_dasc.serve.host import dummy_notice
+    found = read_engine_dir(engine_dir)
+    cfg = EngineConfig(**found.engine)
     tp = cfg.tp_size
     from trtllm_dasc.serve.repository import cache_policy
     # dasc's prefix cache is lossy unless W_max 0 with the native codec: say so before anything is served
     print(f"[dasc serve] prefix cache: {cache_policy(cfg.wmax, cfg.policy, cfg.codec)}", file=sys.stderr, flush=True)
-    notice = dummy_notice(engine_dir)
+    notice = dummy_notice(found)
     if notice:
         print(f"[dasc serve] {notice}", file=sys.stderr, flush=True)
     if tp > 1:

@@ -9,14 +9,15 @@ keeps what the metrics endpoint reports.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import threading
 import time
 from typing import Protocol
 
-from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.engine.config import EngineConfig, engine_config  # noqa: F401 - engine_config: the callers' name
+from trtllm_dasc.engine_dir import EngineDir
+from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.engine.engine import Engine, EngineDead
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.drain import DRAIN_ENV, mark_drained, read_drain_request
@@ -42,34 +43,9 @@ DRAINING = ("the server is shutting down: new requests are refused (the requests
             "cancelled within its drain time)")
 
 
-def engine_config(engine_dir: str) -> EngineConfig:
-    """The EngineConfig an engine directory's config.json describes (paths relative to the directory)."""
-    path = os.path.join(engine_dir, "config.json")
-    try:
-        with open(path) as f:
-            meta = json.load(f)
-        opts = dict(meta["engine"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{path} is not a dasc engine config ({e}); build one with dasc-build") from None
-    for key in ("model", "plan_path", "kernel_cache_dir", "rank_weights"):
-        if opts.get(key) and not os.path.isabs(opts[key]):
-            opts[key] = os.path.join(engine_dir, opts[key])
-    return EngineConfig(**opts)
-
-
-def engine_weights(engine_dir: str) -> dict:
-    """The engine directory's weights record ({"load_format": "safetensors"} for engines built before it)."""
-    try:
-        with open(os.path.join(engine_dir, "config.json")) as f:
-            record = json.load(f).get("weights")
-    except (OSError, ValueError, AttributeError):
-        record = None
-    return record if isinstance(record, dict) else {"load_format": "safetensors"}
-
-
-def dummy_notice(engine_dir: str) -> str | None:
+def dummy_notice(engine_dir: str | EngineDir) -> str | None:
     """One line saying plainly that the engine's weights are dummy ones, or None for real weights."""
-    w = engine_weights(engine_dir)
+    w = (engine_dir if isinstance(engine_dir, EngineDir) else read_engine_dir(engine_dir)).weights
     if w.get("load_format") != "dummy":
         return None
     return (f"{w.get('note', 'DUMMY WEIGHTS: random values; outputs are meaningless')} (seed {w.get('seed')}"
@@ -80,8 +56,9 @@ class EngineHost:
     def __init__(self, engine_dir: str, *, decoupled: bool = True, exclude_input_default: bool = False,
                  warmup: bool = True):
         self.decoupled, self.exclude_default = decoupled, exclude_input_default
-        cfg = engine_config(engine_dir)
-        self.dummy_notice = dummy_notice(engine_dir)
+        found = read_engine_dir(engine_dir)
+        cfg = EngineConfig(**found.engine)
+        self.dummy_notice = dummy_notice(found)
         if self.dummy_notice:
             log.warning("%s", self.dummy_notice)
         if cfg.tp_size > 1:

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 
+from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.openai_protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, ChatTemplate, GenRequest, common_fields, max_tokens, prompts)
@@ -34,17 +35,15 @@ REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not All
 
 class Frontend:
     def __init__(self, engine_dir: str, triton_http: str, name: str | None = None):
-        with open(os.path.join(engine_dir, "config.json")) as f:
-            meta = json.load(f)
-        self.max_context = int(meta.get("engine", {}).get("max_context", 4096))
+        found = read_engine_dir(engine_dir)
+        self.max_context = int(found.engine.get("max_context", 4096))
         # a --no-decoupled engine's tensorrt_llm answers plain requests only: stream from the engine's own model
-        self.core_model = streaming_model(meta.get("serving", {}).get("decoupled", True))
-        tok_dir = os.path.join(engine_dir, "model")
+        self.core_model = streaming_model(found.serving["decoupled"])
+        tok_dir = found.model_dir
         self.tok = TextTokenizer(tok_dir)
         self.template = ChatTemplate(tok_dir)
-        source = meta.get("source") or engine_dir
-        self.name = name or os.path.basename(os.path.normpath(source))
-        self.created = int(os.path.getmtime(os.path.join(engine_dir, "config.json")))
+        self.name = name or os.path.basename(os.path.normpath(found.source or engine_dir))
+        self.created = int(os.path.getmtime(found.config_path))
         host, _, port = triton_http.rpartition(":")
         self.upstream = (host.strip("[]"), int(port))
 

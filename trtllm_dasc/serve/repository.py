@@ -12,6 +12,7 @@ import shutil
 import string
 
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import DEFAULT_CODEC
 
 # the served model (TensorRT-LLM's name); with --no-decoupled it is a plain forwarder and the engine runs in
 # ENGINE_MODEL (decoupled), which is then what a streaming client inside the server has to call
@@ -116,8 +117,8 @@ def rename_model(out_repo: str, name: str, new: str) -> str:
 
 def cache_policy(wmax: int, policy: str, codec: str) -> str:
     """One line saying how a cached prefix is restored: exact, or approximate (dasc's lossy compression)."""
-    name = f"dasc-{policy} W_max={wmax}" + (" int8" if codec == "int8" else "")
-    if wmax == 0 and codec == "native":
+    name = f"dasc-{policy} W_max={wmax}" + (f" {codec}" if codec != DEFAULT_CODEC else "")
+    if wmax == 0 and codec == DEFAULT_CODEC:
         return f"{name}: cached prefixes are exact"
     return (f"{name}: cached prefixes are approximate (a greedy output may change once its prefix is cached); "
-            "--wmax 0 --codec native for an exact cache")
+            f"--wmax 0 --codec {DEFAULT_CODEC} for an exact cache")

@@ -18,9 +18,7 @@ import torch
 
 from trtllm_dasc.config import conv_bytes, unit_byte_parts
 from trtllm_dasc.errors import UserError
-
-CODECS = ("native", "int8")
-LAYOUTS = ("ragged", "padded")
+from trtllm_dasc.spec import CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, LAYOUTS
 
 
 class LayoutError(UserError):
@@ -48,8 +46,8 @@ class StateLayout:
     unit_in_layer: torch.Tensor         # [U] int64
     offsets: torch.Tensor               # [L + 1] int64, o_l
     width: int                          # unit positions per slot
-    codec: str = "native"
-    layout: str = "ragged"
+    codec: str = DEFAULT_CODEC
+    layout: str = DEFAULT_LAYOUT
     conv_dim: int = 0                   # conv channels per layer per rank (0: no conv state)
     conv_width: int = 0                 # kernel - 1
     temporal_dtype: torch.dtype = torch.float32
@@ -111,7 +109,7 @@ class StateLayout:
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
     def from_retained(cls, retained_per_layer: list[list[int]], *, units_per_layer: int, unit_elements: int,
-                      value_dim: int, codec: str = "native", layout: str = "ragged", width: int | None = None,
+                      value_dim: int, codec: str = DEFAULT_CODEC, layout: str = DEFAULT_LAYOUT, width: int | None = None,
                       conv_dim: int = 0, conv_width: int = 0, temporal_dtype: torch.dtype = torch.float32,
                       conv_dtype: torch.dtype = torch.bfloat16) -> "StateLayout":
         """Build from per-layer sorted retained *local* unit ids; width defaults to the layout's minimum
@@ -135,7 +133,7 @@ class StateLayout:
 
     @classmethod
     def from_config(cls, cfg, tp: int, retained_per_layer: list[list[int]] | None = None, *,
-                    codec: str = "native", layout: str = "ragged", width: int | None = None) -> "StateLayout":
+                    codec: str = DEFAULT_CODEC, layout: str = DEFAULT_LAYOUT, width: int | None = None) -> "StateLayout":
         """From a HybridConfig and one rank's retained local units (None: dense, every unit)."""
         shard = cfg.shard(tp)
         if retained_per_layer is None:

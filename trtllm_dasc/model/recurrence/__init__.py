@@ -17,8 +17,7 @@ import torch
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.model.recurrence import fla as fla_backend
 from trtllm_dasc.model.recurrence import naive as torch_backend
-
-BACKENDS = ("auto", "torch", "fla", "fla-unfused")
+from trtllm_dasc.spec import BACKENDS
 
 
 class _FlaUnfused:
