@@ -210,9 +210,12 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
         print(f"evals.run: error: --merge: {e}", file=sys.stderr)
         return 2
-    order = {a: i for i, a in enumerate(paper_arms())}
+    # the arm set the parts were run for: the --paper protocol's, or the 37-arm sweep
+    expected = paper_protocol_arms() if first.get("preset") == "paper" else paper_arms()
+    order = {a: i for i, a in enumerate(expected)}
     arms.sort(key=lambda a: order.get(a["arm"], len(order)))
-    result = {**{k: first.get(k) for k in SHARED}, "commit": first.get("commit"),
+    result = {**{k: first.get(k) for k in SHARED}, "commit": first.get("commit"), "arch": first.get("arch"),
+              "preset": first.get("preset"),
               "command": "python -m trtllm_dasc.evals.run --merge " + " ".join(parts),
               # a part that is itself a merge (an earlier call's result joined with the arms a later call
               # added) contributes its own parts, so every entry is one process's command
@@ -220,7 +223,7 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
                   {"command": r.get("command"), "commit": r.get("commit"), "shard": r.get("shard"),
                    "arms": [a["arm"] for a in r["arms"]]}])],
               "arms": arms}
-    result["missing_paper_arms"] = [a for a in paper_arms() if a not in seen]
+    result["missing_paper_arms"] = [a for a in expected if a not in seen]
     if result["missing_paper_arms"]:
         print(f"evals.run: --merge: {len(result['missing_paper_arms'])} paper arms not in any part: "
               f"{', '.join(result['missing_paper_arms'])}", file=sys.stderr)
