@@ -10,6 +10,9 @@
 # TASKS (comma-separated, default all 13), PROCS (8), EVAL_LIMIT (seconds, 450): a shard cut by the limit keeps the arms it finished.
 # ARMS (default paper: the 37 arms) names the arms to run, e.g. the ones a cut call left out; merge the result with
 # the earlier one: python -m trtllm_dasc.evals.run --merge earlier.json new.json --out joined.json
+# PAPER=1: the paper's RULER protocol (evals.run --paper: 13 subtasks x 30 instances x 4k,8k, 3 replay rounds,
+# dense / nr / wr at 16-512, INT8 at 16, five random masks at every W; INSTANCES / LENGTHS / ARMS / TASKS still
+# override it), then the paper-style tables of both models in $OUT/quality_tables.md (evals.paper_tables).
 # Writes $OUT/quality_{kda,gdn}.json and .png, $OUT/evals.log, $OUT/eval_kernels.tgz.part-* (compiled kernels).
 set -uo pipefail
 SHAPED_MODEL=0 source scripts/gpu_prelude.sh          # wheels, PYTHONPATH, both kernel caches in $CACHE
@@ -26,8 +29,13 @@ P=${PROCS:-8}
 for g in 0 1; do
   arch=$([ $g = 0 ] && echo kda || echo gdn)
   for i in $(seq 0 $((P - 1))); do
+    if [ "${PAPER:-0}" = 1 ]; then
+      preset=(--paper ${ARMS:+--arms "$ARMS"} ${INSTANCES:+--instances "$INSTANCES"} ${LENGTHS:+--lengths "$LENGTHS"})
+    else
+      preset=(--arms "${ARMS:-paper}" --instances "${INSTANCES:-20}" --lengths "${LENGTHS:-1024,2048,4096}")
+    fi
     CUDA_VISIBLE_DEVICES=$((g % GPUS)) timeout "${EVAL_LIMIT:-450}" python3 -m trtllm_dasc.evals.run --model $MODELS/$arch \
-      --arms "${ARMS:-paper}" --shard $i/$P --instances "${INSTANCES:-20}" ${TASKS:+--tasks "$TASKS"} --lengths "${LENGTHS:-1024,2048,4096}" \
+      "${preset[@]}" --shard $i/$P ${TASKS:+--tasks "$TASKS"} \
       --device cuda --dtype bfloat16 --out /tmp/ev/${arch}_$i.json ${COMMIT:+--commit "$COMMIT"} \
       > /tmp/ev/${arch}_$i.log 2>&1 &
   done
@@ -41,3 +49,7 @@ for arch in kda gdn; do
   python3 -m trtllm_dasc.evals.run --merge $(ls /tmp/ev/${arch}_*.json) --out "$OUT/quality_$arch.json" \
     --plot "$OUT/quality_$arch.png" 2>&1 | tee -a "$OUT/evals.log"
 done
+if [ "${PAPER:-0}" = 1 ]; then
+  python3 -m trtllm_dasc.evals.paper_tables "$OUT/quality_kda.json" "$OUT/quality_gdn.json" \
+    --out "$OUT/quality_tables.md" --json "$OUT/quality_tables.json" 2>&1 | tee -a "$OUT/evals.log"
+fi

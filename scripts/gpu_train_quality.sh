@@ -4,6 +4,12 @@
 # one process per variant, variant i on GPU i mod (the machine's GPUs): the tiny models leave most of an H200
 # idle, so several variants share one; then a short dense + nr16 replay check of each (evals.run) so a call
 # tells whether the models learned. The protocol runs proper are a later call.
+# SIZE (default large): the model preset (evals/train.py SIZES: tiny | medium | large); medium and large train at
+# the paper's operating point (--freeze-decay: A_log / dt_bias held at the planner's paper-shaped profile) on
+# 1k-8k tokens, and stage bf16 weights (--stage-dtype bfloat16). A large stage is about 35 MB, a medium one 19 MB:
+# files over 15 MiB come back split (NAME_stage.pt.part-aa, -ab, ...; RESUME=1 joins the carried parts), and a call
+# carries 64 MiB with the tree, so with SIZE=large train one variant per call (VARIANTS="kda kda", then "gdn gdn").
+# Longer training = several calls: RESUME=1 MINUTES=8 with the returned stage, repeated.
 # VARIANTS: ";"-separated "NAME ARCH [train args...]", default "kda kda;gdn gdn", e.g.
 #   VARIANTS="kda kda;kda_def kda --decay-init default;gdn gdn;gdn_def gdn --decay-init default"
 # Carry as .whl (the device's numpy 2.x is replaced by the serving wheels' 1.26, and huggingface-hub 2.x needs
@@ -23,8 +29,8 @@
 # .kernel_cache_train; the quick check runs the engine, whose kernels are in .kernel_cache: carry it too when
 # QUICK=1 and the carry allows, or its first compile may not fit QUICK_LIMIT). Back-to-back
 # calls (under 30 s apart) find the machine warm with its Triton cache in /tmp.
-# Writes (a call returns at most 8 files of 16 MiB): $OUT/NAME_stage.pt per variant (fp32 weights to resume
-# from; `python -m trtllm_dasc.evals.train --export STAGE --out DIR` writes the bf16 model),
+# Writes (a call returns at most 8 files of 16 MiB): $OUT/NAME_stage.pt (or its .part-* files) per variant
+# (weights to resume from; `python -m trtllm_dasc.evals.train --export STAGE --out DIR` writes the bf16 model),
 # $OUT/logs.tgz (train_NAME.log, quick_NAME.log), $OUT/quick.log, $OUT/train_kernels.tgz.part-* (one or two).
 set -uo pipefail
 SHAPED_MODEL=0 source scripts/gpu_prelude.sh          # wheels, PYTHONPATH, the kernel cache in $CACHE
@@ -41,13 +47,18 @@ for variant in "${VARIANT_LIST[@]}"; do
   resume=""
   if [ "${RESUME:-0}" = 1 ]; then
     # never a silent fresh start: it would spend the call and return a stage that overwrites the good one
+    # a stage larger than a returned file comes back in parts: join them
+    if [ ! -f .stage/${name}_stage.pt ] && ls .stage/${name}_stage.pt.part-* >/dev/null 2>&1; then
+      cat $(ls .stage/${name}_stage.pt.part-* | sort) > .stage/${name}_stage.pt
+    fi
     [ -f .stage/${name}_stage.pt ] || { echo "RESUME=1 but no .stage/${name}_stage.pt was carried"; exit 2; }
     resume="--resume .stage/${name}_stage.pt"
   fi
   echo "variant $name: --arch $arch $args $resume (GPU $((i % GPUS)))"
   # the run keeps its own wall budget (compiles included) and saves on SIGTERM; timeout is the backstop
   CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "$(awk "BEGIN { print int(${MINUTES:-7} * 60 + 60) }")" python3 -m trtllm_dasc.evals.train \
-    --arch $arch --out /tmp/models/$name --stage /tmp/stage/$name --minutes "${MINUTES:-7}" --device cuda --seed 0 \
+    --arch $arch --size "${SIZE:-large}" --stage-dtype bfloat16 --out /tmp/models/$name --stage /tmp/stage/$name \
+    --minutes "${MINUTES:-7}" --device cuda --seed 0 \
     $resume ${TASKS:+--tasks "$TASKS"} ${TRAIN_ARGS:-} $args > /tmp/train_logs/train_$name.log 2>&1 &
   i=$((i + 1))
 done
@@ -59,7 +70,14 @@ i=0
 for variant in "${VARIANT_LIST[@]}"; do
   read -r name arch args <<< "$variant"
   tail -n 3 /tmp/train_logs/train_$name.log | sed "s/^/$name: /"
-  [ -f /tmp/stage/$name/train_state.pt ] && cp /tmp/stage/$name/train_state.pt "$OUT/${name}_stage.pt"
+  if [ -f /tmp/stage/$name/train_state.pt ]; then
+    # a returned file holds at most 16 MiB: larger stages go back in 15 MiB parts
+    if [ "$(stat -c %s /tmp/stage/$name/train_state.pt)" -gt $((15 * 1024 * 1024)) ]; then
+      split -b 15m /tmp/stage/$name/train_state.pt "$OUT/${name}_stage.pt.part-"
+    else
+      cp /tmp/stage/$name/train_state.pt "$OUT/${name}_stage.pt"
+    fi
+  fi
   [ -f /tmp/models/$name/config.json ] && [ "${QUICK:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${QUICK_LIMIT:-60}" \
     python3 -m trtllm_dasc.evals.run --model /tmp/models/$name --out /tmp/quick_$name.json --arms dense,nr16 \
     --lengths "${QUICK_LENGTH:-2048}" --instances 4 ${TASKS:+--tasks "$TASKS"} --device cuda --dtype bfloat16 \

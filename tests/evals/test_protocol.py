@@ -64,6 +64,24 @@ def test_a_replay_that_misses_is_reported_and_not_scored(kda_model):
     assert out["scores"]["vt"]["200"] == {} and sorted(out["misses"]) == [["vt", 200, 0], ["vt", 200, 1]]
 
 
+def test_replay_rounds_are_averaged_per_instance_and_a_missed_round_is_left_out(kda_model):
+    """The paper's three measured rounds: each instance keeps its round scores and is scored by their mean; with no
+    warm pass the first round misses (it stores the checkpoint the later rounds load), so it is listed per round and
+    the instance is scored from the other two."""
+    cfg = ProtocolConfig(tasks=("niah_single_2",), lengths=(200,), instances=2, max_batch=2, warm=False, rounds=3)
+    out = run_arm(kda_model, parse_arm("dense"), cfg)
+    assert out["misses"] == [] and sorted(out["round_misses"]) == [["niah_single_2", 200, 0, 0], ["niah_single_2", 200, 1, 0]]
+    one = run_arm(kda_model, parse_arm("dense"), ProtocolConfig(tasks=("niah_single_2",), lengths=(200,), instances=2,
+                                                                max_batch=2))
+    for seed in ("0", "1"):
+        rec = out["scores"]["niah_single_2"]["200"][seed]
+        assert len(rec["rounds"]) == 2 and rec["score"] == sum(rec["rounds"]) / 2
+        # greedy replays of the same loaded checkpoint: every round scores what a single round scores
+        assert rec["rounds"] == [one["scores"]["niah_single_2"]["200"][seed]["score"]] * 2
+    with pytest.raises(ValueError, match="rounds"):
+        ProtocolConfig(tasks=("vt",), rounds=0)
+
+
 @pytest.mark.parametrize("spec, fields", [("dense", (0, "nr", "native", None)), ("wr64+int8", (64, "wr", "int8", None)),
                                           ("rand16@2027", (16, "nr", "native", 2027))])
 def test_arm_specs(spec, fields):

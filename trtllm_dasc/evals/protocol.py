@@ -2,8 +2,10 @@
 
 For every arm, task and context length, one block of N unique instances:
     flush -> warm (one request per instance: prefill, its prompt-end checkpoint stored) ->
-    replay (the same prompt again: it must load that checkpoint; greedy answer, scored exactly)
-Only replays count. A replay that did not load its own prompt-end checkpoint (cached_tokens !=
+    replay x rounds (the same prompt again: it must load that checkpoint; greedy answer, scored exactly)
+Only replays count. With rounds > 1 (the paper: three measured rounds after one warm-up pass) an instance's
+score is the mean of its rounds, so it stays one unit of the statistics (N = 30, not 90); its round scores
+are kept beside it. A replay that did not load its own prompt-end checkpoint (cached_tokens !=
 prompt length - 1) is a miss: it is reported and excluded, never scored. Engines use prompt-end
 checkpoints only (the paper's protocol) and a pool large enough for the whole block, so nothing is
 evicted between warm and replay.
@@ -33,6 +35,13 @@ class ProtocolConfig:
     device: str = "cpu"
     dtype: str = "float32"
     warm: bool = True                    # False: no warm pass (a control in which every replay misses)
+    rounds: int = 1                      # measured replay rounds per instance (the paper's RULER protocol: 3)
+
+    def __post_init__(self):
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"rounds must be a positive integer, got {self.rounds!r}")
+        if self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
 
 
 def _engine(model: str, arm: ArmSpec, cfg: ProtocolConfig, longest: int, answer_room: int):
@@ -52,7 +61,8 @@ def _engine(model: str, arm: ArmSpec, cfg: ProtocolConfig, longest: int, answer_
 
 
 def run_arm(model: str, arm: ArmSpec, cfg: ProtocolConfig, progress=None) -> dict:
-    """{task: {length: {seed: {"score", "cached", "prompt"}}}}, misses under "misses"."""
+    """{task: {length: {seed: {"score" (mean of the rounds), "rounds", "cached", "prompt"}}}}; instances no
+    round loaded under "misses", single rounds that missed under "round_misses" [task, length, seed, round]."""
     from trtllm_dasc.engine.request import GenerationRequest
     from trtllm_dasc.engine.sampling import SamplingParams
     from trtllm_dasc.evals import tasks as T
@@ -63,7 +73,7 @@ def run_arm(model: str, arm: ArmSpec, cfg: ProtocolConfig, progress=None) -> dic
               for task in cfg.tasks for n in cfg.lengths}
     room = max(T.answer_tokens(x) for b in blocks.values() for x in b)
     engine = _engine(model, arm, cfg, max(cfg.lengths), room)
-    out = {"arm": arm.spec, "scores": {}, "misses": [], "seconds": 0.0}
+    out = {"arm": arm.spec, "scores": {}, "misses": [], "round_misses": [], "rounds": cfg.rounds, "seconds": 0.0}
     t0 = time.time()
     try:
         for (task, n), block in blocks.items():
@@ -71,17 +81,27 @@ def run_arm(model: str, arm: ArmSpec, cfg: ProtocolConfig, progress=None) -> dic
             if cfg.warm:
                 engine.generate([GenerationRequest(("warm", task, n, x.seed), list(x.model_input), 1,
                                                    SamplingParams()) for x in block])
-            replay = [GenerationRequest(("replay", task, n, x.seed), list(x.model_input), T.answer_tokens(x),
-                                        SamplingParams()) for x in block]
+            hits: dict[int, list] = {x.seed: [] for x in block}
+            for r in range(cfg.rounds):
+                replay = [GenerationRequest(("replay", r, task, n, x.seed), list(x.model_input), T.answer_tokens(x),
+                                            SamplingParams()) for x in block]
+                # a failed request raises (RequestFailed, naming it): a replay is never silently dropped
+                for x, req, tokens in zip(block, replay, engine.generate(replay)):
+                    cached = req.stats.cached_tokens
+                    if cached != len(x.model_input) - 1:
+                        # not this prompt's own prompt-end checkpoint (none, or some other prefix): a miss
+                        out["round_misses"].append([task, n, x.seed, r])
+                        continue
+                    hits[x.seed].append((T.score(x, tokens), cached))
             cell = out["scores"].setdefault(task, {}).setdefault(str(n), {})
-            # a failed request raises (RequestFailed, naming it): a replay is never silently dropped
-            for x, req, tokens in zip(block, replay, engine.generate(replay)):
-                cached = req.stats.cached_tokens
-                if cached != len(x.model_input) - 1:
-                    # not this prompt's own prompt-end checkpoint (none, or some other prefix): a miss
+            for x in block:
+                got = hits[x.seed]
+                if not got:
+                    # no round loaded the instance's checkpoint: the instance is a miss, never scored
                     out["misses"].append([task, n, x.seed])
                     continue
-                cell[str(x.seed)] = {"score": T.score(x, tokens), "cached": cached, "prompt": len(x.model_input)}
+                cell[str(x.seed)] = {"score": sum(v for v, _ in got) / len(got), "rounds": [v for v, _ in got],
+                                     "cached": got[0][1], "prompt": len(x.model_input)}
             if progress is not None:
                 progress(arm.spec, task, n, cell)
     finally:

@@ -6,6 +6,14 @@
         [--shard I/N]                       (only arms I, I+N, I+2N, ... of the list: parallel processes)
     python -m trtllm_dasc.evals.run --merge part0.json part1.json ... --out results.json [--plot acc.png]
 
+`--paper`: the paper's RULER protocol (App. C.3) in one command: all 13 subtasks, N = 30 unique instances per
+subtask, length and arm, one warm-up pass and three measured replay rounds averaged per instance, lengths 4k and
+8k (`--lengths 4096,8192,16384` adds 16k), arms `paper_protocol_arms()`: dense, dasc-nr and dasc-wr at W = 16 /
+64 / 128 / 512, dasc-nr + INT8 at W = 16, and the count-matched random masks (five seeds) at every W; then the
+paper-style tables (evals/paper_tables.py) beside the JSON (OUT.md). `--smoke`: the same protocol shrunk to run
+on a CPU in about a minute (a random-weight tiny model unless --model, 2 subtasks x 256 tokens x 3 instances,
+W = 16 only); any flag given explicitly overrides either preset.
+
 `--arms paper` = dense, and at each W in {16, 64, 128, 512}: dasc-nr, dasc-wr, dasc-wr-warm, dasc-nr + INT8 and the five
 count-matched random masks (seeds 1234, 2027, 3407, 4519, 5683). The JSON holds the command, the commit,
 every replay score (per instance), the misses, the accuracy table and the comparisons; it is rewritten
@@ -31,6 +39,35 @@ def paper_arms(windows=PAPER_WINDOWS) -> list[str]:
     return arms
 
 
+def paper_protocol_arms(windows=PAPER_WINDOWS, int8_windows=(16,)) -> list[str]:
+    """The issue-34 / App. C.3 arm set: dense; nr, wr and the five random masks at every W; INT8 at W=16."""
+    arms = ["dense"]
+    for w in windows:
+        arms += [f"nr{w}", f"wr{w}"]
+        if w in int8_windows:
+            arms.append(f"nr{w}+int8")
+        arms += [f"rand{w}@{s}" for s in PAPER_MASK_SEEDS]
+    return arms
+
+
+# the presets' settings; explicit flags win (their argparse defaults are None)
+PRESETS = {
+    "paper": dict(arms=",".join(paper_protocol_arms()), tasks="all", lengths="4096,8192", instances=30, rounds=3),
+    "smoke": dict(arms=",".join(paper_protocol_arms(windows=(16,))[:5] + ["rand16@2027"]),
+                  tasks="niah_single_1,niah_multikey_1", lengths="256", instances=3, rounds=3, resamples=500),
+}
+DEFAULTS = dict(arms="paper", tasks="all", lengths="1024,2048,4096", instances=30, rounds=1, resamples=10_000)
+
+
+def _smoke_model(out: str) -> str:
+    """A random-weight tiny Kimi-Linear beside the result (plan/synthetic.py: the paper's decay profile)."""
+    from trtllm_dasc.plan.synthetic import write_tiny_model
+    path = os.path.splitext(out)[0] + "_smoke_model"
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        write_tiny_model(path, "kda", seed=0)
+    return path
+
+
 def main(argv=None) -> int:
     from trtllm_dasc.evals.report import accuracy_table
     from trtllm_dasc.evals.tasks import TASKS
@@ -39,24 +76,38 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="checkpoint directory (save_pretrained)")
     ap.add_argument("--out", required=True, help="result JSON")
     ap.add_argument("--plot", default=None, help="accuracy vs W_max (PNG)")
-    ap.add_argument("--arms", default="paper")
-    ap.add_argument("--tasks", default="all")
-    ap.add_argument("--lengths", default="1024,2048,4096")
-    ap.add_argument("--instances", type=int, default=30)
+    ap.add_argument("--arms", default=None, help="comma list of arm specs, or paper (the 37-arm sweep)")
+    ap.add_argument("--tasks", default=None)
+    ap.add_argument("--lengths", default=None, help="default 1024,2048,4096 (--paper: 4096,8192)")
+    ap.add_argument("--instances", type=int, default=None, help="unique instances per task and length (30)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="measured replay rounds per instance, averaged (default 1; --paper: 3)")
+    ap.add_argument("--paper", action="store_true", help="the paper's RULER protocol (App. C.3), see above")
+    ap.add_argument("--smoke", action="store_true", help="the --paper protocol shrunk to a minute on the CPU")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--resamples", type=int, default=10_000)
+    ap.add_argument("--resamples", type=int, default=None, help="bootstrap resamples (10,000)")
     ap.add_argument("--commit", default=None, help="commit to record (a device's .git may be stale)")
     ap.add_argument("--shard", default=None, help="I/N: run only every N-th arm of the list, from the I-th")
     ap.add_argument("--merge", nargs="+", default=None, metavar="PART",
                     help="join the result JSONs of shards (same model, tasks, lengths, instances) instead of running")
     args = ap.parse_args(argv)
+    preset = PRESETS["smoke"] if args.smoke else PRESETS["paper"] if args.paper else {}
+    for key, value in {**DEFAULTS, **preset}.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.merge:
         return merge(args.merge, args.out, args.plot, args.resamples)
     try:
+        if args.paper and args.smoke:
+            raise ValueError("--paper and --smoke are two presets: give one")
+        if args.rounds < 1:
+            raise ValueError("--rounds must be >= 1")
+        if not args.model and args.smoke:
+            args.model = _smoke_model(args.out)
         if not args.model:
-            raise ValueError("--model is required (or --merge)")
+            raise ValueError("--model is required (or --merge, or --smoke)")
         arms = paper_arms() if args.arms == "paper" else [a for a in args.arms.split(",") if a]
         if args.shard:
             i, n = (int(x) for x in args.shard.split("/"))
@@ -76,11 +127,13 @@ def main(argv=None) -> int:
         print(f"evals.run: error: {e}", file=sys.stderr)
         return 2
     cfg = ProtocolConfig(tasks=tasks, lengths=lengths, instances=args.instances, max_batch=args.max_batch,
-                         device=args.device, dtype=args.dtype)
-    result = {"command": " ".join(["python -m trtllm_dasc.evals.run", *(argv if argv is not None else sys.argv[1:])]),
+                         device=args.device, dtype=args.dtype, rounds=args.rounds)
+    from trtllm_dasc.config import HybridConfig
+    result = {"arch": HybridConfig.from_path(args.model).arch, "command": " ".join(["python -m trtllm_dasc.evals.run", *(argv if argv is not None else sys.argv[1:])]),
               "commit": args.commit or git_commit(), "model": os.path.abspath(args.model), "protocol":
               "strict warm/replay, prompt-end checkpoints, misses excluded (paper App. C.3)",
-              "tasks": list(tasks), "lengths": list(lengths), "instances": args.instances, "arms": []}
+              "tasks": list(tasks), "lengths": list(lengths), "instances": args.instances, "rounds": args.rounds,
+              "preset": "paper" if args.paper else "smoke" if args.smoke else None, "arms": []}
     t0 = time.time()
     if args.shard:
         result["shard"] = args.shard
@@ -94,6 +147,11 @@ def main(argv=None) -> int:
         result["accuracy"] = accuracy_table(result["arms"])
         _write(args.out, result)
     _finish(result, args.out, args.plot, args.resamples)
+    if args.paper or args.smoke:
+        from trtllm_dasc.evals.paper_tables import write_markdown
+        md = os.path.splitext(args.out)[0] + ".md"
+        write_markdown([result], md, resamples=args.resamples)
+        print(f"tables: {md}")
     return 0
 
 
@@ -118,7 +176,7 @@ def _write(path: str, result: dict) -> None:
 
 
 # what every part of a merge must share: the same instances, scored the same way
-SHARED = ("model", "tasks", "lengths", "instances", "protocol")
+SHARED = ("model", "tasks", "lengths", "instances", "protocol", "rounds")
 
 
 def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
@@ -152,9 +210,12 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
         print(f"evals.run: error: --merge: {e}", file=sys.stderr)
         return 2
-    order = {a: i for i, a in enumerate(paper_arms())}
+    # the arm set the parts were run for: the --paper protocol's, or the 37-arm sweep
+    expected = paper_protocol_arms() if first.get("preset") == "paper" else paper_arms()
+    order = {a: i for i, a in enumerate(expected)}
     arms.sort(key=lambda a: order.get(a["arm"], len(order)))
-    result = {**{k: first.get(k) for k in SHARED}, "commit": first.get("commit"),
+    result = {**{k: first.get(k) for k in SHARED}, "commit": first.get("commit"), "arch": first.get("arch"),
+              "preset": first.get("preset"),
               "command": "python -m trtllm_dasc.evals.run --merge " + " ".join(parts),
               # a part that is itself a merge (an earlier call's result joined with the arms a later call
               # added) contributes its own parts, so every entry is one process's command
@@ -162,7 +223,7 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
                   {"command": r.get("command"), "commit": r.get("commit"), "shard": r.get("shard"),
                    "arms": [a["arm"] for a in r["arms"]]}])],
               "arms": arms}
-    result["missing_paper_arms"] = [a for a in paper_arms() if a not in seen]
+    result["missing_paper_arms"] = [a for a in expected if a not in seen]
     if result["missing_paper_arms"]:
         print(f"evals.run: --merge: {len(result['missing_paper_arms'])} paper arms not in any part: "
               f"{', '.join(result['missing_paper_arms'])}", file=sys.stderr)
