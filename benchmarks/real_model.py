@@ -295,6 +295,10 @@ def run(args, torch, work: str) -> dict:
                                            "state": engine.runner.footprint.state, "pool": engine.runner.footprint.pool}}
     print(f"ready in {ready['ready_s']:.1f} s (weights {load_s:.1f} s + warm-up {warm['seconds']:.1f} s)", flush=True)
     model, raw = engine.runner.model, json.load(open(os.path.join(engine_dir, "model", "config.json")))
+    if args.device.startswith("cuda") and not getattr(model.backend, "fused_mixer", False):
+        # the torch reference recurrence on a GPU measures nothing a user runs
+        from trtllm_dasc.model.recurrence import fla as fla_backend
+        raise UserError(f"the GPU run needs fla's kernels: {fla_backend.available()[1]}")
     cfg = HybridConfig.from_dict(raw, conv_dtype=args.dtype)
     shapes = WeightNames(cfg).shapes
     weights = weight_bytes(shapes, raw["model_type"], DTYPE_BYTES[args.dtype])

@@ -257,3 +257,16 @@ def test_align_against_recount(T, k, E, bm, used):
     assert sorted_ids[:len(want)].tolist() == want
     assert sorted_ids[len(want):].eq(T * k).all()
     assert block_expert.tolist() == want_blocks + [E] * (nb - len(want_blocks))
+
+
+@pytest.mark.parametrize("top_k, E, max_tokens", [(8, 256, 8192), (10, 512, 8192), (8, 64, 100), (2, 8, 3000)])
+def test_warm_token_counts_reach_every_tile_config(top_k, E, max_tokens):
+    # brute force: every (tile config, parity of T * top_k / 8) a grouped-path step up to max_tokens can
+    # take is taken by one of the warm-up's token counts (model.warm_moe runs them before ready)
+    def kind(T):
+        return tuple(sorted(kernel.config(T, top_k, E).items())), (T * top_k) % 16 == 0
+    first = small.SMALL_PAIRS // top_k + 1
+    reachable = {kind(T) for T in range(first, max_tokens + 1)}
+    counts = kernel.warm_token_counts(top_k, E, max_tokens, small.SMALL_PAIRS)
+    assert all(first <= T <= max_tokens for T in counts)
+    assert {kind(T) for T in counts} == reachable

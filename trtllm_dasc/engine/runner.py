@@ -64,6 +64,8 @@ class ModelRunner:
         # every rank (a TP worker runs its own runner) before the engine can report ready; nothing on a CPU
         # or when no step reaches CUDNN_MIN_TOKENS
         self.model.warm_long_prefill(min(cfg.prefill_chunk, cfg.max_context, cfg.max_num_tokens or cfg.max_context))
+        # and the fused MoE kernels' tile configs for every step size up to the step's token cap (model.warm_moe)
+        self.model.warm_moe(cfg.max_num_tokens or cfg.max_context)
         self.model.all_reduce = all_reduce
         from trtllm_dasc.dist.storage import BalancedPool, exchanges
         if exchanges(self.plan):

@@ -173,6 +173,26 @@ class HybridModel:
         shapes = {m.prefill_shape for m in attention if m.kind != "mla"}
         return calls + warm_long_prefill(shapes, max_tokens, self.device, self.dtype)
 
+    def warm_moe(self, max_tokens: int) -> int:
+        """On a GPU: compile the fused MoE layer's kernels for every tile config a step of up to max_tokens
+        tokens can pick (moe/kernel.py: by rows per expert), at an even and an odd count each, through one MoE
+        layer (all share their shapes). Warm-up's prompts reach the configs of their own step sizes only:
+        on the H200 a user's first batch of 8 prompts of ~3k tokens compiled the 128-row tiles (steps of
+        4096+ tokens) inside the request. Returns the forwards run."""
+        if self.device.type != "cuda":
+            return 0
+        layer = next((m for _, m, *_ in self.layers if getattr(m, "capturable", False)), None)
+        if layer is None:
+            return 0
+        from trtllm_dasc.model.moe.kernel import warm_token_counts
+        from trtllm_dasc.model.moe.small import SMALL_PAIRS
+        counts = warm_token_counts(layer.spec.top_k, layer.spec.num_experts, max_tokens, SMALL_PAIRS)
+        D = layer.w["gate_up"].shape[2]
+        with torch.no_grad():
+            for T in counts:
+                layer.forward(torch.randn(T, D, device=self.device).to(self.dtype), self._fused())
+        return len(counts)
+
     def new_state(self, num_rows: int) -> RecurrentState:
         return RecurrentState.zeros(self.cfg, num_rows, self.tp_size, self.dtype, self.device)
 

@@ -100,6 +100,21 @@ def config(T: int, top_k: int, E: int) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
 
 
+def warm_token_counts(top_k: int, E: int, max_tokens: int, small_pairs: int) -> list[int]:
+    """Token counts that take every tile config of config() a step of up to max_tokens tokens can reach on
+    the grouped path (T * top_k > small_pairs), each with its row count N = T * top_k both a multiple of 16
+    and not where the config's range has both (Triton compiles the kernels apart by N's divisibility by 16:
+    at top_k = 8 an even and an odd T, at Qwen's 10 a T on and off the multiples of 8). What a warm-up must
+    run so that no user's batch compiles these kernels."""
+    seen, out = set(), []
+    for T in range(small_pairs // top_k + 1, max_tokens + 1):
+        key = (tuple(sorted(config(T, top_k, E).items())), T * top_k % 16 == 0)
+        if key not in seen:
+            seen.add(key)
+            out.append(T)
+    return out
+
+
 def _buffer(shape, dtype, device) -> torch.Tensor:
     """The intermediates' allocation (tests poison it with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
