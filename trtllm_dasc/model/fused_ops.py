@@ -108,11 +108,56 @@ def _windows(x, conv_state, cu_seqlens, rows, ends):
     return torch.where(inside, from_x.to(conv_state.dtype), from_state).transpose(1, 2).contiguous()
 
 
+# fla's row-tiled norm kernels (rows of at most 512 values) autotune once per bucket of their row count:
+# their autotune key holds NB = cdiv(rows, 2048) (layernorm.py) or cdiv(rows, 65536) (fused_norm_gate.py),
+# which the kernels' bodies never read. Each new bucket tried nine configs inside the step that reached it:
+# on the H200 a user's first batch of ~3k-token prompts after warm-up compiled 18 of them in ~20 s
+# (`python -m benchmarks real_model`, its passes' Triton compile log). Here the same kernels are called with
+# NB pinned to two buckets, steps up to PINNED_ROWS rows and above, which warm-up's decode and prefill steps
+# both reach before the engine reports ready.
+PINNED_ROWS = 2048
+
+
+def _pinned_bucket(rows: int) -> int:
+    return 1 if rows <= PINNED_ROWS else 2
+
+
 def gated_norm(x: torch.Tensor, gate: torch.Tensor, w: torch.Tensor, eps: float, kind: str) -> torch.Tensor:
     """ops.gated_rms_norm in one fla kernel: RMSNorm over the last dim, weight, then silu or sigmoid gate,
     all in fp32 with one cast to x's dtype (the reference's silu kind rounds once more, to bf16, before the
-    gate: a bf16 ulp apart)."""
-    return rms_norm_gated(x, gate, w, None, activation="swish" if kind == "silu" else "sigmoid", eps=eps)
+    gate: a bf16 ulp apart). fla's rms_norm_gated with its autotune bucket pinned (PINNED_ROWS)."""
+    activation = "swish" if kind == "silu" else "sigmoid"
+    D = x.shape[-1]
+    if D > 512:
+        return rms_norm_gated(x, gate, w, None, activation=activation, eps=eps)     # the row kernel: no bucket
+    import triton
+    from fla.modules.norm.fused_norm_gate import layer_norm_gated_fwd_kernel
+    x2, g2 = x.reshape(-1, D).contiguous(), gate.reshape(-1, D).contiguous()
+    T = x2.shape[0]
+    y = torch.empty_like(x2)
+    rstd = torch.empty(T, dtype=torch.float, device=x.device)
+    layer_norm_gated_fwd_kernel[lambda meta: (triton.cdiv(T, meta["BT"]),)](
+        x=x2, g=g2, y=y, w=w.contiguous(), b=None, residual=None, residual_out=None, mean=None, rstd=rstd, eps=eps,
+        T=T, D=D, BD=triton.next_power_of_2(D), NB=_pinned_bucket(T), ACTIVATION=activation, IS_RMS_NORM=True)
+    return y.view(x.shape)
+
+
+def _rms_norm_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """fla's rms_norm of x [T, D] (no residual) with its autotune bucket pinned (PINNED_ROWS)."""
+    D = x.shape[-1]
+    if D > 512:
+        return fla_rms_norm(x, w, None, eps=eps)                                   # the row kernel: no bucket
+    import triton
+    from fla.modules.norm.layernorm import layer_norm_fwd_kernel
+    x2 = x.reshape(-1, D).contiguous()
+    T = x2.shape[0]
+    y = torch.empty_like(x2)
+    rstd = torch.empty(T, dtype=torch.float, device=x.device)
+    layer_norm_fwd_kernel[lambda meta: (triton.cdiv(T, meta["BT"]),)](
+        x=x2, y=y, w=w.contiguous(), b=None, res=None, res_out=None, mean=None, rstd=rstd, eps=eps, T=T, G=1, D=D,
+        BD=triton.next_power_of_2(D), NB=_pinned_bucket(T), IS_RMS_NORM=True, HAS_RESIDUAL=False,
+        STORE_RESIDUAL_OUT=False, HAS_WEIGHT=True, HAS_BIAS=False)
+    return y.view(x.shape)
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float):
@@ -121,7 +166,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, e
     rounded to x's dtype like the reference's add, the norm is taken of the fp32 sum and rounded once.
     w: the effective fp32 weight (model.py folds qwen3_next's 1 + w in). delta None: the norm alone."""
     if delta is None:
-        return fla_rms_norm(x, w, None, eps=eps), x
+        return _rms_norm_rows(x, w, eps), x
     return fla_rms_norm(delta, w, None, residual=x, eps=eps, prenorm=True)
 
 
