@@ -297,7 +297,10 @@ def build(args) -> str:
         extra = {}
         if os.path.isfile(os.path.join(tmp, engine_dir.MODEL, "tokenizer.json")):
             # text in, text out: the checkpoint's own tokenizer, found relative to each model's directory
-            extra = text_model_values(os.path.join(tmp, engine_dir.MODEL), max_batch_size=args.max_batch_size)
+            # the ensemble is a decoupled model in both modes: it streams from the engine's own (decoupled)
+            # model, since --no-decoupled's tensorrt_llm is a plain forwarder that refuses streaming
+            extra = text_model_values(os.path.join(tmp, engine_dir.MODEL), max_batch_size=args.max_batch_size,
+                                      core_model=ENGINE_MODEL if args.no_decoupled else "tensorrt_llm")
             for name in ("preprocessing", "postprocessing"):
                 extra[name]["tokenizer_dir"] = "../../model"
             extra["tensorrt_llm_bls"] = {"max_batch_size": args.max_batch_size,

@@ -1,4 +1,7 @@
-"""`dasc logits --split` through the real checkpoint pool (subprocess: the real console entry point)."""
+"""`dasc logits --split` through the real checkpoint pool. The console entry point runs as a user runs it
+(a subprocess) once per model and once per kind of error; the other calls go through the same `dasc`
+main in this process (a subprocess spends its time importing torch: 15-20 s each on a loaded 2-core CI
+machine, against well under a second for the computation)."""
 import random
 import subprocess
 import sys
@@ -7,15 +10,20 @@ import numpy as np
 import pytest
 
 from engine_helpers import VOCAB
+from trtllm_dasc.cli import main
 
 IDS = ",".join(str(random.Random(0).randrange(VOCAB)) for _ in range(45))
 
 
-def logits(path, tmp_path, *flags):
+def logits(path, tmp_path, *flags, subprocess_run=False):
     out = tmp_path / f"l{abs(hash(flags))}.npy"
-    proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", "logits", "--model", str(path), "--ids", IDS,
-                           "--out", str(out), *map(str, flags)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    argv = ["logits", "--model", str(path), "--ids", IDS, "--out", str(out), *map(str, flags)]
+    if subprocess_run:
+        proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", *argv], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert main(argv) == 0
     return np.load(out)
 
 
@@ -26,7 +34,7 @@ def rel(a, b):
 @pytest.mark.parametrize("arch", ["gdn", "kda"])
 def test_split_through_the_pool(tiny_models, tmp_path, arch):
     path = tiny_models[arch][0]
-    full = logits(path, tmp_path)
+    full = logits(path, tmp_path, subprocess_run=True)
     # W = 0, native: the stored checkpoint is the whole state, the continuation is exact
     for k in (1, 29):
         assert rel(logits(path, tmp_path, "--split", k, "--wmax", 0, "--codec", "native"), full) <= 1e-5
@@ -41,10 +49,16 @@ def test_split_through_the_pool(tiny_models, tmp_path, arch):
     assert rel(wr_all, full) <= 1e-5
 
 
-def test_split_errors_are_one_line(tiny_models, tmp_path):
+def test_split_errors_are_one_line(tiny_models, tmp_path, capsys):
     path = tiny_models["kda"][0]
-    for flags, needle in ((("--split", 0), "--split must be in 1..44"), (("--split", 45), "--split must be in"),
-                          (("--split", 3, "--wmax", -1), "wmax must be an integer in [0")):
-        proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", "logits", "--model", str(path), "--ids", IDS,
-                               "--out", str(tmp_path / "x.npy"), *map(str, flags)], capture_output=True, text=True)
-        assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    cases = ((("--split", 0), "--split must be in 1..44"), (("--split", 45), "--split must be in"),
+             (("--split", 3, "--wmax", -1), "wmax must be an integer in [0"))
+    for i, (flags, needle) in enumerate(cases):
+        argv = ["logits", "--model", str(path), "--ids", IDS, "--out", str(tmp_path / "x.npy"), *map(str, flags)]
+        if i == 0:
+            proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", *argv], capture_output=True, text=True)
+            code, err = proc.returncode, proc.stderr
+        else:
+            # in this process a traceback would be an exception out of main
+            code, err = main(argv), capsys.readouterr().err
+        assert code == 2 and needle in err and "Traceback" not in err and err.count("\n") == 1, err

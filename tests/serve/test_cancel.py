@@ -11,26 +11,20 @@ import re
 import socket
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from serve_helpers import Stream, build_engine, serve
+from serve_helpers import Stream
 
-ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
 PROMPT = [5, 17, 29, 41, 53, 65, 77]
 # about ten seconds of generation here: a cancel seen within ~2 s stopped it well before max_tokens
 N = 1000
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("cancel")
-    engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
-                          "--max-context", 1024)
-    s = serve(engine, tmp / "work", drain_seconds=1.0)
-    yield s
-    s.stop()
+def server(default_server):
+    # the session's shared server of the default engine (tests/serve/conftest.py), its drain 1 s
+    return default_server
 
 
 def metric(server, name: str, labels: str = "") -> float:

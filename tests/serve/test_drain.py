@@ -14,10 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from serve_helpers import Stream, build_engine
+from serve_helpers import Stream
 from trtllm_dasc.serve.tritonserver import free_port
 
-ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
 PROMPT = [5, 17, 29, 41, 53, 65, 77]
 # far more than the drain leaves time for (a few hundred tokens a second here)
 N = 1000
@@ -45,9 +44,9 @@ def server_processes(work: Path) -> dict[int, list[str]]:
     return out
 
 
-def test_sigterm_drains_in_flight_streams_and_leaves_nothing(tmp_path):
-    engine = build_engine(ASSET, tmp_path / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
-                          "--max-context", 1024)
+def test_sigterm_drains_in_flight_streams_and_leaves_nothing(tmp_path, default_engine):
+    # the session's default engine (tests/serve/conftest.py), served here by a dasc serve of its own
+    engine = default_engine
     ports = [free_port() for _ in range(3)]
     work = tmp_path / "work"
     cmd = [sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", engine, "--http-port", ports[0],

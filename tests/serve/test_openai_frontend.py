@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from serve_helpers import build_engine, serve
 from trtllm_dasc.serve.openai_frontend import start_frontend
 
 ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
@@ -22,15 +21,11 @@ N = 12
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("openai")
-    engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
-                          "--max-context", 1024)
-    server = serve(engine, tmp / "work")
-    front = start_frontend(str(engine), server.http_url)
-    yield server, front
+def stack(default_engine, default_server):
+    # the session's shared server of the default engine (tests/serve/conftest.py)
+    front = start_frontend(str(default_engine), default_server.http_url)
+    yield default_server, front
     front.stop()
-    server.stop()
 
 
 def ensemble(server, text: str, n: int) -> str:

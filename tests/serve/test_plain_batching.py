@@ -1,28 +1,36 @@
 """--no-decoupled (plain infer, one response per request) on the real tritonserver: requests of several
 clients share the engine's batch (a short request is not queued behind a long one), and TensorRT-LLM's
 stop signal by request id ends a running plain request early. One engine loads (tensorrt_llm_engine);
-tensorrt_llm and dasc_hybrid forward to it."""
+tensorrt_llm and dasc_hybrid forward to it. The engine is the embedded default model's, so the text models
+are served too: the ensemble (gRPC stream, HTTP generate) and the non-decoupled tensorrt_llm_bls (plain gRPC
+infer) give transformers' greedy text with the model's own tokenizer."""
 from __future__ import annotations
 
+import json
+import queue
 import re
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
-from serve_helpers import build, build_engine, serve, triton_inputs
+from serve_helpers import _triton_dtype, build_engine, serve, triton_inputs
 
 grpc = pytest.importorskip("tritonclient.grpc")
 
+ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
 PROMPT = [11, 42, 7, 93, 15, 3, 64, 28, 50]
+TEXT = "Question: which planet is closest to the sun? Answer:"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plain")
-    build(tmp / "ckpt", "kda", seed=5)
-    engine = build_engine(tmp / "ckpt", tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 600,
+    engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 600,
                           "--block-size", 4, "--max-context", 512, "--no-decoupled")
     s = serve(engine, tmp / "w")
     yield s
@@ -117,3 +125,67 @@ def test_one_engine_in_the_metrics(server):
     text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
     alive = re.findall(r"^dasc_engine_alive(?:\{[^}]*\})? (\S+)$", text, re.M)
     assert alive == ["1"], alive
+
+
+@pytest.fixture(scope="module")
+def greedy_text():
+    """transformers' greedy continuation of TEXT (the model's own tokenizer): the independent reference."""
+    from transformers import AutoTokenizer, KimiLinearForCausalLM
+    tok = AutoTokenizer.from_pretrained(str(ASSET))
+    model = KimiLinearForCausalLM.from_pretrained(str(ASSET), torch_dtype=torch.float32).eval()
+    ids = tok.encode(TEXT)
+    out = []
+    with torch.no_grad():
+        for _ in range(6):
+            out.append(int(torch.argmax(model(torch.tensor([ids + out])).logits[0, -1])))
+    return tok.decode(out, skip_special_tokens=True)
+
+
+def text_inputs(**values):
+    out = []
+    for name, value in values.items():
+        dtype = object if isinstance(value, str) else bool if isinstance(value, bool) else np.int32
+        arr = np.array([[value.encode() if isinstance(value, str) else value]], dtype)
+        i = grpc.InferInput(name, list(arr.shape), _triton_dtype(arr))
+        i.set_data_from_numpy(arr)
+        out.append(i)
+    return out
+
+
+def test_ensemble_streams_text_from_a_plain_engine(server, greedy_text):
+    # the ensemble stays decoupled: a gRPC stream of text pieces, the engine's tokens one by one (before:
+    # refused, "streaming needs the decoupled model", from the plain tensorrt_llm it called)
+    events = queue.Queue()
+    client = grpc.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    client.async_stream_infer("ensemble", text_inputs(text_input=TEXT, max_tokens=6, stream=True), request_id="e",
+                              enable_empty_final_response=True)
+    pieces = []
+    try:
+        while True:
+            result, error = events.get(timeout=120)
+            assert error is None, error.message()
+            text = result.as_numpy("text_output")
+            if text is not None:
+                pieces.append(text.reshape(-1)[0].decode())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    assert len(pieces) == 6 and "".join(pieces) == greedy_text, pieces
+    # and Triton's HTTP generate endpoint, one response
+    body = json.dumps({"text_input": TEXT, "max_tokens": 6, "exclude_input_in_output": True}).encode()
+    url = f"http://{server.http_url}/v2/models/ensemble/generate"
+    with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=120) as r:
+        assert json.loads(r.read())["text_output"] == greedy_text
+
+
+def test_plain_bls_answers_a_plain_infer(server, greedy_text):
+    # tensorrt_llm_bls is non-decoupled on this engine (TensorRT-LLM's decoupled_mode false): a plain infer
+    client = grpc.InferenceServerClient(server.grpc_url)
+    config = client.get_model_config("tensorrt_llm_bls", as_json=True)["config"]
+    assert not config.get("model_transaction_policy", {}).get("decoupled", False)
+    result = client.infer("tensorrt_llm_bls", text_inputs(text_input=TEXT, max_tokens=6))
+    # not streamed: the prompt and the new text (tensorrt_llm's output_ids hold the prompt, as TensorRT-LLM's)
+    assert result.as_numpy("text_output").reshape(-1)[0].decode() == TEXT + greedy_text

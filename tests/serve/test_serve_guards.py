@@ -9,28 +9,22 @@ from __future__ import annotations
 
 import queue
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from serve_helpers import build_engine, serve, triton_inputs
-from trtllm_dasc.serve.tritonserver import new_admin_key
+from serve_helpers import triton_inputs
 
-ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
 # long enough to still be generating when the stop arrives (a few hundred ms on the CPU)
 N = 400
 PROMPT = [5, 17, 29, 41, 53, 65, 77]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("stop")
-    engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
-                          "--max-context", 1024)
-    s = serve(engine, tmp / "work", admin_key=new_admin_key())
-    yield s
-    s.stop()
+def server(default_server):
+    # the session's shared server of the default engine (tests/serve/conftest.py), with its admin key
+    assert default_server.admin_key
+    return default_server
 
 
 class Stream:

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from serve_helpers import build_engine, serve
 
 ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
 CLIENTS = Path(os.environ.get("DASC_TRTLLM_CLIENTS", "/tmp/trtllm_backend/inflight_batcher_llm/client"))
@@ -24,13 +23,9 @@ PROMPT = "Question: which planet is closest to the sun? Answer:"
 
 
 @pytest.fixture(scope="module")
-def text_server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("text")
-    engine = build_engine(ASSET, tmp / "engine", "--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512,
-                          "--max-context", 1024)
-    server = serve(engine, tmp / "work")
-    yield server
-    server.stop()
+def text_server(default_server):
+    # the session's shared server of the default engine (tests/serve/conftest.py)
+    return default_server
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,19 @@ def models(tmp_path_factory):
     return out
 
 
+_REFERENCES: dict = {}
+
+
 def _reference(model_dir: str, **over) -> dict:
-    """The same job on the plain in-process engine (TP1, no MPI)."""
+    """The same job on the plain in-process engine (TP1, no MPI); computed once per model and options (the
+    tests only read it)."""
+    key = (model_dir, tuple(sorted(over.items())))
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _run_reference(model_dir, **over)
+    return _REFERENCES[key]
+
+
+def _run_reference(model_dir: str, **over) -> dict:
     from trtllm_dasc.engine.engine import Engine
     args = tp_job.parser().parse_args(["--model", model_dir, "--out", "-",
                                        *[x for k, v in over.items() for x in (f"--{k}", str(v))]])

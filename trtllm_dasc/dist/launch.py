@@ -52,7 +52,8 @@ def mpi_environment(num_ranks: int, base: dict | None = None) -> dict:
     # every socket of the ranks on loopback (they share one host): no MPI TCP transport between them (shared
     # memory carries MPI's messages), gloo's and NCCL's bootstrap on lo. mpirun's own out-of-band listener
     # is left as it is: Open MPI 5's prterun refuses a loopback-only out-of-band channel (checked: "No
-    # network interfaces were found for out-of-band communications" with prte_if_include=lo)
+    # network interfaces were found for out-of-band communications" with prte_if_include=lo), and binds the
+    # wildcard address whatever the include list says (tests/serve/test_loopback.py lists what was tried)
     for key, value in LOOPBACK_ENV.items():
         env.setdefault(key, value)
     if hasattr(os, "geteuid") and os.geteuid() == 0:

@@ -1,0 +1,64 @@
+"""Shared by the serving tests: the embedded default model's engine, built once per session, and one real
+tritonserver serving it, shared by the modules that ask the same of it (before: each module built its own
+engine and started its own server, about a minute of a loaded 2-core CI machine each).
+
+The shared server has every option its users need at once: the admin key (test_serve_guards: only the
+restricted APIs care) and a 1 s drain (test_cancel's prompt shutdown: only stop() reads it). --wmax 0 makes
+every cached prefix exact, so what one module leaves in the cache never changes another's greedy tokens.
+A module may stop it (test_cancel checks its shutdown): the next one that asks gets a fresh server."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from serve_helpers import build_engine, serve
+from trtllm_dasc.serve.tritonserver import new_admin_key
+
+ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
+# the default engine's dasc-build flags (the embedded model as test_cancel, test_drain, test_openai_frontend,
+# test_serve_guards and test_text_serving serve it)
+DEFAULT_FLAGS = ("--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512, "--max-context", 1024)
+DRAIN_S = 1.0
+
+
+@pytest.fixture(scope="session")
+def default_engine(tmp_path_factory) -> Path:
+    """The embedded default model built with DEFAULT_FLAGS (dasc-build's console entry, once)."""
+    return build_engine(ASSET, tmp_path_factory.mktemp("default") / "engine", *DEFAULT_FLAGS)
+
+
+class SharedServer:
+    """The default engine's server, started on first use and again after someone stopped it."""
+
+    def __init__(self, engine: Path, root: Path):
+        self.engine, self.root, self.server, self.starts = engine, root, None, 0
+
+    def get(self):
+        if self.server is None or self.server.proc.poll() is not None:
+            self.starts += 1
+            self.server = serve(self.engine, self.root / f"work{self.starts}", admin_key=new_admin_key(),
+                                drain_seconds=DRAIN_S)
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_servers(default_engine, tmp_path_factory):
+    holder = SharedServer(default_engine, tmp_path_factory.mktemp("default-serve"))
+    yield holder
+    holder.stop()
+
+
+@pytest.fixture(scope="module")
+def default_server(shared_servers, request):
+    """The running shared server of the default engine (see the module's docstring). Stopped after the
+    last module that uses it: an idle server's processes would hold memory through the rest of the suite."""
+    yield shared_servers.get()
+    items = request.session.items
+    later = items[max(i for i, item in enumerate(items) if item.module is request.module) + 1:]
+    if not any("default_server" in getattr(item, "fixturenames", ()) for item in later):
+        shared_servers.stop()
