@@ -77,7 +77,7 @@ def start(cache: RadixCache, tokens: list[int]):
 def finish(cache: RadixCache, req) -> None:
     node, table = req
     cache.unlock(node)
-    cache.release_blocks(table)
+    cache.blocks.decref(table)
 
 
 def run(arm: str, n: int, requests: int, inflight: int, slots_per_prefix: float, seed: int) -> dict:

@@ -12,7 +12,7 @@ def put(c, tokens, ckpts):
     """A finished prefill with bs 1: fresh blocks for every token, a slot per checkpoint position."""
     table = c.blocks.alloc(len(tokens))
     c.insert(tokens, table, {p: c.slots.try_alloc() for p in sorted(ckpts)})
-    c.release_blocks(table)
+    c.blocks.decref(table)
 
 
 NAMES = {(1, 2, 3): "X", (1, 2, 3, 4, 5, 6): "A", (1, 2, 3, 7, 8): "B", (9, 9, 9, 9): "C", (9, 9): "Y",

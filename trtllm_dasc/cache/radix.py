@@ -154,21 +154,7 @@ class RadixCache:
             node.lock_ref -= 1
             node = node.parent
 
-    def acquire_blocks(self, blocks: list[int]) -> None:
-        """A request takes its own reference on reused blocks."""
-        self.blocks.incref(blocks)
-
-    def release_blocks(self, blocks: list[int]) -> None:
-        self.blocks.decref(blocks)
-
     # ---- allocation with eviction ------------------------------------------------------------------
-    def alloc_block(self) -> int | None:
-        """A fresh KV block (one reference, the caller's), evicting LRU leaves; None if all are pinned."""
-        while (block := self.blocks.try_alloc()) is None:
-            if not self._evict_kv_leaf():
-                return None
-        return block
-
     def make_room(self, num_blocks: int) -> bool:
         """Evict LRU unlocked leaves until ``num_blocks`` KV blocks are free; False if they cannot be."""
         while self.blocks.num_free < num_blocks:
@@ -207,7 +193,7 @@ class RadixCache:
         if victim.ckpt_slot is not None:
             self._drop_checkpoint(victim)
             self.evictions["checkpoints_with_kv"] += 1
-        self.release_blocks(victim.blocks)
+        self.blocks.decref(victim.blocks)
         del victim.parent.children[victim.tokens[0]]
         self._kv_lru.remove(victim)
         self.evictions["kv_nodes"] += 1
@@ -236,7 +222,7 @@ class RadixCache:
             if child is None:
                 blocks = block_table[pos // self.bs:(len(tokens) - 1) // self.bs + 1]
                 child = Node(node, tokens[pos:], pos, blocks)
-                self.acquire_blocks(blocks)
+                self.blocks.incref(blocks)
                 node.children[tokens[pos]] = child
             n = _common(child.tokens, tokens, pos)
             if n < len(child.tokens):
