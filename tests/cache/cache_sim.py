@@ -132,6 +132,11 @@ class Sim:
         while self.pins:
             self.unpin()
 
+    def locked_nodes(self):
+        """The nodes whose checkpoints must stay: what each admitted request loaded (the scheduler's running
+        ones, admitted this step included), and the pins."""
+        return {s.match.ckpt_node for s in self.sched.running} | set(self.pins)
+
     def request_locks(self):
         return Counter([m.ckpt_node for m, _, _, _ in self.inflight] + self.pins)
 
