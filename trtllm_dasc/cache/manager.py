@@ -53,6 +53,7 @@ class CacheManager:
     @classmethod
     def create(cls, block_size: int, num_blocks: int, num_slots: int, num_rows: int, interval: int = 256,
                prompt_only: bool = False) -> "CacheManager":
+        """A fresh manager: empty tree, every block, slot and row free."""
         tree = RadixCache(block_size, BlockPool(num_blocks), IdPool.checkpoint_slots(num_slots), interval=interval,
                           prompt_only=prompt_only)
         return cls(tree, IdPool.rows(num_rows))
