@@ -45,7 +45,7 @@ class ScanCache(RadixCache):
                    key=lambda n: n.last_access, default=None)
 
     def _ckpt_victim(self):
-        return min((n for n in self._nodes() if n.ckpt_slot is not None and n.lock_ref == 0),
+        return min((n for n in self._nodes() if n.ckpt_slot is not None and n.ckpt_lock == 0),
                    key=lambda n: n.ckpt_access, default=None)
 
 
@@ -77,7 +77,7 @@ def start(cache: RadixCache, tokens: list[int]):
 def finish(cache: RadixCache, req) -> None:
     node, table = req
     cache.unlock(node)
-    cache.release_blocks(table)
+    cache.blocks.decref(table)
 
 
 def run(arm: str, n: int, requests: int, inflight: int, slots_per_prefix: float, seed: int) -> dict:

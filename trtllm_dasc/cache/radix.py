@@ -14,16 +14,19 @@ Invariant (``sanity_check`` asserts it; tests call it after every step):
      The tree owns one reference per (node, block) entry; blocks with no reference are free.
   3. checkpoints: ``node.ckpt_slot`` is the recurrent state after position ``node.end``; slot ids are
      distinct, allocated, never 0.
-  4. locks: ``lock_ref(parent) >= sum(lock_ref(children))`` (a lock counts on the node and every
-     ancestor). A locked node loses neither its KV nor its checkpoint.
+  4. locks (SGLang's mamba radix cache): ``lock(node)`` takes a path lock, counted in ``lock_ref`` on the
+     node and every ancestor, so ``lock_ref(parent) >= sum(lock_ref(children))``, and a checkpoint lock,
+     counted in ``ckpt_lock`` on that node alone, so ``ckpt_lock <= lock_ref``. A path-locked node keeps
+     its KV; only a checkpoint-locked node keeps its checkpoint: a running request pins the checkpoint it
+     loaded, while its ancestors' checkpoints stay evictable (their KV stays).
   5. eviction: checkpoints and KV are evicted by LRU independently. KV goes leaf by leaf; a node keeps
      its KV after losing its checkpoint, and loses its checkpoint with its KV.
   6. LRU lists, one per resource, LRU first: ``_kv_lru`` holds every non-root node in ``last_access``
      order, each node after all its descendants; ``_ckpt_lru`` holds every node with a checkpoint in
      ``ckpt_access`` order. Every touch takes a fresh tick of one clock, so the lists are what a min()
      over the stamps would pick, and eviction is O(1) amortised: it walks from the LRU end past the locked
-     nodes only. The first unlocked node of ``_kv_lru`` is a leaf, since its children sit LRU-side of it,
-     so are locked, and would lock it too.
+     nodes only (path-locked ones for KV, checkpoint-locked ones for checkpoints). The first unlocked node
+     of ``_kv_lru`` is a leaf, since its children sit LRU-side of it, so are locked, and would lock it too.
 """
 from __future__ import annotations
 
@@ -35,13 +38,14 @@ from trtllm_dasc.cache.radix_checks import check_tree
 
 
 class Node:
-    __slots__ = ("parent", "children", "tokens", "start", "blocks", "ckpt_slot", "lock_ref",
+    __slots__ = ("parent", "children", "tokens", "start", "blocks", "ckpt_slot", "lock_ref", "ckpt_lock",
                  "last_access", "ckpt_access", "kv_prev", "kv_next", "ck_prev", "ck_next")
 
     def __init__(self, parent, tokens, start, blocks):
         self.parent, self.children = parent, {}
         self.tokens, self.start, self.blocks = list(tokens), start, list(blocks)
         self.ckpt_slot, self.lock_ref, self.last_access, self.ckpt_access = None, 0, 0, 0
+        self.ckpt_lock = 0
         self.kv_prev = self.kv_next = self.ck_prev = self.ck_next = None
 
     @property
@@ -64,7 +68,8 @@ class MatchResult(NamedTuple):
     ckpt_slot: int | None
     block_table: list     # KV blocks covering [0, ckpt_len); the last one is partial when unaligned
     ckpt_node: Node       # the node ending at ckpt_len (the root if none): what a request reuses, so what
-                          # it locks; the KV beyond it is recomputed and stays evictable
+                          # it locks (its path's KV, its own checkpoint); the KV beyond it is recomputed
+                          # and stays evictable
 
 
 class RadixCache:
@@ -143,32 +148,21 @@ class RadixCache:
 
     # ---- locks and references ----------------------------------------------------------------------
     def lock(self, node: Node) -> None:
+        """Pin the KV of the path to ``node`` and the checkpoint of ``node`` alone (invariant 4)."""
+        node.ckpt_lock += 1
         while node is not None:
             node.lock_ref += 1
             node = node.parent
 
     def unlock(self, node: Node) -> None:
+        if node.ckpt_lock <= 0 or node.lock_ref <= 0:
+            raise RuntimeError("unlock of a node that is not locked")
+        node.ckpt_lock -= 1
         while node is not None:
-            if node.lock_ref <= 0:
-                raise RuntimeError("unlock of a node that is not locked")
             node.lock_ref -= 1
             node = node.parent
 
-    def acquire_blocks(self, blocks: list[int]) -> None:
-        """A request takes its own reference on reused blocks."""
-        self.blocks.incref(blocks)
-
-    def release_blocks(self, blocks: list[int]) -> None:
-        self.blocks.decref(blocks)
-
     # ---- allocation with eviction ------------------------------------------------------------------
-    def alloc_block(self) -> int | None:
-        """A fresh KV block (one reference, the caller's), evicting LRU leaves; None if all are pinned."""
-        while (block := self.blocks.try_alloc()) is None:
-            if not self._evict_kv_leaf():
-                return None
-        return block
-
     def make_room(self, num_blocks: int) -> bool:
         """Evict LRU unlocked leaves until ``num_blocks`` KV blocks are free; False if they cannot be."""
         while self.blocks.num_free < num_blocks:
@@ -188,8 +182,8 @@ class RadixCache:
         return next((n for n in self._kv_lru if n.lock_ref == 0), None)
 
     def _ckpt_victim(self) -> Node | None:
-        """The unlocked node whose checkpoint was used least recently."""
-        return next((n for n in self._ckpt_lru if n.lock_ref == 0), None)
+        """The least recently used checkpoint that no request has locked on its own node."""
+        return next((n for n in self._ckpt_lru if n.ckpt_lock == 0), None)
 
     def _evict_checkpoint(self) -> bool:
         victim = self._ckpt_victim()
@@ -207,7 +201,7 @@ class RadixCache:
         if victim.ckpt_slot is not None:
             self._drop_checkpoint(victim)
             self.evictions["checkpoints_with_kv"] += 1
-        self.release_blocks(victim.blocks)
+        self.blocks.decref(victim.blocks)
         del victim.parent.children[victim.tokens[0]]
         self._kv_lru.remove(victim)
         self.evictions["kv_nodes"] += 1
@@ -236,7 +230,7 @@ class RadixCache:
             if child is None:
                 blocks = block_table[pos // self.bs:(len(tokens) - 1) // self.bs + 1]
                 child = Node(node, tokens[pos:], pos, blocks)
-                self.acquire_blocks(blocks)
+                self.blocks.incref(blocks)
                 node.children[tokens[pos]] = child
             n = _common(child.tokens, tokens, pos)
             if n < len(child.tokens):
@@ -272,6 +266,7 @@ class RadixCache:
         k = p - node.start
         first, split_block = node.start // self.bs, (p - 1) // self.bs
         top = Node(node.parent, node.tokens[:k], node.start, node.blocks[:split_block - first + 1])
+        # the path locks through node pass through top; node keeps its checkpoint, so its checkpoint locks
         top.lock_ref, top.last_access, top.children = node.lock_ref, node.last_access, {node.tokens[k]: node}
         node.parent.children[node.tokens[0]] = top
         # the new parent must be more recent than node yet older than everything node was older than

@@ -8,12 +8,14 @@ def check_tree(cache, request_block_refs=None, request_locks=None) -> None:
     nodes = list(cache._nodes())
     slots = set()
     assert root.lock_ref >= sum(c.lock_ref for c in root.children.values()), "root lock refs"
+    assert 0 <= root.ckpt_lock <= root.lock_ref, "root checkpoint lock"
     for n in nodes:
         assert n.tokens, "empty edge"
         assert n.parent.children.get(n.tokens[0]) is n, "child keyed by the wrong token"
         assert n.start == n.parent.end, "child does not start where its parent ends"
         assert len(n.blocks) == (n.end - 1) // cache.bs - n.start // cache.bs + 1, "block count"
         assert n.lock_ref >= sum(c.lock_ref for c in n.children.values()) >= 0, "lock refs"
+        assert 0 <= n.ckpt_lock <= n.lock_ref, "a checkpoint lock without its path lock"
         if n.ckpt_slot is not None:
             assert n.ckpt_slot != 0 and n.ckpt_slot not in slots, "checkpoint slot reused"
             slots.add(n.ckpt_slot)
@@ -34,7 +36,7 @@ def check_tree(cache, request_block_refs=None, request_locks=None) -> None:
 
 def _check_locks(root, nodes, request_locks) -> None:
     """A request's lock(node) counts on the node and every ancestor, so each lock_ref is the sum of the
-    locks taken on the node and below it."""
+    locks taken on the node and below it; its checkpoint lock counts on the node alone."""
     known = set(nodes) | {root}
     assert all(n in known for n, k in request_locks.items() if k), "a request holds a lock on an evicted node"
     below = {}
@@ -42,6 +44,7 @@ def _check_locks(root, nodes, request_locks) -> None:
     for n in [*reversed(nodes), root]:
         below[n] = request_locks.get(n, 0) + sum(below[c] for c in n.children.values())
         assert n.lock_ref == below[n], f"lock_ref {n.lock_ref} != {below[n]} locks taken at or below it"
+        assert n.ckpt_lock == request_locks.get(n, 0), f"ckpt_lock {n.ckpt_lock} != locks taken on the node"
 
 
 def _check_lru(cache, nodes) -> None:

@@ -137,18 +137,15 @@ class Engine:
         with self._cv:
             queued = list(self._inbox)
             self._inbox.clear()
-        self.scheduler.waiting.extend(queued)
+        self.scheduler.add(queued)
         for seq in list(self._seqs.values()):
             self._finish(seq, "cancelled")
         # the other TP ranks (dist.DistributedRunner) wait for plans until told to stop
-        stop = getattr(self.runner, "stop", None)
-        if stop is not None:
-            stop()
+        self.runner.stop()
 
     def has_work(self) -> bool:
         """Anything queued, running, to be cancelled or a command to run."""
-        return bool(self._inbox or self._aborts or self._commands or self.scheduler.waiting
-                    or self.scheduler.running)
+        return bool(self._inbox or self._aborts or self._commands or self.scheduler.has_work())
 
     def run_until_idle(self) -> None:
         self._check_sync()
@@ -204,7 +201,7 @@ class Engine:
             self._inbox.clear()
             self._aborts.clear()
             self._commands.clear()
-        self.scheduler.waiting.extend(new)
+        self.scheduler.add(new)
         for rid in aborts:
             seq = self._seqs.get(rid)
             if seq is not None:
@@ -261,10 +258,7 @@ class Engine:
         if s.finish_reason is not None:
             return
         s.finish_reason = reason
-        if s in self.scheduler.running:
-            self.scheduler.release(s)
-        elif s in self.scheduler.waiting:
-            self.scheduler.waiting.remove(s)
+        self.scheduler.drop(s)
         if reason in ("length", "stop"):
             self.telemetry.record(s.req.stats)
         else:
@@ -325,26 +319,27 @@ class Engine:
     def flush(self) -> None:
         """Drop every cached prefix and checkpoint not pinned by a running request (between protocol phases).
         Safe from any thread: with the loop running it runs there, between steps."""
-        self._on_loop(self.cache.flush)
+        self._on_loop(self.scheduler.manager.evict)
 
     def warmup(self) -> dict:
         from trtllm_dasc.engine.warmup import warmup
         return warmup(self)
 
+    def reset_stats(self) -> None:
+        """Zero the request telemetry and the cache's eviction counters (warm-up's traffic is not the users')."""
+        self.telemetry.reset()
+        self.scheduler.manager.reset_stats()
+
     def stats(self) -> dict:
         sch = self.scheduler
         out = self.telemetry.snapshot()
-        out.update(arm=self.cfg.arm, evictions=dict(sch.cache.evictions), checkpoint_slots=sch.slots.capacity,
-                   checkpoint_slots_free=sch.slots.num_free, checkpoints_cached=sch.cache.num_checkpoints(),
-                   kv_blocks=self.cfg.num_kv_blocks, kv_blocks_free=sch.blocks.num_free,
-                   state_rows=sch.rows.capacity, state_rows_free=sch.rows.num_free,
-                   queued=len(sch.waiting) + len(self._inbox), running=len(sch.running), dead=self.dead,
+        out.update(arm=self.cfg.arm, **sch.manager.stats())
+        out.update(queued=len(sch.waiting) + len(self._inbox), running=len(sch.running), dead=self.dead,
                    steps=sch.steps, max_batch=self.cfg.max_batch, block_size=self.cfg.block_size,
                    # every rank's checkpoint slot as allocated (the planner predicts the largest) and, where the
                    # storage balance moves units, rank 0's all-to-all time per store and load
-                   checkpoint_slot_bytes_per_rank=[r.get("slot_bytes") for r in self.rank_reports])
-        report = getattr(self.runner.pool, "exchange_report", None)
-        out["exchange"] = report() if report is not None else None
+                   checkpoint_slot_bytes_per_rank=[r.get("slot_bytes") for r in self.rank_reports],
+                   exchange=self.runner.exchange_report())
         return out
 
     def sanity_check(self) -> None:

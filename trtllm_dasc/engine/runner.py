@@ -68,7 +68,8 @@ class ModelRunner:
         self.model.warm_moe(cfg.max_num_tokens or cfg.max_context)
         self.model.all_reduce = all_reduce
         from trtllm_dasc.dist.storage import BalancedPool, exchanges
-        if exchanges(self.plan):
+        self._exchanges = exchanges(self.plan)
+        if self._exchanges:
             if all_to_all is None:
                 raise UserError(f"placement {cfg.placement!r} moves checkpoint units between ranks: run it "
                                 "through trtllm_dasc.dist")
@@ -255,6 +256,13 @@ class ModelRunner:
         # local unit ids of this rank: a rank's layer holds shard(tp).units of them
         return StateLayout.from_retained([kept], units_per_layer=cfg.shard(self.cfg.tp_size).units,
                                          unit_elements=cfg.unit_elements, value_dim=cfg.value_head_dim)
+
+    def exchange_report(self) -> dict | None:
+        """The storage balance's all-to-all timings per store and load; None where no units move between ranks."""
+        return self.pool.exchange_report() if self._exchanges else None
+
+    def stop(self) -> None:
+        """Nothing to release in one process (DistributedRunner releases the other TP ranks here)."""
 
     def memory_report(self) -> dict:
         report = self.pool.memory_report()

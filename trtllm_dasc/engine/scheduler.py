@@ -1,5 +1,6 @@
-"""Scheduler: rank 0's bookkeeping. It owns the radix cache and the allocators (KV blocks, checkpoint
-slots, state rows), turns the queue into one StepPlan per step, and applies the StepOutput back.
+"""Scheduler: rank 0's bookkeeping. It owns the request queues and the cache manager (cache.CacheManager:
+KV blocks, checkpoint slots, state rows and the radix tree), turns the queue into one StepPlan per step, and
+applies the StepOutput back. It touches the cache only through the manager's API.
 
 Per request: match -> lock the checkpoint node -> reserve every KV block it may write (one rule,
 cache.fresh_blocks: reused full blocks shared, a reused partial block copied, fresh blocks for the rest)
@@ -16,24 +17,56 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from trtllm_dasc.cache import BlockPool, IdPool, RadixCache, fresh_blocks, reserve_table
+from trtllm_dasc.cache import CacheManager, fresh_blocks
 from trtllm_dasc.engine.config import EngineConfig
-from trtllm_dasc.engine.sequence import Replay, Sequence
+from trtllm_dasc.engine.sequence import Sequence
 from trtllm_dasc.engine.step import Span, StepOutput, StepPlan
 from trtllm_dasc.errors import UserError
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, num_slots: int, num_rows: int, replay_window: int):
+    def __init__(self, cfg: EngineConfig, num_slots: int, num_rows: int, replay_window: int,
+                 manager: CacheManager | None = None):
+        """``manager``: the cache to schedule on (default: a fresh one of ``cfg``'s sizes)."""
         self.cfg, self.replay_window = cfg, replay_window
-        self.blocks = BlockPool(cfg.num_kv_blocks)
-        self.slots = IdPool.checkpoint_slots(num_slots)
-        self.rows = IdPool.rows(num_rows)
-        self.cache = RadixCache(cfg.block_size, self.blocks, self.slots, interval=cfg.interval,
-                                prompt_only=cfg.prompt_only)
+        self.manager = manager if manager is not None else CacheManager.create(
+            cfg.block_size, cfg.num_kv_blocks, num_slots, num_rows, interval=cfg.interval,
+            prompt_only=cfg.prompt_only)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.steps = 0
+
+    # the manager's parts, read-only, for tools and tests (the scheduler itself goes through the manager)
+    @property
+    def cache(self):
+        return self.manager.tree
+
+    @property
+    def blocks(self):
+        return self.manager.blocks
+
+    @property
+    def slots(self):
+        return self.manager.slots
+
+    @property
+    def rows(self):
+        return self.manager.rows
+
+    # ---- the queues ----------------------------------------------------------------------------------
+    def add(self, seqs) -> None:
+        """Queue new sequences (in order) for admission."""
+        self.waiting.extend(seqs)
+
+    def drop(self, s: Sequence) -> None:
+        """Take a sequence out, running (everything it holds is given back) or waiting; no-op otherwise."""
+        if s in self.running:
+            self.release(s)
+        elif s in self.waiting:
+            self.waiting.remove(s)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
 
     # ---- admission -----------------------------------------------------------------------------------
     def worst_case_blocks(self, prompt_len: int, max_new: int) -> int:
@@ -49,63 +82,39 @@ class Scheduler:
             raise UserError(f"input_ids: the request needs {worst} KV blocks, the cache has {self.cfg.num_kv_blocks}")
 
     def _admit(self, plan: StepPlan) -> None:
-        bs = self.cfg.block_size
         while self.waiting and len(self.running) < self.cfg.max_batch:
             seq = self.waiting[0]
-            m = self.cache.match(seq.prompt) if seq.req.use_cache else self.cache.miss()
-            c = m.ckpt_len
-            replay_start = max(0, c - self.replay_window) if (self.replay_window and c) else None
-            if self.rows.num_free < 1 + (replay_start is not None):
+            lease = self.manager.admit(seq.prompt, seq.end_len, seq.req.use_cache, self.replay_window,
+                                       idle=not self.running)
+            if lease is None:
                 return
-            # only the reused prefix is pinned: the cached KV beyond the checkpoint gets recomputed
-            self.cache.lock(m.ckpt_node)
-            need = fresh_blocks(c, seq.end_len, bs)
-            if replay_start is not None:
-                need += fresh_blocks(replay_start, c, bs)
-            if not self.cache.make_room(need):
-                self.cache.unlock(m.ckpt_node)
-                if self.running or not c:
-                    return
-                # the hit itself pins what it needs (the partial block it copies, the replay's source):
-                # with nothing running, a miss always fits (check_fits), so take it as one
-                m, replay_start = self.cache.miss(), None
-                self.cache.lock(m.ckpt_node)
-                if not self.cache.make_room(fresh_blocks(0, seq.end_len, bs)):
-                    raise RuntimeError("a request that passed check_fits does not fit an idle cache")
             self.waiting.popleft()
-            self._start(seq, m, replay_start, plan)
+            self._start(seq, lease, plan)
             self.running.append(seq)
 
-    def _start(self, seq: Sequence, m, replay_start, plan: StepPlan) -> None:
-        bs, c, st = self.cfg.block_size, m.ckpt_len, seq.req.stats
-        seq.match, seq.done_tokens = m, c
-        seq.row = self.rows.try_alloc()
-        seq.table, copy = reserve_table(self.blocks, m.block_table, c, seq.end_len, bs)
-        if copy:
-            plan.kv_copies.append(copy)
-        seq.positions = self.cache.checkpoint_positions(len(seq.prompt), m)
+    def _start(self, seq: Sequence, lease, plan: StepPlan) -> None:
+        bs, m, st = self.cfg.block_size, lease.match, seq.req.stats
+        c = m.ckpt_len
+        seq.lease, seq.done_tokens = lease, c
+        plan.kv_copies.extend(lease.copies)
         st.first_scheduled_time_ns = time.time_ns()
         st.kv_matched_tokens = m.kv_len
         st.kv_reused_blocks = c // bs
-        st.kv_new_blocks = len(seq.table) - st.kv_reused_blocks
-        st.kv_total_blocks = len(seq.table)
+        st.kv_new_blocks = len(lease.table) - st.kv_reused_blocks
+        st.kv_total_blocks = len(lease.table)
         if not c:
-            plan.resets.append(seq.row)
+            plan.resets.append(lease.row)
             return
         # a load overwrites the whole row (retained units, zeros elsewhere, conv): no reset needed
-        plan.loads.append((m.ckpt_slot, seq.row))
+        plan.loads.append((m.ckpt_slot, lease.row))
         st.cached_tokens, st.checkpoint_loaded = c, True
-        if replay_start is not None:
-            row = self.rows.try_alloc()
-            table, copy = reserve_table(self.blocks, m.block_table, replay_start, c, bs)
-            if copy:
-                plan.kv_copies.append(copy)
+        r = lease.replay
+        if r is not None:
             if self.cfg.policy == "wr-warm":
-                plan.warm_loads.append((m.ckpt_slot, row))
+                plan.warm_loads.append((m.ckpt_slot, r.row))
             else:
-                plan.resets.append(row)
-            seq.replay = Replay(replay_start, c, row, table)
-            st.replayed_tokens = c - replay_start
+                plan.resets.append(r.row)
+            st.replayed_tokens = c - r.start
 
     # ---- one step ------------------------------------------------------------------------------------
     def schedule(self) -> tuple[StepPlan, list[Sequence]] | None:
@@ -154,13 +163,7 @@ class Scheduler:
             return Span([s.output[-1]], s.row, len(s.prompt) + n - 1, s.table, logits="last",
                         sampling=req.sampling, token_index=n, banned=banned_tokens(s), **_extras(s))
         end = min(len(s.prompt), s.done_tokens + chunk)
-        captures = []
-        for p in s.positions:
-            if s.done_tokens < p <= end:
-                slot = self.cache.alloc_slot()
-                # None: every checkpoint is pinned by running requests, this boundary goes uncached
-                if slot is not None:
-                    captures.append((p, slot))
+        captures = self.manager.extend(s.lease, s.done_tokens, end)
         last = end == len(s.prompt)
         logits = "all" if req.return_context_logits else ("last" if last else "none")
         return Span(s.prompt[s.done_tokens:end], s.row, s.done_tokens, s.table, captures, logits,
@@ -172,20 +175,17 @@ class Scheduler:
         stored = iter(out.stored)
         events = []
         for i, (span, s) in enumerate(zip(plan.spans, owners)):
-            for pos, slot in span.captures:
-                if next(stored):
-                    s.captured[pos] = slot
-                else:
-                    self.slots.free(slot)
+            if span.captures:
+                self.manager.store(s.lease, span.captures, [next(stored) for _ in span.captures])
             if i < len(plan.replays):
-                self._end_replay(s)
+                self.manager.end_replay(s.lease)
                 continue
             if out.logits[i] is not None:
                 s.context_logits.append(out.logits[i])
             if s.in_prefill:
                 s.done_tokens = span.start + len(span.token_ids)
                 if not s.in_prefill:
-                    self._insert_prompt(s)
+                    s.req.stats.checkpoints_stored = self.manager.insert(s.lease, s.prompt)
             if out.tokens[i] is not None:
                 s.step_log_prob = out.log_probs[i] if out.log_probs else None
                 s.step_gen_logits = out.gen_logits[i] if out.gen_logits else None
@@ -193,59 +193,21 @@ class Scheduler:
                 events.append((s, out.tokens[i], out.errors[i]))
         return events
 
-    def _end_replay(self, s: Sequence) -> None:
-        self.blocks.decref(s.replay.table)
-        self.rows.free(s.replay.row)
-        s.replay = None
-
-    def _insert_prompt(self, s: Sequence) -> None:
-        duplicates = self.cache.insert(s.prompt, s.table, s.captured)
-        s.req.stats.checkpoints_stored = len(s.captured) - len(duplicates)
-        s.captured = {}
-
     # ---- release ---------------------------------------------------------------------------------------
     def release(self, s: Sequence) -> None:
         """Give back everything a running sequence holds (finished, failed or aborted)."""
         self.running.remove(s)
-        if s.replay is not None:
-            self._end_replay(s)
-        for slot in s.captured.values():
-            self.slots.free(slot)
-        s.captured = {}
-        self.blocks.decref(s.table)
-        s.table = []
-        self.cache.unlock(s.match.ckpt_node)
-        self.rows.free(s.row)
-        s.row = -1
+        self.manager.release(s.lease)
 
     def free_captures(self, plan: StepPlan) -> None:
         """A step failed: the slots it was to fill were never handed to a sequence."""
         for span in plan.spans:
-            for _, slot in span.captures:
-                self.slots.free(slot)
+            self.manager.abort(span.captures)
 
     # ---- invariant -----------------------------------------------------------------------------------
     def sanity_check(self) -> None:
         """Every block reference, slot, row and lock is accounted for by the tree or a running request."""
-        refs, locks, rows, slots = {}, {}, set(), set()
-        for s in self.running:
-            tables = [s.table] + ([s.replay.table] if s.replay else [])
-            for t in tables:
-                for b in t:
-                    refs[b] = refs.get(b, 0) + 1
-            held = [s.row] + ([s.replay.row] if s.replay else [])
-            assert not rows & set(held), "a state row is held twice"
-            rows.update(held)
-            assert not slots & set(s.captured.values()), "a captured slot is held twice"
-            slots.update(s.captured.values())
-            locks[s.match.ckpt_node] = locks.get(s.match.ckpt_node, 0) + 1
-        assert rows == self.rows.used_ids(), f"state rows {sorted(self.rows.used_ids())} != held {sorted(rows)}"
-        self.rows.sanity_check()
-        self.slots.sanity_check()
-        self.blocks.sanity_check()
-        self.cache.sanity_check(refs, locks)
-        tree = self.cache.checkpoint_slots()
-        assert not tree & slots and tree | slots == self.slots.used_ids(), "checkpoint slots leaked or shared"
+        self.manager.sanity_check([s.lease for s in self.running])
 
 
 def _extras(s: Sequence) -> dict:

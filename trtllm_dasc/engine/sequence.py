@@ -3,38 +3,47 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trtllm_dasc.cache import MatchResult
+from trtllm_dasc.cache.manager import Lease, Replay
 from trtllm_dasc.engine.request import GenerationRequest
 
-
-@dataclass(slots=True)
-class Replay:
-    """A pending dasc-wr replay: tokens [start, end) from a zero scratch row, on its own KV table (the
-    shared blocks before start, then blocks of its own for what it recomputes)."""
-
-    start: int
-    end: int
-    row: int
-    table: list[int]
+__all__ = ["Replay", "Sequence"]
 
 
 @dataclass(slots=True, eq=False)
 class Sequence:
     req: GenerationRequest
     callback: object                      # callable(RequestOutput) or None
-    row: int = -1                         # active recurrent-state row (-1: not admitted yet)
-    table: list[int] = field(default_factory=list)   # KV blocks for positions [0, prompt + max_new - 1)
-    match: MatchResult | None = None      # what admission matched; match.ckpt_node is locked until release
-    positions: list[int] = field(default_factory=list)   # where this prompt's prefill stores checkpoints
+    # what the cache manager reserved at admission (rows, blocks, lock, captures); None while waiting
+    lease: Lease | None = None
     done_tokens: int = 0                  # prompt tokens processed (starts at the cached prefix)
-    replay: Replay | None = None
-    captured: dict = field(default_factory=dict)   # position -> checkpoint slot, handed to the tree
     output: list[int] = field(default_factory=list)
     context_logits: list = field(default_factory=list)   # chunks of returned prompt logits
     cum_log_prob: float = 0.0             # sum of the output tokens' log probs (return_log_probs)
     step_log_prob: float | None = None    # the last sampled token's, until it is emitted
     step_gen_logits: object = None        # the last sampled token's raw logits [vocab], until it is emitted
     finish_reason: str | None = None
+
+    # the lease's parts under their old names (read-only: the cache manager changes them)
+    @property
+    def row(self) -> int:
+        """Active recurrent-state row (-1: not admitted yet, or released)."""
+        return self.lease.row if self.lease is not None else -1
+
+    @property
+    def table(self) -> list[int]:
+        return self.lease.table if self.lease is not None else []
+
+    @property
+    def match(self):
+        return self.lease.match if self.lease is not None else None
+
+    @property
+    def replay(self) -> Replay | None:
+        return self.lease.replay if self.lease is not None else None
+
+    @property
+    def captured(self) -> dict:
+        return self.lease.captured if self.lease is not None else {}
 
     @property
     def prompt(self) -> list[int]:

@@ -91,13 +91,9 @@ def warmup(engine) -> dict:
             engine.generate(batch)
             requests += len(batch)
     # the decode buckets the traffic above did not reach: their CUDA graphs, before the first user's step
-    capture = getattr(engine.runner, "capture_graphs", None)
-    if capture is not None:
-        capture()
+    engine.runner.capture_graphs()
     engine.flush()
-    engine.telemetry.reset()
-    for kind in engine.cache.evictions:
-        engine.cache.evictions[kind] = 0
+    engine.reset_stats()
     engine.ready = True
     return {"seconds": time.perf_counter() - t0, "requests": requests, "longest_prompt": longest,
             "short_prompt": short, "batch_sizes": batch_buckets(cfg.max_batch)}

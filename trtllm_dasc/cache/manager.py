@@ -1,0 +1,192 @@
+"""The cache manager: the one owner of KV blocks, checkpoint slots, state rows and the radix tree.
+
+The scheduler (and the tests' simulator) reach the bookkeeping through this API alone:
+  admit    reserve what a request will use (rows, KV blocks, the lock on what it reuses), or wait;
+  extend   checkpoint slots for the boundaries one prefill chunk captures;
+  store    book a step's captures (kept by the request until its prompt is inserted, or freed);
+  insert   hand a finished prompt's KV and checkpoints to the tree;
+  end_replay / release / abort   give back a replay's scratch, a whole request, a failed step's slots;
+  evict    drop everything unpinned (the paper's flush between phases);
+  stats / reset_stats   the counters the engine reports (and warm-up zeroes).
+
+Ints only, like the rest of cache/: a Lease is what one admitted request holds. Nothing here knows plans,
+sequences or tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trtllm_dasc.cache.allocators import BlockPool, IdPool, fresh_blocks, reserve_table
+from trtllm_dasc.cache.radix import MatchResult, RadixCache
+
+
+@dataclass(slots=True)
+class Replay:
+    """A pending dasc-wr replay: tokens [start, end) from a zero scratch row, on its own KV table (the
+    shared blocks before start, then blocks of its own for what it recomputes)."""
+
+    start: int
+    end: int
+    row: int
+    table: list[int]
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """What one admitted request holds until ``release``."""
+
+    match: MatchResult                    # what admission reuses; match.ckpt_node is locked until release
+    row: int                              # active recurrent-state row
+    table: list[int]                      # KV blocks for positions [0, end_len)
+    positions: list[int]                  # where this prompt's prefill stores checkpoints
+    copies: list[tuple[int, int]] = field(default_factory=list)   # (src, dst) blocks copied before writing
+    replay: Replay | None = None
+    captured: dict = field(default_factory=dict)   # position -> checkpoint slot, handed to the tree at insert
+
+
+class CacheManager:
+    def __init__(self, tree: RadixCache, rows: IdPool):
+        """Around an existing tree (its block pool and slot pool) and a pool of state rows."""
+        self.tree, self.rows = tree, rows
+        self.blocks, self.slots, self.bs = tree.blocks, tree.slots, tree.bs
+
+    @classmethod
+    def create(cls, block_size: int, num_blocks: int, num_slots: int, num_rows: int, interval: int = 256,
+               prompt_only: bool = False) -> "CacheManager":
+        """A fresh manager: empty tree, every block, slot and row free."""
+        tree = RadixCache(block_size, BlockPool(num_blocks), IdPool.checkpoint_slots(num_slots), interval=interval,
+                          prompt_only=prompt_only)
+        return cls(tree, IdPool.rows(num_rows))
+
+    # ---- admission -----------------------------------------------------------------------------------
+    def admit(self, prompt: list[int], end_len: int, use_cache: bool = True, replay_window: int = 0,
+              idle: bool = False) -> Lease | None:
+        """Reserve a request's rows, KV blocks and prefix lock; None when it must wait (nothing held)."""
+        bs, tree = self.bs, self.tree
+        m = tree.match(prompt) if use_cache else tree.miss()
+        c = m.ckpt_len
+        replay_start = max(0, c - replay_window) if (replay_window and c) else None
+        if self.rows.num_free < 1 + (replay_start is not None):
+            return None
+        # only the reused prefix is pinned: the cached KV beyond the checkpoint gets recomputed
+        tree.lock(m.ckpt_node)
+        need = fresh_blocks(c, end_len, bs)
+        if replay_start is not None:
+            need += fresh_blocks(replay_start, c, bs)
+        if not tree.make_room(need):
+            tree.unlock(m.ckpt_node)
+            if not idle or not c:
+                return None
+            # the hit itself pins what it needs (the partial block it copies, the replay's source): with
+            # nothing running, a miss always fits (check_fits), so take it as one
+            m, replay_start = tree.miss(), None
+            tree.lock(m.ckpt_node)
+            if not tree.make_room(fresh_blocks(0, end_len, bs)):
+                tree.unlock(m.ckpt_node)
+                return None
+        return self._reserve(prompt, end_len, m, replay_start)
+
+    def _reserve(self, prompt, end_len, m: MatchResult, replay_start) -> Lease:
+        c = m.ckpt_len
+        table, copy = reserve_table(self.blocks, m.block_table, c, end_len, self.bs)
+        lease = Lease(m, self.rows.try_alloc(), table, self.tree.checkpoint_positions(len(prompt), m))
+        if copy:
+            lease.copies.append(copy)
+        if replay_start is not None:
+            row = self.rows.try_alloc()
+            rtable, copy = reserve_table(self.blocks, m.block_table, replay_start, c, self.bs)
+            if copy:
+                lease.copies.append(copy)
+            lease.replay = Replay(replay_start, c, row, rtable)
+        return lease
+
+    # ---- prefill -------------------------------------------------------------------------------------
+    def extend(self, lease: Lease, done: int, end: int) -> list[tuple[int, int]]:
+        """(position, slot) for each checkpoint a prefill chunk [done, end) captures, evicting as needed."""
+        captures = []
+        for p in lease.positions:
+            if done < p <= end:
+                slot = self.tree.alloc_slot()
+                # None: every checkpoint is pinned by running requests, this boundary goes uncached
+                if slot is not None:
+                    captures.append((p, slot))
+        return captures
+
+    def store(self, lease: Lease, captures: list[tuple[int, int]], stored: list[bool]) -> None:
+        """Book a step's captures: a stored one is the lease's until insert, a failed one is freed."""
+        for (pos, slot), ok in zip(captures, stored, strict=True):
+            if ok:
+                lease.captured[pos] = slot
+            else:
+                self.slots.free(slot)
+
+    def insert(self, lease: Lease, prompt: list[int]) -> int:
+        """Give the tree a prefilled prompt and its captured checkpoints; returns how many it kept."""
+        duplicates = self.tree.insert(prompt, lease.table, lease.captured)
+        kept = len(lease.captured) - len(duplicates)
+        lease.captured = {}
+        return kept
+
+    # ---- giving back ---------------------------------------------------------------------------------
+    def end_replay(self, lease: Lease) -> None:
+        """The replay ran: free its scratch row and KV table."""
+        self.blocks.decref(lease.replay.table)
+        self.rows.free(lease.replay.row)
+        lease.replay = None
+
+    def release(self, lease: Lease) -> None:
+        """Give back everything a lease holds (finished, failed or aborted request)."""
+        if lease.replay is not None:
+            self.end_replay(lease)
+        for slot in lease.captured.values():
+            self.slots.free(slot)
+        lease.captured = {}
+        self.blocks.decref(lease.table)
+        lease.table = []
+        self.tree.unlock(lease.match.ckpt_node)
+        self.rows.free(lease.row)
+        lease.row = -1
+
+    def abort(self, captures: list[tuple[int, int]]) -> None:
+        """A step failed: free the slots its captures were to fill (never handed to a lease)."""
+        for _, slot in captures:
+            self.slots.free(slot)
+
+    def evict(self) -> None:
+        """Drop every checkpoint and KV node no running request pins."""
+        self.tree.flush()
+
+    # ---- counters ------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """The engine's cache counters (the keys of Engine.stats)."""
+        return {"evictions": dict(self.tree.evictions), "checkpoint_slots": self.slots.capacity,
+                "checkpoint_slots_free": self.slots.num_free, "checkpoints_cached": self.tree.num_checkpoints(),
+                "kv_blocks": self.blocks.num_blocks, "kv_blocks_free": self.blocks.num_free,
+                "state_rows": self.rows.capacity, "state_rows_free": self.rows.num_free}
+
+    def reset_stats(self) -> None:
+        """Zero the eviction counters (after warm-up)."""
+        for kind in self.tree.evictions:
+            self.tree.evictions[kind] = 0
+
+    def sanity_check(self, leases) -> None:
+        """Every block reference, slot, row and lock is accounted for by the tree or one of ``leases``."""
+        refs, locks, rows, slots = {}, {}, set(), set()
+        for lease in leases:
+            tables = [lease.table] + ([lease.replay.table] if lease.replay else [])
+            for t in tables:
+                for b in t:
+                    refs[b] = refs.get(b, 0) + 1
+            held = [lease.row] + ([lease.replay.row] if lease.replay else [])
+            assert not rows & set(held), "a state row is held twice"
+            rows.update(held)
+            assert not slots & set(lease.captured.values()), "a captured slot is held twice"
+            slots.update(lease.captured.values())
+            locks[lease.match.ckpt_node] = locks.get(lease.match.ckpt_node, 0) + 1
+        assert rows == self.rows.used_ids(), f"state rows {sorted(self.rows.used_ids())} != held {sorted(rows)}"
+        self.rows.sanity_check()
+        self.slots.sanity_check()
+        self.blocks.sanity_check()
+        self.tree.sanity_check(refs, locks)
+        tree = self.tree.checkpoint_slots()
+        assert not tree & slots and tree | slots == self.slots.used_ids(), "checkpoint slots leaked or shared"
