@@ -130,7 +130,7 @@ def engine_plan(path: str, wmax: int, layout: str):
     """The plan an engine built with dasc-build --tp 8 --layout LAYOUT would run."""
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     plan, _ = plan_from_path(path, PlanOptions(wmax=wmax, tp=TP, placement="hybrid", layout=layout))
-    # units move between ranks at run time for the ragged layout only (dist.storage); dasc-build refuses a
+    # units move between ranks at run time for the ragged layout only (parallel.storage); dasc-build refuses a
     # padded engine whose plan would move any, so such an engine runs without placement
     if layout == "padded" and plan.moved_units:
         plan, _ = plan_from_path(path, PlanOptions(wmax=wmax, tp=TP, placement="off", layout=layout))

@@ -57,8 +57,8 @@ def _timed(group, fn, reps: int, sync) -> float:
 def measure(args) -> dict | None:
     import torch
 
-    from trtllm_dasc.dist.group import TPGroup
-    from trtllm_dasc.dist.storage import BalancedPool, exchanges
+    from trtllm_dasc.parallel.group import TPGroup
+    from trtllm_dasc.parallel.storage import BalancedPool, exchanges
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     from trtllm_dasc.plan.synthetic import write_checkpoint
     from trtllm_dasc.state import CheckpointPool
@@ -112,7 +112,7 @@ def measure(args) -> dict | None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
-    from trtllm_dasc.dist.launch import relaunch, under_mpirun
+    from trtllm_dasc.parallel.launch import relaunch, under_mpirun
     if not under_mpirun():
         return relaunch(args.tp, [os.path.abspath(__file__), *argv])
     result = measure(args)

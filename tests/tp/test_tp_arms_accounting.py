@@ -17,7 +17,7 @@ from tp_helpers import build_tp_model  # noqa: E402
 
 from clients import arms as armlib  # noqa: E402
 from clients.matched_hbm import exchange_delta  # noqa: E402
-from trtllm_dasc.dist.exchange_clock import ExchangeClock  # noqa: E402
+from trtllm_dasc.parallel.exchange_clock import ExchangeClock  # noqa: E402
 from trtllm_dasc.engine.arms import parse_arm  # noqa: E402
 from trtllm_dasc.errors import UserError  # noqa: E402
 

@@ -228,7 +228,7 @@ def test_ranks_keep_our_search_paths_under_an_absolute_path_mpirun(tmp_path):
     import shutil
     import subprocess
 
-    from trtllm_dasc.dist.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
+    from trtllm_dasc.parallel.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
     env = mpi_environment(1, dict(os.environ, PATH=os.pathsep.join([str(tmp_path), os.environ["PATH"]]),
                                   LD_LIBRARY_PATH=str(tmp_path)))
     probe = [sys.executable, "-c", "import os; print('PATH=' + os.environ['PATH']); "

@@ -37,7 +37,7 @@ def have_mpi() -> str | None:
         import mpi4py  # noqa: F401
     except ImportError as e:
         return f"mpi4py is not installed ({e})"
-    from trtllm_dasc.dist.launch import find_mpirun
+    from trtllm_dasc.parallel.launch import find_mpirun
     from trtllm_dasc.errors import UserError
     try:
         find_mpirun()
@@ -48,7 +48,7 @@ def have_mpi() -> str | None:
 
 def run_job(num_ranks: int, job_args: list[str], out: Path, timeout: float = 300.0, script: str = "tp_job.py") -> dict:
     """Run tests/tp/<script> on ``num_ranks`` ranks; its JSON result (rank 0 writes ``out``)."""
-    from trtllm_dasc.dist.launch import mpirun_command
+    from trtllm_dasc.parallel.launch import mpirun_command
     cmd, env = mpirun_command(num_ranks, [str(HERE / script), *job_args, "--out", str(out)])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -93,7 +93,7 @@ def join_ranks(cfg, threads_per_rank: int | None = None):
     shard and pool); rank 0 also gets every rank's pool report. Returns (group, runner, reports)."""
     import torch
 
-    from trtllm_dasc.dist.group import TPGroup
+    from trtllm_dasc.parallel.group import TPGroup
     from trtllm_dasc.engine.runner import ModelRunner
     group = TPGroup.from_mpi(cfg.device)
     try:
@@ -117,7 +117,7 @@ def join_ranks(cfg, threads_per_rank: int | None = None):
 
 def rank0_engine(cfg, group, runner, reports):
     """Rank 0's Engine over every rank: its shutdown releases the workers and the group."""
-    from trtllm_dasc.dist.runner import DistributedRunner
+    from trtllm_dasc.parallel.runner import DistributedRunner
     from trtllm_dasc.engine.engine import Engine
     engine = Engine(dataclasses.replace(cfg, device=runner.cfg.device), runner=DistributedRunner(runner, group))
     engine.rank_reports = reports
@@ -126,7 +126,7 @@ def rank0_engine(cfg, group, runner, reports):
 
 def worker(cfg, group, runner) -> int:
     """A worker rank's whole life: execute rank 0's plans until it stops; returns the steps run."""
-    from trtllm_dasc.dist.runner import worker_loop
+    from trtllm_dasc.parallel.runner import worker_loop
     try:
         return worker_loop(runner, group)
     finally:
