@@ -31,7 +31,7 @@ def child(args) -> dict:
     from trtllm_dasc.config import HybridConfig
     from trtllm_dasc.engine.config import EngineConfig
     from trtllm_dasc.engine.engine import Engine
-    from trtllm_dasc.engine.workload import prefix_reuse_workload, run_workload
+    from benchmarks.prefix_reuse import prefix_reuse_workload, run_workload
 
     t0 = time.perf_counter()
     vocab = HybridConfig.from_path(args.model).schema.network.vocab_size

@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     from trtllm_dasc.engine.config import EngineConfig
     from trtllm_dasc.engine.engine import Engine
     from trtllm_dasc.engine.runner import engine_plan
-    from trtllm_dasc.engine.workload import prefix_reuse_workload
+    from benchmarks.prefix_reuse import prefix_reuse_workload
     from trtllm_dasc.errors import UserError
 
     try:

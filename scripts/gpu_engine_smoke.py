@@ -13,7 +13,7 @@ import torch
 
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.engine.config import EngineConfig
-from trtllm_dasc.engine.workload import prefix_reuse_workload, run_arm
+from benchmarks.prefix_reuse import prefix_reuse_workload, run_arm
 
 
 def main() -> int:
