@@ -8,9 +8,9 @@
 # .kernel_cache when present. Pass COMMIT=<hash>. Writes $OUT/warm_start_h200.json, $OUT/serve_inprocess.json.
 set -uo pipefail
 source scripts/gpu_prelude.sh
-CUDA_VISIBLE_DEVICES=0 timeout "${WARM_START_LIMIT:-400}" python3 benchmarks/warm_start.py --model /tmp/kimi48 \
+CUDA_VISIBLE_DEVICES=0 timeout "${WARM_START_LIMIT:-400}" python3 -m benchmarks warm_start --model /tmp/kimi48 \
   --triton-cache $CACHE --out "$OUT/warm_start_h200.json" ${COMMIT:+--commit "$COMMIT"} > "$OUT/warm_start.log" 2>&1 &
-CUDA_VISIBLE_DEVICES=1 timeout "${SERVE_BENCH_LIMIT:-420}" python3 benchmarks/serve_matched_hbm.py --model /tmp/kimi48 \
+CUDA_VISIBLE_DEVICES=1 timeout "${SERVE_BENCH_LIMIT:-420}" python3 -m benchmarks serve_matched_hbm --model /tmp/kimi48 \
   --work /tmp/smh_c --out "$OUT/serve_inprocess.json" ${COMMIT:+--commit "$COMMIT"} --kernel-cache $CACHE \
   --arms nr16 --inprocess nr16 --prompt-only --dense-slots 8 > "$OUT/serve_inprocess.log" 2>&1 &
 wait

@@ -38,5 +38,5 @@ $PY -m pytest -q -rs -p no:cacheprovider tests/model/test_fla_gpu.py 2>&1 | tee 
 if grep -q "skipped" "$OUT_DIR/test_fla_gpu.log"; then echo "gpu_model_check: GPU tests were skipped" >&2; exit 1; fi
 
 echo "== benchmarks/model_prefill.py"
-$PY benchmarks/model_prefill.py --tokens 4096 16384 --reps 3
+$PY -m benchmarks model_prefill --tokens 4096 16384 --reps 3
 echo "== done; results in $OUT_DIR"

@@ -34,5 +34,5 @@ return_new_kernels() {
   else echo "kernel cache $(stat -c %s /tmp/$1.tgz) B: over two returned files, not returned"; fi
 }
 if [ "${SHAPED_MODEL:-1}" = 1 ] && [ ! -f /tmp/kimi48/model.safetensors ]; then
-  python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda || exit 4
+  python3 -m benchmarks shaped_model /tmp/kimi48 --device cuda || exit 4
 fi

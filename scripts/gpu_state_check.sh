@@ -32,5 +32,5 @@ echo "== state tests (GPU) =="
 
 echo "== store/load bandwidth =="
 # the benchmark writes benchmarks/results/state_bandwidth.json and, with $OUT set, $OUT/ too
-"$PY" benchmarks/state_bandwidth.py "$@" 2>&1 | tee "$OUT_DIR/state_bandwidth.txt"
+"$PY" -m benchmarks state_bandwidth "$@" 2>&1 | tee "$OUT_DIR/state_bandwidth.txt"
 echo "gpu_state_check: OK"

@@ -48,7 +48,7 @@ print(json.dumps(out, indent=1))
 json.dump(out, open(sys.argv[1], "w"), indent=1)
 PY
 fi
-[[ $PARTS == *" storage "* ]] && timeout 200 python3 benchmarks/tp_storage.py --tp 2 --device cuda --batches 1,64 --reps 20 \
+[[ $PARTS == *" storage "* ]] && timeout 200 python3 -m benchmarks tp_storage --tp 2 --device cuda --batches 1,64 --reps 20 \
   --out "$OUT/tp_storage_h200x2.json" ${COMMIT:+--commit "$COMMIT"}
 [[ $PARTS == *" serve "* ]] && timeout "${SERVE_LIMIT:-300}" python3 -m clients.matched_hbm --model /tmp/kimi48 --out /tmp/tp2_serve --tp 2 \
   --kernel-cache "$CACHE" \

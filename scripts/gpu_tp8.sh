@@ -15,7 +15,7 @@ source scripts/gpu_prelude.sh
 [ "$GPUS" -ge 8 ] || { echo "TP8 needs 8 GPUs, $GPUS here"; exit 5; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 nvidia-smi --query-gpu=name,memory.used --format=csv
-timeout "${SERVE_LIMIT:-560}" python3 benchmarks/serve_matched_hbm_tp8.py --arch "$ARCH" --kernel-cache "$CACHE" \
+timeout "${SERVE_LIMIT:-560}" python3 -m benchmarks serve_matched_hbm_tp8 --arch "$ARCH" --kernel-cache "$CACHE" \
   ${ARMS:+--arms "$ARMS"} --out "$OUT/serve_matched_hbm_tp8_h200x8_$ARCH.json" ${COMMIT:+--commit "$COMMIT"} \
   > "$OUT/tp8.log" 2>&1
 echo "rc=$?"
