@@ -3,17 +3,14 @@ the Python backend stubs) is on loopback, read from /proc (tests/serve/listeners
 Open MPI 5's prterun keeps its out-of-band listener on every interface (it refuses a loopback-only one)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
 from listeners import is_loopback, listening_sockets, process_tree
 from serve_helpers import build, build_engine, serve
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tp"))
-from test_server_load import TP_MODEL  # noqa: E402
-from tp_helpers import have_mpi  # noqa: E402
+from test_server_load import TP_MODEL
+from tp_helpers import have_mpi
 
 
 def test_every_listener_of_a_tp2_server_is_on_loopback(tmp_path):

@@ -10,11 +10,8 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "serve"))
-from serve_helpers import StreamClient, build_engine, serve, triton_inputs  # noqa: E402
-from tp_helpers import build_tp_model, have_mpi  # noqa: E402
+from serve_helpers import StreamClient, build_engine, serve, triton_inputs
+from tp_helpers import build_tp_model, have_mpi
 
 pytestmark = pytest.mark.skipif(have_mpi() is not None, reason=f"no MPI here: {have_mpi()}")
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "model"))
-from hybrid_tiny import VOCAB, build  # noqa: E402
+from hybrid_tiny import VOCAB, build
 
 __all__ = ["VOCAB", "build_tp_model", "run_job", "have_mpi"]
 
