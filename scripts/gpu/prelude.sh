@@ -1,4 +1,4 @@
-# Sourced by the scripts/gpu_*.sh device scripts (bash, the repository root as the working directory):
+# Sourced by the scripts/gpu/*.sh device scripts (bash, the repository root as the working directory):
 # install the carried wheels (.whl: into the interpreter's own site-packages, where the Triton server is
 # looked up), stop there when INSTALL_ONLY=1 (a first call that carries only the big wheel), put the
 # repository on PYTHONPATH, fill one Triton kernel cache ($CACHE) from the carried .kernel_cache/*.tgz

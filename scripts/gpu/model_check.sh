@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # GPU check of the model runtime: fla kernels vs the torch reference, then the prefill benchmark.
 # Run from the repository root on the GPU machine, with fla-core's wheel carried in .whl/:
-#     bash scripts/gpu_model_check.sh
+#     bash scripts/gpu/model_check.sh
 # Results (pytest log, benchmark JSON) are copied to $OUT when it is set. Fails loudly on any error.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # the GPU machine's torch lives in /opt/torch/.venv; PYTHON overrides
 if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PYTHON=/opt/torch/.venv/bin/python; fi
 PY=${PYTHON:-python3}

@@ -1,7 +1,7 @@
 """GPU smoke run of the whole engine: fla recurrence + Triton checkpoint kernels + radix cache.
 
 Runs the make-run prefix-reuse workload on CUDA for the dense and dasc arms and checks the invariants.
-    python scripts/gpu_engine_smoke.py MODEL_DIR [OUT_JSON] [COMMIT]
+    python -m benchmarks engine_smoke MODEL_DIR [OUT_JSON] [COMMIT]
 The JSON records the command and the commit (pass COMMIT where the device's .git may be stale).
 """
 import json
@@ -32,7 +32,7 @@ def main() -> int:
         rows.append(r)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
     if len(sys.argv) > 2:
-        run = provenance("scripts/gpu_engine_smoke.py", commit=sys.argv[3] if len(sys.argv) > 3 else None)
+        run = provenance("benchmarks/engine_smoke.py", commit=sys.argv[3] if len(sys.argv) > 3 else None)
         write_result(sys.argv[2], {**run, "torch": torch.__version__, "rows": rows})
     return 0
 

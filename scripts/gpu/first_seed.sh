@@ -8,7 +8,7 @@
 # only unused). Pass COMMIT=<hash> (the device's .git may be stale).
 # Writes $OUT/first_seed_profile_{dense,wr16}_h200.json and $OUT/warm_start_h200.json.
 set -uo pipefail
-source scripts/gpu_prelude.sh
+source scripts/gpu/prelude.sh
 export TRITON_PRINT_AUTOTUNING=1
 (
   for arm in dense wr16; do

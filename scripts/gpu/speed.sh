@@ -33,7 +33,7 @@ pick() { local out= p; for p in ${PARTS//,/ }; do [[ ",$1," == *",$p,"* ]] && ou
 PARTS0=${PARTS0-$(pick parity,attn,conv,prefill,store)}
 PARTS1=${PARTS1-$(pick decode,wr)}
 [[ "$PARTS0,$PARTS1" == *decode* || "$PARTS0,$PARTS1" == *wr* ]] || SHAPED_MODEL=0   # only decode / wr read it
-source scripts/gpu_prelude.sh
+source scripts/gpu/prelude.sh
 C=${COMMIT:+--commit $COMMIT}
 sleep 1; touch /tmp/kernels_before_speed    # the kernels this call compiles go back as speed_kernels.tgz.part-*
 run_parts() {   # run_parts PARTS GPU

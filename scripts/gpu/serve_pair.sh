@@ -10,7 +10,7 @@
 # Carry the serving wheels as .whl (two calls: the first INSTALL_ONLY=1 with nvidia_pytriton alone) and
 # .kernel_cache when present. Pass COMMIT=<hash>. Writes $OUT/serve_pair_{a,b}.json (+ .png, logs).
 set -uo pipefail
-source scripts/gpu_prelude.sh
+source scripts/gpu/prelude.sh
 python3 -m pytest -q -p no:cacheprovider tests/model/test_attention_gpu.py 2>&1 | tail -3 | tee "$OUT/test_attention_gpu_h200.log"
 LIMIT=${SERVE_BENCH_LIMIT:-520}
 CUDA_VISIBLE_DEVICES=0 timeout $LIMIT python3 -m benchmarks serve_matched_hbm --model /tmp/kimi48 --work /tmp/smh_a \

@@ -12,7 +12,7 @@
 # the earlier one: python -m trtllm_dasc.evals.run --merge earlier.json new.json --out joined.json
 # Writes $OUT/quality_{kda,gdn}.json and .png, $OUT/evals.log, $OUT/eval_kernels.tgz.part-* (compiled kernels).
 set -uo pipefail
-SHAPED_MODEL=0 source scripts/gpu_prelude.sh          # wheels, PYTHONPATH, both kernel caches in $CACHE
+SHAPED_MODEL=0 source scripts/gpu/prelude.sh          # wheels, PYTHONPATH, both kernel caches in $CACHE
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 MODELS=${MODELS:-benchmarks/quality_models}
 for arch in kda gdn; do
