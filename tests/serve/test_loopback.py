@@ -26,7 +26,7 @@ def test_every_listener_of_a_tp2_server_is_on_loopback(tmp_path):
         server.stop()
     commands = " ".join(cmd for _, cmd, _ in found)
     # the server's three ports, the rendezvous store, gloo, and a worker rank were all seen
-    assert "tritonserver" in commands and "trtllm_dasc.parallel.worker" in commands and len(found) >= 6, found
+    assert "tritonserver" in commands and "trtllm_dasc.serve.worker" in commands and len(found) >= 6, found
     exposed = [(pid, cmd, addr) for pid, cmd, addr in found if not is_loopback(addr)
                and not cmd.split()[0].endswith("prterun")]
     assert not exposed, exposed

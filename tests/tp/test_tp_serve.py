@@ -94,7 +94,7 @@ def test_a_dead_rank_takes_the_server_down(model, tmp_path):
     server = serve(engine_dir, tmp_path / "work", tp=2)
     try:
         # the worker itself (mpirun's own command line names it too)
-        workers = subprocess.run(["pgrep", "-f", f"^{sys.executable} -m trtllm_dasc.parallel.worker --engine {engine_dir}"],
+        workers = subprocess.run(["pgrep", "-f", f"^{sys.executable} -m trtllm_dasc.serve.worker --engine {engine_dir}"],
                                  capture_output=True, text=True).stdout.split()
         assert len(workers) == 1
         subprocess.run(["kill", "-9", workers[0]])
