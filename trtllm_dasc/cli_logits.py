@@ -131,7 +131,7 @@ def engine_logits(args, ids: list[int]):
                        replay_window=args.replay_window, state_budget_bytes=3 * dense,
                        tp_size=args.tp, placement=args.placement)
     if args.tp > 1:
-        from trtllm_dasc.parallel.launch import run_ranks
+        from trtllm_dasc.engine.ranks import run_ranks
         return run_ranks(cfg, lambda engine: _logits(engine, ids, split))
     return _logits(Engine(cfg), ids, split)
 

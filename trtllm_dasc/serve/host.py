@@ -87,7 +87,7 @@ class EngineHost:
         if cfg.tp_size > 1:
             # this process (the server's Python backend stub) is rank 0 of the mpirun that `dasc serve --tp`
             # started; the other ranks are serve.worker processes beside the server
-            from trtllm_dasc.parallel.launch import start_rank
+            from trtllm_dasc.engine.ranks import start_rank
             self.engine = start_rank(cfg)
         else:
             self.engine = Engine(cfg)

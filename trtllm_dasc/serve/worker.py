@@ -15,7 +15,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="trtllm_dasc.serve.worker", description=__doc__.splitlines()[0])
     ap.add_argument("--engine", required=True, help="the engine directory rank 0 serves")
     args = ap.parse_args(argv)
-    from trtllm_dasc.parallel.launch import join_ranks, worker
+    from trtllm_dasc.engine.ranks import join_ranks, worker
     from trtllm_dasc.errors import UserError
     from trtllm_dasc.serve.host import engine_config
     try:
