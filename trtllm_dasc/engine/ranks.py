@@ -8,16 +8,18 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import torch
+
+from trtllm_dasc.engine.engine import Engine
+from trtllm_dasc.engine.runner import ModelRunner
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.parallel.group import TPGroup
+from trtllm_dasc.parallel.runner import DistributedRunner, worker_loop
 
 
 def join_ranks(cfg, threads_per_rank: int | None = None):
     """Collective, on every rank of the mpirun: the TP group and this rank's ModelRunner (its device,
     shard and pool); rank 0 also gets every rank's pool report. Returns (group, runner, reports)."""
-    import torch
-
-    from trtllm_dasc.parallel.group import TPGroup
-    from trtllm_dasc.engine.runner import ModelRunner
     group = TPGroup.from_mpi(cfg.device)
     try:
         if group.size != cfg.tp_size:
@@ -40,8 +42,6 @@ def join_ranks(cfg, threads_per_rank: int | None = None):
 
 def rank0_engine(cfg, group, runner, reports):
     """Rank 0's Engine over every rank: its shutdown releases the workers and the group."""
-    from trtllm_dasc.parallel.runner import DistributedRunner
-    from trtllm_dasc.engine.engine import Engine
     engine = Engine(dataclasses.replace(cfg, device=runner.cfg.device), runner=DistributedRunner(runner, group))
     engine.rank_reports = reports
     return engine
@@ -49,7 +49,6 @@ def rank0_engine(cfg, group, runner, reports):
 
 def worker(cfg, group, runner) -> int:
     """A worker rank's whole life: execute rank 0's plans until it stops; returns the steps run."""
-    from trtllm_dasc.parallel.runner import worker_loop
     try:
         return worker_loop(runner, group)
     finally:

@@ -1,6 +1,7 @@
-"""Running T ranks: the mpirun command line (``mpirun_command``) and what each rank does (``run_ranks``).
+"""Running T ranks: the mpirun command line (``mpirun_command``); what each rank does is engine/ranks.py's
+(``run_ranks``: this package sits below the engine and never builds one).
 
-    mpirun -np T python -m <a module that calls run_ranks(cfg, job)>
+    mpirun -np T python -m <a module that calls trtllm_dasc.engine.ranks.run_ranks(cfg, job)>
 
 is the whole launch, as TensorRT-LLM's ``launch_triton_server.py --world_size`` does it: one mpirun, rank 0
 owns the Engine (scheduler, radix cache, sampling) and runs ``job(engine)``; ranks 1..T-1 only execute
