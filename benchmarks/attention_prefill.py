@@ -18,7 +18,7 @@ is flash there.
 Each arm's output is compared with the flash arm's (max abs difference), so a fast wrong arm shows.
 Reported: median ms of --reps CUDA-event timings and TFLOP/s for the causal FLOPs T^2/2 x H x 2 x (d_qk + d_v).
 
-    python benchmarks/attention_prefill.py [--tokens 4096 16384] [--reps 5] [--commit C] [--out PATH]
+    python -m benchmarks attention_prefill [--tokens 4096 16384] [--reps 5] [--commit C] [--out PATH]
 """
 from __future__ import annotations
 
@@ -32,9 +32,7 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.results_io import provenance, write_result  # noqa: E402
 
 # (name, query heads, key/value heads, query/key dim, value dim): Kimi-Linear-48B's MLA as the prefill
 # expands it (nope 128 + rope 64 keys, 128 values, 32 heads), Qwen3-Next-80B's gated attention

@@ -12,7 +12,7 @@ leaves out time this process spent descheduled: the machine is shared).
 Arms: ``lru`` (the intrusive LRU lists, O(1) amortised eviction) and ``scan`` (the old rule: a min()
 over every node per eviction; same choices, tested equal), the latter only at the smaller N.
 
-    python benchmarks/cache_scaling.py [--sizes 1000 10000 100000] [--requests 2000] [--scan-sizes 1000 10000]
+    python -m benchmarks cache_scaling [--sizes 1000 10000 100000] [--requests 2000] [--scan-sizes 1000 10000]
 """
 from __future__ import annotations
 
@@ -26,9 +26,8 @@ import time
 from collections import deque
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.results_io import provenance, write_result  # noqa: E402
 
 from trtllm_dasc.cache import BlockPool, IdPool, RadixCache, fresh_blocks, reserve_table  # noqa: E402
 

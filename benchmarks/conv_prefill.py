@@ -4,18 +4,15 @@ widest channel block, warps) side by side with a device copy of the same bytes (
 inputs read once and outputs written once, would take at copy speed), in the same run. Picks conv_kernel's
 defaults (its ROWS, BLOCK_T, WARPS, TILES); model_prefill.py's --profile shows the kernel inside the forward.
 
-    python benchmarks/conv_prefill.py [--tokens 16384] [--out benchmarks/results/conv_prefill.json]
+    python -m benchmarks conv_prefill [--tokens 16384] [--out benchmarks/results/conv_prefill.json]
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from copy_bandwidth import device_ms  # noqa: E402
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.copy_bandwidth import device_ms
+from benchmarks.results_io import provenance, write_result
 
 # (arch, parts (q, k, v channels), normalised parts, head dim, in_proj width the conv input is a slice of)
 SHAPES = [("kda", [4096, 4096, 4096], 2, 128, 3 * 4096 + 128 + 128 + 32),

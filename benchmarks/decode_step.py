@@ -19,9 +19,9 @@ counted anywhere. With --compare-eager each batch runs three times in the same r
 with the fla backend: CUDA graphs of the decode step, model/decode_graphs.py), without the graphs (the
 batched paged attention launched eagerly) and with attention one sequence at a time as well.
 
-    python benchmarks/decode_step.py --model /tmp/kimi48 [--batches 1,8,32,64] [--context 1024] [--compare-eager]
+    python -m benchmarks decode_step --model /tmp/kimi48 [--batches 1,8,32,64] [--context 1024] [--compare-eager]
                                      [--commit C]
-    python benchmarks/decode_step.py --smoke      # CPU, a tiny dense checkpoint written here
+    python -m benchmarks decode_step --smoke      # CPU, a tiny dense checkpoint written here
 """
 from __future__ import annotations
 
@@ -36,13 +36,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
 
-from copy_bandwidth import GIB, copy_bandwidth, device_ms  # noqa: E402
-from kernel_profile import kernel_trace, print_summary, summarize  # noqa: E402
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.copy_bandwidth import GIB, copy_bandwidth, device_ms  # noqa: E402
+from benchmarks.kernel_profile import kernel_trace, print_summary, summarize  # noqa: E402
+from benchmarks.results_io import provenance, write_result  # noqa: E402
 
 from trtllm_dasc.errors import UserError  # noqa: E402
 
@@ -81,7 +78,7 @@ def write_tiny_model(out_dir: str) -> str:
     shaped_model.py writes the full-size one: our loader's tensor names, RandomWeights' values."""
     import torch
     from safetensors.torch import save_file
-    from shaped_model import Recorder, shaped_config
+    from benchmarks.shaped_model import Recorder, shaped_config
     from trtllm_dasc.config import HybridConfig
     from trtllm_dasc.model import HybridModel
     raw = shaped_config("kda", vocab=512)

@@ -12,8 +12,8 @@ no Triton) and records, for each fill and replay of each seed:
   - for the replays, a torch.profiler table of the costliest ops and CUDA runtime calls.
 Seed 1 against seed 2 then says whether the excess is in the engine's steps, and where.
 
-    python benchmarks/first_seed_profile.py --model /tmp/kimi48 --arm dense --phase-arm nr16 --out OUT.json
-    python benchmarks/first_seed_profile.py --smoke      # CPU, the embedded tiny model
+    python -m benchmarks first_seed_profile --model /tmp/kimi48 --arm dense --phase-arm nr16 --out OUT.json
+    python -m benchmarks first_seed_profile --smoke      # CPU, the embedded tiny model
 """
 from __future__ import annotations
 
@@ -24,10 +24,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
 
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.results_io import provenance, write_result  # noqa: E402
 
 ALLOC_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
 

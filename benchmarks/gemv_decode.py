@@ -7,18 +7,15 @@ batch 1, to pick gemv_kernel.config's defaults.
 Timing: one CUDA graph of many calls (a decode step is a graph), cycling through enough copies of the
 weight that they do not fit in L2 (a step reads each weight once, from HBM), device time by CUDA events.
 
-    python benchmarks/gemv_decode.py [--out benchmarks/results/gemv_decode.json] [--sweep] [--rows 1,2,4]
+    python -m benchmarks gemv_decode [--out benchmarks/results/gemv_decode.json] [--sweep] [--rows 1,2,4]
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from copy_bandwidth import device_ms  # noqa: E402
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.copy_bandwidth import device_ms
+from benchmarks.results_io import provenance, write_result
 
 # (name, N, K, count per step) of the Kimi-Linear-shaped stack (benchmarks/shaped_model.py: 20 KDA layers of
 # 32 heads x 128, 7 MLA layers, hidden 2304, dense MLP 9216, vocabulary 32000)
@@ -56,7 +53,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gemv_decode: needs a GPU (none visible)")
         return 2
-    from copy_bandwidth import copy_bandwidth
+    from benchmarks.copy_bandwidth import copy_bandwidth
 
     from trtllm_dasc.model import gemv_kernel
     rows = [int(r) for r in args.rows.split(",")]

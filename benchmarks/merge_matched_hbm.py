@@ -7,8 +7,8 @@ the dense arm of its own run.
 Runs join only when they measured the same thing: same model, budget, workload, phases (their blocks),
 seeds, concurrency and build flags. Otherwise the join is refused, naming the first field that differs.
 
-    python benchmarks/merge_matched_hbm.py RUN.json RUN.json ... --out benchmarks/results/merged.json [--title T]
-    python benchmarks/merge_matched_hbm.py --cells DIR [DIR ...] --out RESULT.json [--title T]
+    python -m benchmarks merge_matched_hbm RUN.json RUN.json ... --out benchmarks/results/merged.json [--title T]
+    python -m benchmarks merge_matched_hbm --cells DIR [DIR ...] --out RESULT.json [--title T]
 
 --cells: the cells directories of one resumable measurement (clients.matched_hbm --cells-dir, possibly several
 copies from several machines): the result equals one unsplit run's. Refused when the directories hold
@@ -19,9 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 
 # what must agree for arms of two runs to be compared as if measured in one
 SAME = ("model", "device", "dtype", "budget_bytes", "dense_checkpoint_bytes", "build_flags", "workload", "seeds",
@@ -102,7 +99,7 @@ def _merge_cells(args, argv: list[str]) -> int:
     from clients.report import provenance, write_json
     manifest, calls, cells = load_dirs(args.cells)
     commit = (calls or cells)[0].get("commit") if (calls or cells) else None
-    prov = provenance(["benchmarks/merge_matched_hbm.py", *argv], commit)
+    prov = provenance(["-m", "benchmarks", "merge_matched_hbm", *argv], commit)
     result = result_of(manifest, calls, cells, prov)
     result["cells_dirs"] = [os.path.abspath(d) for d in args.cells]
     result["json_path"] = args.out

@@ -23,7 +23,7 @@ fla-unfused, the mixers before fusion), so the fusion's gain is measured in the 
 one profiled forward per length (kernel_profile.py): which kernels a prefill spends its time in.
 Writes a table to stdout and JSON to benchmarks/results/model_prefill_<arch>.json (and to $OUT).
 
-    python benchmarks/model_prefill.py [--arch kda|gdn] [--tokens 4096 16384] [--reps 3] [--compare-fla]
+    python -m benchmarks model_prefill [--arch kda|gdn] [--tokens 4096 16384] [--reps 3] [--compare-fla]
                                        [--compare-unfused] [--profile] [--smoke]
 """
 from __future__ import annotations
@@ -38,11 +38,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from kernel_profile import kernel_trace, print_summary, summarize  # noqa: E402
-from results_io import provenance, write_result  # noqa: E402
-from shaped_model import Recorder, shaped_config  # noqa: E402
+from benchmarks.kernel_profile import kernel_trace, print_summary, summarize  # noqa: E402
+from benchmarks.results_io import provenance, write_result  # noqa: E402
+from benchmarks.shaped_model import Recorder, shaped_config  # noqa: E402
 
 from trtllm_dasc.config import HybridConfig  # noqa: E402
 from trtllm_dasc.model import HybridModel  # noqa: E402

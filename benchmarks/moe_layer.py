@@ -20,9 +20,9 @@ GEMMs' tiles at --sweep-tokens (512 8192 16384), the best printed per T; the sma
 took the small path), and the layer's CUDA graph is replayed with each path forced (cuda_graph_by_path):
 the figures small.SMALL_PAIRS follows.
 
-    python benchmarks/moe_layer.py --commit SHA [--tokens 1 8 64 512 8192] [--models kimi qwen]
+    python -m benchmarks moe_layer --commit SHA [--tokens 1 8 64 512 8192] [--models kimi qwen]
         [--sweep-tokens 512 8192 16384] [--small-sweep-tokens 1 8] [--no-sweep]
-    python benchmarks/moe_layer.py --smoke     # CPU, tiny shapes, Triton's interpreter (tests run it)
+    python -m benchmarks moe_layer --smoke     # CPU, tiny shapes, Triton's interpreter (tests run it)
 
 Refuses to record a GPU run without a clean commit (pass --commit on a device copy whose .git is stale).
 """
@@ -35,8 +35,6 @@ import time
 from types import SimpleNamespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
 
 TARGET = "target: fused at 64 tokens >= 10x the per-expert loop"
 TARGET_TOKENS, TARGET_SPEEDUP = 64, 10.0
@@ -91,7 +89,7 @@ def rel_err(torch, ref, got) -> float:
 
 def timer(torch, cuda: bool, reps: int):
     if cuda:
-        from copy_bandwidth import device_ms
+        from benchmarks.copy_bandwidth import device_ms
         return lambda fn: device_ms(torch, fn, reps)
 
     def host_ms(fn):
@@ -329,7 +327,7 @@ def main(argv=None) -> int:
         # the kernels run in Triton's interpreter on CPU tensors: the flag is read when triton is imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
-    from results_io import provenance, write_result
+    from benchmarks.results_io import provenance, write_result
     cuda = torch.cuda.is_available() and not args.smoke
     if not cuda and not args.smoke:
         print("moe_layer: needs a GPU (none visible); --smoke runs the CPU check")

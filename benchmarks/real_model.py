@@ -29,8 +29,8 @@ Targets (issue 32), written before measuring: decode at batch 1 within 2x its bo
 the GEMM rate; the warmed first pass within 10% of the second.
 JSON (command, commit) to benchmarks/results/real_model_<arch>_h200.json (--out to change).
 
-    python benchmarks/real_model.py [--config tests/data/kimi-linear-48b-a3b.config.json] --commit C
-    python benchmarks/real_model.py --smoke        # CPU: a tiny Kimi-shaped MoE, seconds
+    python -m benchmarks real_model [--config tests/data/kimi-linear-48b-a3b.config.json] --commit C
+    python -m benchmarks real_model --smoke        # CPU: a tiny Kimi-shaped MoE, seconds
 """
 from __future__ import annotations
 
@@ -46,11 +46,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
 
-from copy_bandwidth import GIB, copy_bandwidth, device_ms  # noqa: E402
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.copy_bandwidth import GIB, copy_bandwidth, device_ms  # noqa: E402
+from benchmarks.results_io import provenance, write_result  # noqa: E402
 
 from trtllm_dasc.errors import UserError  # noqa: E402
 
@@ -175,7 +173,7 @@ def build_engine_dir(config: str, out_dir: str, args) -> str:
 
 
 def time_prefill(model, torch, tokens: int, reps: int, shapes: dict, raw: dict, cfg, rate: float) -> dict:
-    from model_prefill import flops_per_token, run_once
+    from benchmarks.model_prefill import flops_per_token, run_once
     cuda = model.device.type == "cuda"
     ids = torch.randint(0, model.spec.vocab_size, (tokens,), generator=torch.Generator().manual_seed(tokens))
     t0 = time.perf_counter()
@@ -241,7 +239,7 @@ def time_pass(engine, seed: int, requests: int, prompt: int, new: int) -> float:
 
 
 def decode_row(engine, torch, probe, b: int, args, weights: dict, per_seq: dict, bandwidth: float) -> dict:
-    from decode_step import time_decode
+    from benchmarks.decode_step import time_decode
     probe.arm(b)
     # prefill steps until all b decode, then warmup + reps (decode_step.run's budget)
     steps = -(-b * args.context // (args.max_num_tokens - b)) + 2

@@ -10,7 +10,7 @@ W is the plan's replay window. The error is ||S_hit - S_C|| over the omitted uni
 Like the engine, the replay runs the whole model over the window with every linear layer's scratch
 state, on the exact KV of the tokens before it (model/direct.py's DirectRunner, the torch reference).
 
-    python benchmarks/refresh_error.py [--model trtllm_dasc/assets/tiny-kimi-linear] [--wmax 16 64]
+    python -m benchmarks refresh_error [--model trtllm_dasc/assets/tiny-kimi-linear] [--wmax 16 64]
         [--prefix 1024] [--prefixes 4]
 The default model has random weights and the paper's KDA decay profile: only the arms' relative errors
 mean something; the quality protocol on trained models (trtllm_dasc/evals) is the real test.
@@ -26,10 +26,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
 
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.results_io import provenance, write_result  # noqa: E402
 
 
 def _masks(plan, state) -> list[torch.Tensor]:

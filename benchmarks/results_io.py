@@ -11,11 +11,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def provenance(script: str, argv=None, commit: str | None = None) -> dict:
-    """``script``: the benchmark's path relative to the repository (e.g. 'benchmarks/wr_cost.py').
+    """``script``: the benchmark's path relative to the repository (e.g. 'benchmarks/wr_cost.py'); a benchmark
+    here is recorded as its entry point's command (``python -m benchmarks wr_cost ...``).
     ``commit``: pass it where the checkout's .git may be stale (a device machine's copy of the tree)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if commit is None:
-        sys.path.insert(0, os.path.dirname(HERE))
         from trtllm_dasc.provenance import git_commit
         commit = git_commit(HERE)
     device = "cpu"
@@ -25,7 +25,9 @@ def provenance(script: str, argv=None, commit: str | None = None) -> dict:
             device = torch.cuda.get_device_name()
     except ImportError:
         pass
-    return {"command": " ".join(["python", script, *args]), "commit": commit or None,
+    name = os.path.splitext(os.path.basename(script))[0]
+    command = ["python", "-m", "benchmarks", name] if script == f"benchmarks/{name}.py" else ["python", script]
+    return {"command": " ".join([*command, *args]), "commit": commit or None,
             "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "device": device}
 

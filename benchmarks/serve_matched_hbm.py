@@ -8,9 +8,9 @@ paper's lengths, one block per capacity-boundary phase, seeds 42/123/7, concurre
 output token, chunked prefill 8192. Then dasc-nr W=16 once more in this process straight through Engine:
 what Triton adds (`triton_over_inprocess` in the JSON). The arms share one compiled-kernel cache.
 
-    python benchmarks/serve_matched_hbm.py [--model /tmp/kimi48] [--out benchmarks/results/serve_matched_hbm_h200.json]
-    python benchmarks/serve_matched_hbm.py --smoke     # the same path on the CPU, embedded tiny model, tiny scale
-    python benchmarks/serve_matched_hbm.py --paper --cells-dir runs/mh_kimi48 --call-arms dense,nr16 \\
+    python -m benchmarks serve_matched_hbm [--model /tmp/kimi48] [--out benchmarks/results/serve_matched_hbm_h200.json]
+    python -m benchmarks serve_matched_hbm --smoke     # the same path on the CPU, embedded tiny model, tiny scale
+    python -m benchmarks serve_matched_hbm --paper --cells-dir runs/mh_kimi48 --call-arms dense,nr16 \\
         --max-units 4 [--blocks-per-phase K]          # App. C.2 as stated, one resumable 10-minute call
 --paper: clients.matched_hbm --paper (127 dense slots, six phases, dense x6, concurrency 96, chunked prefill 8192,
 HTTP SSE) with the issue's eight arms (PAPER_ARMS); each call runs the cells of --call-arms not yet in --cells-dir
@@ -29,7 +29,6 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
 
 ARMS = "dense,nr16,nr16+int8,nr64,wr16"
 # 16 dense slots keep the largest phase (INT8's boundary, 135 slots -> Q = 159) and the five servers
@@ -69,7 +68,7 @@ def main(argv=None) -> int:
         name = "serve_matched_hbm_paper_h200.json" if args.paper else "serve_matched_hbm_h200.json"
         model, out, base = args.model, args.out or os.path.join(HERE, "results", name), GPU
         if not os.path.isfile(os.path.join(model, "model.safetensors")):
-            from shaped_model import write_shaped_model
+            from benchmarks.shaped_model import write_shaped_model
             print(f"writing the Kimi-Linear-48B-shaped checkpoint to {model}", file=sys.stderr, flush=True)
             write_shaped_model(model, "kda", device="cuda" if torch.cuda.is_available() else "cpu")
     from clients import matched_hbm

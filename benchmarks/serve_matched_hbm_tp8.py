@@ -8,8 +8,8 @@ mean TTFT, input throughput, hit rate and the storage balance's all-to-all time 
 (rank 0's clock). Phases come from the dense and hybrid nr arms' capacity boundaries (--phase-arms): with all
 25 arms' boundaries every arm would replay a dozen phases.
 
-    python benchmarks/serve_matched_hbm_tp8.py --arch kda [--model /tmp/kimi48]      # 8 GPUs (nvidia-h200-x8)
-    python benchmarks/serve_matched_hbm_tp8.py --arch gdn --cpu                        # eight CPU ranks
+    python -m benchmarks serve_matched_hbm_tp8 --arch kda [--model /tmp/kimi48]      # 8 GPUs (nvidia-h200-x8)
+    python -m benchmarks serve_matched_hbm_tp8 --arch gdn --cpu                        # eight CPU ranks
 --cpu runs the same protocol on CPU ranks (gloo) with a reduced model (benchmarks/shaped_model.py --layers 4
 --hidden 256: the released linear-attention and attention heads, so each rank holds the real per-layer state
 and the planner balances the real units) at a tiny scale. Any further flag goes to `clients.matched_hbm`
@@ -24,9 +24,6 @@ import signal
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
 
 PLACEMENTS = ("off", "storage", "hybrid")
 WMAXES = (16, 64, 128, 512)
@@ -67,7 +64,7 @@ def main(argv=None) -> int:
     model = args.model or default_model
     out = args.out or os.path.join(HERE, "results", f"serve_matched_hbm_tp8_{kind}_{args.arch}.json")
     if not os.path.isfile(os.path.join(model, "model.safetensors")):
-        from shaped_model import write_shaped_model
+        from benchmarks.shaped_model import write_shaped_model
         print(f"writing the {'reduced ' if args.cpu else ''}{args.arch}-shaped checkpoint to {model}", file=sys.stderr,
               flush=True)
         if args.cpu:

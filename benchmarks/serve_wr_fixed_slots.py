@@ -11,9 +11,9 @@ Resumable: a cell is (arm, seed); the manifest (DIR/manifest.json) fixes them al
 of --wmax, nr then wr on the seeds either lacks (at most --max-units seeds per W), both in the same call,
 and writes each cell as it ends; the JSON holds the table of every W whose cells are all done.
 
-    python benchmarks/serve_wr_fixed_slots.py --model /tmp/kimi48 --cells-dir runs/wr_fixed [--wmax 16,64] \\
+    python -m benchmarks serve_wr_fixed_slots --model /tmp/kimi48 --cells-dir runs/wr_fixed [--wmax 16,64] \\
         [--max-units 2] [--commit SHA] [--out benchmarks/results/serve_wr_fixed_slots_h200.json]
-    python benchmarks/serve_wr_fixed_slots.py --smoke --cells-dir /tmp/wrfs   # CPU, the embedded tiny model
+    python -m benchmarks serve_wr_fixed_slots --smoke --cells-dir /tmp/wrfs   # CPU, the embedded tiny model
 """
 from __future__ import annotations
 
@@ -26,8 +26,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
 
 SLOTS = 899
 WMAXES = (16, 64, 128, 512, 1024)
@@ -114,7 +112,7 @@ def main(argv=None) -> int:
         args.model = os.path.join(ROOT, "trtllm_dasc", "assets", "tiny-kimi-linear")
     elif not os.path.isfile(os.path.join(args.model, "model.safetensors")):
         import torch
-        from shaped_model import write_shaped_model
+        from benchmarks.shaped_model import write_shaped_model
         write_shaped_model(args.model, "kda", device="cuda" if torch.cuda.is_available() else "cpu")
     out = args.out or mode["out"]
     try:
@@ -142,7 +140,7 @@ def main(argv=None) -> int:
         wanted = [int(w) for w in args.wmax.split(",")] if args.wmax else list(mode["wmax"])
         if any(w not in mode["wmax"] for w in wanted):
             raise UserError(f"--wmax {args.wmax}: the manifest has W_max {list(mode['wmax'])}")
-        prov = provenance(["benchmarks/serve_wr_fixed_slots.py", *argv], args.commit)
+        prov = provenance(["-m", "benchmarks", "serve_wr_fixed_slots", *argv], args.commit)
         call = new_call_id()
         store.begin_call(call, {"command": prov["command"], "commit": prov["commit"], "started": time.time()})
     except UserError as e:

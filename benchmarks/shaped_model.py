@@ -7,8 +7,8 @@ profile (so the planner keeps what it would keep on real weights). The vocabular
 the file small. Tensor names and shapes are exactly those our loader reads, recorded by loading the
 config through it with a random source, and written with safetensors in bf16.
 
-    python benchmarks/shaped_model.py OUT_DIR [--arch kda|gdn] [--vocab 32000] [--device cuda]
-    python benchmarks/shaped_model.py OUT_DIR --arch gdn --layers 4 --hidden 256 --intermediate 512 --vocab 4096
+    python -m benchmarks shaped_model OUT_DIR [--arch kda|gdn] [--vocab 32000] [--device cuda]
+    python -m benchmarks shaped_model OUT_DIR --arch gdn --layers 4 --hidden 256 --intermediate 512 --vocab 4096
 
 --layers/--hidden/--intermediate make a reduced model for CPU ranks: the released linear-attention heads
 (Kimi 32 x 128 channels, Qwen 16 key x 32 value heads of 128) and attention heads, so each TP8 rank holds the
@@ -24,10 +24,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trtllm_dasc.config import HybridConfig  # noqa: E402
-from trtllm_dasc.model import HybridModel, RandomWeights  # noqa: E402
-from trtllm_dasc.plan.synthetic import KIMI_48B, QWEN3_NEXT_80B, decay_tensors, synthetic_decay  # noqa: E402
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.model import HybridModel, RandomWeights
+from trtllm_dasc.plan.synthetic import KIMI_48B, QWEN3_NEXT_80B, decay_tensors, synthetic_decay
 
 
 def shaped_config(arch: str, vocab: int, layers: int | None = None, hidden: int | None = None,

@@ -25,7 +25,7 @@ Every row records where its masks came from (masks, mask_rank, placement) and th
 (retained_per_layer, retained_sum, retained_max); the result's 'masks' lists every mask set once.
 
 Usage:
-  python benchmarks/state_bandwidth.py [--masks plan|random] [--layout ragged|padded] [--plan plan.json]
+  python -m benchmarks state_bandwidth [--masks plan|random] [--layout ragged|padded] [--plan plan.json]
                                        [--quick] [--sweep] [--reference-dir DIR]
 Without CUDA it builds and prints the masks only (the plan part) and times nothing.
 Writes benchmarks/results/state_bandwidth.json (and $OUT/state_bandwidth.json when $OUT is set).
@@ -46,7 +46,6 @@ import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 # one TP8 rank: L linear layers, n units per layer, E elements per unit, R = E // V rows, conv per layer
 MODELS = {
@@ -130,7 +129,7 @@ def engine_plan(path: str, wmax: int, layout: str):
     """The plan an engine built with dasc-build --tp 8 --layout LAYOUT would run."""
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     plan, _ = plan_from_path(path, PlanOptions(wmax=wmax, tp=TP, placement="hybrid", layout=layout))
-    # units move between ranks at run time for the ragged layout only (dist.storage); dasc-build refuses a
+    # units move between ranks at run time for the ragged layout only (parallel.storage); dasc-build refuses a
     # padded engine whose plan would move any, so such an engine runs without placement
     if layout == "padded" and plan.moved_units:
         plan, _ = plan_from_path(path, PlanOptions(wmax=wmax, tp=TP, placement="off", layout=layout))
@@ -470,11 +469,11 @@ def main(argv=None) -> int:
         print("state_bandwidth: no CUDA device here, masks built, timing skipped (run it on the GPU machine)")
         return 0
     import triton
-    from results_io import provenance, write_result
+    from benchmarks.results_io import provenance, write_result
     from triton.testing import do_bench
 
     from trtllm_dasc.state import triton_ops
-    from copy_bandwidth import copy_bandwidth
+    from benchmarks.copy_bandwidth import copy_bandwidth
     copy_gbps = copy_bandwidth("cuda") / 1e9
     arms = []
     for masks in grid:

@@ -6,7 +6,7 @@ A store encodes the captured states of B requests into B checkpoint slots on eve
 balancing: the variable-split all-to-all of the units a rank keeps for another); a load is the inverse.
 Latency is the slowest rank's (a step waits for it), timed between barriers, median of --reps.
 
-    python benchmarks/tp_storage.py --tp 2 --device cuda [--arch kda] [--wmax 16] [--batches 1,64]
+    python -m benchmarks tp_storage --tp 2 --device cuda [--arch kda] [--wmax 16] [--batches 1,64]
         [--out benchmarks/results/tp_storage_h200x2.json]
 It starts its own mpirun when not already under one.
 """
@@ -20,8 +20,6 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
 
 PLACEMENTS = ("off", "storage", "hybrid")
 
@@ -57,8 +55,8 @@ def _timed(group, fn, reps: int, sync) -> float:
 def measure(args) -> dict | None:
     import torch
 
-    from trtllm_dasc.dist.group import TPGroup
-    from trtllm_dasc.dist.storage import BalancedPool, exchanges
+    from trtllm_dasc.parallel.group import TPGroup
+    from trtllm_dasc.parallel.storage import BalancedPool, exchanges
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     from trtllm_dasc.plan.synthetic import write_checkpoint
     from trtllm_dasc.state import CheckpointPool
@@ -112,7 +110,7 @@ def measure(args) -> dict | None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
-    from trtllm_dasc.dist.launch import relaunch, under_mpirun
+    from trtllm_dasc.parallel.launch import relaunch, under_mpirun
     if not under_mpirun():
         return relaunch(args.tp, [os.path.abspath(__file__), *argv])
     result = measure(args)

@@ -6,7 +6,7 @@ In each process the workload (fill, then timed replay) runs twice with a flush i
 engine should run its first replay pass as fast as its second (within 10%); the control shows what
 warm-up saves (Triton JIT and fla autotuning inside the first requests).
 
-    python benchmarks/warm_start.py --model DIR [--device cuda] [--out benchmarks/results/warm_start_h200.json]
+    python -m benchmarks warm_start --model DIR [--device cuda] [--out benchmarks/results/warm_start_h200.json]
 """
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.results_io import provenance, write_result  # noqa: E402
 
 ARMS = {"dense": {}, "dasc-nr W=16": {"wmax": 16}, "dasc-wr W=16": {"wmax": 16, "policy": "wr"},
         "dasc-nr W=16 int8": {"wmax": 16, "codec": "int8"}}
@@ -31,7 +30,7 @@ def child(args) -> dict:
     from trtllm_dasc.config import HybridConfig
     from trtllm_dasc.engine.config import EngineConfig
     from trtllm_dasc.engine.engine import Engine
-    from trtllm_dasc.engine.workload import prefix_reuse_workload, run_workload
+    from benchmarks.prefix_reuse import prefix_reuse_workload, run_workload
 
     t0 = time.perf_counter()
     vocab = HybridConfig.from_path(args.model).schema.network.vocab_size

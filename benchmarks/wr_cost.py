@@ -10,7 +10,7 @@ Arms, all in one run on the same model and the same cached prefix (c tokens), n 
                paper's way, emulated: what a wr hit adds to nr(n) without our fusion)
 Reported: per-hit wr cost = wr(n, W) - nr(n) next to nr(n + W) - nr(n), medians over repeats.
 
-    python benchmarks/wr_cost.py [--prefix 512] [--new 32] [--windows 16 64 128] [--reps 15]
+    python -m benchmarks wr_cost [--prefix 512] [--new 32] [--windows 16 64 128] [--reps 15]
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.results_io import provenance, write_result  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

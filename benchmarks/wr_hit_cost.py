@@ -26,9 +26,9 @@ against the engine's counter), steps and ModelRunner.execute seconds; per arm th
   wr cost per hit = (median wr replay s - median nr replay s) / hits per pass
 next to the paired per-repetition differences (so the noise is visible), and whether the 2 ms target is met.
 
-    python benchmarks/wr_hit_cost.py --model /tmp/kimi48 [--wmax 16] [--max-batch 64] [--reps 7] \\
+    python -m benchmarks wr_hit_cost --model /tmp/kimi48 [--wmax 16] [--max-batch 64] [--reps 7] \\
         [--commit SHA] [--out benchmarks/results/wr_hit_cost.json]
-    python benchmarks/wr_hit_cost.py --smoke [--out FILE]     # CPU, the embedded tiny Kimi-Linear, tiny workload
+    python -m benchmarks wr_hit_cost --smoke [--out FILE]     # CPU, the embedded tiny Kimi-Linear, tiny workload
 """
 from __future__ import annotations
 
@@ -41,10 +41,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
 
-from results_io import provenance, write_result  # noqa: E402
+from benchmarks.results_io import provenance, write_result  # noqa: E402
 
 TARGET_MS = 2.0
 SMOKE_MODEL = os.path.join(ROOT, "trtllm_dasc", "assets", "tiny-kimi-linear")
@@ -207,7 +205,7 @@ def main(argv=None) -> int:
     from trtllm_dasc.engine.config import EngineConfig
     from trtllm_dasc.engine.engine import Engine
     from trtllm_dasc.engine.runner import engine_plan
-    from trtllm_dasc.engine.workload import prefix_reuse_workload
+    from benchmarks.prefix_reuse import prefix_reuse_workload
     from trtllm_dasc.errors import UserError
 
     try:

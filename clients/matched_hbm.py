@@ -407,7 +407,7 @@ def drive(prog: str, flags: list[str], argv: list[str], extra: dict, title) -> i
     add_arguments(parser)
     args = parser.parse_args(flags)
     try:
-        result = run(args, [f"benchmarks/{prog}.py", *argv], {**extra, "clients_flags": flags})
+        result = run(args, ["-m", "benchmarks", prog, *argv], {**extra, "clients_flags": flags})
         if result.get("plan_only"):
             return 0
     except UserError as e:

@@ -32,7 +32,7 @@ def check_available() -> str:
 
 def rank_layouts(plan) -> list:
     """Each rank's StateLayout; a placement that moves units between ranks has no per-rank codec engine
-    (its pool is the all-to-all of dist/storage.py)."""
+    (its pool is the all-to-all of parallel/storage.py)."""
     from trtllm_dasc.state.layout import LayoutError, StateLayout
     try:
         return [StateLayout.from_plan(plan, r) for r in range(plan.options.tp)]

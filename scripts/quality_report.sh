@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU, after scripts/gpu_quality_evals.sh: the quality issue's report files for both trained models.
+# CPU, after scripts/gpu/quality_evals.sh: the quality issue's report files for both trained models.
 #   bash scripts/quality_report.sh RESULTS_DIR [OUT_DIR]
 # RESULTS_DIR holds quality_{kda,gdn}.json (+ .png) from the device call; MODELS (default
 # benchmarks/quality_models) holds the models. Writes into OUT_DIR (default benchmarks/results/quality):

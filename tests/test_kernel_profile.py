@@ -2,11 +2,7 @@
 hand-made profiler events (the GPU path's input; a CPU run has no device kernels to attribute)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 def _event(name, parent=None, kernels=()):
@@ -16,7 +12,7 @@ def _event(name, parent=None, kernels=()):
 
 
 def test_kernels_are_named_by_the_operators_above_their_launch():
-    import kernel_profile
+    from benchmarks import kernel_profile
     pad = _event("aten::pad")
     copy = _event("aten::copy_", _event("aten::constant_pad_nd", pad))
     launches = [_event("cudaLaunchKernel", copy, ["copy_kernel"]), _event("cudaLaunchKernel", copy, ["copy_kernel"]),
@@ -35,7 +31,7 @@ def _timed(name, start, end):
 
 
 def test_idle_gaps_are_the_holes_between_device_events():
-    import kernel_profile
+    from benchmarks import kernel_profile
     # a (0-10), b (5-30) overlapping a, a hole of 70, c (100-110), a hole of 5, d (115-200); counted by hand
     events = [_timed("d", 115, 200), _timed("a", 0, 10), _timed("c", 100, 110), _timed("b", 5, 30)]
     got = kernel_profile.idle_gaps(events, steps=1, wide_us=20)

@@ -14,7 +14,7 @@ import sys
 SUBCOMMANDS = {
     "plan": ("trtllm_dasc.plan.cli", "plan dasc compression from the decay weights and report capacity"),
     "synth": ("trtllm_dasc.plan.synthetic", "write a synthetic decay checkpoint (config.json + safetensors)"),
-    "logits": ("trtllm_dasc.engine.logits_cli", "prefill token ids and write float32 logits (.npy)"),
+    "logits": ("trtllm_dasc.cli_logits", "prefill token ids and write float32 logits (.npy)"),
     "build": ("build_scripts.dasc_build", "build an engine directory from a checkpoint (same as dasc-build)"),
     "serve": ("trtllm_dasc.serve.cli", "serve an engine directory (or a checkpoint) with tritonserver"),
 }

@@ -3,7 +3,6 @@ manifests or commits, a call at another commit is refused before it measures, an
 which units a call takes (clients/runner.py); the paper-mode defaults and the seeded block subset."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -24,9 +23,7 @@ def _store(path, **change):
 
 
 def _merge_main(argv):
-    spec = importlib.util.spec_from_file_location("merge_matched_hbm", ROOT / "benchmarks" / "merge_matched_hbm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from benchmarks import merge_matched_hbm as mod
     return mod.main(argv)
 
 

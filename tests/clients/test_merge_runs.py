@@ -2,17 +2,11 @@
 get within-seed ratios against the dense arm of their own run (checked by hand-computed numbers)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from trtllm_dasc.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("merge_matched_hbm", ROOT / "benchmarks" / "merge_matched_hbm.py")
-merge_mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(merge_mod)
+from benchmarks import merge_matched_hbm as merge_mod
 
 
 def _arm(spec_name, ttft, thr):

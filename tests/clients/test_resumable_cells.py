@@ -6,7 +6,6 @@
 One client (concurrency 1) makes the cache's eviction order, and so every hit, independent of timing."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -40,9 +39,7 @@ def _strip(x):
 
 
 def _merge_mod():
-    spec = importlib.util.spec_from_file_location("merge_matched_hbm", ROOT / "benchmarks" / "merge_matched_hbm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from benchmarks import merge_matched_hbm as mod
     return mod
 
 

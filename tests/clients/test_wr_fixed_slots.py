@@ -5,22 +5,16 @@ per-hit cost is recomputed by hand from the cells: dTTFT x requests / N_hit. The
 size has 1,051 turns in 200 conversations and a hit rate near 0.80."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 
 from clients.multiturn import MultiTurnConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _driver():
-    spec = importlib.util.spec_from_file_location("serve_wr_fixed_slots", ROOT / "benchmarks" / "serve_wr_fixed_slots.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from benchmarks import serve_wr_fixed_slots as mod
     return mod
 
 

@@ -1,16 +1,13 @@
 """Helpers of the engine tests: tiny checkpoints (transformers' save_pretrained) and engine builders."""
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
-from hybrid_tiny import VOCAB, build  # noqa: E402
+from hybrid_tiny import VOCAB, build
 
-from trtllm_dasc.engine.config import EngineConfig  # noqa: E402
-from trtllm_dasc.engine.request import GenerationRequest  # noqa: E402
-from trtllm_dasc.engine.sampling import SamplingParams  # noqa: E402
-from trtllm_dasc.engine.engine import Engine  # noqa: E402
+from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.engine.request import GenerationRequest
+from trtllm_dasc.engine.sampling import SamplingParams
+from trtllm_dasc.engine.engine import Engine
 
 __all__ = ["VOCAB", "build", "make_engine", "greedy", "reference_greedy", "split_wmax"]
 

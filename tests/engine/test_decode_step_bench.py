@@ -3,19 +3,14 @@ whose weight bytes match a count made here with the safetensors library (every t
 table, plus one table row per sequence), and whose bound, ratio and target verdict follow from them."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))     # decode_step imports results_io and shaped_model from there
-spec = importlib.util.spec_from_file_location("decode_step", ROOT / "benchmarks" / "decode_step.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks import decode_step as bench
 
 BATCHES = (1, 3)
 
@@ -41,7 +36,7 @@ def smoke(tmp_path_factory):
 
 
 def test_smoke_records_the_run(smoke):
-    assert "benchmarks/decode_step.py --smoke" in smoke["command"] and smoke["commit"] == "c0ffee"
+    assert "python -m benchmarks decode_step --smoke" in smoke["command"] and smoke["commit"] == "c0ffee"
     assert smoke["device"] == "cpu" and smoke["torch_device"] == "cpu" and smoke["dtype"] == "float32"
     assert smoke["context"] == 20 and smoke["torch_threads"] == 1
     assert smoke["copy_bandwidth_Bps"] > 0 and smoke["copy_bytes"] > 0

@@ -3,18 +3,11 @@ phase and writes its JSON; the decode bound counts the router's real choices (on
 distinct experts per MoE layer) and the weight bytes by role add up to what the loaded engine holds."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-spec = importlib.util.spec_from_file_location("real_model", ROOT / "benchmarks" / "real_model.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks import real_model as bench
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +18,7 @@ def smoke(tmp_path_factory):
 
 
 def test_smoke_runs_every_phase(smoke):
-    assert smoke["complete"] and smoke["commit"] == "c0ffee" and "real_model.py --smoke" in smoke["command"]
+    assert smoke["complete"] and smoke["commit"] == "c0ffee" and "python -m benchmarks real_model --smoke" in smoke["command"]
     assert smoke["weights"].startswith("dummy") and smoke["targets"] == bench.TARGETS
     assert smoke["ready"]["ready_s"] == pytest.approx(smoke["ready"]["load_s"] + smoke["ready"]["warmup_s"])
     assert [r["tokens"] for r in smoke["prefill"]] == [32] and [r["batch"] for r in smoke["decode"]] == [1, 2]

@@ -2,18 +2,13 @@
 arms hits, wr replays and nr does not, and the per-hit cost is what the per-pass times in the JSON give."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("wr_hit_cost", ROOT / "benchmarks" / "wr_hit_cost.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks import wr_hit_cost as bench
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +26,7 @@ def result(tmp_path_factory):
 def test_json_records_the_run(result):
     assert result["benchmark"] == "wr_hit_cost"
     assert result["commit"] == "test-commit"
-    assert result["command"].startswith("python benchmarks/wr_hit_cost.py --smoke")
+    assert result["command"].startswith("python -m benchmarks wr_hit_cost --smoke")
     assert result["smoke"] is True and result["valid"] is True and result["problems"] == []
     s = result["settings"]
     assert s["wmax"] == 16 and s["reps"] == 2 and s["device"] == "cpu"

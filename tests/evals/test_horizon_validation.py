@@ -4,8 +4,6 @@ rank like the static ones."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +11,7 @@ import torch
 
 from trtllm_dasc.evals.horizon_validation import LayerObservation, correlate, observe
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
-from hybrid_tiny import build  # noqa: E402
+from hybrid_tiny import build
 
 
 @pytest.fixture(scope="module", params=["gdn", "kda"])

@@ -2,13 +2,10 @@
 experts, our layers holding the same weights, and random routings for the kernel tests."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "state"))
 from state_helpers import assert_close  # noqa: E402,F401  (fla-style, shared with the state tests)
 
 

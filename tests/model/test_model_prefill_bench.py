@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 def test_smoke_run_counts_the_flops_of_the_tiny_gdn_stack(tmp_path, monkeypatch):
-    import model_prefill
+    from benchmarks import model_prefill
     monkeypatch.delenv("OUT", raising=False)
     out = tmp_path / "mp.json"
     assert model_prefill.main(["--smoke", "--arch", "gdn", "--tokens", "128", "--reps", "1", "--profile",
@@ -34,5 +30,5 @@ def test_smoke_run_counts_the_flops_of_the_tiny_gdn_stack(tmp_path, monkeypatch)
 
 
 def test_bad_arguments_are_refused(tmp_path):
-    import model_prefill
+    from benchmarks import model_prefill
     assert model_prefill.main(["--smoke", "--reps", "0", "--out", os.fspath(tmp_path / "x.json")]) == 2

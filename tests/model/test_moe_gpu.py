@@ -2,13 +2,8 @@
 per-expert loop, without a host synchronisation, and inside a CUDA graph."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -17,7 +12,7 @@ from moe_helpers import assert_close  # noqa: E402
 
 @pytest.fixture(scope="module")
 def layers():
-    import moe_layer
+    from benchmarks import moe_layer
     return {k: moe_layer.build_layer(torch, v, torch.bfloat16, "cuda", seed=3) for k, v in moe_layer.MODELS.items()}
 
 
@@ -66,8 +61,8 @@ def test_fused_forward_does_not_synchronise(layers, key, T):
 @pytest.mark.parametrize("path", ["triton", "triton_small", "triton_grouped"])
 @pytest.mark.parametrize("key", ["kimi", "qwen"])
 def test_fused_layer_replays_in_a_cuda_graph(layers, key, path):
-    import moe_layer
-    from copy_bandwidth import device_ms  # noqa: F401  (the benchmark's timer; imported as it imports it)
+    from benchmarks import moe_layer
+    from benchmarks.copy_bandwidth import device_ms  # noqa: F401  (the benchmark's timer; imported as it imports it)
     layer = layers[key]
     layer.backend = path
     x = torch.randn(8, layer.w["gate_up"].shape[2], device="cuda").bfloat16()

@@ -3,14 +3,10 @@ output matches the loop's, and the JSON records the target, the command and the 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 def test_smoke_run_records_both_arms_and_the_target(tmp_path, monkeypatch, capsys):
-    import moe_layer
+    from benchmarks import moe_layer
     monkeypatch.delenv("OUT", raising=False)
     out = tmp_path / "moe.json"
     assert moe_layer.main(["--smoke", "--no-sweep", "--out", str(out)]) == 0
@@ -18,7 +14,7 @@ def test_smoke_run_records_both_arms_and_the_target(tmp_path, monkeypatch, capsy
     # the target is stated before any figure
     assert printed.index(moe_layer.TARGET) < printed.index("T=    1")
     got = json.loads(out.read_text())
-    assert got["target"] == moe_layer.TARGET and got["command"].startswith("python benchmarks/moe_layer.py --smoke")
+    assert got["target"] == moe_layer.TARGET and got["command"].startswith("python -m benchmarks moe_layer --smoke")
     assert "commit" in got and got["device"] == "cpu"
     for key in ("kimi", "qwen"):
         m = got["models"][key]
@@ -35,7 +31,7 @@ def test_smoke_run_records_both_arms_and_the_target(tmp_path, monkeypatch, capsy
 
 
 def test_bad_arguments_and_no_gpu_are_refused(tmp_path):
-    import moe_layer
+    from benchmarks import moe_layer
     assert moe_layer.main(["--smoke", "--reps", "0", "--out", str(tmp_path / "x.json")]) == 2
     import torch
     if not torch.cuda.is_available():

@@ -3,8 +3,6 @@ the decay selection keeps, drawn uniformly; a seed fixes the mask; the engine se
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -50,7 +48,6 @@ def test_bad_selection_options_are_one_line(opts, msg):
 
 
 def test_the_engine_serves_a_random_mask_and_its_plan_round_trips(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
     from engine_helpers import greedy
     from trtllm_dasc.engine.config import EngineConfig
     from trtllm_dasc.engine.engine import Engine

@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
-from hybrid_tiny import VOCAB, build  # noqa: E402
+from hybrid_tiny import VOCAB, build
 
-from trtllm_dasc.serve.tritonserver import start_server  # noqa: E402
+from trtllm_dasc.serve.tritonserver import start_server
 
 __all__ = ["VOCAB", "build", "build_engine", "serve", "hf_greedy", "triton_inputs", "StreamClient", "Stream"]
 

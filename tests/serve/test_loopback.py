@@ -12,17 +12,14 @@ oob_tcp_disable_ipv4_family / _ipv6_family leave both listeners in place; oob=^t
 prterun's PMIx listener (ptl tcp) is on 127.0.0.1 by default, and is held to it here."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
 from listeners import is_loopback, listening_sockets, process_tree
 from serve_helpers import build, build_engine, serve
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tp"))
-from test_server_load import TP_MODEL  # noqa: E402
-from tp_helpers import have_mpi  # noqa: E402
+from test_server_load import TP_MODEL
+from tp_helpers import have_mpi
 
 
 def test_every_listener_of_a_tp2_server_is_on_loopback(tmp_path):
@@ -38,7 +35,7 @@ def test_every_listener_of_a_tp2_server_is_on_loopback(tmp_path):
         server.stop()
     commands = " ".join(cmd for _, cmd, _ in found)
     # the server's three ports, the rendezvous store, gloo, and a worker rank were all seen
-    assert "tritonserver" in commands and "trtllm_dasc.dist.worker" in commands and len(found) >= 6, found
+    assert "tritonserver" in commands and "trtllm_dasc.serve.worker" in commands and len(found) >= 6, found
     # prterun's OOB listeners (see above) are the only exception: on the wildcard address, at most one per
     # address family; any other address of prterun's (an interface's own, its PMIx listener) is not
     oob = [(pid, cmd, addr) for pid, cmd, addr in found if cmd.split()[0].endswith("prterun")

@@ -5,19 +5,16 @@ the metrics port) and the server is ready."""
 from __future__ import annotations
 
 import random
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from serve_helpers import VOCAB, build, build_engine, hf_greedy, serve
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tp"))
-from tp_helpers import have_mpi  # noqa: E402
+from tp_helpers import have_mpi
 
 N, CONCURRENCY = 300, 32
 # at TP the ranks share CI's 2 cores (4 ranks: 16x slower steps); the same mix, fewer requests

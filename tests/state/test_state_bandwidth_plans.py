@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import filecmp
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks import state_bandwidth as bw
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("state_bandwidth", ROOT / "benchmarks" / "state_bandwidth.py")
-bw = importlib.util.module_from_spec(_spec)
-# dataclasses resolve their module through sys.modules
-sys.modules[_spec.name] = bw
-_spec.loader.exec_module(bw)
 
 # DESIGN.md item 1
 A, EPS, TP = -0.3, 1e-3, 8

@@ -24,8 +24,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from trtllm_dasc.dist.group import TPGroup
-    from trtllm_dasc.dist.storage import BalancedPool
+    from trtllm_dasc.parallel.group import TPGroup
+    from trtllm_dasc.parallel.storage import BalancedPool
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     from trtllm_dasc.state import CheckpointPool
     group = TPGroup.from_mpi("cpu")

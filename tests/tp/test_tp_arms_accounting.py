@@ -5,21 +5,18 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 import time
 from contextlib import redirect_stdout
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tp_helpers import build_tp_model  # noqa: E402
+from tp_helpers import build_tp_model
 
-from clients import arms as armlib  # noqa: E402
-from clients.matched_hbm import exchange_delta  # noqa: E402
-from trtllm_dasc.dist.exchange_clock import ExchangeClock  # noqa: E402
-from trtllm_dasc.engine.arms import parse_arm  # noqa: E402
-from trtllm_dasc.errors import UserError  # noqa: E402
+from clients import arms as armlib
+from clients.matched_hbm import exchange_delta
+from trtllm_dasc.parallel.exchange_clock import ExchangeClock
+from trtllm_dasc.engine.arms import parse_arm
+from trtllm_dasc.errors import UserError
 
 
 @pytest.fixture(scope="module")

@@ -3,15 +3,13 @@ tokens and cache hits; every rank's checkpoint pool has the planner's slot bytes
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tp_helpers import build_tp_model, have_mpi, run_job  # noqa: E402
+from tp_helpers import build_tp_model, have_mpi, run_job
 
-import tp_job  # noqa: E402
+import tp_job
 
 pytestmark = pytest.mark.skipif(have_mpi() is not None, reason=f"no MPI here: {have_mpi()}")
 
@@ -73,7 +71,6 @@ def test_tp_matches_tp1_and_transformers(models, tmp_path, arch, tp):
 
 
 def _split_wmax(path: str) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
     from engine_helpers import split_wmax
     return split_wmax(path)
 
@@ -214,7 +211,6 @@ def test_engine_thread_scenario_at_tp(models, tmp_path, tp):
     """The engine-seam thread test (500 requests from 8 threads, aborts, malformed ones, tiny pools that
     evict all the time) with rank 0's engine driving T ranks: transformers' tokens, everything freed."""
     import json
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
     from thread_scenario import scenario_prompts
     path, hf = models["kda"]
     vocab = hf.config.vocab_size
@@ -239,7 +235,7 @@ def test_ranks_keep_our_search_paths_under_an_absolute_path_mpirun(tmp_path):
     import shutil
     import subprocess
 
-    from trtllm_dasc.dist.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
+    from trtllm_dasc.parallel.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
     env = mpi_environment(1, dict(os.environ, PATH=os.pathsep.join([str(tmp_path), os.environ["PATH"]]),
                                   LD_LIBRARY_PATH=str(tmp_path)))
     probe = [sys.executable, "-c", "import os; print('PATH=' + os.environ['PATH']); "

@@ -10,11 +10,8 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "serve"))
-from serve_helpers import StreamClient, build_engine, serve, triton_inputs  # noqa: E402
-from tp_helpers import build_tp_model, have_mpi  # noqa: E402
+from serve_helpers import StreamClient, build_engine, serve, triton_inputs
+from tp_helpers import build_tp_model, have_mpi
 
 pytestmark = pytest.mark.skipif(have_mpi() is not None, reason=f"no MPI here: {have_mpi()}")
 
@@ -97,7 +94,7 @@ def test_a_dead_rank_takes_the_server_down(model, tmp_path):
     server = serve(engine_dir, tmp_path / "work", tp=2)
     try:
         # the worker itself (mpirun's own command line names it too)
-        workers = subprocess.run(["pgrep", "-f", f"^{sys.executable} -m trtllm_dasc.dist.worker --engine {engine_dir}"],
+        workers = subprocess.run(["pgrep", "-f", f"^{sys.executable} -m trtllm_dasc.serve.worker --engine {engine_dir}"],
                                  capture_output=True, text=True).stdout.split()
         assert len(workers) == 1
         subprocess.run(["kill", "-9", workers[0]])

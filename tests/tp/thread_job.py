@@ -23,7 +23,7 @@ def main() -> None:
     args = ap.parse_args()
     from thread_scenario import ENGINE, run_scenario
 
-    from trtllm_dasc.dist.launch import run_ranks
+    from trtllm_dasc.engine.ranks import run_ranks
     from trtllm_dasc.engine.config import EngineConfig
     reference = {tuple(p): t for p, t in json.loads(Path(args.reference).read_text())}
     cfg = EngineConfig(model=args.model, tp_size=args.tp, **ENGINE)

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "model"))
-from hybrid_tiny import VOCAB, build  # noqa: E402
+from hybrid_tiny import VOCAB, build
 
 __all__ = ["VOCAB", "build_tp_model", "run_job", "have_mpi"]
 
@@ -37,7 +35,7 @@ def have_mpi() -> str | None:
         import mpi4py  # noqa: F401
     except ImportError as e:
         return f"mpi4py is not installed ({e})"
-    from trtllm_dasc.dist.launch import find_mpirun
+    from trtllm_dasc.parallel.launch import find_mpirun
     from trtllm_dasc.errors import UserError
     try:
         find_mpirun()
@@ -48,7 +46,7 @@ def have_mpi() -> str | None:
 
 def run_job(num_ranks: int, job_args: list[str], out: Path, timeout: float = 300.0, script: str = "tp_job.py") -> dict:
     """Run tests/tp/<script> on ``num_ranks`` ranks; its JSON result (rank 0 writes ``out``)."""
-    from trtllm_dasc.dist.launch import mpirun_command
+    from trtllm_dasc.parallel.launch import mpirun_command
     cmd, env = mpirun_command(num_ranks, [str(HERE / script), *job_args, "--out", str(out)])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

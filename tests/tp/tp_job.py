@@ -79,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = parser().parse_args()
-    from trtllm_dasc.dist.launch import run_ranks
+    from trtllm_dasc.engine.ranks import run_ranks
     result = run_ranks(engine_config(args), job)
     if result is not None:
         Path(args.out).write_text(json.dumps(result))

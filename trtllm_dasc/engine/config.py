@@ -44,7 +44,7 @@ class EngineConfig:
     prompt_only: bool = False           # checkpoint prompt ends only (the paper's strict replay protocol)
     kernel_cache_dir: str | None = None  # Triton's compiled-kernel cache (TRITON_CACHE_DIR); None: Triton's default
     plan_path: str | None = None        # a dasc plan JSON (an engine dir's plan.json); None: plan at start
-    # tensor parallelism (dist/): T ranks under one mpirun, rank 0 schedules; the budget is per rank
+    # tensor parallelism (parallel/): T ranks under one mpirun, rank 0 schedules; the budget is per rank
     tp_size: int = DEFAULT_TP
     placement: str = ENGINE_PLACEMENT   # the planner's TP placement of the units (spec.py: why off here)
     rank_weights: str | None = None     # per-rank weight files (dasc-build --tp); None: slice the checkpoint

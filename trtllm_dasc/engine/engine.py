@@ -37,7 +37,7 @@ class RequestFailed(RuntimeError):
 class Engine:
     def __init__(self, cfg: EngineConfig, runner=None):
         """``runner``: what executes the step plans (default: a ModelRunner of ``cfg`` in this process;
-        dist.DistributedRunner at tp_size > 1, which also sends every plan to the other ranks)."""
+        parallel.DistributedRunner at tp_size > 1, which also sends every plan to the other ranks)."""
         if cfg.kernel_cache_dir:
             # read by Triton at compile time: compiled kernels outlive the process (an engine dir keeps them)
             os.makedirs(cfg.kernel_cache_dir, exist_ok=True)
@@ -45,7 +45,7 @@ class Engine:
         self.cfg = cfg
         if runner is None and cfg.tp_size > 1:
             raise UserError(f"tp_size {cfg.tp_size} runs on {cfg.tp_size} MPI ranks: start it through "
-                            "trtllm_dasc.dist (dasc serve --tp / dasc logits --tp)")
+                            "trtllm_dasc.parallel (dasc serve --tp / dasc logits --tp)")
         self.runner = runner if runner is not None else ModelRunner(cfg)
         self.scheduler = Scheduler(cfg, self.runner.pool.num_slots, self.runner.num_rows, self.runner.replay_window)
         self.telemetry = Telemetry()
@@ -59,7 +59,7 @@ class Engine:
         self._stop, self._drain, self._closed = False, True, False
         self.dead: str | None = None
         self.ready = False
-        # per TP rank: its checkpoint pool's memory report (set by dist.run_ranks; this process's alone at TP1)
+        # per TP rank: its checkpoint pool's memory report (set by parallel.run_ranks; this process's alone at TP1)
         self.rank_reports = [self.runner.memory_report()]
 
     @property
@@ -140,7 +140,7 @@ class Engine:
         self.scheduler.add(queued)
         for seq in list(self._seqs.values()):
             self._finish(seq, "cancelled")
-        # the other TP ranks (dist.DistributedRunner) wait for plans until told to stop
+        # the other TP ranks (parallel.DistributedRunner) wait for plans until told to stop
         self.runner.stop()
 
     def has_work(self) -> bool:

@@ -35,8 +35,8 @@ DENSE_SLOTS_DEFAULT = 64
 
 class ModelRunner:
     """``tp_rank``: this process's rank of ``cfg.tp_size``; ``all_reduce``: callable(tensor) -> summed tensor
-    over the ranks (dist.TPGroup.all_reduce), required when tp_size > 1; ``all_to_all``: the variable-split
-    exchange (dist.TPGroup.all_to_all), required when the plan's storage balancing moves units."""
+    over the ranks (parallel.TPGroup.all_reduce), required when tp_size > 1; ``all_to_all``: the variable-split
+    exchange (parallel.TPGroup.all_to_all), required when the plan's storage balancing moves units."""
 
     def __init__(self, cfg: EngineConfig, tp_rank: int = 0, all_reduce=None, all_to_all=None):
         self.cfg, self.tp_rank = cfg, tp_rank
@@ -45,7 +45,7 @@ class ModelRunner:
         if not 0 <= tp_rank < cfg.tp_size:
             raise UserError(f"tp_rank {tp_rank} is outside 0..{cfg.tp_size - 1}")
         if cfg.tp_size > 1 and all_reduce is None:
-            raise UserError("tp_size > 1 needs the ranks' all-reduce (run it through trtllm_dasc.dist)")
+            raise UserError("tp_size > 1 needs the ranks' all-reduce (run it through trtllm_dasc.parallel)")
         # the plan first: its bundle order decides which heads this rank loads
         self.plan = engine_plan(cfg)
         model_cfg = HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype)
@@ -67,12 +67,12 @@ class ModelRunner:
         # and the fused MoE kernels' tile configs for every step size up to the step's token cap (model.warm_moe)
         self.model.warm_moe(cfg.max_num_tokens or cfg.max_context)
         self.model.all_reduce = all_reduce
-        from trtllm_dasc.dist.storage import BalancedPool, exchanges
+        from trtllm_dasc.parallel.storage import BalancedPool, exchanges
         self._exchanges = exchanges(self.plan)
         if self._exchanges:
             if all_to_all is None:
                 raise UserError(f"placement {cfg.placement!r} moves checkpoint units between ranks: run it "
-                                "through trtllm_dasc.dist")
+                                "through trtllm_dasc.parallel")
             self.pool = BalancedPool(self.plan, self.budget, tp_rank, all_to_all, device=cfg.device)
         else:
             self.pool = CheckpointPool.from_plan(self.plan, self.budget, tp_rank, device=cfg.device)

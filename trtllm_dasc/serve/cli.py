@@ -106,7 +106,7 @@ def run(args) -> int:
     if notice:
         print(f"[dasc serve] {notice}", file=sys.stderr, flush=True)
     if tp > 1:
-        from trtllm_dasc.dist.launch import find_mpirun
+        from trtllm_dasc.parallel.launch import find_mpirun
         find_mpirun()
     admin_key = None
     if args.restrict_apis:

@@ -63,8 +63,8 @@ class EngineHost:
             log.warning("%s", self.dummy_notice)
         if cfg.tp_size > 1:
             # this process (the server's Python backend stub) is rank 0 of the mpirun that `dasc serve --tp`
-            # started; the other ranks are dist.worker processes beside the server
-            from trtllm_dasc.dist.launch import start_rank
+            # started; the other ranks are serve.worker processes beside the server
+            from trtllm_dasc.engine.ranks import start_rank
             self.engine = start_rank(cfg)
         else:
             self.engine = Engine(cfg)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from trtllm_dasc.serve.drain import (DEFAULT_DRAIN_S, DRAIN_ENV, UNLOAD_S, find_tritonserver, is_drained,
                                      kill_session, new_shm_prefix, remove_regions, request_drain, shm_backend_args)
-from trtllm_dasc.dist.group import free_port  # noqa: F401  (also this module's: tests import it here)
+from trtllm_dasc.parallel.group import free_port  # noqa: F401  (also this module's: tests import it here)
 from trtllm_dasc.errors import UserError
 
 
@@ -223,7 +223,7 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
     backends directory and the server log. Returns at once: call ``wait_ready``. With ``admin_key`` the
     repository and shared-memory APIs answer only requests carrying it (restricted_api_args).
 
-    ``tp = (T, engine_dir)`` with T > 1: one mpirun runs the server as rank 0 and T - 1 dist.worker ranks of
+    ``tp = (T, engine_dir)`` with T > 1: one mpirun runs the server as rank 0 and T - 1 serve.worker ranks of
     that engine (MPMD); the dasc_hybrid model inside the server joins as rank 0. ``proc`` is then mpirun:
     when any rank dies mpirun ends the rest, so the server never outlives its TP group.
 
@@ -252,13 +252,13 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
            f"--exit-timeout-secs={exit_timeout}", *shm_backend_args(shm_prefix),
            *(restricted_api_args(admin_key) if admin_key else []), *(extra_args or [])]
     if tp is not None and tp[0] > 1:
-        from trtllm_dasc.dist.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
-        # MPMD: mpirun -np 1 tritonserver ... : -np T-1 python -m trtllm_dasc.dist.worker --engine DIR,
+        from trtllm_dasc.parallel.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
+        # MPMD: mpirun -np 1 tritonserver ... : -np T-1 python -m trtllm_dasc.serve.worker --engine DIR,
         # each with this PATH (the stub finds its interpreter there) and LD_LIBRARY_PATH
         run_env = mpi_environment(tp[0], run_env)
         pin = pinned_paths(run_env)
         cmd = [find_mpirun(), *MPIRUN_FLAGS, "-np", "1", *pin, *cmd, ":", "-np", str(tp[0] - 1), *pin,
-               sys.executable, "-m", "trtllm_dasc.dist.worker", "--engine", os.path.abspath(tp[1])]
+               sys.executable, "-m", "trtllm_dasc.serve.worker", "--engine", os.path.abspath(tp[1])]
     log_path = os.path.join(work_dir, "tritonserver.log")
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)

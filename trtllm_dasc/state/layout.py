@@ -152,12 +152,12 @@ class StateLayout:
         width the planner accounted for (so the pool matches the planner to the byte).
 
         A rank that stores units of other ranks, or sends its own away (storage balancing at tp > 1 with
-        transfers touching it), has its pool from dist.storage.BalancedPool (the all-to-all): refused here."""
+        transfers touching it), has its pool from parallel.storage.BalancedPool (the all-to-all): refused here."""
         if not 0 <= rank < plan.options.tp:
             raise LayoutError(f"rank {rank} outside the plan's TP degree {plan.options.tp}")
         if plan.storage is not None and any(rank in (t.src, t.dst) for t in plan.storage.transfers):
             raise LayoutError(f"rank {rank} exchanges checkpoint units with other ranks under placement "
-                              f"'{plan.options.placement}': its pool is dist.storage.BalancedPool (the storage all-to-all)")
+                              f"'{plan.options.placement}': its pool is parallel.storage.BalancedPool (the storage all-to-all)")
         return cls.from_config(plan.config, plan.options.tp, plan.local_retained(rank), codec=plan.options.codec,
                                layout=plan.options.layout, width=plan.rank_widths()[rank])
 

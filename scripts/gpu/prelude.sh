@@ -1,4 +1,4 @@
-# Sourced by the scripts/gpu_*.sh device scripts (bash, the repository root as the working directory):
+# Sourced by the scripts/gpu/*.sh device scripts (bash, the repository root as the working directory):
 # install the carried wheels (.whl: into the interpreter's own site-packages, where the Triton server is
 # looked up), stop there when INSTALL_ONLY=1 (a first call that carries only the big wheel), put the
 # repository on PYTHONPATH, fill one Triton kernel cache ($CACHE) from the carried .kernel_cache/*.tgz
@@ -34,5 +34,5 @@ return_new_kernels() {
   else echo "kernel cache $(stat -c %s /tmp/$1.tgz) B: over two returned files, not returned"; fi
 }
 if [ "${SHAPED_MODEL:-1}" = 1 ] && [ ! -f /tmp/kimi48/model.safetensors ]; then
-  python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda || exit 4
+  python3 -m benchmarks shaped_model /tmp/kimi48 --device cuda || exit 4
 fi

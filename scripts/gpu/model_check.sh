@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # GPU check of the model runtime: fla kernels vs the torch reference, then the prefill benchmark.
 # Run from the repository root on the GPU machine, with fla-core's wheel carried in .whl/:
-#     bash scripts/gpu_model_check.sh
+#     bash scripts/gpu/model_check.sh
 # Results (pytest log, benchmark JSON) are copied to $OUT when it is set. Fails loudly on any error.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # the GPU machine's torch lives in /opt/torch/.venv; PYTHON overrides
 if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PYTHON=/opt/torch/.venv/bin/python; fi
 PY=${PYTHON:-python3}
@@ -38,5 +38,5 @@ $PY -m pytest -q -rs -p no:cacheprovider tests/model/test_fla_gpu.py 2>&1 | tee 
 if grep -q "skipped" "$OUT_DIR/test_fla_gpu.log"; then echo "gpu_model_check: GPU tests were skipped" >&2; exit 1; fi
 
 echo "== benchmarks/model_prefill.py"
-$PY benchmarks/model_prefill.py --tokens 4096 16384 --reps 3
+$PY -m benchmarks model_prefill --tokens 4096 16384 --reps 3
 echo "== done; results in $OUT_DIR"

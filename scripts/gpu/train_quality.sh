@@ -33,7 +33,7 @@
 # (weights to resume from; `python -m trtllm_dasc.evals.train --export STAGE --out DIR` writes the bf16 model),
 # $OUT/logs.tgz (train_NAME.log, quick_NAME.log), $OUT/quick.log, $OUT/train_kernels.tgz.part-* (one or two).
 set -uo pipefail
-SHAPED_MODEL=0 source scripts/gpu_prelude.sh          # wheels, PYTHONPATH, the kernel cache in $CACHE
+SHAPED_MODEL=0 source scripts/gpu/prelude.sh          # wheels, PYTHONPATH, the kernel cache in $CACHE
 export PYTHONUNBUFFERED=1
 # a warm machine keeps /tmp: never return (or resume from) an earlier call's models
 rm -rf /tmp/models /tmp/stage /tmp/quick_* /tmp/train_logs

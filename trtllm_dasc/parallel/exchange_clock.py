@@ -1,4 +1,4 @@
-"""Time spent in the storage balance's all-to-all (dist/storage.py), per checkpoint store and load.
+"""Time spent in the storage balance's all-to-all (parallel/storage.py), per checkpoint store and load.
 
 The paper's TP8 table reports the all-to-all time per store / load; the serving benchmark reads it from the
 engine's stats. On a GPU the collective is queued on the stream like any kernel, so the clock records a CUDA

@@ -15,7 +15,7 @@
 # override it), then the paper-style tables of both models in $OUT/quality_tables.md (evals.paper_tables).
 # Writes $OUT/quality_{kda,gdn}.json and .png, $OUT/evals.log, $OUT/eval_kernels.tgz.part-* (compiled kernels).
 set -uo pipefail
-SHAPED_MODEL=0 source scripts/gpu_prelude.sh          # wheels, PYTHONPATH, both kernel caches in $CACHE
+SHAPED_MODEL=0 source scripts/gpu/prelude.sh          # wheels, PYTHONPATH, both kernel caches in $CACHE
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 MODELS=${MODELS:-benchmarks/quality_models}
 for arch in kda gdn; do

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # GPU check of the checkpoint store: the state tests on the device (kernels native, no interpreter),
 # then the store/load bandwidth benchmark. Results go to benchmarks/results/ and to $OUT when set.
-# Usage (GPU machine): bash scripts/gpu_state_check.sh [benchmark args, e.g. --quick]
+# Usage (GPU machine): bash scripts/gpu/state_check.sh [benchmark args, e.g. --quick]
 # The interpreter is $PYTHON, else /opt/torch/.venv/bin/python, else python3.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
   if [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; else PY=python3; fi
@@ -32,5 +32,5 @@ echo "== state tests (GPU) =="
 
 echo "== store/load bandwidth =="
 # the benchmark writes benchmarks/results/state_bandwidth.json and, with $OUT set, $OUT/ too
-"$PY" benchmarks/state_bandwidth.py "$@" 2>&1 | tee "$OUT_DIR/state_bandwidth.txt"
+"$PY" -m benchmarks state_bandwidth "$@" 2>&1 | tee "$OUT_DIR/state_bandwidth.txt"
 echo "gpu_state_check: OK"

@@ -82,13 +82,13 @@ def run(args) -> int:
     check_output_path(args.out)
     if args.split is not None and not 0 < args.split < len(ids):
         raise UserError(f"--split must be in 1..{len(ids) - 1} for {len(ids)} tokens, got {args.split}")
-    from trtllm_dasc.dist.launch import relaunch, under_mpirun
+    from trtllm_dasc.parallel.launch import relaunch, under_mpirun
     if args.tp < 1:
         raise UserError(f"--tp must be >= 1, got {args.tp}")
     if args.tp > 1 and not under_mpirun():
         # the same command on T ranks; rank 0 writes the file and prints
         from trtllm_dasc.config import HybridConfig
-        from trtllm_dasc.dist.launch import find_mpirun
+        from trtllm_dasc.parallel.launch import find_mpirun
         find_mpirun()
         # what every rank would refuse, refused once here (one line, not T lines and mpirun's report)
         HybridConfig.from_path(args.model).shard(args.tp)
@@ -127,7 +127,7 @@ def engine_logits(args, ids: list[int]):
                        replay_window=args.replay_window, state_budget_bytes=3 * dense,
                        tp_size=args.tp, placement=args.placement)
     if args.tp > 1:
-        from trtllm_dasc.dist.launch import run_ranks
+        from trtllm_dasc.engine.ranks import run_ranks
         return run_ranks(cfg, lambda engine: _logits(engine, ids, split))
     return _logits(Engine(cfg), ids, split)
 

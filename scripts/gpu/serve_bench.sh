@@ -23,7 +23,7 @@ if int(numpy.__version__.split(".")[0]) >= 2:
     sys.exit(f"numpy {numpy.__version__}: the Triton Python backend stub needs numpy<2 (carry numpy==1.26.4)")
 print(f"serving stack ready: numpy {numpy.__version__}, tritonserver at {find_server().binary}")
 PY
-[ -f /tmp/kimi48/model.safetensors ] || python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda
+[ -f /tmp/kimi48/model.safetensors ] || python3 -m benchmarks shaped_model /tmp/kimi48 --device cuda
 # the device's .git may be stale: COMMIT (set by the caller) names the real one
-timeout "${SERVE_BENCH_LIMIT:-450}" python3 benchmarks/serve_matched_hbm.py --model /tmp/kimi48 \
+timeout "${SERVE_BENCH_LIMIT:-450}" python3 -m benchmarks serve_matched_hbm --model /tmp/kimi48 \
   --out "$OUT/serve_matched_hbm_h200.json" ${COMMIT:+--commit "$COMMIT"} "$@"

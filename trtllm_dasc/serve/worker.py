@@ -1,4 +1,4 @@
-"""A worker rank of a TP server: ``python -m trtllm_dasc.dist.worker --engine ENGINE_DIR``.
+"""A worker rank of a TP server: ``python -m trtllm_dasc.serve.worker --engine ENGINE_DIR``.
 
 `dasc serve --tp T` starts tritonserver as rank 0 of one mpirun and T-1 of these beside it (MPMD, as
 TensorRT-LLM's launch_triton_server.py runs its ranks); the dasc_hybrid model, inside the server, joins
@@ -12,10 +12,10 @@ import sys
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="trtllm_dasc.dist.worker", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="trtllm_dasc.serve.worker", description=__doc__.splitlines()[0])
     ap.add_argument("--engine", required=True, help="the engine directory rank 0 serves")
     args = ap.parse_args(argv)
-    from trtllm_dasc.dist.launch import join_ranks, worker
+    from trtllm_dasc.engine.ranks import join_ranks, worker
     from trtllm_dasc.errors import UserError
     from trtllm_dasc.engine.config import engine_config
     try:

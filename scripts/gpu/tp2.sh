@@ -9,7 +9,7 @@
 # PARTS (default "logits storage serve") picks the parts, LOGITS_DTYPES (default "bfloat16 float32") the dtypes.
 # Writes $OUT/tp2_logits.json, $OUT/tp_storage_h200x2.json, $OUT/serve_matched_hbm_tp2.json (+ .png).
 set -uo pipefail
-source scripts/gpu_prelude.sh
+source scripts/gpu/prelude.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 nvidia-smi --query-gpu=name,memory.used --format=csv
 PARTS=" ${PARTS:-logits storage serve} "
@@ -28,7 +28,7 @@ done
 python3 - "$OUT/tp2_logits.json" "${COMMIT:-}" <<'PY'
 import json, os, sys
 import numpy as np
-out = {"command": "PARTS=logits bash scripts/gpu_tp2.sh (dasc logits --tp 1/2, bf16 and fp32, 300 tokens)",
+out = {"command": "PARTS=logits bash scripts/gpu/tp2.sh (dasc logits --tp 1/2, bf16 and fp32, 300 tokens)",
        "commit": sys.argv[2] or None, "note": "TP2 against TP1 of the same dtype; fp32 is the exactness check, "
        "bf16 adds the rounding of partial sums reduced in bf16; *_vs_fp32: each bf16 run against the fp32 TP1"}
 ref = np.load("/tmp/logits_float32_tp1.npy") if os.path.exists("/tmp/logits_float32_tp1.npy") else None
@@ -48,7 +48,7 @@ print(json.dumps(out, indent=1))
 json.dump(out, open(sys.argv[1], "w"), indent=1)
 PY
 fi
-[[ $PARTS == *" storage "* ]] && timeout 200 python3 benchmarks/tp_storage.py --tp 2 --device cuda --batches 1,64 --reps 20 \
+[[ $PARTS == *" storage "* ]] && timeout 200 python3 -m benchmarks tp_storage --tp 2 --device cuda --batches 1,64 --reps 20 \
   --out "$OUT/tp_storage_h200x2.json" ${COMMIT:+--commit "$COMMIT"}
 [[ $PARTS == *" serve "* ]] && timeout "${SERVE_LIMIT:-300}" python3 -m clients.matched_hbm --model /tmp/kimi48 --out /tmp/tp2_serve --tp 2 \
   --kernel-cache "$CACHE" \

@@ -1,19 +1,19 @@
 """GPU smoke run of the whole engine: fla recurrence + Triton checkpoint kernels + radix cache.
 
 Runs the make-run prefix-reuse workload on CUDA for the dense and dasc arms and checks the invariants.
-    python scripts/gpu_engine_smoke.py MODEL_DIR [OUT_JSON] [COMMIT]
+    python -m benchmarks engine_smoke MODEL_DIR [OUT_JSON] [COMMIT]
 The JSON records the command and the commit (pass COMMIT where the device's .git may be stale).
 """
 import json
-import os
 import sys
 import time
 
 import torch
 
+from benchmarks.prefix_reuse import prefix_reuse_workload, run_arm
+from benchmarks.results_io import provenance, write_result
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.engine.config import EngineConfig
-from trtllm_dasc.engine.workload import prefix_reuse_workload, run_arm
 
 
 def main() -> int:
@@ -32,9 +32,7 @@ def main() -> int:
         rows.append(r)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
     if len(sys.argv) > 2:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
-        from results_io import provenance, write_result
-        run = provenance("scripts/gpu_engine_smoke.py", commit=sys.argv[3] if len(sys.argv) > 3 else None)
+        run = provenance("benchmarks/engine_smoke.py", commit=sys.argv[3] if len(sys.argv) > 3 else None)
         write_result(sys.argv[2], {**run, "torch": torch.__version__, "rows": rows})
     return 0
 

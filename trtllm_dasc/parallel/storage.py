@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from trtllm_dasc.dist.exchange_clock import ExchangeClock
+from trtllm_dasc.parallel.exchange_clock import ExchangeClock
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.state import CheckpointPool, StateLayout
 from trtllm_dasc.state import ops as state_ops
@@ -75,7 +75,7 @@ class BalancedPool:
         return self.pool.allocated_bytes()
 
     def exchange_report(self, wait: bool = False) -> dict:
-        """The all-to-all's time per store and load on this rank (dist/exchange_clock.py)."""
+        """The all-to-all's time per store and load on this rank (parallel/exchange_clock.py)."""
         return self.clock.report(wait)
 
     def memory_report(self) -> dict:

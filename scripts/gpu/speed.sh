@@ -33,7 +33,7 @@ pick() { local out= p; for p in ${PARTS//,/ }; do [[ ",$1," == *",$p,"* ]] && ou
 PARTS0=${PARTS0-$(pick parity,attn,conv,prefill,store)}
 PARTS1=${PARTS1-$(pick decode,wr)}
 [[ "$PARTS0,$PARTS1" == *decode* || "$PARTS0,$PARTS1" == *wr* ]] || SHAPED_MODEL=0   # only decode / wr read it
-source scripts/gpu_prelude.sh
+source scripts/gpu/prelude.sh
 C=${COMMIT:+--commit $COMMIT}
 sleep 1; touch /tmp/kernels_before_speed    # the kernels this call compiles go back as speed_kernels.tgz.part-*
 run_parts() {   # run_parts PARTS GPU
@@ -54,18 +54,18 @@ run_parts() {   # run_parts PARTS GPU
     # what each failure said (its short traceback: the assertion and the numbers), which a line summary lost
     sed -n '/= FAILURES =/,/short test summary/p' /tmp/parity.log | grep -v "^\s*$" | tail -120
   fi
-  [[ $parts == *conv* ]] && timeout 120 python3 benchmarks/conv_prefill.py --out "$OUT/conv_prefill.json" $C
-  [[ $parts == *attn* ]] && timeout 120 python3 benchmarks/attention_prefill.py --out "$OUT/attention_prefill.json" $C
+  [[ $parts == *conv* ]] && timeout 120 python3 -m benchmarks conv_prefill --out "$OUT/conv_prefill.json" $C
+  [[ $parts == *attn* ]] && timeout 120 python3 -m benchmarks attention_prefill --out "$OUT/attention_prefill.json" $C
   if [[ $parts == *prefill* ]]; then
     for arch in ${ARCHS:-kda gdn}; do
-      timeout ${PREFILL_LIMIT:-190} python3 benchmarks/model_prefill.py --arch $arch ${COMPARE---compare-fla --compare-unfused} \
+      timeout ${PREFILL_LIMIT:-190} python3 -m benchmarks model_prefill --arch $arch ${COMPARE---compare-fla --compare-unfused} \
         ${PREFILL_ARGS:-} --out "$OUT/model_prefill_$arch.json" $C
     done
   fi
-  [[ $parts == *store* ]] && timeout ${STORE_LIMIT:-150} python3 benchmarks/state_bandwidth.py ${STORE_ARGS:-} $C
-  [[ $parts == *decode* ]] && timeout ${DECODE_LIMIT:-240} python3 benchmarks/decode_step.py --model /tmp/kimi48 \
+  [[ $parts == *store* ]] && timeout ${STORE_LIMIT:-150} python3 -m benchmarks state_bandwidth ${STORE_ARGS:-} $C
+  [[ $parts == *decode* ]] && timeout ${DECODE_LIMIT:-240} python3 -m benchmarks decode_step --model /tmp/kimi48 \
     --compare-eager ${PROFILE:+--profile $PROFILE} ${DECODE_ARGS:-} --out "$OUT/decode_step.json" $C
-  [[ $parts == *wr* ]] && timeout ${WR_LIMIT:-220} python3 benchmarks/wr_hit_cost.py --model /tmp/kimi48 \
+  [[ $parts == *wr* ]] && timeout ${WR_LIMIT:-220} python3 -m benchmarks wr_hit_cost --model /tmp/kimi48 \
     --out "$OUT/wr_hit_cost.json" $C
 }
 if [ "$GPUS" -lt 2 ] && [ -n "$PARTS0" ] && [ -n "$PARTS1" ]; then

@@ -4,7 +4,7 @@
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
-[ -f /tmp/kimi48/model.safetensors ] || python3 benchmarks/shaped_model.py /tmp/kimi48 --device cuda
+[ -f /tmp/kimi48/model.safetensors ] || python3 -m benchmarks shaped_model /tmp/kimi48 --device cuda
 # the device's .git may be stale: .commit (written here before the run, untracked) names the real one
-timeout "${WARM_START_LIMIT:-500}" python3 benchmarks/warm_start.py --model /tmp/kimi48 --out "$OUT/warm_start_h200.json" \
+timeout "${WARM_START_LIMIT:-500}" python3 -m benchmarks warm_start --model /tmp/kimi48 --out "$OUT/warm_start_h200.json" \
   ${COMMIT:+--commit "$COMMIT"} "$@"

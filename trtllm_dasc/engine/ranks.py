@@ -1,0 +1,77 @@
+"""An engine over T ranks, on every rank of one ``mpirun -np T`` (parallel/launch.py builds that command):
+each rank joins the TP group and builds its ModelRunner (its shard, state rows and pool); rank 0 owns the
+Engine (scheduler, radix cache, sampling) over a DistributedRunner and runs ``job(engine)``; ranks 1..T-1
+only execute the plans rank 0 broadcasts (``worker``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from trtllm_dasc.engine.engine import Engine
+from trtllm_dasc.engine.runner import ModelRunner
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.parallel.group import TPGroup
+from trtllm_dasc.parallel.runner import DistributedRunner, worker_loop
+
+
+def join_ranks(cfg, threads_per_rank: int | None = None):
+    """Collective, on every rank of the mpirun: the TP group and this rank's ModelRunner (its device,
+    shard and pool); rank 0 also gets every rank's pool report. Returns (group, runner, reports)."""
+    group = TPGroup.from_mpi(cfg.device)
+    try:
+        if group.size != cfg.tp_size:
+            raise UserError(f"tp_size {cfg.tp_size} but mpirun started {group.size} ranks")
+        if cfg.device == "cpu":
+            # ranks share the cores: without this, T ranks x all cores threads thrash
+            torch.set_num_threads(threads_per_rank or max(1, (os.cpu_count() or 1) // group.size))
+        device = cfg.device
+        if device.startswith("cuda"):
+            device = f"cuda:{group.rank % torch.cuda.device_count()}"
+        runner = ModelRunner(dataclasses.replace(cfg, device=device), group.rank, group.all_reduce,
+                             group.all_to_all)
+        # every rank's pool as allocated (slot bytes, slots): rank 0 reports them, the planner predicts them
+        reports = group.gather(runner.memory_report())
+    except BaseException:
+        group.close()
+        raise
+    return group, runner, reports
+
+
+def rank0_engine(cfg, group, runner, reports):
+    """Rank 0's Engine over every rank: its shutdown releases the workers and the group."""
+    engine = Engine(dataclasses.replace(cfg, device=runner.cfg.device), runner=DistributedRunner(runner, group))
+    engine.rank_reports = reports
+    return engine
+
+
+def worker(cfg, group, runner) -> int:
+    """A worker rank's whole life: execute rank 0's plans until it stops; returns the steps run."""
+    try:
+        return worker_loop(runner, group)
+    finally:
+        group.close()
+
+
+def start_rank(cfg, threads_per_rank: int | None = None):
+    """For a process that keeps its engine (the Triton model): rank 0 gets the Engine; a worker rank
+    executes until rank 0 shuts down and then gets None."""
+    group, runner, reports = join_ranks(cfg, threads_per_rank)
+    if group.rank != 0:
+        worker(cfg, group, runner)
+        return None
+    return rank0_engine(cfg, group, runner, reports)
+
+
+def run_ranks(cfg, job, threads_per_rank: int | None = None):
+    """Called by every rank of an ``mpirun -np cfg.tp_size``. Rank 0 returns ``job(engine)``; the other
+    ranks execute plans until rank 0 is done and return None."""
+    engine = start_rank(cfg, threads_per_rank)
+    if engine is None:
+        return None
+    try:
+        return job(engine)
+    finally:
+        engine.shutdown(drain=False, timeout=60)
