@@ -33,7 +33,7 @@ CLIS = {"trtllm_dasc.plan.cli": (("tp", "placement", "codec", "layout", "selecti
                                       "placement"), PLANNING),
         "trtllm_dasc.serve.cli": (("wmax", "selection", "mask_seed", "policy", "codec", "layout", "tp",
                                    "placement"), PLANNING),
-        "trtllm_dasc.engine.logits_cli": (("wmax", "policy", "codec", "tp", "placement"), ENGINE),
+        "trtllm_dasc.cli_logits": (("wmax", "policy", "codec", "tp", "placement"), ENGINE),
         "clients.matched_hbm": (("tp", "placement"), PLANNING)}
 
 
