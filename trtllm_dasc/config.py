@@ -23,7 +23,7 @@ from trtllm_dasc.families.schema import check_state
 
 # bytes per element; kept free of torch so the planner imports nothing heavy
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
-CODECS = ("native", "int8")
+CODECS = ("native", "int8", "fp8", "int4")
 
 __all__ = ["CODECS", "DTYPE_BYTES", "SUPPORTED_MODEL_TYPES", "ConfigError", "HybridConfig", "TPShard",
            "conv_bytes", "unit_bytes", "unit_byte_parts"]
@@ -35,8 +35,11 @@ def unit_byte_parts(unit_elements: int, rows_per_unit: int, temporal_dtype_bytes
     Eq. 10, App. E.1). The one formula the planner (HybridConfig) and the state store (StateLayout) use."""
     if codec == "native":
         return unit_elements * temporal_dtype_bytes, 0
-    if codec == "int8":
+    if codec in ("int8", "fp8"):
         return unit_elements, rows_per_unit * temporal_dtype_bytes
+    # int4: two values a byte per row of d_v (state/codec_naive.py), one scale per row as int8
+    if codec == "int4":
+        return rows_per_unit * ((unit_elements // rows_per_unit + 1) // 2), rows_per_unit * temporal_dtype_bytes
     raise ConfigError(f"codec must be one of {'|'.join(CODECS)}, got {codec!r}")
 
 

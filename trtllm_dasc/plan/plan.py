@@ -23,7 +23,7 @@ from trtllm_dasc.plan.storage import StoragePlan, balance_storage
 
 PLAN_VERSION = 1
 PLACEMENTS = ("off", "storage", "hybrid")
-CODECS = ("native", "int8")
+CODECS = ("native", "int8", "fp8", "int4")
 LAYOUTS = ("ragged", "padded")
 # the static gate logit stands for a typical input (the paper: -0.3, compared with 0); beyond +-3 softplus
 # pushes every head to the end of its decay range and the plan describes no input (--a 5 kept nothing and

@@ -19,7 +19,7 @@ import torch
 from trtllm_dasc.config import conv_bytes, unit_byte_parts
 from trtllm_dasc.errors import UserError
 
-CODECS = ("native", "int8")
+CODECS = ("native", "int8", "fp8", "int4")
 LAYOUTS = ("ragged", "padded")
 
 
@@ -67,6 +67,8 @@ class StateLayout:
                 raise LayoutError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.unit_elements % self.value_dim:
             raise LayoutError(f"unit_elements {self.unit_elements} is not a multiple of value_dim {self.value_dim}")
+        if self.codec == "int4" and self.value_dim % 2:
+            raise LayoutError(f"codec int4 packs two values a byte: value_dim {self.value_dim} must be even")
         if self.conv_dim < 0 or self.conv_width < 0 or (self.conv_dim == 0) != (self.conv_width == 0):
             raise LayoutError(f"conv shape ({self.conv_dim}, {self.conv_width}) must be both zero or both positive")
         if self.temporal_dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -178,6 +180,15 @@ class StateLayout:
     def rows_per_unit(self) -> int:
         """R = E // V: rows of V elements per unit, and int8 scales per unit."""
         return self.unit_elements // self.value_dim
+
+    @property
+    def payload_unit_elements(self) -> int:
+        """Payload elements of one stored unit (its dtype: temporal native, int8, or uint8 for fp8 / int4)."""
+        return self._unit_byte_parts()[0] // (self.temporal_dtype.itemsize if self.codec == "native" else 1)
+
+    @property
+    def payload_dtype(self) -> torch.dtype:
+        return {"native": self.temporal_dtype, "int8": torch.int8}.get(self.codec, torch.uint8)
 
     @property
     def num_omitted(self) -> int:

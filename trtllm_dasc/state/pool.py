@@ -42,11 +42,12 @@ class CheckpointPool:
             raise PoolError(f"state budget {budget_bytes} B holds no deployable slot: one slot takes "
                             f"{self.slot_bytes} B and slot 0 is reserved (need >= {2 * self.slot_bytes} B)")
         self.num_slots = n
-        S, E, R = n + 1, layout.unit_elements, layout.rows_per_unit
-        pdt = torch.int8 if layout.codec == "int8" else layout.temporal_dtype
-        self.payload = torch.zeros((S, layout.width, E), dtype=pdt, device=device)
+        S, R = n + 1, layout.rows_per_unit
+        # fp8 / int4: uint8 codes, [S, width, R * row bytes] (state/codec_naive.py)
+        self.payload = torch.zeros((S, layout.width, layout.payload_unit_elements), dtype=layout.payload_dtype,
+                                   device=device)
         self.scales = (torch.zeros((S, layout.width, R), dtype=layout.temporal_dtype, device=device)
-                       if layout.codec == "int8" else None)
+                       if layout.codec != "native" else None)
         self.conv = (torch.zeros((S, layout.num_layers, layout.conv_dim, layout.conv_width),
                                  dtype=layout.conv_dtype, device=device) if layout.conv_dim else None)
 
