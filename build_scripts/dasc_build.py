@@ -50,7 +50,11 @@ def add_arguments(p) -> None:
                    help="load policy for omitted units (wr-warm, experimental: the replay starts from the checkpoint's "
                         "retained units; equal to wr on both the single-needle and the 13-task trained models, "
                         "benchmarks/results/quality)")
-    g.add_argument("--codec", default="native", choices=["native", "int8"], help="checkpoint temporal codec")
+    g.add_argument("--codec", default="native", choices=["native", "int8", "fp8", "int4"],
+                   help="checkpoint temporal codec of --precision uniform")
+    g.add_argument("--precision", default="uniform", help="uniform (every kept unit in --codec) or "
+                   "horizon[:H1,H2[:c0,c1,c2]]: each kept unit's codec from its horizon band, thresholds in tokens "
+                   "(default horizon = horizon:1024,8192:int4,int8,native); recorded in the engine")
     g.add_argument("--layout", default="ragged", choices=["ragged", "padded"], help="checkpoint slot layout")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     g.add_argument("--placement", default="hybrid", choices=["off", "storage", "hybrid"],
@@ -97,6 +101,7 @@ def engine_options(args) -> dict:
     from trtllm_dasc.engine.config import EngineConfig
     opts = dict(model="model", wmax=args.wmax, policy=args.policy, selection=args.selection,
                 mask_seed=args.mask_seed, codec=args.codec, layout=args.layout,
+                precision=getattr(args, "precision", "uniform"),
                 state_budget_bytes=args.state_budget_bytes, dtype=args.dtype, device=args.device,
                 backend=args.backend, max_batch=args.max_batch_size, max_num_tokens=args.max_num_tokens,
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
@@ -106,7 +111,8 @@ def engine_options(args) -> dict:
                 rank_weights="weights" if args.tp > 1 and not dummy(args) else None,
                 load_format="dummy" if dummy(args) else "safetensors",
                 memory_limit_bytes=getattr(args, "memory_limit_bytes", None))
-    EngineConfig(**opts)
+    # the normalised spec (thresholds and codecs spelled out) is what the engine records
+    opts["precision"] = EngineConfig(**opts).precision
     return opts
 
 
@@ -136,6 +142,9 @@ def model_config_file(args) -> str:
 
 
 def check_args(args) -> None:
+    from trtllm_dasc.plan.precision import check_device_runs, parse_precision
+    bands = parse_precision(getattr(args, "precision", "uniform"), args.wmax if isinstance(args.wmax, int) else None)
+    check_device_runs(bands, args.codec)
     if isinstance(args.tp, bool) or not isinstance(args.tp, int) or args.tp < 1:
         raise UserError(f"--tp must be a positive integer, got {args.tp!r}")
     if getattr(args, "load_format", "auto") not in LOAD_FORMATS:
@@ -226,7 +235,8 @@ def build(args) -> str:
     # plan first: a checkpoint that cannot be planned fails before anything is written
     t0 = time.time()
     options = PlanOptions(wmax=args.wmax, tp=opts["tp_size"], placement=opts["placement"], codec=args.codec,
-                          layout=args.layout, selection=args.selection, mask_seed=args.mask_seed)
+                          layout=args.layout, selection=args.selection, mask_seed=args.mask_seed,
+                          precision=opts["precision"])
     if is_dummy:
         # the decay tensors the dummy loader will make: the planner's paper-shaped profile of this seed
         plan, _ = plan_from_params(cfg, profile_decay_params(cfg, args.seed), options)

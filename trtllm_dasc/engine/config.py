@@ -10,7 +10,7 @@ from trtllm_dasc.errors import UserError
 # quality issue's candidate refresh for KDA, whose delta rule couples channels). Experimental: it equalled
 # wr on both the single-needle and the 13-task trained models (benchmarks/results/quality).
 POLICIES = ("nr", "wr", "wr-warm")
-CODECS = ("native", "int8")
+CODECS = ("native", "int8", "fp8", "int4")
 LAYOUTS = ("ragged", "padded")
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "fla", "fla-unfused")   # model/recurrence/__init__.py says what each runs
@@ -60,8 +60,14 @@ class EngineConfig:
     # device memory one rank may take (weights + KV cache + state rows + checkpoint pool), checked before
     # loading; None: the device's free memory (a CPU device is not checked)
     memory_limit_bytes: int | None = None
+    # checkpoint precision: "uniform" (codec) or a horizon band spec (plan/precision.py), stored normalised
+    precision: str = "uniform"
 
     def __post_init__(self):
+        from trtllm_dasc.plan.precision import check_device_runs, parse_precision
+        bands = parse_precision(self.precision, self.wmax if isinstance(self.wmax, int) else None)
+        self.precision = "uniform" if bands is None else bands.spec()
+        check_device_runs(bands, self.codec)
         if not isinstance(self.model, str) or not self.model:
             raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
         for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),

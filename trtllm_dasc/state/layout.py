@@ -157,6 +157,11 @@ class StateLayout:
 
         A rank that stores units of other ranks, or sends its own away (storage balancing at tp > 1 with
         transfers touching it), has its pool from dist.storage.BalancedPool (the all-to-all): refused here."""
+        if plan.options.bands is not None:
+            # the mixed layout is planned and accounted (plan/precision.py); its store / load (one codec group
+            # per segment through codec_ops.store_units / load_units) is not wired into the pool yet
+            raise LayoutError(f"precision {plan.options.precision}: checkpoints of mixed codecs are planned but "
+                              "this build cannot store them yet; use --precision uniform")
         if not 0 <= rank < plan.options.tp:
             raise LayoutError(f"rank {rank} outside the plan's TP degree {plan.options.tp}")
         if plan.storage is not None and any(rank in (t.src, t.dst) for t in plan.storage.transfers):
