@@ -218,22 +218,46 @@ class DascPlan:
         the source rank: the all-to-all's send list (and, reversed, the receive list of the load)."""
         local = self.local_retained(t.src)
         if self.options.bands is not None:
-            codec = self.codec_segments[t.segment]
-            flat = [(l, u) for l, units in enumerate(local) for u in units
-                    if self.local_codec(t.src, l, u) == codec]
+            flat = [(l, u) for l, units in enumerate(self.segment_retained(t.src, t.segment)) for u in units]
         elif self.options.layout == "ragged":
             flat = [(l, u) for l, units in enumerate(local) for u in units]
         else:
             flat = [(t.segment, u) for u in local[t.segment]]
         return flat[t.src_start:t.src_start + t.count]
 
-    def local_codec(self, rank: int, layer: int, local_unit: int) -> str:
-        """The codec of a kept unit given by its rank-local id."""
+    def local_codecs(self, rank: int) -> list[list[str]]:
+        """Per layer, the codec of each kept unit rank ``rank`` computes (parallel to local_retained)."""
         cfg, tp = self.config, self.options.tp
         per_rank, upb = cfg.num_bundles // tp, cfg.units_per_bundle
-        p = rank * per_rank + local_unit // upb
-        u = self.bundle_order[layer][p] * upb + local_unit % upb
-        return self.unit_codecs()[layer][self.retained[layer].index(u)]
+        out = []
+        for l, (local, codecs) in enumerate(zip(self.local_retained(rank), self.unit_codecs())):
+            codec_of = dict(zip(self.retained[l], codecs))
+            order = self.bundle_order[l]
+            out.append([codec_of[order[rank * per_rank + u // upb] * upb + u % upb] for u in local])
+        return out
+
+    def local_codec(self, rank: int, layer: int, local_unit: int) -> str:
+        """The codec of a kept unit given by its rank-local id."""
+        local = self.local_retained(rank)[layer]
+        return self.local_codecs(rank)[layer][local.index(local_unit)]
+
+    def segment_retained(self, rank: int, segment: int) -> list[list[int]]:
+        """Per layer, the kept local units of rank ``rank`` in codec segment ``segment`` (sorted)."""
+        codec = self.codec_segments[segment]
+        return [[u for u, c in zip(units, codecs) if c == codec]
+                for units, codecs in zip(self.local_retained(rank), self.local_codecs(rank))]
+
+    def segment_foreign(self, rank: int, segment: int) -> list[list[int]]:
+        """Per layer, the kept local units of rank ``rank`` that other codec segments store."""
+        codec = self.codec_segments[segment]
+        return [[u for u, c in zip(units, codecs) if c != codec]
+                for units, codecs in zip(self.local_retained(rank), self.local_codecs(rank))]
+
+    @property
+    def conv_segment(self) -> int:
+        """The codec segment whose slot holds the conv state: the first any rank stores units of (the same
+        on every rank, so a segment no rank uses need not exist), segment 0 when none does."""
+        return next((s for s, w in enumerate(self.segment_widths()) if any(w)), 0)
 
     @property
     def moved_units(self) -> int:

@@ -33,8 +33,8 @@ class LayoutIndex(NamedTuple):
     unit_layer: torch.Tensor    # [U] layer of retained unit j
     unit_local: torch.Tensor    # [U] unit id inside its layer
     slot_pos: torch.Tensor      # [U] position inside the slot
-    pos_of_unit: torch.Tensor   # [L * n_units] slot position of (l, u), -1 when omitted
-    omit_layer: torch.Tensor    # [M] layer of omitted unit i
+    pos_of_unit: torch.Tensor   # [L * n_units] slot position of (l, u), -1 when omitted, -2 when foreign
+    omit_layer: torch.Tensor    # [M] layer of omitted unit i (foreign units are not omitted)
     omit_local: torch.Tensor    # [M] unit id inside its layer
 
 
@@ -54,6 +54,9 @@ class StateLayout:
     conv_width: int = 0                 # kernel - 1
     temporal_dtype: torch.dtype = torch.float32
     conv_dtype: torch.dtype = torch.bfloat16
+    # [F] int64 flat ids l * n_units + u of units another codec group of the same checkpoint stores
+    # (horizon precision, state/mixed.py): neither stored here nor zeroed by this layout's load
+    foreign: torch.Tensor | None = None
     slot_pos: torch.Tensor = field(init=False, repr=False)
     _cache: dict = field(init=False, repr=False, default_factory=dict)
 
@@ -76,6 +79,7 @@ class StateLayout:
         self.layer_of_unit = torch.as_tensor(self.layer_of_unit, dtype=torch.int64).flatten().cpu()
         self.unit_in_layer = torch.as_tensor(self.unit_in_layer, dtype=torch.int64).flatten().cpu()
         self.offsets = torch.as_tensor(self.offsets, dtype=torch.int64).flatten().cpu()
+        self.foreign = torch.as_tensor([] if self.foreign is None else self.foreign, dtype=torch.int64).flatten().cpu()
         self._check_units()
         counts = self.retained_counts
         if self.layout == "ragged":
@@ -109,15 +113,21 @@ class StateLayout:
         expect = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
         if not torch.equal(self.offsets, expect):
             raise LayoutError(f"offsets {self.offsets.tolist()} disagree with the retained counts {counts.tolist()}")
+        f = self.foreign
+        if f.numel() and (f.min() < 0 or f.max() >= L * n or f.unique().numel() != f.numel()
+                          or torch.isin(f, flat).any()):
+            raise LayoutError("foreign units must be distinct units of [0, L * n_units) that this layout does not keep")
 
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
     def from_retained(cls, retained_per_layer: list[list[int]], *, units_per_layer: int, unit_elements: int,
                       value_dim: int, codec: str = "native", layout: str = "ragged", width: int | None = None,
                       conv_dim: int = 0, conv_width: int = 0, temporal_dtype: torch.dtype = torch.float32,
-                      conv_dtype: torch.dtype = torch.bfloat16) -> "StateLayout":
+                      conv_dtype: torch.dtype = torch.bfloat16,
+                      foreign_per_layer: list[list[int]] | None = None) -> "StateLayout":
         """Build from per-layer sorted retained *local* unit ids; width defaults to the layout's minimum
-        (ragged: sum_l r_l, padded: L * R_max)."""
+        (ragged: sum_l r_l, padded: L * R_max). foreign_per_layer: per layer, the local ids another codec
+        group stores (see ``foreign``)."""
         L = len(retained_per_layer)
         layers, units = [], []
         for l, kept in enumerate(retained_per_layer):
@@ -133,12 +143,15 @@ class StateLayout:
                    value_dim=value_dim, layer_of_unit=torch.tensor(layers, dtype=torch.int64),
                    unit_in_layer=torch.tensor(units, dtype=torch.int64), offsets=torch.tensor(offsets),
                    width=width, codec=codec, layout=layout, conv_dim=conv_dim, conv_width=conv_width,
-                   temporal_dtype=temporal_dtype, conv_dtype=conv_dtype)
+                   temporal_dtype=temporal_dtype, conv_dtype=conv_dtype,
+                   foreign=[l * units_per_layer + int(u) for l, us in enumerate(foreign_per_layer or []) for u in us])
 
     @classmethod
     def from_config(cls, cfg, tp: int, retained_per_layer: list[list[int]] | None = None, *,
-                    codec: str = "native", layout: str = "ragged", width: int | None = None) -> "StateLayout":
-        """From a HybridConfig and one rank's retained local units (None: dense, every unit)."""
+                    codec: str = "native", layout: str = "ragged", width: int | None = None,
+                    foreign_per_layer: list[list[int]] | None = None, conv: bool = True) -> "StateLayout":
+        """From a HybridConfig and one rank's retained local units (None: dense, every unit); conv=False:
+        no conv state (another codec group's layout holds it)."""
         shard = cfg.shard(tp)
         if retained_per_layer is None:
             retained_per_layer = [list(range(shard.units))] * cfg.num_linear_layers
@@ -147,28 +160,39 @@ class StateLayout:
         dt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
         return cls.from_retained(retained_per_layer, units_per_layer=shard.units, unit_elements=cfg.unit_elements,
                                  value_dim=cfg.value_head_dim, codec=codec, layout=layout, width=width,
-                                 conv_dim=shard.conv_dim, conv_width=cfg.conv_kernel - 1,
-                                 temporal_dtype=dt[cfg.temporal_dtype], conv_dtype=dt[cfg.conv_dtype])
+                                 conv_dim=shard.conv_dim if conv else 0, conv_width=cfg.conv_kernel - 1 if conv else 0,
+                                 temporal_dtype=dt[cfg.temporal_dtype], conv_dtype=dt[cfg.conv_dtype],
+                                 foreign_per_layer=foreign_per_layer)
 
     @classmethod
-    def from_plan(cls, plan, rank: int = 0) -> "StateLayout":
+    def from_plan(cls, plan, rank: int = 0, segment: int | None = None) -> "StateLayout":
         """One rank's slot layout from a DascPlan: its retained local units, codec, layout and the slot
         width the planner accounted for (so the pool matches the planner to the byte).
 
+        A horizon-precision plan stores one codec group per segment (state/mixed.py): ``segment`` picks
+        one; the others' units are foreign to it, and only the conv segment (plan.conv_segment) holds the
+        conv state.
+
         A rank that stores units of other ranks, or sends its own away (storage balancing at tp > 1 with
         transfers touching it), has its pool from dist.storage.BalancedPool (the all-to-all): refused here."""
-        if plan.options.bands is not None:
-            # the mixed layout is planned and accounted (plan/precision.py); its store / load (one codec group
-            # per segment through codec_ops.store_units / load_units) is not wired into the pool yet
-            raise LayoutError(f"precision {plan.options.precision}: checkpoints of mixed codecs are planned but "
-                              "this build cannot store them yet; use --precision uniform")
         if not 0 <= rank < plan.options.tp:
             raise LayoutError(f"rank {rank} outside the plan's TP degree {plan.options.tp}")
-        if plan.storage is not None and any(rank in (t.src, t.dst) for t in plan.storage.transfers):
+        mixed = plan.options.bands is not None
+        if mixed and segment is None:
+            raise LayoutError(f"precision {plan.options.precision}: a checkpoint of mixed codecs has one layout "
+                              "per codec segment (pass segment=, or build state.mixed.MixedPool.from_plan)")
+        seg = 0 if segment is None else segment
+        if plan.storage is not None and any(rank in (t.src, t.dst) for t in plan.storage.transfers
+                                            if t.segment == seg or not mixed):
             raise LayoutError(f"rank {rank} exchanges checkpoint units with other ranks under placement "
                               f"'{plan.options.placement}': its pool is dist.storage.BalancedPool (the storage all-to-all)")
-        return cls.from_config(plan.config, plan.options.tp, plan.local_retained(rank), codec=plan.options.codec,
-                               layout=plan.options.layout, width=plan.rank_widths()[rank])
+        if not mixed:
+            return cls.from_config(plan.config, plan.options.tp, plan.local_retained(rank), codec=plan.options.codec,
+                                   layout=plan.options.layout, width=plan.rank_widths()[rank])
+        return cls.from_config(plan.config, plan.options.tp, plan.segment_retained(rank, seg),
+                               codec=plan.codec_segments[seg], layout="ragged",
+                               width=plan.segment_widths()[seg][rank], foreign_per_layer=plan.segment_foreign(rank, seg),
+                               conv=seg == plan.conv_segment)
 
     # ---- shape facts --------------------------------------------------------------------------------
     @property
@@ -197,7 +221,7 @@ class StateLayout:
 
     @property
     def num_omitted(self) -> int:
-        return self.num_layers * self.units_per_layer - self.num_retained
+        return self.num_layers * self.units_per_layer - self.num_retained - self.foreign.numel()
 
     # ---- bytes (config.py's formulas, so equal to HybridConfig.unit_bytes / conv_bytes_per_rank) ------
     def _unit_byte_parts(self) -> tuple[int, int]:
@@ -229,7 +253,8 @@ class StateLayout:
             L, n = self.num_layers, self.units_per_layer
             pos = torch.full((L * n,), -1, dtype=torch.int64)
             pos[self.layer_of_unit * n + self.unit_in_layer] = self.slot_pos
-            omitted = torch.nonzero(pos < 0).flatten()
+            pos[self.foreign] = -2
+            omitted = torch.nonzero(pos == -1).flatten()
             tabs = (self.layer_of_unit, self.unit_in_layer, self.slot_pos, pos, omitted // n, omitted % n)
             self._cache[key] = LayoutIndex(*(t.to(device) for t in tabs))
         return self._cache[key]
