@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_codecs_fp8_int4 import fake_fp8, fake_fp8_decode, fake_int4
+from fake_quant import fake_quant, horizons_from_arrays
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.plan import PlanOptions
 from trtllm_dasc.plan.horizons import DecayParams
@@ -34,28 +34,8 @@ def decay_params(cfg: HybridConfig, seed: int = 0) -> list[DecayParams]:
                         dt_bias=rng.uniform(-8.0, 0.5, n)) for l in cfg.linear_layers]
 
 
-def horizons(params, cfg) -> list[np.ndarray]:
-    """Paper Eqs. 2-3, written out: H = ln(eps) / (-exp(A_log) softplus(a + dt_bias)), a = -0.3."""
-    per_head = cfg.units_per_layer // cfg.num_value_heads
-    out = []
-    for p in params:
-        g = -np.exp(np.repeat(p.A_log, per_head)) * np.log1p(np.exp(-0.3 + p.dt_bias))
-        out.append(np.log(1e-3) / g)
-    return out
-
-
-def fake_quant(x: np.ndarray, codec: str) -> np.ndarray:
-    """Rows [..., V] fp32 -> what a load must give back."""
-    x = x.astype(np.float32)
-    if codec == "native":
-        return x
-    if codec == "fp8":
-        return fake_fp8_decode(*fake_fp8(x))
-    if codec == "int4":
-        _, s, q = fake_int4(x)
-        return (q.astype(np.float32) * s[..., None]).astype(np.float32)
-    s = (np.maximum(np.abs(x).max(-1), np.float32(1e-8)) / np.float32(127)).astype(np.float32)
-    return (np.clip(np.rint(x / s[..., None]), -127, 127).astype(np.float32) * s[..., None]).astype(np.float32)
+def horizons(params) -> list[np.ndarray]:
+    return [horizons_from_arrays(p.A_log, p.dt_bias) for p in params]
 
 
 def expected_load(temporal: torch.Tensor, rank_units: list[np.ndarray], codec_of: list[dict]) -> np.ndarray:
@@ -76,7 +56,7 @@ def expected_load(temporal: torch.Tensor, rank_units: list[np.ndarray], codec_of
 def setup():
     cfg = HybridConfig.from_dict(TINY_KIMI)
     params = decay_params(cfg)
-    hs = horizons(params, cfg)
+    hs = horizons(params)
     ths, codecs = (32, 128, 512), ("int4", "fp8", "int8", "native")
     # the reference's bands: kept iff H > W_max; band = thresholds at or below H
     codec_of = [{int(u): codecs[int(np.sum(np.array(ths) <= h[u]))] for u in np.nonzero(h > WMAX)[0]} for h in hs]
