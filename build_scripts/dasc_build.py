@@ -55,6 +55,8 @@ def add_arguments(p) -> None:
     g.add_argument("--precision", default="uniform", help="uniform (every kept unit in --codec) or "
                    "horizon[:H1,H2[:c0,c1,c2]]: each kept unit's codec from its horizon band, thresholds in tokens "
                    "(default horizon = horizon:1024,8192:int4,int8,native); recorded in the engine")
+    g.add_argument("--conv-codec", default="native", choices=["native", "int8"],
+                   help="checkpoint conv state codec: native (the model dtype) or int8 (one scale per layer)")
     g.add_argument("--layout", default="ragged", choices=["ragged", "padded"], help="checkpoint slot layout")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     g.add_argument("--placement", default="hybrid", choices=["off", "storage", "hybrid"],
@@ -101,7 +103,7 @@ def engine_options(args) -> dict:
     from trtllm_dasc.engine.config import EngineConfig
     opts = dict(model="model", wmax=args.wmax, policy=args.policy, selection=args.selection,
                 mask_seed=args.mask_seed, codec=args.codec, layout=args.layout,
-                precision=getattr(args, "precision", "uniform"),
+                precision=getattr(args, "precision", "uniform"), conv_codec=getattr(args, "conv_codec", "native"),
                 state_budget_bytes=args.state_budget_bytes, dtype=args.dtype, device=args.device,
                 backend=args.backend, max_batch=args.max_batch_size, max_num_tokens=args.max_num_tokens,
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
@@ -236,7 +238,7 @@ def build(args) -> str:
     t0 = time.time()
     options = PlanOptions(wmax=args.wmax, tp=opts["tp_size"], placement=opts["placement"], codec=args.codec,
                           layout=args.layout, selection=args.selection, mask_seed=args.mask_seed,
-                          precision=opts["precision"])
+                          precision=opts["precision"], conv_codec=opts["conv_codec"])
     if is_dummy:
         # the decay tensors the dummy loader will make: the planner's paper-shaped profile of this seed
         plan, _ = plan_from_params(cfg, profile_decay_params(cfg, args.seed), options)

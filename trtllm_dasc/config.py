@@ -24,8 +24,10 @@ from trtllm_dasc.families.schema import check_state
 # bytes per element; kept free of torch so the planner imports nothing heavy
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 CODECS = ("native", "int8", "fp8", "int4")
+# conv state: its own dtype, or int8 with one fp32 scale per (layer, request) (state/conv8_naive.py)
+CONV_CODECS = ("native", "int8")
 
-__all__ = ["CODECS", "DTYPE_BYTES", "SUPPORTED_MODEL_TYPES", "ConfigError", "HybridConfig", "TPShard",
+__all__ = ["CODECS", "CONV_CODECS", "DTYPE_BYTES", "SUPPORTED_MODEL_TYPES", "ConfigError", "HybridConfig", "TPShard",
            "conv_bytes", "unit_bytes", "unit_byte_parts"]
 
 
@@ -48,8 +50,13 @@ def unit_bytes(unit_elements: int, rows_per_unit: int, temporal_dtype_bytes: int
     return sum(unit_byte_parts(unit_elements, rows_per_unit, temporal_dtype_bytes, codec))
 
 
-def conv_bytes(layers: int, channels: int, width: int, conv_dtype_bytes: int) -> int:
-    """Conv state of ``layers`` linear layers, stored uncompressed: channels x (kernel - 1) each."""
+def conv_bytes(layers: int, channels: int, width: int, conv_dtype_bytes: int, codec: str = "native") -> int:
+    """Conv state of ``layers`` linear layers: channels x (kernel - 1) each, in the conv dtype (native) or
+    int8 (codes padded to 4 bytes, then the layer's fp32 scale: state/conv8_naive.conv8_row_bytes)."""
+    if codec == "int8":
+        return layers * (-(-channels * width // 4) * 4 + 4) if channels * width else 0
+    if codec != "native":
+        raise ConfigError(f"conv codec must be one of {'|'.join(CONV_CODECS)}, got {codec!r}")
     return layers * channels * width * conv_dtype_bytes
 
 
@@ -165,10 +172,10 @@ class HybridConfig:
         """Stored bytes of one temporal unit: native = temporal dtype; int8 = payload + scales."""
         return unit_bytes(self.unit_elements, self.scales_per_unit, DTYPE_BYTES[self.temporal_dtype], codec)
 
-    def conv_bytes_per_rank(self, tp: int) -> int:
-        """Conv state of all linear layers on one rank, stored uncompressed in the conv dtype."""
+    def conv_bytes_per_rank(self, tp: int, codec: str = "native") -> int:
+        """Conv state of all linear layers on one rank, in the conv dtype (native) or 8-bit."""
         return conv_bytes(self.num_linear_layers, self.shard(tp).conv_dim, self.conv_kernel - 1,
-                          DTYPE_BYTES[self.conv_dtype])
+                          DTYPE_BYTES[self.conv_dtype], codec)
 
     def dense_checkpoint_bytes_per_rank(self, tp: int) -> int:
         """A full (W=0, native) checkpoint on one rank: every unit of every linear layer + conv."""

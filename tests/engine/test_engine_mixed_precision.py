@@ -31,8 +31,14 @@ def thresholds(hs: list[np.ndarray], wmax: int, n: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["kda", "gdn"])
-def test_horizon_precision_engine_hits_and_loads_the_fake_quant_state(tiny_models, arch):
+def conv8(x: np.ndarray) -> np.ndarray:
+    """One layer's conv state -> its 8-bit round trip (one scale per layer, paper Eq. 10 over the layer)."""
+    s = np.float32(max(np.abs(x).max(), np.float32(1e-8))) / np.float32(127)
+    return (np.clip(np.rint(x / s), -127, 127).astype(np.float32) * np.float32(s)).astype(np.float32)
+
+
+@pytest.mark.parametrize("arch,conv_codec", [("kda", "native"), ("gdn", "native"), ("kda", "int8")])
+def test_horizon_precision_engine_hits_and_loads_the_fake_quant_state(tiny_models, arch, conv_codec):
     from trtllm_dasc.model import HybridModel
     from trtllm_dasc.model.direct import DirectRunner
     path, _ = tiny_models[arch]
@@ -42,7 +48,7 @@ def test_horizon_precision_engine_hits_and_loads_the_fake_quant_state(tiny_model
     spec = f"horizon:{','.join(map(str, ths))}:{','.join(codecs)}"
     codec_of = [{int(u): codecs[int(np.sum(np.array(ths) <= h[u]))] for u in np.nonzero(h > wmax)[0]} for h in hs]
     assert {c for d in codec_of for c in d.values()} == set(codecs)
-    engine = make_engine(path, wmax=wmax, precision=spec, max_batch=1)
+    engine = make_engine(path, wmax=wmax, precision=spec, max_batch=1, conv_codec=conv_codec)
     runner = engine.runner
     assert runner.plan.options.precision == spec
     assert runner.plan.unit_codecs() == [[d[u] for u in sorted(d)] for d in codec_of]
@@ -81,11 +87,17 @@ def test_horizon_precision_engine_hits_and_loads_the_fake_quant_state(tiny_model
         for u, codec in codec_of[l].items():
             want[l, u] = fake_quant(x[l, u], codec)
     assert np.array_equal(unit_rows(t_loaded.numpy(), n), want)
-    assert torch.equal(c_loaded, c_stored.to(c_loaded.dtype))
-    # brute force: exact prefix prefill, its temporal state replaced by the loaded one, greedy continuation
+    if conv_codec == "native":
+        assert torch.equal(c_loaded, c_stored.to(c_loaded.dtype))
+    else:
+        c = c_stored.float().numpy()
+        want_c = torch.from_numpy(np.stack([conv8(c[l]) for l in range(c.shape[0])])).to(c_loaded.dtype)
+        assert torch.equal(c_loaded, want_c) and not torch.equal(c_loaded, c_stored.to(c_loaded.dtype))
+    # brute force: exact prefix prefill (its KV), its recurrent state replaced by the loaded one, greedy continuation
     r = DirectRunner(HybridModel.from_pretrained(str(path)), rows=1, max_tokens=64, block_size=4)
     r.run(prefix, logits="none")
     r.state.temporal[:, 0] = t_loaded
+    r.state.conv[:, 0] = c_loaded.to(r.state.conv.dtype)
     logits = r.run(prompt[len(prefix):], logits="last").logits[0]
     ref = []
     for _ in range(4):

@@ -61,3 +61,21 @@ def test_horizon_engine_records_bands_and_refuses_other_precision(ckpt, tmp_path
     for other in ("uniform", "horizon:64,1024"):
         with pytest.raises(UserError, match="precision"):
             engine_plan(EngineConfig(**dict(opts, precision=other)))
+
+
+def test_conv8_engine_records_its_conv_codec_and_refuses_a_native_conv_plan(ckpt, tmp_path):
+    from trtllm_dasc.engine.config import EngineConfig
+    from trtllm_dasc.engine.runner import engine_plan
+    out = build_engine(ckpt, tmp_path / "e", "--wmax", "4", "--precision", "horizon:64,512", "--conv-codec", "int8")
+    meta = json.loads((out / "config.json").read_text())
+    plan = json.loads((out / "plan.json").read_text())
+    assert meta["engine"]["conv_codec"] == "int8" and plan["options"]["conv_codec"] == "int8"
+    # 8-bit conv: one int8 row per layer, codes padded to 4 bytes plus an fp32 scale (state/conv8_naive.py)
+    assert plan["conv_codec"] == "int8"
+    opts = dict(meta["engine"], model=str(out / "model"), plan_path=str(out / "plan.json"),
+                kernel_cache_dir=str(out / "kernels"))
+    assert engine_plan(EngineConfig(**opts)).options.conv_codec == "int8"
+    with pytest.raises(UserError, match="conv_codec"):
+        engine_plan(EngineConfig(**dict(opts, conv_codec="native")))
+    proc = dasc_build("--model", ckpt, "--output", tmp_path / "bad", "--device", "cpu", "--conv-codec", "int4")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and not (tmp_path / "bad").exists()

@@ -46,6 +46,7 @@ class BalancedPool:
         local = plan.segment_retained(rank, segment) if mixed else plan.local_retained(rank)
         seg = dict(codec=plan.codec_segments[segment], foreign_per_layer=plan.segment_foreign(rank, segment),
                    conv=segment == plan.conv_segment) if mixed else dict(codec=opt.codec)
+        seg["conv_codec"] = opt.conv_codec
         self.units = sum(map(len, local))                           # U_r
         self.own = min(self.units, self.width)
         # compute-local staging: all U_r units in layer order at positions 0..U_r-1 (placement 'off')

@@ -12,6 +12,7 @@ from trtllm_dasc.errors import UserError
 POLICIES = ("nr", "wr", "wr-warm")
 CODECS = ("native", "int8", "fp8", "int4")
 LAYOUTS = ("ragged", "padded")
+CONV_CODECS = ("native", "int8")
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "fla", "fla-unfused")   # model/recurrence/__init__.py says what each runs
 PLACEMENTS = ("off", "storage", "hybrid")
@@ -62,6 +63,8 @@ class EngineConfig:
     memory_limit_bytes: int | None = None
     # checkpoint precision: "uniform" (codec) or a horizon band spec (plan/precision.py), stored normalised
     precision: str = "uniform"
+    # checkpoint conv state: the model dtype (native) or int8, one scale per layer (state/conv8_naive.py)
+    conv_codec: str = "native"
 
     def __post_init__(self):
         from trtllm_dasc.plan.precision import check_device_runs, parse_precision
@@ -70,8 +73,8 @@ class EngineConfig:
         check_device_runs(bands, self.codec)
         if not isinstance(self.model, str) or not self.model:
             raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
-        for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
-                              ("backend", BACKENDS), ("placement", PLACEMENTS), ("load_format", LOAD_FORMATS)):
+        for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("conv_codec", CONV_CODECS),
+                              ("layout", LAYOUTS), ("dtype", DTYPES), ("backend", BACKENDS), ("placement", PLACEMENTS), ("load_format", LOAD_FORMATS)):
             if getattr(self, name) not in allowed:
                 raise UserError(f"{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):

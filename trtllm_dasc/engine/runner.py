@@ -268,7 +268,8 @@ def engine_plan(cfg: EngineConfig):
     which must describe this checkpoint and this arm."""
     # the conv state is checkpointed in the model's own precision (the paper's native-precision b^conv)
     options = PlanOptions(wmax=cfg.wmax, tp=cfg.tp_size, placement=cfg.placement, codec=cfg.codec, layout=cfg.layout,
-                          selection=cfg.selection, mask_seed=cfg.mask_seed, precision=cfg.precision)
+                          selection=cfg.selection, mask_seed=cfg.mask_seed, precision=cfg.precision,
+                          conv_codec=cfg.conv_codec)
     if cfg.plan_path is None:
         # dummy weights without a dummy record (EngineConfig(load_format="dummy") on a bare config): seed 0
         seed = 0 if cfg.load_format == "dummy" and dummy_marker(cfg.model) is None else None
@@ -281,7 +282,7 @@ def engine_plan(cfg: EngineConfig):
         raise UserError(f"plan {cfg.plan_path!r} cannot be read: {e}") from None
     for name, engine_name in (("wmax", "wmax"), ("codec", "codec"), ("layout", "layout"), ("tp", "tp_size"),
                               ("placement", "placement"), ("selection", "selection"), ("mask_seed", "mask_seed"),
-                              ("precision", "precision")):
+                              ("precision", "precision"), ("conv_codec", "conv_codec")):
         if getattr(plan.options, name) != getattr(cfg, engine_name):
             raise UserError(f"plan {cfg.plan_path!r} has {name}={getattr(plan.options, name)!r}, the engine "
                             f"{engine_name}={getattr(cfg, engine_name)!r}")

@@ -15,15 +15,17 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan.selection import padded_width, ragged_offsets
 
 
-def slot_bytes_per_rank(cfg: HybridConfig, tp: int, rank_widths: list[int], codec: str) -> list[int]:
+def slot_bytes_per_rank(cfg: HybridConfig, tp: int, rank_widths: list[int], codec: str,
+                        conv_codec: str = "native") -> list[int]:
     unit = cfg.unit_bytes(codec)
-    conv = cfg.conv_bytes_per_rank(tp)
+    conv = cfg.conv_bytes_per_rank(tp, conv_codec)
     return [w * unit + conv for w in rank_widths]
 
 
-def mixed_slot_bytes_per_rank(cfg: HybridConfig, tp: int, codecs: list[str], widths: list[list[int]]) -> list[int]:
+def mixed_slot_bytes_per_rank(cfg: HybridConfig, tp: int, codecs: list[str], widths: list[list[int]],
+                              conv_codec: str = "native") -> list[int]:
     """Horizon precision (Eq. 8 with mixed widths): rank r stores widths[s][r] units of codec segment s."""
-    conv = cfg.conv_bytes_per_rank(tp)
+    conv = cfg.conv_bytes_per_rank(tp, conv_codec)
     return [sum(w[r] * cfg.unit_bytes(c) for c, w in zip(codecs, widths)) + conv for r in range(tp)]
 
 
@@ -77,7 +79,7 @@ def report(plan, budget_bytes: int | None = None) -> dict:
     slot_bytes = plan.slot_bytes_per_rank()
     dense = cfg.dense_checkpoint_bytes_per_rank(opt.tp)
     bottleneck = max(slot_bytes)
-    conv = cfg.conv_bytes_per_rank(opt.tp)
+    conv = cfg.conv_bytes_per_rank(opt.tp, opt.conv_codec)
     out = {
         "arch": cfg.arch,
         "model_type": cfg.model_type,
@@ -91,7 +93,7 @@ def report(plan, budget_bytes: int | None = None) -> dict:
         "compression_temporal": _ratio(dense_temporal, stored_units * unit),
         "compression_ckpt": dense / bottleneck,
         "wmax": opt.wmax, "tp": opt.tp, "placement": opt.placement, "codec": opt.codec, "layout": opt.layout,
-        "precision": opt.precision,
+        "precision": opt.precision, "conv_codec": opt.conv_codec,
         "a": opt.a, "eps": opt.eps,
         "temporal_dtype": cfg.temporal_dtype, "conv_dtype": cfg.conv_dtype,
         "unit_bytes": unit,

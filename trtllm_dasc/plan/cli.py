@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+from trtllm_dasc.config import CONV_CODECS
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
 from trtllm_dasc.plan.plan import CODECS, LAYOUTS, PLACEMENTS, PlanOptions, plan_from_path
@@ -30,6 +31,8 @@ def add_arguments(p) -> None:
     p.add_argument("--precision", default="uniform",
                    help="uniform (every kept unit in --codec) or horizon[:H1,H2[:c0,c1,c2]]: the codec of a kept unit "
                         "follows its horizon band (default horizon = horizon:1024,8192:int4,int8,native)")
+    p.add_argument("--conv-codec", choices=CONV_CODECS, default="native",
+                   help="conv state codec: native (its dtype, the paper) or int8 (one scale per layer)")
     p.add_argument("--layout", choices=LAYOUTS, default="ragged", help="temporal layout (default ragged)")
     p.add_argument("--budget-bytes", type=int, default=None,
                    help="per-rank checkpoint memory budget: reports dense_slots and slots = floor(B/b) - 1")
@@ -57,7 +60,8 @@ def parse_wmax_list(text: str) -> list[int]:
 def _options(args, wmax: int) -> PlanOptions:
     return PlanOptions(wmax=wmax, tp=args.tp, placement=args.placement, codec=args.codec, layout=args.layout,
                        a=args.a, eps=args.eps, selection=args.selection, mask_seed=args.mask_seed,
-                       precision=getattr(args, "precision", "uniform"))
+                       precision=getattr(args, "precision", "uniform"),
+                       conv_codec=getattr(args, "conv_codec", "native"))
 
 
 def check_output_file(path: str, flag: str) -> None:
@@ -121,7 +125,8 @@ def format_table(reports: list[dict]) -> str:
     r0 = reports[0]
     lines = [f"model: {r0['model_type']} ({r0['arch']}), {r0['num_linear_layers']} linear layers x "
              f"{r0['units_per_layer'][0]} units; TP{r0['tp']} placement={r0['placement']} codec={r0['codec']} "
-             + (f"precision={r0['precision']} " if r0.get("bands") else "") +
+             + (f"precision={r0['precision']} " if r0.get("bands") else "")
+             + (f"conv_codec={r0['conv_codec']} " if r0.get("conv_codec", "native") != "native" else "") +
              f"layout={r0['layout']}",
              f"dense checkpoint: {r0['dense_slot_bytes_per_rank']:,} B/rank "
              f"(conv {r0['conv_bytes_per_rank']:,} B)"]

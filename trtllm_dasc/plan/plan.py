@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm_dasc.checkpoint_files import dummy_marker, has_weights
-from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.config import CONV_CODECS, HybridConfig
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan import accounting
 from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
@@ -51,9 +51,13 @@ class PlanOptions:
     mask_seed: int | None = None
     # "uniform" (every kept unit in codec) or a horizon band spec (plan/precision.py), stored normalised
     precision: str = UNIFORM
+    # the conv state's checkpoint codec: its own dtype, or int8 with a scale per layer (state/conv8_naive.py)
+    conv_codec: str = "native"
 
     def __post_init__(self):
         check_wmax(self.wmax)
+        if self.conv_codec not in CONV_CODECS:
+            raise UserError(f"--conv-codec must be one of {'|'.join(CONV_CODECS)}, got {self.conv_codec!r}")
         bands = parse_precision(self.precision, self.wmax)
         if bands is not None:
             self.precision = bands.spec()
@@ -267,9 +271,9 @@ class DascPlan:
     def slot_bytes_per_rank(self) -> list[int]:
         if self.options.bands is not None:
             return accounting.mixed_slot_bytes_per_rank(self.config, self.options.tp, self.codec_segments,
-                                                        self.segment_widths())
+                                                        self.segment_widths(), self.options.conv_codec)
         return accounting.slot_bytes_per_rank(self.config, self.options.tp, self.rank_widths(),
-                                              self.options.codec)
+                                              self.options.codec, self.options.conv_codec)
 
     def bottleneck_slot_bytes(self) -> int:
         return max(self.slot_bytes_per_rank())

@@ -57,6 +57,8 @@ class StateLayout:
     # [F] int64 flat ids l * n_units + u of units another codec group of the same checkpoint stores
     # (horizon precision, state/mixed.py): neither stored here nor zeroed by this layout's load
     foreign: torch.Tensor | None = None
+    # conv state in the slot: its dtype (native) or int8 with one scale per layer (state/conv8_naive.py)
+    conv_codec: str = "native"
     slot_pos: torch.Tensor = field(init=False, repr=False)
     _cache: dict = field(init=False, repr=False, default_factory=dict)
 
@@ -70,6 +72,8 @@ class StateLayout:
                 raise LayoutError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.unit_elements % self.value_dim:
             raise LayoutError(f"unit_elements {self.unit_elements} is not a multiple of value_dim {self.value_dim}")
+        if self.conv_codec not in ("native", "int8"):
+            raise LayoutError(f"conv_codec must be native or int8, got {self.conv_codec!r}")
         if self.codec == "int4" and self.value_dim % 2:
             raise LayoutError(f"codec int4 packs two values a byte: value_dim {self.value_dim} must be even")
         if self.conv_dim < 0 or self.conv_width < 0 or (self.conv_dim == 0) != (self.conv_width == 0):
@@ -124,7 +128,7 @@ class StateLayout:
                       value_dim: int, codec: str = "native", layout: str = "ragged", width: int | None = None,
                       conv_dim: int = 0, conv_width: int = 0, temporal_dtype: torch.dtype = torch.float32,
                       conv_dtype: torch.dtype = torch.bfloat16,
-                      foreign_per_layer: list[list[int]] | None = None) -> "StateLayout":
+                      foreign_per_layer: list[list[int]] | None = None, conv_codec: str = "native") -> "StateLayout":
         """Build from per-layer sorted retained *local* unit ids; width defaults to the layout's minimum
         (ragged: sum_l r_l, padded: L * R_max). foreign_per_layer: per layer, the local ids another codec
         group stores (see ``foreign``)."""
@@ -143,13 +147,14 @@ class StateLayout:
                    value_dim=value_dim, layer_of_unit=torch.tensor(layers, dtype=torch.int64),
                    unit_in_layer=torch.tensor(units, dtype=torch.int64), offsets=torch.tensor(offsets),
                    width=width, codec=codec, layout=layout, conv_dim=conv_dim, conv_width=conv_width,
-                   temporal_dtype=temporal_dtype, conv_dtype=conv_dtype,
+                   temporal_dtype=temporal_dtype, conv_dtype=conv_dtype, conv_codec=conv_codec,
                    foreign=[l * units_per_layer + int(u) for l, us in enumerate(foreign_per_layer or []) for u in us])
 
     @classmethod
     def from_config(cls, cfg, tp: int, retained_per_layer: list[list[int]] | None = None, *,
                     codec: str = "native", layout: str = "ragged", width: int | None = None,
-                    foreign_per_layer: list[list[int]] | None = None, conv: bool = True) -> "StateLayout":
+                    foreign_per_layer: list[list[int]] | None = None, conv: bool = True,
+                    conv_codec: str = "native") -> "StateLayout":
         """From a HybridConfig and one rank's retained local units (None: dense, every unit); conv=False:
         no conv state (another codec group's layout holds it)."""
         shard = cfg.shard(tp)
@@ -162,7 +167,7 @@ class StateLayout:
                                  value_dim=cfg.value_head_dim, codec=codec, layout=layout, width=width,
                                  conv_dim=shard.conv_dim if conv else 0, conv_width=cfg.conv_kernel - 1 if conv else 0,
                                  temporal_dtype=dt[cfg.temporal_dtype], conv_dtype=dt[cfg.conv_dtype],
-                                 foreign_per_layer=foreign_per_layer)
+                                 foreign_per_layer=foreign_per_layer, conv_codec=conv_codec)
 
     @classmethod
     def from_plan(cls, plan, rank: int = 0, segment: int | None = None) -> "StateLayout":
@@ -188,11 +193,12 @@ class StateLayout:
                               f"'{plan.options.placement}': its pool is dist.storage.BalancedPool (the storage all-to-all)")
         if not mixed:
             return cls.from_config(plan.config, plan.options.tp, plan.local_retained(rank), codec=plan.options.codec,
-                                   layout=plan.options.layout, width=plan.rank_widths()[rank])
+                                   layout=plan.options.layout, width=plan.rank_widths()[rank],
+                                   conv_codec=plan.options.conv_codec)
         return cls.from_config(plan.config, plan.options.tp, plan.segment_retained(rank, seg),
                                codec=plan.codec_segments[seg], layout="ragged",
                                width=plan.segment_widths()[seg][rank], foreign_per_layer=plan.segment_foreign(rank, seg),
-                               conv=seg == plan.conv_segment)
+                               conv=seg == plan.conv_segment, conv_codec=plan.options.conv_codec)
 
     # ---- shape facts --------------------------------------------------------------------------------
     @property
@@ -238,7 +244,7 @@ class StateLayout:
         return self.width * self._unit_byte_parts()[1]
 
     def conv_bytes_per_slot(self) -> int:
-        return conv_bytes(self.num_layers, self.conv_dim, self.conv_width, self.conv_dtype.itemsize)
+        return conv_bytes(self.num_layers, self.conv_dim, self.conv_width, self.conv_dtype.itemsize, self.conv_codec)
 
     def slot_bytes(self) -> int:
         """width * unit_bytes(codec) + conv bytes: one physical slot of this rank."""
