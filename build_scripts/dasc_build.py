@@ -42,7 +42,7 @@ def add_arguments(p) -> None:
     p.add_argument("--skip-finite-check", action="store_true", help="do not read every weight for NaN / Inf "
                    "before building (names, shapes and dtypes are still checked; recorded in the engine)")
     g = p.add_argument_group("dasc")
-    add_arm_arguments(g, ("wmax", "selection", "mask_seed", "policy", "codec", "layout", "tp", "placement"))
+    add_arm_arguments(g, ("wmax", "selection", "mask_seed", "policy", "codec", "precision", "conv_codec", "layout", "tp", "placement"))
     g.add_argument("--state-budget-bytes", type=int, default=None,
                    help="checkpoint pool bytes per rank (default: 64 dense checkpoints' worth)")
     g = p.add_argument_group("weights")
@@ -85,6 +85,7 @@ def engine_options(args) -> dict:
     from trtllm_dasc.engine.config import EngineConfig
     opts = dict(model=engine_dir.MODEL, wmax=args.wmax, policy=args.policy, selection=args.selection,
                 mask_seed=args.mask_seed, codec=args.codec, layout=args.layout,
+                precision=getattr(args, "precision", "uniform"), conv_codec=getattr(args, "conv_codec", "native"),
                 state_budget_bytes=args.state_budget_bytes, dtype=args.dtype, device=args.device,
                 backend=args.backend, max_batch=args.max_batch_size, max_num_tokens=args.max_num_tokens,
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
@@ -94,7 +95,8 @@ def engine_options(args) -> dict:
                 rank_weights=engine_dir.RANK_WEIGHTS if args.tp > 1 and not dummy(args) else None,
                 load_format="dummy" if dummy(args) else "safetensors",
                 memory_limit_bytes=getattr(args, "memory_limit_bytes", None))
-    EngineConfig(**opts)
+    # the normalised spec (thresholds and codecs spelled out) is what the engine records
+    opts["precision"] = EngineConfig(**opts).precision
     return opts
 
 
@@ -124,6 +126,9 @@ def model_config_file(args) -> str:
 
 
 def check_args(args) -> None:
+    from trtllm_dasc.plan.precision import check_device_runs, parse_precision
+    bands = parse_precision(getattr(args, "precision", "uniform"), args.wmax if isinstance(args.wmax, int) else None)
+    check_device_runs(bands, args.codec)
     if isinstance(args.tp, bool) or not isinstance(args.tp, int) or args.tp < 1:
         raise UserError(f"--tp must be a positive integer, got {args.tp!r}")
     if getattr(args, "load_format", "auto") not in LOAD_FORMATS:

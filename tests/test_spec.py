@@ -22,15 +22,16 @@ from trtllm_dasc.plan import PlanOptions
 OLD_ENGINE = os.path.join(os.path.dirname(__file__), "data", "engine_dir_v1")
 
 # the contract (DESIGN.md, the CLIs' flags before the spec): flag -> allowed values
-CHOICES = {"codec": ["native", "int8"], "layout": ["ragged", "padded"], "placement": ["off", "storage", "hybrid"],
+CHOICES = {"codec": ["native", "int8", "fp8", "int4"], "conv_codec": ["native", "int8"], "layout": ["ragged", "padded"], "placement": ["off", "storage", "hybrid"],
            "policy": ["nr", "wr", "wr-warm"], "selection": ["decay", "random"]}
 PLANNING = {"wmax": 16, "tp": 1, "placement": "hybrid", "codec": "native", "layout": "ragged", "selection": "decay",
-            "mask_seed": None, "policy": "nr"}
+            "mask_seed": None, "policy": "nr", "precision": "uniform", "conv_codec": "native"}
 ENGINE = {**PLANNING, "wmax": 0, "placement": "off"}
 # CLI module -> (the arm flags it has, the defaults they take)
-CLIS = {"trtllm_dasc.plan.cli": (("tp", "placement", "codec", "layout", "selection", "mask_seed"), PLANNING),
-        "build_scripts.dasc_build": (("wmax", "selection", "mask_seed", "policy", "codec", "layout", "tp",
-                                      "placement"), PLANNING),
+CLIS = {"trtllm_dasc.plan.cli": (("tp", "placement", "codec", "precision", "conv_codec", "layout", "selection",
+                                  "mask_seed"), PLANNING),
+        "build_scripts.dasc_build": (("wmax", "selection", "mask_seed", "policy", "codec", "precision", "conv_codec",
+                                      "layout", "tp", "placement"), PLANNING),
         "trtllm_dasc.serve.cli": (("wmax", "selection", "mask_seed", "policy", "codec", "layout", "tp",
                                    "placement"), PLANNING),
         "trtllm_dasc.cli_logits": (("wmax", "policy", "codec", "tp", "placement"), ENGINE),

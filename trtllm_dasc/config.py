@@ -20,26 +20,28 @@ from trtllm_dasc import families
 from trtllm_dasc.checkpoint_files import read_json
 from trtllm_dasc.families import SUPPORTED_MODEL_TYPES, ConfigError, Family, ModelSchema
 from trtllm_dasc.families.schema import check_state
-from trtllm_dasc.spec import CODECS, CODECS_BY_NAME
+from trtllm_dasc.spec import CODECS, CODECS_BY_NAME, CONV_CODECS
 
 # bytes per element; kept free of torch so the planner imports nothing heavy
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 
-__all__ = ["CODECS", "DTYPE_BYTES", "SUPPORTED_MODEL_TYPES", "ConfigError", "HybridConfig", "TPShard",
+__all__ = ["CODECS", "CONV_CODECS", "DTYPE_BYTES", "SUPPORTED_MODEL_TYPES", "ConfigError", "HybridConfig", "TPShard",
            "conv_bytes", "unit_bytes", "unit_byte_parts"]
 
 
 def unit_byte_parts(unit_elements: int, rows_per_unit: int, temporal_dtype_bytes: int, codec: str) -> tuple[int, int]:
     """(payload, scale) bytes of one stored temporal unit: native keeps the temporal dtype and no scales;
-    a quantizing codec keeps its bits per element (rounded up to whole bytes per unit) plus, with row scales,
+    a quantizing codec keeps its bits per element (rounded up to whole bytes per row) plus, with row scales,
     one scale per row of d_v in the temporal source dtype (paper Eq. 10, App. E.1). The one formula the
     planner (HybridConfig) and the state store (StateLayout) use; spec.CODECS says what each codec keeps."""
     c = CODECS_BY_NAME.get(codec) if isinstance(codec, str) else None
     if c is None:
         raise ConfigError(f"codec must be one of {'|'.join(CODECS)}, got {codec!r}")
-    # bits -> whole bytes, rounded up (a 4-bit codec of an odd unit still takes its last byte)
+    # bits -> whole bytes per row of d_v, rounded up (a 4-bit codec packs each row on its own: an odd row
+    # still takes its last byte)
+    row = unit_elements // rows_per_unit
     payload = (unit_elements * temporal_dtype_bytes if c.payload_bits is None
-               else -(-unit_elements * c.payload_bits // 8))
+               else rows_per_unit * -(-row * c.payload_bits // 8))
     return payload, rows_per_unit * temporal_dtype_bytes if c.row_scales else 0
 
 
@@ -48,8 +50,13 @@ def unit_bytes(unit_elements: int, rows_per_unit: int, temporal_dtype_bytes: int
     return sum(unit_byte_parts(unit_elements, rows_per_unit, temporal_dtype_bytes, codec))
 
 
-def conv_bytes(layers: int, channels: int, width: int, conv_dtype_bytes: int) -> int:
-    """Conv state of ``layers`` linear layers, stored uncompressed: channels x (kernel - 1) each."""
+def conv_bytes(layers: int, channels: int, width: int, conv_dtype_bytes: int, codec: str = "native") -> int:
+    """Conv state of ``layers`` linear layers: channels x (kernel - 1) each, in the conv dtype (native) or
+    int8 (codes padded to 4 bytes, then the layer's fp32 scale: state/conv8_naive.conv8_row_bytes)."""
+    if codec == "int8":
+        return layers * (-(-channels * width // 4) * 4 + 4) if channels * width else 0
+    if codec != "native":
+        raise ConfigError(f"conv codec must be one of {'|'.join(CONV_CODECS)}, got {codec!r}")
     return layers * channels * width * conv_dtype_bytes
 
 
@@ -165,10 +172,10 @@ class HybridConfig:
         """Stored bytes of one temporal unit: native = temporal dtype; int8 = payload + scales."""
         return unit_bytes(self.unit_elements, self.scales_per_unit, DTYPE_BYTES[self.temporal_dtype], codec)
 
-    def conv_bytes_per_rank(self, tp: int) -> int:
-        """Conv state of all linear layers on one rank, stored uncompressed in the conv dtype."""
+    def conv_bytes_per_rank(self, tp: int, codec: str = "native") -> int:
+        """Conv state of all linear layers on one rank, in the conv dtype (native) or 8-bit."""
         return conv_bytes(self.num_linear_layers, self.shard(tp).conv_dim, self.conv_kernel - 1,
-                          DTYPE_BYTES[self.conv_dtype])
+                          DTYPE_BYTES[self.conv_dtype], codec)
 
     def dense_checkpoint_bytes_per_rank(self, tp: int) -> int:
         """A full (W=0, native) checkpoint on one rank: every unit of every linear layer + conv."""

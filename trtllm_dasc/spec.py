@@ -36,8 +36,12 @@ class Codec:
 CODECS_BY_NAME = {c.name: c for c in (
     Codec("native", None, False),
     Codec("int8", 8, True),
+    Codec("fp8", 8, True),         # e4m3 (state/codec_naive.py)
+    Codec("int4", 4, True),        # two values a byte along each row of d_v
 )}
 CODECS = tuple(CODECS_BY_NAME)
+# the conv state: its own dtype, or int8 with one fp32 scale per (layer, request) (state/conv8_naive.py)
+CONV_CODECS = ("native", "int8")
 LAYOUTS = ("ragged", "padded")
 PLACEMENTS = ("off", "storage", "hybrid")
 # wr-warm: wr whose scratch row starts from the checkpoint's retained units instead of zeros (the quality
@@ -69,7 +73,12 @@ MAX_MASK_SEED = 2**63 - 1
 
 # PlanOptions field -> the EngineConfig field of the same fact (an engine's plan must agree on each)
 PLAN_TO_ENGINE = {"wmax": "wmax", "tp": "tp_size", "placement": "placement", "codec": "codec",
-                  "layout": "layout", "selection": "selection", "mask_seed": "mask_seed"}
+                  "layout": "layout", "selection": "selection", "mask_seed": "mask_seed", "precision": "precision",
+                  "conv_codec": "conv_codec"}
+# a checkpoint's precision: every kept unit in the codec (uniform), or a codec per horizon band
+# (plan/precision.py parses horizon[:H1,H2[:c0,c1,c2]])
+DEFAULT_PRECISION = "uniform"
+DEFAULT_CONV_CODEC = "native"
 
 
 def check_choice(name: str, value, allowed: tuple) -> None:
@@ -113,7 +122,12 @@ def _flags(engine: bool) -> dict:
                        "them, wr replays the last W cached tokens (wr-warm, experimental: the replay starts from the "
                        "checkpoint's retained units)"),
         "codec": dict(default=DEFAULT_CODEC, choices=CODECS,
-                      help=f"checkpoint temporal codec (default {DEFAULT_CODEC})"),
+                      help=f"checkpoint temporal codec of --precision uniform (default {DEFAULT_CODEC})"),
+        "precision": dict(default=DEFAULT_PRECISION, help="uniform (every kept unit in --codec) or "
+                          "horizon[:H1,H2[:c0,c1,c2]]: each kept unit's codec from its horizon band, thresholds in "
+                          "tokens (default horizon = horizon:1024,8192:int4,int8,native)"),
+        "conv_codec": dict(default=DEFAULT_CONV_CODEC, choices=CONV_CODECS, help="checkpoint conv state codec: "
+                           "native (its dtype, the paper) or int8 (one scale per layer)"),
         "layout": dict(default=DEFAULT_LAYOUT, choices=LAYOUTS,
                        help=f"checkpoint temporal slot layout (default {DEFAULT_LAYOUT})"),
         "tp": dict(type=int, default=DEFAULT_TP, help=f"tensor-parallel degree (default {DEFAULT_TP})"),

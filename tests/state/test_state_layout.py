@@ -24,7 +24,8 @@ def test_ragged_and_padded_positions():
 
 @pytest.mark.parametrize("bad, match", [
     (dict(width=4), "smaller than"),
-    (dict(codec="fp8"), "codec"),
+    (dict(codec="fp6"), "codec"),
+    (dict(codec="int4", unit_elements=6, value_dim=3), "even"),
     (dict(layout="paged"), "layout"),
     (dict(value_dim=3), "multiple"),
     (dict(conv_dim=4), "conv shape"),

@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 
 from trtllm_dasc import engine_dir as engine_dir_format
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import (BACKENDS, CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, DEFAULT_POLICY, DEFAULT_SELECTION,
+from trtllm_dasc.spec import (BACKENDS, CODECS, CONV_CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, DEFAULT_POLICY, DEFAULT_SELECTION,
                               DEFAULT_TP, DTYPES, ENGINE_PLACEMENT, ENGINE_WMAX, LAYOUTS, LOAD_FORMATS, PLACEMENTS,
                               POLICIES, check_choice, check_selection)
 
@@ -54,11 +54,19 @@ class EngineConfig:
     # device memory one rank may take (weights + KV cache + state rows + checkpoint pool), checked before
     # loading; None: the device's free memory (a CPU device is not checked)
     memory_limit_bytes: int | None = None
+    # checkpoint precision: "uniform" (codec) or a horizon band spec (plan/precision.py), stored normalised
+    precision: str = "uniform"
+    # checkpoint conv state: the model dtype (native) or int8, one scale per layer (state/conv8_naive.py)
+    conv_codec: str = "native"
 
     def __post_init__(self):
+        from trtllm_dasc.plan.precision import check_device_runs, parse_precision
+        bands = parse_precision(self.precision, self.wmax if isinstance(self.wmax, int) else None)
+        self.precision = "uniform" if bands is None else bands.spec()
+        check_device_runs(bands, self.codec)
         if not isinstance(self.model, str) or not self.model:
             raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
-        for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
+        for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("conv_codec", CONV_CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
                               ("backend", BACKENDS), ("placement", PLACEMENTS), ("load_format", LOAD_FORMATS)):
             check_choice(name, getattr(self, name), allowed)
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):

@@ -19,6 +19,7 @@ import torch
 
 from trtllm_dasc.engine.config import EngineConfig
 from trtllm_dasc.engine.loading import check_memory, weight_source
+from trtllm_dasc.engine.pools import checkpoint_pool
 from trtllm_dasc.engine.sampling import process_logits, sample
 from trtllm_dasc.engine.step import StepOutput, StepPlan
 from trtllm_dasc.errors import UserError
@@ -27,7 +28,7 @@ from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.model import ForwardOutput, HybridModel, Refresh, SeqInput
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.spec import PLAN_TO_ENGINE, plan_fields
-from trtllm_dasc.state import CheckpointPool, StateLayout
+from trtllm_dasc.state import StateLayout
 from trtllm_dasc.state import ops as state_ops
 
 DENSE_SLOTS_DEFAULT = 64
@@ -67,15 +68,12 @@ class ModelRunner:
         # and the fused MoE kernels' tile configs for every step size up to the step's token cap (model.warm_moe)
         self.model.warm_moe(cfg.max_num_tokens or cfg.max_context)
         self.model.all_reduce = all_reduce
-        from trtllm_dasc.parallel.storage import BalancedPool, exchanges
-        self._exchanges = exchanges(self.plan)
-        if self._exchanges:
-            if all_to_all is None:
-                raise UserError(f"placement {cfg.placement!r} moves checkpoint units between ranks: run it "
-                                "through trtllm_dasc.parallel")
-            self.pool = BalancedPool(self.plan, self.budget, tp_rank, all_to_all, device=cfg.device)
-        else:
-            self.pool = CheckpointPool.from_plan(self.plan, self.budget, tp_rank, device=cfg.device)
+        # plain, storage-balanced (the all-to-all) or one per codec segment (horizon precision)
+        self.pool = checkpoint_pool(self.plan, self.budget, tp_rank, all_to_all, device=cfg.device)
+        from trtllm_dasc.parallel.storage import exchanges
+        # the storage all-to-all's report (exchange_report): a balanced pool of one codec has it; a mixed
+        # precision pool's segments do not report yet
+        self._exchanges = exchanges(self.plan) and hasattr(self.pool, "exchange_report")
         # CUDA graphs pad a decode batch up to its bucket into one state row and one KV block that the
         # scheduler never hands out (it knows num_rows rows and cfg.num_kv_blocks blocks)
         graphs = graphs_wanted(cfg, self.model)

@@ -9,6 +9,8 @@ plan's slot positions. One ``all_to_all_single`` with split sizes per tensor and
 transfers take part with zero-sized splits (the collective needs everyone).
 
 Ragged layout only (one segment, the paper's Route A); the padded layout's per-layer segments are refused.
+A horizon-precision plan balances each codec segment on its own: one BalancedPool per segment
+(``segment``), composed by state.mixed.MixedPool.
 """
 from __future__ import annotations
 
@@ -31,28 +33,34 @@ class BalancedPool:
     """One rank's share of every checkpoint under storage balancing; the CheckpointPool interface
     (store/load/num_slots/sanity_check/memory_report) with the all-to-all inside."""
 
-    def __init__(self, plan, budget_bytes: int, rank: int, all_to_all, device="cpu"):
+    def __init__(self, plan, budget_bytes: int, rank: int, all_to_all, device="cpu", segment: int = 0):
         from trtllm_dasc.plan.accounting import slots_for_budget
         if plan.options.layout != "ragged":
             raise UserError("storage balancing at run time supports the ragged layout (the paper's Route A); "
                             "use --layout ragged or --placement off")
         cfg, tp, opt = plan.config, plan.options.tp, plan.options
         self.rank, self.all_to_all = rank, all_to_all
-        self.width = plan.storage.widths[0]                         # C
-        local = plan.local_retained(rank)
+        self.width = plan.storage.widths[segment]                   # C
+        mixed = opt.bands is not None
+        # horizon precision: this segment's codec and units; the other segments' units are foreign
+        local = plan.segment_retained(rank, segment) if mixed else plan.local_retained(rank)
+        seg = dict(codec=plan.codec_segments[segment], foreign_per_layer=plan.segment_foreign(rank, segment),
+                   conv=segment == plan.conv_segment) if mixed else dict(codec=opt.codec)
+        seg["conv_codec"] = opt.conv_codec
         self.units = sum(map(len, local))                           # U_r
         self.own = min(self.units, self.width)
         # compute-local staging: all U_r units in layer order at positions 0..U_r-1 (placement 'off')
-        self.staging = StateLayout.from_config(cfg, tp, local, codec=opt.codec, layout="ragged", width=self.units)
+        self.staging = StateLayout.from_config(cfg, tp, local, layout="ragged", width=self.units, **seg)
         # the slot: own units first, then what other ranks send (positions from the plan)
         kept, left = [], self.own
         for units in local:
             kept.append(units[:left])
             left -= len(kept[-1])
-        layout = StateLayout.from_config(cfg, tp, kept, codec=opt.codec, layout="ragged", width=self.width)
+        layout = StateLayout.from_config(cfg, tp, kept, layout="ragged", width=self.width,
+                                         **dict(seg, foreign_per_layer=None))
         self.pool = CheckpointPool(layout, budget_bytes, device=device,
                                    max_slots=slots_for_budget(budget_bytes, plan.bottleneck_slot_bytes()))
-        t = plan.storage.transfers
+        t = [x for x in plan.storage.transfers if x.segment == segment]
         # (peer, position on this rank, count): sends read staging positions, receives write slot positions
         self.sends = sorted((x.dst, x.src_start, x.count) for x in t if x.src == rank)
         self.recvs = sorted((x.src, x.dst_start, x.count) for x in t if x.dst == rank)
@@ -126,7 +134,8 @@ class BalancedPool:
     # ---- helpers ----------------------------------------------------------------------------------
     def _staging_buffers(self, n: int, device):
         lay, pool = self.staging, self.pool
-        payload = torch.zeros((n, lay.width, lay.unit_elements), dtype=pool.payload.dtype, device=pool.payload.device)
+        payload = torch.zeros((n, lay.width, lay.payload_unit_elements), dtype=pool.payload.dtype,
+                              device=pool.payload.device)
         scales = (torch.zeros((n, lay.width, lay.rows_per_unit), dtype=pool.scales.dtype, device=pool.payload.device)
                   if pool.scales is not None else None)
         conv = (torch.zeros((n, *pool.conv.shape[1:]), dtype=pool.conv.dtype, device=pool.payload.device)

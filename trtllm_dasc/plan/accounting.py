@@ -15,10 +15,36 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan.selection import padded_width, ragged_offsets
 
 
-def slot_bytes_per_rank(cfg: HybridConfig, tp: int, rank_widths: list[int], codec: str) -> list[int]:
+def slot_bytes_per_rank(cfg: HybridConfig, tp: int, rank_widths: list[int], codec: str,
+                        conv_codec: str = "native") -> list[int]:
     unit = cfg.unit_bytes(codec)
-    conv = cfg.conv_bytes_per_rank(tp)
+    conv = cfg.conv_bytes_per_rank(tp, conv_codec)
     return [w * unit + conv for w in rank_widths]
+
+
+def mixed_slot_bytes_per_rank(cfg: HybridConfig, tp: int, codecs: list[str], widths: list[list[int]],
+                              conv_codec: str = "native") -> list[int]:
+    """Horizon precision (Eq. 8 with mixed widths): rank r stores widths[s][r] units of codec segment s."""
+    conv = cfg.conv_bytes_per_rank(tp, conv_codec)
+    return [sum(w[r] * cfg.unit_bytes(c) for c, w in zip(codecs, widths)) + conv for r in range(tp)]
+
+
+def band_report(plan) -> list[dict]:
+    """Per horizon band: its codec, horizon range, kept units (model-wide and per rank) and stored bytes."""
+    cfg, bands = plan.config, plan.options.bands
+    per_rank, upb, tp = cfg.num_bundles // plan.options.tp, cfg.units_per_bundle, plan.options.tp
+    units = [[0] * tp for _ in bands.codecs]
+    for kept, row, order in zip(plan.retained, plan.retained_bands, plan.bundle_order):
+        rank_of_bundle = {b: p // per_rank for p, b in enumerate(order)}
+        for u, i in zip(kept, row):
+            units[i][rank_of_bundle[u // upb]] += 1
+    out = []
+    for i, ((lo, hi), codec) in enumerate(zip(bands.ranges(plan.options.wmax), bands.codecs)):
+        n = sum(units[i])
+        out.append({"band": i, "codec": codec, "horizon_from": lo, "horizon_below": None if hi == float("inf") else hi,
+                    "units": n, "units_per_rank": units[i], "unit_bytes": cfg.unit_bytes(codec),
+                    "temporal_bytes": n * cfg.unit_bytes(codec)})
+    return out
 
 
 MAX_BUDGET_BYTES = 2**63 - 1
@@ -53,7 +79,7 @@ def report(plan, budget_bytes: int | None = None) -> dict:
     slot_bytes = plan.slot_bytes_per_rank()
     dense = cfg.dense_checkpoint_bytes_per_rank(opt.tp)
     bottleneck = max(slot_bytes)
-    conv = cfg.conv_bytes_per_rank(opt.tp)
+    conv = cfg.conv_bytes_per_rank(opt.tp, opt.conv_codec)
     out = {
         "arch": cfg.arch,
         "model_type": cfg.model_type,
@@ -67,6 +93,7 @@ def report(plan, budget_bytes: int | None = None) -> dict:
         "compression_temporal": _ratio(dense_temporal, stored_units * unit),
         "compression_ckpt": dense / bottleneck,
         "wmax": opt.wmax, "tp": opt.tp, "placement": opt.placement, "codec": opt.codec, "layout": opt.layout,
+        "precision": opt.precision, "conv_codec": opt.conv_codec,
         "a": opt.a, "eps": opt.eps,
         "temporal_dtype": cfg.temporal_dtype, "conv_dtype": cfg.conv_dtype,
         "unit_bytes": unit,
@@ -92,6 +119,23 @@ def report(plan, budget_bytes: int | None = None) -> dict:
                                         f"{opt.layout}, {opt.codec}, TP{opt.tp} {opt.placement})")
         out["dense_slots"] = slots_for_budget(budget_bytes, dense, allow_none=True)
         out["capacity_ratio"] = _ratio(out["slots"], out["dense_slots"])
+    if opt.bands is not None:
+        _mixed_keys(plan, out, dense_temporal)
     out.update(plan.to_dict())
     return out
+
+
+def _mixed_keys(plan, out: dict, dense_temporal: int) -> None:
+    """Horizon precision: the contract keys recomputed over mixed unit widths, plus the bands."""
+    bands = band_report(plan)
+    stored = sum(b["temporal_bytes"] for b in bands)
+    kept = sum(b["units"] for b in bands)
+    out["codec"] = "mixed"
+    out["precision"] = plan.options.precision
+    out["unit_bytes"] = stored / kept if kept else None
+    out["compression_temporal"] = out["compression_temporal_ragged"] = _ratio(dense_temporal, stored)
+    out["compression_temporal_padded"] = None
+    out["bands"] = bands
+    out["codec_segments"] = [{"codec": c, "unit_bytes": plan.config.unit_bytes(c), "slot_units_per_rank": w}
+                             for c, w in zip(plan.codec_segments, plan.segment_widths())]
 

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+from trtllm_dasc.config import CONV_CODECS
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
 from trtllm_dasc.plan.plan import PlanOptions, plan_from_path
@@ -24,7 +25,7 @@ def add_arguments(p) -> None:
                         "is omitted; horizons next to an integer are computed correctly rounded, so every CPU "
                         "selects the same units. 0 keeps all. A comma list (16,64,128) prints one table row "
                         f"per value (default {DEFAULT_WMAX})")
-    add_arm_arguments(p, ("tp", "placement", "codec", "layout"))
+    add_arm_arguments(p, ("tp", "placement", "codec", "precision", "conv_codec", "layout"))
     p.add_argument("--budget-bytes", type=int, default=None,
                    help="per-rank checkpoint memory budget: reports dense_slots and slots = floor(B/b) - 1")
     p.add_argument("--a", type=float, default=DEFAULT_A, help=f"static gate logit (default {DEFAULT_A})")
@@ -48,7 +49,9 @@ def parse_wmax_list(text: str) -> list[int]:
 
 def _options(args, wmax: int) -> PlanOptions:
     return PlanOptions(wmax=wmax, tp=args.tp, placement=args.placement, codec=args.codec, layout=args.layout,
-                       a=args.a, eps=args.eps, selection=args.selection, mask_seed=args.mask_seed)
+                       a=args.a, eps=args.eps, selection=args.selection, mask_seed=args.mask_seed,
+                       precision=getattr(args, "precision", "uniform"),
+                       conv_codec=getattr(args, "conv_codec", "native"))
 
 
 def check_output_file(path: str, flag: str) -> None:
@@ -112,6 +115,8 @@ def format_table(reports: list[dict]) -> str:
     r0 = reports[0]
     lines = [f"model: {r0['model_type']} ({r0['arch']}), {r0['num_linear_layers']} linear layers x "
              f"{r0['units_per_layer'][0]} units; TP{r0['tp']} placement={r0['placement']} codec={r0['codec']} "
+             + (f"precision={r0['precision']} " if r0.get("bands") else "")
+             + (f"conv_codec={r0['conv_codec']} " if r0.get("conv_codec", "native") != "native" else "") +
              f"layout={r0['layout']}",
              f"dense checkpoint: {r0['dense_slot_bytes_per_rank']:,} B/rank "
              f"(conv {r0['conv_bytes_per_rank']:,} B)"]
@@ -127,7 +132,7 @@ def format_table(reports: list[dict]) -> str:
     for r in reports:
         kept = sum(r["retained_per_layer"]) / sum(r["units_per_layer"])
         row = (f"{r['wmax']:>6} {kept:>7.1%} {_num(r['compression_temporal']):>7} "
-               f"{_num(r['compression_temporal_padded']):>6} {r['bottleneck_slot_bytes']:>13,} "
+               f"{'-' if r.get('bands') else _num(r['compression_temporal_padded']):>6} {r['bottleneck_slot_bytes']:>13,} "
                f"{r['compression_ckpt']:>7.2f}")
         if budget:
             row += f" {r['slots']:>6} {_num(r['capacity_ratio']):>7}"
@@ -135,6 +140,23 @@ def format_table(reports: list[dict]) -> str:
         lines.append(row)
     if budget:
         lines.append(f"\nbudget {r0['budget_bytes']:,} B/rank: dense {r0['dense_slots']} slots (slot 0 reserved)")
+    for r in reports:
+        if r.get("bands"):
+            lines.append(format_bands(r))
+    return "\n".join(lines)
+
+
+def format_bands(r: dict) -> str:
+    """Capacity per horizon band (precision horizon): units, codec, bytes and their share of a checkpoint."""
+    total = sum(b["temporal_bytes"] for b in r["bands"]) or 1
+    head = f"{'band':>4} {'horizon':>17} {'codec':>6} {'units':>7} {'B/unit':>6} {'temporal B':>12} {'share':>6}"
+    lines = ["", f"W_max {r['wmax']}, {r['precision']}: bottleneck {r['bottleneck_slot_bytes']:,} B/rank, "
+             f"{r['compression_ckpt']:.2f}x dense", head, "-" * len(head)]
+    for b in r["bands"]:
+        hi = "inf" if b["horizon_below"] is None else f"{b['horizon_below']:g}"
+        lines.append(f"{b['band']:>4} {'[' + format(b['horizon_from'], 'g') + ', ' + hi + ')':>17} {b['codec']:>6} "
+                     f"{b['units']:>7} {b['unit_bytes']:>6} {b['temporal_bytes']:>12,} "
+                     f"{b['temporal_bytes'] / total:>6.1%}")
     return "\n".join(lines)
 
 

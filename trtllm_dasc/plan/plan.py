@@ -19,10 +19,11 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan import accounting
 from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
 from trtllm_dasc.plan.permutation import balance_bundles, identity_order
+from trtllm_dasc.plan.precision import UNIFORM, HorizonBands, assign_bands, parse_precision
 from trtllm_dasc.plan.selection import check_wmax, random_units, select_units, wr_window
 from trtllm_dasc.plan.storage import StoragePlan, balance_storage
 from trtllm_dasc.spec import (CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, DEFAULT_PLACEMENT, DEFAULT_SELECTION, DEFAULT_TP,
-                              DEFAULT_WMAX, LAYOUTS, PLACEMENTS, check_choice, check_selection)
+                              DEFAULT_WMAX, LAYOUTS, PLACEMENTS, CONV_CODECS, check_choice, check_selection)
 
 PLAN_VERSION = 1
 # the static gate logit stands for a typical input (the paper: -0.3, compared with 0); beyond +-3 softplus
@@ -47,10 +48,23 @@ class PlanOptions:
     # drawn uniformly with mask_seed (quality experiments only)
     selection: str = DEFAULT_SELECTION
     mask_seed: int | None = None
+    # "uniform" (every kept unit in codec) or a horizon band spec (plan/precision.py), stored normalised
+    precision: str = UNIFORM
+    # the conv state's checkpoint codec: its own dtype, or int8 with a scale per layer (state/conv8_naive.py)
+    conv_codec: str = "native"
 
     def __post_init__(self):
         check_wmax(self.wmax)
         self.mask_seed = check_selection(self.selection, self.mask_seed)
+        check_choice("--conv-codec", self.conv_codec, CONV_CODECS)
+        bands = parse_precision(self.precision, self.wmax)
+        if bands is not None:
+            self.precision = bands.spec()
+            if self.layout != "ragged":
+                raise UserError("--precision horizon packs each rank's units ragged by codec: use --layout ragged")
+            if self.codec != "native":
+                raise UserError(f"--codec {self.codec} is for --precision uniform; --precision horizon names its "
+                                "codecs per band (horizon:H1,H2:c0,c1,c2)")
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise UserError(f"--tp must be a positive integer, got {self.tp!r}")
         for name, allowed in (("placement", PLACEMENTS), ("codec", CODECS), ("layout", LAYOUTS)):
@@ -67,6 +81,10 @@ class PlanOptions:
             raise UserError(f"--eps must lie in [{EPS_RANGE[0]:g}, {EPS_RANGE[1]:g}] (the paper uses {DEFAULT_EPS:g}), "
                             f"got {self.eps!r}")
 
+    @property
+    def bands(self) -> HorizonBands | None:
+        return parse_precision(self.precision, self.wmax)
+
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
 
@@ -81,6 +99,8 @@ class DascPlan:
     wr_window: int                     # dasc-wr replay length in tokens (0: nothing omitted)
     decay_summary: dict = field(default_factory=dict)
     storage: StoragePlan | None = None  # derived: None for placement 'off'
+    # horizon precision: per layer, the band of each kept unit (parallel to retained); None for uniform
+    retained_bands: list[list[int]] | None = None
 
     def __post_init__(self):
         cfg, opt = self.config, self.options
@@ -90,9 +110,49 @@ class DascPlan:
         for order in self.bundle_order:
             if sorted(order) != list(range(cfg.num_bundles)):
                 raise UserError("bundle_order must be a permutation of whole bundles in every layer")
+        bands = opt.bands
+        if (bands is None) != (self.retained_bands is None):
+            raise UserError("a horizon-precision plan needs the band of every kept unit (and a uniform one none)")
+        if bands is not None:
+            if [len(b) for b in self.retained_bands] != [len(k) for k in self.retained] or any(
+                    not 0 <= i <= len(bands.thresholds) for row in self.retained_bands for i in row):
+                raise UserError("retained_bands do not match the retained units or the precision's bands")
         if opt.placement != "off":
             self.storage = balance_storage(self._segment_counts())
         del shard
+
+    # ---- horizon precision: one ragged segment per codec -----------------------------------------------
+    @property
+    def codec_segments(self) -> list[str]:
+        """The codecs a slot holds, in band order without repeats (uniform: the one codec)."""
+        bands = self.options.bands
+        return [self.options.codec] if bands is None else list(dict.fromkeys(bands.codecs))
+
+    def unit_codecs(self) -> list[list[str]]:
+        """Per layer, the codec of each kept unit (parallel to retained)."""
+        bands = self.options.bands
+        if bands is None:
+            return [[self.options.codec] * len(k) for k in self.retained]
+        return [[bands.codecs[i] for i in row] for row in self.retained_bands]
+
+    def rank_codec_counts(self) -> list[list[int]]:
+        """[segment][r]: kept units of codec segment s computed on rank r."""
+        cfg, tp = self.config, self.options.tp
+        per_rank, upb = cfg.num_bundles // tp, cfg.units_per_bundle
+        seg = {c: i for i, c in enumerate(self.codec_segments)}
+        counts = [[0] * tp for _ in seg]
+        for kept, codecs, order in zip(self.retained, self.unit_codecs(), self.bundle_order):
+            rank_of_bundle = {b: p // per_rank for p, b in enumerate(order)}
+            for u, c in zip(kept, codecs):
+                counts[seg[c]][rank_of_bundle[u // upb]] += 1
+        return counts
+
+    def segment_widths(self) -> list[list[int]]:
+        """[segment][r]: unit positions of each codec segment rank r allocates (mixed plans)."""
+        counts = self.rank_codec_counts()
+        if self.storage is None:
+            return counts
+        return [[w] * self.options.tp for w in self.storage.widths]
 
     # ---- where units live ----------------------------------------------------------------------------
     def local_retained(self, rank: int) -> list[list[int]]:
@@ -129,6 +189,8 @@ class DascPlan:
         return [sum(col) for col in zip(*self.rank_layer_counts())]
 
     def _segment_counts(self) -> list[list[int]]:
+        if self.options.bands is not None:
+            return self.rank_codec_counts()
         if self.options.layout == "ragged":
             return [self.rank_units()]
         return self.rank_layer_counts()
@@ -136,6 +198,8 @@ class DascPlan:
     def rank_widths(self) -> list[int]:
         """Unit positions each rank allocates per slot (layout and placement applied)."""
         L, tp = self.config.num_linear_layers, self.options.tp
+        if self.options.bands is not None:
+            return [sum(col) for col in zip(*self.segment_widths())]
         if self.options.layout == "ragged":
             if self.storage is None:
                 return self.rank_units()
@@ -148,11 +212,47 @@ class DascPlan:
         """The exact units a storage transfer moves, in order, as (linear layer index, local unit id) on
         the source rank: the all-to-all's send list (and, reversed, the receive list of the load)."""
         local = self.local_retained(t.src)
-        if self.options.layout == "ragged":
+        if self.options.bands is not None:
+            flat = [(l, u) for l, units in enumerate(self.segment_retained(t.src, t.segment)) for u in units]
+        elif self.options.layout == "ragged":
             flat = [(l, u) for l, units in enumerate(local) for u in units]
         else:
             flat = [(t.segment, u) for u in local[t.segment]]
         return flat[t.src_start:t.src_start + t.count]
+
+    def local_codecs(self, rank: int) -> list[list[str]]:
+        """Per layer, the codec of each kept unit rank ``rank`` computes (parallel to local_retained)."""
+        cfg, tp = self.config, self.options.tp
+        per_rank, upb = cfg.num_bundles // tp, cfg.units_per_bundle
+        out = []
+        for l, (local, codecs) in enumerate(zip(self.local_retained(rank), self.unit_codecs())):
+            codec_of = dict(zip(self.retained[l], codecs))
+            order = self.bundle_order[l]
+            out.append([codec_of[order[rank * per_rank + u // upb] * upb + u % upb] for u in local])
+        return out
+
+    def local_codec(self, rank: int, layer: int, local_unit: int) -> str:
+        """The codec of a kept unit given by its rank-local id."""
+        local = self.local_retained(rank)[layer]
+        return self.local_codecs(rank)[layer][local.index(local_unit)]
+
+    def segment_retained(self, rank: int, segment: int) -> list[list[int]]:
+        """Per layer, the kept local units of rank ``rank`` in codec segment ``segment`` (sorted)."""
+        codec = self.codec_segments[segment]
+        return [[u for u, c in zip(units, codecs) if c == codec]
+                for units, codecs in zip(self.local_retained(rank), self.local_codecs(rank))]
+
+    def segment_foreign(self, rank: int, segment: int) -> list[list[int]]:
+        """Per layer, the kept local units of rank ``rank`` that other codec segments store."""
+        codec = self.codec_segments[segment]
+        return [[u for u, c in zip(units, codecs) if c != codec]
+                for units, codecs in zip(self.local_retained(rank), self.local_codecs(rank))]
+
+    @property
+    def conv_segment(self) -> int:
+        """The codec segment whose slot holds the conv state: the first any rank stores units of (the same
+        on every rank, so a segment no rank uses need not exist), segment 0 when none does."""
+        return next((s for s, w in enumerate(self.segment_widths()) if any(w)), 0)
 
     @property
     def moved_units(self) -> int:
@@ -160,8 +260,11 @@ class DascPlan:
 
     # ---- accounting ----------------------------------------------------------------------------------
     def slot_bytes_per_rank(self) -> list[int]:
+        if self.options.bands is not None:
+            return accounting.mixed_slot_bytes_per_rank(self.config, self.options.tp, self.codec_segments,
+                                                        self.segment_widths(), self.options.conv_codec)
         return accounting.slot_bytes_per_rank(self.config, self.options.tp, self.rank_widths(),
-                                              self.options.codec)
+                                              self.options.codec, self.options.conv_codec)
 
     def bottleneck_slot_bytes(self) -> int:
         return max(self.slot_bytes_per_rank())
@@ -175,6 +278,7 @@ class DascPlan:
                 "retained_units": self.retained, "bundle_order": self.bundle_order,
                 "permutation_optimal": self.permutation_optimal, "wr_window": self.wr_window,
                 "decay_summary": self.decay_summary,
+                **({"retained_bands": self.retained_bands} if self.retained_bands is not None else {}),
                 "storage_transfers": [t.to_dict() for t in self.storage.transfers] if self.storage else []}
 
     @classmethod
@@ -185,7 +289,8 @@ class DascPlan:
         cfg = HybridConfig(**{k: c[k] for k in HybridConfig.__slots__ if k in c and k != "raw"})
         plan = cls(config=cfg, options=PlanOptions(**d["options"]), retained=d["retained_units"],
                    bundle_order=d["bundle_order"], permutation_optimal=d["permutation_optimal"],
-                   wr_window=d["wr_window"], decay_summary=d.get("decay_summary", {}))
+                   wr_window=d["wr_window"], decay_summary=d.get("decay_summary", {}),
+                   retained_bands=d.get("retained_bands"))
         stored = d.get("storage_transfers", [])
         derived = [t.to_dict() for t in plan.storage.transfers] if plan.storage else []
         if stored != derived:
@@ -207,19 +312,27 @@ def build_plan(cfg: HybridConfig, horizons: list[np.ndarray] | None, options: Pl
         if options.selection == "random":
             retained = random_units([len(k) for k in retained], cfg.units_per_layer, options.mask_seed)
         window = wr_window(horizons, retained, options.wmax)
+    bands = options.bands
+    retained_bands = None
+    if bands is not None:
+        if horizons is None:
+            raise UserError("--precision horizon needs the decay weights (A_log, dt_bias) to band the units: pass "
+                            "a checkpoint directory, not a bare config.json")
+        retained_bands = assign_bands(horizons, retained, bands)
     order, optimal = identity_order(cfg.num_linear_layers, cfg.num_bundles), True
     if options.placement == "hybrid":
         upb = cfg.units_per_bundle
         loads = []
-        for kept in retained:
+        for l, kept in enumerate(retained):
             row = [0] * cfg.num_bundles
-            for u in kept:
-                row[u // upb] += 1
+            for i, u in enumerate(kept):
+                # mixed widths: a bundle weighs its bytes, so the permutation balances Eq. 8's bottleneck
+                row[u // upb] += 1 if bands is None else cfg.unit_bytes(bands.codecs[retained_bands[l][i]])
             loads.append(row)
         perm = balance_bundles(loads, options.tp)
         order, optimal = perm.bundle_order, perm.optimal
     return DascPlan(config=cfg, options=options, retained=retained, bundle_order=order,
-                    permutation_optimal=optimal, wr_window=window)
+                    permutation_optimal=optimal, wr_window=window, retained_bands=retained_bands)
 
 
 def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float32",

@@ -137,9 +137,9 @@ def _scatter_rows(src, src_scale, dst, slot, n_dst, blk, pos_of_unit, n_rows, n_
     rest = ri - layer * layer_rows
     u = rest // R
     r = rest - u * R
-    pos = tl.load(pos_of_unit + layer * n_units + u, mask=rmask, other=-1).to(tl.int64)
-    keep = rmask & (pos >= 0)
-    pos = tl.where(keep, pos, 0)
+    pos_raw = tl.load(pos_of_unit + layer * n_units + u, mask=rmask, other=-1).to(tl.int64)
+    keep = rmask & (pos_raw >= 0)
+    pos = tl.where(keep, pos_raw, 0)
     v = tl.arange(0, BLOCK_V)
     vmask = (v < V)[None, :]
     src_row = slot * stride_src_b + pos * E + r * V
@@ -149,7 +149,8 @@ def _scatter_rows(src, src_scale, dst, slot, n_dst, blk, pos_of_unit, n_rows, n_
         x = x.to(tl.float32) * s.to(tl.float32)[:, None]
     dst_row = layer * stride_dst_l + n_dst * stride_dst_n + rest * V
     if ZERO_FILL:
-        wmask = rmask[:, None] & vmask
+        # omitted units (-1) are written as zero; a foreign unit (-2, another codec group's) is left alone
+        wmask = (keep | (rmask & (pos_raw == -1)))[:, None] & vmask
     else:
         wmask = keep[:, None] & vmask
     tl.store(dst + dst_row[:, None] + v[None, :], x.to(dst.dtype.element_ty), mask=wmask)
@@ -165,7 +166,8 @@ def scatter_units_kernel(src, src_scale, dst, src_idx, dst_idx, pos_of_unit, n_r
                          TO_BF16: tl.constexpr):
     """Walk every row of the active request dst[:, dst_idx[b]] (n_rows = L * n_units * R): a retained
     unit reads its slot position pos_of_unit[l * n_units + u] of src[src_idx[b]] (dequantized when
-    DEQUANT), an omitted one (pos -1) is written as zero when ZERO_FILL, else skipped. Programs past
+    DEQUANT), an omitted one (pos -1) is written as zero when ZERO_FILL, else skipped; a foreign one (-2)
+    is always skipped. Programs past
     the row blocks copy the conv state back (load fuses it into this one launch)."""
     pid = tl.program_id(0)
     b = tl.program_id(1)

@@ -31,8 +31,8 @@ class LayoutIndex(NamedTuple):
     unit_layer: torch.Tensor    # [U] layer of retained unit j
     unit_local: torch.Tensor    # [U] unit id inside its layer
     slot_pos: torch.Tensor      # [U] position inside the slot
-    pos_of_unit: torch.Tensor   # [L * n_units] slot position of (l, u), -1 when omitted
-    omit_layer: torch.Tensor    # [M] layer of omitted unit i
+    pos_of_unit: torch.Tensor   # [L * n_units] slot position of (l, u), -1 when omitted, -2 when foreign
+    omit_layer: torch.Tensor    # [M] layer of omitted unit i (foreign units are not omitted)
     omit_local: torch.Tensor    # [M] unit id inside its layer
 
 
@@ -52,6 +52,11 @@ class StateLayout:
     conv_width: int = 0                 # kernel - 1
     temporal_dtype: torch.dtype = torch.float32
     conv_dtype: torch.dtype = torch.bfloat16
+    # [F] int64 flat ids l * n_units + u of units another codec group of the same checkpoint stores
+    # (horizon precision, state/mixed.py): neither stored here nor zeroed by this layout's load
+    foreign: torch.Tensor | None = None
+    # conv state in the slot: its dtype (native) or int8 with one scale per layer (state/conv8_naive.py)
+    conv_codec: str = "native"
     slot_pos: torch.Tensor = field(init=False, repr=False)
     _cache: dict = field(init=False, repr=False, default_factory=dict)
 
@@ -65,6 +70,10 @@ class StateLayout:
                 raise LayoutError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.unit_elements % self.value_dim:
             raise LayoutError(f"unit_elements {self.unit_elements} is not a multiple of value_dim {self.value_dim}")
+        if self.conv_codec not in ("native", "int8"):
+            raise LayoutError(f"conv_codec must be native or int8, got {self.conv_codec!r}")
+        if self.codec == "int4" and self.value_dim % 2:
+            raise LayoutError(f"codec int4 packs two values a byte: value_dim {self.value_dim} must be even")
         if self.conv_dim < 0 or self.conv_width < 0 or (self.conv_dim == 0) != (self.conv_width == 0):
             raise LayoutError(f"conv shape ({self.conv_dim}, {self.conv_width}) must be both zero or both positive")
         if self.temporal_dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -72,6 +81,7 @@ class StateLayout:
         self.layer_of_unit = torch.as_tensor(self.layer_of_unit, dtype=torch.int64).flatten().cpu()
         self.unit_in_layer = torch.as_tensor(self.unit_in_layer, dtype=torch.int64).flatten().cpu()
         self.offsets = torch.as_tensor(self.offsets, dtype=torch.int64).flatten().cpu()
+        self.foreign = torch.as_tensor([] if self.foreign is None else self.foreign, dtype=torch.int64).flatten().cpu()
         self._check_units()
         counts = self.retained_counts
         if self.layout == "ragged":
@@ -105,15 +115,21 @@ class StateLayout:
         expect = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
         if not torch.equal(self.offsets, expect):
             raise LayoutError(f"offsets {self.offsets.tolist()} disagree with the retained counts {counts.tolist()}")
+        f = self.foreign
+        if f.numel() and (f.min() < 0 or f.max() >= L * n or f.unique().numel() != f.numel()
+                          or torch.isin(f, flat).any()):
+            raise LayoutError("foreign units must be distinct units of [0, L * n_units) that this layout does not keep")
 
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
     def from_retained(cls, retained_per_layer: list[list[int]], *, units_per_layer: int, unit_elements: int,
                       value_dim: int, codec: str = DEFAULT_CODEC, layout: str = DEFAULT_LAYOUT, width: int | None = None,
                       conv_dim: int = 0, conv_width: int = 0, temporal_dtype: torch.dtype = torch.float32,
-                      conv_dtype: torch.dtype = torch.bfloat16) -> "StateLayout":
+                      conv_dtype: torch.dtype = torch.bfloat16,
+                      foreign_per_layer: list[list[int]] | None = None, conv_codec: str = "native") -> "StateLayout":
         """Build from per-layer sorted retained *local* unit ids; width defaults to the layout's minimum
-        (ragged: sum_l r_l, padded: L * R_max)."""
+        (ragged: sum_l r_l, padded: L * R_max). foreign_per_layer: per layer, the local ids another codec
+        group stores (see ``foreign``)."""
         L = len(retained_per_layer)
         layers, units = [], []
         for l, kept in enumerate(retained_per_layer):
@@ -129,12 +145,16 @@ class StateLayout:
                    value_dim=value_dim, layer_of_unit=torch.tensor(layers, dtype=torch.int64),
                    unit_in_layer=torch.tensor(units, dtype=torch.int64), offsets=torch.tensor(offsets),
                    width=width, codec=codec, layout=layout, conv_dim=conv_dim, conv_width=conv_width,
-                   temporal_dtype=temporal_dtype, conv_dtype=conv_dtype)
+                   temporal_dtype=temporal_dtype, conv_dtype=conv_dtype, conv_codec=conv_codec,
+                   foreign=[l * units_per_layer + int(u) for l, us in enumerate(foreign_per_layer or []) for u in us])
 
     @classmethod
     def from_config(cls, cfg, tp: int, retained_per_layer: list[list[int]] | None = None, *,
-                    codec: str = DEFAULT_CODEC, layout: str = DEFAULT_LAYOUT, width: int | None = None) -> "StateLayout":
-        """From a HybridConfig and one rank's retained local units (None: dense, every unit)."""
+                    codec: str = DEFAULT_CODEC, layout: str = DEFAULT_LAYOUT, width: int | None = None,
+                    foreign_per_layer: list[list[int]] | None = None, conv: bool = True,
+                    conv_codec: str = "native") -> "StateLayout":
+        """From a HybridConfig and one rank's retained local units (None: dense, every unit); conv=False:
+        no conv state (another codec group's layout holds it)."""
         shard = cfg.shard(tp)
         if retained_per_layer is None:
             retained_per_layer = [list(range(shard.units))] * cfg.num_linear_layers
@@ -143,23 +163,40 @@ class StateLayout:
         dt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
         return cls.from_retained(retained_per_layer, units_per_layer=shard.units, unit_elements=cfg.unit_elements,
                                  value_dim=cfg.value_head_dim, codec=codec, layout=layout, width=width,
-                                 conv_dim=shard.conv_dim, conv_width=cfg.conv_kernel - 1,
-                                 temporal_dtype=dt[cfg.temporal_dtype], conv_dtype=dt[cfg.conv_dtype])
+                                 conv_dim=shard.conv_dim if conv else 0, conv_width=cfg.conv_kernel - 1 if conv else 0,
+                                 temporal_dtype=dt[cfg.temporal_dtype], conv_dtype=dt[cfg.conv_dtype],
+                                 foreign_per_layer=foreign_per_layer, conv_codec=conv_codec)
 
     @classmethod
-    def from_plan(cls, plan, rank: int = 0) -> "StateLayout":
+    def from_plan(cls, plan, rank: int = 0, segment: int | None = None) -> "StateLayout":
         """One rank's slot layout from a DascPlan: its retained local units, codec, layout and the slot
         width the planner accounted for (so the pool matches the planner to the byte).
+
+        A horizon-precision plan stores one codec group per segment (state/mixed.py): ``segment`` picks
+        one; the others' units are foreign to it, and only the conv segment (plan.conv_segment) holds the
+        conv state.
 
         A rank that stores units of other ranks, or sends its own away (storage balancing at tp > 1 with
         transfers touching it), has its pool from parallel.storage.BalancedPool (the all-to-all): refused here."""
         if not 0 <= rank < plan.options.tp:
             raise LayoutError(f"rank {rank} outside the plan's TP degree {plan.options.tp}")
-        if plan.storage is not None and any(rank in (t.src, t.dst) for t in plan.storage.transfers):
+        mixed = plan.options.bands is not None
+        if mixed and segment is None:
+            raise LayoutError(f"precision {plan.options.precision}: a checkpoint of mixed codecs has one layout "
+                              "per codec segment (pass segment=, or build state.mixed.MixedPool.from_plan)")
+        seg = 0 if segment is None else segment
+        if plan.storage is not None and any(rank in (t.src, t.dst) for t in plan.storage.transfers
+                                            if t.segment == seg or not mixed):
             raise LayoutError(f"rank {rank} exchanges checkpoint units with other ranks under placement "
                               f"'{plan.options.placement}': its pool is parallel.storage.BalancedPool (the storage all-to-all)")
-        return cls.from_config(plan.config, plan.options.tp, plan.local_retained(rank), codec=plan.options.codec,
-                               layout=plan.options.layout, width=plan.rank_widths()[rank])
+        if not mixed:
+            return cls.from_config(plan.config, plan.options.tp, plan.local_retained(rank), codec=plan.options.codec,
+                                   layout=plan.options.layout, width=plan.rank_widths()[rank],
+                                   conv_codec=plan.options.conv_codec)
+        return cls.from_config(plan.config, plan.options.tp, plan.segment_retained(rank, seg),
+                               codec=plan.codec_segments[seg], layout="ragged",
+                               width=plan.segment_widths()[seg][rank], foreign_per_layer=plan.segment_foreign(rank, seg),
+                               conv=seg == plan.conv_segment, conv_codec=plan.options.conv_codec)
 
     # ---- shape facts --------------------------------------------------------------------------------
     @property
@@ -178,8 +215,17 @@ class StateLayout:
         return self.unit_elements // self.value_dim
 
     @property
+    def payload_unit_elements(self) -> int:
+        """Payload elements of one stored unit (its dtype: temporal native, int8, or uint8 for fp8 / int4)."""
+        return self._unit_byte_parts()[0] // (self.temporal_dtype.itemsize if self.codec == "native" else 1)
+
+    @property
+    def payload_dtype(self) -> torch.dtype:
+        return {"native": self.temporal_dtype, "int8": torch.int8}.get(self.codec, torch.uint8)
+
+    @property
     def num_omitted(self) -> int:
-        return self.num_layers * self.units_per_layer - self.num_retained
+        return self.num_layers * self.units_per_layer - self.num_retained - self.foreign.numel()
 
     # ---- bytes (config.py's formulas, so equal to HybridConfig.unit_bytes / conv_bytes_per_rank) ------
     def _unit_byte_parts(self) -> tuple[int, int]:
@@ -196,7 +242,7 @@ class StateLayout:
         return self.width * self._unit_byte_parts()[1]
 
     def conv_bytes_per_slot(self) -> int:
-        return conv_bytes(self.num_layers, self.conv_dim, self.conv_width, self.conv_dtype.itemsize)
+        return conv_bytes(self.num_layers, self.conv_dim, self.conv_width, self.conv_dtype.itemsize, self.conv_codec)
 
     def slot_bytes(self) -> int:
         """width * unit_bytes(codec) + conv bytes: one physical slot of this rank."""
@@ -211,7 +257,8 @@ class StateLayout:
             L, n = self.num_layers, self.units_per_layer
             pos = torch.full((L * n,), -1, dtype=torch.int64)
             pos[self.layer_of_unit * n + self.unit_in_layer] = self.slot_pos
-            omitted = torch.nonzero(pos < 0).flatten()
+            pos[self.foreign] = -2
+            omitted = torch.nonzero(pos == -1).flatten()
             tabs = (self.layer_of_unit, self.unit_in_layer, self.slot_pos, pos, omitted // n, omitted % n)
             self._cache[key] = LayoutIndex(*(t.to(device) for t in tabs))
         return self._cache[key]

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from trtllm_dasc.state import codec_naive
 from trtllm_dasc.state.layout import StateLayout
 
 # paper Eq. 10: the floor on the row max keeps all-zero rows finite
@@ -99,7 +100,10 @@ def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: Stat
     rows, slots = _idx(rows, t.device), _idx(slots, t.device)
     x = t[ix.unit_layer[None, :], rows[:, None], ix.unit_local[None, :]]
     pos = (slots[:, None], ix.slot_pos[None, :])
-    if layout.codec == "int8":
+    if layout.codec in codec_naive.QUANT_CODECS:
+        codec_naive.store_units(t, rows, payload, scales, slots, ix.unit_layer, ix.unit_local, ix.slot_pos,
+                                layout.rows_per_unit, layout.value_dim, layout.codec)
+    elif layout.codec == "int8":
         B, U = x.shape[:2]
         q, s = quantize_int8(x.view(B, U, layout.rows_per_unit, layout.value_dim), scales.dtype)
         payload[pos] = q.view(B, U, layout.unit_elements)
@@ -118,14 +122,19 @@ def load(payload, scales, conv_store, slots, temporal, conv, rows, layout: State
     ix = layout.index(t.device)
     rows, slots = _idx(rows, t.device), _idx(slots, t.device)
     pos = (slots[:, None], ix.slot_pos[None, :])
-    if layout.codec == "int8":
+    if layout.codec in codec_naive.QUANT_CODECS:
+        codec_naive.load_units(payload, scales, slots, t, rows, ix.pos_of_unit, layout.rows_per_unit,
+                               layout.value_dim, layout.codec, zero_fill)
+        x = None
+    elif layout.codec == "int8":
         B, U = slots.numel(), layout.num_retained
         q = payload[pos].view(B, U, layout.rows_per_unit, layout.value_dim)
         x = dequantize_int8(q, scales[pos]).view(B, U, layout.unit_elements)
     else:
         x = payload[pos]
-    if zero_fill:
-        t[ix.omit_layer[None, :], rows[:, None], ix.omit_local[None, :]] = 0
-    t[ix.unit_layer[None, :], rows[:, None], ix.unit_local[None, :]] = x.to(t.dtype)
+    if x is not None:
+        if zero_fill:
+            t[ix.omit_layer[None, :], rows[:, None], ix.omit_local[None, :]] = 0
+        t[ix.unit_layer[None, :], rows[:, None], ix.unit_local[None, :]] = x.to(t.dtype)
     if conv is not None:
         conv[:, rows] = conv_store[slots].transpose(0, 1).to(conv.dtype)

@@ -13,6 +13,7 @@ import torch
 
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.state import ops
+from trtllm_dasc.state.conv8_naive import conv8_row_bytes
 from trtllm_dasc.state.layout import StateLayout
 
 
@@ -24,7 +25,8 @@ class CheckpointPool:
     """Tensors (S = N + 1 physical slots):
       payload    [S, width, E]            temporal dtype (native) or int8
       scales     [S, width, E // V]       temporal dtype, int8 codec only (else None)
-      conv       [S, L, conv_dim, conv_width]  layout.conv_dtype (None without conv state)
+      conv       [S, L, conv_dim, conv_width]  layout.conv_dtype (None without conv state);
+                 [S, L, conv8_row_bytes] int8 with conv_codec int8
     """
 
     def __init__(self, layout: StateLayout, budget_bytes: int, device="cpu", max_slots: int | None = None):
@@ -42,13 +44,17 @@ class CheckpointPool:
             raise PoolError(f"state budget {budget_bytes} B holds no deployable slot: one slot takes "
                             f"{self.slot_bytes} B and slot 0 is reserved (need >= {2 * self.slot_bytes} B)")
         self.num_slots = n
-        S, E, R = n + 1, layout.unit_elements, layout.rows_per_unit
-        pdt = torch.int8 if layout.codec == "int8" else layout.temporal_dtype
-        self.payload = torch.zeros((S, layout.width, E), dtype=pdt, device=device)
+        S, R = n + 1, layout.rows_per_unit
+        # fp8 / int4: uint8 codes, [S, width, R * row bytes] (state/codec_naive.py)
+        self.payload = torch.zeros((S, layout.width, layout.payload_unit_elements), dtype=layout.payload_dtype,
+                                   device=device)
         self.scales = (torch.zeros((S, layout.width, R), dtype=layout.temporal_dtype, device=device)
-                       if layout.codec == "int8" else None)
-        self.conv = (torch.zeros((S, layout.num_layers, layout.conv_dim, layout.conv_width),
-                                 dtype=layout.conv_dtype, device=device) if layout.conv_dim else None)
+                       if layout.codec != "native" else None)
+        # 8-bit conv: one int8 row per layer, codes then the layer's fp32 scale (state/conv8_naive.py)
+        conv_shape = ((layout.num_layers, conv8_row_bytes(layout.conv_dim * layout.conv_width))
+                      if layout.conv_codec == "int8" else (layout.num_layers, layout.conv_dim, layout.conv_width))
+        self.conv = (torch.zeros((S, *conv_shape), dtype=torch.int8 if layout.conv_codec == "int8" else layout.conv_dtype,
+                                 device=device) if layout.conv_dim else None)
 
     @classmethod
     def from_plan(cls, plan, budget_bytes: int, rank: int = 0, device="cpu") -> "CheckpointPool":
@@ -78,7 +84,7 @@ class CheckpointPool:
     def memory_report(self) -> dict:
         lay, S = self.layout, self.num_slots + 1
         return {"slots": self.num_slots, "physical_slots": S, "slot_bytes": self.slot_bytes,
-                "codec": lay.codec, "layout": lay.layout, "width": lay.width,
+                "codec": lay.codec, "conv_codec": lay.conv_codec, "layout": lay.layout, "width": lay.width,
                 "unit_bytes": lay.unit_bytes(), "temporal_bytes_per_slot": lay.payload_bytes_per_slot(),
                 "scale_bytes_per_slot": lay.scale_bytes_per_slot(), "conv_bytes_per_slot": lay.conv_bytes_per_slot(),
                 "temporal_bytes": S * lay.payload_bytes_per_slot(), "scale_bytes": S * lay.scale_bytes_per_slot(),

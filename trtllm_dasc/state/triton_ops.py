@@ -184,7 +184,40 @@ def _checked(temporal, payload, scales, rows, slots, layout: StateLayout):
     return t, quant, _idx(rows, t.device), _idx(slots, t.device)
 
 
+def _codec_store(temporal, conv, rows, payload, scales, conv_store, slots, layout: StateLayout) -> None:
+    from trtllm_dasc.state import codec_ops
+    t = as_units(temporal, layout)
+    _check_units(t, layout)
+    ix = layout.index(t.device)
+    rows, slots = _idx(rows, t.device), _idx(slots, t.device)
+    codec_ops.store_units(t, rows, payload, scales, slots, ix.unit_layer, ix.unit_local, ix.slot_pos,
+                          layout.rows_per_unit, layout.value_dim, layout.codec)
+    if conv is not None:
+        cs, ps = conv.stride(), conv_store.stride()
+        conv_args = _conv_args(conv, conv_store, (cs[1], cs[0]), (ps[0], ps[1]), layout)
+        none = ix.unit_layer[:0]
+        # no units listed: every program of the launch copies conv state
+        _gather(t, payload, None, rows, slots, none, none, none, 0, 0, 0, layout, False, conv_args)
+
+
+def _codec_load(payload, scales, conv_store, slots, temporal, conv, rows, layout: StateLayout, zero_fill) -> None:
+    from trtllm_dasc.state import codec_ops
+    t = as_units(temporal, layout)
+    _check_units(t, layout)
+    ix = layout.index(t.device)
+    rows, slots = _idx(rows, t.device), _idx(slots, t.device)
+    codec_ops.load_units(payload, scales, slots, t, rows, ix.pos_of_unit, layout.rows_per_unit, layout.value_dim,
+                         layout.codec, zero_fill)
+    if conv is not None:
+        cs, ps = conv.stride(), conv_store.stride()
+        conv_args = _conv_args(conv_store, conv, (ps[0], ps[1]), (cs[1], cs[0]), layout)
+        none = ix.unit_layer[:0]
+        _gather(t, t, None, slots, rows, none, none, none, 0, 0, 0, layout, False, conv_args)
+
+
 def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: StateLayout) -> None:
+    if layout.codec in ("fp8", "int4"):
+        return _codec_store(temporal, conv, rows, payload, scales, conv_store, slots, layout)
     t, quant, rows, slots = _checked(temporal, payload, scales, rows, slots, layout)
     ix = layout.index(t.device)
     conv_args = None
@@ -197,6 +230,8 @@ def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: Stat
 
 def load(payload, scales, conv_store, slots, temporal, conv, rows, layout: StateLayout,
          zero_fill: bool = True) -> None:
+    if layout.codec in ("fp8", "int4"):
+        return _codec_load(payload, scales, conv_store, slots, temporal, conv, rows, layout, zero_fill)
     t, quant, rows, slots = _checked(temporal, payload, scales, rows, slots, layout)
     conv_args = None
     if conv is not None:

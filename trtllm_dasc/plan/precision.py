@@ -1,0 +1,114 @@
+"""Horizon-aware precision (issue 35): each kept unit's checkpoint codec follows its retention horizon.
+
+An error written into a unit decays at that unit's own rate (paper Eq. 3): a kept unit whose horizon is just
+above W_max forgets its quantisation error within a few hundred tokens, one that remembers for 100k tokens
+carries it to the end. So the kept units are split into horizon bands by thresholds H_1 < ... < H_k and
+band i (H_i <= H < H_{i+1}, H_0 = W_max, H_{k+1} = inf) stores with codec c_i:
+
+    --precision uniform                      every kept unit in --codec (the paper's arms)
+    --precision horizon                      DEFAULT_BANDS below
+    --precision horizon:H1,H2                int4 below H1, int8 in [H1, H2), native at or above H2
+    --precision horizon:H1,H2:int4,int8,native   the codecs named, one more than the thresholds
+
+Each rank's units are then packed ragged by codec (one segment per codec) and the TP balance counts bytes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtllm_dasc.errors import UserError
+
+UNIFORM = "uniform"
+# codecs a band may use (the temporal codecs of config.unit_byte_parts)
+BAND_CODECS = ("native", "int8", "fp8", "int4")
+# the default: a unit whose horizon is under 1024 tokens forgets an int4 error (to eps) within 1024 tokens,
+# int8 up to 8192, and the few that remember longer stay exact. At W=16, TP8, on the paper-profile
+# checkpoints this gives Kimi-Linear 12.14x dense capacity (INT8: 8.07x) and Qwen3-Next 4.07x (INT8 3.75x);
+# int8 beats fp8 per byte on gaussian rows (codec_naive: 0.0065 vs 0.026 RMS-relative), so fp8 is no default.
+# The error study (benchmarks/) is what should move these.
+DEFAULT_THRESHOLDS = (1024, 8192)
+DEFAULT_CODECS = ("int4", "int8", "native")
+MAX_THRESHOLD = 2**53
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonBands:
+    thresholds: tuple[int, ...]     # H_1 < ... < H_k (tokens)
+    codecs: tuple[str, ...]         # k + 1 codecs, band i below thresholds[i]
+
+    def band_of(self, horizons: np.ndarray) -> np.ndarray:
+        """Band index per horizon: the number of thresholds at or below it (a horizon equal to H_i is in
+        band i, the upper one)."""
+        return np.searchsorted(np.asarray(self.thresholds, dtype=np.float64), horizons, side="right")
+
+    def spec(self) -> str:
+        return f"horizon:{','.join(map(str, self.thresholds))}:{','.join(self.codecs)}"
+
+    def ranges(self, wmax: int) -> list[tuple[float, float]]:
+        lo = [float(wmax), *map(float, self.thresholds)]
+        return list(zip(lo, [*map(float, self.thresholds), math.inf]))
+
+
+def parse_precision(text: str, wmax: int | None = None) -> HorizonBands | None:
+    """None for 'uniform'; the bands of a 'horizon[:H1,..[:c0,..]]' spec, normalised. Bad input: UserError."""
+    s = str(text).strip()
+    if s == UNIFORM:
+        return None
+    head, _, rest = s.partition(":")
+    if head != "horizon":
+        raise UserError(f"--precision must be 'uniform' or 'horizon[:H1,H2[:codec,...]]', got {text!r}")
+    if not rest:
+        bands = HorizonBands(DEFAULT_THRESHOLDS, DEFAULT_CODECS)
+    else:
+        th_text, _, codec_text = rest.partition(":")
+        try:
+            ths = tuple(int(v) for v in th_text.split(","))
+        except ValueError:
+            raise UserError(f"--precision {text!r}: thresholds must be a comma list of integers (tokens), "
+                            f"e.g. horizon:256,4096") from None
+        if codec_text:
+            codecs = tuple(c.strip() for c in codec_text.split(","))
+        elif len(ths) == len(DEFAULT_THRESHOLDS):
+            codecs = DEFAULT_CODECS
+        else:
+            raise UserError(f"--precision {text!r}: {len(ths)} thresholds need {len(ths) + 1} codecs after a "
+                            f"second ':' (only two thresholds have default codecs)")
+        bands = HorizonBands(ths, codecs)
+    check_bands(bands, wmax, text)
+    return bands
+
+
+def check_bands(bands: HorizonBands, wmax: int | None, text: str = "") -> None:
+    what = f"--precision {text!r}" if text else "--precision"
+    ths = bands.thresholds
+    if any(isinstance(h, bool) or not isinstance(h, int) or not 1 <= h <= MAX_THRESHOLD for h in ths):
+        raise UserError(f"{what}: thresholds must be integers in [1, 2^53] tokens, got {list(ths)}")
+    if any(b <= a for a, b in zip(ths, ths[1:])):
+        raise UserError(f"{what}: thresholds must increase strictly, got {list(ths)}")
+    if wmax is not None and ths and ths[0] <= wmax:
+        raise UserError(f"{what}: the first threshold {ths[0]} must exceed --wmax {wmax} (kept units have "
+                        f"horizons above W_max, so the lowest band would be empty)")
+    if len(bands.codecs) != len(ths) + 1:
+        raise UserError(f"{what}: {len(ths)} thresholds need {len(ths) + 1} codecs, got {len(bands.codecs)}")
+    for c in bands.codecs:
+        if c not in BAND_CODECS:
+            raise UserError(f"{what}: unknown codec {c!r}; use one of {'|'.join(BAND_CODECS)}")
+
+
+def check_device_runs(bands: HorizonBands | None, codec: str = "native") -> None:
+    """Refuse a codec this installation cannot run: fp8's torch reference needs torch.float8_e4m3fn."""
+    used = set(bands.codecs) if bands else {codec}
+    if "fp8" in used:
+        import torch
+        if not hasattr(torch, "float8_e4m3fn"):
+            raise UserError(f"codec fp8 needs torch.float8_e4m3fn (torch >= 2.1); this torch {torch.__version__} "
+                            "has none: choose other codecs")
+
+
+def assign_bands(horizons: list[np.ndarray], retained: list[list[int]], bands: HorizonBands) -> list[list[int]]:
+    """Per layer, the band of each kept unit (parallel to retained)."""
+    return [bands.band_of(np.asarray(h, dtype=np.float64)[kept]).tolist() if kept else []
+            for h, kept in zip(horizons, retained)]

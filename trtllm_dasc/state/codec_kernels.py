@@ -1,0 +1,187 @@
+"""Triton kernels of the FP8 / INT4 codecs (issue 35); torch reference in ``codec_naive``, wrappers in
+``codec_ops``. CODEC: 1 fp8 (e4m3fn bits in a uint8), 2 int4 (two values a byte, low nibble first).
+
+Tiles are [BLOCK_R, BLOCK_B]: BLOCK_R rows of one request, BLOCK_B >= the payload bytes of a row (fp8 V,
+int4 V // 2; an int4 tile reads the even and the odd elements of its rows as two strided loads). The fp8
+encode / decode work on the bits (round to nearest even, like torch's cast), so the interpreter and the GPU
+give torch's codes exactly; Triton's own fp8 cast is not defined the same way in the interpreter.
+Quotients use div_rn (the IEEE quotient torch computes); the INT8 codec's fma quotient (kernels.py) is the
+bandwidth step left for the GPU benchmark. Addresses are int64.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rne(x):
+    # kernels._round_half_even: exact for |x| < 2**22
+    return (x + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _row_scale(a, QMAX: tl.constexpr):
+    return tl.math.div_rn(tl.maximum(a, 1e-8), tl.full(a.shape, QMAX, tl.float32))
+
+
+@triton.jit
+def _fp8_encode(y):
+    """fp32 y, finite, |y| <= 448 -> e4m3fn bits (uint8), round to nearest even."""
+    bits = y.to(tl.uint32, bitcast=True)
+    sign = (bits >> 31) << 7
+    a = tl.abs(y)
+    # below 2^-6 the format is subnormal with a fixed quantum of 2^-9: code = round(a * 2^9), 8 = 2^-6
+    sub = _rne(a * 512.0).to(tl.uint32)
+    ab = a.to(tl.uint32, bitcast=True)
+    # 3 of 23 mantissa bits kept, rounded to nearest even on the bits (a carry bumps the exponent)
+    nb = (ab + (((ab >> 20) & 1) + 0x7FFFF)) >> 20
+    # rebias the exponent from 127 to 7: (127 - 7) << 3
+    norm = nb - tl.where(a < 0.015625, 0, 960).to(tl.uint32)
+    code = tl.where(a < 0.015625, sub, norm)
+    return (code | sign).to(tl.uint8)
+
+
+@triton.jit
+def _fp8_decode(c):
+    """e4m3fn bits (uint8, never NaN) -> fp32, exact."""
+    c = c.to(tl.uint32)
+    e = (c >> 3) & 15
+    m = c & 7
+    sub = m.to(tl.float32) * 0.001953125
+    norm = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    v = tl.where(e == 0, sub, norm)
+    # the sign goes in as a bit: the interpreter's negation turns 0x80 into +0.0, torch gives -0.0
+    return (v.to(tl.uint32, bitcast=True) | ((c >> 7) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _int4_code(y):
+    q = _rne(tl.minimum(tl.maximum(y, -7.0), 7.0)).to(tl.int32)
+    return q & 15
+
+
+@triton.jit
+def _nibble(b):
+    q = b.to(tl.int32)
+    return tl.where(q >= 8, q - 16, q).to(tl.float32)
+
+
+@triton.jit
+def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC: tl.constexpr):
+    """Rows at src + row[i] (V contiguous values each) -> (bytes [BLOCK_R, BLOCK_B] uint8, s [BLOCK_R])."""
+    b = tl.arange(0, BLOCK_B)
+    if CODEC == 1:
+        mask = rmask[:, None] & (b < V)[None, :]
+        x = tl.load(src + row[:, None] + b[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = _row_scale(tl.max(tl.abs(x), axis=1), 448.0)
+        y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
+        out = _fp8_encode(tl.minimum(tl.maximum(y, -448.0), 448.0))
+    else:
+        mask = rmask[:, None] & (b < V // 2)[None, :]
+        xe = tl.load(src + row[:, None] + 2 * b[None, :], mask=mask, other=0.0).to(tl.float32)
+        xo = tl.load(src + row[:, None] + 2 * b[None, :] + 1, mask=mask, other=0.0).to(tl.float32)
+        s = _row_scale(tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1)), 7.0)
+        sb = tl.broadcast_to(s[:, None], xe.shape)
+        out = (_int4_code(tl.math.div_rn(xe, sb)) | (_int4_code(tl.math.div_rn(xo, sb)) << 4)).to(tl.uint8)
+    return out, s
+
+
+@triton.jit
+def _decode_rows(src, row, s, keep, dst, drow, wmask, V: tl.constexpr, BLOCK_B: tl.constexpr,
+                 CODEC: tl.constexpr):
+    """Bytes at src + row[i] with scales s -> values written at dst + drow[i] (rows where wmask; rows
+    without keep read as zero, so zero-fill writes zeros)."""
+    b = tl.arange(0, BLOCK_B)
+    if CODEC == 1:
+        vm = (b < V)[None, :]
+        c = tl.load(src + row[:, None] + b[None, :], mask=keep[:, None] & vm, other=0)
+        y = _fp8_decode(c) * s[:, None]
+        tl.store(dst + drow[:, None] + b[None, :], y.to(dst.dtype.element_ty), mask=wmask[:, None] & vm)
+    else:
+        vm = (b < V // 2)[None, :]
+        c = tl.load(src + row[:, None] + b[None, :], mask=keep[:, None] & vm, other=0).to(tl.int32)
+        lo = _nibble(c & 15) * s[:, None]
+        hi = _nibble(c >> 4) * s[:, None]
+        m = wmask[:, None] & vm
+        tl.store(dst + drow[:, None] + 2 * b[None, :], lo.to(dst.dtype.element_ty), mask=m)
+        tl.store(dst + drow[:, None] + 2 * b[None, :] + 1, hi.to(dst.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def quantize_rows_kernel(x, q, s, n_rows, V: tl.constexpr, VB: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK_B: tl.constexpr, CODEC: tl.constexpr):
+    """x [n_rows, V] contiguous -> q uint8 [n_rows, VB], s [n_rows]."""
+    ri = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rmask = ri < n_rows
+    out, sv = _encode_rows(x, ri * V, rmask, V, BLOCK_B, CODEC)
+    b = tl.arange(0, BLOCK_B)
+    tl.store(q + ri[:, None] * VB + b[None, :], out, mask=rmask[:, None] & (b < VB)[None, :])
+    tl.store(s + ri, sv.to(s.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def dequantize_rows_kernel(q, s, x, n_rows, V: tl.constexpr, VB: tl.constexpr, BLOCK_R: tl.constexpr,
+                           BLOCK_B: tl.constexpr, CODEC: tl.constexpr):
+    """q uint8 [n_rows, VB], s [n_rows] -> x [n_rows, V]."""
+    ri = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rmask = ri < n_rows
+    sv = tl.load(s + ri, mask=rmask, other=0.0).to(tl.float32)
+    _decode_rows(q, ri * VB, sv, rmask, x, ri * V, rmask, V, BLOCK_B, CODEC)
+
+
+@triton.jit
+def store_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, unit_dst, n_rows,
+                       stride_src_l, stride_src_n, stride_dst_b, stride_scale_b,
+                       R: tl.constexpr, V: tl.constexpr, VB: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_B: tl.constexpr, CODEC: tl.constexpr):
+    """Listed unit j (n_rows = J * R rows) of active row src_idx[b]: src[layer_j, n, unit_src[j]] is
+    encoded into slot dst_idx[b] at position unit_dst[j]: dst [S, width, R * VB] uint8 (slot stride
+    stride_dst_b), dst_scale [S, width, R] (slot stride stride_scale_b)."""
+    b_ = tl.program_id(1)
+    n_src = tl.load(src_idx + b_).to(tl.int64)
+    n_dst = tl.load(dst_idx + b_).to(tl.int64)
+    ri = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = ri < n_rows
+    j = ri // R
+    r = (ri - j * R).to(tl.int64)
+    layer = tl.load(unit_layer + j, mask=rmask, other=0).to(tl.int64)
+    u_src = tl.load(unit_src + j, mask=rmask, other=0).to(tl.int64)
+    u_dst = tl.load(unit_dst + j, mask=rmask, other=0).to(tl.int64)
+    src_row = layer * stride_src_l + n_src * stride_src_n + u_src * (R * V) + r * V
+    out, s = _encode_rows(src, src_row, rmask, V, BLOCK_B, CODEC)
+    bb = tl.arange(0, BLOCK_B)
+    dst_row = n_dst * stride_dst_b + u_dst * (R * VB) + r * VB
+    tl.store(dst + dst_row[:, None] + bb[None, :], out, mask=rmask[:, None] & (bb < VB)[None, :])
+    tl.store(dst_scale + n_dst * stride_scale_b + u_dst * R + r, s.to(dst_scale.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def load_units_kernel(src, src_scale, dst, src_idx, dst_idx, pos_of_unit, n_rows, n_units,
+                      stride_src_b, stride_scale_b, stride_dst_l, stride_dst_n,
+                      R: tl.constexpr, V: tl.constexpr, VB: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_B: tl.constexpr, ZERO_FILL: tl.constexpr, CODEC: tl.constexpr):
+    """Walk every row of active request dst[:, dst_idx[b]] (n_rows = L * n_units * R): a unit with
+    pos_of_unit[l * n_units + u] >= 0 is decoded from that position of slot src_idx[b]; -1 (omitted) is
+    written as zero when ZERO_FILL; any other negative (a unit another codec group owns) is left alone."""
+    b_ = tl.program_id(1)
+    slot = tl.load(src_idx + b_).to(tl.int64)
+    n_dst = tl.load(dst_idx + b_).to(tl.int64)
+    ri = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rmask = ri < n_rows
+    layer_rows = n_units * R
+    layer = ri // layer_rows
+    rest = ri - layer * layer_rows
+    u = rest // R
+    r = rest - u * R
+    pos = tl.load(pos_of_unit + layer * n_units + u, mask=rmask, other=-2).to(tl.int64)
+    keep = rmask & (pos >= 0)
+    if ZERO_FILL:
+        wmask = keep | (rmask & (pos == -1))
+    else:
+        wmask = keep
+    pos = tl.where(keep, pos, 0)
+    s = tl.load(src_scale + slot * stride_scale_b + pos * R + r, mask=keep, other=0.0).to(tl.float32)
+    src_row = slot * stride_src_b + pos * (R * VB) + r * VB
+    dst_row = layer * stride_dst_l + n_dst * stride_dst_n + rest * V
+    _decode_rows(src, src_row, s, keep, dst, dst_row, wmask, V, BLOCK_B, CODEC)

@@ -1,0 +1,120 @@
+"""Host wrappers of the FP8 / INT4 codec kernels: the same signatures as ``codec_naive`` (read its docstring).
+
+``store_units`` / ``load_units`` move one codec group of units between the active state and a slot
+payload; the composed ``naive.store`` / ``triton_ops.store`` (and load) call them for layouts of codec
+fp8 or int4, and the mixed layout (one group per codec) calls them once per group.
+"""
+from __future__ import annotations
+
+import torch
+
+from trtllm_dasc.state import codec_kernels as K
+from trtllm_dasc.state import codec_naive
+from trtllm_dasc.state.codec_naive import row_bytes
+
+CODEC_ID = {"fp8": 1, "int4": 2}
+MAX_BATCH = 65535
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _blocks(n_rows: int, VB: int) -> tuple[int, int]:
+    # same tile budget as triton_ops (read at call time: tests shrink it to force partial row blocks)
+    from trtllm_dasc.state import triton_ops
+    block_b = _pow2(VB)
+    return max(1, min(max(triton_ops.TILE_ELEMS // max(block_b, 1), 1), _pow2(n_rows))), block_b
+
+
+def _check_codec(codec: str, V: int) -> int:
+    if codec not in CODEC_ID:
+        raise ValueError(f"codec {codec!r} is not one of {tuple(CODEC_ID)}")
+    if codec == "int4" and V % 2:
+        raise ValueError(f"int4 packs two values a byte: the row length {V} must be even")
+    return CODEC_ID[codec]
+
+
+def _idx(x, device) -> torch.Tensor:
+    t = torch.as_tensor(x, device=device).flatten().to(torch.int64).contiguous()
+    assert t.numel() <= MAX_BATCH, f"batch of {t.numel()} exceeds the grid limit {MAX_BATCH}"
+    return t
+
+
+def quantize(x: torch.Tensor, codec: str, scale_dtype: torch.dtype = torch.float32):
+    """x [..., V] -> (codes uint8 [..., row_bytes], s [...])."""
+    V = x.shape[-1]
+    cid = _check_codec(codec, V)
+    VB = row_bytes(codec, V)
+    xc = x.contiguous()
+    q = torch.empty((*x.shape[:-1], VB), dtype=torch.uint8, device=x.device)
+    s = torch.empty(x.shape[:-1], dtype=scale_dtype, device=x.device)
+    n_rows = xc.numel() // max(V, 1)
+    if n_rows:
+        BR, BB = _blocks(n_rows, VB)
+        K.quantize_rows_kernel[(_cdiv(n_rows, BR),)](xc, q, s, n_rows, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, CODEC=cid)
+    return q, s
+
+
+def dequantize(q: torch.Tensor, s: torch.Tensor, codec: str, V: int | None = None) -> torch.Tensor:
+    """(codes uint8 [..., row_bytes], s [...]) -> fp32 [..., V] (V: fp8 the code count, int4 twice it)."""
+    V = V or (q.shape[-1] * (2 if codec == "int4" else 1))
+    cid = _check_codec(codec, V)
+    VB = row_bytes(codec, V)
+    assert q.shape[-1] == VB and s.shape == q.shape[:-1], f"codes {tuple(q.shape)} / scales {tuple(s.shape)}"
+    out = torch.empty((*q.shape[:-1], V), dtype=torch.float32, device=q.device)
+    n_rows = s.numel()
+    if n_rows:
+        BR, BB = _blocks(n_rows, VB)
+        K.dequantize_rows_kernel[(_cdiv(n_rows, BR),)](q.contiguous(), s.contiguous(), out, n_rows, V=V, VB=VB,
+                                                       BLOCK_R=BR, BLOCK_B=BB, CODEC=cid)
+    return out
+
+
+def store_units(t, rows, payload, scales, slots, unit_layer, unit_local, slot_pos, R: int, V: int,
+                codec: str) -> None:
+    """Triton twin of codec_naive.store_units (t: [L, N, n_units, R * V] view, units contiguous)."""
+    cid = _check_codec(codec, V)
+    VB = row_bytes(codec, V)
+    assert t.stride(3) == 1 and t.stride(2) == R * V, f"units of one (layer, request) must be contiguous: {t.stride()}"
+    assert payload.dtype == torch.uint8 and payload.shape[2] == R * VB and payload.stride(2) == 1 \
+        and payload.stride(1) == R * VB, f"payload {tuple(payload.shape)} is not [S, width, {R * VB}] uint8, rows contiguous"
+    assert scales.shape[:2] == payload.shape[:2] and scales.shape[2] == R and scales.stride(2) == 1 \
+        and scales.stride(1) == R, f"scales {tuple(scales.shape)} must be [S, width, {R}], contiguous per slot"
+    rows, slots = _idx(rows, t.device), _idx(slots, t.device)
+    n_rows, B = unit_layer.numel() * R, slots.numel()
+    if n_rows == 0 or B == 0:
+        return
+    BR, BB = _blocks(n_rows, VB)
+    K.store_units_kernel[(_cdiv(n_rows, BR), B)](
+        t, payload, scales, rows, slots, unit_layer, unit_local, slot_pos, n_rows, t.stride(0), t.stride(1),
+        payload.stride(0), scales.stride(0), R=R, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, CODEC=cid)
+
+
+def load_units(payload, scales, slots, t, rows, pos_of_unit, R: int, V: int, codec: str,
+               zero_fill: bool = True) -> None:
+    """Every unit (l, u) of active rows[b] (t: [L, N, n_units, R * V]) with pos_of_unit[l * n + u] >= 0
+    is decoded from slots[b]; -1 zeroed when zero_fill; other negatives left alone (another group's)."""
+    cid = _check_codec(codec, V)
+    VB = row_bytes(codec, V)
+    assert t.stride(3) == 1 and t.stride(2) == R * V, f"units of one (layer, request) must be contiguous: {t.stride()}"
+    assert payload.dtype == torch.uint8 and payload.shape[2] == R * VB and payload.stride(1) == R * VB
+    assert scales.shape[2] == R and scales.stride(1) == R
+    rows, slots = _idx(rows, t.device), _idx(slots, t.device)
+    L, n = t.shape[0], t.shape[2]
+    n_rows, B = L * n * R, slots.numel()
+    if n_rows == 0 or B == 0:
+        return
+    BR, BB = _blocks(n_rows, VB)
+    K.load_units_kernel[(_cdiv(n_rows, BR), B)](
+        payload, scales, t, slots, rows, pos_of_unit, n_rows, n, payload.stride(0), scales.stride(0),
+        t.stride(0), t.stride(1), R=R, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, ZERO_FILL=zero_fill, CODEC=cid)
+
+
+# the torch twins under the same names, for callers that pick a backend by module
+naive_quantize = codec_naive.QUANTIZE
+naive_dequantize = codec_naive.DEQUANTIZE
