@@ -1,5 +1,5 @@
 """Markdown tables of a quality result (evals.run's JSON): accuracy per arm and W_max, and the paired
-comparisons in the form of the paper's Table 5, for benchmarks/results/quality/.
+comparisons in the form of the paper's Table 5, for a quality report's README.
 
     python -m trtllm_dasc.evals.tables quality_kda.json [quality_gdn.json ...] [--out README.md]
 """

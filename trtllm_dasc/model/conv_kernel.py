@@ -4,8 +4,8 @@ state, q and k l2-normalised per head, and each part (q, k, v) written to an out
 
 Why: on the H200 at 16k tokens the Kimi-Linear-shaped stack spent 0.45 ms per KDA layer in fla's conv
 (three calls, one per part, so the chunk kernels get contiguous q / k / v; about 1.8 TB/s) and another
-0.13 ms in the l2norm passes fla's chunk kernels make over q and k (the --profile run in
-benchmarks/results/model_prefill_kda_h200x2_2c312ab.json); at 4k tokens its eight launches per layer
+0.13 ms in the l2norm passes fla's chunk kernels make over q and k (measured on an H200 by
+`python -m benchmarks model_prefill --arch kda --profile`); at 4k tokens its eight launches per layer
 counted more than their bytes. Here one pass reads the inputs once and writes the parts once, already
 normalised (a second, small one redoes each sequence's first W-1 rows, see below), and the chunk kernels are
 told not to normalise again (recurrence/fla.py, qk_normalized).
@@ -27,19 +27,20 @@ import torch
 import triton
 import triton.language as tl
 
-# tokens per tile, warps, tiles per program: benchmarks/conv_prefill.py timed twelve choices on the H200 at
-# 16k tokens (conv_prefill_h200_4e0dcbf.json): 32 tokens at 4 warps took 0.349 ms on the Kimi-Linear shape
-# (55% of a copy of the same bytes) where 64 at 8 warps (the choice before) took 0.431 and 128 at 8 warps
-# 0.630; more tiles per program did not help. Bigger tiles hold more registers and leave fewer loads in
-# flight per SM. tests/model/test_kernels_compile.py keeps the launch free of register spills (ptxas).
+# tokens per tile, warps, tiles per program: the fastest of the twelve choices `python -m benchmarks
+# conv_prefill` times at 16k tokens. measured on an H200: 32 tokens at 4 warps took 0.349 ms on the
+# Kimi-Linear shape (55% of a copy of the same bytes) where 64 at 8 warps (the choice before) took 0.431 and
+# 128 at 8 warps 0.630; more tiles per program did not help. Bigger tiles hold more registers and leave fewer
+# loads in flight per SM. tests/model/test_kernels_compile.py keeps the launch free of register spills (ptxas).
 BLOCK_T = 32
 WARPS = 4
 TILES = 1                # tiles a program takes one after the other
-# the rows kernel (W = 4, both stacks' window): (tokens per program, widest channel block, warps). On the
-# H200 at 16k tokens (conv_prefill_h200_f3328d5.json) 64 tokens of 256 channels at one warp took 0.266 ms on
-# the Kimi-Linear shape (72% of copy speed; 0.181 ms, 71%, on Qwen3-Next's), where the tile kernel's best,
-# (32, 4, 1) above, took 0.347 (55%): it reads each input row once where the tile kernel's W shifted loads
-# re-read W-1 rows per tile. Blocks of 1024 channels at 4 warps were as fast (0.269); longer ranges slower.
+# the rows kernel (W = 4, both stacks' window): (tokens per program, widest channel block, warps), the
+# fastest of `python -m benchmarks conv_prefill`'s rows choices. measured on an H200 at 16k tokens: 64 tokens
+# of 256 channels at one warp took 0.266 ms on the Kimi-Linear shape (72% of copy speed; 0.181 ms, 71%, on
+# Qwen3-Next's), where the tile kernel's best, (32, 4, 1) above, took 0.347 (55%): it reads each input row
+# once where the tile kernel's W shifted loads re-read W-1 rows per tile. Blocks of 1024 channels at 4 warps
+# were as fast (0.269); longer ranges slower.
 ROWS: tuple[int, int, int] | None = (64, 256, 1)
 EPS = 1e-6               # fla's l2norm eps (ops.l2norm), which the chunk kernels would otherwise apply
 

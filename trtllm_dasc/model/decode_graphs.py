@@ -12,10 +12,11 @@ pad_block: the caller reserves them; padded entries write garbage there and nowh
 Off the GPU (use_graphs False) the same buffers run decode_static eagerly: the tests' path.
 
 The host work around a replay is kept to two copies in and one out, because at batch 1 it was a sixth of
-the step (decode_step_h200_f3328d5.json: step 2.90 ms, the graph alone 2.40 ms): the inputs are written
-into pinned host mirrors (plain Python, no torch ops) and copied in two non-blocking copies; the graph
-itself takes each row's argmax and whether its logits are finite, which come back in one small copy (the
-sampler's greedy choice and health check, without three more kernels and two syncs after the replay).
+the step (measured on an H200 by `python -m benchmarks decode_step --model DIR --profile 1`: step 2.90 ms,
+the graph alone 2.40 ms): the inputs are written into pinned host mirrors (plain Python, no torch ops) and
+copied in two non-blocking copies; the graph itself takes each row's argmax and whether its logits are
+finite, which come back in one small copy (the sampler's greedy choice and health check, without three more
+kernels and two syncs after the replay).
 """
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ except Exception:  # noqa: BLE001 - recurrence/fla.py reports why fla is unavail
 # copy. On the H200 at 16k tokens that took the KDA mixer from 5.04 to 4.62 ms per layer (fla's own layer,
 # whose convs are separate: 5.2). At 4k a forward is bound by the host's launches and each conv call adds
 # fla's Python dispatch and a final-state kernel: the split run measured 2.20 ms per KDA layer at 4k against
-# 1.41 unsplit, though on another host (benchmarks/results/README.md), so the threshold is a judgement that
-# wants a same-host comparison.
+# 1.41 unsplit, though on another host, so the threshold is a judgement that wants a same-host comparison:
+# `python -m benchmarks model_prefill --arch kda --tokens 4096 16384` with SPLIT_MIN_TOKENS on either side.
 SPLIT_MIN_TOKENS = 8192
 
 

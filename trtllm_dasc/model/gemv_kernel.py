@@ -2,13 +2,13 @@
 streams w once: each program owns BN output columns (rows of w) and walks K. `gemv_reference` below is the
 torch reference (F.linear in fp32).
 
-Why: at batch 1 the Kimi-Linear-shaped decode step is ~490 kernels (decode_step_h200_ca67153.json's
-profile), 170 of them GEMMs; cuBLAS splits K for the down and output projections (54 extra reduce kernels
-per step, each with its launch gap inside the graph) and takes 3 us for the 1 MB f_b / g_b products. Here
-no split, no workspace, no second kernel; the output block is reduced in registers. Which (BN, BK, warps)
-per shape, and which shapes at all, comes from benchmarks/gemv_decode.py (cuBLAS against this kernel on the
-decode's shapes, in the same run): cuBLAS reads the wide matrices at 82-95% of copy bandwidth and keeps
-them.
+Why: at batch 1 the Kimi-Linear-shaped decode step is ~490 kernels (measured on an H200 by
+`python -m benchmarks decode_step --model DIR --profile 1`), 170 of them GEMMs; cuBLAS splits K for the down
+and output projections (54 extra reduce kernels per step, each with its launch gap inside the graph) and
+takes 3 us for the 1 MB f_b / g_b products. Here no split, no workspace, no second kernel; the output block
+is reduced in registers. Which (BN, BK, warps) per shape, and which shapes at all, comes from
+`python -m benchmarks gemv_decode --sweep` (cuBLAS against this kernel on the decode's shapes, in the same
+run): cuBLAS reads the wide matrices at 82-95% of copy bandwidth and keeps them.
 
 Used by ops.linear where `preferred` says it is faster than cuBLAS (a decode step's batch-1 products of
 some shapes); everything else goes to F.linear.
@@ -54,8 +54,8 @@ def _gemv_kernel(x, w, y, stride_xm, stride_ym, N, K, M: tl.constexpr, MP: tl.co
 
 
 def config(M: int, N: int, K: int) -> tuple[int, int, int]:
-    """(BN, BK, num_warps) for an [M, K] x [N, K]^T product. At batch 1 the fastest of benchmarks/
-    gemv_decode.py's sweep on the H200 (gemv_decode_h200_4e0dcbf.json): short rows (K <= 256) 8 columns a
+    """(BN, BK, num_warps) for an [M, K] x [N, K]^T product. At batch 1 the fastest of
+    `python -m benchmarks gemv_decode --sweep` (measured on an H200): short rows (K <= 256) 8 columns a
     program at 2 warps, long ones 2 columns a program with 1024-wide steps of K (few columns, many programs:
     N = 2304 spreads over 1152 of them). Otherwise about 32 accumulator registers a thread
     (BN x BK x MP / threads)."""
@@ -67,12 +67,12 @@ def config(M: int, N: int, K: int) -> tuple[int, int, int]:
 
 
 def preferred(M: int, N: int, K: int) -> bool:
-    """Whether gemv beat cuBLAS on the H200 for this product (gemv_decode_h200_4e0dcbf.json, same run, inside
-    CUDA graphs): at batch 1 the short rows (f_b / g_b: 2.1 against 3.0 us) and the narrow outputs (the
-    output projections, N = 2304 from K = 4096: 8.0 against 9.2 us; the MLA latent projection, N = 576: 4.4
-    against 6.5; the MLP's down projection ties, 14.9 against 14.7, without cuBLAS's split-K reduce kernel).
-    The wide ones (gate_up, the KDA input projection, q_proj, the LM head) stay on cuBLAS, which read them
-    at 82-95% of copy bandwidth; from 2 rows on cuBLAS won every shape."""
+    """Whether gemv beats cuBLAS for this product inside CUDA graphs (`python -m benchmarks gemv_decode`,
+    both in the same run). measured on an H200: at batch 1 the short rows (f_b / g_b: 2.1 against 3.0 us)
+    and the narrow outputs (the output projections, N = 2304 from K = 4096: 8.0 against 9.2 us; the MLA
+    latent projection, N = 576: 4.4 against 6.5; the MLP's down projection ties, 14.9 against 14.7, without
+    cuBLAS's split-K reduce kernel). The wide ones (gate_up, the KDA input projection, q_proj, the LM head)
+    stay on cuBLAS, which read them at 82-95% of copy bandwidth; from 2 rows on cuBLAS won every shape."""
     return M == 1 and (K <= 256 or N <= 4096)
 
 

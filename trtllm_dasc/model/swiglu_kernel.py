@@ -3,9 +3,9 @@ gate_up GEMM output (column slices: no copy). `swiglu_reference` below is the to
 
 Why: fla's SwiGLU kernel (what fused_ops used before) walks the [T, I] halves as one flat range, a row and
 column division per element; on the H200 at 16k tokens it took 0.35 ms per layer of the Kimi-Linear-shaped
-stack (9.4 ms of the forward's 237 ms of kernel time) for 0.9 GB of traffic, about 2.6 TB/s (the --profile run in
-benchmarks/results/model_prefill_kda_h200x2_2c312ab.json). Tiles of BLOCK_T rows x BLOCK_I columns load
-each row's halves as long contiguous runs: 0.23 ms per layer there (model_prefill_kda_h200x2_9198d82.json).
+stack (9.4 ms of the forward's 237 ms of kernel time) for 0.9 GB of traffic, about 2.6 TB/s (measured on an
+H200 by `python -m benchmarks model_prefill --arch kda --profile`). Tiles of BLOCK_T rows x BLOCK_I columns
+load each row's halves as long contiguous runs: 0.23 ms per layer in the same profile.
 """
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ def _quantize_rows(x, FAST_DIV: tl.constexpr):
     by Markstein's correction, r = RN(1 / s) once per row, q0 = RN(x r), the residual x - s q0 exact in one
     fma and RN(q0 + residual r) in another, which is the correctly rounded quotient (a = |x| <= 127 s, all
     normal): three flops an element where div_rn's slow-path-guarded sequence took about ten, which the
-    INT8 store, short on bytes, could not hide (Kimi W=128 at batch 64: 62.0% of copy bandwidth with div_rn,
-    state_bandwidth_h200_5c4b8c4.json, 68.4% with this, _4404359.json). Without FAST_DIV (Triton's
+    INT8 store, short on bytes, could not hide (`python -m benchmarks state_bandwidth`, Kimi W=128 at batch
+    64, measured on an H200: 62.0% of copy bandwidth with div_rn, 68.4% with this). Without FAST_DIV (Triton's
     interpreter, whose fma rounds twice) div_rn."""
     a = tl.max(tl.abs(x), axis=1)
     # div_rn: ieee division, so scales equal torch's bit for bit

@@ -12,11 +12,11 @@ from trtllm_dasc.state import kernels
 from trtllm_dasc.state.layout import StateLayout
 from trtllm_dasc.state.naive import as_units
 
-# elements per program tile: 2048 fp32 (8 KiB read per program). On the H200 with the planner's TP8 masks at
-# batch 64 (state_bandwidth_h200_4404359.json's sweep) 2048 at 4 warps beat 4096 on the small Kimi W=128
-# stores (native 79.6% of copy bandwidth against 74.6%, INT8 69.8% against 68.8%) and on the W=16 ones in
-# the earlier sweep (state_bandwidth_plan_sweep_h200.json: native 88.6% against 85.1%): 4096 held 212
-# registers a thread in the INT8 store (two programs an SM), 2048 about 96 (ptxas, sm_90).
+# elements per program tile: 2048 fp32 (8 KiB read per program), the fastest of
+# `python -m benchmarks state_bandwidth --sweep --sweep-w 16,128` (the planner's TP8 masks at batch 64).
+# measured on an H200: 2048 at 4 warps beat 4096 on the small Kimi W=128 stores (native 79.6% of copy
+# bandwidth against 74.6%, INT8 69.8% against 68.8%) and on the W=16 ones (native 88.6% against 85.1%):
+# 4096 held 212 registers a thread in the INT8 store (two programs an SM), 2048 about 96 (ptxas, sm_90).
 TILE_ELEMS = 2048
 NUM_WARPS = 4
 # elements per program of the conv copy that store / load fuse into their launch (None: TILE_ELEMS)

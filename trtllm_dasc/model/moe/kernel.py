@@ -87,9 +87,9 @@ def _down_weighted(h, w, y, topk_w, sorted_ids, block_expert, num_post, N, D, I,
 def config(T: int, top_k: int, E: int) -> dict:
     """Tile sizes by the mean rows per expert: decode's few rows per expert waste less of a 16-row block;
     prefill's many fill 64- and 128-row blocks, which read each weight tile once per 64 / 128 rows. At 8192
-    tokens (256 rows per expert in Kimi, 160 in Qwen) 128x128x64 w8 s3 beat 64x128x64 w8 s3 on the H200
-    (experts only, moe_layer_h200.json of 710e101: Kimi 2.71 against 3.24 ms, Qwen 2.09 against 2.27):
-    from 128 rows per expert on, where a 128-row block pads at most half of one block per expert."""
+    tokens (256 rows per expert in Kimi, 160 in Qwen) 128x128x64 w8 s3 beat 64x128x64 w8 s3 in
+    `python -m benchmarks moe_layer`'s tile sweep (experts only; measured on an H200: Kimi 2.71 against 3.24
+    ms, Qwen 2.09 against 2.27): from 128 rows per expert on, where a 128-row block pads at most half of one block per expert."""
     per_expert = T * top_k / E
     if per_expert <= 16:
         return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
