@@ -32,7 +32,7 @@ CLIS = {"trtllm_dasc.plan.cli": (("tp", "placement", "codec", "precision", "conv
                                   "mask_seed"), PLANNING),
         "build_scripts.dasc_build": (("wmax", "selection", "mask_seed", "policy", "codec", "precision", "conv_codec",
                                       "layout", "tp", "placement"), PLANNING),
-        "trtllm_dasc.serve.cli": (("wmax", "selection", "mask_seed", "policy", "codec", "layout", "tp",
+        "trtllm_dasc.cli_serve": (("wmax", "selection", "mask_seed", "policy", "codec", "layout", "tp",
                                    "placement"), PLANNING),
         "trtllm_dasc.cli_logits": (("wmax", "policy", "codec", "tp", "placement"), ENGINE),
         "clients.matched_hbm": (("tp", "placement"), PLANNING)}

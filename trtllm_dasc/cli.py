@@ -16,7 +16,7 @@ SUBCOMMANDS = {
     "synth": ("trtllm_dasc.plan.synthetic", "write a synthetic decay checkpoint (config.json + safetensors)"),
     "logits": ("trtllm_dasc.cli_logits", "prefill token ids and write float32 logits (.npy)"),
     "build": ("build_scripts.dasc_build", "build an engine directory from a checkpoint (same as dasc-build)"),
-    "serve": ("trtllm_dasc.serve.cli", "serve an engine directory (or a checkpoint) with tritonserver"),
+    "serve": ("trtllm_dasc.cli_serve", "serve an engine directory (or a checkpoint) with tritonserver"),
 }
 
 

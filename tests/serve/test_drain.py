@@ -21,7 +21,7 @@ PROMPT = [5, 17, 29, 41, 53, 65, 77]
 # far more than the drain leaves time for (a few hundred tokens a second here)
 N = 1000
 DRAIN = 2.0
-# dasc serve's documented bound (serve/cli.py): the drain (+1 s), then 10 s for the unload, then the kill
+# dasc serve's documented bound (cli_serve.py): the drain (+1 s), then 10 s for the unload, then the kill
 BOUND = DRAIN + 12.0
 
 
