@@ -1,6 +1,8 @@
 """The package's import graph has no cycle between its top-level parts (subpackages such as engine/ and
-parallel/, and modules such as config.py): every import counts, at module level and inside functions, so a
-cycle cannot hide in a function body. The graph is read from the source with ast, nothing is imported."""
+parallel/, and modules such as config.py), and every import points down the layer order below, including
+those of the thin folders beside the package (build_scripts/, clients/, plugins/, model_repo/,
+benchmarks/): every import counts, at module level and inside functions, so a cycle or an upward import
+cannot hide in a function body. The graph is read from the source with ast, nothing is imported."""
 from __future__ import annotations
 
 import ast
@@ -8,6 +10,38 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trtllm_dasc"
+REPO = PACKAGE.parent
+# the folders beside the package that import it; each is one unit of the layering
+FOLDERS = ("build_scripts", "clients", "plugins", "model_repo", "benchmarks")
+
+# the layers, lowest first: a unit (a part of the package or a folder above) imports only units of lower
+# layers, never one of its own layer or above. derived from the imports as they are, and the order
+# DESIGN.md draws (front ends -> engine -> model / state / cache / parallel -> plan -> config).
+LAYERS = (
+    # one-line user errors; the commit stamp of results
+    {"errors", "provenance"},
+    # facts read without a model: the arm's allowed values, the families' config schemas, checkpoint files,
+    # the engine directory's format; the `dasc` shell (one-line errors, names its subcommands by string)
+    {"spec", "families", "checkpoint_files", "engine_dir", "cli"},
+    # HybridConfig from a config.json
+    {"config"},
+    # the planner: horizons, selection, layouts, placement, accounting (from weights, no model code)
+    {"plan"},
+    # what the engine is made of: checkpoint pool and codecs, the radix cache's bookkeeping, the layers
+    {"state", "cache", "model"},
+    # tensor-parallel collectives and the storage all-to-all (moves state units); TensorRT codec networks
+    {"parallel", "plugins"},
+    # scheduler and runner
+    {"engine"},
+    # what Triton's python backend calls; the quality evaluations (drive the engine)
+    {"serve", "evals"},
+    # dasc-build (writes the engine's model repository), the load generators, the Triton model files
+    {"build_scripts", "clients", "model_repo"},
+    # the commands that tie them together: dasc serve (builds, then serves), dasc logits, make run
+    {"cli_serve", "cli_logits", "demo"},
+    # the lab notebook
+    {"benchmarks"},
+)
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -24,30 +58,53 @@ def _part(module: str, root: Path) -> str | None:
     return parts[1] if (root / parts[1]).is_dir() or (root / f"{parts[1]}.py").is_file() else None
 
 
-def import_edges(root: Path = PACKAGE) -> dict[tuple[str, str], list[str]]:
-    """(from part, to part) -> the import sites ("module:line") behind that edge, between different parts."""
+def _unit(module: str, root: Path, folders: tuple[str, ...]) -> str | None:
+    """A part of the package, or one of the folders beside it."""
+    first = module.split(".")[0]
+    return _part(module, root) if first == root.name else (first if first in folders else None)
+
+
+def import_edges(root: Path = PACKAGE, folders: tuple[str, ...] = ()) -> dict[tuple[str, str], list[str]]:
+    """(from unit, to unit) -> the import sites ("module:line") behind that edge, between different units:
+    the parts of the package, and with `folders` the named folders beside it (each one unit)."""
     edges: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for path in sorted(root.rglob("*.py")):
-        module = _module_name(path, root)
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        source = _part(module, root)
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    node_module = ".".join(base + ([node.module] if node.module else []))
+    for base_dir in (root, *(root.parent / f for f in folders)):
+        for path in sorted(base_dir.rglob("*.py")):
+            module = _module_name(path, base_dir)
+            package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+            source = _unit(module, root, folders)
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    targets = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                        node_module = ".".join(base + ([node.module] if node.module else []))
+                    else:
+                        node_module = node.module or ""
+                    # `from trtllm_dasc import engine` names a part; `from trtllm_dasc.engine import X` its module
+                    targets = [node_module, *(f"{node_module}.{alias.name}" for alias in node.names)]
                 else:
-                    node_module = node.module or ""
-                # `from trtllm_dasc import engine` names a part; `from trtllm_dasc.engine import X` its module
-                targets = [node_module, *(f"{node_module}.{alias.name}" for alias in node.names)]
-            else:
-                continue
-            for target in {_part(t, root) for t in targets} - {None, source}:
-                if source is not None:
-                    edges[(source, target)].append(f"{module}:{node.lineno}")
+                    continue
+                for target in {_unit(t, root, folders) for t in targets} - {None, source}:
+                    if source is not None:
+                        edges[(source, target)].append(f"{module}:{node.lineno}")
     return edges
+
+
+def upward_imports(edges, layers=LAYERS) -> list[str]:
+    """Every edge that does not point to a lower layer (same layer or above), with its sites; a unit that
+    has no layer is reported too."""
+    rank = {unit: i for i, layer in enumerate(layers) for unit in layer}
+    found = []
+    for (a, b), sites in sorted(edges.items()):
+        missing = [u for u in (a, b) if u not in rank]
+        if missing:
+            found.append(f"{a} -> {b}: {', '.join(missing)} in no layer (add it to LAYERS)")
+        elif rank[b] >= rank[a]:
+            kind = "same layer" if rank[b] == rank[a] else "upward"
+            found.append(f"{a} -> {b} ({kind}): {', '.join(sites)}")
+    return found
 
 
 def find_cycle(edges) -> list[str] | None:
@@ -112,3 +169,37 @@ def test_a_cycle_hidden_in_a_function_is_found(tmp_path):
     # without the function's import there is none
     (root / "parallel" / "group.py").write_text("def f():\n    import torch\n")
     assert find_cycle(import_edges(root)) is None
+
+
+def test_every_import_points_down_the_layers():
+    edges = import_edges(folders=FOLDERS)
+    # the graph is the real one: the folders beside the package are in it
+    assert ("build_scripts", "engine") in edges and ("clients", "serve") in edges
+    # every part of the package and every folder has a layer
+    units = {p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    units |= {p.name for p in PACKAGE.iterdir() if p.is_dir() and any(p.glob("*.py"))} | set(FOLDERS)
+    assert units <= set().union(*LAYERS), f"units without a layer: {sorted(units - set().union(*LAYERS))}"
+    found = upward_imports(edges)
+    assert not found, "imports against the layer order (tests/test_structure.py LAYERS):\n" + "\n".join(found)
+
+
+def test_an_upward_import_in_a_function_is_found(tmp_path):
+    root = tmp_path / "trtllm_dasc"
+    for folder in ("plan", "engine"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "engine" / "runner.py").write_text("from trtllm_dasc.plan import horizons\n")
+    (tmp_path / "clients").mkdir()
+    (tmp_path / "clients" / "load.py").write_text("import trtllm_dasc.engine.runner\n")
+    layers = ({"plan"}, {"engine"}, {"clients"})
+    edges = import_edges(root, folders=("clients",))
+    assert set(edges) == {("engine", "plan"), ("clients", "engine")}
+    assert upward_imports(edges, layers) == []
+    # one import inside a function, up from the planner to the engine
+    (root / "plan" / "horizons.py").write_text("def f():\n    from trtllm_dasc.engine.runner import X\n")
+    assert upward_imports(import_edges(root, folders=("clients",)), layers) == [
+        "plan -> engine (upward): trtllm_dasc.plan.horizons:2"]
+    # a unit with no layer is named
+    assert upward_imports({("plan", "cache"): ["trtllm_dasc.plan.x:1"]}, layers) == [
+        "plan -> cache: cache in no layer (add it to LAYERS)"]
