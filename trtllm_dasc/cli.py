@@ -9,6 +9,7 @@ import argparse
 import importlib
 import os
 import sys
+from trtllm_dasc.errors import UserError
 
 # name -> (module, one-line help)
 SUBCOMMANDS = {
@@ -29,7 +30,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _execute(prog: str, run, args) -> int:
     """Run a command; a UserError is one line on stderr and exit code 2, never a traceback."""
-    from trtllm_dasc.errors import UserError
     try:
         return run(args) or 0
     except UserError as e:

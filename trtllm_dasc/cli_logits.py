@@ -15,6 +15,9 @@ import tempfile
 
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.spec import BACKENDS, add_arm_arguments
+from trtllm_dasc.parallel.launch import relaunch, under_mpirun
+from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.parallel.launch import find_mpirun
 
 
 def add_arguments(p) -> None:
@@ -82,13 +85,11 @@ def run(args) -> int:
     check_output_path(args.out)
     if args.split is not None and not 0 < args.split < len(ids):
         raise UserError(f"--split must be in 1..{len(ids) - 1} for {len(ids)} tokens, got {args.split}")
-    from trtllm_dasc.parallel.launch import relaunch, under_mpirun
     if args.tp < 1:
         raise UserError(f"--tp must be >= 1, got {args.tp}")
     if args.tp > 1 and not under_mpirun():
         # the same command on T ranks; rank 0 writes the file and prints
         from trtllm_dasc.config import HybridConfig
-        from trtllm_dasc.parallel.launch import find_mpirun
         find_mpirun()
         # what every rank would refuse, refused once here (one line, not T lines and mpirun's report)
         HybridConfig.from_path(args.model).shard(args.tp)
@@ -111,8 +112,8 @@ def run(args) -> int:
 
 def engine_logits(args, ids: list[int]):
     """The logits [T, vocab]; None on a worker rank of a --tp run (rank 0 has them)."""
+    # lazy: torch / numpy load only when this runs (keeps importing this module light)
     from trtllm_dasc.config import HybridConfig
-    from trtllm_dasc.engine.config import EngineConfig
     from trtllm_dasc.engine.engine import Engine
 
     T, split = len(ids), args.split
@@ -127,6 +128,7 @@ def engine_logits(args, ids: list[int]):
                        replay_window=args.replay_window, state_budget_bytes=3 * dense,
                        tp_size=args.tp, placement=args.placement)
     if args.tp > 1:
+        # lazy: torch / numpy load only when this runs (keeps importing this module light)
         from trtllm_dasc.engine.ranks import run_ranks
         return run_ranks(cfg, lambda engine: _logits(engine, ids, split))
     return _logits(Engine(cfg), ids, split)
@@ -135,6 +137,7 @@ def engine_logits(args, ids: list[int]):
 def _logits(engine, ids: list[int], split: int | None):
     import torch
 
+    # lazy: torch / numpy load only when this runs (keeps importing this module light)
     from trtllm_dasc.engine.request import GenerationRequest
     if split is None:
         req = GenerationRequest("logits", ids, 1, return_context_logits=True)

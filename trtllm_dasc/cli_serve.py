@@ -25,6 +25,12 @@ import urllib.request
 from trtllm_dasc.engine_dir import is_engine_dir
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.serve.tritonserver import start_server
+from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.serve.repository import cache_policy
+from trtllm_dasc.parallel.launch import find_mpirun
+from trtllm_dasc.serve.tritonserver import new_admin_key
+from trtllm_dasc.serve.load_errors import start_failure
 
 POLL_S = 1.0
 
@@ -80,7 +86,6 @@ def engine_alive(metrics_url: str) -> bool:
 
 
 def run(args) -> int:
-    from trtllm_dasc.serve.tritonserver import start_server
 
     for name in ("http_port", "grpc_port", "metrics_port", "openai_port"):
         if getattr(args, name, None) is not None and not 0 < getattr(args, name) < 65536:
@@ -94,23 +99,20 @@ def run(args) -> int:
     stop = {"signal": None}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, f: stop.update(signal=s))
-    from trtllm_dasc.engine.config import EngineConfig
+    # lazy: torch / numpy load only when this runs (keeps importing this module light)
     from trtllm_dasc.serve.host import dummy_notice
     found = read_engine_dir(engine_dir)
     cfg = EngineConfig(**found.engine)
     tp = cfg.tp_size
-    from trtllm_dasc.serve.repository import cache_policy
     # dasc's prefix cache is lossy unless W_max 0 with the native codec: say so before anything is served
     print(f"[dasc serve] prefix cache: {cache_policy(cfg.wmax, cfg.policy, cfg.codec)}", file=sys.stderr, flush=True)
     notice = dummy_notice(found)
     if notice:
         print(f"[dasc serve] {notice}", file=sys.stderr, flush=True)
     if tp > 1:
-        from trtllm_dasc.parallel.launch import find_mpirun
         find_mpirun()
     admin_key = None
     if args.restrict_apis:
-        from trtllm_dasc.serve.tritonserver import new_admin_key
         admin_key = new_admin_key()
         key_path = os.path.join(work_dir, "admin-key")
         fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -136,6 +138,7 @@ def run(args) -> int:
         print(f"[dasc serve] ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}"
               + ("  (DUMMY WEIGHTS)" if notice else ""), flush=True)
         if args.openai_port is not None:
+            # lazy: torch / numpy load only when this runs (keeps importing this module light)
             from trtllm_dasc.serve.openai_frontend import start_frontend
             openai = start_frontend(engine_dir, server.http_url, args.host, args.openai_port)
             print(f"[dasc serve] OpenAI API: http://{server.connect_host}:{openai.port}/v1", flush=True)
@@ -159,7 +162,6 @@ def run(args) -> int:
         return 0
     except RuntimeError as e:
         # the model's own load or warm-up error, not only "tritonserver exited with code 1"
-        from trtllm_dasc.serve.load_errors import start_failure
         raise UserError(start_failure(str(e).splitlines()[0], server.log(), server.log_path)) from None
     finally:
         server.stop()

@@ -60,6 +60,7 @@ class EngineConfig:
     conv_codec: str = "native"
 
     def __post_init__(self):
+        # lazy: torch / numpy load only when this runs (keeps importing this module light)
         from trtllm_dasc.plan.precision import check_device_runs, parse_precision
         bands = parse_precision(self.precision, self.wmax if isinstance(self.wmax, int) else None)
         self.precision = "uniform" if bands is None else bands.spec()

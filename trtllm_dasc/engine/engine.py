@@ -22,6 +22,7 @@ from trtllm_dasc.engine.scheduler import Scheduler
 from trtllm_dasc.engine.sequence import Sequence
 from trtllm_dasc.engine.telemetry import Telemetry
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.engine.warmup import warmup
 
 log = logging.getLogger("trtllm_dasc.engine")
 
@@ -322,7 +323,6 @@ class Engine:
         self._on_loop(self.scheduler.manager.evict)
 
     def warmup(self) -> dict:
-        from trtllm_dasc.engine.warmup import warmup
         return warmup(self)
 
     def reset_stats(self) -> None:

@@ -4,19 +4,20 @@ from __future__ import annotations
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.engine.config import EngineConfig
 from trtllm_dasc.model.weights import CheckpointReader
+from trtllm_dasc.checkpoint_files import dummy_marker
+from trtllm_dasc.model.footprint import check_fits, device_free_bytes, model_footprint
+from trtllm_dasc.model.weights import DummyWeights
+from trtllm_dasc.model.rank_weights import RankWeights
 
 
 def weight_source(cfg: EngineConfig, model_cfg: HybridConfig, tp_rank: int, bundle_order):
     """Where this rank's weights come from: its own file (dasc-build --tp), the checkpoint's safetensors, or
     dummy weights made on the device (--load-format dummy; the seed from the checkpoint's dummy record)."""
-    from trtllm_dasc.checkpoint_files import dummy_marker
     marker = dummy_marker(cfg.model)
     if cfg.load_format == "dummy" or (cfg.load_format == "auto" and marker is not None):
-        from trtllm_dasc.model.weights import DummyWeights
         return DummyWeights(model_cfg, seed=(marker or {}).get("seed", 0), device=cfg.device)
     if cfg.rank_weights:
         # this rank's own file (dasc-build --tp): already cut, checked against the plan's bundle order
-        from trtllm_dasc.model.rank_weights import RankWeights
         return RankWeights(cfg.rank_weights, tp_rank, cfg.tp_size, bundle_order)
     return CheckpointReader(cfg.model)
 
@@ -25,7 +26,6 @@ def check_memory(cfg: EngineConfig, model_cfg: HybridConfig, source, tp_rank: in
                  budget: int):
     """This rank's footprint (weights, KV cache, state rows, checkpoint pool), refused in one line when it
     exceeds cfg.memory_limit_bytes or the device's free memory (model/footprint.py)."""
-    from trtllm_dasc.model.footprint import check_fits, device_free_bytes, model_footprint
     # the CUDA-graph padding row and block are at most one more each
     need = model_footprint(model_cfg, source, dtype=cfg.dtype, tp_rank=tp_rank, tp_size=cfg.tp_size,
                            bundle_order=bundle_order, state_rows=num_rows + 1, kv_blocks=cfg.num_kv_blocks + 1,

@@ -6,10 +6,10 @@ from __future__ import annotations
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.state import CheckpointPool
 from trtllm_dasc.state.mixed import MixedPool
+from trtllm_dasc.parallel.storage import BalancedPool, exchanges
 
 
 def checkpoint_pool(plan, budget_bytes: int, rank: int, all_to_all=None, device="cpu"):
-    from trtllm_dasc.parallel.storage import BalancedPool, exchanges
     if exchanges(plan) and all_to_all is None:
         raise UserError(f"placement {plan.options.placement!r} moves checkpoint units between ranks: run it "
                         "through trtllm_dasc.parallel")

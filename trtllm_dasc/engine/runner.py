@@ -30,6 +30,10 @@ from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.spec import PLAN_TO_ENGINE, plan_fields
 from trtllm_dasc.state import StateLayout
 from trtllm_dasc.state import ops as state_ops
+from trtllm_dasc.model.decode_graphs import capturable
+from trtllm_dasc.plan import DascPlan
+from trtllm_dasc.parallel.storage import exchanges
+from trtllm_dasc.model.decode_graphs import DecodeGraphs
 
 DENSE_SLOTS_DEFAULT = 64
 
@@ -70,7 +74,6 @@ class ModelRunner:
         self.model.all_reduce = all_reduce
         # plain, storage-balanced (the all-to-all) or one per codec segment (horizon precision)
         self.pool = checkpoint_pool(self.plan, self.budget, tp_rank, all_to_all, device=cfg.device)
-        from trtllm_dasc.parallel.storage import exchanges
         # the storage all-to-all's report (exchange_report): a balanced pool of one codec has it; a mixed
         # precision pool's segments do not report yet
         self._exchanges = exchanges(self.plan) and hasattr(self.pool, "exchange_report")
@@ -81,7 +84,6 @@ class ModelRunner:
         self.kv = self.model.new_kv_cache(cfg.num_kv_blocks + int(graphs), cfg.block_size)
         self.graphs = None
         if graphs:
-            from trtllm_dasc.model.decode_graphs import DecodeGraphs
             self.graphs = DecodeGraphs(self.model, self.state, self.kv, cfg.max_batch,
                                        max_blocks=-(-cfg.max_context // cfg.block_size), pad_row=self.num_rows,
                                        pad_block=cfg.num_kv_blocks)
@@ -273,7 +275,6 @@ def graphs_wanted(cfg: EngineConfig, model: HybridModel) -> bool:
     """Decode steps as CUDA graphs: asked for, on a GPU, with the kernel backend (its decode path reads no
     host values), on one rank (the all-reduce is not captured), with dense MLPs or MoE layers on a fused
     backend (the per-expert loop reads the routing on the host: model/moe, decode_graphs.capturable)."""
-    from trtllm_dasc.model.decode_graphs import capturable
     return cfg.cuda_graphs and cfg.tp_size == 1 and getattr(model.backend, "fused_mixer", False) and capturable(model)
 
 
@@ -287,7 +288,6 @@ def engine_plan(cfg: EngineConfig):
         # dummy weights without a dummy record (EngineConfig(load_format="dummy") on a bare config): seed 0
         seed = 0 if cfg.load_format == "dummy" and dummy_marker(cfg.model) is None else None
         return plan_from_path(cfg.model, options, conv_dtype=cfg.dtype, dummy_seed=seed)[0]
-    from trtllm_dasc.plan import DascPlan
     try:
         with open(cfg.plan_path) as f:
             plan = DascPlan.from_dict(json.load(f))

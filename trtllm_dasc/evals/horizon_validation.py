@@ -25,6 +25,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from trtllm_dasc.model import linear_attn
+from trtllm_dasc.model.direct import DirectRunner
+from trtllm_dasc.evals.stats import median_iqr, spearman
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.evals import tasks as T
+from trtllm_dasc.evals.vocab import TaskVocab
+from trtllm_dasc.model import HybridModel
+from trtllm_dasc.plan import PlanOptions, plan_from_path
+from trtllm_dasc.provenance import git_commit
 
 SIGNALS = ("H_e", "M_S", "M_R")
 
@@ -40,7 +49,6 @@ class LayerObservation:
 @contextlib.contextmanager
 def _recording(records: list):
     """Wrap the linear layers' recurrence call; each call appends (kind, g, q_last, final state)."""
-    from trtllm_dasc.model import linear_attn
     inner = linear_attn.run_recurrence
 
     def recorded(backend, kind, q, k, v, g, beta, h0, cu_seqlens, cuts=None):
@@ -70,7 +78,6 @@ def _observe_layer(kind: str, g: torch.Tensor, q_last: torch.Tensor, state: torc
 
 def observe(model, prompts: list[list[int]]) -> list[list[LayerObservation]]:
     """Per prompt, per linear layer (in order): the observed signals. Each prompt runs alone from zero."""
-    from trtllm_dasc.model.direct import DirectRunner
     out = []
     for ids in prompts:
         runner = DirectRunner(model, rows=1, max_tokens=len(ids) + 1, block_size=16)
@@ -84,7 +91,6 @@ def observe(model, prompts: list[list[int]]) -> list[list[LayerObservation]]:
 def correlate(static: list[np.ndarray], observations: list[list[LayerObservation]], eps: float = 1e-3) -> dict:
     """Spearman rho(H_s, signal) per (prefix, layer), then median and IQR per signal. A layer whose static
     horizons are all equal (or infinite everywhere) gives no correlation and is skipped, and counted."""
-    from trtllm_dasc.evals.stats import median_iqr, spearman
     rhos = {s: [] for s in SIGNALS}
     skipped = 0
     for per_layer in observations:
@@ -117,12 +123,6 @@ def main(argv=None) -> int:
     import json
     import sys
 
-    from trtllm_dasc.config import HybridConfig
-    from trtllm_dasc.evals import tasks as T
-    from trtllm_dasc.evals.vocab import TaskVocab
-    from trtllm_dasc.model import HybridModel
-    from trtllm_dasc.plan import PlanOptions, plan_from_path
-    from trtllm_dasc.provenance import git_commit
     ap = argparse.ArgumentParser(description="Table 1b: static horizons against observed decay, state and "
                                              "readout magnitude (Spearman per prefix and layer)")
     ap.add_argument("--model", required=True)

@@ -31,6 +31,7 @@ import numpy as np
 from trtllm_dasc.evals.protocol import parse_arm
 from trtllm_dasc.evals.report import instance_scores
 from trtllm_dasc.evals.stats import holm, paired_bootstrap
+from trtllm_dasc.config import HybridConfig
 
 PAPER_FILE = os.path.join(os.path.dirname(__file__), "paper_numbers.json")
 
@@ -51,7 +52,6 @@ def arch_of(result: dict) -> str:
         return result["arch"]
     model = str(result.get("model", ""))
     try:
-        from trtllm_dasc.config import HybridConfig
         return HybridConfig.from_path(model).arch
     except Exception:               # a result read where its model is not: fall back on the name
         name = os.path.basename(model.rstrip("/")).lower()

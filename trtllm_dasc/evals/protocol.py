@@ -21,6 +21,10 @@ from dataclasses import dataclass
 
 # arm specs are the serving benchmarks' (engine/arms.py): dense, nr<W>, wr<W>, wr-warm<W>, rand<W>@<seed>, +int8
 from trtllm_dasc.engine.arms import ArmSpec, parse_arm  # noqa: F401  (parse_arm: this module's API too)
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.evals import tasks as T
+from trtllm_dasc.evals.vocab import TaskVocab
 
 PAPER_MASK_SEEDS = (1234, 2027, 3407, 4519, 5683)
 
@@ -46,8 +50,7 @@ class ProtocolConfig:
 
 def _engine(model: str, arm: ArmSpec, cfg: ProtocolConfig, longest: int, answer_room: int):
     """An engine for one arm: prompt-end checkpoints, room for a block without eviction."""
-    from trtllm_dasc.config import HybridConfig
-    from trtllm_dasc.engine.config import EngineConfig
+    # lazy: torch / numpy load only when this runs (keeps importing this module light)
     from trtllm_dasc.engine.engine import Engine
     dense = HybridConfig.from_path(model, conv_dtype=cfg.dtype).dense_checkpoint_bytes_per_rank(1)
     block = 16
@@ -63,11 +66,9 @@ def _engine(model: str, arm: ArmSpec, cfg: ProtocolConfig, longest: int, answer_
 def run_arm(model: str, arm: ArmSpec, cfg: ProtocolConfig, progress=None) -> dict:
     """{task: {length: {seed: {"score" (mean of the rounds), "rounds", "cached", "prompt"}}}}; instances no
     round loaded under "misses", single rounds that missed under "round_misses" [task, length, seed, round]."""
+    # lazy: torch / numpy load only when this runs (keeps importing this module light)
     from trtllm_dasc.engine.request import GenerationRequest
     from trtllm_dasc.engine.sampling import SamplingParams
-    from trtllm_dasc.evals import tasks as T
-    from trtllm_dasc.evals.vocab import TaskVocab
-    from trtllm_dasc.config import HybridConfig
     vocab = TaskVocab(HybridConfig.from_path(model).schema.network.vocab_size)
     blocks = {(task, n): [T.make(task, n, cfg.seed_base + i, vocab) for i in range(cfg.instances)]
               for task in cfg.tasks for n in cfg.lengths}

@@ -28,6 +28,13 @@ import sys
 import time
 
 from trtllm_dasc.evals.protocol import PAPER_MASK_SEEDS, ProtocolConfig, parse_arm, run_arm
+from trtllm_dasc.plan.synthetic import write_tiny_model
+from trtllm_dasc.evals.report import accuracy_table
+from trtllm_dasc.evals.tasks import TASKS
+from trtllm_dasc.provenance import git_commit
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
+from trtllm_dasc.evals.paper_tables import write_markdown
 
 PAPER_WINDOWS = (16, 64, 128, 512)
 
@@ -61,7 +68,6 @@ DEFAULTS = dict(arms="paper", tasks="all", lengths="1024,2048,4096", instances=3
 
 def _smoke_model(out: str) -> str:
     """A random-weight tiny Kimi-Linear beside the result (plan/synthetic.py: the paper's decay profile)."""
-    from trtllm_dasc.plan.synthetic import write_tiny_model
     path = os.path.splitext(out)[0] + "_smoke_model"
     if not os.path.isfile(os.path.join(path, "config.json")):
         write_tiny_model(path, "kda", seed=0)
@@ -69,9 +75,6 @@ def _smoke_model(out: str) -> str:
 
 
 def main(argv=None) -> int:
-    from trtllm_dasc.evals.report import accuracy_table
-    from trtllm_dasc.evals.tasks import TASKS
-    from trtllm_dasc.provenance import git_commit
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint directory (save_pretrained)")
     ap.add_argument("--out", required=True, help="result JSON")
@@ -128,7 +131,6 @@ def main(argv=None) -> int:
         return 2
     cfg = ProtocolConfig(tasks=tasks, lengths=lengths, instances=args.instances, max_batch=args.max_batch,
                          device=args.device, dtype=args.dtype, rounds=args.rounds)
-    from trtllm_dasc.config import HybridConfig
     result = {"arch": HybridConfig.from_path(args.model).arch, "command": " ".join(["python -m trtllm_dasc.evals.run", *(argv if argv is not None else sys.argv[1:])]),
               "commit": args.commit or git_commit(), "model": os.path.abspath(args.model), "protocol":
               "strict warm/replay, prompt-end checkpoints, misses excluded (paper App. C.3)",
@@ -148,7 +150,6 @@ def main(argv=None) -> int:
         _write(args.out, result)
     _finish(result, args.out, args.plot, args.resamples)
     if args.paper or args.smoke:
-        from trtllm_dasc.evals.paper_tables import write_markdown
         md = os.path.splitext(args.out)[0] + ".md"
         write_markdown([result], md, resamples=args.resamples)
         print(f"tables: {md}")
@@ -156,7 +157,6 @@ def main(argv=None) -> int:
 
 
 def _finish(result: dict, out: str, plot: str | None, resamples: int) -> None:
-    from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
     result["accuracy"] = accuracy_table(result["arms"])
     result["comparisons"] = comparisons(result["arms"], resamples)
     result["resamples"] = resamples

@@ -37,6 +37,11 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from trtllm_dasc.evals.curriculum import LengthCurriculum
+from trtllm_dasc.plan.synthetic import synthetic_decay
+from trtllm_dasc.plan.synthetic import decay_tensors
+from trtllm_dasc.evals.mixture import TrainingMixture
+from trtllm_dasc.evals.vocab import TaskVocab
+from trtllm_dasc.evals.train_kernels import choose_gdn_recurrence
 
 DEFAULT_LR = 2e-3                       # TrainConfig.lr and the CLI's --lr
 MAX_SKIPPED_IN_A_ROW = 20               # non-finite gradients in a row before a run gives up
@@ -153,7 +158,6 @@ def decay_parameters(model) -> list:
 def profile_alpha(cfg: TrainConfig):
     """The paper-shaped decay factors alpha [linear layers, units] of this config (plan/synthetic.py): what
     the planner's horizons of a decay-frozen model come from."""
-    from trtllm_dasc.plan.synthetic import synthetic_decay
     per_head = cfg.head_dim if cfg.arch == "kda" else 1
     return synthetic_decay(cfg.arch, 3 * cfg.groups, cfg.heads, per_head, cfg.seed)
 
@@ -162,7 +166,6 @@ def set_profile_decay(model, cfg: TrainConfig) -> float:
     """Write the paper's profile into A_log / dt_bias; returns the largest change (0 on a fresh model)."""
     import torch
 
-    from trtllm_dasc.plan.synthetic import decay_tensors
     mixers = [m for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "dt_bias")]
     per_head = cfg.head_dim if cfg.arch == "kda" else 1
     A_log, dt_bias = decay_tensors(profile_alpha(cfg), per_head, cfg.seed)
@@ -239,9 +242,6 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
            stage_optimizer: bool, t0: float, stop, stage_dtype: str = "float32") -> dict:
     import torch
 
-    from trtllm_dasc.evals.mixture import TrainingMixture
-    from trtllm_dasc.evals.vocab import TaskVocab
-    from trtllm_dasc.evals.train_kernels import choose_gdn_recurrence
     cfg.check()
     curriculum = replace(cfg.curriculum, start=min(cfg.curriculum.start, cfg.max_length), min_length=cfg.min_length,
                          max_length=cfg.max_length)

@@ -26,6 +26,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from trtllm_dasc.model.recurrence.fla import cu_tensors
+from trtllm_dasc.model.ops import causal_conv, l2norm
+from trtllm_dasc.model.ops import causal_conv
 
 # tokens per tile, warps, tiles per program: the fastest of the twelve choices `python -m benchmarks
 # conv_prefill` times at 16k tokens. measured on an H200: 32 tokens at 4 warps took 0.349 ms on the
@@ -269,7 +272,6 @@ def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
         conv_state = conv_state.contiguous()
     out = torch.empty(T * C, dtype=x.dtype, device=x.device)
     new_state = torch.empty(conv_state.shape, dtype=conv_state.dtype, device=x.device)
-    from trtllm_dasc.model.recurrence.fla import cu_tensors
     cu = cu_tensors(cu_seqlens, x.device)[0]
     w = weight.contiguous()
     args = (T, C, S1, S2, bounds[normalized], EPS)
@@ -296,7 +298,6 @@ def conv_parts(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
 
 def conv_parts_reference(x, weight, conv_state, cu_seqlens, parts, normalized, head_dim):
     """The torch reference of conv_parts (fp32 inside, the outputs in x's dtype)."""
-    from trtllm_dasc.model.ops import causal_conv, l2norm
     y, state, _ = causal_conv(x.float(), weight.float(), conv_state.float(), cu_seqlens)
     outs, a = [], 0
     for i, p in enumerate(parts):
@@ -356,7 +357,6 @@ def conv_decode_in_place(x: torch.Tensor, weight: torch.Tensor, states: torch.Te
 
 def conv_decode_reference(x, weight, states, rows, parts, block):
     """The torch reference of conv_decode_in_place (gather, ops.causal_conv, scatter)."""
-    from trtllm_dasc.model.ops import causal_conv
     y, new, _ = causal_conv(x.float(), weight.float(), states[rows].float(), list(range(x.shape[0] + 1)))
     states[rows] = new.to(states.dtype)
     return tuple(t.to(x.dtype) for t in torch.split(y, parts, dim=-1))

@@ -24,6 +24,7 @@ import torch
 
 from trtllm_dasc.model.kv_cache import PagedKVCache
 from trtllm_dasc.model.state import RecurrentState
+from trtllm_dasc.model.mlp import DenseMLP
 
 
 def buckets_for(max_batch: int) -> list[int]:
@@ -34,7 +35,6 @@ def buckets_for(max_batch: int) -> list[int]:
 def capturable(model) -> bool:
     """Whether a decode step of this model can be captured: on a GPU, with dense MLPs or MoE layers on a
     fused backend (model/moe: the per-expert loop reads its routing on the host, the fused kernels do not)."""
-    from trtllm_dasc.model.mlp import DenseMLP
     return model.device.type == "cuda" and all(isinstance(m, DenseMLP) or getattr(m, "capturable", False)
                                                for _, m, *_ in model.layers)
 

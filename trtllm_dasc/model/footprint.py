@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.model.model import HybridModel
 
 GIB = 1 << 30
 
@@ -79,7 +80,6 @@ def model_footprint(cfg, src, *, dtype: str, tp_rank: int, tp_size: int, bundle_
                     kv_blocks: int, block_size: int, pool_bytes: int) -> Footprint:
     """The bytes one rank's model, state rows, KV cache and checkpoint pool take (HybridConfig cfg, any
     weight source src: only its names are asked)."""
-    from trtllm_dasc.model.model import HybridModel
     # the torch recurrence: the backend choice reads the device, and meta has no kernels to pick
     model = HybridModel.from_source(cfg, MetaSource(src), dtype=dtype, device="meta", tp_rank=tp_rank,
                                     tp_size=tp_size, bundle_order=bundle_order, backend="torch")

@@ -79,6 +79,7 @@ def prefill_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
     short_conv returns them with split=parts, each part contiguous, and the first two (q and k)
     l2-normalised per head_dim channels: the recurrence must not normalise them again. The caller checks
     conv_kernel.supports(parts, head_dim, W)."""
+    # lazy: triton loads only when a kernel runs (the torch reference needs none)
     from trtllm_dasc.model.conv_kernel import conv_parts
     ys, new_state = conv_parts(x, weight, conv_state, cu_seqlens, parts, 2, head_dim)
     return ys, new_state, _captures(x, conv_state, cu_seqlens, cuts)
@@ -174,6 +175,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up in one kernel of ours (model/swiglu_kernel.py; fp32 inside, one rounding: torch
     rounds silu's output first); fla's kernel for shapes ours does not take."""
     if gate.dim() == 2 and gate.stride(1) == up.stride(1) == 1 and gate.shape == up.shape:
+        # lazy: triton loads only when a kernel runs (the torch reference needs none)
         from trtllm_dasc.model.swiglu_kernel import swiglu as tiled_swiglu
         return tiled_swiglu(gate, up)
     return fla_swiglu(gate, up)

@@ -14,6 +14,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     """F.linear, except a one-row product on a GPU of a shape where our kernel beat cuBLAS
     (model/gemv_kernel.py: a decode step at batch 1)."""
     if b is None and x.is_cuda and x.numel() == x.shape[-1] and w.dim() == 2:
+        # lazy: triton loads only when a kernel runs (the torch reference needs none)
         from trtllm_dasc.model import gemv_kernel
         x2 = x.reshape(1, -1)
         if gemv_kernel.preferred(1, w.shape[0], w.shape[1]) and gemv_kernel.supports(x2, w):

@@ -21,6 +21,8 @@ import torch
 
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.model.weights import CheckpointReader, WeightError
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.model.model import HybridModel
 
 MANIFEST_VERSION = 1
 
@@ -106,8 +108,6 @@ def write_rank_weights(model_dir: str, weights_dir: str, tp_size: int, bundle_or
     file size in bytes. ``progress(rank, bytes)`` is called after each rank."""
     from safetensors.torch import save_file
 
-    from trtllm_dasc.config import HybridConfig
-    from trtllm_dasc.model.model import HybridModel
     os.makedirs(weights_dir, exist_ok=True)
     cfg = HybridConfig.from_path(model_dir)
     sizes = []

@@ -22,6 +22,7 @@ from trtllm_dasc.parallel.exchange_clock import ExchangeClock
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.state import CheckpointPool, StateLayout
 from trtllm_dasc.state import ops as state_ops
+from trtllm_dasc.plan.accounting import slots_for_budget
 
 
 def exchanges(plan) -> bool:
@@ -34,7 +35,6 @@ class BalancedPool:
     (store/load/num_slots/sanity_check/memory_report) with the all-to-all inside."""
 
     def __init__(self, plan, budget_bytes: int, rank: int, all_to_all, device="cpu", segment: int = 0):
-        from trtllm_dasc.plan.accounting import slots_for_budget
         if plan.options.layout != "ragged":
             raise UserError("storage balancing at run time supports the ragged layout (the paper's Route A); "
                             "use --layout ragged or --placement off")

@@ -15,6 +15,7 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
 from trtllm_dasc.plan.plan import PlanOptions, plan_from_path
 from trtllm_dasc.spec import DEFAULT_WMAX, DTYPES, add_arm_arguments
+from trtllm_dasc.plan.plot import plot_plan
 
 
 def add_arguments(p) -> None:
@@ -99,7 +100,6 @@ def run(args) -> int:
     if args.plot:
         if horizons is None:
             raise UserError("--plot needs the decay weights: pass a checkpoint directory")
-        from trtllm_dasc.plan.plot import plot_plan
         plot_plan(args.plot, plan.config, horizons, _options(args, wmaxes[0]), args.budget_bytes)
     if args.json:
         json.dump(reports[0], sys.stdout)

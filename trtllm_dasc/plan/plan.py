@@ -24,6 +24,9 @@ from trtllm_dasc.plan.selection import check_wmax, random_units, select_units, w
 from trtllm_dasc.plan.storage import StoragePlan, balance_storage
 from trtllm_dasc.spec import (CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, DEFAULT_PLACEMENT, DEFAULT_SELECTION, DEFAULT_TP,
                               DEFAULT_WMAX, LAYOUTS, PLACEMENTS, CONV_CODECS, check_choice, check_selection)
+from trtllm_dasc.plan.horizons import read_decay_params
+from trtllm_dasc.plan.horizons import decay_factors, horizons_from_params
+from trtllm_dasc.plan.synthetic import profile_decay_params
 
 PLAN_VERSION = 1
 # the static gate logit stands for a typical input (the paper: -0.3, compared with 0); beyond +-3 softplus
@@ -343,7 +346,6 @@ def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float
     only, unless dummy_seed says the weights will be dummy ones of that seed).
     ``cfg``: the path's config, already parsed (then the dtypes are cfg's and config.json is not read again).
     Returns the plan and the per-layer horizons (None when no weights were read)."""
-    from trtllm_dasc.plan.horizons import read_decay_params
 
     path = model_dir_of(path)
     if cfg is None:
@@ -355,7 +357,6 @@ def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float
     params = None
     if dummy_seed is not None:
         # dummy weights: the decay tensors the loader will make (plan/synthetic.py's profile)
-        from trtllm_dasc.plan.synthetic import profile_decay_params
         params = profile_decay_params(cfg, dummy_seed)
     elif os.path.isdir(path) and (options.wmax > 0 or has_weights(path)):
         params = read_decay_params(path, cfg)
@@ -364,7 +365,6 @@ def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float
 
 def plan_from_params(cfg: HybridConfig, params, options: PlanOptions) -> tuple[DascPlan, list[np.ndarray] | None]:
     """Plan cfg from its decay tensors (horizons.DecayParams per linear layer; None: W=0 only)."""
-    from trtllm_dasc.plan.horizons import decay_factors, horizons_from_params
 
     horizons, summary = None, {}
     if params is not None:

@@ -21,6 +21,9 @@ import numpy as np
 
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan.horizons import DEFAULT_A
+from trtllm_dasc.plan.horizons import DecayParams
+from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.families.released import complete_released
 
 # the decay profile targets (quartiles) and the tails we extend them to
 PROFILES = {
@@ -89,7 +92,6 @@ def profile_decay_params(cfg, seed: int = 0) -> list:
     (float64, flat: A_log [value heads], dt_bias [units]). The one source of the decay weights of a synthetic
     checkpoint (write_checkpoint) and of dummy weights (model/weights.py DummyWeights), so a dummy engine
     plans exactly what `dasc plan` plans for the synthetic checkpoint of the same seed."""
-    from trtllm_dasc.plan.horizons import DecayParams
     per_head = cfg.units_per_layer // cfg.num_value_heads
     alpha = synthetic_decay(cfg.arch, cfg.num_linear_layers, cfg.num_value_heads, per_head, seed)
     A_log, dt_bias = decay_tensors(alpha, per_head, seed)
@@ -126,7 +128,6 @@ def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2, fo
     """Write config.json + decay-only safetensors (sharded with an index when shards > 1)."""
     from safetensors.numpy import save_file
 
-    from trtllm_dasc.config import HybridConfig
 
     if arch not in MODELS:
         raise UserError(f"--arch must be kda or gdn, got {arch!r}")
@@ -228,7 +229,6 @@ def tiny_moe_config(arch: str, layers: int = 6, experts: int = 8, top_k: int = 2
     with groups and the correction bias, a shared expert, the first layer dense; gdn: softmax top-k, a gated
     shared expert), its layer pattern (every third layer full attention here), hidden 64, 4 linear heads of
     16, vocab 320. For tests and the benchmarks' --smoke runs; `over` replaces any field."""
-    from trtllm_dasc.families.released import complete_released
     if arch not in MODELS:
         raise UserError(f"arch must be kda or gdn, got {arch!r}")
     raw, _ = complete_released(json.loads(json.dumps(MODELS[arch])))

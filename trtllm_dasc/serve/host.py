@@ -23,6 +23,7 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.drain import DRAIN_ENV, mark_drained, read_drain_request
 from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, parse_request,
                                       response_tensors, stats_tensor, stopped_tensors)
+from trtllm_dasc.engine.ranks import start_rank
 
 log = logging.getLogger("trtllm_dasc.serve")
 
@@ -64,7 +65,6 @@ class EngineHost:
         if cfg.tp_size > 1:
             # this process (the server's Python backend stub) is rank 0 of the mpirun that `dasc serve --tp`
             # started; the other ranks are serve.worker processes beside the server
-            from trtllm_dasc.engine.ranks import start_rank
             self.engine = start_rank(cfg)
         else:
             self.engine = Engine(cfg)

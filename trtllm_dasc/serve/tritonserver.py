@@ -22,6 +22,7 @@ from trtllm_dasc.serve.drain import (DEFAULT_DRAIN_S, DRAIN_ENV, UNLOAD_S, find_
                                      kill_session, new_shm_prefix, remove_regions, request_drain, shm_backend_args)
 from trtllm_dasc.parallel.group import free_port  # noqa: F401  (also this module's: tests import it here)
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.parallel.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
 
 
 @dataclass(slots=True)
@@ -252,7 +253,6 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
            f"--exit-timeout-secs={exit_timeout}", *shm_backend_args(shm_prefix),
            *(restricted_api_args(admin_key) if admin_key else []), *(extra_args or [])]
     if tp is not None and tp[0] > 1:
-        from trtllm_dasc.parallel.launch import MPIRUN_FLAGS, find_mpirun, mpi_environment, pinned_paths
         # MPMD: mpirun -np 1 tritonserver ... : -np T-1 python -m trtllm_dasc.serve.worker --engine DIR,
         # each with this PATH (the stub finds its interpreter there) and LD_LIBRARY_PATH
         run_env = mpi_environment(tp[0], run_env)

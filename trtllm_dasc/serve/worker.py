@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.engine.config import engine_config
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="trtllm_dasc.serve.worker", description=__doc__.splitlines()[0])
     ap.add_argument("--engine", required=True, help="the engine directory rank 0 serves")
     args = ap.parse_args(argv)
+    # lazy: torch / numpy load only when this runs (keeps importing this module light)
     from trtllm_dasc.engine.ranks import join_ranks, worker
-    from trtllm_dasc.errors import UserError
-    from trtllm_dasc.engine.config import engine_config
     try:
         cfg = engine_config(args.engine)
         group, runner, _ = join_ranks(cfg)

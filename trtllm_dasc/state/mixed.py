@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from trtllm_dasc.state.layout import StateLayout
 from trtllm_dasc.state.pool import CheckpointPool, PoolError
+from trtllm_dasc.plan.accounting import slots_for_budget
 
 
 class MixedPool:
@@ -39,7 +40,6 @@ class MixedPool:
     def from_plan(cls, plan, budget_bytes: int, rank: int = 0, device="cpu", segment_pool=None) -> "MixedPool":
         """Rank ``rank``'s pools. segment_pool(s) -> pool or None overrides segment s (the engine passes the
         storage all-to-all's BalancedPool for segments whose units move between ranks)."""
-        from trtllm_dasc.plan.accounting import slots_for_budget
         n = slots_for_budget(budget_bytes, plan.bottleneck_slot_bytes())
         segments = []
         for s, codec in enumerate(plan.codec_segments):

@@ -13,6 +13,7 @@ import torch
 
 from trtllm_dasc.state import naive
 from trtllm_dasc.state.layout import StateLayout
+from trtllm_dasc.state import conv8_naive
 
 BACKENDS = ("auto", "naive", "triton")
 
@@ -76,7 +77,7 @@ def load(payload, scales, conv_store, slots, temporal, conv, rows, layout: State
 
 def _conv8(backend: str, x: torch.Tensor):
     if _impl(backend, x) is naive:
-        from trtllm_dasc.state import conv8_naive
         return conv8_naive
+    # lazy: triton loads only when a kernel runs (the torch reference needs none)
     from trtllm_dasc.state import conv8_ops
     return conv8_ops

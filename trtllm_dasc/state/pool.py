@@ -15,6 +15,7 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.state import ops
 from trtllm_dasc.state.conv8_naive import conv8_row_bytes
 from trtllm_dasc.state.layout import StateLayout
+from trtllm_dasc.plan.accounting import slots_for_budget
 
 
 class PoolError(UserError):
@@ -60,7 +61,6 @@ class CheckpointPool:
     def from_plan(cls, plan, budget_bytes: int, rank: int = 0, device="cpu") -> "CheckpointPool":
         """Rank ``rank``'s pool: every rank holds the same N slots, N set by the bottleneck rank
         (a logical checkpoint spans all ranks), so lighter ranks use less than the budget."""
-        from trtllm_dasc.plan.accounting import slots_for_budget
         n = slots_for_budget(budget_bytes, plan.bottleneck_slot_bytes())
         return cls(StateLayout.from_plan(plan, rank), budget_bytes, device=device, max_slots=n)
 

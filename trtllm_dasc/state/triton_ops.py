@@ -185,6 +185,7 @@ def _checked(temporal, payload, scales, rows, slots, layout: StateLayout):
 
 
 def _codec_store(temporal, conv, rows, payload, scales, conv_store, slots, layout: StateLayout) -> None:
+    # lazy: codec_ops imports this module (a cycle at import time)
     from trtllm_dasc.state import codec_ops
     t = as_units(temporal, layout)
     _check_units(t, layout)
@@ -201,6 +202,7 @@ def _codec_store(temporal, conv, rows, payload, scales, conv_store, slots, layou
 
 
 def _codec_load(payload, scales, conv_store, slots, temporal, conv, rows, layout: StateLayout, zero_fill) -> None:
+    # lazy: codec_ops imports this module (a cycle at import time)
     from trtllm_dasc.state import codec_ops
     t = as_units(temporal, layout)
     _check_units(t, layout)

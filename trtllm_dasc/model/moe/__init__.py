@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_dasc.model.moe.naive import experts_naive
+from trtllm_dasc.model.moe.grouped_mm import experts_grouped_mm
 
 BACKENDS = ("loop", "triton", "grouped_mm", "triton_small", "triton_grouped")
 
@@ -40,15 +41,17 @@ def experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, gate_up: 
     if backend == "loop":
         return experts_naive(x, idx, weights, gate_up, down, fused_act)
     if backend == "triton":
+        # lazy: triton loads only when a kernel runs (the torch reference needs none)
         from trtllm_dasc.model.moe.small import SMALL_PAIRS
         backend = "triton_small" if x.shape[0] * idx.shape[1] <= SMALL_PAIRS else "triton_grouped"
     if backend == "triton_small":
+        # lazy: triton loads only when a kernel runs (the torch reference needs none)
         from trtllm_dasc.model.moe.small import experts_small
         return experts_small(x, idx, weights, gate_up, down)
     if backend == "triton_grouped":
+        # lazy: triton loads only when a kernel runs (the torch reference needs none)
         from trtllm_dasc.model.moe.kernel import experts_triton
         return experts_triton(x, idx, weights, gate_up, down)
     if backend == "grouped_mm":
-        from trtllm_dasc.model.moe.grouped_mm import experts_grouped_mm
         return experts_grouped_mm(x, idx, weights, gate_up, down)
     raise ValueError(f"MoE backend {backend!r}: expected one of {', '.join(BACKENDS)}")

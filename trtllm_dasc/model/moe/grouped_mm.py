@@ -31,6 +31,7 @@ def experts_grouped_mm(x, idx, weights, gate_up, down) -> torch.Tensor:
     # [E, D, 2I] and [E, I, D] as transposed views: the "B transposed" layout the kernel reads directly
     hs = torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs)
     if hs.is_cuda:
+        # lazy: triton loads only when a kernel runs (the torch reference needs none)
         from trtllm_dasc.model.swiglu_kernel import swiglu
         act = swiglu(hs[:, :inter], hs[:, inter:])
     else:

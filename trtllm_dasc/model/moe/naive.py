@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dasc.model.ops import linear
+from trtllm_dasc.model.fused_ops import swiglu
 
 
 def experts_naive(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
@@ -23,7 +24,6 @@ def experts_naive(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, gat
         xe = x[tok]
         g, u = linear(xe, gate_up[e, :inter]), linear(xe, gate_up[e, inter:])
         if fused_act:
-            from trtllm_dasc.model.fused_ops import swiglu
             h = swiglu(g, u)
         else:
             h = F.silu(g) * u
