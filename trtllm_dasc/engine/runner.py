@@ -86,7 +86,7 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.state, self.kv, cfg.max_batch,
                                        max_blocks=-(-cfg.max_context // cfg.block_size), pad_row=self.num_rows,
                                        pad_block=cfg.num_kv_blocks)
-        self.replay_window = replay_window(cfg, self.plan.wr_window)
+        self.replay_window = replay_window(cfg, self.plan.replay_window)
         # the replay merge's tables: per linear layer, the local units this rank's checkpoints keep
         self.merge_tables = [self._one_layer_layout(kept) for kept in self.plan.local_retained(tp_rank)]
 
@@ -258,6 +258,7 @@ class ModelRunner:
 
     def memory_report(self) -> dict:
         report = self.pool.memory_report()
+        # the replay window under the stats' key "wr_window" (kept: a JSON key users read)
         report.update(arm=self.cfg.arm, dense_slot_bytes=self.plan.config.dense_checkpoint_bytes_per_rank(1),
                       wr_window=self.replay_window)
         return report
