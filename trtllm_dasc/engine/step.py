@@ -6,10 +6,10 @@ is the one thing every rank runs. Order of execution: resets -> kv_copies -> loa
 spans first, then the replay merge, then the rest) -> stores of the captures -> sampling.
 
 Replay (dasc-wr, paper Sec. 4.2): a hit loads its checkpoint into the request's row and re-runs the last W
-cached tokens (the replay window) from a scratch row (zero; wr-warm: the checkpoint's retained units); in every linear layer the units the checkpoint
-omitted are then copied from the scratch row into the request's row (the replay merge). A replay is a span
-like any other, on the scratch row, that names the row it merges into (``replay_into``): nothing pairs a
-replay with its request by list position.
+cached tokens (the replay window) from a scratch row (zero; wr-warm: the checkpoint's retained units); in
+every linear layer the units the checkpoint omitted are then copied from the scratch row into the
+request's row (the replay merge). A replay is a span like any other, on the scratch row, that names the
+row it merges into (``replay_into``): nothing pairs a replay with its request by list position.
 """
 from __future__ import annotations
 

@@ -280,7 +280,8 @@ class HybridModel:
         replay = None
         if replays:
             if merge_tables is None or len(merge_tables) != self.cfg.num_linear_layers:
-                raise UserError(f"replay sequences need merge_tables, one per linear layer ({self.cfg.num_linear_layers})")
+                raise UserError(f"replay sequences need merge_tables, one per linear layer "
+                                f"({self.cfg.num_linear_layers})")
             replay = ReplayMerge(len(replays), [s.row for s in replays], [s.replay_into for s in replays],
                                  merge_tables)
         timer = timer or (lambda kind: contextlib.nullcontext())
