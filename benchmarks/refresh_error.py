@@ -88,16 +88,16 @@ def main(argv=None) -> int:
         per = {"nr": [], "wr": [], "wr-warm": []}
         for p in range(args.prefixes):
             ids = np.random.default_rng([p, args.prefix]).integers(3, vocab, args.prefix).tolist()
-            for arm, errs in refresh_errors(model, plan, ids, plan.wr_window).items():
+            for arm, errs in refresh_errors(model, plan, ids, plan.replay_window).items():
                 per[arm].append(errs)
-        row = {"wmax": w, "window": plan.wr_window, "retained_fraction":
+        row = {"wmax": w, "window": plan.replay_window, "retained_fraction":
                sum(map(len, plan.retained)) / (plan.config.units_per_layer * plan.config.num_linear_layers)}
         for arm, errs in per.items():
             e = np.array(errs)                                          # [prefixes, layers]
             row[arm] = {"median": float(np.median(e)), "max": float(e.max()),
                         "per_layer_median": np.median(e, axis=0).round(6).tolist()}
         rows.append(row)
-        print(f"W_max {w:4} window {plan.wr_window:4}: omitted-unit error / state norm, median over layers and "
+        print(f"W_max {w:4} window {plan.replay_window:4}: omitted-unit error / state norm, median over layers and "
               f"prefixes: nr {row['nr']['median']:.2e}, wr {row['wr']['median']:.2e}, "
               f"wr-warm {row['wr-warm']['median']:.2e} (max {row['nr']['max']:.2e} / {row['wr']['max']:.2e} / "
               f"{row['wr-warm']['max']:.2e})")

@@ -221,12 +221,12 @@ def main(argv=None) -> int:
                       max_num_tokens=args.max_num_tokens or None, device=args.device, dtype=args.dtype)
         # nr and wr share the plan (same W_max, codec, layout): one slot size, one budget, one slot count
         plan = engine_plan(EngineConfig(**common, **arms["nr"].engine_fields()))
-        if not plan.wr_window:
+        if not plan.replay_window:
             raise UserError(f"at W_max={args.wmax} this model's plan omits no unit: wr{args.wmax} would replay "
                             "nothing (try a larger --wmax)")
         slots = checkpoints_bound(work, args.doc_len)
         budget = (slots + 1) * plan.bottleneck_slot_bytes()
-        kv_blocks = args.kv_blocks or kv_blocks_bound(work, args.block_size, args.max_batch, plan.wr_window)
+        kv_blocks = args.kv_blocks or kv_blocks_bound(work, args.block_size, args.max_batch, plan.replay_window)
         engines, timers, meta = {}, {}, {}
         for name, arm in arms.items():
             cfg = EngineConfig(**common, **arm.engine_fields(), state_budget_bytes=budget, num_kv_blocks=kv_blocks)

@@ -4,7 +4,7 @@
                                         (names, dtypes, shapes; -1 = dynamic) and dynamic-dim ranges
     tensorrt/rank{r}/dasc_store.engine  store: pack (+ INT8 quantize) and the conv state
     tensorrt/rank{r}/dasc_load.engine   load: (dequantize +) unpack with zero-fill, conv state back
-    tensorrt/rank{r}/dasc_merge.engine  policies wr and wr-warm: refresh-merge of the omitted units
+    tensorrt/rank{r}/dasc_merge.engine  policies wr and wr-warm: replay merge of the omitted units
 
 The plan's index tables are constants inside each engine, so an engine belongs to its plan and rank.
 Engines are built for the machine's TensorRT (full TensorRT where installed, else TensorRT-RTX, which

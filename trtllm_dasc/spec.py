@@ -45,7 +45,7 @@ CONV_CODECS = ("native", "int8")
 LAYOUTS = ("ragged", "padded")
 PLACEMENTS = ("off", "storage", "hybrid")
 # wr-warm: wr whose scratch row starts from the checkpoint's retained units instead of zeros (the quality
-# issue's candidate refresh for KDA, whose delta rule couples channels). Experimental: it equals wr on both
+# issue's candidate replay for KDA, whose delta rule couples channels). Experimental: it equals wr on both
 # the single-needle and the 13-task trained models (python -m trtllm_dasc.evals.run measures it)
 POLICIES = ("nr", "wr", "wr-warm")
 # random: the paper's count-matched control (as many units per layer as decay keeps, drawn with a seed)

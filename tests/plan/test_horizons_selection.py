@@ -6,7 +6,7 @@ import pytest
 from plan_helpers import tiny_config, write_decay_checkpoint, run_dasc
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.plan import PlanOptions, plan_from_path
-from trtllm_dasc.plan.selection import wr_unit_window
+from trtllm_dasc.plan.selection import replay_unit_window
 
 
 def inv_softplus(y):
@@ -94,23 +94,23 @@ def test_int8_bytes_by_hand(tmp_path):
 def test_wmax_zero_keeps_everything_even_short_horizons(tmp_path):
     ck = _kda_checkpoint(tmp_path, HS)
     plan, _ = plan_from_path(str(ck), PlanOptions(wmax=0))
-    assert [len(k) for k in plan.retained] == [8, 8, 8] and plan.wr_window == 0
+    assert [len(k) for k in plan.retained] == [8, 8, 8] and plan.replay_window == 0
 
 
 @pytest.mark.parametrize("h,w,expected", [(5.3, 16, 8), (2.0, 16, 4), (0.5, 16, 4), (16.0, 16, 16),
                                           (40.0, 48, 48), (33.0, 512, 64), (9.0, 8, 8)])
-def test_wr_unit_window(h, w, expected):
-    assert wr_unit_window(h, w) == expected
+def test_replay_unit_window(h, w, expected):
+    assert replay_unit_window(h, w) == expected
 
 
-def test_wr_window_is_longest_omitted(tmp_path):
+def test_replay_window_is_longest_omitted(tmp_path):
     ck = _kda_checkpoint(tmp_path, HS)
     plan, _ = plan_from_path(str(ck), PlanOptions(wmax=16))
     # omitted horizons: max is 7 (layer 0) -> rounded up to 8
-    assert plan.wr_window == 8
+    assert plan.replay_window == 8
     plan, _ = plan_from_path(str(ck), PlanOptions(wmax=30))
     # now the 20-token units are omitted too -> 32 clamped to W_max 30
-    assert plan.wr_window == 30
+    assert plan.replay_window == 30
 
 
 def test_a_and_eps_are_overridable(tmp_path):

@@ -22,7 +22,7 @@ from plan_helpers import run_dasc, tiny_config, write_decay_checkpoint
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.plan import horizons as hz
-from trtllm_dasc.plan.selection import select_units, wr_unit_window
+from trtllm_dasc.plan.selection import select_units, replay_unit_window
 
 A, EPS = -0.3, 1e-3
 
@@ -123,11 +123,11 @@ def test_selection_does_not_depend_on_the_cpus_last_ulps(monkeypatch):
         moved = planner_horizons(0.0, dts)
         assert select_units([moved], W) == select_units([base], W) == [[3]]
         assert select_units([moved], W - 1) == [[0, 1, 3]]
-        assert [wr_unit_window(h, 1 << 50) for h in moved] == [wr_unit_window(h, 1 << 50) for h in base]
+        assert [replay_unit_window(h, 1 << 50) for h in moved] == [replay_unit_window(h, 1 << 50) for h in base]
 
 
 @pytest.mark.parametrize("h, window", [(1.0, 4), (4.0, 4), (4.000000000000001, 8), (5.0, 8), (8.0, 8),
                                        (2.0 ** 40, 2 ** 40), (2.0 ** 40 * (1 + 2.0 ** -52), 2 ** 41),
                                        (float("inf"), 64)])
-def test_wr_window_is_the_power_of_two_at_or_above(h, window):
-    assert wr_unit_window(h, 64 if h == float("inf") else 1 << 50) == window
+def test_replay_window_is_the_power_of_two_at_or_above(h, window):
+    assert replay_unit_window(h, 64 if h == float("inf") else 1 << 50) == window

@@ -102,7 +102,7 @@ def test_merge_layer_by_layer_equals_naive(kind):
         got[layer] = evaluate(graph, {"temporal": got[layer], "scratch_rows": np.array(srows, np.int32),
                                       "rows": np.array(rows, np.int32),
                                       "layer": np.array([layer], np.int32)})["temporal_out"]
-    naive.refresh_merge(temporal, srows, temporal, rows, lay)
+    naive.replay_merge(temporal, srows, temporal, rows, lay)
     assert np.array_equal(got, temporal.numpy())
     assert not np.array_equal(got, _state(seed=4)[0].numpy())       # it did change the omitted units
 

@@ -115,7 +115,7 @@ def test_pack_unpack_merge_match_naive(case, device, layout_kind):
 
     def merge_args():
         return [scratch, srows, temporal.clone(), rows, lay]
-    _run_both("refresh_merge", merge_args, lambda a, b: assert_close("temporal", a[2], b[2]))
+    _run_both("replay_merge", merge_args, lambda a, b: assert_close("temporal", a[2], b[2]))
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (7, 24), (3, 5, 33), (130, 128)], ids=lambda s: "x".join(map(str, s)))
@@ -181,7 +181,7 @@ def test_edge_layouts_match_naive(device, keep, codec):
         out = torch.full_like(temporal, float("nan"))
         impl.load(payload, scales, cstore, slots, out, conv.clone(), rows, lay)
         merged = temporal.clone()
-        impl.refresh_merge(temporal.flip(1), rows, merged, rows, lay)
+        impl.replay_merge(temporal.flip(1), rows, merged, rows, lay)
         outs.append((payload, scales, out, merged))
     for name, a, b in zip(("payload", "scales", "temporal", "merged"), *outs):
         if a is not None:

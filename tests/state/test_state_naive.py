@@ -37,13 +37,13 @@ def test_pack_unpack_against_loops(shape, layout_kind):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
-def test_refresh_merge_against_loops(shape):
+def test_replay_merge_against_loops(shape):
     L, n, R, V = shape
     lay = make_layout(L, n, R, V, keep=0.4, seed=5)
     scratch, t = torch.randn(L, 3, n, R * V), torch.randn(L, 4, n, R * V)
     ref = t.clone()
     loop_merge(scratch, [2, 0], ref, [1, 3], retained_lists(L, n, 0.4, 5))
-    naive.refresh_merge(scratch, [2, 0], t, [1, 3], lay)
+    naive.replay_merge(scratch, [2, 0], t, [1, 3], lay)
     assert torch.equal(t, ref)
 
 

@@ -24,7 +24,7 @@ class EngineConfig:
     codec: str = DEFAULT_CODEC
     layout: str = DEFAULT_LAYOUT
     state_budget_bytes: int | None = None   # checkpoint pool budget; None: 64 dense checkpoints' worth
-    replay_window: int | None = None    # wr window override (tokens); None: the plan's rule
+    replay_window: int | None = None    # replay window override (tokens); None: the plan's rule
     selection: str = DEFAULT_SELECTION  # decay | random (count-matched control for quality experiments)
     mask_seed: int | None = None        # the random selection's seed
     # runtime

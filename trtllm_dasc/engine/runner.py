@@ -7,8 +7,10 @@
   pool         CheckpointPool of compressed checkpoints, sized from the state budget by the planner's rule
 
 It holds no bookkeeping: which row, block or slot is whose is decided by the scheduler (rank 0), and a
-runner executes that decision: resets -> KV copies -> checkpoint loads -> forward (wr replays, merge,
-the rest) -> checkpoint stores -> sampling. Every TP rank runs the same plans.
+runner executes that decision: resets -> KV copies -> checkpoint loads -> forward (replays, replay merge,
+the rest) -> checkpoint stores -> sampling. Every TP rank runs the same plans. The replay merge's tables
+(per linear layer, the units this rank's checkpoints keep) are data the runner builds once from the plan
+and hands to every forward; the model runs the merge itself.
 """
 from __future__ import annotations
 
@@ -25,11 +27,10 @@ from trtllm_dasc.engine.step import StepOutput, StepPlan
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.checkpoint_files import dummy_marker
 from trtllm_dasc.config import HybridConfig
-from trtllm_dasc.model import ForwardOutput, HybridModel, Refresh, SeqInput
+from trtllm_dasc.model import ForwardOutput, HybridModel, SeqInput
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.spec import PLAN_TO_ENGINE, plan_fields
 from trtllm_dasc.state import StateLayout
-from trtllm_dasc.state import ops as state_ops
 from trtllm_dasc.model.decode_graphs import capturable
 from trtllm_dasc.plan import DascPlan
 from trtllm_dasc.parallel.storage import exchanges
@@ -87,8 +88,9 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.state, self.kv, cfg.max_batch,
                                        max_blocks=-(-cfg.max_context // cfg.block_size), pad_row=self.num_rows,
                                        pad_block=cfg.num_kv_blocks)
-        self.replay_window = replay_window(cfg, self.plan.wr_window)
-        self._layer_layouts = [self._one_layer_layout(kept) for kept in self.plan.local_retained(tp_rank)]
+        self.replay_window = replay_window(cfg, self.plan.replay_window)
+        # the replay merge's tables: per linear layer, the local units this rank's checkpoints keep
+        self.merge_tables = [self._one_layer_layout(kept) for kept in self.plan.local_retained(tp_rank)]
 
     # ---- the step -----------------------------------------------------------------------------------
     def execute(self, plan: StepPlan, sample_tokens: bool = True) -> StepOutput:
@@ -108,13 +110,10 @@ class ModelRunner:
             self.state.conv[:, rows] = 0
         out = self._graph_step(plan)
         if out is None:
-            batch = [SeqInput(s.token_ids, s.row, s.block_table, s.start, tuple(p for p, _ in s.captures))
-                     for s in plan.spans]
-            refresh = None
-            if plan.replays:
-                refresh = Refresh(len(plan.replays), [a for a, _ in plan.replays], [b for _, b in plan.replays])
+            batch = [SeqInput(s.token_ids, s.row, s.block_table, s.start, tuple(p for p, _ in s.captures),
+                              s.replay_into) for s in plan.spans]
             out = self.model.forward(batch, self.state, self.kv, logits=[s.logits for s in plan.spans],
-                                     refresh=refresh, merge=self.merge_omitted)
+                                     merge_tables=self.merge_tables)
         n = len(plan.spans)
         result = StepOutput(tokens=[None] * n, errors=[None] * n, logits=[None] * n, log_probs=[None] * n,
                             gen_logits=[None] * n)
@@ -245,12 +244,7 @@ class ModelRunner:
             result.gen_logits[i] = raw.float().cpu()
         return token
 
-    # ---- wr merge ------------------------------------------------------------------------------------
-    def merge_omitted(self, layer: int, src_rows: list[int], dst_rows: list[int]) -> None:
-        """wr: copy the units the checkpoint omitted, in one linear layer, from replay rows into rows."""
-        view = self.state.temporal[layer:layer + 1]
-        state_ops.refresh_merge(view, src_rows, view, dst_rows, self._layer_layouts[layer])
-
+    # ---- replay merge tables ---------------------------------------------------------------------------
     def _one_layer_layout(self, kept: list[int]) -> StateLayout:
         cfg = self.plan.config
         # local unit ids of this rank: a rank's layer holds shard(tp).units of them
@@ -266,6 +260,7 @@ class ModelRunner:
 
     def memory_report(self) -> dict:
         report = self.pool.memory_report()
+        # the replay window under the stats' key "wr_window" (kept: a JSON key users read)
         report.update(arm=self.cfg.arm, dense_slot_bytes=self.plan.config.dense_checkpoint_bytes_per_rank(1),
                       wr_window=self.replay_window)
         return report

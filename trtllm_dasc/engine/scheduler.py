@@ -127,14 +127,13 @@ class Scheduler:
             return None
         self.steps += 1
         owners = []
-        # the step's token budget: replays (they must run with the load they refresh) and decode tokens
+        # the step's token budget: replays (they must run in the step of the load they merge into) and decode tokens
         # first, prefill chunks share the rest in admission order; a request left without tokens waits
         budget = self.cfg.max_num_tokens or float("inf")
         for s in self.running:
             if s.replay is not None:
                 r = s.replay
-                plan.spans.append(Span(s.prompt[r.start:r.end], r.row, r.start, r.table))
-                plan.replays.append((r.row, s.row))
+                plan.spans.append(Span(s.prompt[r.start:r.end], r.row, r.start, r.table, replay_into=s.row))
                 owners.append(s)
                 budget -= r.end - r.start
         budget -= sum(not s.in_prefill for s in self.running)
@@ -149,7 +148,7 @@ class Scheduler:
                 budget -= chunk
             plan.spans.append(self._span(s, chunk))
             owners.append(s)
-        if len(plan.spans) == len(plan.replays):
+        if all(span.replay_into is not None for span in plan.spans):
             # every prefill waited for budget the replays took: give the first one a token
             s = next(s for s in self.running if s.in_prefill)
             plan.spans.append(self._span(s, 1))
@@ -177,7 +176,7 @@ class Scheduler:
         for i, (span, s) in enumerate(zip(plan.spans, owners)):
             if span.captures:
                 self.manager.store(s.lease, span.captures, [next(stored) for _ in span.captures])
-            if i < len(plan.replays):
+            if span.replay_into is not None:
                 self.manager.end_replay(s.lease)
                 continue
             if out.logits[i] is not None:

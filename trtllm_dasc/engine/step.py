@@ -3,7 +3,13 @@
 Plain data only (ints, lists, small dataclasses; no callables, no tensors but the optional CPU logits of
 the output), so a plan pickles and every TP rank can execute the same decision: ``ModelRunner.execute``
 is the one thing every rank runs. Order of execution: resets -> kv_copies -> loads -> warm_loads -> forward (replay
-spans first, then the wr merge, then the rest) -> stores of the captures -> sampling.
+spans first, then the replay merge, then the rest) -> stores of the captures -> sampling.
+
+Replay (dasc-wr, paper Sec. 4.2): a hit loads its checkpoint into the request's row and re-runs the last W
+cached tokens (the replay window) from a scratch row (zero; wr-warm: the checkpoint's retained units); in
+every linear layer the units the checkpoint omitted are then copied from the scratch row into the
+request's row (the replay merge). A replay is a span like any other, on the scratch row, that names the
+row it merges into (``replay_into``): nothing pairs a replay with its request by list position.
 """
 from __future__ import annotations
 
@@ -30,6 +36,10 @@ class Span:
     history: list[int] = field(default_factory=list)
     log_prob: bool = False                # return the sampled token's log probability
     raw_logits: bool = False              # return the last position's raw logits (generation logits)
+    # a replay: this span runs on a scratch row (``row``), and after it, in every linear layer, the units
+    # the checkpoint omitted are copied from that row into row ``replay_into`` (the request's). Replay
+    # spans come first in a plan (they must run before the spans that continue from the merged rows)
+    replay_into: int | None = None
 
 
 @dataclass(slots=True)
@@ -39,8 +49,12 @@ class StepPlan:
     resets: list[int] = field(default_factory=list)                # rows zeroed first (fresh requests, scratch)
     kv_copies: list[tuple[int, int]] = field(default_factory=list)  # (src block, dst block)
     loads: list[tuple[int, int]] = field(default_factory=list)      # (slot, row): omitted units zero-filled
-    replays: list[tuple[int, int]] = field(default_factory=list)    # (scratch row, row) of spans[:len(replays)]
     warm_loads: list[tuple[int, int]] = field(default_factory=list)  # (slot, scratch row): wr-warm's start state
+
+    @property
+    def replays(self) -> list[Span]:
+        """The plan's replay spans (those with replay_into), in plan order."""
+        return [s for s in self.spans if s.replay_into is not None]
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ Triton compiles a kernel variant per specialisation of its integer arguments (eq
   cold   b distinct long prompts (lengths both on and off the 16-token grid): a batched chunked prefill
          with checkpoint captures and stores at batch b, then decode at batch b;
   hits   b prompts extending the cold ones by 1 + {15, 4, 31, 0, ...} tokens: checkpoint loads at batch
-         b (wr: replays + merge), short prefills of both kinds of lengths with stores, decode at batch b.
+         b (wr: replays + replay merge), short prefills of both kinds of lengths with stores, decode at batch b.
 One request per round samples (temperature, top-k, top-p). Then the cache is flushed and the counters reset.
 
 Prompt lengths (prompt_lengths): the first LONG_PER_ROUND prompts of the first round (the largest batch)

@@ -30,6 +30,8 @@ from trtllm_dasc.model.spec import ModelSpec
 from trtllm_dasc.model.state import RecurrentState
 from trtllm_dasc.model.tp import RankShare, check_bundle_order, local_bundles
 from trtllm_dasc.model.weights import CheckpointReader, load
+from trtllm_dasc.state import StateLayout
+from trtllm_dasc.state import ops as state_ops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,26 +51,29 @@ class SeqInput:
     """One sequence of a forward batch: tokens at positions [start, start + T), continuing from state row
     ``row`` and the cached KV of positions [0, start). ``block_table`` covers positions [0, start + T)
     (the forward writes the new tokens' KV into it; it never allocates). capture_at: absolute prefix
-    lengths p, start < p <= start + T, after which the linear layers' states are captured."""
+    lengths p, start < p <= start + T, after which the linear layers' states are captured.
+
+    replay_into: a dasc-wr replay (its row a scratch row): in every linear layer the replays run first,
+    then the replay merge copies the units the checkpoint omitted (forward's merge_tables) from each
+    replay's row into its ``replay_into`` row, then the other sequences run. Attention and MLP see all
+    tokens in one pass, so a hit costs the W replayed tokens, not a second forward."""
 
     token_ids: torch.Tensor | list[int]
     row: int
     block_table: list[int]
     start: int = 0
     capture_at: tuple[int, ...] = ()
+    replay_into: int | None = None
 
 
-@dataclass(slots=True)
-class Refresh:
-    """dasc-wr inside the same forward: the batch's first ``num_replay`` sequences replay a suffix from
-    zero scratch rows; in every linear layer they run first, then the forward's ``merge`` callable copies
-    the units the checkpoint omitted from each replay's row (src_rows) into the row its request continues
-    from (dst_rows), then the other sequences run. Attention and MLP see all tokens in one pass, so a hit
-    costs the W replayed tokens, not a second forward. Plain data: the merge itself is the runner's."""
+class ReplayMerge(NamedTuple):
+    """One forward's replay merge: the batch's first ``count`` sequences are replays; per linear layer, the
+    units ``tables[l]`` (a one-layer StateLayout) does not keep go from rows ``src`` to rows ``dst``."""
 
-    num_replay: int
-    src_rows: list[int]                   # replay sequences' state rows (in batch order)
-    dst_rows: list[int]                   # the rows each one refreshes
+    count: int
+    src: list[int]
+    dst: list[int]
+    tables: list[StateLayout]
 
 
 @dataclass(slots=True)
@@ -235,6 +240,7 @@ class HybridModel:
             cuts.append(rel)
         if len({s.row for s in batch}) != len(batch):
             raise UserError("a batch may hold each state row once")
+        self._check_replays(batch, state)
         if self._use_paged_attention(ids):
             # one set of tensors for the whole step; the layers read the KV through the block tables
             return ids, cuts, None, modes, kv.token_tables([s.block_table for s in batch], [s.start for s in batch],
@@ -242,21 +248,42 @@ class HybridModel:
         kv_index = [kv.token_index(s.block_table, 0, s.start + t.numel()) for s, t in zip(batch, ids)]
         return ids, cuts, kv_index, modes, None
 
+    def _check_replays(self, batch: list[SeqInput], state: RecurrentState) -> None:
+        into = [s.replay_into for s in batch if s.replay_into is not None]
+        if not into:
+            return
+        n = len(into)
+        if any(s.replay_into is None for s in batch[:n]):
+            raise UserError("replay sequences (replay_into) must come first in the batch")
+        if any(not 0 <= r < state.num_rows for r in into):
+            raise UserError(f"replay_into rows {into} must be in 0..{state.num_rows - 1}")
+        if len(set(into)) != n or set(into) & {s.row for s in batch[:n]}:
+            raise UserError(f"replay_into rows {into} must be distinct and none a replay's own row")
+        if any(s.capture_at for s in batch[:n]):
+            raise UserError("a replay sequence captures no checkpoint")
+
     @torch.inference_mode()
     def forward(self, batch: list[SeqInput], state: RecurrentState, kv: PagedKVCache, logits="all",
-                timer=None, refresh: Refresh | None = None, merge=None) -> ForwardOutput:
+                timer=None, merge_tables: list[StateLayout] | None = None) -> ForwardOutput:
         """Prefill/decode a batch; updates the batch's state rows and writes its new tokens' KV.
 
         logits: 'all' (every token), 'last' (each sequence's last token) or 'none', or one of those per
         sequence. timer: optional callable(kind) -> context manager, kind in prologue (the checks and index
         tensors before the first layer, and the embedding) / linear_attn / attention / mlp / head.
-        refresh + merge: dasc-wr replay sequences at the head of the batch (see Refresh); merge is
-        callable(linear_layer_index, src_rows, dst_rows).
+        merge_tables: the replay merge's tables, needed when a sequence is a replay (SeqInput.replay_into):
+        per linear layer of this rank, a one-layer StateLayout of the units the checkpoint keeps; the
+        replay merge copies the others.
         """
         if self.tp_size > 1 and self.all_reduce is None:
             raise RuntimeError("tp_size > 1 needs model.all_reduce (set by the distributed runtime)")
-        if refresh is not None and refresh.num_replay and merge is None:
-            raise RuntimeError("a refresh needs the merge callable")
+        replays = [s for s in batch if s.replay_into is not None]
+        replay = None
+        if replays:
+            if merge_tables is None or len(merge_tables) != self.cfg.num_linear_layers:
+                raise UserError(f"replay sequences need merge_tables, one per linear layer "
+                                f"({self.cfg.num_linear_layers})")
+            replay = ReplayMerge(len(replays), [s.row for s in replays], [s.replay_into for s in replays],
+                                 merge_tables)
         timer = timer or (lambda kind: contextlib.nullcontext())
         with timer("prologue"):
             x, cu, cuts, rows, attn_batch, sel, out = self._prologue(batch, state, kv, logits)
@@ -265,7 +292,7 @@ class HybridModel:
         # layer then reads and writes them in place of a gather and a scatter
         row_range = (first, first + len(batch)) if [s.row for s in batch] == list(range(first, first + len(batch))) \
             else None
-        x, hbs, convs = self._layers(x, cu, rows, state, kv, attn_batch, cuts, refresh, merge, timer, row_range)
+        x, hbs, convs = self._layers(x, cu, rows, state, kv, attn_batch, cuts, replay, timer, row_range)
         if sel is not None:
             with timer("head"):
                 rows_x = x if sel.numel() == x.shape[0] else x[sel]
@@ -336,7 +363,7 @@ class HybridModel:
     def _fused_weight(self, w: torch.Tensor) -> torch.Tensor:
         return 1.0 + w.float() if self.offset_norm else w
 
-    def _layers(self, x, cu, rows, state, kv, attn_batch, cuts, refresh, merge, timer, row_range=None):
+    def _layers(self, x, cu, rows, state, kv, attn_batch, cuts, replay, timer, row_range=None):
         """Every layer over the batch's hidden states x [T, D]: (x after the last layer, the captured
         temporal and conv states per linear layer). Updates the state rows and writes the new tokens' KV.
         Each residual add is taken together with the norm after it (one kernel when fused)."""
@@ -346,7 +373,7 @@ class HybridModel:
             h, x = self._add_norm(x, pending, in_norm, in_fused)
             if mixer.kind in ("gdn", "kda"):
                 with timer("linear_attn"):
-                    res = self._linear(mixer, lin, h, cu, rows, state, cuts, refresh, merge, row_range)
+                    res = self._linear(mixer, lin, h, cu, rows, state, cuts, replay, row_range)
                     out = res.out if self.tp_size == 1 else self.all_reduce(res.out)
                 hbs.append(res.hb)
                 convs.append(res.conv_b)
@@ -372,7 +399,7 @@ class HybridModel:
         cu = list(range(B + 1))
         batch = AttnBatch(cu, [], None, positions, decode)
         x, _, _ = self._layers(self.w["embed"][ids], cu, rows, state, kv, batch, [[] for _ in range(B)], None,
-                               None, lambda kind: contextlib.nullcontext())
+                               lambda kind: contextlib.nullcontext())
         return self._head(x)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
@@ -381,11 +408,11 @@ class HybridModel:
         h, _ = self._add_norm(x, None, self.w["norm"], fused_w)
         return (h @ self.w["lm_head"].T).float()
 
-    def _linear(self, mixer, lin, h, cu, rows, state, cuts, refresh, merge, row_range=None):
-        """One linear layer over the batch; with a refresh, replays first, then merge, then the rest.
+    def _linear(self, mixer, lin, h, cu, rows, state, cuts, replay: ReplayMerge | None, row_range=None):
+        """One linear layer over the batch; with replays: they first, then the replay merge, then the rest.
         row_range: (first, end) when the batch's rows are first..end-1 in order (views, not gathers)."""
         n = len(cu) - 1
-        if (refresh is None and cu[-1] == n and mixer.kind == "kda" and not any(cuts)
+        if (replay is None and cu[-1] == n and mixer.kind == "kda" and not any(cuts)
                 and hasattr(self.backend, "kda_decode_in_place")):
             # a decode step: the kernels update the layer's state rows in place (no gather and scatter)
             return mixer.forward(h, cu, None, None, self.backend, cuts,
@@ -399,11 +426,14 @@ class HybridModel:
             state.temporal[lin, which] = res.ht
             state.conv[lin, which] = res.conv
             return res
-        if refresh is None or refresh.num_replay == 0:
+        if replay is None:
             return run(0, n)
-        first = run(0, refresh.num_replay)
-        merge(lin, refresh.src_rows, refresh.dst_rows)
-        rest = run(refresh.num_replay, n)
+        first = run(0, replay.count)
+        layer = state.temporal[lin:lin + 1]
+        state_ops.replay_merge(layer, replay.src, layer, replay.dst, replay.tables[lin])
+        if replay.count == n:
+            return first
+        rest = run(replay.count, n)
         # replay sequences capture nothing, so the captures are the rest's
         rest.out = torch.cat([first.out, rest.out])
         return rest

@@ -109,7 +109,8 @@ def report(plan, budget_bytes: int | None = None) -> dict:
         "layout_gain": _ratio(padded_width(kept), sum(kept) / len(kept)) if kept else None,
         "moved_units_per_store": plan.moved_units,
         "median_retained_fraction": median(k / n for k, n in zip(kept, units)),
-        "wr_window": plan.wr_window,
+        # the replay window under the report's JSON key (kept: a contract)
+        "wr_window": plan.replay_window,
         "permutation_optimal": plan.permutation_optimal,
     }
     if budget_bytes is not None:

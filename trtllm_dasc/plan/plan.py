@@ -20,7 +20,7 @@ from trtllm_dasc.plan import accounting
 from trtllm_dasc.plan.horizons import DEFAULT_A, DEFAULT_EPS
 from trtllm_dasc.plan.permutation import balance_bundles, identity_order
 from trtllm_dasc.plan.precision import UNIFORM, HorizonBands, assign_bands, parse_precision
-from trtllm_dasc.plan.selection import check_wmax, random_units, select_units, wr_window
+from trtllm_dasc.plan.selection import check_wmax, random_units, replay_window, select_units
 from trtllm_dasc.plan.storage import StoragePlan, balance_storage
 from trtllm_dasc.spec import (CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, DEFAULT_PLACEMENT, DEFAULT_SELECTION, DEFAULT_TP,
                               DEFAULT_WMAX, LAYOUTS, PLACEMENTS, CONV_CODECS, check_choice, check_selection)
@@ -99,7 +99,7 @@ class DascPlan:
     retained: list[list[int]]          # per linear layer: kept original unit ids, sorted
     bundle_order: list[list[int]]      # per linear layer: position p holds original bundle [l][p]
     permutation_optimal: bool
-    wr_window: int                     # dasc-wr replay length in tokens (0: nothing omitted)
+    replay_window: int                 # dasc-wr replay window W in tokens (0: nothing omitted)
     decay_summary: dict = field(default_factory=dict)
     storage: StoragePlan | None = None  # derived: None for placement 'off'
     # horizon precision: per layer, the band of each kept unit (parallel to retained); None for uniform
@@ -277,9 +277,10 @@ class DascPlan:
 
     # ---- serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
+        # "wr_window" is the replay window's key in the plan.json engine dirs record (kept: a contract)
         return {"plan_version": PLAN_VERSION, "config": self.config.to_dict(), "options": self.options.to_dict(),
                 "retained_units": self.retained, "bundle_order": self.bundle_order,
-                "permutation_optimal": self.permutation_optimal, "wr_window": self.wr_window,
+                "permutation_optimal": self.permutation_optimal, "wr_window": self.replay_window,
                 "decay_summary": self.decay_summary,
                 **({"retained_bands": self.retained_bands} if self.retained_bands is not None else {}),
                 "storage_transfers": [t.to_dict() for t in self.storage.transfers] if self.storage else []}
@@ -292,7 +293,7 @@ class DascPlan:
         cfg = HybridConfig(**{k: c[k] for k in HybridConfig.__slots__ if k in c and k != "raw"})
         plan = cls(config=cfg, options=PlanOptions(**d["options"]), retained=d["retained_units"],
                    bundle_order=d["bundle_order"], permutation_optimal=d["permutation_optimal"],
-                   wr_window=d["wr_window"], decay_summary=d.get("decay_summary", {}),
+                   replay_window=d["wr_window"], decay_summary=d.get("decay_summary", {}),
                    retained_bands=d.get("retained_bands"))
         stored = d.get("storage_transfers", [])
         derived = [t.to_dict() for t in plan.storage.transfers] if plan.storage else []
@@ -314,7 +315,7 @@ def build_plan(cfg: HybridConfig, horizons: list[np.ndarray] | None, options: Pl
         retained = select_units(horizons, options.wmax)
         if options.selection == "random":
             retained = random_units([len(k) for k in retained], cfg.units_per_layer, options.mask_seed)
-        window = wr_window(horizons, retained, options.wmax)
+        window = replay_window(horizons, retained, options.wmax)
     bands = options.bands
     retained_bands = None
     if bands is not None:
@@ -335,7 +336,7 @@ def build_plan(cfg: HybridConfig, horizons: list[np.ndarray] | None, options: Pl
         perm = balance_bundles(loads, options.tp)
         order, optimal = perm.bundle_order, perm.optimal
     return DascPlan(config=cfg, options=options, retained=retained, bundle_order=order,
-                    permutation_optimal=optimal, wr_window=window, retained_bands=retained_bands)
+                    permutation_optimal=optimal, replay_window=window, retained_bands=retained_bands)
 
 
 def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float32",

@@ -60,7 +60,7 @@ def padded_width(retained_counts: list[int]) -> int:
     return max(retained_counts, default=0)
 
 
-def wr_unit_window(horizon: float, wmax: int) -> int:
+def replay_unit_window(horizon: float, wmax: int) -> int:
     """One omitted unit's replay window: its horizon rounded up to a power of two, clamped to [4, W_max]."""
     if horizon <= 1:
         pow2 = 1
@@ -74,12 +74,12 @@ def wr_unit_window(horizon: float, wmax: int) -> int:
     return int(min(max(pow2, 4), wmax))
 
 
-def wr_window(horizons: list[np.ndarray], retained: list[list[int]], wmax: int) -> int:
+def replay_window(horizons: list[np.ndarray], retained: list[list[int]], wmax: int) -> int:
     """dasc-wr replays the longest window over all omitted units (paper Sec. 4.2); 0 when none is omitted."""
     longest = 0
     for h, kept in zip(horizons, retained):
         omitted = np.ones(len(h), dtype=bool)
         omitted[kept] = False
         if omitted.any():
-            longest = max(longest, wr_unit_window(float(h[omitted].max()), wmax))
+            longest = max(longest, replay_unit_window(float(h[omitted].max()), wmax))
     return longest

@@ -107,7 +107,7 @@ def gather_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_
                         QUANT: tl.constexpr, CONV_BLOCK: tl.constexpr, TO_BF16: tl.constexpr):
     """For each listed unit j (n_rows = J * R rows): read src[layer_j, src_idx[b], unit_src[j]] and write
     it at dst + dst_idx[b] * stride_dst_b + layer_j * stride_dst_l + unit_dst[j] * E. Pack/store use
-    stride_dst_l = 0 (dst = slots), refresh-merge dst = the active state. QUANT: int8 + one scale per row.
+    stride_dst_l = 0 (dst = slots), replay-merge dst = the active state. QUANT: int8 + one scale per row.
     Programs past the row blocks copy the conv state (store fuses it into this one launch)."""
     pid = tl.program_id(0)
     b = tl.program_id(1)

@@ -81,7 +81,7 @@ def unpack(payload, slots, temporal, rows, layout: StateLayout, zero_fill: bool 
     t[ix.unit_layer[None, :], rows[:, None], ix.unit_local[None, :]] = x.to(t.dtype)
 
 
-def refresh_merge(scratch, scratch_rows, temporal, rows, layout: StateLayout) -> None:
+def replay_merge(scratch, scratch_rows, temporal, rows, layout: StateLayout) -> None:
     """Policy wr: temporal[l, rows[b], u] = scratch[l, scratch_rows[b], u] for the OMITTED units (l, u)
     only; retained units of the active state are left untouched. scratch: [L, Ns, n_units, E] view."""
     t, s = as_units(temporal, layout), as_units(scratch, layout)

@@ -39,9 +39,9 @@ def unpack(payload, slots, temporal, rows, layout: StateLayout, *, zero_fill: bo
     _impl(backend, temporal).unpack(payload, slots, temporal, rows, layout, zero_fill)
 
 
-def refresh_merge(scratch, scratch_rows, temporal, rows, layout: StateLayout, *, backend: str = "auto") -> None:
+def replay_merge(scratch, scratch_rows, temporal, rows, layout: StateLayout, *, backend: str = "auto") -> None:
     """Policy wr: copy only the OMITTED units of scratch[:, scratch_rows[b]] into temporal[:, rows[b]]."""
-    _impl(backend, temporal).refresh_merge(scratch, scratch_rows, temporal, rows, layout)
+    _impl(backend, temporal).replay_merge(scratch, scratch_rows, temporal, rows, layout)
 
 
 def quantize_int8(x: torch.Tensor, scale_dtype: torch.dtype = torch.float32, *, backend: str = "auto"):

@@ -136,7 +136,7 @@ def unpack(payload, slots, temporal, rows, layout: StateLayout, zero_fill: bool 
     _scatter(payload, None, _idx(slots, t.device), t, _idx(rows, t.device), layout, zero_fill)
 
 
-def refresh_merge(scratch, scratch_rows, temporal, rows, layout: StateLayout) -> None:
+def replay_merge(scratch, scratch_rows, temporal, rows, layout: StateLayout) -> None:
     t, s = as_units(temporal, layout), as_units(scratch, layout)
     _check_units(t, layout)
     _check_units(s, layout)
