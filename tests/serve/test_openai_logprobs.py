@@ -34,8 +34,21 @@ def ref_logprobs(hf, ids: list[int]) -> torch.Tensor:
         return torch.log_softmax(hf(torch.tensor([ids])).logits[0].double(), -1)
 
 
-def close(a, b, tol=2e-3):
-    return abs(a - b) <= tol * max(1.0, abs(b))
+# the default engine computes in bfloat16 (8-bit mantissa): its log probs (~ -5 to -10) differ from
+# transformers' float32 ones by about 0.01 on average, a few by up to ~0.2; an off-by-one position or a
+# missing normalisation is off by units
+TOL, MEAN_TOL = 0.3, 0.05
+
+
+def close(a, b, tol=TOL):
+    return abs(a - b) <= tol
+
+
+def chosen(tok, row, text: str) -> int:
+    """The id among the row's best five whose text the server returned."""
+    ids = [int(t) for t in row.topk(5).indices if tok.decode([int(t)], skip_special_tokens=False) == text]
+    assert ids, text
+    return ids[0]
 
 
 def test_lm_eval_loglikelihood_request(stack, hf):
@@ -53,21 +66,25 @@ def test_lm_eval_loglikelihood_request(stack, hf):
     assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["tokens"]) == len(ids) + 1
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     assert lp["tokens"][:len(ids)] == [tok.decode([t], skip_special_tokens=False) for t in ids]
+    err = [abs(lp["token_logprobs"][j] - float(ref[j - 1, ids[j]])) for j in range(1, len(ids))]
+    assert max(err) <= TOL and sum(err) / len(err) <= MEAN_TOL, err
     for j in range(1, len(ids)):
-        assert close(lp["token_logprobs"][j], float(ref[j - 1, ids[j]])), j
-        # is_greedy as lm-eval computes it, against transformers' argmax
+        # is_greedy as lm-eval computes it, against transformers' argmax (where bf16 cannot flip it)
         top = lp["top_logprobs"][j]
-        greedy = int(ref[j - 1].argmax()) == ids[j]
-        assert (lp["token_logprobs"][j] == max(top.values())) == greedy, j
+        best2 = ref[j - 1].topk(2).values
+        if best2[0] - best2[1] > 2 * TOL:
+            greedy = int(ref[j - 1].argmax()) == ids[j]
+            assert (lp["token_logprobs"][j] == max(top.values())) == greedy, j
     # lm-eval's score: the continuation's summed log prob
     want = float(sum(ref[j - 1, ids[j]] for j in range(len(ctx), len(ids))))
-    assert close(sum(lp["token_logprobs"][len(ctx):-1]), want)
-    # the generated token is transformers' greedy one, with its log prob; the text echoes the prompt
-    nxt = int(ref[-1].argmax())
-    assert lp["tokens"][-1] == tok.decode([nxt], skip_special_tokens=False)
-    assert close(lp["token_logprobs"][-1], float(ref[-1, nxt]))
+    assert close(sum(lp["token_logprobs"][len(ctx):-1]), want, max(TOL, MEAN_TOL * (len(ids) - len(ctx))))
+    # the generated token is one of transformers' best (bf16 may reorder near ties), with its log prob;
+    # the text echoes the prompt
+    nxt = chosen(tok, ref[-1], lp["tokens"][-1])
+    assert close(lp["token_logprobs"][-1], float(ref[-1, nxt])) and close(float(ref[-1, nxt]), float(ref[-1].max()))
     assert choice["text"] == tok.decode(ids) + tok.decode([nxt])
-    assert lp["text_offset"][1] == len(lp["tokens"][0])
+    # offsets into the text: BOS is not in it
+    assert lp["text_offset"][:3] == [0, 0, len(lp["tokens"][1])]
     assert out["usage"]["prompt_tokens"] == len(ids) and out["usage"]["completion_tokens"] == 1
 
 
@@ -82,7 +99,8 @@ def test_echo_with_zero_max_tokens_scores_the_prompt(stack, hf):
     assert choice["text"] == text and out["usage"]["completion_tokens"] == 0
     got = choice["logprobs"]["token_logprobs"]
     assert len(got) == len(ids) and got[0] is None
-    assert all(close(got[j], float(ref[j - 1, ids[j]])) for j in range(1, len(ids)))
+    err = [abs(got[j] - float(ref[j - 1, ids[j]])) for j in range(1, len(ids))]
+    assert max(err) <= TOL and sum(err) / len(err) <= MEAN_TOL, err
     # logprobs 0: each dict holds the chosen token only
     assert all(len(d) == 1 for d in choice["logprobs"]["top_logprobs"][1:])
     # echo without logprobs: the text only
@@ -104,11 +122,11 @@ def test_streamed_and_chat_logprobs(stack, hf):
     ids = tok.encode(text)
     for t, v, top in entries:
         row = ref_logprobs(hf, ids)[-1]
-        best = int(row.argmax())
-        assert t == tok.decode([best], skip_special_tokens=False) and close(v, float(row[best]))
-        # the two best alternatives (and the chosen token, here the best)
-        second = int(row.topk(2).indices[1])
-        assert len(top) == 2 and close(top[tok.decode([second], skip_special_tokens=False)], float(row[second]))
+        best = chosen(tok, row, t)
+        assert close(v, float(row[best])) and close(v, float(row.max()))
+        # the two best alternatives, the chosen one among them (greedy), values as transformers'
+        assert len(top) == 2 and t in top and top[t] == v == max(top.values())
+        assert sorted(top.values())[0] <= v and close(sorted(top.values())[0], float(row.topk(2).values[1]))
         ids.append(best)
 
     status, out = post(front, "/v1/chat/completions", {"messages": [{"role": "user", "content": text}],
