@@ -38,6 +38,13 @@ def tool(name: str) -> str:
     return path
 
 
+def server_frontend(request):
+    """The frontend of the shared server, started only once a tool is found (a skip costs no server)."""
+    if isinstance(request, tuple):      # (server, frontend) given directly
+        return request[1]
+    return request.getfixturevalue("stack")[1]
+
+
 def run(cmd: list[str], cwd, env_extra: dict | None = None, timeout: int = 600) -> str:
     env = {**os.environ, **(env_extra or {})}
     # the tools' own processes: no CUDA, no downloads
@@ -51,8 +58,7 @@ def run(cmd: list[str], cwd, env_extra: dict | None = None, timeout: int = 600) 
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
-def test_genai_perf_openai_modes(stack, tmp_path, endpoint):
-    _, front = stack
+def test_genai_perf_openai_modes(request, tmp_path, endpoint):
     exe = tool("genai-perf")
     pa = shutil.which("perf_analyzer", path=os.path.dirname(exe))
     libs = os.environ.get("PA_LD_LIBRARY_PATH", "")
@@ -60,6 +66,7 @@ def test_genai_perf_openai_modes(stack, tmp_path, endpoint):
                                     env={**os.environ, "LD_LIBRARY_PATH": libs}).returncode != 0:
         pytest.skip("genai-perf needs a working perf_analyzer binary beside it (tritonclient 2.47.0, "
                     "PA_LD_LIBRARY_PATH for its libraries)")
+    front = server_frontend(request)
     env = {"LD_LIBRARY_PATH": libs, "PATH": os.path.dirname(exe) + os.pathsep + os.environ["PATH"],
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     run([exe, "profile", "-m", NAME, "--endpoint-type", endpoint, "--streaming", "--url", f"127.0.0.1:{front.port}",
@@ -74,9 +81,9 @@ def test_genai_perf_openai_modes(stack, tmp_path, endpoint):
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
-def test_aiperf_openai_modes(stack, tmp_path, endpoint):
-    _, front = stack
+def test_aiperf_openai_modes(request, tmp_path, endpoint):
     exe = tool("aiperf")
+    front = server_frontend(request)
     run([exe, "profile", "--model", NAME, "--url", f"http://127.0.0.1:{front.port}", "--endpoint-type", endpoint,
          "--streaming", "--request-count", "4", "--concurrency", "2", "--synthetic-input-tokens-mean", "32",
          "--output-tokens-mean", "4", "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
@@ -90,9 +97,9 @@ def test_aiperf_openai_modes(stack, tmp_path, endpoint):
     assert out["time_to_first_token"]["avg"] > 0
 
 
-def test_lm_eval_local_completions(stack, tmp_path):
-    _, front = stack
+def test_lm_eval_local_completions(request, tmp_path):
     exe = tool("lm_eval")
+    front = server_frontend(request)
     with open(tmp_path / "mc.jsonl", "w") as f:
         f.writelines(json.dumps({"question": q, "choices": c, "answer": 0}) + "\n" for q, c in MC)
     with open(tmp_path / "gen.jsonl", "w") as f:
