@@ -129,10 +129,10 @@ def test_models_lists_the_model(stack):
 
 
 @pytest.mark.parametrize("field,body", [
-    ("n", {"n": 2}), ("logprobs", {"logprobs": 1}), ("temperature", {"temperature": "hot"}),
+    ("n", {"n": 2}), ("logprobs", {"logprobs": 21}), ("logprobs", {"logprobs": "1"}), ("temperature", {"temperature": "hot"}),
     ("temperature", {"temperature": 3}), ("top_p", {"top_p": 1.5}), ("max_tokens", {"max_tokens": 0}),
     ("max_tokens", {"max_tokens": 5000}), ("prompt", {"prompt": {"a": 1}}), ("prompt", {"prompt": [10**9]}),
-    ("stop", {"stop": 5}), ("stream", {"stream": "yes"}), ("seed", {"seed": -1}), ("echo", {"echo": True}),
+    ("stop", {"stop": 5}), ("stream", {"stream": "yes"}), ("seed", {"seed": -1}), ("echo", {"echo": "yes"}),
 ])
 def test_bad_fields_are_400_naming_the_field(stack, field, body):
     _, front = stack

@@ -49,7 +49,8 @@ class Frontend:
 
     # --- upstream: the core model's generate_stream --------------------------------------------------------
     async def generate(self, req: GenRequest):
-        """Yields (new text, new token count, cached_tokens, finish_reason or None) per upstream response."""
+        """Yields (new text, new token count, cached_tokens, finish_reason or None, log-prob entries) per
+        upstream response; an entry is (token id, log prob or None, [(id, log prob)] alternatives or None)."""
         try:
             reader, writer = await asyncio.open_connection(*self.upstream)
         except OSError as e:
@@ -68,33 +69,85 @@ class Frontend:
                 text = (await reader.read(MAX_BODY)).decode(errors="replace")
                 raise _upstream_error(text, status)
             ids, emitted, text, hold = [], 0, "", max((len(s) for s in req.stop), default=1) - 1
+            # echo: the prompt's text leads the first piece; its tokens' log probs lead the first entries
+            lead, prompt_lps = [req.echo_text or ""], req.prompt_logprobs
             async for event in _sse(reader, headers.get("transfer-encoding", "") == "chunked"):
                 if "error" in event:
                     raise _upstream_error(json.dumps(event), 400)
-                new = _flat(event.get("output_ids"))
+                # max_tokens 0 (echo): the one token generated for the prompt's logits is not the client's
+                new = _flat(event.get("output_ids")) if req.max_tokens > 0 else []
+                lps = []
+                if prompt_lps and event.get("context_logits") is not None:
+                    lps, prompt_lps = self.prompt_logprobs(req, event["context_logits"]), False
+                if req.logprobs is not None and new:
+                    lps += self.token_logprobs(new, event.get("generation_logits"), req.logprobs)
                 ids += new
                 cached = _first(event.get("cached_tokens"))
                 reason = _first(event.get("finish_reason"))
                 text = self.tok.decode(ids)
+
+                def out(piece, reason):
+                    first, lead[0] = lead[0], ""
+                    return first + piece, len(new), cached, reason, lps
                 if text.endswith("\ufffd") and reason is None:
                     # the last token ends inside a UTF-8 character: wait for the rest of it
-                    yield "", len(new), cached, None
+                    yield out("", None)
                     continue
                 cut = min((i for i in (text.find(s) for s in req.stop) if i >= 0), default=-1)
                 if cut >= 0 and cut >= emitted:
-                    yield text[emitted:cut], len(new), cached, "stop"
+                    yield out(text[emitted:cut], "stop")
                     return
                 safe = len(text) if reason is not None else max(emitted, len(text) - hold)
                 piece, emitted = text[emitted:safe], max(emitted, safe)
                 if reason is not None:
                     # the engine's 'length' and 'stop' (end_id / stop words) are OpenAI's; 'cancelled' stays
-                    yield piece, len(new), cached, reason
+                    yield out(piece, reason)
                     return
-                yield piece, len(new), cached, None
+                yield out(piece, None)
             raise APIError("the server ended the stream without a final response", None, 500, "server_error")
         finally:
             # closing an unfinished stream cancels the request in the engine
             writer.close()
+
+    # --- log probs: log-softmax of the engine's raw logits, in float64 -----------------------------------
+    def prompt_logprobs(self, req: GenRequest, logits) -> list:
+        """The prompt's entries from its context logits (row j predicts token j + 1); the first has none."""
+        ids = req.prompt_ids
+        rows = _log_softmax(logits, len(ids))
+        return [(ids[0], None, None)] + [_entry(ids[j], rows[j - 1], req.logprobs) for j in range(1, len(ids))]
+
+    def token_logprobs(self, new: list[int], logits, top: int) -> list:
+        """The generated tokens' entries from their generation logits (one row per token of the event)."""
+        if logits is None:
+            raise APIError("the engine returned no generation logits for a log-prob request", None, 500, "server_error")
+        rows = _log_softmax(logits, len(new))
+        return [_entry(t, rows[k], top) for k, t in enumerate(new)]
+
+    def token_text(self, token: int) -> str:
+        return self.tok.decode([token], skip_special_tokens=False)
+
+    def completion_logprobs(self, entries: list, offset: int) -> tuple[dict, int]:
+        """OpenAI's completions form: tokens, token_logprobs, top_logprobs ({text: log prob}, the chosen
+        token included, as vLLM), text_offset (continuing from offset); and the next offset."""
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, lp, top in entries:
+            text = self.token_text(token)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append(None if top is None else
+                                       {**{self.token_text(t): v for t, v in top}, text: lp})
+            out["text_offset"].append(offset)
+            # a special token (BOS) is not in the choice's text
+            offset += len(self.tok.decode([token]))
+        return out, offset
+
+    def chat_logprobs(self, entries: list) -> dict:
+        """OpenAI's chat form: content = [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]."""
+        def one(t, v):
+            text = self.token_text(t)
+            return {"token": text, "logprob": v, "bytes": list(text.encode())}
+        return {"content": [{**one(t, lp), "top_logprobs": [one(a, v) for a, v in top or []]}
+                            for t, lp, top in entries]}
 
     # --- request handlers ----------------------------------------------------------------------------------
     def check_model(self, body: dict) -> str:
@@ -113,8 +166,13 @@ class Frontend:
         else:
             ids_list = prompts(body, self.tok)
         default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-        reqs = [GenRequest(ids, max_tokens(body, len(ids), self.max_context, default), **fields["sampling"])
-                for ids in ids_list]
+        reqs = [GenRequest(ids, max_tokens(body, len(ids), self.max_context, default, fields["echo"]),
+                           **fields["sampling"]) for ids in ids_list]
+        if fields["echo"]:
+            # the prompt as the client sent it (text), else its tokens decoded
+            given = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+            for r, p in zip(reqs, given if all(isinstance(p, str) for p in given) else [None] * len(reqs)):
+                r.echo_text = p if p is not None else self.tok.decode(r.prompt_ids)
         return fields, reqs
 
     async def run_all(self, reqs):
@@ -156,12 +214,20 @@ class Frontend:
                     "total_tokens": usage["prompt"] + usage["completion"],
                     "prompt_tokens_details": {"cached_tokens": sum(usage["cached"])}}
 
-        def choice(i, piece, reason):
+        offsets = [0] * len(reqs)
+
+        def choice(i, piece, reason, entries):
+            lp = None
+            if reqs[i].logprobs is not None:
+                if chat:
+                    lp = self.chat_logprobs(entries)
+                else:
+                    lp, offsets[i] = self.completion_logprobs(entries, offsets[i])
             if chat:
                 key = "delta" if fields["stream"] else "message"
                 msg = {"content": piece} if fields["stream"] else {"role": "assistant", "content": piece}
-                return {"index": i, key: msg, "logprobs": None, "finish_reason": reason}
-            return {"index": i, "text": piece, "logprobs": None, "finish_reason": reason}
+                return {"index": i, key: msg, "logprobs": lp, "finish_reason": reason}
+            return {"index": i, "text": piece, "logprobs": lp, "finish_reason": reason}
 
         stream = self.run_all(reqs)
         try:
@@ -172,13 +238,15 @@ class Frontend:
 
     async def _answer(self, stream, fields, head, usage, usage_json, choice, n_reqs, chat, send):
         if not fields["stream"]:
-            texts, reasons = [""] * n_reqs, [None] * n_reqs
-            async for i, piece, n, cached, reason in stream:
+            texts, reasons, entries = [""] * n_reqs, [None] * n_reqs, [[] for _ in range(n_reqs)]
+            async for i, piece, n, cached, reason, lps in stream:
                 texts[i] += piece
+                entries[i] += lps
                 usage["completion"] += n
                 usage["cached"][i] = cached if cached is not None else usage["cached"][i]
                 reasons[i] = reason or reasons[i]
-            await send(200, {**head, "choices": [choice(i, t, r) for i, (t, r) in enumerate(zip(texts, reasons))],
+            await send(200, {**head, "choices": [choice(i, t, r, e) for i, (t, r, e) in
+                                                         enumerate(zip(texts, reasons, entries))],
                              "usage": usage_json()})
             return
         # the first upstream response decides whether the request is good (a 400) or streams (200 + SSE)
@@ -190,11 +258,11 @@ class Frontend:
                                                    "logprobs": None, "finish_reason": None}]})
         item = first
         while item is not None:
-            i, piece, n, cached, reason = item
+            i, piece, n, cached, reason, lps = item
             usage["completion"] += n
             usage["cached"][i] = cached if cached is not None else usage["cached"][i]
-            if piece or reason is not None:
-                await events({**head, "choices": [choice(i, piece, reason)],
+            if piece or lps or reason is not None:
+                await events({**head, "choices": [choice(i, piece, reason, lps)],
                               **({"usage": None} if fields["include_usage"] else {})})
             item = await anext(stream, None)
         if fields["include_usage"]:
@@ -289,6 +357,24 @@ def _upstream_error(text: str, status: int) -> APIError:
     # the core model names its own input ('input_ids', 'runtime_top_k', ...): a bad request's error
     return APIError(message, None, 400 if status < 500 or "input" in message else 500,
                     "invalid_request_error" if status < 500 else "server_error")
+
+
+def _log_softmax(logits, n_rows: int):
+    """Rows of log-probabilities from Triton's JSON logits (nested or flat lists) of n_rows rows."""
+    import numpy as np
+    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    if n_rows < 1 or x.size % n_rows:
+        raise APIError(f"the engine returned {x.size} logits for {n_rows} tokens", None, 500, "server_error")
+    x = x.reshape(n_rows, -1)
+    m = x.max(axis=1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
+
+
+def _entry(token: int, row, top: int | None) -> tuple:
+    """(token, its log prob, the top alternatives); -inf becomes -9999.0 as vLLM (JSON has no infinity)."""
+    import numpy as np
+    best = np.argsort(-row, kind="stable")[:top or 0]
+    return token, max(float(row[token]), -9999.0), [(int(t), max(float(row[t]), -9999.0)) for t in best]
 
 
 def _flat(value) -> list[int]:

@@ -5,9 +5,11 @@ Field handling follows what OpenAI's API and vLLM / trtllm-serve accept, so stoc
 package, genai-perf / aiperf's OpenAI modes, lm-eval's local-completions) work unchanged:
 - supported: model, prompt (str, list of str, token ids, list of token-id lists), messages, max_tokens
   (chat: also max_completion_tokens), temperature, top_p, top_k (extension), min_tokens and ignore_eos
-  (extensions, as vLLM), stop (str or list), stream, stream_options.include_usage, seed, n / best_of = 1.
-- refused with a 400 naming the field: n > 1, best_of > 1, echo, logprobs / top_logprobs (a hook below
-  for when the engine returns log probs), a non-empty logit_bias, suffix, non-zero penalties, tools.
+  (extensions, as vLLM), stop (str or list), stream, stream_options.include_usage, seed, n / best_of = 1,
+  logprobs (completions: the top-N count; chat: a bool with top_logprobs), echo (completions, with
+  max_tokens 0 allowed: lm-eval's loglikelihood requests are echo + logprobs + max_tokens 1).
+- refused with a 400 naming the field: n > 1, best_of > 1, echo on chat, a non-empty logit_bias, suffix,
+  non-zero penalties, tools.
 - other fields (user, metadata, ...) are ignored, as vLLM does, so tools sending extras still work.
 """
 from __future__ import annotations
@@ -19,9 +21,8 @@ from dataclasses import dataclass, field
 # the temperature below which a request is greedy (TensorRT-LLM's top_k 1)
 GREEDY_BELOW = 1e-5
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-# the engine does not return log probs yet: the parallel log-prob work flips this and fills
-# openai_frontend's choice "logprobs" from the core model's output_log_probs
-LOGPROBS_SUPPORTED = False
+# the most alternatives a token's top_logprobs may list (OpenAI's chat limit; vLLM's default)
+MAX_TOP_LOGPROBS = 20
 # used when tokenizer_config.json has no chat_template: one "role: content" line per message, then the
 # assistant's turn; encoded with the tokenizer's special tokens (BOS) like a plain prompt
 FALLBACK_TEMPLATE = "plain"
@@ -51,11 +52,18 @@ class GenRequest:
     seed: int | None = None
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
+    # log probs: None = not asked; N = each token's log prob and its top-N alternatives (from the raw
+    # generation logits); prompt_logprobs adds the prompt's tokens' (echo, from the context logits)
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
+    # echo: the prompt text the choice's text starts with
+    echo_text: str | None = None
 
     def triton_inputs(self, end_id: int) -> dict:
         """The JSON body of the core model's generate_stream (TensorRT-LLM's input names)."""
         body = {"input_ids": self.prompt_ids, "input_lengths": [len(self.prompt_ids)],
-                "request_output_len": [self.max_tokens], "streaming": [True],
+                # max_tokens 0 (echo): one token is generated for the prompt's logits and dropped
+                "request_output_len": [max(1, self.max_tokens)], "streaming": [True],
                 "end_id": [-1 if self.ignore_eos else end_id], "min_tokens": [self.min_tokens]}
         if self.temperature < GREEDY_BELOW:
             # OpenAI's temperature 0 is greedy; TensorRT-LLM says so with top_k 1
@@ -66,6 +74,13 @@ class GenRequest:
                         runtime_top_p=[self.top_p if self.top_p > 0 else 1.0])
         if self.seed is not None:
             body["seed"] = [self.seed]
+        if self.logprobs is not None:
+            # the raw logits give both the chosen token's log prob and its alternatives, from one array
+            # (lm-eval's is_greedy compares them for equality)
+            body["return_generation_logits"] = [True]
+        if self.prompt_logprobs:
+            # the prompt's logits: the engine then computes the whole prompt (no cached prefix)
+            body["return_context_logits"] = [True]
         return body
 
 
@@ -103,11 +118,11 @@ def common_fields(body: dict, chat: bool) -> dict:
         raise APIError("the request body must be a JSON object", None)
     _refuse(body, "n", (None, 1), "is not supported: only n = 1")
     _refuse(body, "best_of", (None, 1), "is not supported: only best_of = 1")
-    if not LOGPROBS_SUPPORTED:
-        _refuse(body, "logprobs", (None, False),
-                "is not supported: the engine does not return log probabilities yet")
-        _refuse(body, "top_logprobs", (None, 0), "is not supported: the engine does not return log probabilities yet")
-    _refuse(body, "echo", (None, False), "is not supported")
+    if chat:
+        _refuse(body, "echo", (None, False), "is not supported on chat completions")
+    logprobs, echo = _logprobs(body, chat), body.get("echo", False) is True
+    if body.get("echo") not in (None, False, True):
+        raise APIError(f"'echo' must be a boolean, got {body['echo']!r}", "echo")
     _refuse(body, "suffix", (None, ""), "is not supported")
     _refuse(body, "logit_bias", (None, {}), "is not supported")
     _refuse(body, "presence_penalty", (None, 0, 0.0), "is not supported (only 0)")
@@ -123,21 +138,39 @@ def common_fields(body: dict, chat: bool) -> dict:
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise APIError(f"'ignore_eos' must be a boolean, got {ignore_eos!r}", "ignore_eos")
-    return {"stream": bool(stream), "include_usage": bool(options.get("include_usage")),
+    return {"stream": bool(stream), "include_usage": bool(options.get("include_usage")), "echo": echo,
             "sampling": {"temperature": float(_number(body, "temperature", 1.0, 0, 2)),
                          "top_p": float(_number(body, "top_p", 1.0, 0, 1)),
                          "top_k": _number(body, "top_k", 0, 0, None, integer=True) or 0,
                          "min_tokens": _number(body, "min_tokens", 0, 0, None, integer=True),
-                         "seed": seed, "ignore_eos": ignore_eos, "stop": _stop(body)}}
+                         "seed": seed, "ignore_eos": ignore_eos, "stop": _stop(body),
+                         "logprobs": logprobs, "prompt_logprobs": echo and logprobs is not None}}
 
 
-def max_tokens(body: dict, prompt_len: int, max_context: int, default: int | None) -> int:
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The top-N count when log probs are asked for, else None. Completions: logprobs = N (0: only the
+    chosen token's); chat: logprobs = true with top_logprobs = N."""
+    if chat:
+        top = _number(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True)
+        flag = body.get("logprobs")
+        if flag not in (None, False, True):
+            raise APIError(f"'logprobs' must be a boolean on chat completions, got {flag!r}", "logprobs")
+        if top and not flag:
+            raise APIError("'top_logprobs' needs 'logprobs' = true", "top_logprobs")
+        return (top or 0) if flag else None
+    if body.get("logprobs") is False:
+        return None
+    return _number(body, "logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True)
+
+
+def max_tokens(body: dict, prompt_len: int, max_context: int, default: int | None, echo: bool = False) -> int:
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     room = max_context - prompt_len
     if room < 1:
         raise APIError(f"the prompt has {prompt_len} tokens; this model's context is {max_context} tokens",
                        "messages" if "messages" in body else "prompt", code="context_length_exceeded")
-    value = _number(body, name, None, 1, None, integer=True)
+    # echo with max_tokens 0 scores the prompt alone (OpenAI's and vLLM's completions allow it)
+    value = _number(body, name, None, 0 if echo else 1, None, integer=True)
     if value is None:
         return min(room, default) if default else room
     if value > room:
