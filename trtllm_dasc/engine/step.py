@@ -2,7 +2,7 @@
 
 Plain data only (ints, lists, small dataclasses; no callables, no tensors but the optional CPU logits of
 the output), so a plan pickles and every TP rank can execute the same decision: ``ModelRunner.execute``
-is the one thing every rank runs. Order of execution: resets -> kv_copies -> loads -> warm_loads -> forward (replay
+is the one thing every rank runs. Order of execution: demotions -> promotions -> resets -> kv_copies -> loads -> warm_loads -> forward (replay
 spans first, then the wr merge, then the rest) -> stores of the captures -> sampling.
 """
 from __future__ import annotations
@@ -41,6 +41,10 @@ class StepPlan:
     loads: list[tuple[int, int]] = field(default_factory=list)      # (slot, row): omitted units zero-filled
     replays: list[tuple[int, int]] = field(default_factory=list)    # (scratch row, row) of spans[:len(replays)]
     warm_loads: list[tuple[int, int]] = field(default_factory=list)  # (slot, scratch row): wr-warm's start state
+    # the host tier's checkpoint copies, run before everything else (demotions first): (device slot, host
+    # slot) written back on eviction, and (host slot, device slot) promoted for this step's loads
+    demotions: list[tuple[int, int]] = field(default_factory=list)
+    promotions: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
