@@ -25,7 +25,8 @@ import time
 from build_scripts.engine_output import check_output, staged_output
 from trtllm_dasc import engine_dir
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import BACKENDS, DTYPES, LOAD_FORMATS, add_arm_arguments, build_placement, plan_fields
+from trtllm_dasc.spec import (BACKENDS, DEFAULT_EVICTION, DTYPES, EVICTIONS, LOAD_FORMATS, add_arm_arguments,
+                              build_placement, plan_fields)
 
 DUMMY_NOTE = ("DUMMY WEIGHTS: random values made at load time (dasc-build --load-format dummy); outputs are "
               "meaningless, speeds and memory are those of the real model")
@@ -45,6 +46,12 @@ def add_arguments(p) -> None:
     add_arm_arguments(g, ("wmax", "selection", "mask_seed", "policy", "codec", "precision", "conv_codec", "layout", "tp", "placement"))
     g.add_argument("--state-budget-bytes", type=int, default=None,
                    help="checkpoint pool bytes per rank (default: 64 dense checkpoints' worth)")
+    g.add_argument("--host-cache-bytes", type=int, default=0,
+                   help="host memory per rank (pinned on a GPU) for checkpoints evicted from the device: demoted "
+                        "there instead of dropped, promoted back on a hit (default 0: off)")
+    g.add_argument("--eviction", default=DEFAULT_EVICTION, choices=EVICTIONS,
+                   help="checkpoint eviction in both tiers: lru, or cost (prefill FLOPs saved per byte, aged by "
+                        f"recency: Marconi's rule); default {DEFAULT_EVICTION}")
     g = p.add_argument_group("weights")
     g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
                    help="safetensors: the checkpoint's weights; dummy: random weights of the config's full size, "
@@ -94,7 +101,8 @@ def engine_options(args) -> dict:
                 placement=build_placement(args.placement, args.tp),
                 rank_weights=engine_dir.RANK_WEIGHTS if args.tp > 1 and not dummy(args) else None,
                 load_format="dummy" if dummy(args) else "safetensors",
-                memory_limit_bytes=getattr(args, "memory_limit_bytes", None))
+                memory_limit_bytes=getattr(args, "memory_limit_bytes", None),
+                host_cache_bytes=getattr(args, "host_cache_bytes", 0), eviction=getattr(args, "eviction", "lru"))
     # the normalised spec (thresholds and codecs spelled out) is what the engine records
     opts["precision"] = EngineConfig(**opts).precision
     return opts

@@ -51,6 +51,11 @@ POLICIES = ("nr", "wr", "wr-warm")
 # random: the paper's count-matched control (as many units per layer as decay keeps, drawn with a seed)
 SELECTIONS = ("decay", "random")
 
+# checkpoint eviction (cache/radix.py, invariant 8): least recently used, or Marconi's FLOPs saved per byte
+# aged by recency
+EVICTIONS = ("lru", "cost")
+DEFAULT_EVICTION = "lru"
+
 # the engine's runtime choices, shared by EngineConfig and the CLIs that set them
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "fla", "fla-unfused")   # model/recurrence/__init__.py says what each runs

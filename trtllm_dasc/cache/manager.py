@@ -7,6 +7,8 @@ The scheduler (and the tests' simulator) reach the bookkeeping through this API 
   insert   hand a finished prompt's KV and checkpoints to the tree;
   end_replay / release / abort   give back a replay's scratch, a whole request, a failed step's slots;
   evict    drop everything unpinned (the paper's flush between phases);
+  take_copies / copies_failed   the checkpoint copies between tiers a step runs first (demotions, then
+           promotions), and what a failed step's copies leave undefined (dropped);
   stats / reset_stats   the counters the engine reports (and warm-up zeroes).
 
 Ints only, like the rest of cache/: a Lease is what one admitted request holds. Nothing here knows plans,
@@ -46,16 +48,23 @@ class Lease:
 
 class CacheManager:
     def __init__(self, tree: RadixCache, rows: IdPool):
-        """Around an existing tree (its block pool and slot pool) and a pool of state rows."""
+        """Around an existing tree (its block pool, slot pool and host slot pool) and a pool of state rows."""
         self.tree, self.rows = tree, rows
         self.blocks, self.slots, self.bs = tree.blocks, tree.slots, tree.bs
+        # per tier: admissions that reused a checkpoint found there, and the tokens they reused
+        self.hits = {"device": 0, "host": 0}
+        self.hit_tokens = {"device": 0, "host": 0}
 
     @classmethod
     def create(cls, block_size: int, num_blocks: int, num_slots: int, num_rows: int, interval: int = 256,
-               prompt_only: bool = False) -> "CacheManager":
-        """A fresh manager: empty tree, every block, slot and row free."""
+               prompt_only: bool = False, host_slots: int = 0, eviction: str = "lru", flops_per_token: float = 1.0,
+               slot_bytes: int = 1) -> "CacheManager":
+        """A fresh manager: empty tree, every block, slot and row free; ``host_slots`` > 0 adds the host tier
+        (host slot ids 0..host_slots-1: no reserved one, the host pool has no table that needs a zero id)."""
+        host = IdPool(range(host_slots), "host checkpoint slot") if host_slots else None
         tree = RadixCache(block_size, BlockPool(num_blocks), IdPool.checkpoint_slots(num_slots), interval=interval,
-                          prompt_only=prompt_only)
+                          prompt_only=prompt_only, host_slots=host, eviction=eviction,
+                          flops_per_token=flops_per_token, slot_bytes=slot_bytes)
         return cls(tree, IdPool.rows(num_rows))
 
     # ---- admission -----------------------------------------------------------------------------------
@@ -84,7 +93,29 @@ class CacheManager:
             if not tree.make_room(fresh_blocks(0, end_len, bs)):
                 tree.unlock(m.ckpt_node)
                 return None
+        tier = "device"
+        if m.ckpt_len and m.ckpt_slot is None:
+            # a host-only checkpoint (locked above, so its host copy stays): copy it into a device slot first
+            tier, m = "host", self._promote(m)
+            if m is None:
+                # every device checkpoint is pinned by running requests: reuse nothing
+                m, replay_start = tree.miss(), None
+                tree.lock(m.ckpt_node)
+                if not tree.make_room(fresh_blocks(0, end_len, bs)):
+                    tree.unlock(m.ckpt_node)
+                    return None
+        if m.ckpt_len:
+            self.hits[tier] += 1
+            self.hit_tokens[tier] += m.ckpt_len
         return self._reserve(prompt, end_len, m, replay_start)
+
+    def _promote(self, m: MatchResult) -> MatchResult | None:
+        """The match with its checkpoint promoted to a device slot; None (nothing locked) if none is free."""
+        slot = self.tree.promote(m.ckpt_node)
+        if slot is None:
+            self.tree.unlock(m.ckpt_node)
+            return None
+        return m._replace(ckpt_slot=slot)
 
     def _reserve(self, prompt, end_len, m: MatchResult, replay_start) -> Lease:
         c = m.ckpt_len
@@ -153,8 +184,28 @@ class CacheManager:
             self.slots.free(slot)
 
     def evict(self) -> None:
-        """Drop every checkpoint and KV node no running request pins."""
+        """Drop every checkpoint (both tiers) and KV node no running request pins."""
         self.tree.flush()
+
+    # ---- copies between the tiers --------------------------------------------------------------------
+    def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The copies the bookkeeping so far assumes done: (demotions [(device slot, host slot)], promotions
+        [(host slot, device slot)]). The runner runs every demotion, then every promotion, before the step's
+        loads and stores: safe, since a promotion's host source is locked (no demotion of the same step
+        overwrites it) and a demotion's device source is read before a promotion reuses the slot."""
+        copies, self.tree.copies = self.tree.copies, []
+        return ([(a, b) for k, a, b in copies if k == "demote"], [(a, b) for k, a, b in copies if k == "promote"])
+
+    def copies_failed(self, demotions, promotions) -> None:
+        """A step failed: what its copies were to write is undefined; drop those checkpoints (the host
+        copies the demotions wrote, the device copies the promotions wrote), if nothing reused them since."""
+        host = {h for _, h in demotions}
+        device = {d for _, d in promotions}
+        for n in list(self.tree._nodes()):
+            if n.host_slot in host:
+                self.tree._drop_host(n)
+            if n.ckpt_slot in device:
+                self.tree._drop_checkpoint(n)
 
     # ---- counters ------------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -162,12 +213,24 @@ class CacheManager:
         return {"evictions": dict(self.tree.evictions), "checkpoint_slots": self.slots.capacity,
                 "checkpoint_slots_free": self.slots.num_free, "checkpoints_cached": self.tree.num_checkpoints(),
                 "kv_blocks": self.blocks.num_blocks, "kv_blocks_free": self.blocks.num_free,
-                "state_rows": self.rows.capacity, "state_rows_free": self.rows.num_free}
+                "state_rows": self.rows.capacity, "state_rows_free": self.rows.num_free, **self.tier_stats()}
+
+    def tier_stats(self) -> dict:
+        """The host tier's counters (zeros and empty pools with the tier off)."""
+        tree, host = self.tree, self.tree.host_slots
+        cached = {"device": tree.num_checkpoints(), "host": tree.num_host_checkpoints()}
+        return {"host_checkpoint_slots": host.capacity if host else 0,
+                "host_checkpoint_slots_free": host.num_free if host else 0,
+                "host_checkpoints_cached": cached["host"], "eviction": tree.eviction,
+                "checkpoint_bytes": {t: n * tree.slot_bytes for t, n in cached.items()},
+                "checkpoint_hits": dict(self.hits), "checkpoint_hit_tokens": dict(self.hit_tokens),
+                **{f"checkpoint_{k}": v for k, v in tree.tier.items()}}
 
     def reset_stats(self) -> None:
-        """Zero the eviction counters (after warm-up)."""
-        for kind in self.tree.evictions:
-            self.tree.evictions[kind] = 0
+        """Zero the eviction and tier counters (after warm-up)."""
+        for counters in (self.tree.evictions, self.tree.tier, self.hits, self.hit_tokens):
+            for kind in counters:
+                counters[kind] = 0
 
     def sanity_check(self, leases) -> None:
         """Every block reference, slot, row and lock is accounted for by the tree or one of ``leases``."""

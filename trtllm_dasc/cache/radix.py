@@ -27,6 +27,18 @@ Invariant (``sanity_check`` asserts it; tests call it after every step):
      over the stamps would pick, and eviction is O(1) amortised: it walks from the LRU end past the locked
      nodes only (path-locked ones for KV, checkpoint-locked ones for checkpoints). The first unlocked node
      of ``_kv_lru`` is a leaf, since its children sit LRU-side of it, so are locked, and would lock it too.
+  7. host tier (optional, ``host_slots``): a node's checkpoint lives in a device slot (``ckpt_slot``), a
+     host slot (``host_slot``: the same encoded bytes in host memory), or both. Device eviction demotes
+     (write-back: a copy device -> host, queued in ``copies``, unless the host already holds it) instead of
+     dropping; host eviction drops; a match may end at a host-only checkpoint, which the manager promotes
+     (a copy host -> device into a fresh device slot; the host copy stays, so the node then lives in both).
+     A node that loses its KV loses both copies. ``_host_lru`` holds every node with a host slot in
+     ``host_access`` order; a checkpoint-locked node keeps its host copy (it may be a pending promotion's
+     source). Copies run in the order queued: demotions read a device slot before a later store or
+     promotion reuses it (the runner runs every demotion of a step before its promotions, see manager.py).
+  8. eviction policy: ``lru`` (above), or ``cost``: among the unlocked candidates of a tier, Marconi's
+     utility, recency (min-max normalised stamp) + alpha * FLOP efficiency (prefill FLOPs the prefix saves per
+     byte, normalised by the candidates' maximum), evicting the smallest.
 """
 from __future__ import annotations
 
@@ -35,11 +47,13 @@ from typing import NamedTuple
 from trtllm_dasc.cache.allocators import BlockPool, IdPool
 from trtllm_dasc.cache.lru import LRUList
 from trtllm_dasc.cache.radix_checks import check_tree
+from trtllm_dasc.spec import EVICTIONS
 
 
 class Node:
     __slots__ = ("parent", "children", "tokens", "start", "blocks", "ckpt_slot", "lock_ref", "ckpt_lock",
-                 "last_access", "ckpt_access", "kv_prev", "kv_next", "ck_prev", "ck_next")
+                 "last_access", "ckpt_access", "kv_prev", "kv_next", "ck_prev", "ck_next", "host_slot", "host_access",
+                 "hs_prev", "hs_next")
 
     def __init__(self, parent, tokens, start, blocks):
         self.parent, self.children = parent, {}
@@ -47,6 +61,7 @@ class Node:
         self.ckpt_slot, self.lock_ref, self.last_access, self.ckpt_access = None, 0, 0, 0
         self.ckpt_lock = 0
         self.kv_prev = self.kv_next = self.ck_prev = self.ck_next = None
+        self.host_slot, self.host_access, self.hs_prev, self.hs_next = None, 0, None, None
 
     @property
     def end(self) -> int:
@@ -74,9 +89,20 @@ class MatchResult(NamedTuple):
 
 class RadixCache:
     def __init__(self, block_size: int, blocks: BlockPool, slots: IdPool, interval: int = 256,
-                 prompt_only: bool = False):
+                 prompt_only: bool = False, host_slots: IdPool | None = None, eviction: str = "lru",
+                 flops_per_token: float = 1.0, slot_bytes: int = 1, alpha: float = 1.0):
         if block_size < 1 or interval < 1:
             raise ValueError("block_size and interval must be >= 1")
+        if eviction not in EVICTIONS:
+            raise ValueError(f"eviction must be one of {'|'.join(EVICTIONS)}, got {eviction!r}")
+        self.host_slots, self.eviction = host_slots, eviction
+        # the cost rule's value of a checkpoint at position p: p * flops_per_token / slot_bytes
+        self.flops_per_token, self.slot_bytes, self.alpha = flops_per_token, slot_bytes, alpha
+        self._host_lru = LRUList("hs_prev", "hs_next")
+        # checkpoint copies the runner owes, in order: ("demote", device slot, host slot) or
+        # ("promote", host slot, device slot); the manager hands them to the next step
+        self.copies: list[tuple[str, int, int]] = []
+        self.tier = {"demotions": 0, "demotion_copies": 0, "promotions": 0, "host_evictions": 0}
         self.bs, self.blocks, self.slots = block_size, blocks, slots
         self.interval, self.prompt_only = interval, prompt_only
         self.root = Node(None, [], 0, [])
@@ -97,10 +123,15 @@ class RadixCache:
             node, pos = child, pos + n
         self._touch_kv(path)
         limit = min(pos, len(tokens) - 1)
-        ckpt = next((n for n in reversed(path) if n.ckpt_slot is not None and n.end <= limit), None)
+        ckpt = next((n for n in reversed(path) if n.end <= limit
+                     and (n.ckpt_slot is not None or n.host_slot is not None)), None)
         if ckpt is None:
             return MatchResult(node, pos, 0, None, [], self.root)
-        self._touch_ckpt(ckpt)
+        # a host-only checkpoint: ckpt_slot None until the manager promotes it
+        if ckpt.ckpt_slot is not None:
+            self._touch_ckpt(ckpt)
+        else:
+            self._touch_host(ckpt)
         return MatchResult(node, pos, ckpt.end, ckpt.ckpt_slot, self.block_table(ckpt), ckpt)
 
     def miss(self) -> MatchResult:
@@ -146,6 +177,11 @@ class RadixCache:
         node.ckpt_access = self._clock
         self._ckpt_lru.touch(node)
 
+    def _touch_host(self, node: Node) -> None:
+        self._clock += 1
+        node.host_access = self._clock
+        self._host_lru.touch(node)
+
     # ---- locks and references ----------------------------------------------------------------------
     def lock(self, node: Node) -> None:
         """Pin the KV of the path to ``node`` and the checkpoint of ``node`` alone (invariant 4)."""
@@ -182,16 +218,80 @@ class RadixCache:
         return next((n for n in self._kv_lru if n.lock_ref == 0), None)
 
     def _ckpt_victim(self) -> Node | None:
-        """The least recently used checkpoint that no request has locked on its own node."""
+        """The device checkpoint to evict among those no request has locked on its own node: the least
+        recently used one, or (cost) the least useful one."""
+        if self.eviction == "cost":
+            return self._cost_victim([n for n in self._ckpt_lru if n.ckpt_lock == 0], "ckpt_access")
         return next((n for n in self._ckpt_lru if n.ckpt_lock == 0), None)
 
-    def _evict_checkpoint(self) -> bool:
+    def _host_victim(self) -> Node | None:
+        """Likewise among the host copies (a locked node's copy may be a pending promotion's source)."""
+        if self.eviction == "cost":
+            return self._cost_victim([n for n in self._host_lru if n.ckpt_lock == 0], "host_access")
+        return next((n for n in self._host_lru if n.ckpt_lock == 0), None)
+
+    def value(self, node: Node) -> float:
+        """Prefill FLOPs a hit on this checkpoint saves, per byte it occupies."""
+        return node.end * self.flops_per_token / self.slot_bytes
+
+    def _cost_victim(self, candidates: list[Node], stamp: str) -> Node | None:
+        """Marconi's rule: the smallest recency + alpha * efficiency, both min-max normalised over the
+        candidates (efficiency by its maximum: all are >= 0); ties go to the least recent (list order)."""
+        if not candidates:
+            return None
+        stamps = [getattr(n, stamp) for n in candidates]
+        lo, span = min(stamps), max(stamps) - min(stamps)
+        values = [self.value(n) for n in candidates]
+        top = max(values) or 1.0
+        scores = [((t - lo) / span if span else 0.0) + self.alpha * v / top for t, v in zip(stamps, values)]
+        return candidates[min(range(len(candidates)), key=scores.__getitem__)]
+
+    def _evict_checkpoint(self, demote: bool = True) -> bool:
+        """Evict one device checkpoint: demoted to the host tier when there is one (and ``demote``)."""
         victim = self._ckpt_victim()
         if victim is None:
             return False
+        if demote and self.host_slots is not None:
+            if victim.host_slot is None:
+                host = self._alloc_host_slot()
+                if host is not None:
+                    # write-back: the device slot's bytes go to the host before anything reuses the slot
+                    self.copies.append(("demote", victim.ckpt_slot, host))
+                    victim.host_slot = host
+                    self._touch_host(victim)
+                    self.tier["demotion_copies"] += 1
+            if victim.host_slot is not None:
+                self.tier["demotions"] += 1
         self._drop_checkpoint(victim)
         self.evictions["checkpoints"] += 1
         return True
+
+    def _alloc_host_slot(self) -> int | None:
+        while (slot := self.host_slots.try_alloc()) is None:
+            victim = self._host_victim()
+            if victim is None:
+                return None
+            self._drop_host(victim)
+            self.tier["host_evictions"] += 1
+        return slot
+
+    def _drop_host(self, node: Node) -> None:
+        self.host_slots.free(node.host_slot)
+        node.host_slot = None
+        self._host_lru.remove(node)
+
+    def promote(self, node: Node) -> int | None:
+        """Give a host-only checkpoint a device slot (queueing the copy host -> device); the host copy
+        stays. Returns the device slot, or None when every device checkpoint is pinned."""
+        assert node.ckpt_slot is None and node.host_slot is not None, "promote of a checkpoint not host-only"
+        slot = self.alloc_slot()
+        if slot is None:
+            return None
+        self.copies.append(("promote", node.host_slot, slot))
+        node.ckpt_slot = slot
+        self._touch_ckpt(node)
+        self.tier["promotions"] += 1
+        return slot
 
     def _evict_kv_leaf(self) -> bool:
         victim = self._kv_victim()
@@ -201,6 +301,9 @@ class RadixCache:
         if victim.ckpt_slot is not None:
             self._drop_checkpoint(victim)
             self.evictions["checkpoints_with_kv"] += 1
+        if victim.host_slot is not None:
+            self._drop_host(victim)
+            self.tier["host_evictions"] += 1
         self.blocks.decref(victim.blocks)
         del victim.parent.children[victim.tokens[0]]
         self._kv_lru.remove(victim)
@@ -279,9 +382,11 @@ class RadixCache:
         return top
 
     def flush(self) -> None:
-        """Drop every unlocked checkpoint and KV node (the paper's flush between workload phases)."""
-        while self._evict_checkpoint():
+        """Drop every unlocked checkpoint (both tiers) and KV node (the paper's flush between workload phases)."""
+        while self._evict_checkpoint(demote=False):
             pass
+        for n in [n for n in self._host_lru if n.ckpt_lock == 0]:
+            self._drop_host(n)
         while self._evict_kv_leaf():
             pass
 
@@ -296,6 +401,12 @@ class RadixCache:
 
     def num_checkpoints(self) -> int:
         return len(self._ckpt_lru)
+
+    def num_host_checkpoints(self) -> int:
+        return len(self._host_lru)
+
+    def host_checkpoint_slots(self) -> set[int]:
+        return {n.host_slot for n in self._nodes() if n.host_slot is not None}
 
     def checkpoint_slots(self) -> set[int]:
         """The slots the tree holds (a check, O(nodes))."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 def check_tree(cache, request_block_refs=None, request_locks=None) -> None:
     root = cache.root
     nodes = list(cache._nodes())
-    slots = set()
+    slots, host = set(), set()
     assert root.lock_ref >= sum(c.lock_ref for c in root.children.values()), "root lock refs"
     assert 0 <= root.ckpt_lock <= root.lock_ref, "root checkpoint lock"
     for n in nodes:
@@ -19,7 +19,17 @@ def check_tree(cache, request_block_refs=None, request_locks=None) -> None:
         if n.ckpt_slot is not None:
             assert n.ckpt_slot != 0 and n.ckpt_slot not in slots, "checkpoint slot reused"
             slots.add(n.ckpt_slot)
+        if n.host_slot is not None:
+            assert cache.host_slots is not None, "a host checkpoint without a host tier"
+            assert n.host_slot not in host, "host checkpoint slot reused"
+            host.add(n.host_slot)
     assert slots <= cache.slots.used_ids(), "tree checkpoint in a free slot"
+    if cache.host_slots is not None:
+        # the tree is the host tier's only owner: every used host slot is exactly one node's
+        cache.host_slots.sanity_check()
+        assert host == cache.host_slots.used_ids(), "host checkpoint slots leaked or free while held"
+    else:
+        assert not len(cache._host_lru), "host LRU list without a host tier"
     if request_locks is not None:
         _check_locks(root, nodes, request_locks)
     _check_lru(cache, nodes)
@@ -57,3 +67,5 @@ def _check_lru(cache, nodes) -> None:
     assert all(a.last_access <= b.last_access for a, b in zip(kv, kv[1:])), "KV LRU list out of order"
     ck = cache._ckpt_lru.sanity_check({n for n in nodes if n.ckpt_slot is not None})
     assert all(a.ckpt_access < b.ckpt_access for a, b in zip(ck, ck[1:])), "checkpoint LRU list out of order"
+    hs = cache._host_lru.sanity_check({n for n in nodes if n.host_slot is not None})
+    assert all(a.host_access < b.host_access for a, b in zip(hs, hs[1:])), "host LRU list out of order"

@@ -6,8 +6,8 @@ from dataclasses import dataclass, fields
 
 from trtllm_dasc import engine_dir as engine_dir_format
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import (BACKENDS, CODECS, CONV_CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, DEFAULT_POLICY, DEFAULT_SELECTION,
-                              DEFAULT_TP, DTYPES, ENGINE_PLACEMENT, ENGINE_WMAX, LAYOUTS, LOAD_FORMATS, PLACEMENTS,
+from trtllm_dasc.spec import (BACKENDS, CODECS, CONV_CODECS, DEFAULT_CODEC, DEFAULT_EVICTION, DEFAULT_LAYOUT, DEFAULT_POLICY, DEFAULT_SELECTION,
+                              DEFAULT_TP, DTYPES, ENGINE_PLACEMENT, EVICTIONS, ENGINE_WMAX, LAYOUTS, LOAD_FORMATS, PLACEMENTS,
                               POLICIES, check_choice, check_selection)
 
 MAX_TP = 64
@@ -58,6 +58,11 @@ class EngineConfig:
     precision: str = "uniform"
     # checkpoint conv state: the model dtype (native) or int8, one scale per layer (state/conv8_naive.py)
     conv_codec: str = "native"
+    # the host tier of checkpoints (cache/radix.py invariant 7): bytes of host memory (pinned on a GPU) per
+    # rank holding demoted checkpoints in their encoded form; 0: off (a device eviction drops)
+    host_cache_bytes: int = 0
+    # checkpoint eviction in both tiers: lru, or cost (Marconi: FLOPs saved per byte, aged by recency)
+    eviction: str = DEFAULT_EVICTION
 
     def __post_init__(self):
         # lazy: torch / numpy load only when this runs (keeps importing this module light)
@@ -68,11 +73,13 @@ class EngineConfig:
         if not isinstance(self.model, str) or not self.model:
             raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
         for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("conv_codec", CONV_CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
-                              ("backend", BACKENDS), ("placement", PLACEMENTS), ("load_format", LOAD_FORMATS)):
+                              ("backend", BACKENDS), ("placement", PLACEMENTS), ("load_format", LOAD_FORMATS),
+                              ("eviction", EVICTIONS)):
             check_choice(name, getattr(self, name), allowed)
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):
             _count(self, name, minimum=1)
         _count(self, "wmax", minimum=0)
+        _count(self, "host_cache_bytes", minimum=0, cap=1 << 50)
         _count(self, "tp_size", minimum=1, cap=MAX_TP)
         self.mask_seed = check_selection(self.selection, self.mask_seed)
         for name in ("replay_window", "state_budget_bytes", "max_num_tokens", "memory_limit_bytes"):

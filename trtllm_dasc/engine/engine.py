@@ -48,7 +48,11 @@ class Engine:
             raise UserError(f"tp_size {cfg.tp_size} runs on {cfg.tp_size} MPI ranks: start it through "
                             "trtllm_dasc.parallel (dasc serve --tp / dasc logits --tp)")
         self.runner = runner if runner is not None else ModelRunner(cfg)
-        self.scheduler = Scheduler(cfg, self.runner.pool.num_slots, self.runner.num_rows, self.runner.replay_window)
+        runner = self.runner
+        self.scheduler = Scheduler(cfg, runner.pool.num_slots, runner.num_rows, runner.replay_window,
+                                   host_slots=getattr(runner, "num_host_slots", 0),
+                                   slot_bytes=getattr(runner, "slot_bytes", 1),
+                                   flops_per_token=getattr(runner, "flops_per_token", 1.0))
         self.telemetry = Telemetry()
         self.vocab_size = self.runner.model.spec.vocab_size
         self._cv = threading.Condition()

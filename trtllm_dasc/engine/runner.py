@@ -35,6 +35,7 @@ from trtllm_dasc.model.decode_graphs import capturable
 from trtllm_dasc.plan import DascPlan
 from trtllm_dasc.parallel.storage import exchanges
 from trtllm_dasc.model.decode_graphs import DecodeGraphs
+from trtllm_dasc.state.host_tier import HostTier, host_slots_for
 
 DENSE_SLOTS_DEFAULT = 64
 
@@ -75,6 +76,12 @@ class ModelRunner:
         self.model.all_reduce = all_reduce
         # plain, storage-balanced (the all-to-all) or one per codec segment (horizon precision)
         self.pool = checkpoint_pool(self.plan, self.budget, tp_rank, all_to_all, device=cfg.device)
+        # the host tier: as many host slots on every rank (the bottleneck rank's slot bytes set the count)
+        self.slot_bytes = self.plan.bottleneck_slot_bytes()
+        self.num_host_slots = host_slots_for(cfg.host_cache_bytes, self.slot_bytes)
+        self.host_tier = HostTier(self.pool, self.num_host_slots, cfg.device) if self.num_host_slots else None
+        # cost-aware eviction's FLOPs a cached token saves: 2 per weight (the whole model: every rank's share)
+        self.flops_per_token = 2.0 * _numel([self.model.w, self.model.layers]) * cfg.tp_size
         # the storage all-to-all's report (exchange_report): a balanced pool of one codec has it; a mixed
         # precision pool's segments do not report yet
         self._exchanges = exchanges(self.plan) and hasattr(self.pool, "exchange_report")
@@ -96,6 +103,10 @@ class ModelRunner:
     def execute(self, plan: StepPlan, sample_tokens: bool = True) -> StepOutput:
         """Run one step. Raises on a failure of the whole step (the scheduler fails its requests);
         per-span problems (non-finite logits, a failing sample) come back as errors."""
+        if plan.demotions or plan.promotions:
+            if self.host_tier is None:
+                raise RuntimeError("a step copies checkpoints between tiers, but this runner has no host tier")
+            self.host_tier.run(plan.demotions, plan.promotions)
         if plan.resets:
             self.state.reset(plan.resets)
         self.kv.copy_blocks(plan.kv_copies)
@@ -261,9 +272,30 @@ class ModelRunner:
     def memory_report(self) -> dict:
         report = self.pool.memory_report()
         # the replay window under the stats' key "wr_window" (kept: a JSON key users read)
-        report.update(arm=self.cfg.arm, dense_slot_bytes=self.plan.config.dense_checkpoint_bytes_per_rank(1),
+        report.update(host_slots=self.num_host_slots,
+                      host_bytes=self.host_tier.allocated_bytes() if self.host_tier else 0,
+                      arm=self.cfg.arm, dense_slot_bytes=self.plan.config.dense_checkpoint_bytes_per_rank(1),
                       wr_window=self.replay_window)
         return report
+
+
+def _numel(root) -> int:
+    """Elements of the distinct tensors reachable from root (dicts, lists, tuples, objects' attributes)."""
+    seen, total, stack = set(), 0, [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            total += obj.numel()
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            stack.extend(vars(obj).values())
+    return total
 
 
 def graphs_wanted(cfg: EngineConfig, model: HybridModel) -> bool:

@@ -26,12 +26,15 @@ from trtllm_dasc.errors import UserError
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, num_slots: int, num_rows: int, replay_window: int,
-                 manager: CacheManager | None = None):
-        """``manager``: the cache to schedule on (default: a fresh one of ``cfg``'s sizes)."""
+                 manager: CacheManager | None = None, host_slots: int = 0, slot_bytes: int = 1,
+                 flops_per_token: float = 1.0):
+        """``manager``: the cache to schedule on (default: a fresh one of ``cfg``'s sizes, with ``host_slots``
+        host-tier checkpoint slots of ``slot_bytes`` each; flops_per_token feeds cost-aware eviction)."""
         self.cfg, self.replay_window = cfg, replay_window
         self.manager = manager if manager is not None else CacheManager.create(
             cfg.block_size, cfg.num_kv_blocks, num_slots, num_rows, interval=cfg.interval,
-            prompt_only=cfg.prompt_only)
+            prompt_only=cfg.prompt_only, host_slots=host_slots, eviction=getattr(cfg, "eviction", "lru"),
+            flops_per_token=flops_per_token, slot_bytes=slot_bytes)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.steps = 0
@@ -153,6 +156,9 @@ class Scheduler:
             s = next(s for s in self.running if s.in_prefill)
             plan.spans.append(self._span(s, 1))
             owners.append(s)
+        # every copy between the tiers the bookkeeping above assumed (admission's promotions, the demotions
+        # of the checkpoints evicted for them and for this step's captures)
+        plan.demotions, plan.promotions = self.manager.take_copies()
         return plan, owners
 
     def _span(self, s: Sequence, chunk: int) -> Span:
@@ -202,6 +208,7 @@ class Scheduler:
         """A step failed: the slots it was to fill were never handed to a sequence."""
         for span in plan.spans:
             self.manager.abort(span.captures)
+        self.manager.copies_failed(plan.demotions, plan.promotions)
 
     # ---- invariant -----------------------------------------------------------------------------------
     def sanity_check(self) -> None:

@@ -2,8 +2,9 @@
 
 Plain data only (ints, lists, small dataclasses; no callables, no tensors but the optional CPU logits of
 the output), so a plan pickles and every TP rank can execute the same decision: ``ModelRunner.execute``
-is the one thing every rank runs. Order of execution: resets -> kv_copies -> loads -> warm_loads -> forward (replay
-spans first, then the replay merge, then the rest) -> stores of the captures -> sampling.
+is the one thing every rank runs. Order of execution: demotions -> promotions (the host tier) -> resets ->
+kv_copies -> loads -> warm_loads -> forward (replay spans first, then the replay merge, then the rest) ->
+stores of the captures -> sampling.
 
 Replay (dasc-wr, paper Sec. 4.2): a hit loads its checkpoint into the request's row and re-runs the last W
 cached tokens (the replay window) from a scratch row (zero; wr-warm: the checkpoint's retained units); in
@@ -50,6 +51,10 @@ class StepPlan:
     kv_copies: list[tuple[int, int]] = field(default_factory=list)  # (src block, dst block)
     loads: list[tuple[int, int]] = field(default_factory=list)      # (slot, row): omitted units zero-filled
     warm_loads: list[tuple[int, int]] = field(default_factory=list)  # (slot, scratch row): wr-warm's start state
+    # the host tier's checkpoint copies, run before everything else (demotions first): (device slot, host
+    # slot) written back on eviction, and (host slot, device slot) promoted for this step's loads
+    demotions: list[tuple[int, int]] = field(default_factory=list)
+    promotions: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def replays(self) -> list[Span]:

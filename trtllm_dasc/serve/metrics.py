@@ -31,6 +31,12 @@ FAMILIES = [
      "counter", lambda s: s.get("rejected", 0)),
     ("dasc_engine_alive", "1 while the engine serves, 0 once it stopped after an error", "gauge",
      lambda s: 0 if s["dead"] else 1),
+    # the host tier (0 while it is off): checkpoints copied host -> device for a hit, and device evictions
+    # that kept the checkpoint on the host (written back, or already there)
+    ("dasc_checkpoint_promotions_total", "host-tier checkpoints copied back to the device for a hit", "counter",
+     lambda s: s.get("checkpoint_promotions", 0)),
+    ("dasc_checkpoint_demotions_total", "device checkpoint evictions kept in the host tier", "counter",
+     lambda s: s.get("checkpoint_demotions", 0)),
 ]
 LABELLED = [
     ("dasc_checkpoint_slots", "checkpoint slots", "gauge", "state",
@@ -40,6 +46,15 @@ LABELLED = [
     ("dasc_state_rows", "active recurrent-state rows", "gauge", "state",
      lambda s: {"free": s["state_rows_free"], "used": s["state_rows"] - s["state_rows_free"]}),
     ("dasc_evictions_total", "cache evictions", "counter", "kind", lambda s: dict(s["evictions"])),
+    ("dasc_host_checkpoint_slots", "host-tier checkpoint slots (0 while the tier is off)", "gauge", "state",
+     lambda s: {"free": s.get("host_checkpoint_slots_free", 0),
+                "used": s.get("host_checkpoint_slots", 0) - s.get("host_checkpoint_slots_free", 0)}),
+    ("dasc_checkpoint_bytes", "bytes of cached checkpoints per tier", "gauge", "tier",
+     lambda s: dict(s.get("checkpoint_bytes") or {"device": 0, "host": 0})),
+    ("dasc_checkpoint_hits_total", "requests that reused a checkpoint, by the tier it was found in", "counter",
+     "tier", lambda s: dict(s.get("checkpoint_hits") or {"device": 0, "host": 0})),
+    ("dasc_checkpoint_hit_tokens_total", "prompt tokens reused from a checkpoint, by the tier it was found in",
+     "counter", "tier", lambda s: dict(s.get("checkpoint_hit_tokens") or {"device": 0, "host": 0})),
     ("dasc_checkpoint_loads_total", "checkpoint loads on a hit", "counter", "policy",
      lambda s: dict(s["checkpoint_loads"])),
     # errors: failed in the engine, or refused before it ran them (counted by the host, see host.py)

@@ -1,0 +1,109 @@
+"""The host tier through the whole engine (CPU: plain host memory, synchronous copies): a hit served from
+the host gives what the same hit from the device gives, and (dense) what no cache gives."""
+import pytest
+import torch
+
+from engine_helpers import VOCAB, greedy, make_engine, reference_greedy, split_wmax
+
+from trtllm_dasc.plan import PlanOptions, plan_from_path
+
+N = 3
+# four prompts of distinct first tokens (prompt_only: one checkpoint each, at len - 1)
+PROMPTS = [[(7 * k + 3 * i + 1) % VOCAB for i in range(13)] for k in range(4)]
+HIT = PROMPTS[0] + [5, 9]                         # reuses PROMPTS[0]'s checkpoint at 12
+
+
+def engine(path, slots, host_slots=0, **over):
+    # budgets in the arm's own slots (a dasc slot is smaller than a dense one)
+    plan, _ = plan_from_path(str(path), PlanOptions(wmax=over.get("wmax", 0), tp=1, placement="off"), conv_dtype="float32")
+    sb = plan.bottleneck_slot_bytes()
+    kw = dict(prompt_only=True, state_budget_bytes=(slots + 1) * sb, host_cache_bytes=host_slots * sb)
+    kw.update(over)
+    return make_engine(path, **kw)
+
+
+def serve(e, use_cache=True):
+    """Every prompt, then the hit, one at a time; returns the hit's tokens, context logits and stats."""
+    for i, p in enumerate(PROMPTS):
+        e.generate([greedy(i, p, 1)])
+        e.sanity_check()
+    req = greedy("hit", HIT, N, return_context_logits=True, use_cache=use_cache)
+    outs = []
+    e.submit(req, callback=outs.append)
+    e.run_until_idle()
+    e.sanity_check()
+    assert not any(o.error for o in outs)
+    logits = next(o.context_logits for o in outs if o.context_logits is not None)
+    return [t for o in outs for t in o.token_ids], req.stats, e.stats(), logits
+
+
+@pytest.mark.parametrize("wmax", [0, "split"])
+def test_a_host_hit_equals_a_device_hit_and_no_cache(tiny_models, wmax):
+    path, hf = tiny_models["gdn"]
+    w = split_wmax(path) if wmax == "split" else 0
+    # two device slots: PROMPTS[0]'s checkpoint is demoted by the third and fourth prompts
+    host_out, host_req, st, host_logits = serve(engine(path, 2, host_slots=8, wmax=w))
+    assert st["checkpoint_hits"] == {"device": 0, "host": 1} and st["checkpoint_promotions"] == 1
+    assert st["checkpoint_demotions"] >= 2 and st["host_checkpoints_cached"] >= 2
+    assert host_req.cached_tokens == 12
+    # the same hit from the device tier (slots for everything, no host tier)
+    dev_out, dev_req, st, dev_logits = serve(engine(path, 8, wmax=w))
+    assert st["checkpoint_hits"] == {"device": 1, "host": 0} and dev_req.cached_tokens == 12
+    assert host_out == dev_out
+    assert host_logits.shape[0] == len(HIT) - 12
+    # the same encoded bytes loaded into the same computation
+    torch.testing.assert_close(host_logits, dev_logits, rtol=0, atol=1e-6)
+    if w == 0:
+        # with the tier off and too few slots, the checkpoint is gone: a miss
+        _, miss_req, st, _ = serve(engine(path, 2))
+        assert miss_req.cached_tokens == 0 and st["checkpoint_hits"]["host"] == 0
+        # dense: a hit is exact, so it gives what transformers' own greedy decoding gives, and the uncached
+        # run's logits at the positions the hit computes
+        assert host_out == reference_greedy(hf, HIT, N)
+        _, ref_req, _, ref = serve(engine(path, 8), use_cache=False)
+        assert ref_req.cached_tokens == 0
+        torch.testing.assert_close(host_logits, ref[12:], rtol=1e-4, atol=1e-4)
+
+
+def test_a_failing_promotion_fails_its_request_and_leaks_nothing(tiny_models, monkeypatch):
+    path, hf = tiny_models["gdn"]
+    e = engine(path, 2, host_slots=8)
+    for i, p in enumerate(PROMPTS):
+        e.generate([greedy(i, p, 1)])
+    tier = e.runner.host_tier
+
+    def broken(pairs):
+        raise RuntimeError("copy fault")
+    monkeypatch.setattr(tier, "promote", broken)
+    with pytest.raises(Exception, match="copy fault"):
+        e.generate([greedy("hit", HIT, N)])
+    e.sanity_check()
+    monkeypatch.undo()
+    # the host copy survived (the device copy the failed promotion was to write is dropped): the next
+    # request hits it again, from the host, and gets the right tokens
+    req = greedy("again", HIT, N)
+    (out,) = e.generate([req])
+    e.sanity_check()
+    assert req.stats.cached_tokens == 12 and e.stats()["checkpoint_hits"]["host"] == 2
+    assert out == reference_greedy(hf, HIT, N)
+
+
+def test_an_abort_after_the_promotion_leaks_nothing(tiny_models):
+    path, _ = tiny_models["gdn"]
+    e = engine(path, 2, host_slots=8, prefill_chunk=1)
+    for i, p in enumerate(PROMPTS):
+        e.generate([greedy(i, p, 1)])
+    e.submit(greedy("hit", HIT + list(range(6)), N))
+    assert e.step()                               # admitted: promoted, loaded, one token prefilled
+    assert e.stats()["checkpoint_promotions"] == 1 and e.scheduler.running
+    e.sanity_check()
+    e.abort("hit")
+    while e.step():
+        pass
+    e.sanity_check()
+    assert not e.scheduler.running
+    # nothing locked: a flush empties both tiers
+    e.flush()
+    st = e.stats()
+    assert st["checkpoints_cached"] == st["host_checkpoints_cached"] == 0
+    assert st["host_checkpoint_slots_free"] == st["host_checkpoint_slots"] == 8
