@@ -27,8 +27,10 @@ LAYERS = (
     {"config"},
     # the planner: horizons, selection, layouts, placement, accounting (from weights, no model code)
     {"plan"},
-    # what the engine is made of: checkpoint pool and codecs, the radix cache's bookkeeping, the layers
-    {"state", "cache", "model"},
+    # the checkpoint pool and codecs, the state ops (the model's replay merge calls them)
+    {"state"},
+    # what the engine is made of besides: the radix cache's bookkeeping, the layers
+    {"cache", "model"},
     # tensor-parallel collectives and the storage all-to-all (moves state units); TensorRT codec networks
     {"parallel", "plugins"},
     # scheduler and runner
