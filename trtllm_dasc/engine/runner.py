@@ -28,6 +28,7 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.checkpoint_files import dummy_marker
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.model import ForwardOutput, HybridModel, SeqInput
+from trtllm_dasc.model.footprint import tensor_bytes
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.spec import PLAN_TO_ENGINE, plan_fields
 from trtllm_dasc.state import StateLayout
@@ -280,22 +281,9 @@ class ModelRunner:
 
 
 def _numel(root) -> int:
-    """Elements of the distinct tensors reachable from root (dicts, lists, tuples, objects' attributes)."""
-    seen, total, stack = set(), 0, [root]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            total += obj.numel()
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple)):
-            stack.extend(obj)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-            stack.extend(vars(obj).values())
-    return total
+    """Elements of the distinct weights reachable from root: model/footprint.py's walk (a view counts as its
+    base once: the MoE layers hold views of their expert tensors), in elements rather than bytes."""
+    return tensor_bytes(root, elements=True)
 
 
 def graphs_wanted(cfg: EngineConfig, model: HybridModel) -> bool:

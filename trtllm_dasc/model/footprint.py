@@ -32,9 +32,9 @@ class MetaSource:
         return torch.empty(tuple(shape), dtype=torch.float32, device="meta")
 
 
-def tensor_bytes(root) -> int:
-    """Bytes of the distinct tensors reachable from root (dicts, lists, tuples, objects' attributes); a view
-    counts as its base, a tensor reached twice (tied embeddings) once."""
+def tensor_bytes(root, elements: bool = False) -> int:
+    """Bytes (elements=True: elements) of the distinct tensors reachable from root (dicts, lists, tuples,
+    objects' attributes); a view counts as its base, a tensor reached twice (tied embeddings) once."""
     seen_obj, seen_base, total = set(), set(), 0
     stack = [root]
     while stack:
@@ -46,7 +46,7 @@ def tensor_bytes(root) -> int:
             base = obj if obj._base is None else obj._base
             if id(base) not in seen_base:
                 seen_base.add(id(base))
-                total += base.numel() * base.element_size()
+                total += base.numel() * (1 if elements else base.element_size())
         elif isinstance(obj, dict):
             stack.extend(obj.values())
         elif isinstance(obj, (list, tuple)):
