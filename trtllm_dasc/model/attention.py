@@ -39,7 +39,7 @@ class AttnBatch:
 
 # cuDNN's SDPA (torch prefers it on Hopper) builds an execution graph for every new (T, S) shape: on the
 # H200 a prefix-reuse replay of 51 new prompts spent 2.08 s of CPU in _cudnn_attention_forward against
-# 22 ms when the same prompts came again (benchmarks/results/first_seed_profile_dense_h200.json), so every
+# 22 ms when the same prompts came again (`python -m benchmarks first_seed_profile`), so every
 # user's first request with a new length paid it. Flash and memory-efficient attention have no such step.
 # The switch is process-wide (torch.backends.cuda.enable_cudnn_sdp), flipped once when a layer is loaded
 # on a GPU: a context manager around each call cost 25 us per call, per sequence and layer.
@@ -50,7 +50,7 @@ def keep_cudnn_out_of_sdpa(device) -> None:
 
 # A long prefill from position 0 takes cuDNN's attention after all: on the H200 at 16k tokens it ran MLA's
 # and the GQA layer's causal attention in 5.1 / 3.2 ms against flash's 10.8 / 7.1
-# (benchmarks/results/attention_prefill_h200.json). Its per-shape graph build (60-80 ms there) is kept out of
+# (`python -m benchmarks attention_prefill`). Its per-shape graph build (60-80 ms there) is kept out of
 # users' requests by padding the length up to a multiple of CUDNN_BUCKET, so the lengths it sees are few,
 # and by building them all when the engine's runner loads the model (warm_long_prefill). Exact: a causal
 # query never sees the padded keys after it. Shorter prefills, prefix hits and fp32 (cuDNN has no fp32
@@ -61,8 +61,8 @@ CUDNN_BUCKET = 1024
 
 # Whether this build's cuDNN attention takes values of their own head dim (MLA: keys 192, values 128), per
 # (heads, kv heads, key dim, value dim): on the H200 that ran MLA's 16k causal attention in 4.43 ms against
-# 5.13 with the values padded to 192 (benchmarks/results/attention_prefill_h200x2_2c312ab.json, arm
-# cudnn_dv), and saves the padded copy. A shape missing here is tried; one the build refuses gets the padded
+# 5.13 with the values padded to 192 (`python -m benchmarks attention_prefill`, arm cudnn_dv), and saves
+# the padded copy. A shape missing here is tried; one the build refuses gets the padded
 # values (and flash behind cuDNN) from then on.
 _CUDNN_OWN_VALUE_DIM: dict[tuple[int, int, int, int], bool] = {}
 

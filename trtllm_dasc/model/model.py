@@ -328,7 +328,7 @@ class HybridModel:
             out.logits_cu.append(out.logits_cu[-1] + (0 if mode == "none" else picks[-1].numel()))
         # the rows for the head copied to the device now, while nothing is queued: a copy from pageable
         # memory may wait for the queue, and after the layers that is the whole forward (the H200 sat idle
-        # ~0.8 ms at the end of a 16k prefill, model_prefill_kda_h200_f3328d5.json's gaps)
+        # ~0.8 ms at the end of a 16k prefill: `python -m benchmarks model_prefill --arch kda --profile`, its gaps)
         sel = torch.cat(picks).to(dev) if picks else None
         x = self.w["embed"][torch.cat(ids).to(dev)]
         return x, cu, cuts, rows, attn_batch, sel, out
