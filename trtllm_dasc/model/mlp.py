@@ -146,7 +146,8 @@ class _MoE:
 
     def _forward_fused(self, x: torch.Tensor, backend: str, logits: torch.Tensor, route_kw: dict,
                        fused: bool) -> torch.Tensor:
-        """Routing in one kernel, then the routed (and on the small path the folded shared) experts."""
+        """Routing in one kernel, then the routed experts with the shared one: folded into the small path's
+        kernels where it is stored as expert E, else beside them (Qwen's scaled by its sigmoid gate)."""
         from trtllm_dasc.model.moe import route_kernel
         from trtllm_dasc.model.moe.small import SMALL_PAIRS, experts_small
         k, sh = self.spec.top_k, self.w.get("shared")
@@ -158,7 +159,9 @@ class _MoE:
             return self._experts(x, idx, weights, fused)
         out = moe.experts(x, idx[:, :k].contiguous(), weights[:, :k].contiguous(), self.w["gate_up"],
                           self.w["down"], backend, fused)
-        return out, weights[:, k:]
+        shared = sh.forward(x, fused)
+        # Kimi's shared weight is 1 (added as it is, in x's dtype); Qwen's is its gate's sigmoid
+        return out + (weights[:, k:] * shared if route_kw.get("shared") == 2 else shared)
 
 
 class QwenMoE(_MoE):
@@ -201,13 +204,9 @@ class QwenMoE(_MoE):
         backend = self._fused_backend(x)
         if backend is not None:
             from trtllm_dasc.model.moe.route_kernel import QWEN
-            got = self._forward_fused(x, backend, linear(x, self.router_all),
-                                      dict(kind=QWEN, norm=self.spec.norm_topk_prob, shared=2,
-                                           weight_dtype=x.dtype), fused)
-            if not isinstance(got, tuple):
-                return got
-            out, gate = got
-            return out + gate * w["shared"].forward(x, fused)
+            return self._forward_fused(x, backend, linear(x, self.router_all),
+                                       dict(kind=QWEN, norm=self.spec.norm_topk_prob, shared=2,
+                                            weight_dtype=x.dtype), fused)
         weights, idx = self.route(x)
         out = self._experts(x, idx, weights, fused)
         return out + torch.sigmoid(linear(x, w["shared_gate"])) * w["shared"].forward(x, fused)
@@ -253,13 +252,10 @@ class KimiMoE(_MoE):
         if backend is not None:
             from trtllm_dasc.model.moe.route_kernel import KIMI
             s = self.spec
-            got = self._forward_fused(x, backend, linear(x.float(), self.w["router"]),
-                                      dict(kind=KIMI, n_group=s.n_group, topk_group=s.topk_group,
-                                           norm=s.norm_topk_prob, scale=s.routed_scaling_factor,
-                                           bias=self.w["bias"], shared=int(self.w["shared"] is not None)), fused)
-            if not isinstance(got, tuple):
-                return got
-            return got[0] + self.w["shared"].forward(x, fused)
+            return self._forward_fused(x, backend, linear(x.float(), self.w["router"]),
+                                       dict(kind=KIMI, n_group=s.n_group, topk_group=s.topk_group,
+                                            norm=s.norm_topk_prob, scale=s.routed_scaling_factor,
+                                            bias=self.w["bias"], shared=int(self.w["shared"] is not None)), fused)
         weights, idx = self.route(x)
         out = self._experts(x, idx, weights, fused)
         return out if self.w["shared"] is None else out + self.w["shared"].forward(x, fused)
