@@ -224,6 +224,59 @@ class CompileLog:
         return {"compiles": len(self.entries), "by_kernel": kernels, "entries": self.entries[:200]}
 
 
+class AutotuneLog:
+    """Triton autotuner benchmark runs while it is entered: a key the autotuner has not seen (a new shape in
+    its key) times every config again without compiling anything, which CompileLog does not see. Entries:
+    kernel name -> configs timed. {} without Triton."""
+
+    def __init__(self):
+        self.by_kernel: dict[str, int] = {}
+        self._cls = None
+
+    def __enter__(self):
+        try:
+            from triton.runtime.autotuner import Autotuner
+        except ImportError:
+            return self
+        self._cls, self._bench = Autotuner, Autotuner._bench
+        log = self.by_kernel
+
+        def bench(tuner, *a, **kw):
+            name = getattr(tuner.fn, "__name__", None) or getattr(getattr(tuner, "base_fn", None), "__name__", "?")
+            log[name] = log.get(name, 0) + 1
+            return self._bench(tuner, *a, **kw)
+        Autotuner._bench = bench
+        return self
+
+    def __exit__(self, *exc):
+        if self._cls is not None:
+            self._cls._bench = self._bench
+
+
+class StepTimes:
+    """Each runner.execute's seconds (it ends synchronised: sampling copies tokens to the host) and its
+    shape (sequences, tokens) while entered: a slow first pass compared step by step with the second says
+    which steps (prefill chunks, decode steps, the first of each shape) carry the difference."""
+
+    def __init__(self, engine):
+        self.runner, self.steps = engine.runner, []
+
+    def __enter__(self):
+        inner = self.inner = self.runner.execute
+
+        def timed(plan, *a, **kw):
+            t0 = time.perf_counter()
+            out = inner(plan, *a, **kw)
+            self.steps.append((round(time.perf_counter() - t0, 6), len(plan.spans),
+                               sum(len(s.token_ids) for s in plan.spans)))
+            return out
+        self.runner.execute = timed
+        return self
+
+    def __exit__(self, *exc):
+        self.runner.execute = self.inner
+
+
 def time_pass(engine, seed: int, requests: int, prompt: int, new: int) -> float:
     """Seconds of one workload: `requests` prompts of mixed lengths up to `prompt`, `new` tokens each."""
     from trtllm_dasc.engine.request import GenerationRequest
@@ -240,6 +293,7 @@ def time_pass(engine, seed: int, requests: int, prompt: int, new: int) -> float:
 
 def decode_row(engine, torch, probe, b: int, args, weights: dict, per_seq: dict, bandwidth: float) -> dict:
     from benchmarks.decode_step import time_decode
+    from benchmarks.kernel_profile import print_summary
     probe.arm(b)
     # prefill steps until all b decode, then warmup + reps (decode_step.run's budget)
     steps = -(-b * args.context // (args.max_num_tokens - b)) + 2
@@ -258,9 +312,15 @@ def decode_row(engine, torch, probe, b: int, args, weights: dict, per_seq: dict,
              "kv": b * args.context * per_seq["kv_bytes_per_token"]}
     total = sum(parts.values())
     bound_ms = 1e3 * total / bandwidth
-    return {"batch": b, **t, "distinct_experts_per_layer": distinct, "distinct_experts_from": distinct_src,
-            "bytes": parts, "bound_bytes": total, "bound_ms": bound_ms, "ratio": t["step_ms"] / bound_ms,
-            "tokens_per_s": b / (t["step_ms"] / 1e3)}
+    row = {"batch": b, **t, "distinct_experts_per_layer": distinct, "distinct_experts_from": distinct_src,
+           "bytes": parts, "bound_bytes": total, "bound_ms": bound_ms, "ratio": t["step_ms"] / bound_ms,
+           "tokens_per_s": b / (t["step_ms"] / 1e3)}
+    if b in args.profile:
+        # a separate run after the timed one (the profiler slows the steps it traces)
+        row["profile"] = time_decode(engine, torch, b, args.context, args.warmup, args.reps,
+                                     steps + args.warmup + args.reps + 2, profile=True)["profile"]
+        print_summary(f"decode batch {b}", row["profile"], lines=40)
+    return row
 
 
 def run(args, torch, work: str) -> dict:
@@ -317,13 +377,20 @@ def run(args, torch, work: str) -> dict:
             write_result(path, result)
 
     # the first traffic after warm-up (what a user meets first), then the same shapes again
-    with CompileLog() as first_log:
+    with CompileLog() as first_log, AutotuneLog() as first_tuned, StepTimes(engine) as first_steps:
         first = time_pass(engine, 1, args.pass_requests, args.pass_prompt, args.pass_new)
-    with CompileLog() as second_log:
+    with CompileLog() as second_log, AutotuneLog() as second_tuned, StepTimes(engine) as second_steps:
         second = time_pass(engine, 2, args.pass_requests, args.pass_prompt, args.pass_new)
     result["passes"] = {"first_s": first, "second_s": second, "ratio": first / second,
                         "requests": args.pass_requests, "longest_prompt": args.pass_prompt, "new_tokens": args.pass_new,
-                        "first_compiled": first_log.summary(), "second_compiled": second_log.summary()}
+                        "first_compiled": first_log.summary(), "second_compiled": second_log.summary(),
+                        "first_autotuned": first_tuned.by_kernel, "second_autotuned": second_tuned.by_kernel,
+                        "first_steps": first_steps.steps, "second_steps": second_steps.steps}
+    slower = sorted(((a[0] - b[0], i, a[1:]) for i, (a, b) in enumerate(zip(first_steps.steps, second_steps.steps))),
+                    reverse=True)[:5]
+    print(f"passes: autotuned in the first {first_tuned.by_kernel}, in the second {second_tuned.by_kernel}; "
+          f"steps {len(first_steps.steps)} / {len(second_steps.steps)}, the first's slowest against the second: "
+          + ", ".join(f"step {i} (seqs, tokens {shape}) +{1e3 * d:.1f} ms" for d, i, shape in slower), flush=True)
     print(f"passes: first {first:.2f} s, second {second:.2f} s ({first / second:.3f}x); Triton compiles in the "
           f"first {len(first_log.entries)}: {first_log.summary()['by_kernel']}, in the second {len(second_log.entries)}",
           flush=True)
@@ -374,6 +441,8 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, default=None, help="timed decode steps per batch (10; smoke 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed decode steps first (3; smoke 1)")
     ap.add_argument("--reps-prefill", type=int, default=None, help="timed prefills per length (3; smoke 1)")
+    ap.add_argument("--profile", default="", help="decode batch sizes to trace too (torch.profiler, a separate "
+                                                    "run after the timed one): kernels, their time, idle gaps")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/real_model_<arch>_h200.json; "
                                                 "smoke: a temporary file)")
     ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
@@ -386,6 +455,7 @@ def parse_args(argv):
     try:
         args.tokens = ints(args.tokens or ("64,128" if smoke else "4096,16384"))
         args.batches = ints(args.batches or ("1,2" if smoke else "1,8,32,64,96"))
+        args.profile = ints(args.profile) if args.profile else []
     except ValueError:
         raise UserError("--tokens and --batches are comma-separated integers") from None
     for name, full, small in (("context", 512, 16), ("reps", 10, 2), ("warmup", 3, 1), ("reps_prefill", 3, 1)):
