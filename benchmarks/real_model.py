@@ -291,6 +291,14 @@ def time_pass(engine, seed: int, requests: int, prompt: int, new: int) -> float:
     return seconds
 
 
+def host_ops(prof, top: int = 40) -> list[dict]:
+    """The host operators of a trace by self CPU time (ms, whole trace): where a step that is not busy on
+    the device spends its host time."""
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    return [{"name": e.key[:100], "count": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
+             "cpu_ms": e.cpu_time_total / 1e3} for e in rows]
+
+
 def decode_row(engine, torch, probe, b: int, args, weights: dict, per_seq: dict, bandwidth: float) -> dict:
     from benchmarks.decode_step import time_decode
     from benchmarks.kernel_profile import print_summary
@@ -388,6 +396,19 @@ def run(args, torch, work: str) -> dict:
                         "first_steps": first_steps.steps, "second_steps": second_steps.steps}
     slower = sorted(((a[0] - b[0], i, a[1:]) for i, (a, b) in enumerate(zip(first_steps.steps, second_steps.steps))),
                     reverse=True)[:5]
+    if args.profile_pass:
+        # a third pass of the same shapes under torch.profiler: device busy against span says whether the
+        # engine's prefill steps wait on the host; the top kernels and host operators say on what
+        from benchmarks.kernel_profile import kernel_trace, print_summary, summarize
+        with kernel_trace(args.device, attribute=True) as prof, StepTimes(engine) as traced_steps:
+            time_pass(engine, 3, args.pass_requests, args.pass_prompt, args.pass_new)
+        summary = summarize(prof, 1, args.device, top=60)
+        summary["host_ops"] = host_ops(prof)
+        summary["steps"] = traced_steps.steps
+        result["passes"]["profile"] = summary
+        print_summary("pass (one, traced)", summary, lines=30)
+        for op in summary["host_ops"][:20]:
+            print(f"    host {op['self_cpu_ms']:9.1f} ms self  {op['cpu_ms']:9.1f} ms total  x{op['count']:<6d} {op['name']}")
     print(f"passes: autotuned in the first {first_tuned.by_kernel}, in the second {second_tuned.by_kernel}; "
           f"steps {len(first_steps.steps)} / {len(second_steps.steps)}, the first's slowest against the second: "
           + ", ".join(f"step {i} (seqs, tokens {shape}) +{1e3 * d:.1f} ms" for d, i, shape in slower), flush=True)
@@ -443,6 +464,9 @@ def parse_args(argv):
     ap.add_argument("--reps-prefill", type=int, default=None, help="timed prefills per length (3; smoke 1)")
     ap.add_argument("--profile", default="", help="decode batch sizes to trace too (torch.profiler, a separate "
                                                     "run after the timed one): kernels, their time, idle gaps")
+    ap.add_argument("--profile-pass", action="store_true",
+                    help="trace a third pass of the passes' shapes too (device busy against span, kernels, "
+                         "host operators)")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/real_model_<arch>_h200.json; "
                                                 "smoke: a temporary file)")
     ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")

@@ -63,3 +63,58 @@ def test_ops_linear_takes_the_kernel_where_preferred_and_matches_f_linear():
         _close(linear(x, w), torch.nn.functional.linear(x.float(), w.float()), K)
         # leading dims kept ([1, 1, K] -> [1, 1, N])
         assert linear(x[:1, None], w).shape == (1, 1, N)
+
+
+@pytest.mark.parametrize("M, N, K", [(1, 64, 128), (1, 48, 40), (2, 32, 136)], ids=["M1-N64-K128", "M1-N48-K40",
+                                                                                  "M2-N32-K136"])
+def test_gemv_groups_take_their_own_columns_of_x(M, N, K):
+    # Kimi's f_b over f_a and g_b over g_a in one launch: x = [f_a | g_a], w = [f_b; g_b]; the reference is
+    # the two products apart, so a kernel reading the wrong half of x (or one half for both) fails
+    g = torch.Generator().manual_seed(N + K)
+    x = torch.randn(M, 2 * K + 16, generator=g).to(DEV, DTYPE)[:, 16:]
+    w = (torch.randn(2 * N, K, generator=g) / K ** 0.5).to(DEV, DTYPE)
+    assert gemv_kernel.supports(x, w, groups=2) if DEV == "cuda" else True
+    got = gemv(x, w, groups=2)
+    first = torch.nn.functional.linear(x[:, :K].float(), w[:N].float())
+    second = torch.nn.functional.linear(x[:, K:].float(), w[N:].float())
+    assert got.shape == (M, 2 * N)
+    _close(got[:, :N], first, K)
+    _close(got[:, N:], second, K)
+
+
+def test_gemv_upcasts_a_half_x_against_an_fp32_weight():
+    # a router's logits: x in the model's dtype, the weight in fp32, the result in fp32 (as
+    # F.linear(x.float(), w) computes it); on the CPU x is bf16 through the interpreter
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 264, generator=g).to(DEV, torch.bfloat16)
+    w = torch.randn(40, 264, generator=g).to(DEV)
+    got = gemv(x, w, out_dtype=torch.float32)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, torch.nn.functional.linear(x.float(), w), rtol=1e-5, atol=1e-4)
+
+
+def test_linear_groups_and_linear_fp32_fall_back_to_f_linear_off_the_gpu():
+    from trtllm_dasc.model.ops import linear_fp32, linear_groups
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(3, 2 * 24, generator=g), torch.randn(2 * 16, 24, generator=g)
+    a, b = linear_groups(x, w, 2)
+    torch.testing.assert_close(a, x[:, :24] @ w[:16].T)
+    torch.testing.assert_close(b, x[:, 24:] @ w[16:].T)
+    xb = torch.randn(2, 24, generator=g).bfloat16()
+    torch.testing.assert_close(linear_fp32(xb, w[:16]), xb.float() @ w[:16].T)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_ops_helpers_take_the_kernel_at_one_row_and_match_f_linear():
+    from trtllm_dasc.model.ops import linear_fp32, linear_groups
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(1, 2304, device="cuda", generator=g).bfloat16()
+    router = torch.randn(256, 2304, device="cuda", generator=g)
+    torch.testing.assert_close(linear_fp32(x, router), torch.nn.functional.linear(x.float(), router),
+                               rtol=1e-4, atol=1e-3)
+    fa = torch.randn(1, 256, device="cuda", generator=g).bfloat16()
+    fb = (torch.randn(8192, 128, device="cuda", generator=g) / 11).bfloat16()
+    a, b = linear_groups(fa, fb, 2)
+    _close(a, torch.nn.functional.linear(fa[:, :128].float(), fb[:4096].float()), 128)
+    _close(b, torch.nn.functional.linear(fa[:, 128:].float(), fb[4096:].float()), 128)

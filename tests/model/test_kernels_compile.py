@@ -77,7 +77,14 @@ def kernels() -> list[tuple]:
             bn, bk, warps = gemv_kernel.config(M, N, K)
             out.append((gemv_kernel._gemv_kernel,
                         {"x": "*bf16", "w": "*bf16", "y": "*bf16", **_ints("stride_xm", "stride_ym", "N", "K")},
-                        {"M": M, "MP": triton.next_power_of_2(M), "BN": bn, "BK": bk}, warps))
+                        {"M": M, "MP": triton.next_power_of_2(M), "BN": bn, "BK": bk, "GROUP_N": 0}, warps))
+    # Kimi's router (bf16 x, fp32 weight and logits) and its f_b / g_b pair (two groups) at batch 1
+    for (N, K), types, group_n in (((256, 2304), ("*bf16", "*fp32", "*fp32"), 0),
+                                   ((8192, 128), ("*bf16", "*bf16", "*bf16"), 4096)):
+        bn, bk, warps = gemv_kernel.config(1, N // (2 if group_n else 1), K)
+        out.append((gemv_kernel._gemv_kernel, {**dict(zip(("x", "w", "y"), types)),
+                                               **_ints("stride_xm", "stride_ym", "N", "K")},
+                    {"M": 1, "MP": 1, "BN": bn, "BK": bk, "GROUP_N": group_n}, warps))
     from trtllm_dasc.model.moe import kernel as moe_kernel
     from trtllm_dasc.model.moe import small as moe_small
     for T, k, E, inter, D in ((1, 8, 256, 1024, 2304), (6, 10, 512, 512, 2048)):   # Kimi's, Qwen's decode

@@ -24,11 +24,12 @@ MAX_ROWS = 4
 
 @triton.jit
 def _gemv_kernel(x, w, y, stride_xm, stride_ym, N, K, M: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr):
+                 BK: tl.constexpr, GROUP_N: tl.constexpr = 0):
     """Program i: output columns [i*BN, (i+1)*BN) of every row. w [N, K] row-major (K contiguous). The
     accumulator keeps a partial sum per (row, column, lane of K) and reduces once at the end (no shuffles
     inside the loop); columns past N are clamped onto the last one for the loads (no masks in the hot
-    loop) and dropped at the store. The tail of K (K % BK) runs once, masked."""
+    loop) and dropped at the store. The tail of K (K % BK) runs once, masked. GROUP_N > 0: output columns
+    [g*GROUP_N, (g+1)*GROUP_N) read x's columns [g*K, (g+1)*K) (BN divides GROUP_N: one group a program)."""
     pid = tl.program_id(0)
     o_n = pid * BN + tl.arange(0, BN)
     o_w = tl.minimum(o_n, N - 1).to(tl.int64)
@@ -37,6 +38,8 @@ def _gemv_kernel(x, w, y, stride_xm, stride_ym, N, K, M: tl.constexpr, MP: tl.co
     o_k = tl.arange(0, BK)
     p_w = w + o_w[:, None] * K + o_k[None, :]
     p_x = x + o_m[:, None] * stride_xm + o_k[None, :]
+    if GROUP_N > 0:
+        p_x += (pid * BN // GROUP_N) * K
     acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
     K_full = K - K % BK
     for k0 in range(0, K_full, BK):
@@ -76,27 +79,40 @@ def preferred(M: int, N: int, K: int) -> bool:
     return M == 1 and (K <= 256 or N <= 4096)
 
 
-def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether gemv takes these operands: x [M <= MAX_ROWS, K] on a GPU with a unit column stride, w [N, K]
-    contiguous in x's dtype (bf16 / fp16 / fp32), K a multiple of 8 (16-byte rows)."""
+def supports(x: torch.Tensor, w: torch.Tensor, groups: int = 1) -> bool:
+    """Whether gemv takes these operands: x [M <= MAX_ROWS, groups * K] on a GPU with a unit column stride,
+    w [N, K] contiguous in x's dtype (bf16 / fp16 / fp32) or in fp32 (a router's weight: x is upcast in the
+    kernel, exactly), K a multiple of 8 (16-byte rows); groups > 1: N a multiple of groups x 8."""
     return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.stride(1) == 1
-            and w.dim() == 2 and w.is_contiguous() and w.dtype == x.dtype and w.shape[1] == x.shape[1]
-            and x.shape[1] % 8 == 0 and w.shape[0] > 0
+            and w.dim() == 2 and w.is_contiguous() and w.dtype in (x.dtype, torch.float32)
+            and w.shape[1] * groups == x.shape[1] and w.shape[1] % 8 == 0 and w.shape[0] > 0
+            and (groups == 1 or w.shape[0] % (groups * 8) == 0)
             and x.dtype in (torch.bfloat16, torch.float16, torch.float32))
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, cfg: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """x [M, K] @ w[N, K].T -> [M, N] in x's dtype (fp32 accumulation). The caller checks supports().
-    cfg: (BN, BK, num_warps), default config(M, N, K) (the benchmark passes others)."""
-    M, K = x.shape
-    N = w.shape[0]
-    bn, bk, warps = cfg or config(M, N, K)
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+def gemv(x: torch.Tensor, w: torch.Tensor, cfg: tuple[int, int, int] | None = None, groups: int = 1,
+         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [M, groups * K] @ w[N, K].T -> [M, N] in out_dtype (default x's; fp32 accumulation), the output's
+    g-th N/groups columns from x's g-th K columns (groups > 1: two products of one step in one launch, e.g.
+    Kimi's f_b and g_b). The caller checks supports(x, w, groups). cfg: (BN, BK, num_warps), default
+    config(M, N / groups, K) (the benchmark passes others)."""
+    M = x.shape[0]
+    N, K = w.shape
+    group_n = N // groups if groups > 1 else 0
+    bn, bk, warps = cfg or config(M, N // groups, K)
+    if group_n:
+        while group_n % bn:
+            bn //= 2
+    y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(N, bn),)](x, w, y, x.stride(0), y.stride(0), N, K, M=M,
-                                        MP=triton.next_power_of_2(M), BN=bn, BK=bk, num_warps=warps)
+                                        MP=triton.next_power_of_2(M), BN=bn, BK=bk, GROUP_N=group_n,
+                                        num_warps=warps)
     return y
 
 
-def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The torch reference of gemv: fp32 product, one rounding to x's dtype."""
-    return torch.nn.functional.linear(x.float(), w.float()).to(x.dtype)
+def gemv_reference(x: torch.Tensor, w: torch.Tensor, groups: int = 1,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The torch reference of gemv: fp32 products per group, one rounding to out_dtype (default x's)."""
+    parts = torch.matmul(x.float().unflatten(-1, (groups, -1)).transpose(0, 1),       # [groups, M, K]
+                         w.float().unflatten(0, (groups, -1)).transpose(1, 2))       # -> [groups, M, N / groups]
+    return parts.transpose(0, 1).flatten(1).to(out_dtype or x.dtype)

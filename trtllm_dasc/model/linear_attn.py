@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dasc.model.fused_ops import gated_norm, prefill_conv, short_conv
-from trtllm_dasc.model.ops import causal_conv, gated_rms_norm, linear
+from trtllm_dasc.model.ops import causal_conv, gated_rms_norm, linear, linear_groups
 from trtllm_dasc.model.recurrence import run_recurrence
 from trtllm_dasc.model.tp import GDNSlice, KDASlice
 from trtllm_dasc.model.weights import load
@@ -118,8 +118,8 @@ class KDALayer:
              "conv": torch.cat([rows(f"{n}_conv1d.weight", (H * K, 1, W))[:, 0] for n in "qkv"]),
              "A_log": load(src, p + "A_log", (1, 1, H, 1), torch.float32, device).view(H)[s.heads.to(device)],
              "dt_bias": rows("dt_bias", (H * K,), torch.float32),
-             "f_b": rows("f_b_proj.weight", (H * K, K)),
-             "g_b": rows("g_b_proj.weight", (H * K, K)),
+             # f_b over f_a and g_b over g_a, stacked: one launch for both at a decode step (linear_groups)
+             "fg_b": torch.cat([rows("f_b_proj.weight", (H * K, K)), rows("g_b_proj.weight", (H * K, K))]),
              "o_norm": load(src, p + "o_norm.weight", (K,), dtype, device),
              "o": load(src, p + "o_proj.weight", (D, H * K), dtype, device, cols=s.head_rows)}
         return cls(w, len(bundles), K, spec.rms_norm_eps)
@@ -131,14 +131,15 @@ class KDALayer:
         T, H, K = x.shape[0], self.H, self.K
         fused = getattr(backend, "fused_mixer", False)
         norm_fn = gated_norm if fused else gated_rms_norm
-        mixed, f_a, g_a, b = torch.split(linear(x, self.w["in_proj"]), [3 * H * K, K, K, H], dim=-1)
+        mixed, fg_a, b = torch.split(linear(x, self.w["in_proj"]), [3 * H * K, 2 * K, H], dim=-1)
+        f_b_out, g_b_out = linear_groups(fg_a, self.w["fg_b"], 2)
         if in_place is not None:
             qkv, conv, normed = self._conv_in_place(mixed, in_place[1], in_place[2], cu_seqlens), None, False
         else:
             qkv, conv, conv_b, normed = _conv_parts(mixed, self.w["conv"], conv0, cu_seqlens, cuts, [H * K] * 3,
                                                     fused, K)
         q, k, v = (t.reshape(1, T, H, K) for t in qkv)
-        raw_gate = linear(f_a, self.w["f_b"]).view(T, H, K)
+        raw_gate = f_b_out.view(T, H, K)
         if fused:       # fla's kernel computes the decay from the raw gate and beta from b (recurrence/fla.py)
             g, beta, gate = raw_gate, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True,
                                           "qk_normalized": normed}
@@ -152,7 +153,7 @@ class KDALayer:
             conv_b = in_place[1].new_empty(0, *in_place[1].shape[1:])
         else:
             o, ht, hb = run_recurrence(backend, "kda", q, k, v, g[None], beta[None], h0, cu_seqlens, cuts, **gate)
-        og = linear(g_a, self.w["g_b"]).view(T, H, K)
+        og = g_b_out.view(T, H, K)
         o = norm_fn(o[0], og, self.w["o_norm"], self.eps, "sigmoid")
         return MixerOut(linear(o.reshape(T, H * K), self.w["o"]), ht, conv, hb, conv_b)
 

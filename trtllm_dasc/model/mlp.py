@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dasc.model import moe
-from trtllm_dasc.model.ops import linear
+from trtllm_dasc.model.ops import linear, linear_fp32
 from trtllm_dasc.model.tp import RankShare
 from trtllm_dasc.model.weights import load
 
@@ -252,7 +252,7 @@ class KimiMoE(_MoE):
         if backend is not None:
             from trtllm_dasc.model.moe.route_kernel import KIMI
             s = self.spec
-            return self._forward_fused(x, backend, linear(x.float(), self.w["router"]),
+            return self._forward_fused(x, backend, linear_fp32(x, self.w["router"]),
                                        dict(kind=KIMI, n_group=s.n_group, topk_group=s.topk_group,
                                             norm=s.norm_topk_prob, scale=s.routed_scaling_factor,
                                             bias=self.w["bias"], shared=int(self.w["shared"] is not None)), fused)

@@ -22,6 +22,30 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return F.linear(x, w, b)
 
 
+def linear_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear(x.float(), w) for an fp32 w (a router's logits, as transformers computes them). A one-row
+    product on a GPU takes gemv_kernel with x upcast inside it (exact): no separate upcast kernel, which at a
+    Kimi decode step was one launch per MoE layer."""
+    if x.is_cuda and x.numel() == x.shape[-1] and w.dim() == 2 and w.dtype == torch.float32:
+        from trtllm_dasc.model import gemv_kernel
+        x2 = x.reshape(1, -1)
+        if gemv_kernel.preferred(1, w.shape[0], w.shape[1]) and gemv_kernel.supports(x2, w):
+            return gemv_kernel.gemv(x2, w, out_dtype=torch.float32).view(*x.shape[:-1], w.shape[0])
+    return F.linear(x.float(), w)
+
+
+def linear_groups(x: torch.Tensor, w: torch.Tensor, groups: int) -> tuple[torch.Tensor, ...]:
+    """Several products of one step: x [T, groups * K] holds the inputs side by side, w [groups * N, K] the
+    weights stacked; returns the groups' outputs x[:, g*K:(g+1)*K] @ w_g.T, each [T, N]. A one-row product
+    on a GPU is one gemv_kernel launch for all of them (Kimi's f_b and g_b at a decode step: two 1 MB
+    products, each bound by its launch, not its bytes); otherwise one F.linear per group."""
+    if x.is_cuda and x.dim() == 2 and x.shape[0] == 1:
+        from trtllm_dasc.model import gemv_kernel
+        if gemv_kernel.supports(x, w, groups):
+            return gemv_kernel.gemv(x, w, groups=groups).chunk(groups, dim=-1)
+    return tuple(F.linear(a, b) for a, b in zip(x.chunk(groups, dim=-1), w.chunk(groups, dim=0)))
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, offset: bool) -> torch.Tensor:
     """RMSNorm over the last dim. offset=True: qwen3_next's (1 + w) in fp32; False: kimi's w * x.to(dtype)."""
     xf = x.float()

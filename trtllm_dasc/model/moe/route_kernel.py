@@ -104,6 +104,14 @@ def _route(logits, bias, idx_out, w_out, stride_l, stride_o, scale,
     tl.store(w_out + t * stride_o + kk, ws.to(w_out.dtype.element_ty), mask=kk < n)
 
 
+def _warps(E: int) -> int:
+    """Warps of a token's program. Each of the top_k picks is three reductions over the E scores; with one
+    warp per 256 experts (8 a thread) they are register shuffles, with more each crosses warps through
+    shared memory with a barrier: at a decode step the program's latency is those reductions, not its
+    1 KB of logits."""
+    return max(1, min(8, E // 256))
+
+
 def route(logits: torch.Tensor, kind: int, top_k: int, n_group: int = 1, topk_group: int = 1,
           norm: bool = True, scale: float = 1.0, bias: torch.Tensor | None = None, shared: int = 0,
           weight_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,5 +132,5 @@ def route(logits: torch.Tensor, kind: int, top_k: int, n_group: int = 1, topk_gr
                  KIND=kind, TOP_K=top_k, N_GROUP=n_group, TOPK_GROUP=topk_group, GROUP=group,
                  BLOCK_G=triton.next_power_of_2(n_group), BLOCK_GS=triton.next_power_of_2(group),
                  BLOCK_K=triton.next_power_of_2(width), NORM=bool(norm), SHARED=shared,
-                 num_warps=4 if E <= 256 else 8)
+                 num_warps=_warps(E))
     return idx, w

@@ -97,12 +97,15 @@ def _token_down(h, idx, topk_w, w, y, D, I, stride_h, stride_we, stride_wn, stri
 
 
 def config(T: int, top_k: int, I: int, D: int) -> dict:
-    """Tiles of both kernels: (BLOCK_N, BLOCK_K, num_warps) each. gate_up: 4 gate + 4 up rows a program,
-    steps of 512 along D (2048 programs at Kimi's batch 1); down: 2 output channels a program, steps of 1024
-    along I (1152 programs at batch 1), as gemv_kernel's measured batch-1 optimum (2 columns, 1024-wide
-    steps, 4 warps): ~32 fp32 accumulator registers a thread each. benchmarks/moe_layer.py sweeps others."""
-    return {"gate_up": (4, min(512, max(16, triton.next_power_of_2(D))), 4),
-            "down": (2, min(1024, max(16, triton.next_power_of_2(I))), 4)}
+    """Tiles of both kernels: (BLOCK_N, BLOCK_K, num_warps) each. gate_up: 2 gate + 2 up rows a program,
+    steps of 1024 along D; down: 2 output channels a program with steps of 1024 along I, or 4 with steps
+    of 512 where I <= 512 (Qwen). The small-path sweep of `python -m benchmarks moe_layer` on the H200 at
+    a28fefc (whole layer in a CUDA graph, one kernel's tiles varied): gate_up 2x1024 was the fastest of six
+    at 1 and 8 tokens for both models (Kimi at 1 token 38.7 us against 45.4 for the 4x512 it replaced);
+    down 4x512 the fastest for Qwen (29.6 us against 34.8 at 1 token), 2x1024 within 0.3% of the best for
+    Kimi. ~32 fp32 accumulator registers a thread each."""
+    return {"gate_up": (2, min(1024, max(16, triton.next_power_of_2(D))), 4),
+            "down": (4, max(16, triton.next_power_of_2(I)), 4) if I <= 512 else (2, 1024, 4)}
 
 
 def _buffer(shape, dtype, device) -> torch.Tensor:
