@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from trtllm_dasc.model import tuning
+
 MAX_ROWS = 4
 
 
@@ -69,6 +71,32 @@ def config(M: int, N: int, K: int) -> tuple[int, int, int]:
     return 8 if N >= 8 * 264 else 4, bk, 4
 
 
+# batch 1's candidates on a GPU (tuning.py), (BN, BK, warps, stages): config()'s choice first, then fewer or
+# more columns a program, longer or shorter steps of K, and an unpipelined loop; short rows (K <= 256) take
+# the whole row a step. A shape keeps the candidates it can take (_prune).
+_ROW_CANDIDATES = [(2, 1024, 4, 3), (1, 1024, 4, 3), (2, 1024, 4, 1), (4, 1024, 8, 3), (2, 2048, 8, 3),
+                   (4, 512, 4, 3), (1, 2048, 4, 3)]
+_SHORT_CANDIDATES = [(8, 0, 2, 3), (4, 0, 1, 3), (16, 0, 4, 3), (2, 0, 1, 3), (8, 0, 4, 3)]
+
+
+def _prune(configs, args):
+    K, group_n = args["K"], args["GROUP_N"]
+    short = K <= 256
+    full = max(16, triton.next_power_of_2(K))
+    return [c for c in configs if (c.kwargs["BK"] == full if short else 512 <= c.kwargs["BK"] <= full)
+            and (group_n == 0 or group_n % c.kwargs["BN"] == 0)]
+
+
+def _candidates():
+    rows = [({"BN": bn, "BK": bk}, w, st) for bn, bk, w, st in _ROW_CANDIDATES]
+    # the short rows' BK is the row (any power of two up to 256): one candidate per width
+    short = [({"BN": bn, "BK": bk}, w, st) for bn, _, w, st in _SHORT_CANDIDATES for bk in (16, 32, 64, 128, 256)]
+    return rows + short
+
+
+_gemv_tuned = tuning.autotuned(_gemv_kernel, _candidates(), key=["N", "K", "GROUP_N"], prune=_prune)
+
+
 def preferred(M: int, N: int, K: int) -> bool:
     """Whether gemv beats cuBLAS for this product inside CUDA graphs (`python -m benchmarks gemv_decode`,
     both in the same run). measured on an H200: at batch 1 the short rows (f_b / g_b: 2.1 against 3.0 us)
@@ -99,11 +127,16 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: tuple[int, int, int] | None = No
     M = x.shape[0]
     N, K = w.shape
     group_n = N // groups if groups > 1 else 0
+    y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
+    if cfg is None and M == 1 and tuning.on_device():
+        # batch 1 on a GPU: the tiles measured fastest for this shape (tuning.py)
+        _gemv_tuned[lambda meta: (triton.cdiv(N, meta["BN"]),)](x, w, y, x.stride(0), y.stride(0), N, K, M=1, MP=1,
+                                                               GROUP_N=group_n)
+        return y
     bn, bk, warps = cfg or config(M, N // groups, K)
     if group_n:
         while group_n % bn:
             bn //= 2
-    y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(N, bn),)](x, w, y, x.stride(0), y.stride(0), N, K, M=M,
                                         MP=triton.next_power_of_2(M), BN=bn, BK=bk, GROUP_N=group_n,
                                         num_warps=warps)

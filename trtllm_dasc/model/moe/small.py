@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from trtllm_dasc.model import tuning
+
 # T * top_k up to which moe.experts takes this path. At 64 pairs over Kimi's 256 experts ~57 distinct
 # experts are expected (256 x (1 - (255/256)^64)): ~11% of the bytes read twice (less where the L2 catches
 # them), against the grouped path's ~10 alignment launches and 16-row padding; Kimi decodes up to 8 tokens
@@ -38,8 +40,9 @@ SMALL_PAIRS = 64
 
 
 @triton.jit
-def _pair_gate_up(x, idx, w, h, I, D, stride_x, stride_we, stride_wn, stride_h, TOP_K: tl.constexpr,
+def _pair_gate_up(x, idx, w, h, I, D, stride_x, stride_we, stride_wn, stride_h, R, TOP_K: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # R only keys the autotuner (tuning.py): the pair count rounded up to a power of two
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(I, BLOCK_N)
     r = (pid // tiles_n).to(tl.int64)
@@ -70,8 +73,9 @@ def _pair_gate_up(x, idx, w, h, I, D, stride_x, stride_we, stride_wn, stride_h, 
 
 
 @triton.jit
-def _token_down(h, idx, topk_w, w, y, D, I, stride_h, stride_we, stride_wn, stride_y, TOP_K: tl.constexpr,
+def _token_down(h, idx, topk_w, w, y, D, I, stride_h, stride_we, stride_wn, stride_y, T, TOP_K: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # T only keys the autotuner (tuning.py): the pair count rounded up to a power of two
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(D, BLOCK_N)
     t = (pid // tiles_n).to(tl.int64)
@@ -108,6 +112,31 @@ def config(T: int, top_k: int, I: int, D: int) -> dict:
             "down": (4, max(16, triton.next_power_of_2(I)), 4) if I <= 512 else (2, 1024, 4)}
 
 
+# the candidates a GPU times per shape (tuning.py), (BLOCK_N, BLOCK_K, warps, stages): config()'s choice
+# first, then the sweep's runners-up and deeper / unpipelined variants
+_GATE_UP_CANDIDATES = [(2, 1024, 4, 3), (2, 1024, 4, 1), (1, 1024, 4, 3), (4, 512, 4, 3), (2, 512, 4, 3),
+                       (2, 2048, 8, 3), (4, 1024, 8, 3), (1, 2048, 4, 3)]
+_DOWN_CANDIDATES = [(2, 1024, 4, 3), (4, 512, 4, 3), (1, 1024, 4, 3), (4, 1024, 8, 3), (2, 512, 4, 3),
+                    (8, 256, 4, 3), (2, 1024, 4, 1)]
+
+
+def _fits(reduced: str):
+    """Prune: the candidates whose step along the reduced dim is at most its next power of two."""
+    def prune(configs, args):
+        full = max(16, triton.next_power_of_2(args[reduced]))
+        return [c for c in configs if c.kwargs["BLOCK_K"] <= full]
+    return prune
+
+
+def _tuned(fn, candidates, key, reduced):
+    return tuning.autotuned(fn, [({"BLOCK_N": bn, "BLOCK_K": bk}, w, st) for bn, bk, w, st in candidates], key,
+                            prune=_fits(reduced))
+
+
+_pair_gate_up_tuned = _tuned(_pair_gate_up, _GATE_UP_CANDIDATES, ["I", "D", "R", "TOP_K"], "D")
+_token_down_tuned = _tuned(_token_down, _DOWN_CANDIDATES, ["D", "I", "T", "TOP_K"], "I")
+
+
 def _buffer(shape, dtype, device) -> torch.Tensor:
     """The intermediate's and the output's allocation (tests poison it with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -122,17 +151,25 @@ def experts_small(x, idx, weights, gate_up, down, cfg: dict | None = None) -> to
     inter = I2 // 2
     assert gate_up.shape == (E, 2 * inter, D) and down.shape == (E, D, inter) and idx.shape == weights.shape
     assert x.stride(1) == gate_up.stride(2) == down.stride(2) == 1, "unit stride along the reduced dims"
-    cfg = cfg or config(T, k, inter, D)
     flat_idx = idx.reshape(-1).contiguous()
     flat_w = weights.reshape(-1).contiguous()
     h = _buffer((T * k, inter), x.dtype, x.device)
-    bn, bk, warps = cfg["gate_up"]
-    _pair_gate_up[(T * k * triton.cdiv(inter, bn),)](
-        x, flat_idx, gate_up, h, inter, D, x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
-        TOP_K=k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
     y = _buffer((T, D), x.dtype, x.device)
+    # the autotuner's key: pair counts in powers of two, so the warm-up's decode buckets (1, 2, 4, ... tokens)
+    # tune every count a later step can bring (3 tokens share 4's tiles): no tuning inside a user's request
+    pairs = triton.next_power_of_2(T * k)
+    gate_up_args = (x, flat_idx, gate_up, h, inter, D, x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
+                    pairs)
+    down_args = (h, flat_idx, flat_w, down, y, D, inter, h.stride(0), down.stride(0), down.stride(1), y.stride(0),
+                 pairs)
+    if cfg is None and tuning.on_device():
+        # on a GPU: the tiles measured fastest for this shape (tuning.py)
+        _pair_gate_up_tuned[lambda m: (T * k * triton.cdiv(inter, m["BLOCK_N"]),)](*gate_up_args, TOP_K=k)
+        _token_down_tuned[lambda m: (T * triton.cdiv(D, m["BLOCK_N"]),)](*down_args, TOP_K=k)
+        return y
+    cfg = cfg or config(T, k, inter, D)
+    bn, bk, warps = cfg["gate_up"]
+    _pair_gate_up[(T * k * triton.cdiv(inter, bn),)](*gate_up_args, TOP_K=k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
     bn, bk, warps = cfg["down"]
-    _token_down[(T * triton.cdiv(D, bn),)](
-        h, flat_idx, flat_w, down, y, D, inter, h.stride(0), down.stride(0), down.stride(1), y.stride(0),
-        TOP_K=k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    _token_down[(T * triton.cdiv(D, bn),)](*down_args, TOP_K=k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
     return y
