@@ -1,4 +1,4 @@
-"""The prefill's short convolution (model/conv_kernel.py) on the stacks' shapes at 16k tokens: its two kernels'
+"""The prefill's short convolution (model/kernels/conv.py) on the stacks' shapes at 16k tokens: its two kernels'
 choices (the tile kernel: tokens per tile, warps, tiles per program; the rows kernel: tokens per program,
 widest channel block, warps) side by side with a device copy of the same bytes (what the kernel's traffic,
 inputs read once and outputs written once, would take at copy speed), in the same run. Picks conv_kernel's
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("conv_prefill: needs a GPU (none visible)")
         return 2
-    from trtllm_dasc.model import conv_kernel
+    from trtllm_dasc.model.kernels import conv as conv_kernel
     T = args.tokens
     result = {**provenance("benchmarks/conv_prefill.py", argv, args.commit), "tokens": T,
               "default_tiles": [conv_kernel.BLOCK_T, conv_kernel.WARPS, conv_kernel.TILES],

@@ -1,5 +1,5 @@
 """The decode step's GEMMs at batch 1 (and 2, 4): cuBLAS (F.linear) against our few-row kernel
-(model/gemv_kernel.py) on every weight shape of the Kimi-Linear-shaped stack, in the same run, as TB/s of
+(model/kernels/gemv.py) on every weight shape of the Kimi-Linear-shaped stack, in the same run, as TB/s of
 weight bytes against the measured copy bandwidth, and the step's GEMM total (each shape's count per step x
 its time), and as ops.linear picks (gemv_kernel.preferred). --sweep also times (BN, BK, warps) choices at
 batch 1, to pick gemv_kernel.config's defaults.
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         return 2
     from benchmarks.copy_bandwidth import copy_bandwidth
 
-    from trtllm_dasc.model import gemv_kernel
+    from trtllm_dasc.model.kernels import gemv as gemv_kernel
     rows = [int(r) for r in args.rows.split(",")]
     if any(not 0 < r <= gemv_kernel.MAX_ROWS for r in rows):
         p.error(f"--rows: each in 1..{gemv_kernel.MAX_ROWS}")

@@ -1,4 +1,4 @@
-"""The prefill's conv kernels (model/conv_kernel.py; Triton's interpreter on the CPU) against the
+"""The prefill's conv kernels (model/kernels/conv.py; Triton's interpreter on the CPU) against the
 torch references (conv_kernel's, built on ops.causal_conv and ops.l2norm), and the mixers' conv step that
 uses them against the torch path."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
-from trtllm_dasc.model.conv_kernel import conv_parts, conv_parts_reference, supports  # noqa: E402
+from trtllm_dasc.model.kernels.conv import conv_parts, conv_parts_reference, supports  # noqa: E402
 from trtllm_dasc.model.ops import l2norm  # noqa: E402
 
 # natively on a GPU; on the CPU in Triton's interpreter (tests/conftest.py sets it without a GPU)
@@ -60,7 +60,7 @@ def test_conv_rows_kernel_matches_reference(rows):
 
 
 def test_rows_block_never_straddles_parts():
-    from trtllm_dasc.model.conv_kernel import rows_block
+    from trtllm_dasc.model.kernels.conv import rows_block
     assert rows_block([4096, 4096, 4096], 128, 1024) == 1024
     assert rows_block([2048, 2048, 4096], 128, 4096) == 2048
     assert rows_block([384, 384, 384], 128, 1024) == 128        # 384 = 3 heads: one head a block
@@ -121,7 +121,7 @@ def test_mixer_conv_step_matches_the_reference_path():
 def test_conv_decode_in_place_matches_reference_and_leaves_other_rows(W):
     # one token per sequence, the layer's state rows read and shifted where they live (states in fp32
     # next to bf16 inputs on a GPU, as a checkpoint's conv dtype may be)
-    from trtllm_dasc.model.conv_kernel import conv_decode_in_place, conv_decode_reference
+    from trtllm_dasc.model.kernels.conv import conv_decode_in_place, conv_decode_reference
     dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
     g = torch.Generator().manual_seed(W)
     parts, head, R = [32, 32, 64], 16, 9

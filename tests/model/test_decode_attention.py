@@ -10,7 +10,8 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
 from trtllm_dasc.model.attention import _attend  # noqa: E402
-from trtllm_dasc.model.decode_attention import paged_decode_attention, paged_decode_attention_ref  # noqa: E402
+from trtllm_dasc.model.kernels.decode_attention import (  # noqa: E402
+    paged_decode_attention, paged_decode_attention_ref)
 
 # natively on a GPU; on the CPU in Triton's interpreter (tests/conftest.py sets it without a GPU)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -79,7 +80,7 @@ def test_mla_query_in_two_tensors_matches_the_concatenated_query():
 
 
 def test_latent_write_norms_the_rows_into_the_pool_and_touches_no_other():
-    from trtllm_dasc.model.decode_attention import latent_write, latent_write_reference
+    from trtllm_dasc.model.kernels.decode_attention import latent_write, latent_write_reference
     g = torch.Generator().manual_seed(6)
     lora, rope = 48, 8
     # kv_a's output: a [B, lora + rope] slice of something wider, as a strided view
@@ -167,7 +168,7 @@ def test_key_splits_combine_to_the_reference(splits):
 
 
 def test_combine_kernel_matches_its_torch_reference_with_empty_splits():
-    from trtllm_dasc.model.decode_attention import _combine, _combine_kernel, _pow2
+    from trtllm_dasc.model.kernels.decode_attention import _combine, _combine_kernel, _pow2
     g = torch.Generator().manual_seed(9)
     B, H, S, DV = 2, 3, 5, 40
     o_part = torch.randn(B, H, S, DV, generator=g)

@@ -1,4 +1,4 @@
-"""The few-row GEMM kernel (model/gemv_kernel.py; Triton's interpreter on the CPU) against its torch reference
+"""The few-row GEMM kernel (model/kernels/gemv.py; Triton's interpreter on the CPU) against its torch reference
 (F.linear in fp32), with ragged edges in N and K, strided rows, every row count it takes and the configs the
 decode shapes get; on a GPU also ops.linear's dispatch against F.linear."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from trtllm_dasc.model import gemv_kernel  # noqa: E402
-from trtllm_dasc.model.gemv_kernel import gemv, gemv_reference  # noqa: E402
+from trtllm_dasc.model.kernels import gemv as gemv_kernel  # noqa: E402
+from trtllm_dasc.model.kernels.gemv import gemv, gemv_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float32

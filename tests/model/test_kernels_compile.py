@@ -29,7 +29,8 @@ def kernels() -> list[tuple]:
     """(kernel, signature, constexprs, num_warps) of every launch shape the model uses."""
     import triton
 
-    from trtllm_dasc.model import conv_kernel, decode_attention, gemv_kernel, swiglu_kernel
+    from trtllm_dasc.model.kernels import conv as conv_kernel, decode_attention
+    from trtllm_dasc.model.kernels import gemv as gemv_kernel, swiglu as swiglu_kernel
     out = []
     for dt in ("*bf16", "*fp32"):
         out.append((conv_kernel._conv_parts_kernel,

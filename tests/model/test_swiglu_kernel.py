@@ -1,4 +1,4 @@
-"""The tiled SwiGLU kernel (model/swiglu_kernel.py; Triton's interpreter on the CPU) against its torch
+"""The tiled SwiGLU kernel (model/kernels/swiglu.py; Triton's interpreter on the CPU) against its torch
 reference (torch's silu(gate) * up in fp32), on the column halves of one GEMM output as DenseMLP hands them
 over."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from trtllm_dasc.model.swiglu_kernel import swiglu, swiglu_reference  # noqa: E402
+from trtllm_dasc.model.kernels.swiglu import swiglu, swiglu_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -31,9 +31,9 @@ class AttnBatch:
     starts: list[int]
     kv_index: list[torch.Tensor] | None
     positions: torch.Tensor          # [T] absolute positions
-    # a batch on the paged kernel (decode_attention.py: decode steps, short chunks), per new token: (its
-    # sequence's block table [T, max blocks] int32, its length = position + 1 [T] int32, its flat KV row
-    # [T]) as kv.token_tables makes them; kv_index is then None
+    # a batch on the paged kernel (kernels/decode_attention.py: decode steps, short chunks), per new token:
+    # (its sequence's block table [T, max blocks] int32, its length = position + 1 [T] int32, its flat KV
+    # row [T]) as kv.token_tables makes them; kv_index is then None
     paged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
@@ -213,7 +213,8 @@ class GatedAttention:
         cos, sin = rope_cos_sin(batch.positions, s.rotary_dim, s.rope_theta, x.dtype)
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
         if batch.paged is not None:
-            from trtllm_dasc.model.decode_attention import paged_decode_attention   # triton: GPU decode only
+            # triton: GPU decode only
+            from trtllm_dasc.model.kernels.decode_attention import paged_decode_attention
             tables, lens, new_rows = batch.paged
             kv.write(layer, new_rows, [k, v])
             k_pool, v_pool = kv.pools[layer]
@@ -365,7 +366,8 @@ class MLAttention:
         cached row through kv_b_proj (the prefill path), without that S x kv_b work per step.
         latent: the new tokens' cache rows; raw: kv_a_proj's output instead, which
         decode_attention.latent_write norms into the pool in one kernel (the fused path)."""
-        from trtllm_dasc.model.decode_attention import latent_write, paged_decode_attention   # triton: GPU only
+        # triton: GPU only
+        from trtllm_dasc.model.kernels.decode_attention import latent_write, paged_decode_attention
         s, H = self.spec, self.H
         nope, rope, lora, vd = s.qk_nope_head_dim, s.qk_rope_head_dim, s.kv_lora_rank, s.v_head_dim
         tables, lens, new_rows = batch.paged

@@ -1,6 +1,6 @@
 """fla's fused kernels for the work around the recurrence (GPU only): the short conv and the gated norm;
 and for the rest of a layer: the residual add with the next RMSNorm, and SwiGLU's activation. Where a kernel
-of ours does better it takes over (the prefill's conv: conv_kernel.py; SwiGLU: swiglu_kernel.py).
+of ours does better it takes over (the prefill's conv: kernels/conv.py; SwiGLU: kernels/swiglu.py).
 
 The fused mixer path (linear_attn.py, taken when the recurrence backend says `fused_mixer`) calls these in
 place of ops.causal_conv and ops.gated_rms_norm, which stay the torch references with the same signatures
@@ -75,12 +75,12 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
 
 def prefill_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: list[int],
                  cuts: list[list[int]] | None, parts: list[int], head_dim: int):
-    """A prefill's conv in our kernels (model/conv_kernel.py): (parts, new state, captures) as
+    """A prefill's conv in our kernels (model/kernels/conv.py): (parts, new state, captures) as
     short_conv returns them with split=parts, each part contiguous, and the first two (q and k)
     l2-normalised per head_dim channels: the recurrence must not normalise them again. The caller checks
     conv_kernel.supports(parts, head_dim, W)."""
     # lazy: triton loads only when a kernel runs (the torch reference needs none)
-    from trtllm_dasc.model.conv_kernel import conv_parts
+    from trtllm_dasc.model.kernels.conv import conv_parts
     ys, new_state = conv_parts(x, weight, conv_state, cu_seqlens, parts, 2, head_dim)
     return ys, new_state, _captures(x, conv_state, cu_seqlens, cuts)
 
@@ -172,10 +172,10 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, e
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up in one kernel of ours (model/swiglu_kernel.py; fp32 inside, one rounding: torch
+    """silu(gate) * up in one kernel of ours (model/kernels/swiglu.py; fp32 inside, one rounding: torch
     rounds silu's output first); fla's kernel for shapes ours does not take."""
     if gate.dim() == 2 and gate.stride(1) == up.stride(1) == 1 and gate.shape == up.shape:
         # lazy: triton loads only when a kernel runs (the torch reference needs none)
-        from trtllm_dasc.model.swiglu_kernel import swiglu as tiled_swiglu
+        from trtllm_dasc.model.kernels.swiglu import swiglu as tiled_swiglu
         return tiled_swiglu(gate, up)
     return fla_swiglu(gate, up)

@@ -71,7 +71,7 @@ class PagedKVCache:
         return rows[start - first * bs:end - first * bs].to(self.cfg.device)
 
     def token_tables(self, block_tables: list[list[int]], starts: list[int], counts: list[int]):
-        """What the paged attention kernel (decode_attention.py) reads for new tokens: sequence i brings
+        """What the paged attention kernel (kernels/decode_attention.py) reads for new tokens: sequence i brings
         counts[i] tokens at positions starts[i].. . Per new token, in batch order: its sequence's block table
         (one int32 tensor [tokens, max blocks], padded with 0, never read past a length), its length
         position + 1 (int32: it sees keys 0..position, causal) and its flat KV row (int64), on the cache's

@@ -30,11 +30,11 @@ class MixerOut:
 
 def _conv_parts(x, weight, conv0, cu_seqlens, cuts, parts: list[int], fused: bool, head_dim: int):
     """The short conv with its output cut into `parts` channels (q, k, v): (outputs, state, captures,
-    normalized). Fused: a prefill takes our conv kernels (model/conv_kernel.py), which also l2-normalise
+    normalized). Fused: a prefill takes our conv kernels (model/kernels/conv.py), which also l2-normalise
     q and k per head (normalized True: the recurrence must not do it again); a decode step and shapes the
     kernel does not take go to fla's (fused_ops.short_conv). Else the torch reference."""
     if fused:
-        from trtllm_dasc.model import conv_kernel
+        from trtllm_dasc.model.kernels import conv as conv_kernel
         decode = x.shape[0] == len(cu_seqlens) - 1 and not any(cuts or [])
         if not decode and conv_kernel.supports(parts, head_dim, weight.shape[1]):
             return (*prefill_conv(x, weight, conv0, cu_seqlens, cuts, parts, head_dim), True)
@@ -158,9 +158,9 @@ class KDALayer:
         return MixerOut(linear(o.reshape(T, H * K), self.w["o"]), ht, conv, hb, conv_b)
 
     def _conv_in_place(self, mixed, conv_states, rows, cu_seqlens):
-        """A decode step's conv on the state rows where they live: one kernel (conv_kernel.py), or, for
+        """A decode step's conv on the state rows where they live: one kernel (kernels/conv.py), or, for
         shapes it does not take, fla's update between a gather and a scatter of the rows."""
-        from trtllm_dasc.model import conv_kernel
+        from trtllm_dasc.model.kernels import conv as conv_kernel
         parts, W = [self.H * self.K] * 3, self.w["conv"].shape[1]
         if conv_kernel.supports(parts, self.K, W):
             return conv_kernel.conv_decode_in_place(mixed, self.w["conv"], conv_states, rows, parts, self.K)

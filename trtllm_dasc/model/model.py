@@ -106,7 +106,7 @@ class HybridModel:
         self.dtype, self.device, self.backend = dtype, torch.device(device), backend
         self.all_reduce = None            # callable(tensor) -> tensor, required when tp_size > 1
         self.offset_norm = cfg.family.norm_offset
-        # attention through the paged kernel (decode_attention.py), one launch for the batch, when every
+        # attention through the paged kernel (kernels/decode_attention.py), one launch for the batch, when every
         # sequence brings at most PAGED_MAX_TOKENS tokens (decode steps, checkpoint hits' short suffixes,
         # wr replays): None = with the kernel backend on a GPU (fla: fused mixers too); True / False force it
         # (tests run it on the CPU in Triton's interpreter)

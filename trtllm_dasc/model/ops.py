@@ -12,10 +12,10 @@ import torch.nn.functional as F
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, except a one-row product on a GPU of a shape where our kernel beat cuBLAS
-    (model/gemv_kernel.py: a decode step at batch 1)."""
+    (model/kernels/gemv.py: a decode step at batch 1)."""
     if b is None and x.is_cuda and x.numel() == x.shape[-1] and w.dim() == 2:
         # lazy: triton loads only when a kernel runs (the torch reference needs none)
-        from trtllm_dasc.model import gemv_kernel
+        from trtllm_dasc.model.kernels import gemv as gemv_kernel
         x2 = x.reshape(1, -1)
         if gemv_kernel.preferred(1, w.shape[0], w.shape[1]) and gemv_kernel.supports(x2, w):
             return gemv_kernel.gemv(x2, w).view(*x.shape[:-1], w.shape[0])
@@ -27,7 +27,7 @@ def linear_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     product on a GPU takes gemv_kernel with x upcast inside it (exact): no separate upcast kernel, which at a
     Kimi decode step was one launch per MoE layer."""
     if x.is_cuda and x.numel() == x.shape[-1] and w.dim() == 2 and w.dtype == torch.float32:
-        from trtllm_dasc.model import gemv_kernel
+        from trtllm_dasc.model.kernels import gemv as gemv_kernel
         x2 = x.reshape(1, -1)
         if gemv_kernel.preferred(1, w.shape[0], w.shape[1]) and gemv_kernel.supports(x2, w):
             return gemv_kernel.gemv(x2, w, out_dtype=torch.float32).view(*x.shape[:-1], w.shape[0])
@@ -40,7 +40,7 @@ def linear_groups(x: torch.Tensor, w: torch.Tensor, groups: int) -> tuple[torch.
     on a GPU is one gemv_kernel launch for all of them (Kimi's f_b and g_b at a decode step: two 1 MB
     products, each bound by its launch, not its bytes); otherwise one F.linear per group."""
     if x.is_cuda and x.dim() == 2 and x.shape[0] == 1:
-        from trtllm_dasc.model import gemv_kernel
+        from trtllm_dasc.model.kernels import gemv as gemv_kernel
         if gemv_kernel.supports(x, w, groups):
             return gemv_kernel.gemv(x, w, groups=groups).chunk(groups, dim=-1)
     return tuple(F.linear(a, b) for a, b in zip(x.chunk(groups, dim=-1), w.chunk(groups, dim=0)))

@@ -32,7 +32,7 @@ def experts_grouped_mm(x, idx, weights, gate_up, down) -> torch.Tensor:
     hs = torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs)
     if hs.is_cuda:
         # lazy: triton loads only when a kernel runs (the torch reference needs none)
-        from trtllm_dasc.model.swiglu_kernel import swiglu
+        from trtllm_dasc.model.kernels.swiglu import swiglu
         act = swiglu(hs[:, :inter], hs[:, inter:])
     else:
         act = F.silu(hs[:, :inter]) * hs[:, inter:]

@@ -63,7 +63,7 @@ def _gate_args(A_log=None, dt_bias=None, beta_logits=False, qk_normalized=False)
     """The kernels' in-kernel gate, beta and l2norm options. With A_log/dt_bias, g is the raw gate and the
     kernel computes -exp(A_log) * softplus(g + dt_bias) (fp32, the reference's formula); with beta_logits,
     beta is the b projection and the kernel takes its sigmoid; q and k are l2-normalised inside unless
-    qk_normalized (the prefill's conv kernel did it, model/conv_kernel.py)."""
+    qk_normalized (the prefill's conv kernel did it, model/kernels/conv.py)."""
     extra = {"use_qk_l2norm_in_kernel": not qk_normalized}
     if A_log is not None:
         extra.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
