@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trtllm_dasc.model import tuning
+from trtllm_dasc.model.kernels import tuning
 
 MAX_ROWS = 4
 

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trtllm_dasc.model import tuning
+from trtllm_dasc.model.kernels import tuning
 
 # T * top_k up to which moe.experts takes this path. At 64 pairs over Kimi's 256 experts ~57 distinct
 # experts are expected (256 x (1 - (255/256)^64)): ~11% of the bytes read twice (less where the L2 catches

@@ -1,6 +1,6 @@
 """Tile choices of the decode's streaming kernels, measured on the device they run on, at warm-up.
 
-A batch-1 decode step is bound by how fast its few-row products stream their weights (gemv_kernel.py, the
+A batch-1 decode step is bound by how fast its few-row products stream their weights (kernels/gemv.py, the
 small MoE path in moe/small.py), and which tiles stream fastest depends on the shape and the GPU: on the
 H200 the batch-1 products read their weights at 56-72% of copy bandwidth with the tiles that won an offline
 sweep. So on a GPU these kernels go through Triton's autotuner over a few candidates around that choice,
