@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from benchmarks import state_bandwidth_report as report
 from benchmarks import state_codec_arms as arms_mod
 from benchmarks.state_codec_arms import MIXED
 from trtllm_dasc.errors import UserError
@@ -281,6 +282,7 @@ def print_masks(grid: list[Masks]) -> None:
 
 # ---- timing (CUDA only) -------------------------------------------------------------------------------
 bytes_moved = arms_mod.bytes_moved
+TARGET_PCT = report.TARGET_PCT
 
 
 def measure(masks: Masks, codec: str, layout: str, B: int, do_bench, with_conv: bool = True,
@@ -303,7 +305,9 @@ def measure(masks: Masks, codec: str, layout: str, B: int, do_bench, with_conv: 
         ms_graph = do_bench(capture(fn).replay, warmup=25, rep=100, return_mode="median") if gpu else ms
         nread, nwritten = arm.traffic[op]
         nbytes = nread + nwritten
-        flush = (flush_study(fn, nbytes, do_bench) if gpu else smoke_copy(nbytes, do_bench)) if B >= 64 or not gpu else {}
+        flush = {}
+        if B >= 64 or not gpu:
+            flush = flush_study(fn, nbytes, do_bench) if gpu else smoke_copy(nbytes, do_bench)
         out.append({"model": masks.model, "arch": spec["arch"], "wmax": masks.wmax,
                     "kept_fraction": round(arm.kept / (spec["L"] * spec["n"]), 4), "codec": codec,
                     "conv_codec": conv_codec if with_conv else None, "layout": "ragged" if codec == MIXED else layout,
@@ -439,73 +443,6 @@ def sweep_masks(args, grid: list[Masks]) -> list[Masks]:
     return out
 
 
-def _op_label(a: dict) -> str:
-    """store / load, "-" appended for an arm timed without its conv copy (--split-conv)."""
-    return a["op"] if a.get("with_conv", True) else a["op"] + "-"
-
-
-def print_arms(arms: list[dict]) -> None:
-    hdr = (f"{'model':16} {'W':>4} {'kept':>5} {'codec':9} {'op':6} {'B':>3} {'us':>8} {'us/ckpt':>8} {'graph':>7} "
-           f"{'g/ckpt':>7} {'host':>6} {'GB/s':>6} {'%copy':>6} {'g%copy':>6}")
-    print(hdr)
-    print("-" * len(hdr))
-    for a in arms:
-        op = _op_label(a)
-        print(f"{a['model']:16} {a['wmax']:>4} {a['kept_fraction']:>5.2f} {arms_mod.label(a):9} {op:6} {a['batch']:>3} "
-              f"{a['us']:>8.1f} {a['us_per_checkpoint']:>8.1f} {a['us_graph']:>7.1f} {a['us_per_checkpoint_graph']:>7.2f} "
-              f"{a['host_us']:>6.1f} {a['GBps']:>6.0f} {a['pct_of_copy']:>6.1f} {a['pct_of_copy_graph']:>6.1f}")
-
-
-def print_flush(arms: list[dict]) -> None:
-    """The batch-64 arms beside a copy of their own bytes (graph replays), L2 flushed by do_bench's zeroing
-    and by a read."""
-    rows = [a for a in arms if "us_graph_read_flush" in a]
-    if not rows:
-        return
-    print("\nCUDA-graph replays beside a copy of the same bytes (torch copy_), L2 flushed by zeroing (do_bench) "
-          "/ by reading 256 MB; %1GiB: of the 1 GiB copy bandwidth, %same: of the same-size copy's:")
-    hdr = (f"{'model':16} {'W':>4} {'codec':9} {'op':6} {'us':>7} {'copy us':>7} {'copy%1GiB':>9} {'%same':>6} "
-           f"{'us rd':>7} {'copy rd':>7} {'%1GiB rd':>8} {'%same rd':>8}")
-    print(hdr)
-    print("-" * len(hdr))
-    for a in rows:
-        op = _op_label(a)
-        print(f"{a['model']:16} {a['wmax']:>4} {arms_mod.label(a):9} {op:6} {a['us_graph']:>7.1f} "
-              f"{a['same_size_copy_us_graph']:>7.1f} {a['same_size_copy_pct_of_copy']:>9.1f} "
-              f"{a['pct_of_same_size_copy_graph']:>6.1f} {a['us_graph_read_flush']:>7.1f} "
-              f"{a['same_size_copy_us_graph_read_flush']:>7.1f} {a['pct_of_copy_graph_read_flush']:>8.1f} "
-              f"{a['pct_of_same_size_copy_graph_read_flush']:>8.1f}")
-
-
-TARGET_PCT = 80.0        # the speed issue's target: every batch-64 arm at >= 80% of copy bandwidth
-
-
-def target_summary(arms: list[dict]) -> dict:
-    """The weakest batch-64 arm (with its conv copy, as the engine stores) under each yardstick: eager and
-    graph times after do_bench's zeroing flush against the 1 GiB copy, the graph after a read flush against
-    it, and the graph against a copy of the arm's own bytes timed the same way. Printed and returned."""
-    rows = arms_mod.target_rows(arms)
-    keys = {"eager, zeroing flush, of the 1 GiB copy": "pct_of_copy",
-            "graph, zeroing flush, of the 1 GiB copy": "pct_of_copy_graph",
-            "graph, read flush, of the 1 GiB copy": "pct_of_copy_graph_read_flush",
-            "graph, zeroing flush, of a copy of the same bytes": "pct_of_same_size_copy_graph",
-            "graph, read flush, of a copy of the same bytes": "pct_of_same_size_copy_graph_read_flush"}
-    out = {}
-    if rows:
-        print(f"\ntarget: every batch-{rows[0]['batch']} arm at >= {TARGET_PCT:.0f}% of copy bandwidth; the weakest arm by yardstick:")
-    for label, key in keys.items():
-        have = [a for a in rows if key in a]
-        if not have:
-            continue
-        worst = min(have, key=lambda a: a[key])
-        name = f"{worst['model']} W={worst['wmax']} {arms_mod.label(worst)} {worst['op']}"
-        below = sum(a[key] < TARGET_PCT for a in have)
-        out[key] = {"yardstick": label, "min_pct": round(worst[key], 1), "arm": name, "arms_below": below,
-                    "met": below == 0}
-        print(f"  {label:52} {worst[key]:6.1f}%  {name:36} {'met' if below == 0 else f'{below} arm(s) below'}")
-    return out
-
-
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--masks", choices=["plan", "random"], default=None,
@@ -557,19 +494,6 @@ def parse_args(argv):
     return args
 
 
-def add_fractions(arms: list[dict], copy_gbps: float) -> None:
-    for a in arms:
-        a["pct_of_copy"] = 100.0 * a["GBps"] / copy_gbps
-        a["pct_of_copy_graph"] = 100.0 * a["GBps_graph"] / copy_gbps
-        if "same_size_copy_GBps_graph" in a:
-            a["pct_of_same_size_copy_graph"] = 100.0 * a["GBps_graph"] / a["same_size_copy_GBps_graph"]
-            a["same_size_copy_pct_of_copy"] = 100.0 * a["same_size_copy_GBps_graph"] / copy_gbps
-        if "us_graph_read_flush" in a:
-            a["pct_of_copy_graph_read_flush"] = 100.0 * a["GBps_graph_read_flush"] / copy_gbps
-            a["pct_of_same_size_copy_graph_read_flush"] = (100.0 * a["GBps_graph_read_flush"]
-                                                           / a["same_size_copy_GBps_graph_read_flush"])
-
-
 def run_arms(args, grid: list[Masks], mixed: list[Masks], bench, device: str) -> list[dict]:
     """Every codec arm of --codecs x --conv-codec over the grid (mixed: over its own horizon-plan masks)."""
     batches = (2,) if args.smoke else (64,) if args.quick else (1, 64)
@@ -611,15 +535,15 @@ def main(argv=None) -> int:
     uniform = [c for c in args.codecs if c != MIXED]
     sweep = (tile_sweep(sweep_masks(args, grid), args.layout, do_bench, copy_gbps, args.sweep_tiles, args.sweep_warps,
                         args.sweep_conv_tiles, uniform) if args.sweep and gpu else [])
-    add_fractions(arms, copy_gbps)
+    report.add_fractions(arms, copy_gbps)
     print(f"device {torch.cuda.get_device_name() if gpu else 'cpu (Triton interpreter)'}  torch {torch.__version__}  "
           f"triton {triton.__version__}")
     print(f"copy bandwidth (torch copy_, {'1 GiB' if gpu else '16 MiB'}): {copy_gbps:.0f} GB/s")
     print("us: eager call (python + launch + kernel); graph: CUDA-graph replay (kernel only); host: python+launch")
-    print_arms(arms)
-    print_flush(arms)
-    target = target_summary(arms)
-    verdicts = arms_mod.codec_verdicts(arms, TARGET_PCT)
+    report.print_arms(arms)
+    report.print_flush(arms)
+    target = report.target_summary(arms)
+    verdicts = report.codec_verdicts(arms, report.TARGET_PCT)
     result = {**provenance("benchmarks/state_bandwidth.py", argv, args.commit), "torch": torch.__version__,
               "triton": triton.__version__, "copy_GBps": copy_gbps, "layout": args.layout, "mask_source": args.masks
               if not args.plan else "plan-file", "masks": [m.summary() for m in grid + ([] if args.smoke else mixed)],

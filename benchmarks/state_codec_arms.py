@@ -26,13 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from trtllm_dasc.spec import CODECS, CONV_CODECS
+from trtllm_dasc.spec import CODECS
 
 MIXED = "mixed"
 ARM_CODECS = (*CODECS, MIXED)
 # the CPU smoke run's shapes (--smoke): a kda-like rank (unit = one row) and a gdn-like one (unit = R rows)
 SMOKE_MODELS = {
-    "smoke-kda": dict(arch="kda", L=3, n=16, V=16, R=1, conv_dim=32, conv_width=3),
+    # 30 x 3 conv values a layer: the 8-bit conv's codes take padding to 4 bytes
+    "smoke-kda": dict(arch="kda", L=3, n=16, V=16, R=1, conv_dim=30, conv_width=3),
     "smoke-gdn": dict(arch="gdn", L=2, n=4, V=16, R=8, conv_dim=24, conv_width=3),
 }
 SMOKE_KEEP = 0.5
@@ -147,45 +148,3 @@ def smoke_lists(shape: dict, seed: int) -> tuple[list[list[int]], list[list[str]
              for _ in range(shape["L"])]
     codecs = [[SMOKE_SEGMENTS[(l + i) % len(SMOKE_SEGMENTS)] for i in range(len(us))] for l, us in enumerate(lists)]
     return lists, codecs
-
-
-def label(a: dict) -> str:
-    """An arm's codec as printed and as its verdict's key: the temporal codec, +c8 with the 8-bit conv."""
-    return a["codec"] + ("+c8" if a.get("conv_codec") == "int8" else "")
-
-
-def target_rows(arms: list[dict]) -> list[dict]:
-    """The arms a target judges: the largest batch timed (64 on the GPU), with their conv copy as the engine
-    stores."""
-    rows = [a for a in arms if a.get("with_conv", True)]
-    top = max((a["batch"] for a in rows), default=0)
-    return [a for a in rows if a["batch"] == top]
-
-
-# the target's yardstick (module docstring of state_bandwidth.py), then the ones printed beside it
-VERDICT_KEYS = ("pct_of_same_size_copy_graph", "pct_of_same_size_copy_graph_read_flush", "pct_of_copy_graph")
-
-
-def codec_verdicts(arms: list[dict], target_pct: float) -> dict:
-    """Per codec label: each yardstick's weakest arm, and met (the first yardstick: every store and load arm
-    of the codec at >= target_pct). Printed and returned."""
-    groups: dict[str, list[dict]] = {}
-    for a in target_rows(arms):
-        groups.setdefault(label(a), []).append(a)
-    out = {}
-    if groups:
-        print(f"\nper codec: store and load at >= {target_pct:.0f}% of a same-size copy (graph, zeroing flush)")
-    for name, rows in groups.items():
-        v = {"arms": len(rows), "batch": rows[0]["batch"], "target_pct": target_pct}
-        for key in VERDICT_KEYS:
-            have = [a for a in rows if key in a]
-            if have:
-                worst = min(have, key=lambda a: a[key])
-                v[key] = {"min_pct": round(worst[key], 1), "arm": f"{worst['model']} W={worst['wmax']} {worst['op']}",
-                          "arms_below": sum(a[key] < target_pct for a in have)}
-        first = v.get(VERDICT_KEYS[0])
-        v["met"] = None if first is None else first["arms_below"] == 0
-        out[name] = v
-        shown = f"{first['min_pct']:6.1f}%  {first['arm']:28}" if first else "  (no same-size copy timed)"
-        print(f"  {name:9} {shown} {'met' if v['met'] else 'NOT met' if v['met'] is False else '-'}")
-    return out
