@@ -494,26 +494,34 @@ def parse_args(argv):
     return args
 
 
-def run_arms(args, grid: list[Masks], mixed: list[Masks], bench, device: str) -> list[dict]:
-    """Every codec arm of --codecs x --conv-codec over the grid (mixed: over its own horizon-plan masks)."""
+def run_arms(args, grid: list[Masks], mixed: list[Masks], bench, device: str, errors: list) -> list[dict]:
+    """Every codec arm of --codecs x --conv-codec over the grid (mixed: over its own horizon-plan masks). On
+    the GPU an arm that fails (a kernel's first compile there) is recorded in errors and the others run on."""
     batches = (2,) if args.smoke else (64,) if args.quick else (1, 64)
+    plan = [(m, c, cc, B, True) for m in grid for c in args.codecs if c != MIXED
+            for cc in args.conv_codec for B in batches]
+    plan += [(m, c, "native", 64, False) for m in grid for c in args.codecs if c != MIXED and args.split_conv]
+    plan += [(m, MIXED, cc, B, True) for m in mixed for cc in args.conv_codec for B in batches]
     out = []
-    for masks in grid:
-        for codec in [c for c in args.codecs if c != MIXED]:
-            for conv_codec in args.conv_codec:
-                for B in batches:
-                    out.extend(measure(masks, codec, args.layout, B, bench, conv_codec=conv_codec, device=device))
-            if args.split_conv:
-                out.extend(measure(masks, codec, args.layout, 64, bench, with_conv=False, device=device))
-    for masks in mixed:
-        for conv_codec in args.conv_codec:
-            for B in batches:
-                out.extend(measure(masks, MIXED, "ragged", B, bench, conv_codec=conv_codec, device=device))
+    for masks, codec, conv_codec, B, with_conv in plan:
+        try:
+            out.extend(measure(masks, codec, "ragged" if codec == MIXED else args.layout, B, bench, with_conv,
+                               conv_codec, device))
+        except Exception as e:          # noqa: BLE001 (the GPU run goes on; the smoke run raises)
+            if args.smoke:
+                raise
+            errors.append({"model": masks.model, "wmax": masks.wmax, "codec": codec, "conv_codec": conv_codec,
+                           "batch": B, "error": f"{type(e).__name__}: {e}"})
+            print(f"state_bandwidth: {masks.model} W={masks.wmax} {codec} conv {conv_codec} B={B} failed: "
+                  f"{errors[-1]['error']}")
     return out
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.smoke:
+        # read when a kernel is decorated: before the lazy imports of the state kernels below
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     grid = mask_grid(args)
     mixed = (grid if args.smoke else mixed_grid(args)) if MIXED in args.codecs else []
     print_masks(grid + ([] if args.smoke else mixed))
@@ -531,7 +539,8 @@ def main(argv=None) -> int:
     else:
         do_bench = cpu_ms
     copy_gbps = copy_bandwidth("cuda") / 1e9 if gpu else copy_bandwidth("cpu", 16 << 20, 3) / 1e9
-    arms = run_arms(args, grid, mixed, do_bench, "cuda" if gpu else "cpu")
+    errors = []
+    arms = run_arms(args, grid, mixed, do_bench, "cuda" if gpu else "cpu", errors)
     uniform = [c for c in args.codecs if c != MIXED]
     sweep = (tile_sweep(sweep_masks(args, grid), args.layout, do_bench, copy_gbps, args.sweep_tiles, args.sweep_warps,
                         args.sweep_conv_tiles, uniform) if args.sweep and gpu else [])
@@ -550,7 +559,7 @@ def main(argv=None) -> int:
               "tile_elems": triton_ops.TILE_ELEMS, "num_warps": triton_ops.NUM_WARPS,
               "conv_tile_elems": triton_ops.CONV_TILE_ELEMS or triton_ops.TILE_ELEMS, "arms": arms, "sweep": sweep,
               "target": target, "codecs": args.codecs, "conv_codecs": args.conv_codec, "precision": args.precision,
-              "codec_verdicts": verdicts, "smoke": args.smoke}
+              "codec_verdicts": verdicts, "errors": errors, "smoke": args.smoke}
     paths = ([args.out] if args.out else []) + (
         [os.path.join(os.environ["OUT"], "state_bandwidth.json")] if os.environ.get("OUT") and gpu else [])
     for p in paths:

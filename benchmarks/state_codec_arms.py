@@ -5,7 +5,9 @@ Codecs (``--codecs``): every temporal codec of spec.CODECS (native, int8, fp8, i
 codec of ``--conv-codec`` (native: the conv state copied in its dtype; int8: state/conv8_*, one scale per
 layer), and ``mixed``: horizon precision (plan/precision.py), one codec segment per codec as the engine's
 MixedPool holds them (engine/pools.py); its store / load is the whole MixedPool op, one launch per segment
-(and one for the 8-bit conv), timed together.
+(and one for the 8-bit conv), timed together. Its segments are plain pools of the rank's own units, as the
+uniform arms time them: where storage balancing moves a segment's units (parallel.storage.BalancedPool),
+the exchange between ranks is not part of the timed op.
 
 Bytes (per checkpoint; B checkpoints per call):
   store  read the retained units in the temporal dtype + the active conv state;
@@ -128,9 +130,9 @@ def build(masks, shape: dict, codec: str, conv_codec: str, layout: str, B: int, 
         pool = pool_of(masks.lists, codec, layout, with_conv)
         flows = {op: traffic(pool.layout, op, B, with_conv) for op in ("store", "load")}
         record = {}
-    gen = torch.Generator().manual_seed(seed)
-    temporal = torch.randn(L, B, n * R, V, generator=gen).to(device)
-    conv = torch.randn(L, B, shape["conv_dim"], shape["conv_width"], generator=gen).to(torch.bfloat16).to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    temporal = torch.randn(L, B, n * R, V, generator=gen, device=device)
+    conv = torch.randn(L, B, shape["conv_dim"], shape["conv_width"], generator=gen, device=device).to(torch.bfloat16)
     conv = conv if with_conv else None
     rows = torch.arange(B, device=device)
     slots = torch.arange(1, B + 1, device=device)        # slot 0 is reserved
