@@ -1,12 +1,25 @@
 """Effective bandwidth of checkpoint store / load (Triton kernels) next to the device's copy bandwidth.
 
 One TP8 rank of Kimi-Linear-48B (kda channel units) and of Qwen3-Next-80B (gdn head units), W_max 0, 16
-and 128, native and int8 codecs, batch 1 and 64. Bytes = what the kernels read + write (load writes whole
-active rows: retained units and the zero-filled omitted ones), timed with triton.testing.do_bench (median,
-L2 flushed between reps). Batch-64 arms also time a device copy of their own bytes under the same protocol
-and both again with the L2 emptied by a read instead of do_bench's zeroing, all as CUDA-graph replays
-(flush_study: the zeroing's dirty lines are written back inside the timed call, a fixed cost that a 1 GiB
-copy hides and a small store cannot).
+and 128, the codecs of --codecs (native and int8 unless told), batch 1 and 64. Bytes = what the kernels read +
+write (load writes whole active rows: retained units and the zero-filled omitted ones; packed widths and row
+scales per codec: benchmarks/state_codec_arms.py says how each is counted), timed with
+triton.testing.do_bench (median, L2 flushed between reps). Batch-64 arms also time a device copy of their own
+bytes under the same protocol and both again with the L2 emptied by a read instead of do_bench's zeroing, all
+as CUDA-graph replays (flush_study: the zeroing's dirty lines are written back inside the timed call, a fixed
+cost that a 1 GiB copy hides and a small store cannot).
+
+Codecs, --codecs (comma-separated): native, int8, fp8 (e4m3), int4 (two values a byte per row), and mixed
+(horizon precision, --precision: each kept unit in its horizon band's codec, one ragged segment per codec,
+timed as the engine's MixedPool store / load, every segment's launch together; its masks are the planner's
+horizon plan, the busiest rank by own bytes; not with --layout padded or --plan). --conv-codec native,int8
+times each arm with the conv state copied in its dtype and / or in 8 bits (state/conv8_*).
+
+Target (issue 35 item 1), written before any GPU run: every batch-64 store and load arm of a codec at >= 80%
+of a same-size copy's bandwidth on the H200, both timed as CUDA-graph replays after do_bench's zeroing flush
+(pct_of_same_size_copy_graph). The result's 'codec_verdicts' gives each codec (and codec+conv8) its weakest
+arm and met / not met on that yardstick, with the read-flush one beside it; 'target' keeps the weakest arm
+of all under every yardstick, as before.
 
 Masks (which units of the rank a checkpoint keeps), --masks:
   plan (default)  the planner's plan. Each model's real config.json (tests/data/, the repository's copies
@@ -26,9 +39,16 @@ Every row records where its masks came from (masks, mask_rank, placement) and th
 
 Usage:
   python -m benchmarks state_bandwidth [--masks plan|random] [--layout ragged|padded] [--plan plan.json]
-                                       [--quick] [--sweep] [--reference-dir DIR]
-Without CUDA it builds and prints the masks only (the plan part) and times nothing.
+                                       [--codecs native,int8,fp8,int4,mixed] [--conv-codec native,int8]
+                                       [--precision horizon] [--quick] [--sweep] [--reference-dir DIR] [--smoke]
+Without CUDA it builds and prints the masks only (the plan part) and times nothing. --smoke: every arm of
+--codecs / --conv-codec on tiny shapes (SMOKE_MODELS) in Triton's interpreter on CPU, timed by the host
+clock (seconds; checks the arms run and count their bytes, its GB/s mean nothing); writes --out only if given.
 Writes benchmarks/results/state_bandwidth.json (and $OUT/state_bandwidth.json when $OUT is set).
+
+The GPU run of issue 35 item 1 (one H200, about 3 minutes; benchmarks/results/README.md):
+  python -m benchmarks state_bandwidth --quick --codecs native,int8,fp8,int4,mixed --conv-codec native,int8 \
+      --commit SHA --out benchmarks/results/state_bandwidth_codecs_h200_SHORT.json
 """
 from __future__ import annotations
 
@@ -44,6 +64,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from benchmarks import state_bandwidth_report as report
+from benchmarks import state_codec_arms as arms_mod
+from benchmarks.state_codec_arms import MIXED
+from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import CONV_CODECS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,6 +88,8 @@ REFERENCE_DIR = os.path.join(ROOT, "tests", "data")
 REFERENCE = {"kimi-linear-48b": "kimi-linear-48b-a3b.config.json",
              "qwen3-next-80b": "qwen3-next-80b-a3b.config.json"}
 DECAY_SEED = 0
+# every shape a Masks may name: the timed models and the CPU smoke run's
+SHAPES = {**MODELS, **arms_mod.SMOKE_MODELS}
 
 
 @dataclass
@@ -75,12 +103,21 @@ class Masks:
     rank: int | None = None           # the TP rank of the lists (None: random masks belong to no rank)
     placement: str | None = None
     plan: object = field(default=None, repr=False)   # the DascPlan (source plan), for checks and the record
+    # horizon precision (the mixed arm): each listed unit's codec, the segments' codec order, the conv's segment
+    codecs: list[list[str]] | None = None
+    segments: tuple[str, ...] = ()
+    conv_segment: int = 0
 
     def record(self) -> dict:
         """What every result row carries, so a reader can tell which masks were timed."""
         counts = [len(k) for k in self.lists]
-        return {"masks": self.source, "mask_rank": self.rank, "placement": self.placement,
-                "retained_per_layer": counts, "retained_sum": sum(counts), "retained_max": max(counts, default=0)}
+        out = {"masks": self.source, "mask_rank": self.rank, "placement": self.placement,
+               "retained_per_layer": counts, "retained_sum": sum(counts), "retained_max": max(counts, default=0)}
+        if self.codecs is not None:
+            flat = [c for row in self.codecs for c in row]
+            out["retained_per_codec"] = {c: flat.count(c) for c in self.segments}
+            out["precision"] = self.plan.options.precision if self.plan is not None else "smoke"
+        return out
 
     def summary(self) -> dict:
         out = {"model": self.model, "wmax": self.wmax, **self.record()}
@@ -125,10 +162,11 @@ def write_decay_checkpoint(out_dir: str, model: str, ref_dir: str = REFERENCE_DI
     return out_dir
 
 
-def engine_plan(path: str, wmax: int, layout: str):
-    """The plan an engine built with dasc-build --tp 8 --layout LAYOUT would run."""
+def engine_plan(path: str, wmax: int, layout: str, precision: str = "uniform"):
+    """The plan an engine built with dasc-build --tp 8 --layout LAYOUT [--precision P] would run."""
     from trtllm_dasc.plan import PlanOptions, plan_from_path
-    plan, _ = plan_from_path(path, PlanOptions(wmax=wmax, tp=TP, placement="hybrid", layout=layout))
+    plan, _ = plan_from_path(path, PlanOptions(wmax=wmax, tp=TP, placement="hybrid", layout=layout,
+                                               precision=precision))
     # units move between ranks at run time for the ragged layout only (parallel.storage); dasc-build refuses a
     # padded engine whose plan would move any, so such an engine runs without placement
     if layout == "padded" and plan.moved_units:
@@ -137,8 +175,13 @@ def engine_plan(path: str, wmax: int, layout: str):
 
 
 def busiest_rank(plan) -> int:
-    """The rank whose own units need the widest slot (ragged: U_r, padded: L * max_l r_l); lowest on ties.
-    Its kernels encode all its units even when storage balance ships some away afterwards."""
+    """The rank whose own units need the widest slot (ragged: U_r, padded: L * max_l r_l; horizon precision:
+    the most bytes); lowest on ties. Its kernels encode all its units even when storage balance ships some
+    away afterwards."""
+    if plan.options.bands is not None:
+        unit = {c: plan.config.unit_bytes(c) for c in plan.codec_segments}
+        widths = [sum(unit[c] * n for c, n in zip(plan.codec_segments, col)) for col in zip(*plan.rank_codec_counts())]
+        return widths.index(max(widths))
     per_rank = list(zip(*plan.rank_layer_counts()))
     if plan.options.layout == "ragged":
         widths = [sum(c) for c in per_rank]
@@ -156,16 +199,22 @@ def check_shapes(model: str, cfg) -> None:
         raise SystemExit(f"state_bandwidth: MODELS[{model!r}] = {spec} disagrees with {REFERENCE[model]}: {got}")
 
 
-def plan_masks(model: str, wmaxes, layout: str = "ragged", ref_dir: str = REFERENCE_DIR) -> list[Masks]:
-    """The busiest TP8 rank's retained units under the planner's plan, one Masks per W_max."""
+def plan_masks(model: str, wmaxes, layout: str = "ragged", ref_dir: str = REFERENCE_DIR,
+               precision: str = "uniform") -> list[Masks]:
+    """The busiest TP8 rank's retained units under the planner's plan, one Masks per W_max (a horizon
+    precision: with each unit's codec, for the mixed arm)."""
     check_shapes(model, reference_config(model, ref_dir))
     out = []
     with tempfile.TemporaryDirectory(prefix="state-bw-") as tmp:
         path = write_decay_checkpoint(os.path.join(tmp, model), model, ref_dir)
         for W in wmaxes:
-            plan = engine_plan(path, W, layout)
+            plan = engine_plan(path, W, layout, precision)
             rank = busiest_rank(plan)
-            out.append(Masks(model, W, "plan", plan.local_retained(rank), rank, plan.options.placement, plan))
+            m = Masks(model, W, "plan", plan.local_retained(rank), rank, plan.options.placement, plan)
+            if plan.options.bands is not None:
+                m.codecs, m.segments = plan.local_codecs(rank), tuple(plan.codec_segments)
+                m.conv_segment = plan.conv_segment
+            out.append(m)
     return out
 
 
@@ -190,7 +239,18 @@ def file_masks(path: str) -> Masks:
     return Masks(d["model"], d["wmax"], "plan-file", [sorted(u) for u in d["retained_local"]], d.get("rank"))
 
 
+def smoke_masks() -> list[Masks]:
+    """The --smoke run's masks: half of each tiny layer, a codec per unit for the mixed arm."""
+    out = []
+    for i, name in enumerate(arms_mod.SMOKE_MODELS):
+        lists, codecs = arms_mod.smoke_lists(SHAPES[name], seed=i)
+        out.append(Masks(name, 0, "smoke", lists, codecs=codecs, segments=arms_mod.SMOKE_SEGMENTS))
+    return out
+
+
 def mask_grid(args) -> list[Masks]:
+    if args.smoke:
+        return smoke_masks()
     if args.plan:
         return [file_masks(args.plan)]
     wmaxes = (16,) if args.quick else WMAXES
@@ -199,61 +259,84 @@ def mask_grid(args) -> list[Masks]:
     return [m for name in MODELS for m in plan_masks(name, wmaxes, args.layout, args.reference_dir)]
 
 
+def mixed_grid(args) -> list[Masks]:
+    """The mixed arm's masks (its own horizon plan per model and W_max); none where it cannot run."""
+    if MIXED not in args.codecs or args.smoke:
+        return []
+    if args.plan or args.layout != "ragged" or args.masks != "plan":
+        print("state_bandwidth: the mixed arm needs the planner's masks and --layout ragged: skipped")
+        return []
+    wmaxes = (16,) if args.quick else WMAXES
+    return [m for name in MODELS for m in plan_masks(name, wmaxes, "ragged", args.reference_dir, args.precision)]
+
+
 def print_masks(grid: list[Masks]) -> None:
     print(f"{'model':16} {'W':>4} {'masks':9} {'rank':>4} {'placement':9} {'kept':>6} {'of':>6} {'max/layer':>9}")
     for m in grid:
         r = m.record()
-        total = MODELS[m.model]["L"] * MODELS[m.model]["n"]
+        total = SHAPES[m.model]["L"] * SHAPES[m.model]["n"]
+        mixed = f"  {r['retained_per_codec']}" if "retained_per_codec" in r else ""
         print(f"{m.model:16} {m.wmax:>4} {m.source:9} {m.rank!s:>4} {m.placement!s:9} "
-              f"{r['retained_sum']:>6} {total:>6} {r['retained_max']:>9}")
+              f"{r['retained_sum']:>6} {total:>6} {r['retained_max']:>9}{mixed}")
 
 
 # ---- timing (CUDA only) -------------------------------------------------------------------------------
-def bytes_moved(lay, op: str, B: int, model_bytes: int = 2, with_conv: bool = True) -> int:
-    payload = lay.num_retained * (lay.unit_bytes())
-    conv = lay.num_layers * lay.conv_dim * lay.conv_width * with_conv
-    if op == "store":
-        return B * (lay.num_retained * lay.unit_elements * 4 + payload + conv * (model_bytes + 2))
-    active = lay.num_layers * lay.units_per_layer * lay.unit_elements * 4
-    return B * (payload + active + conv * (2 + model_bytes))
+bytes_moved = arms_mod.bytes_moved
+TARGET_PCT = report.TARGET_PCT
 
 
-def measure(masks: Masks, codec: str, layout: str, B: int, do_bench, with_conv: bool = True) -> list[dict]:
-    """Store and load of B checkpoints under these masks; with_conv False: the temporal units alone (the
-    conv copy that the same launch carries left out, so its share of a small store's time shows)."""
-    from trtllm_dasc.state import CheckpointPool, StateLayout, triton_ops
-    name, W, spec = masks.model, masks.wmax, MODELS[masks.model]
-    L, n, V, R = spec["L"], spec["n"], spec["V"], spec["R"]
-    lay = StateLayout.from_retained(masks.lists, units_per_layer=n, unit_elements=R * V, value_dim=V, codec=codec,
-                                    layout=layout, conv_dim=spec["conv_dim"], conv_width=spec["conv_width"])
-    pool = CheckpointPool(lay, (B + 1) * lay.slot_bytes(), device="cuda")
-    temporal = torch.randn(L, B, n * R, V, device="cuda")
-    conv = torch.randn(L, B, spec["conv_dim"], spec["conv_width"], device="cuda").to(torch.bfloat16)
-    rows = torch.arange(B, device="cuda")
-    slots = torch.arange(1, B + 1, device="cuda")        # slot 0 is reserved
+def measure(masks: Masks, codec: str, layout: str, B: int, do_bench, with_conv: bool = True,
+            conv_codec: str = "native", device: str = "cuda") -> list[dict]:
+    """Store and load of B checkpoints under these masks in one codec (state_codec_arms.build); with_conv
+    False: the temporal units alone (the conv copy that the same launch carries left out, so its share of a
+    small store's time shows). device cpu (--smoke): the interpreter, timed by do_bench = cpu_ms, no graphs."""
+    spec = SHAPES[masks.model]
+    arm = arms_mod.build(masks, spec, codec, conv_codec, layout, B, device, with_conv)
+    gpu = device == "cuda"
     out = []
     for op in ("store", "load"):
-        c, pc = (conv, pool.conv) if with_conv else (None, None)
-        if op == "store":
-            fn = lambda: triton_ops.store(temporal, c, rows, pool.payload, pool.scales, pc, slots, lay)  # noqa: E731
-        else:
-            fn = lambda: triton_ops.load(pool.payload, pool.scales, pc, slots, temporal, c, rows, lay)  # noqa: E731
-        fn()
-        torch.cuda.synchronize()
+        fn = getattr(arm, op)
+        if gpu:
+            fn()
+            torch.cuda.synchronize()
         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-        host_us = host_time(fn)
-        ms_graph = do_bench(capture(fn).replay, warmup=25, rep=100, return_mode="median")
-        nbytes = bytes_moved(lay, op, B, with_conv=with_conv)
-        flush = flush_study(fn, nbytes, do_bench) if B >= 64 else {}
-        out.append({"model": name, "arch": spec["arch"], "wmax": W, "kept_fraction": round(lay.num_retained / (L * n), 4),
-                    "codec": codec, "layout": layout, "op": op, "batch": B, "us": ms * 1e3,
-                    "us_per_checkpoint": ms * 1e3 / B, "host_us": host_us, "us_graph": ms_graph * 1e3,
-                    "us_per_checkpoint_graph": ms_graph * 1e3 / B, "bytes": nbytes, "GBps": nbytes / ms / 1e6,
-                    "GBps_graph": nbytes / ms_graph / 1e6,
-                    "slot_bytes": lay.slot_bytes(), "with_conv": with_conv, **flush, **masks.record()})
-    del pool, temporal, conv
-    torch.cuda.empty_cache()
+        # the smoke run has no graphs: its graph columns repeat the eager time
+        host_us = host_time(fn) if gpu else ms * 1e3
+        ms_graph = do_bench(capture(fn).replay, warmup=25, rep=100, return_mode="median") if gpu else ms
+        nread, nwritten = arm.traffic[op]
+        nbytes = nread + nwritten
+        flush = {}
+        if B >= 64 or not gpu:
+            flush = flush_study(fn, nbytes, do_bench) if gpu else smoke_copy(nbytes, do_bench)
+        out.append({"model": masks.model, "arch": spec["arch"], "wmax": masks.wmax,
+                    "kept_fraction": round(arm.kept / (spec["L"] * spec["n"]), 4), "codec": codec,
+                    "conv_codec": conv_codec if with_conv else None, "layout": "ragged" if codec == MIXED else layout,
+                    "op": op, "batch": B, "us": ms * 1e3, "us_per_checkpoint": ms * 1e3 / B, "host_us": host_us,
+                    "us_graph": ms_graph * 1e3, "us_per_checkpoint_graph": ms_graph * 1e3 / B, "bytes": nbytes,
+                    "bytes_read": nread, "bytes_written": nwritten, "GBps": nbytes / ms / 1e6,
+                    "GBps_graph": nbytes / ms_graph / 1e6, "slot_bytes": arm.slot_bytes, "with_conv": with_conv,
+                    **arm.record, **flush, **masks.record()})
+    del arm
+    if gpu:
+        torch.cuda.empty_cache()
     return out
+
+
+def cpu_ms(fn, warmup=None, rep=None, return_mode: str = "median") -> float:
+    """do_bench's stand-in for the smoke run: host milliseconds of one call (an interpreted call takes
+    longer than do_bench's millisecond budgets, and the smoke run's times mean nothing)."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def smoke_copy(nbytes: int, bench) -> dict:
+    """The smoke run's same-size copy (host memory, host clock), so its verdict takes the GPU run's path."""
+    src = torch.ones(max(1, nbytes // 2), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src))
+    return {"same_size_copy_bytes": 2 * src.numel(), "same_size_copy_us_graph": ms * 1e3,
+            "same_size_copy_GBps_graph": 2 * src.numel() / ms / 1e6}
 
 
 FLUSH_BYTES = 256 << 20      # what triton's do_bench zeroes between reps to empty the L2 (50 MB on the H200)
@@ -326,7 +409,7 @@ def host_time(fn, n: int = 200) -> float:
 
 
 def tile_sweep(masks_w: list[Masks], layout: str, do_bench, copy_gbps: float, tiles=(2048, 4096, 8192),
-               warps_list=(4, 8), conv_tiles=(None,)) -> list[dict]:
+               warps_list=(4, 8), conv_tiles=(None,), codecs=("native", "int8")) -> list[dict]:
     """Batch-64 arms of the given masks under other tile sizes / warp counts / conv copy tiles (None: the
     tile size; defaults restored after)."""
     from trtllm_dasc.state import triton_ops
@@ -335,7 +418,7 @@ def tile_sweep(masks_w: list[Masks], layout: str, do_bench, copy_gbps: float, ti
         for tile, warps, conv_tile in itertools.product(tiles, warps_list, conv_tiles):
             triton_ops.TILE_ELEMS, triton_ops.NUM_WARPS, triton_ops.CONV_TILE_ELEMS = tile, warps, conv_tile
             for masks in masks_w:
-                for codec in ("native", "int8"):
+                for codec in codecs:
                     for a in measure(masks, codec, layout, 64, do_bench):
                         rows.append({"tile": tile, "warps": warps, "conv_tile": conv_tile or tile, **a,
                                      "pct_of_copy_graph": 100 * a["GBps_graph"] / copy_gbps})
@@ -360,73 +443,6 @@ def sweep_masks(args, grid: list[Masks]) -> list[Masks]:
     return out
 
 
-def _op_label(a: dict) -> str:
-    """store / load, "-" appended for an arm timed without its conv copy (--split-conv)."""
-    return a["op"] if a.get("with_conv", True) else a["op"] + "-"
-
-
-def print_arms(arms: list[dict]) -> None:
-    hdr = (f"{'model':16} {'W':>4} {'kept':>5} {'codec':6} {'op':6} {'B':>3} {'us':>8} {'us/ckpt':>8} {'graph':>7} "
-           f"{'g/ckpt':>7} {'host':>6} {'GB/s':>6} {'%copy':>6} {'g%copy':>6}")
-    print(hdr)
-    print("-" * len(hdr))
-    for a in arms:
-        op = _op_label(a)
-        print(f"{a['model']:16} {a['wmax']:>4} {a['kept_fraction']:>5.2f} {a['codec']:6} {op:6} {a['batch']:>3} "
-              f"{a['us']:>8.1f} {a['us_per_checkpoint']:>8.1f} {a['us_graph']:>7.1f} {a['us_per_checkpoint_graph']:>7.2f} "
-              f"{a['host_us']:>6.1f} {a['GBps']:>6.0f} {a['pct_of_copy']:>6.1f} {a['pct_of_copy_graph']:>6.1f}")
-
-
-def print_flush(arms: list[dict]) -> None:
-    """The batch-64 arms beside a copy of their own bytes (graph replays), L2 flushed by do_bench's zeroing
-    and by a read."""
-    rows = [a for a in arms if "us_graph_read_flush" in a]
-    if not rows:
-        return
-    print("\nCUDA-graph replays beside a copy of the same bytes (torch copy_), L2 flushed by zeroing (do_bench) "
-          "/ by reading 256 MB; %1GiB: of the 1 GiB copy bandwidth, %same: of the same-size copy's:")
-    hdr = (f"{'model':16} {'W':>4} {'codec':6} {'op':6} {'us':>7} {'copy us':>7} {'copy%1GiB':>9} {'%same':>6} "
-           f"{'us rd':>7} {'copy rd':>7} {'%1GiB rd':>8} {'%same rd':>8}")
-    print(hdr)
-    print("-" * len(hdr))
-    for a in rows:
-        op = _op_label(a)
-        print(f"{a['model']:16} {a['wmax']:>4} {a['codec']:6} {op:6} {a['us_graph']:>7.1f} "
-              f"{a['same_size_copy_us_graph']:>7.1f} {a['same_size_copy_pct_of_copy']:>9.1f} "
-              f"{a['pct_of_same_size_copy_graph']:>6.1f} {a['us_graph_read_flush']:>7.1f} "
-              f"{a['same_size_copy_us_graph_read_flush']:>7.1f} {a['pct_of_copy_graph_read_flush']:>8.1f} "
-              f"{a['pct_of_same_size_copy_graph_read_flush']:>8.1f}")
-
-
-TARGET_PCT = 80.0        # the speed issue's target: every batch-64 arm at >= 80% of copy bandwidth
-
-
-def target_summary(arms: list[dict]) -> dict:
-    """The weakest batch-64 arm (with its conv copy, as the engine stores) under each yardstick: eager and
-    graph times after do_bench's zeroing flush against the 1 GiB copy, the graph after a read flush against
-    it, and the graph against a copy of the arm's own bytes timed the same way. Printed and returned."""
-    rows = [a for a in arms if a["batch"] == 64 and a.get("with_conv", True)]
-    keys = {"eager, zeroing flush, of the 1 GiB copy": "pct_of_copy",
-            "graph, zeroing flush, of the 1 GiB copy": "pct_of_copy_graph",
-            "graph, read flush, of the 1 GiB copy": "pct_of_copy_graph_read_flush",
-            "graph, zeroing flush, of a copy of the same bytes": "pct_of_same_size_copy_graph",
-            "graph, read flush, of a copy of the same bytes": "pct_of_same_size_copy_graph_read_flush"}
-    out = {}
-    if rows:
-        print(f"\ntarget: every batch-64 arm at >= {TARGET_PCT:.0f}% of copy bandwidth; the weakest arm by yardstick:")
-    for label, key in keys.items():
-        have = [a for a in rows if key in a]
-        if not have:
-            continue
-        worst = min(have, key=lambda a: a[key])
-        name = f"{worst['model']} W={worst['wmax']} {worst['codec']} {worst['op']}"
-        below = sum(a[key] < TARGET_PCT for a in have)
-        out[key] = {"yardstick": label, "min_pct": round(worst[key], 1), "arm": name, "arms_below": below,
-                    "met": below == 0}
-        print(f"  {label:52} {worst[key]:6.1f}%  {name:36} {'met' if below == 0 else f'{below} arm(s) below'}")
-    return out
-
-
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--masks", choices=["plan", "random"], default=None,
@@ -443,14 +459,31 @@ def parse_args(argv):
     ap.add_argument("--sweep-tiles", default="2048,4096,8192", help="tile sizes (elements per program) to sweep")
     ap.add_argument("--sweep-warps", default="4,8", help="warp counts to sweep")
     ap.add_argument("--sweep-conv-tiles", default="0", help="conv copy tiles to sweep (0: the tile size)")
+    ap.add_argument("--codecs", default="native,int8",
+                    help=f"comma-separated arms of {','.join(arms_mod.ARM_CODECS)} (native,int8)")
+    ap.add_argument("--conv-codec", default="native", help="comma-separated conv codecs each arm runs with: "
+                    "native (the conv state in its dtype), int8 (8-bit, one scale per layer)")
+    ap.add_argument("--precision", default="horizon", help="the mixed arm's horizon bands (dasc plan --precision)")
+    ap.add_argument("--smoke", action="store_true", help="every arm on tiny shapes in Triton's interpreter on CPU "
+                    "(seconds; checks the arms, times nothing meaningful)")
     ap.add_argument("--split-conv", action="store_true",
                     help="also time every batch-64 arm without its conv copy (the temporal units alone)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "state_bandwidth.json"))
+    ap.add_argument("--out", default=None, help="result JSON (benchmarks/results/state_bandwidth.json; --smoke: none)")
     ap.add_argument("--commit", default=None, help="commit to record (a device copy's .git may be stale)")
     args = ap.parse_args(argv)
     if args.plan and args.masks:
         ap.error("--plan gives the masks; leave out --masks")
     args.masks = args.masks or "plan"
+    try:
+        args.codecs = arms_mod.parse_list(args.codecs, arms_mod.ARM_CODECS, "--codecs")
+        args.conv_codec = arms_mod.parse_list(args.conv_codec, CONV_CODECS, "--conv-codec")
+        from trtllm_dasc.plan.precision import parse_precision
+        if parse_precision(args.precision) is None:
+            raise ValueError("--precision: the mixed arm needs a horizon spec (horizon[:H1,..[:c0,..]])")
+    except (ValueError, UserError) as e:
+        ap.error(str(e))
+    if args.out is None and not args.smoke:
+        args.out = os.path.join(ROOT, "benchmarks", "results", "state_bandwidth.json")
     try:
         args.sweep_w, args.sweep_tiles, args.sweep_warps, args.sweep_conv_tiles = (
             [int(x) for x in v.split(",")] for v in (args.sweep_w, args.sweep_tiles, args.sweep_warps,
@@ -461,51 +494,74 @@ def parse_args(argv):
     return args
 
 
+def run_arms(args, grid: list[Masks], mixed: list[Masks], bench, device: str, errors: list) -> list[dict]:
+    """Every codec arm of --codecs x --conv-codec over the grid (mixed: over its own horizon-plan masks). On
+    the GPU an arm that fails (a kernel's first compile there) is recorded in errors and the others run on."""
+    batches = (2,) if args.smoke else (64,) if args.quick else (1, 64)
+    plan = [(m, c, cc, B, True) for m in grid for c in args.codecs if c != MIXED
+            for cc in args.conv_codec for B in batches]
+    plan += [(m, c, "native", 64, False) for m in grid for c in args.codecs if c != MIXED and args.split_conv]
+    plan += [(m, MIXED, cc, B, True) for m in mixed for cc in args.conv_codec for B in batches]
+    out = []
+    for masks, codec, conv_codec, B, with_conv in plan:
+        try:
+            out.extend(measure(masks, codec, "ragged" if codec == MIXED else args.layout, B, bench, with_conv,
+                               conv_codec, device))
+        except Exception as e:          # noqa: BLE001 (the GPU run goes on; the smoke run raises)
+            if args.smoke:
+                raise
+            errors.append({"model": masks.model, "wmax": masks.wmax, "codec": codec, "conv_codec": conv_codec,
+                           "batch": B, "error": f"{type(e).__name__}: {e}"})
+            print(f"state_bandwidth: {masks.model} W={masks.wmax} {codec} conv {conv_codec} B={B} failed: "
+                  f"{errors[-1]['error']}")
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.smoke:
+        # read when a kernel is decorated: before the lazy imports of the state kernels below
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     grid = mask_grid(args)
-    print_masks(grid)
-    if not torch.cuda.is_available():
+    mixed = (grid if args.smoke else mixed_grid(args)) if MIXED in args.codecs else []
+    print_masks(grid + ([] if args.smoke else mixed))
+    gpu = torch.cuda.is_available() and not args.smoke
+    if not gpu and not args.smoke:
         print("state_bandwidth: no CUDA device here, masks built, timing skipped (run it on the GPU machine)")
         return 0
     import triton
     from benchmarks.results_io import provenance, write_result
-    from triton.testing import do_bench
 
     from trtllm_dasc.state import triton_ops
     from benchmarks.copy_bandwidth import copy_bandwidth
-    copy_gbps = copy_bandwidth("cuda") / 1e9
-    arms = []
-    for masks in grid:
-        for codec in ("native", "int8"):
-            for B in ((64,) if args.quick else (1, 64)):
-                arms.extend(measure(masks, codec, args.layout, B, do_bench))
-            if args.split_conv:
-                arms.extend(measure(masks, codec, args.layout, 64, do_bench, with_conv=False))
+    if gpu:
+        from triton.testing import do_bench
+    else:
+        do_bench = cpu_ms
+    copy_gbps = copy_bandwidth("cuda") / 1e9 if gpu else copy_bandwidth("cpu", 16 << 20, 3) / 1e9
+    errors = []
+    arms = run_arms(args, grid, mixed, do_bench, "cuda" if gpu else "cpu", errors)
+    uniform = [c for c in args.codecs if c != MIXED]
     sweep = (tile_sweep(sweep_masks(args, grid), args.layout, do_bench, copy_gbps, args.sweep_tiles, args.sweep_warps,
-                        args.sweep_conv_tiles) if args.sweep else [])
-    for a in arms:
-        a["pct_of_copy"] = 100.0 * a["GBps"] / copy_gbps
-        a["pct_of_copy_graph"] = 100.0 * a["GBps_graph"] / copy_gbps
-        if "us_graph_read_flush" in a:
-            a["pct_of_same_size_copy_graph"] = 100.0 * a["GBps_graph"] / a["same_size_copy_GBps_graph"]
-            a["same_size_copy_pct_of_copy"] = 100.0 * a["same_size_copy_GBps_graph"] / copy_gbps
-            a["pct_of_copy_graph_read_flush"] = 100.0 * a["GBps_graph_read_flush"] / copy_gbps
-            a["pct_of_same_size_copy_graph_read_flush"] = (100.0 * a["GBps_graph_read_flush"]
-                                                           / a["same_size_copy_GBps_graph_read_flush"])
-    print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
-    print(f"copy bandwidth (torch clone, 1 GiB fp32): {copy_gbps:.0f} GB/s")
+                        args.sweep_conv_tiles, uniform) if args.sweep and gpu else [])
+    report.add_fractions(arms, copy_gbps)
+    print(f"device {torch.cuda.get_device_name() if gpu else 'cpu (Triton interpreter)'}  torch {torch.__version__}  "
+          f"triton {triton.__version__}")
+    print(f"copy bandwidth (torch copy_, {'1 GiB' if gpu else '16 MiB'}): {copy_gbps:.0f} GB/s")
     print("us: eager call (python + launch + kernel); graph: CUDA-graph replay (kernel only); host: python+launch")
-    print_arms(arms)
-    print_flush(arms)
-    target = target_summary(arms)
+    report.print_arms(arms)
+    report.print_flush(arms)
+    target = report.target_summary(arms)
+    verdicts = report.codec_verdicts(arms, report.TARGET_PCT)
     result = {**provenance("benchmarks/state_bandwidth.py", argv, args.commit), "torch": torch.__version__,
               "triton": triton.__version__, "copy_GBps": copy_gbps, "layout": args.layout, "mask_source": args.masks
-              if not args.plan else "plan-file", "masks": [m.summary() for m in grid],
+              if not args.plan else "plan-file", "masks": [m.summary() for m in grid + ([] if args.smoke else mixed)],
               "tile_elems": triton_ops.TILE_ELEMS, "num_warps": triton_ops.NUM_WARPS,
               "conv_tile_elems": triton_ops.CONV_TILE_ELEMS or triton_ops.TILE_ELEMS, "arms": arms, "sweep": sweep,
-              "target": target}
-    paths = [args.out] + ([os.path.join(os.environ["OUT"], "state_bandwidth.json")] if os.environ.get("OUT") else [])
+              "target": target, "codecs": args.codecs, "conv_codecs": args.conv_codec, "precision": args.precision,
+              "codec_verdicts": verdicts, "errors": errors, "smoke": args.smoke}
+    paths = ([args.out] if args.out else []) + (
+        [os.path.join(os.environ["OUT"], "state_bandwidth.json")] if os.environ.get("OUT") and gpu else [])
     for p in paths:
         write_result(p, result)
     return 0
