@@ -144,14 +144,22 @@ class _MoE:
         backend = self.backend or moe.default_backend(x.device)
         return backend if backend in ("triton", "triton_small", "triton_grouped") else None
 
-    def _forward_fused(self, x: torch.Tensor, backend: str, logits: torch.Tensor, route_kw: dict,
+    def _forward_fused(self, x: torch.Tensor, backend: str, router: torch.Tensor, route_kw: dict,
                        fused: bool) -> torch.Tensor:
-        """Routing in one kernel, then the routed experts with the shared one: folded into the small path's
-        kernels where it is stored as expert E, else beside them (Qwen's scaled by its sigmoid gate)."""
+        """The router's product and selection (one kernel for one token, else the product and one selection
+        kernel), then the routed experts with the shared one: folded into the small path's kernels where it
+        is stored as expert E, else beside them (Qwen's scaled by its sigmoid gate). router: an fp32 weight
+        gives fp32 logits of x upcast (Kimi's), a weight in x's dtype logits in x's dtype (Qwen's)."""
         from trtllm_dasc.model.moe import route_kernel
         from trtllm_dasc.model.moe.small import SMALL_PAIRS, experts_small
         k, sh = self.spec.top_k, self.w.get("shared")
-        idx, weights = route_kernel.route(logits, top_k=k, **route_kw)
+        fp32 = router.dtype == torch.float32
+        if x.shape[0] == 1:
+            idx, weights = route_kernel.router_route(x, router, torch.float32 if fp32 else x.dtype, top_k=k,
+                                                     **route_kw)
+        else:
+            logits = linear_fp32(x, router) if fp32 else linear(x, router)
+            idx, weights = route_kernel.route(logits, top_k=k, **route_kw)
         small = backend == "triton_small" or (backend == "triton" and x.shape[0] * k <= SMALL_PAIRS)
         if small and self.gate_up_all is not None:
             return experts_small(x, idx, weights, self.gate_up_all, self.down_all)
@@ -204,7 +212,7 @@ class QwenMoE(_MoE):
         backend = self._fused_backend(x)
         if backend is not None:
             from trtllm_dasc.model.moe.route_kernel import QWEN
-            return self._forward_fused(x, backend, linear(x, self.router_all),
+            return self._forward_fused(x, backend, self.router_all,
                                        dict(kind=QWEN, norm=self.spec.norm_topk_prob, shared=2,
                                             weight_dtype=x.dtype), fused)
         weights, idx = self.route(x)
@@ -252,7 +260,7 @@ class KimiMoE(_MoE):
         if backend is not None:
             from trtllm_dasc.model.moe.route_kernel import KIMI
             s = self.spec
-            return self._forward_fused(x, backend, linear_fp32(x, self.w["router"]),
+            return self._forward_fused(x, backend, self.w["router"],
                                        dict(kind=KIMI, n_group=s.n_group, topk_group=s.topk_group,
                                             norm=s.norm_topk_prob, scale=s.routed_scaling_factor,
                                             bias=self.w["bias"], shared=int(self.w["shared"] is not None)), fused)
