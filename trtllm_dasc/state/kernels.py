@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows, walked_unit_rows
+
 
 @triton.jit
 def _round_half_even(x):
@@ -78,13 +80,7 @@ def _gather_rows(src, dst, dst_scale, n_src, n_dst, blk, unit_layer, unit_src, u
                  R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
                  QUANT: tl.constexpr):
     E: tl.constexpr = R * V
-    ri = blk * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = ri < n_rows
-    j = ri // R
-    r = (ri - j * R).to(tl.int64)
-    layer = tl.load(unit_layer + j, mask=rmask, other=0).to(tl.int64)
-    u_src = tl.load(unit_src + j, mask=rmask, other=0).to(tl.int64)
-    u_dst = tl.load(unit_dst + j, mask=rmask, other=0).to(tl.int64)
+    rmask, r, layer, u_src, u_dst = listed_unit_rows(blk, n_rows, unit_layer, unit_src, unit_dst, R, BLOCK_R)
     v = tl.arange(0, BLOCK_V)
     mask = rmask[:, None] & (v < V)[None, :]
     src_row = layer * stride_src_l + n_src * stride_src_n + u_src * E + r * V
@@ -110,9 +106,7 @@ def gather_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_
     stride_dst_l = 0 (dst = slots), replay-merge dst = the active state. QUANT: int8 + one scale per row.
     Programs past the row blocks copy the conv state (store fuses it into this one launch)."""
     pid = tl.program_id(0)
-    b = tl.program_id(1)
-    n_src = tl.load(src_idx + b).to(tl.int64)
-    n_dst = tl.load(dst_idx + b).to(tl.int64)
+    n_src, n_dst = request_rows(src_idx, dst_idx)
     n_tb = tl.cdiv(n_rows, BLOCK_R)
     if pid < n_tb:
         _gather_rows(src, dst, dst_scale, n_src, n_dst, pid, unit_layer, unit_src, unit_dst, n_rows,
@@ -129,14 +123,7 @@ def _scatter_rows(src, src_scale, dst, slot, n_dst, blk, pos_of_unit, n_rows, n_
                   R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
                   DEQUANT: tl.constexpr, ZERO_FILL: tl.constexpr):
     E: tl.constexpr = R * V
-    ri = (blk * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    rmask = ri < n_rows
-    layer_rows = n_units * R
-    layer = ri // layer_rows
-    # rest: row index inside one layer of one request, where units are contiguous
-    rest = ri - layer * layer_rows
-    u = rest // R
-    r = rest - u * R
+    rmask, layer, rest, u, r = walked_unit_rows(blk, n_rows, n_units, R, BLOCK_R)
     pos_raw = tl.load(pos_of_unit + layer * n_units + u, mask=rmask, other=-1).to(tl.int64)
     keep = rmask & (pos_raw >= 0)
     pos = tl.where(keep, pos_raw, 0)
@@ -170,9 +157,7 @@ def scatter_units_kernel(src, src_scale, dst, src_idx, dst_idx, pos_of_unit, n_r
     is always skipped. Programs past
     the row blocks copy the conv state back (load fuses it into this one launch)."""
     pid = tl.program_id(0)
-    b = tl.program_id(1)
-    slot = tl.load(src_idx + b).to(tl.int64)
-    n_dst = tl.load(dst_idx + b).to(tl.int64)
+    slot, n_dst = request_rows(src_idx, dst_idx)
     n_tb = tl.cdiv(n_rows, BLOCK_R)
     if pid < n_tb:
         _scatter_rows(src, src_scale, dst, slot, n_dst, pid, pos_of_unit, n_rows, n_units, stride_src_b,
