@@ -13,18 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from trtllm_dasc.state.kernels import _round_half_even, _row_scale
 from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows, walked_unit_rows
-
-
-@triton.jit
-def _rne(x):
-    # kernels._round_half_even: exact for |x| < 2**22
-    return (x + 12582912.0) - 12582912.0
-
-
-@triton.jit
-def _row_scale(a, QMAX: tl.constexpr):
-    return tl.math.div_rn(tl.maximum(a, 1e-8), tl.full(a.shape, QMAX, tl.float32))
 
 
 @triton.jit
@@ -34,7 +24,7 @@ def _fp8_encode(y):
     sign = (bits >> 31) << 7
     a = tl.abs(y)
     # below 2^-6 the format is subnormal with a fixed quantum of 2^-9: code = round(a * 2^9), 8 = 2^-6
-    sub = _rne(a * 512.0).to(tl.uint32)
+    sub = _round_half_even(a * 512.0).to(tl.uint32)
     ab = a.to(tl.uint32, bitcast=True)
     # 3 of 23 mantissa bits kept, rounded to nearest even on the bits (a carry bumps the exponent)
     nb = (ab + (((ab >> 20) & 1) + 0x7FFFF)) >> 20
@@ -59,7 +49,7 @@ def _fp8_decode(c):
 
 @triton.jit
 def _int4_code(y):
-    q = _rne(tl.minimum(tl.maximum(y, -7.0), 7.0)).to(tl.int32)
+    q = _round_half_even(tl.minimum(tl.maximum(y, -7.0), 7.0)).to(tl.int32)
     return q & 15
 
 

@@ -16,8 +16,16 @@ from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows, walke
 @triton.jit
 def _round_half_even(x):
     # 1.5 * 2**23: the sum leaves no fraction bits, so the fpu's round-to-nearest-even does the rounding
-    # (exact for |x| < 2**22; callers clip to 127 first). libdevice.rint has no interpreter twin.
+    # (exact for |x| < 2**22; callers clip first: 127, int4 7, fp8 subnormal codes < 8). libdevice.rint has no
+    # interpreter twin.
     return (x + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _row_scale(a, QMAX: tl.constexpr):
+    """Per-row scale of paper Eq. 10 from the row max |x| a: max(a, 1e-8) / QMAX (127 int8, 448 fp8, 7 int4).
+    div_rn: the ieee quotient, so the scales equal torch's bit for bit."""
+    return tl.math.div_rn(tl.maximum(a, 1e-8), tl.full(a.shape, QMAX, tl.float32))
 
 
 @triton.jit
@@ -31,8 +39,7 @@ def _quantize_rows(x, FAST_DIV: tl.constexpr):
     64, measured on an H200: 62.0% of copy bandwidth with div_rn, 68.4% with this). Without FAST_DIV (Triton's
     interpreter, whose fma rounds twice) div_rn."""
     a = tl.max(tl.abs(x), axis=1)
-    # div_rn: ieee division, so scales equal torch's bit for bit
-    s = tl.math.div_rn(tl.maximum(a, 1e-8), tl.full(a.shape, 127.0, tl.float32))
+    s = _row_scale(a, 127.0)
     sb = tl.broadcast_to(s[:, None], x.shape)
     if FAST_DIV:
         rb = tl.broadcast_to(tl.math.div_rn(tl.full(a.shape, 1.0, tl.float32), s)[:, None], x.shape)
