@@ -61,6 +61,35 @@ def kernels() -> list[tuple]:
                 {"R": 1, "V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "QUANT": 2, "CONV_BLOCK": 4096, "TO_BF16": False}, 4))
     out.append((state_kernels.quantize_kernel, {"x": "*fp32", "q": "*i8", "s": "*fp32", "n_rows": "i32"},
                 {"V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "FAST_DIV": True}, 4))
+    # the checkpoint load (INT8, zero fill, conv copy fused) and the FP8 / INT4 / conv8 codecs: every caller
+    # of state.ragged_index's row arithmetic
+    idx = {"src_idx": "*i64", "dst_idx": "*i64"}
+    out.append((state_kernels.scatter_units_kernel,
+                {"src": "*i8", "src_scale": "*fp32", "dst": "*fp32", **idx, "pos_of_unit": "*i64",
+                 **_ints("n_rows", "n_units", "stride_src_b", "stride_scale_b", "stride_dst_l", "stride_dst_n"),
+                 "conv_src": "*bf16", "conv_dst": "*bf16",
+                 **_ints("conv_cw", "stride_csrc_b", "stride_csrc_l", "stride_cdst_b", "stride_cdst_l")},
+                {"R": 1, "V": 128, "BLOCK_R": 16, "BLOCK_V": 128, "DEQUANT": True, "ZERO_FILL": True,
+                 "CONV_BLOCK": 4096, "TO_BF16": False}, 4))
+    from trtllm_dasc.state import codec_kernels, conv8_kernels
+    for codec, vb in ((1, 128), (2, 64)):                                  # fp8, int4 at V = 128
+        shape = {"R": 1, "V": 128, "VB": vb, "BLOCK_R": 2048 // vb, "BLOCK_B": vb, "CODEC": codec}
+        out.append((codec_kernels.store_units_kernel,
+                    {"src": "*fp32", "dst": "*u8", "dst_scale": "*fp32", **idx, "unit_layer": "*i64",
+                     "unit_src": "*i64", "unit_dst": "*i64",
+                     **_ints("n_rows", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_scale_b")}, shape, 4))
+        out.append((codec_kernels.load_units_kernel,
+                    {"src": "*u8", "src_scale": "*fp32", "dst": "*fp32", **idx, "pos_of_unit": "*i64",
+                     **_ints("n_rows", "n_units", "stride_src_b", "stride_scale_b", "stride_dst_l", "stride_dst_n")},
+                    {**shape, "ZERO_FILL": True}, 4))
+    out.append((conv8_kernels.conv8_encode_kernel,
+                {"src": "*bf16", "dst": "*i8", "dst_scale": "*fp32", "rows": "*i64", "slots": "*i64",
+                 **_ints("n", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_dst_l")},
+                {"ROW4": 4097, "BLOCK": 2048}, 4))
+    out.append((conv8_kernels.conv8_decode_kernel,
+                {"src": "*i8", "src_scale": "*fp32", "dst": "*bf16", "slots": "*i64", "rows": "*i64",
+                 **_ints("n", "stride_src_b", "stride_src_l", "stride_dst_l", "stride_dst_n")},
+                {"ROW4": 4097, "BLOCK": 2048, "TO_BF16": True}, 4))
     for block_t, block_i, warps in ((8, 1024, 8), (1, 256, 2)):          # prefill and decode tiles
         out.append((swiglu_kernel._swiglu_kernel,
                     {"gate": "*bf16", "up": "*bf16", "out": "*bf16",

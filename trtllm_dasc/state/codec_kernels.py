@@ -13,16 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _rne(x):
-    # kernels._round_half_even: exact for |x| < 2**22
-    return (x + 12582912.0) - 12582912.0
-
-
-@triton.jit
-def _row_scale(a, QMAX: tl.constexpr):
-    return tl.math.div_rn(tl.maximum(a, 1e-8), tl.full(a.shape, QMAX, tl.float32))
+from trtllm_dasc.state.kernels import _round_half_even, _row_scale
+from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows, walked_unit_rows
 
 
 @triton.jit
@@ -32,7 +24,7 @@ def _fp8_encode(y):
     sign = (bits >> 31) << 7
     a = tl.abs(y)
     # below 2^-6 the format is subnormal with a fixed quantum of 2^-9: code = round(a * 2^9), 8 = 2^-6
-    sub = _rne(a * 512.0).to(tl.uint32)
+    sub = _round_half_even(a * 512.0).to(tl.uint32)
     ab = a.to(tl.uint32, bitcast=True)
     # 3 of 23 mantissa bits kept, rounded to nearest even on the bits (a carry bumps the exponent)
     nb = (ab + (((ab >> 20) & 1) + 0x7FFFF)) >> 20
@@ -57,7 +49,7 @@ def _fp8_decode(c):
 
 @triton.jit
 def _int4_code(y):
-    q = _rne(tl.minimum(tl.maximum(y, -7.0), 7.0)).to(tl.int32)
+    q = _round_half_even(tl.minimum(tl.maximum(y, -7.0), 7.0)).to(tl.int32)
     return q & 15
 
 
@@ -138,16 +130,9 @@ def store_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_s
     """Listed unit j (n_rows = J * R rows) of active row src_idx[b]: src[layer_j, n, unit_src[j]] is
     encoded into slot dst_idx[b] at position unit_dst[j]: dst [S, width, R * VB] uint8 (slot stride
     stride_dst_b), dst_scale [S, width, R] (slot stride stride_scale_b)."""
-    b_ = tl.program_id(1)
-    n_src = tl.load(src_idx + b_).to(tl.int64)
-    n_dst = tl.load(dst_idx + b_).to(tl.int64)
-    ri = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = ri < n_rows
-    j = ri // R
-    r = (ri - j * R).to(tl.int64)
-    layer = tl.load(unit_layer + j, mask=rmask, other=0).to(tl.int64)
-    u_src = tl.load(unit_src + j, mask=rmask, other=0).to(tl.int64)
-    u_dst = tl.load(unit_dst + j, mask=rmask, other=0).to(tl.int64)
+    n_src, n_dst = request_rows(src_idx, dst_idx)
+    rmask, r, layer, u_src, u_dst = listed_unit_rows(tl.program_id(0), n_rows, unit_layer, unit_src, unit_dst,
+                                                     R, BLOCK_R)
     src_row = layer * stride_src_l + n_src * stride_src_n + u_src * (R * V) + r * V
     out, s = _encode_rows(src, src_row, rmask, V, BLOCK_B, CODEC)
     bb = tl.arange(0, BLOCK_B)
@@ -164,16 +149,8 @@ def load_units_kernel(src, src_scale, dst, src_idx, dst_idx, pos_of_unit, n_rows
     """Walk every row of active request dst[:, dst_idx[b]] (n_rows = L * n_units * R): a unit with
     pos_of_unit[l * n_units + u] >= 0 is decoded from that position of slot src_idx[b]; -1 (omitted) is
     written as zero when ZERO_FILL; any other negative (a unit another codec group owns) is left alone."""
-    b_ = tl.program_id(1)
-    slot = tl.load(src_idx + b_).to(tl.int64)
-    n_dst = tl.load(dst_idx + b_).to(tl.int64)
-    ri = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    rmask = ri < n_rows
-    layer_rows = n_units * R
-    layer = ri // layer_rows
-    rest = ri - layer * layer_rows
-    u = rest // R
-    r = rest - u * R
+    slot, n_dst = request_rows(src_idx, dst_idx)
+    rmask, layer, rest, u, r = walked_unit_rows(tl.program_id(0), n_rows, n_units, R, BLOCK_R)
     pos = tl.load(pos_of_unit + layer * n_units + u, mask=rmask, other=-2).to(tl.int64)
     keep = rmask & (pos >= 0)
     if ZERO_FILL:

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from trtllm_dasc.state.kernels import _round_half_even, _to_bf16_rtne
+from trtllm_dasc.state.ragged_index import request_rows
 
 
 @triton.jit
@@ -17,9 +18,7 @@ def conv8_encode_kernel(src, dst, dst_scale, rows, slots, n, stride_src_l, strid
     """src [L, N, n] (rows contiguous) rows[b] -> dst int8 [S, L, row] slots[b]: codes at [0, n), the fp32
     scale at float index ROW4 - 1 of dst_scale (the same bytes viewed as fp32)."""
     layer = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1)
-    i_src = tl.load(rows + b).to(tl.int64)
-    slot = tl.load(slots + b).to(tl.int64)
+    i_src, slot = request_rows(rows, slots)
     base = src + layer * stride_src_l + i_src * stride_src_n
     amax = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, n, BLOCK):
@@ -44,9 +43,7 @@ def conv8_decode_kernel(src, src_scale, dst, slots, rows, n, stride_src_b, strid
                         stride_dst_n, ROW4: tl.constexpr, BLOCK: tl.constexpr, TO_BF16: tl.constexpr):
     """src int8 [S, L, row] slots[b] -> dst [L, N, n] rows[b] = codes * scale (fp32), cast to dst's dtype."""
     layer = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1)
-    slot = tl.load(slots + b).to(tl.int64)
-    i_dst = tl.load(rows + b).to(tl.int64)
+    slot, i_dst = request_rows(slots, rows)
     s = tl.load(src_scale + slot * (stride_src_b // 4) + layer * (stride_src_l // 4) + ROW4 - 1)
     inp = src + slot * stride_src_b + layer * stride_src_l
     out = dst + layer * stride_dst_l + i_dst * stride_dst_n

@@ -4,17 +4,11 @@ from __future__ import annotations
 import torch
 
 from trtllm_dasc.state import conv8_kernels as K
+from trtllm_dasc.state.codec_ops import _idx
 from trtllm_dasc.state.conv8_naive import conv8_row_bytes
 
 # elements per vector step of one (layer, request) program
 BLOCK = 2048
-MAX_BATCH = 65535
-
-
-def _idx(x, device) -> torch.Tensor:
-    t = torch.as_tensor(x, device=device).flatten().to(torch.int64).contiguous()
-    assert t.numel() <= MAX_BATCH, f"batch of {t.numel()} exceeds the grid limit {MAX_BATCH}"
-    return t
 
 
 def _check(conv: torch.Tensor, conv_store: torch.Tensor) -> int:

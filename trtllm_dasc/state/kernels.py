@@ -10,12 +10,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows, walked_unit_rows
+
 
 @triton.jit
 def _round_half_even(x):
     # 1.5 * 2**23: the sum leaves no fraction bits, so the fpu's round-to-nearest-even does the rounding
-    # (exact for |x| < 2**22; callers clip to 127 first). libdevice.rint has no interpreter twin.
+    # (exact for |x| < 2**22; callers clip first: 127, int4 7, fp8 subnormal codes < 8). libdevice.rint has no
+    # interpreter twin.
     return (x + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _row_scale(a, QMAX: tl.constexpr):
+    """Per-row scale of paper Eq. 10 from the row max |x| a: max(a, 1e-8) / QMAX (127 int8, 448 fp8, 7 int4).
+    div_rn: the ieee quotient, so the scales equal torch's bit for bit."""
+    return tl.math.div_rn(tl.maximum(a, 1e-8), tl.full(a.shape, QMAX, tl.float32))
 
 
 @triton.jit
@@ -29,8 +39,7 @@ def _quantize_rows(x, FAST_DIV: tl.constexpr):
     64, measured on an H200: 62.0% of copy bandwidth with div_rn, 68.4% with this). Without FAST_DIV (Triton's
     interpreter, whose fma rounds twice) div_rn."""
     a = tl.max(tl.abs(x), axis=1)
-    # div_rn: ieee division, so scales equal torch's bit for bit
-    s = tl.math.div_rn(tl.maximum(a, 1e-8), tl.full(a.shape, 127.0, tl.float32))
+    s = _row_scale(a, 127.0)
     sb = tl.broadcast_to(s[:, None], x.shape)
     if FAST_DIV:
         rb = tl.broadcast_to(tl.math.div_rn(tl.full(a.shape, 1.0, tl.float32), s)[:, None], x.shape)
@@ -78,13 +87,7 @@ def _gather_rows(src, dst, dst_scale, n_src, n_dst, blk, unit_layer, unit_src, u
                  R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
                  QUANT: tl.constexpr):
     E: tl.constexpr = R * V
-    ri = blk * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = ri < n_rows
-    j = ri // R
-    r = (ri - j * R).to(tl.int64)
-    layer = tl.load(unit_layer + j, mask=rmask, other=0).to(tl.int64)
-    u_src = tl.load(unit_src + j, mask=rmask, other=0).to(tl.int64)
-    u_dst = tl.load(unit_dst + j, mask=rmask, other=0).to(tl.int64)
+    rmask, r, layer, u_src, u_dst = listed_unit_rows(blk, n_rows, unit_layer, unit_src, unit_dst, R, BLOCK_R)
     v = tl.arange(0, BLOCK_V)
     mask = rmask[:, None] & (v < V)[None, :]
     src_row = layer * stride_src_l + n_src * stride_src_n + u_src * E + r * V
@@ -110,9 +113,7 @@ def gather_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_
     stride_dst_l = 0 (dst = slots), replay-merge dst = the active state. QUANT: int8 + one scale per row.
     Programs past the row blocks copy the conv state (store fuses it into this one launch)."""
     pid = tl.program_id(0)
-    b = tl.program_id(1)
-    n_src = tl.load(src_idx + b).to(tl.int64)
-    n_dst = tl.load(dst_idx + b).to(tl.int64)
+    n_src, n_dst = request_rows(src_idx, dst_idx)
     n_tb = tl.cdiv(n_rows, BLOCK_R)
     if pid < n_tb:
         _gather_rows(src, dst, dst_scale, n_src, n_dst, pid, unit_layer, unit_src, unit_dst, n_rows,
@@ -129,14 +130,7 @@ def _scatter_rows(src, src_scale, dst, slot, n_dst, blk, pos_of_unit, n_rows, n_
                   R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
                   DEQUANT: tl.constexpr, ZERO_FILL: tl.constexpr):
     E: tl.constexpr = R * V
-    ri = (blk * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    rmask = ri < n_rows
-    layer_rows = n_units * R
-    layer = ri // layer_rows
-    # rest: row index inside one layer of one request, where units are contiguous
-    rest = ri - layer * layer_rows
-    u = rest // R
-    r = rest - u * R
+    rmask, layer, rest, u, r = walked_unit_rows(blk, n_rows, n_units, R, BLOCK_R)
     pos_raw = tl.load(pos_of_unit + layer * n_units + u, mask=rmask, other=-1).to(tl.int64)
     keep = rmask & (pos_raw >= 0)
     pos = tl.where(keep, pos_raw, 0)
@@ -170,9 +164,7 @@ def scatter_units_kernel(src, src_scale, dst, src_idx, dst_idx, pos_of_unit, n_r
     is always skipped. Programs past
     the row blocks copy the conv state back (load fuses it into this one launch)."""
     pid = tl.program_id(0)
-    b = tl.program_id(1)
-    slot = tl.load(src_idx + b).to(tl.int64)
-    n_dst = tl.load(dst_idx + b).to(tl.int64)
+    slot, n_dst = request_rows(src_idx, dst_idx)
     n_tb = tl.cdiv(n_rows, BLOCK_R)
     if pid < n_tb:
         _scatter_rows(src, src_scale, dst, slot, n_dst, pid, pos_of_unit, n_rows, n_units, stride_src_b,
