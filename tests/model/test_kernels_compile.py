@@ -125,7 +125,7 @@ def kernels() -> list[tuple]:
                     {"TOP_K": k, "BLOCK_N": cfg["gate_up"][0], "BLOCK_K": cfg["gate_up"][1]}, cfg["gate_up"][2]))
         out.append((moe_small._token_down,
                     {"h": "*bf16", "idx": "*i64", "topk_w": "*fp32", "w": "*bf16", "y": "*bf16",
-                     **_ints("D", "I", "stride_h", "stride_we", "stride_wn", "stride_y", "T")},
+                     **_ints("D", "I", "stride_h", "stride_we", "stride_wn", "stride_y")},
                     {"TOP_K": k, "BLOCK_N": cfg["down"][0], "BLOCK_K": cfg["down"][1]}, cfg["down"][2]))
     for T in (1, 2048, 3072, 16384):                                     # the grouped path's 4 tiers (Kimi)
         cfg = moe_kernel.config(T, 8, 256)

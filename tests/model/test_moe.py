@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
@@ -100,37 +99,6 @@ def test_route_kernel_equals_route(arch, groups):
     assert_close("routing weights", ref_w.gather(1, ref_pos), w[:, :k].gather(1, got_pos), ratio=1e-6)
     assert torch.equal(idx[:, k], torch.full((T,), E, dtype=torch.int32))
     assert_close("shared weight", gate[:, 0], w[:, k], ratio=1e-6)
-
-
-@pytest.mark.parametrize("arch, groups", [("gdn", (1, 1)), ("kda", (4, 2)), ("kda", (8, 3))],
-                         ids=["qwen-E64-K8", "kimi-E64-K8-G4-TG2", "kimi-E64-K8-G8-TG3"])
-def test_router_route_one_token_equals_route(arch, groups):
-    # the router's product and the selection in one launch (one token): the same experts and weights as the
-    # layer's torch route() (tested against transformers above), twice in a row (the launch's finished-
-    # program count must be back at 0, or the second launch's selection never runs)
-    from trtllm_dasc.model.moe import route_kernel as rk
-    block, cfg = hf_block(arch, seed=5, n_group=groups[0], topk_group=groups[1])
-    layer = ours(arch, block, cfg)
-    s, E, k = layer.spec, layer.spec.num_experts, layer.spec.top_k
-    for seed in (6, 7):
-        x = torch.randn(1, cfg.hidden_size, generator=torch.Generator().manual_seed(seed))
-        with torch.no_grad():
-            ref_w, ref_idx = layer.route(x)
-            if arch == "kda":
-                idx, w = rk.router_route(x, layer.w["router"], torch.float32, rk.KIMI, k, s.n_group, s.topk_group,
-                                         s.norm_topk_prob, s.routed_scaling_factor, layer.w["bias"], shared=1)
-                gate = torch.ones(1, 1)
-            else:
-                idx, w = rk.router_route(x, layer.router_all, x.dtype, rk.QWEN, k, norm=s.norm_topk_prob, shared=2,
-                                         weight_dtype=x.dtype)
-                gate = torch.sigmoid(F.linear(x, layer.w["shared_gate"]))
-        ref_sorted, ref_pos = ref_idx.sort(1)
-        got_sorted, got_pos = idx[:, :k].long().sort(1)
-        assert torch.equal(ref_sorted, got_sorted), f"expert ids (seed {seed})"
-        assert_close("routing weights", ref_w.gather(1, ref_pos), w[:, :k].gather(1, got_pos), ratio=1e-5)
-        assert int(idx[0, k]) == E
-        assert_close("shared weight", gate[:, 0], w[:, k], ratio=1e-5)
-        assert int(rk._counter(x.device)[0]) == 0
 
 
 @pytest.mark.parametrize("arch", ["gdn", "kda"], ids=["qwen", "kimi"])

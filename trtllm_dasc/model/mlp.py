@@ -146,20 +146,19 @@ class _MoE:
 
     def _forward_fused(self, x: torch.Tensor, backend: str, router: torch.Tensor, route_kw: dict,
                        fused: bool) -> torch.Tensor:
-        """The router's product and selection (one kernel for one token, else the product and one selection
-        kernel), then the routed experts with the shared one: folded into the small path's kernels where it
-        is stored as expert E, else beside them (Qwen's scaled by its sigmoid gate). router: an fp32 weight
-        gives fp32 logits of x upcast (Kimi's), a weight in x's dtype logits in x's dtype (Qwen's)."""
+        """The router's product, the selection in one kernel, then the routed experts with the shared one:
+        folded into the small path's kernels where it is stored as expert E, else beside them (Qwen's scaled
+        by its sigmoid gate). router: an fp32 weight gives fp32 logits of x upcast (Kimi's), a weight in x's
+        dtype logits in x's dtype (Qwen's)."""
         from trtllm_dasc.model.moe import route_kernel
         from trtllm_dasc.model.moe.small import SMALL_PAIRS, experts_small
         k, sh = self.spec.top_k, self.w.get("shared")
-        fp32 = router.dtype == torch.float32
-        if x.shape[0] == 1:
-            idx, weights = route_kernel.router_route(x, router, torch.float32 if fp32 else x.dtype, top_k=k,
-                                                     **route_kw)
-        else:
-            logits = linear_fp32(x, router) if fp32 else linear(x, router)
-            idx, weights = route_kernel.route(logits, top_k=k, **route_kw)
+        # two launches even for one token: product and selection in one launch (the product's last program
+        # selecting, git show 1fbf5c3) measured slower on the H200, 8.9 us a layer against ~5.2 apart (its
+        # selection waits for the product and runs with the product's four warps, not one):
+        # `python -m benchmarks real_model --profile 1` at 1fbf5c3 against abacc93
+        logits = linear_fp32(x, router) if router.dtype == torch.float32 else linear(x, router)
+        idx, weights = route_kernel.route(logits, top_k=k, **route_kw)
         small = backend == "triton_small" or (backend == "triton" and x.shape[0] * k <= SMALL_PAIRS)
         if small and self.gate_up_all is not None:
             return experts_small(x, idx, weights, self.gate_up_all, self.down_all)

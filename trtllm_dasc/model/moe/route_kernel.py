@@ -28,18 +28,18 @@ KIMI, QWEN = 0, 1
 
 
 @triton.jit
-def _route_row(row, bias, idx_out, w_out, t, stride_o, scale,
-               KIND: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr,
-               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GS: tl.constexpr, BLOCK_K: tl.constexpr,
-               NORM: tl.constexpr, SHARED: tl.constexpr, CACHE: tl.constexpr):
-    """One token's selection from its logits at row (see the module docstring); CACHE: the logits' load
-    cache modifier (".cg" where other programs of this launch wrote them: L2, never a stale L1 line)."""
+def _route(logits, bias, idx_out, w_out, stride_l, stride_o, scale,
+           KIND: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr,
+           GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GS: tl.constexpr, BLOCK_K: tl.constexpr,
+           NORM: tl.constexpr, SHARED: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
     g = tl.arange(0, BLOCK_G)[:, None]
     j = tl.arange(0, BLOCK_GS)[None, :]
     e = g * GROUP + j
     valid = (g < N_GROUP) & (j < GROUP)
     E: tl.constexpr = N_GROUP * GROUP
-    lg = tl.load(row + e, mask=valid, other=0.0, cache_modifier=CACHE).to(tl.float32)
+    row = logits + t * stride_l
+    lg = tl.load(row + e, mask=valid, other=0.0).to(tl.float32)
     if KIND == 0:
         # kimi: sigmoid scores choose with the correction bias, weigh without it
         score = tl.sigmoid(lg)
@@ -96,54 +96,12 @@ def _route_row(row, bias, idx_out, w_out, t, stride_o, scale,
         ws = tl.where(kk == TOP_K, 1.0, ws)
     if SHARED == 2:
         # qwen's: its gate's logit follows the router's E logits
-        gate = tl.load(row + E, cache_modifier=CACHE).to(tl.float32)
+        gate = tl.load(row + E).to(tl.float32)
         ids = tl.where(kk == TOP_K, E, ids)
         ws = tl.where(kk == TOP_K, tl.sigmoid(gate), ws)
     n = TOP_K + (SHARED > 0)
     tl.store(idx_out + t * stride_o + kk, ids, mask=kk < n)
     tl.store(w_out + t * stride_o + kk, ws.to(w_out.dtype.element_ty), mask=kk < n)
-
-
-
-
-@triton.jit
-def _route(logits, bias, idx_out, w_out, stride_l, stride_o, scale,
-           KIND: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr,
-           GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GS: tl.constexpr, BLOCK_K: tl.constexpr,
-           NORM: tl.constexpr, SHARED: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    _route_row(logits + t * stride_l, bias, idx_out, w_out, t, stride_o, scale, KIND, TOP_K, N_GROUP, TOPK_GROUP,
-               GROUP, BLOCK_G, BLOCK_GS, BLOCK_K, NORM, SHARED, "")
-
-
-@triton.jit
-def _router_route(x, w, logits, counter, bias, idx_out, w_out, N, D, stride_o, scale, BN: tl.constexpr,
-                  BK: tl.constexpr, KIND: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr,
-                  TOPK_GROUP: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GS: tl.constexpr,
-                  BLOCK_K: tl.constexpr, NORM: tl.constexpr, SHARED: tl.constexpr):
-    """One token: program i computes logits [i*BN, (i+1)*BN) = x . w[rows] (fp32 sums, x upcast exactly,
-    stored in logits' dtype: Kimi's fp32, Qwen's bf16 as its router rounds them); the last program to finish
-    (an acq_rel count of finished programs: it sees every other program's logits) selects the experts and
-    sets the count back to 0 for the next launch or graph replay."""
-    pid = tl.program_id(0)
-    o_n = pid * BN + tl.arange(0, BN)
-    o_w = tl.minimum(o_n, N - 1).to(tl.int64)
-    o_k = tl.arange(0, BK)
-    acc = tl.zeros((BN, BK), dtype=tl.float32)
-    for k0 in range(0, tl.cdiv(D, BK)):
-        kmask = o_k < D - k0 * BK
-        xt = tl.load(x + k0 * BK + o_k, mask=kmask, other=0.0).to(tl.float32)
-        wt = tl.load(w + o_w[:, None] * D + k0 * BK + o_k[None, :], mask=kmask[None, :], other=0.0).to(tl.float32)
-        acc += wt * xt[None, :]
-    tl.store(logits + o_n, tl.sum(acc, 1).to(logits.dtype.element_ty), mask=o_n < N)
-    # every thread's stores before the count (the barrier), and the count's release publishes them at GPU
-    # scope: the threadfence-reduction pattern, a thread's fence replaced by the release's cumulativity
-    tl.debug_barrier()
-    done = tl.atomic_add(counter, 1, sem="acq_rel")
-    if done == tl.num_programs(0) - 1:
-        tl.atomic_xchg(counter, 0, sem="relaxed")
-        _route_row(logits, bias, idx_out, w_out, 0, stride_o, scale, KIND, TOP_K, N_GROUP, TOPK_GROUP, GROUP,
-                   BLOCK_G, BLOCK_GS, BLOCK_K, NORM, SHARED, ".cg")
 
 
 def _warps(E: int) -> int:
@@ -175,44 +133,4 @@ def route(logits: torch.Tensor, kind: int, top_k: int, n_group: int = 1, topk_gr
                  BLOCK_G=triton.next_power_of_2(n_group), BLOCK_GS=triton.next_power_of_2(group),
                  BLOCK_K=triton.next_power_of_2(width), NORM=bool(norm), SHARED=shared,
                  num_warps=_warps(E))
-    return idx, w
-
-
-_COUNTERS: dict = {}
-
-
-def _counter(device) -> torch.Tensor:
-    """The finished-program count of _router_route, one per device: each launch leaves it at 0 (its last
-    program resets it), so launches on one stream and the graphs that replay them share it."""
-    key = str(device)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
-
-
-def router_route(x: torch.Tensor, router: torch.Tensor, logits_dtype: torch.dtype, kind: int, top_k: int,
-                 n_group: int = 1, topk_group: int = 1, norm: bool = True, scale: float = 1.0,
-                 bias: torch.Tensor | None = None, shared: int = 0,
-                 weight_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token's router product and selection in one launch: route(x.to(logits_dtype) @ router.T as the
-    layer computes it, ...) for x [1, D] and router [E (+1 for Qwen's shared gate), D]. At a batch-1 decode
-    step the product (2.4 MB for Kimi) is one short kernel and the selection another, each paid in launch
-    latency; here the last of the product's programs selects."""
-    assert x.shape[0] == 1 and x.stride(-1) == 1 and router.is_contiguous() and router.shape[1] == x.shape[1]
-    N, D = router.shape
-    E = N - (shared == 2)
-    assert E % n_group == 0 and 1 <= topk_group <= n_group and top_k <= E // n_group * topk_group
-    assert kind == QWEN or bias is not None
-    group = E // n_group
-    width = top_k + (shared > 0)
-    idx = torch.empty(1, width, dtype=torch.int32, device=x.device)
-    w = torch.empty(1, width, dtype=weight_dtype, device=x.device)
-    logits = torch.empty(1, N, dtype=logits_dtype, device=x.device)
-    # 2 rows a program, 1024-wide steps (the batch-1 GEMV's tiles, kernels/gemv.py): 128 programs for Kimi
-    bn, bk = 2, min(1024, triton.next_power_of_2(D))
-    _router_route[(triton.cdiv(N, bn),)](
-        x, router, logits, _counter(x.device), x if bias is None else bias, idx, w, N, D, width, float(scale),
-        BN=bn, BK=bk, KIND=kind, TOP_K=top_k, N_GROUP=n_group, TOPK_GROUP=topk_group, GROUP=group,
-        BLOCK_G=triton.next_power_of_2(n_group), BLOCK_GS=triton.next_power_of_2(group),
-        BLOCK_K=triton.next_power_of_2(width), NORM=bool(norm), SHARED=shared, num_warps=4)
     return idx, w

@@ -73,9 +73,8 @@ def _pair_gate_up(x, idx, w, h, I, D, stride_x, stride_we, stride_wn, stride_h, 
 
 
 @triton.jit
-def _token_down(h, idx, topk_w, w, y, D, I, stride_h, stride_we, stride_wn, stride_y, T, TOP_K: tl.constexpr,
+def _token_down(h, idx, topk_w, w, y, D, I, stride_h, stride_we, stride_wn, stride_y, TOP_K: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # T only keys the autotuner (tuning.py): the pair count rounded up to a power of two
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(D, BLOCK_N)
     t = (pid // tiles_n).to(tl.int64)
@@ -116,8 +115,6 @@ def config(T: int, top_k: int, I: int, D: int) -> dict:
 # first, then the sweep's runners-up and deeper / unpipelined variants
 _GATE_UP_CANDIDATES = [(2, 1024, 4, 3), (2, 1024, 4, 1), (1, 1024, 4, 3), (4, 512, 4, 3), (2, 512, 4, 3),
                        (2, 2048, 8, 3), (4, 1024, 8, 3), (1, 2048, 4, 3)]
-_DOWN_CANDIDATES = [(2, 1024, 4, 3), (4, 512, 4, 3), (1, 1024, 4, 3), (4, 1024, 8, 3), (2, 512, 4, 3),
-                    (8, 256, 4, 3), (2, 1024, 4, 1)]
 
 
 def _fits(reduced: str):
@@ -134,7 +131,6 @@ def _tuned(fn, candidates, key, reduced):
 
 
 _pair_gate_up_tuned = _tuned(_pair_gate_up, _GATE_UP_CANDIDATES, ["I", "D", "R", "TOP_K"], "D")
-_token_down_tuned = _tuned(_token_down, _DOWN_CANDIDATES, ["D", "I", "T", "TOP_K"], "I")
 
 
 def _buffer(shape, dtype, device) -> torch.Tensor:
@@ -160,16 +156,17 @@ def experts_small(x, idx, weights, gate_up, down, cfg: dict | None = None) -> to
     pairs = triton.next_power_of_2(T * k)
     gate_up_args = (x, flat_idx, gate_up, h, inter, D, x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
                     pairs)
-    down_args = (h, flat_idx, flat_w, down, y, D, inter, h.stride(0), down.stride(0), down.stride(1), y.stride(0),
-                 pairs)
+    down_args = (h, flat_idx, flat_w, down, y, D, inter, h.stride(0), down.stride(0), down.stride(1), y.stride(0))
     if cfg is None and tuning.on_device():
         # on a GPU: the tiles measured fastest for this shape (tuning.py)
         _pair_gate_up_tuned[lambda m: (T * k * triton.cdiv(inter, m["BLOCK_N"]),)](*gate_up_args, TOP_K=k)
-        _token_down_tuned[lambda m: (T * triton.cdiv(D, m["BLOCK_N"]),)](*down_args, TOP_K=k)
-        return y
-    cfg = cfg or config(T, k, inter, D)
-    bn, bk, warps = cfg["gate_up"]
-    _pair_gate_up[(T * k * triton.cdiv(inter, bn),)](*gate_up_args, TOP_K=k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
-    bn, bk, warps = cfg["down"]
+    else:
+        bn, bk, warps = (cfg or config(T, k, inter, D))["gate_up"]
+        _pair_gate_up[(T * k * triton.cdiv(inter, bn),)](*gate_up_args, TOP_K=k, BLOCK_N=bn, BLOCK_K=bk,
+                                                         num_warps=warps)
+    # the down kernel keeps config()'s tiles on the GPU too: its autotuned pick (timed alone) ran 17% slower
+    # inside the batch-1 decode graph than config()'s (434 against 372 us a step, `python -m benchmarks
+    # real_model --profile 1` at 1fbf5c3 against abacc93)
+    bn, bk, warps = (cfg or config(T, k, inter, D))["down"]
     _token_down[(T * triton.cdiv(D, bn),)](*down_args, TOP_K=k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
     return y
