@@ -67,6 +67,56 @@ def test_boundary_states_equal_prefix_runs(kind):
         torch.testing.assert_close(hb[row], rh[0], rtol=1e-4, atol=1e-5)
 
 
+class _ChunkStatesBackend:
+    """The torch reference with a `<kind>_chunk_states` as fla's backend offers (recurrence/fla.py): the state
+    at each chunk start computed by transformers' token loop over the prefix (brute force, independent of
+    the code under test), chunks of 16 tokens."""
+    CHUNK = 16
+    gdn, kda = staticmethod(naive.gdn), staticmethod(naive.kda)
+
+    def __init__(self, kind):
+        setattr(self, f"{kind}_chunk_states", lambda *a, **kw: self._states(kind, *a, **kw))
+        self.calls = 0
+
+    def _states(self, kind, q, k, v, g, beta, h0, cu):
+        self.calls += 1
+        o, ht = getattr(naive, kind)(q, k, v, g, beta, h0, cu)
+        chunks = []
+        for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+            for start in range(0, b - a, self.CHUNK):
+                if start == 0:
+                    chunks.append(h0[i].float())
+                else:
+                    sl = slice(a, a + start)
+                    chunks.append(_reference(kind, q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl],
+                                             h0[i:i + 1])[1][0])
+        return o, ht, torch.stack(chunks), self.CHUNK
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_boundary_states_from_chunk_states(kind):
+    # a backend that keeps its chunk-start states (fla's, on a GPU) takes one call for every cut of the batch:
+    # cuts on a chunk boundary (16, 48), off one (1, 21, 50: replayed from the boundary below), at the end
+    # (64), in sequences of several chunks and of less than one; each against the prefix run alone
+    lens, H, HV, K, V = [64, 5, 53], (2 if kind == "gdn" else 3), (4 if kind == "gdn" else 3), 16, 8
+    q, k, v, g, beta, h0 = _inputs(kind, lens, H, HV, K, V, seed=6)
+    cu = [0, 64, 69, 122]
+    cuts = [[1, 16, 21, 48, 64], [3], [16, 50]]
+    backend = _ChunkStatesBackend(kind)
+    o, ht, hb = run_recurrence(backend, kind, q, k, v, g, beta, h0, cu, cuts)
+    assert backend.calls == 1
+    o_plain, ht_plain = getattr(naive, kind)(q, k, v, g, beta, h0, cu)
+    torch.testing.assert_close(o, o_plain, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ht, ht_plain, rtol=1e-5, atol=1e-6)
+    rows = [(i, p) for i, c in enumerate(cuts) for p in c]
+    assert hb.shape == (len(rows), HV, K, V)
+    for row, (i, p) in enumerate(rows):
+        a = cu[i]
+        _, rh = _reference(kind, q[:, a:a + p], k[:, a:a + p], v[:, a:a + p], g[:, a:a + p], beta[:, a:a + p],
+                           h0[i:i + 1])
+        torch.testing.assert_close(hb[row], rh[0], rtol=1e-4, atol=1e-5, msg=f"cut {p} of sequence {i}")
+
+
 def test_backend_selection():
     from trtllm_dasc.errors import UserError
     assert get_backend("auto", "cpu") is naive

@@ -9,6 +9,14 @@ chosen token counts of each sequence in the same forward pass, by cutting every 
 checkpoint positions and running the segments in rounds (round r = r-th segment of every sequence, one
 varlen kernel call, h0 = the states the previous round left). The states are exact fp32, not the
 bf16 chunk states fla's return_intermediate_states gives.
+
+A backend that also offers `kda_chunk_states` / `gdn_chunk_states` (same arguments; returns o, ht and the
+fp32 state at the start of every chunk of CHUNK tokens of every sequence, see fla.kda_chunk_states) takes
+the rounds' place: one call for the whole batch, a cut on a chunk boundary read from those states, any
+other cut replayed from the chunk boundary below it (under CHUNK tokens, all such cuts in one more varlen
+call). On the H200 a prefill step of 8192 tokens with a checkpoint every 256 tokens ran each KDA layer's
+recurrence as up to 11 rounds, each a full fla call of ~1 ms of host time (`python -m benchmarks
+real_model --profile-pass`): the step was host-bound.
 """
 from __future__ import annotations
 
@@ -75,6 +83,9 @@ def run_recurrence(backend, kind: str, q, k, v, g, beta, h0: torch.Tensor, cu_se
         for (i, _), row in where.items():
             hb[row] = ht[i]
         return o, ht, hb
+    with_chunks = getattr(backend, f"{kind}_chunk_states", None)
+    if with_chunks is not None:
+        return _from_chunk_states(with_chunks, fn, q, k, v, g, beta, h0, cu_seqlens, cuts, lens, where, hb, gate)
     o = v.new_empty(v.shape)
     state = h0.float().clone()
     for r in range(rounds):
@@ -93,3 +104,41 @@ def run_recurrence(backend, kind: str, q, k, v, g, beta, h0: torch.Tensor, cu_se
             if row is not None:
                 hb[row] = ht_r[j]
     return o, state, hb
+
+
+def _from_chunk_states(with_chunks, fn, q, k, v, g, beta, h0, cu_seqlens, cuts, lens, where, hb, gate):
+    """run_recurrence's captures from one call that keeps the state at every chunk start (module docstring):
+    a cut at p = the state at the start of chunk p / CHUNK when CHUNK divides p, the final state when p is
+    the sequence's length, else the tokens [CHUNK * (p // CHUNK), p) replayed from the chunk start below p
+    (every such cut of the batch in one varlen call of fn)."""
+    o, ht, chunks, size = with_chunks(q, k, v, g, beta, h0, cu_seqlens, **gate)
+    first_chunk = [0]                         # sequence i's chunk j is chunks[first_chunk[i] + j]
+    for n in lens:
+        first_chunk.append(first_chunk[-1] + -(-n // size))
+    # (row of hb, row of the source) for the cuts read as they are: one gather each, not one copy a cut
+    from_final, from_chunk, replay_rows, replay_from, replay_spans = [], [], [], [], []
+    for i, c in enumerate(cuts):
+        for p in c:
+            row = where[(i, p)]
+            if p == lens[i]:
+                from_final.append((row, i))
+            elif p % size == 0:
+                from_chunk.append((row, first_chunk[i] + p // size))
+            else:
+                base = p - p % size
+                replay_rows.append(row)
+                replay_from.append(first_chunk[i] + p // size)
+                replay_spans.append((cu_seqlens[i] + base, cu_seqlens[i] + p))
+    for pairs, src in ((from_final, ht), (from_chunk, chunks)):
+        if pairs:
+            rows, srcs = zip(*pairs)
+            hb[torch.tensor(rows, device=hb.device)] = src[torch.tensor(srcs, device=src.device)]
+    if replay_rows:
+        idx = torch.cat([torch.arange(a, b, device=q.device) for a, b in replay_spans])
+        sub_cu = [0]
+        for a, b in replay_spans:
+            sub_cu.append(sub_cu[-1] + b - a)
+        start = chunks[torch.tensor(replay_from, device=chunks.device)]
+        _, ends = fn(q[:, idx], k[:, idx], v[:, idx], g[:, idx], beta[:, idx], start, sub_cu, **gate)
+        hb[torch.tensor(replay_rows, device=hb.device)] = ends
+    return o, ht, hb

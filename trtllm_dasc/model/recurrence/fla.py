@@ -130,3 +130,55 @@ def kda_decode_in_place(q, k, v, g, beta, states, rows, scale=None, **gate):
                                    inplace_final_state=True, output_final_state=True, ssm_state_indices=rows,
                                    out=torch.empty_like(v), **extra)
     return o.transpose(0, 1)
+
+
+# the chunk size of fla's chunked KDA kernels (chunk_kda's default): kda_chunk_states' states are this far apart
+CHUNK = 64
+
+
+def _fwd_h_fp32(k, w, u, g=None, gk=None, initial_state=None, output_final_state=False, chunk_size=64,
+                save_new_value=True, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+                chunk_indices=None, chunk_offsets=None):
+    """fla's chunk_gated_delta_rule_fwd_h (fla-core 0.6.0, fla/ops/common/chunk_delta_h.py) with the chunk
+    states h kept in fp32: the same kernel, whose fp32 running state it stores rounded to h's dtype, and
+    which fla allocates in k's (bf16). The output kernel that reads h casts it to q's dtype first
+    (chunk_gla_fwd_o_gk), so o is unchanged."""
+    import triton
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_kernel_h_blockdim64
+    from fla.ops.utils import prepare_chunk_indices, prepare_chunk_offsets
+    assert not state_v_first and cu_seqlens is not None
+    B, T, H, K, V, HV = *k.shape, u.shape[-1], u.shape[2]
+    if chunk_indices is None:
+        chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)
+    N, NT = len(cu_seqlens) - 1, len(chunk_indices)
+    if chunk_offsets is None:
+        chunk_offsets = prepare_chunk_offsets(cu_seqlens, chunk_size)
+    h = k.new_empty(B, NT, HV, K, V, dtype=torch.float32)
+    final_state = k.new_zeros(N, HV, K, V, dtype=torch.float32) if output_final_state else None
+    v_new = torch.empty_like(u) if save_new_value else None
+    chunk_gated_delta_rule_fwd_kernel_h_blockdim64[lambda meta: (triton.cdiv(V, meta["BV"]) * N * HV,)](
+        k=k, v=u, w=w, v_new=v_new, g=g, gk=gk, h=h, h0=initial_state, ht=final_state, cu_seqlens=cu_seqlens,
+        chunk_offsets=chunk_offsets, T=T, H=H, HV=HV, K=K, V=V, BT=chunk_size, STATE_V_FIRST=False)
+    return h, v_new, final_state
+
+
+def kda_chunk_states(q, k, v, g, beta, initial_state, cu_seqlens, scale=None, **gate):
+    """kda() over varlen sequences (T > N) that also returns the fp32 state at the start of every chunk of
+    CHUNK tokens: (o, ht, chunks [NT, H, K, V] fp32, CHUNK), chunk j of sequence i at row
+    sum_{i' < i} ceil(len_i' / CHUNK) + j (the state after CHUNK * j of its tokens; row 0 of a sequence is
+    its initial state). fla's return_intermediate_states gives these states in bf16; run_recurrence needs
+    them exact (checkpoints), so fla's state kernel runs here with an fp32 h (_fwd_h_fp32)."""
+    import fla.ops.kda.chunk_fwd as kda_fwd
+    extra = _gate_args(**gate)
+    beta = beta if gate.get("beta_logits", False) else beta.to(q.dtype)
+    cu, cu_host = cu_tensors(cu_seqlens, q.device)
+    fla_fwd_h, kda_fwd.chunk_gated_delta_rule_fwd_h = kda_fwd.chunk_gated_delta_rule_fwd_h, _fwd_h_fp32
+    try:
+        with torch.inference_mode():
+            o, ht, h = chunk_kda(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state.float(),
+                                 output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_host,
+                                 return_intermediate_states=True, chunk_size=CHUNK, **extra)
+    finally:
+        kda_fwd.chunk_gated_delta_rule_fwd_h = fla_fwd_h
+    assert h.dtype == torch.float32, "fla's chunk KDA no longer takes its state kernel from chunk_fwd"
+    return o, ht.float(), h[0], CHUNK
