@@ -73,10 +73,35 @@ def test_boundary_states_match_reference(kind):
     assert hb.shape == rb.shape == (7, HV, 128, 128)
     for a, b in ((o, ro), (ht, rh), (hb, rb)):
         assert rms_rel_err(a, b) < 1e-2
-    # kda takes fla's chunk states (fp32) for every cut in one call: each cut on its own, on a chunk boundary
-    # (64, 128), off one (1, 3, 100, 499) and at the end (500)
     for row in range(hb.shape[0]):
         assert rms_rel_err(hb[row], rb[row]) < 1e-2, f"capture {row}"
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["log-decay", "in-kernel-gate"])
+def test_chunk_state_captures_match_the_rounds(gated, monkeypatch):
+    # kda's captures from fla's chunk states kept in fp32, one call for every cut (recurrence/__init__.py),
+    # against the rounds (one fla call per segment) and the torch reference: each cut on its own, on a chunk
+    # boundary (64, 128), off one (1, 3, 100, 499) and at the end (500); with the mixers' in-kernel gate too
+    H = HV = 4
+    q, k, v, g, beta, h0, cu = _inputs("kda", [500, 7, 200], H, HV, 128, 128, torch.bfloat16, seed=3)
+    cuts = [[1, 64, 100, 499, 500], [], [3, 128]]
+    gate = {}
+    if gated:
+        dev = "cuda"
+        gate = dict(A_log=torch.rand(HV, device=dev).log(), dt_bias=torch.randn(HV * 128, device=dev) * 0.1)
+        g = torch.randn_like(g)
+    monkeypatch.setattr(fla_backend, "chunk_state_captures", False)
+    o_r, ht_r, hb_r = run_recurrence(fla_backend, "kda", q, k, v, g, beta, h0, cu, cuts, **gate)
+    monkeypatch.setattr(fla_backend, "chunk_state_captures", True)
+    o, ht, hb = run_recurrence(fla_backend, "kda", q, k, v, g, beta, h0, cu, cuts, **gate)
+    assert hb.dtype == torch.float32 and hb.shape == hb_r.shape == (7, HV, 128, 128)
+    assert rms_rel_err(o, o_r) < 1e-2 and rms_rel_err(ht, ht_r) < 1e-2
+    for row in range(hb.shape[0]):
+        assert rms_rel_err(hb[row], hb_r[row]) < 1e-2, f"capture {row}"
+    if not gated:
+        _, _, hb_ref = run_recurrence(naive, "kda", q, k, v, g, beta, h0, cu, cuts)
+        for row in range(hb.shape[0]):
+            assert rms_rel_err(hb[row], hb_ref[row]) < 1e-2, f"capture {row} against the reference"
 
 
 def _model(arch: str, backend: str, dtype: str):

@@ -16,7 +16,8 @@ the rounds' place: one call for the whole batch, a cut on a chunk boundary read 
 other cut replayed from the chunk boundary below it (under CHUNK tokens, all such cuts in one more varlen
 call). On the H200 a prefill step of 8192 tokens with a checkpoint every 256 tokens ran each KDA layer's
 recurrence as up to 11 rounds, each a full fla call of ~1 ms of host time (`python -m benchmarks
-real_model --profile-pass`): the step was host-bound.
+real_model --profile-pass`): the step was host-bound. A backend can say chunk_state_captures = False to
+keep the rounds (fla's does, until its GPU test has run: recurrence/fla.py).
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def run_recurrence(backend, kind: str, q, k, v, g, beta, h0: torch.Tensor, cu_se
             hb[row] = ht[i]
         return o, ht, hb
     with_chunks = getattr(backend, f"{kind}_chunk_states", None)
-    if with_chunks is not None:
+    if with_chunks is not None and getattr(backend, "chunk_state_captures", True):
         return _from_chunk_states(with_chunks, fn, q, k, v, g, beta, h0, cu_seqlens, cuts, lens, where, hb, gate)
     o = v.new_empty(v.shape)
     state = h0.float().clone()
