@@ -73,7 +73,8 @@ def kernels() -> list[tuple]:
                  "CONV_BLOCK": 4096, "TO_BF16": False}, 4))
     from trtllm_dasc.state import codec_kernels, conv8_kernels
     for codec, vb in ((1, 128), (2, 64)):                                  # fp8, int4 at V = 128
-        shape = {"R": 1, "V": 128, "VB": vb, "BLOCK_R": 2048 // vb, "BLOCK_B": vb, "CODEC": codec}
+        # codec_ops._blocks: 2048 values a tile (int4's 64 bytes a row are 128 values)
+        shape = {"R": 1, "V": 128, "VB": vb, "BLOCK_R": 2048 // 128, "BLOCK_B": vb, "CODEC": codec}
         out.append((codec_kernels.store_units_kernel,
                     {"src": "*fp32", "dst": "*u8", "dst_scale": "*fp32", **idx, "unit_layer": "*i64",
                      "unit_src": "*i64", "unit_dst": "*i64",

@@ -2,7 +2,10 @@
 ``codec_ops``. CODEC: 1 fp8 (e4m3fn bits in a uint8), 2 int4 (two values a byte, low nibble first).
 
 Tiles are [BLOCK_R, BLOCK_B]: BLOCK_R rows of one request, BLOCK_B >= the payload bytes of a row (fp8 V,
-int4 V // 2; an int4 tile reads the even and the odd elements of its rows as two strided loads). The fp8
+int4 V // 2; an int4 tile moves its rows' 2 * BLOCK_B values with one contiguous load or store and splits or
+interleaves the even and odd elements in registers: two stride-2 accesses have contiguity 1 along the row, so
+Triton's coalescing put a warp's 32 lanes on 32 different rows, 32 sectors an instruction, ~10x slower on the
+H200 at be51277). The fp8
 encode / decode work on the bits (round to nearest even, like torch's cast), so the interpreter and the GPU
 give torch's codes exactly; Triton's own fp8 cast is not defined the same way in the interpreter.
 Quotients use div_rn (the IEEE quotient torch computes); the INT8 codec's fma quotient (kernels.py) is the
@@ -70,10 +73,14 @@ def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC:
         y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
         out = _fp8_encode(tl.minimum(tl.maximum(y, -448.0), 448.0))
     else:
-        mask = rmask[:, None] & (b < V // 2)[None, :]
-        xe = tl.load(src + row[:, None] + 2 * b[None, :], mask=mask, other=0.0).to(tl.float32)
-        xo = tl.load(src + row[:, None] + 2 * b[None, :] + 1, mask=mask, other=0.0).to(tl.float32)
-        s = _row_scale(tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1)), 7.0)
+        # one contiguous load of the whole row (V even), then even / odd split in registers: two stride-2
+        # loads made the coalescer map a warp across rows (module docstring); speed unmeasured until the next
+        # GPU run of `benchmarks state_bandwidth --codecs ...,int4,mixed`
+        e = tl.arange(0, 2 * BLOCK_B)
+        mask = rmask[:, None] & (e < V)[None, :]
+        x = tl.load(src + row[:, None] + e[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = _row_scale(tl.max(tl.abs(x), axis=1), 7.0)
+        xe, xo = tl.split(tl.reshape(x, (x.shape[0], BLOCK_B, 2)))
         sb = tl.broadcast_to(s[:, None], xe.shape)
         out = (_int4_code(tl.math.div_rn(xe, sb)) | (_int4_code(tl.math.div_rn(xo, sb)) << 4)).to(tl.uint8)
     return out, s
@@ -95,9 +102,13 @@ def _decode_rows(src, row, s, keep, dst, drow, wmask, V: tl.constexpr, BLOCK_B: 
         c = tl.load(src + row[:, None] + b[None, :], mask=keep[:, None] & vm, other=0).to(tl.int32)
         lo = _nibble(c & 15) * s[:, None]
         hi = _nibble(c >> 4) * s[:, None]
-        m = wmask[:, None] & vm
-        tl.store(dst + drow[:, None] + 2 * b[None, :], lo.to(dst.dtype.element_ty), mask=m)
-        tl.store(dst + drow[:, None] + 2 * b[None, :] + 1, hi.to(dst.dtype.element_ty), mask=m)
+        # interleave in registers (join's new last axis, row-major reshape: lo0, hi0, lo1, hi1, ...) and write
+        # the row with one contiguous store: two stride-2 stores made the coalescer map a warp across 32 rows
+        # (module docstring); speed unmeasured until the next GPU run of `benchmarks state_bandwidth`
+        y = tl.reshape(tl.join(lo, hi), (c.shape[0], 2 * BLOCK_B))
+        e = tl.arange(0, 2 * BLOCK_B)
+        m = wmask[:, None] & (e < V)[None, :]
+        tl.store(dst + drow[:, None] + e[None, :], y.to(dst.dtype.element_ty), mask=m)
 
 
 @triton.jit

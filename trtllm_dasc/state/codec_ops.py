@@ -24,11 +24,14 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _blocks(n_rows: int, VB: int) -> tuple[int, int]:
-    # same tile budget as triton_ops (read at call time: tests shrink it to force partial row blocks)
+def _blocks(n_rows: int, VB: int, cid: int) -> tuple[int, int]:
+    # same tile budget as triton_ops (read at call time: tests shrink it to force partial row blocks), in
+    # values, not bytes: an int4 tile of BLOCK_B bytes a row holds 2 * BLOCK_B values, and sized by bytes
+    # (32 rows x 128 values at V = 128) its load kernel took 255 registers and spilled on sm90
     from trtllm_dasc.state import triton_ops
     block_b = _pow2(VB)
-    return max(1, min(max(triton_ops.TILE_ELEMS // max(block_b, 1), 1), _pow2(n_rows))), block_b
+    values = block_b * (2 if cid == CODEC_ID["int4"] else 1)
+    return max(1, min(max(triton_ops.TILE_ELEMS // max(values, 1), 1), _pow2(n_rows))), block_b
 
 
 def _check_codec(codec: str, V: int) -> int:
@@ -55,7 +58,7 @@ def quantize(x: torch.Tensor, codec: str, scale_dtype: torch.dtype = torch.float
     s = torch.empty(x.shape[:-1], dtype=scale_dtype, device=x.device)
     n_rows = xc.numel() // max(V, 1)
     if n_rows:
-        BR, BB = _blocks(n_rows, VB)
+        BR, BB = _blocks(n_rows, VB, cid)
         K.quantize_rows_kernel[(_cdiv(n_rows, BR),)](xc, q, s, n_rows, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, CODEC=cid)
     return q, s
 
@@ -69,7 +72,7 @@ def dequantize(q: torch.Tensor, s: torch.Tensor, codec: str, V: int | None = Non
     out = torch.empty((*q.shape[:-1], V), dtype=torch.float32, device=q.device)
     n_rows = s.numel()
     if n_rows:
-        BR, BB = _blocks(n_rows, VB)
+        BR, BB = _blocks(n_rows, VB, cid)
         K.dequantize_rows_kernel[(_cdiv(n_rows, BR),)](q.contiguous(), s.contiguous(), out, n_rows, V=V, VB=VB,
                                                        BLOCK_R=BR, BLOCK_B=BB, CODEC=cid)
     return out
@@ -89,7 +92,7 @@ def store_units(t, rows, payload, scales, slots, unit_layer, unit_local, slot_po
     n_rows, B = unit_layer.numel() * R, slots.numel()
     if n_rows == 0 or B == 0:
         return
-    BR, BB = _blocks(n_rows, VB)
+    BR, BB = _blocks(n_rows, VB, cid)
     K.store_units_kernel[(_cdiv(n_rows, BR), B)](
         t, payload, scales, rows, slots, unit_layer, unit_local, slot_pos, n_rows, t.stride(0), t.stride(1),
         payload.stride(0), scales.stride(0), R=R, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, CODEC=cid)
@@ -109,7 +112,7 @@ def load_units(payload, scales, slots, t, rows, pos_of_unit, R: int, V: int, cod
     n_rows, B = L * n * R, slots.numel()
     if n_rows == 0 or B == 0:
         return
-    BR, BB = _blocks(n_rows, VB)
+    BR, BB = _blocks(n_rows, VB, cid)
     K.load_units_kernel[(_cdiv(n_rows, BR), B)](
         payload, scales, t, slots, rows, pos_of_unit, n_rows, n, payload.stride(0), scales.stride(0),
         t.stride(0), t.stride(1), R=R, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, ZERO_FILL=zero_fill, CODEC=cid)
