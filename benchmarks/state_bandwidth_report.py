@@ -51,16 +51,22 @@ def _op_label(a: dict) -> str:
     return a["op"] if a.get("with_conv", True) else a["op"] + "-"
 
 
-def print_arms(arms: list[dict]) -> None:
-    hdr = (f"{'model':16} {'W':>4} {'kept':>5} {'codec':9} {'op':6} {'B':>3} {'us':>8} {'us/ckpt':>8} {'graph':>7} "
-           f"{'g/ckpt':>7} {'host':>6} {'GB/s':>6} {'%copy':>6} {'g%copy':>6}")
+def _print_table(hdr: str, arms: list[dict], line) -> None:
+    """A header, a rule under it, then line(arm, its op label) for each arm."""
     print(hdr)
     print("-" * len(hdr))
     for a in arms:
-        op = _op_label(a)
-        print(f"{a['model']:16} {a['wmax']:>4} {a['kept_fraction']:>5.2f} {label(a):9} {op:6} {a['batch']:>3} "
-              f"{a['us']:>8.1f} {a['us_per_checkpoint']:>8.1f} {a['us_graph']:>7.1f} {a['us_per_checkpoint_graph']:>7.2f} "
-              f"{a['host_us']:>6.1f} {a['GBps']:>6.0f} {a['pct_of_copy']:>6.1f} {a['pct_of_copy_graph']:>6.1f}")
+        print(line(a, _op_label(a)))
+
+
+def print_arms(arms: list[dict]) -> None:
+    _print_table(
+        f"{'model':16} {'W':>4} {'kept':>5} {'codec':9} {'op':6} {'B':>3} {'us':>8} {'us/ckpt':>8} {'graph':>7} "
+        f"{'g/ckpt':>7} {'host':>6} {'GB/s':>6} {'%copy':>6} {'g%copy':>6}", arms,
+        lambda a, op: (f"{a['model']:16} {a['wmax']:>4} {a['kept_fraction']:>5.2f} {label(a):9} {op:6} {a['batch']:>3} "
+                       f"{a['us']:>8.1f} {a['us_per_checkpoint']:>8.1f} {a['us_graph']:>7.1f} "
+                       f"{a['us_per_checkpoint_graph']:>7.2f} {a['host_us']:>6.1f} {a['GBps']:>6.0f} "
+                       f"{a['pct_of_copy']:>6.1f} {a['pct_of_copy_graph']:>6.1f}"))
 
 
 def print_flush(arms: list[dict]) -> None:
@@ -71,17 +77,14 @@ def print_flush(arms: list[dict]) -> None:
         return
     print("\nCUDA-graph replays beside a copy of the same bytes (torch copy_), L2 flushed by zeroing (do_bench) "
           "/ by reading 256 MB; %1GiB: of the 1 GiB copy bandwidth, %same: of the same-size copy's:")
-    hdr = (f"{'model':16} {'W':>4} {'codec':9} {'op':6} {'us':>7} {'copy us':>7} {'copy%1GiB':>9} {'%same':>6} "
-           f"{'us rd':>7} {'copy rd':>7} {'%1GiB rd':>8} {'%same rd':>8}")
-    print(hdr)
-    print("-" * len(hdr))
-    for a in rows:
-        op = _op_label(a)
-        print(f"{a['model']:16} {a['wmax']:>4} {label(a):9} {op:6} {a['us_graph']:>7.1f} "
-              f"{a['same_size_copy_us_graph']:>7.1f} {a['same_size_copy_pct_of_copy']:>9.1f} "
-              f"{a['pct_of_same_size_copy_graph']:>6.1f} {a['us_graph_read_flush']:>7.1f} "
-              f"{a['same_size_copy_us_graph_read_flush']:>7.1f} {a['pct_of_copy_graph_read_flush']:>8.1f} "
-              f"{a['pct_of_same_size_copy_graph_read_flush']:>8.1f}")
+    _print_table(
+        f"{'model':16} {'W':>4} {'codec':9} {'op':6} {'us':>7} {'copy us':>7} {'copy%1GiB':>9} {'%same':>6} "
+        f"{'us rd':>7} {'copy rd':>7} {'%1GiB rd':>8} {'%same rd':>8}", rows,
+        lambda a, op: (f"{a['model']:16} {a['wmax']:>4} {label(a):9} {op:6} {a['us_graph']:>7.1f} "
+                       f"{a['same_size_copy_us_graph']:>7.1f} {a['same_size_copy_pct_of_copy']:>9.1f} "
+                       f"{a['pct_of_same_size_copy_graph']:>6.1f} {a['us_graph_read_flush']:>7.1f} "
+                       f"{a['same_size_copy_us_graph_read_flush']:>7.1f} {a['pct_of_copy_graph_read_flush']:>8.1f} "
+                       f"{a['pct_of_same_size_copy_graph_read_flush']:>8.1f}"))
 
 
 TARGET_PCT = 80.0        # the speed issue's target: every batch-64 arm at >= 80% of copy bandwidth
