@@ -55,13 +55,16 @@ def job(engine) -> dict:
     engine.sanity_check()
     stats = engine.stats()
     return {"cold": first, "hot": second, "sampled": sampled, "rank_reports": engine.rank_reports,
-            "exchange": stats["exchange"], "slot_bytes_per_rank": stats["checkpoint_slot_bytes_per_rank"]}
+            "exchange": stats["exchange"], "slot_bytes_per_rank": stats["checkpoint_slot_bytes_per_rank"],
+            "checkpoint_hits": stats.get("checkpoint_hits"), "checkpoint_promotions": stats.get("checkpoint_promotions"),
+            "checkpoint_demotions": stats.get("checkpoint_demotions")}
 
 
 def engine_config(args) -> EngineConfig:
     return EngineConfig(model=args.model, wmax=args.wmax, policy=args.policy, codec=args.codec,
-                        placement=args.placement, tp_size=args.tp, max_batch=4, block_size=4, num_kv_blocks=200,
-                        interval=16, max_context=256, state_budget_bytes=args.budget)
+                        placement=args.placement, tp_size=args.tp, max_batch=args.max_batch, block_size=4, num_kv_blocks=200,
+                        interval=16, max_context=256, state_budget_bytes=args.budget,
+                        host_cache_bytes=args.host_cache_bytes, eviction=args.eviction)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--codec", default="native")
     ap.add_argument("--placement", default="off")
     ap.add_argument("--budget", type=int, default=None)
+    ap.add_argument("--host-cache-bytes", type=int, default=0)
+    ap.add_argument("--eviction", default="lru")
+    ap.add_argument("--max-batch", type=int, default=4)
     ap.add_argument("--out", required=True)
     return ap
 

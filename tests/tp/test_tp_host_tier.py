@@ -1,0 +1,54 @@
+"""The host tier under TP (issue 36 item 4): every rank demotes its share of a checkpoint to its own host
+slots and promotes it back on a hit; rank 0's bookkeeping counts the same host slots on every rank (the
+bottleneck rank's slot bytes set the count). Real mpirun ranks on the CPU against the in-process TP1 engine
+of the same configuration (tokens and cached tokens equal), with hits served from the host tier on both."""
+from __future__ import annotations
+
+import pytest
+
+from tp_helpers import build_tp_model, have_mpi, run_job
+
+import tp_job
+
+pytestmark = pytest.mark.skipif(have_mpi() is not None, reason=str(have_mpi()))
+
+
+def _reference(model_dir: str, flags: dict) -> dict:
+    from trtllm_dasc.engine.engine import Engine
+    args = tp_job.parser().parse_args(["--model", model_dir, "--out", "-",
+                                       *[x for k, v in flags.items() for x in (f"--{k}", str(v))]])
+    return tp_job.job(Engine(tp_job.engine_config(args)))
+
+
+# one case (the suite's time): KDA with storage balancing, whose checkpoints cross ranks through the
+# all-to-all on store and load; the host tier's codecs at TP1 are tests/cache/test_host_tier.py's
+@pytest.mark.parametrize("arch, arm", [("kda", dict(policy="nr", placement="storage", wmax=32))],
+                         ids=["kda-storage-balanced"])
+def test_tp2_host_tier_hits_equal_the_tp1_engine(tmp_path, arch, arm):
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    path = tmp_path / f"tp-{arch}"
+    build_tp_model(path, arch, seed=20)
+    flags = {"wmax": 16, **arm}
+
+    def slot_bytes(tp):
+        plan, _ = plan_from_path(str(path), PlanOptions(wmax=flags["wmax"], tp=tp, placement=arm.get("placement", "off")
+                                                        if tp > 1 else "off", codec=arm.get("codec", "native")),
+                                 conv_dtype="float32")
+        return plan.bottleneck_slot_bytes()
+
+    def sized(tp):
+        # three deployable device slots (slot 0 is reserved; the four cold prompts store ~14 checkpoints) and
+        # 64 host slots at either degree; one request at a time, so each prompt's captures demote the ones
+        # before: the hot prompts' checkpoints are on the host when they come back
+        slot = slot_bytes(tp)
+        return {**flags, "budget": 4 * slot + slot // 2, "host-cache-bytes": 64 * slot, "max-batch": 1}
+    got = run_job(2, ["--model", str(path), "--tp", "2", *[x for k, v in sized(2).items() for x in (f"--{k}", str(v))]],
+                  tmp_path / "out.json")
+    ref = _reference(str(path), {k: v for k, v in sized(1).items() if k != "placement"})
+    for part in ("cold", "hot", "sampled"):
+        assert [g["error"] for g in got[part]] == [None] * len(got[part]), part
+        assert [g["tokens"] for g in got[part]] == [r["tokens"] for r in ref[part]], part
+        assert [g["cached"] for g in got[part]] == [r["cached"] for r in ref[part]], part
+    assert got["checkpoint_hits"]["host"] > 0 and got["checkpoint_promotions"] > 0, got["checkpoint_hits"]
+    assert got["checkpoint_hits"] == ref["checkpoint_hits"]
+    assert all(r["host_slots"] == got["rank_reports"][0]["host_slots"] > 0 for r in got["rank_reports"])
