@@ -29,16 +29,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from itertools import cycle
 
 import numpy as np
 
+from benchmarks.results_io import provenance, write_result
+from clients.multiturn import MultiTurnConfig
+from trtllm_dasc.cache.manager import CacheManager
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-from benchmarks.results_io import provenance, write_result  # noqa: E402
-
-from clients.multiturn import MultiTurnConfig  # noqa: E402
-from trtllm_dasc.cache.manager import CacheManager  # noqa: E402
 
 BS = 16
 TARGET_RATIO = 2.0

@@ -116,8 +116,17 @@ def kernels() -> list[tuple]:
         out.append((gemv_kernel._gemv_kernel, {**dict(zip(("x", "w", "y"), types)),
                                                **_ints("stride_xm", "stride_ym", "N", "K")},
                     {"M": 1, "MP": 1, "BN": bn, "BK": bk, "GROUP_N": group_n}, warps))
+    # the widest of the candidates the autotuner times at batch 1 (kernels/tuning.py): registers, not spills
+    for bn, warps in ((8, 4), (4, 8)):
+        out.append((gemv_kernel._gemv_kernel,
+                    {"x": "*bf16", "w": "*bf16", "y": "*bf16", **_ints("stride_xm", "stride_ym", "N", "K")},
+                    {"M": 1, "MP": 1, "BN": bn, "BK": 1024, "GROUP_N": 0}, warps))
     from trtllm_dasc.model.moe import kernel as moe_kernel
     from trtllm_dasc.model.moe import small as moe_small
+    out.append((moe_small._pair_gate_up,
+                {"x": "*bf16", "idx": "*i64", "w": "*bf16", "h": "*bf16",
+                 **_ints("I", "D", "stride_x", "stride_we", "stride_wn", "stride_h", "R")},
+                {"TOP_K": 9, "BLOCK_N": 4, "BLOCK_K": 1024}, 4))
     for T, k, E, inter, D in ((1, 8, 256, 1024, 2304), (6, 10, 512, 512, 2048)):   # Kimi's, Qwen's decode
         cfg = moe_small.config(T, k, inter, D)
         out.append((moe_small._pair_gate_up,

@@ -180,8 +180,8 @@ class HybridModel:
 
     def warm_moe(self, max_tokens: int) -> int:
         """On a GPU: compile the fused MoE layer's kernels for every tile config a step of up to max_tokens
-        tokens can pick (moe/kernel.py: by rows per expert), at an even and an odd count each, through one MoE
-        layer (all share their shapes). Warm-up's prompts reach the configs of their own step sizes only:
+        tokens can pick (moe/kernel.py: by rows per expert), at an even and an odd count each, and time the
+        small path's tiles for every pair count it meets, through one MoE layer (all share their shapes). Warm-up's prompts reach the configs of their own step sizes only:
         on the H200 a user's first batch of 8 prompts of ~3k tokens compiled the 128-row tiles (steps of
         4096+ tokens) inside the request. Returns the forwards run."""
         if self.device.type != "cuda":
@@ -189,9 +189,14 @@ class HybridModel:
         layer = next((m for _, m, *_ in self.layers if getattr(m, "capturable", False)), None)
         if layer is None:
             return 0
+        from trtllm_dasc.model.moe import small
         from trtllm_dasc.model.moe.kernel import warm_token_counts
-        from trtllm_dasc.model.moe.small import SMALL_PAIRS
-        counts = warm_token_counts(layer.spec.top_k, layer.spec.num_experts, max_tokens, SMALL_PAIRS)
+        k = layer.spec.top_k
+        counts = warm_token_counts(k, layer.spec.num_experts, max_tokens, small.SMALL_PAIRS)
+        # and the small path's autotuner keys (its tiles timed per pair count: moe/small.py), every one a
+        # step can meet, not only the decode buckets the graphs capture
+        width = k + int(getattr(layer, "gate_up_all", None) is not None)
+        counts = small.warm_token_counts(k, width) + counts
         D = layer.w["gate_up"].shape[2]
         with torch.no_grad():
             for T in counts:

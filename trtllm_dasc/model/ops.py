@@ -10,28 +10,33 @@ import torch
 import torch.nn.functional as F
 
 
+def _one_row_gemv(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor | None:
+    """x [..., K] of one row on a GPU times w [N, K] by kernels/gemv.py where it beat cuBLAS for this shape
+    (`preferred`) and takes the operands; None otherwise (the caller runs F.linear)."""
+    if not (x.is_cuda and x.numel() == x.shape[-1] and w.dim() == 2):
+        return None
+    # lazy: triton loads only when a kernel runs (the torch reference needs none)
+    from trtllm_dasc.model.kernels import gemv as gemv_kernel
+    x2 = x.reshape(1, -1)
+    if not (gemv_kernel.preferred(1, w.shape[0], w.shape[1]) and gemv_kernel.supports(x2, w)):
+        return None
+    return gemv_kernel.gemv(x2, w, out_dtype=out_dtype).view(*x.shape[:-1], w.shape[0])
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, except a one-row product on a GPU of a shape where our kernel beat cuBLAS
-    (model/kernels/gemv.py: a decode step at batch 1)."""
-    if b is None and x.is_cuda and x.numel() == x.shape[-1] and w.dim() == 2:
-        # lazy: triton loads only when a kernel runs (the torch reference needs none)
-        from trtllm_dasc.model.kernels import gemv as gemv_kernel
-        x2 = x.reshape(1, -1)
-        if gemv_kernel.preferred(1, w.shape[0], w.shape[1]) and gemv_kernel.supports(x2, w):
-            return gemv_kernel.gemv(x2, w).view(*x.shape[:-1], w.shape[0])
-    return F.linear(x, w, b)
+    (model/kernels/gemv.py: a decode step at batch 1). Operands of two dtypes go to F.linear (which refuses
+    them, as everywhere else): the kernel's upcast of x is linear_fp32's."""
+    y = _one_row_gemv(x, w, x.dtype) if b is None and w.dtype == x.dtype else None
+    return F.linear(x, w, b) if y is None else y
 
 
 def linear_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(x.float(), w) for an fp32 w (a router's logits, as transformers computes them). A one-row
-    product on a GPU takes gemv_kernel with x upcast inside it (exact): no separate upcast kernel, which at a
-    Kimi decode step was one launch per MoE layer."""
-    if x.is_cuda and x.numel() == x.shape[-1] and w.dim() == 2 and w.dtype == torch.float32:
-        from trtllm_dasc.model.kernels import gemv as gemv_kernel
-        x2 = x.reshape(1, -1)
-        if gemv_kernel.preferred(1, w.shape[0], w.shape[1]) and gemv_kernel.supports(x2, w):
-            return gemv_kernel.gemv(x2, w, out_dtype=torch.float32).view(*x.shape[:-1], w.shape[0])
-    return F.linear(x.float(), w)
+    product on a GPU takes kernels/gemv.py with x upcast inside it (exact): no separate upcast kernel, which
+    at a Kimi decode step was one launch per MoE layer."""
+    y = _one_row_gemv(x, w, torch.float32) if w.dtype == torch.float32 else None
+    return F.linear(x.float(), w) if y is None else y
 
 
 def linear_groups(x: torch.Tensor, w: torch.Tensor, groups: int) -> tuple[torch.Tensor, ...]:

@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 from trtllm_dasc.model.recurrence.fla import cu_tensors
 from trtllm_dasc.model.ops import causal_conv, l2norm
-from trtllm_dasc.model.ops import causal_conv
 
 # tokens per tile, warps, tiles per program: the fastest of the twelve choices `python -m benchmarks
 # conv_prefill` times at 16k tokens. measured on an H200: 32 tokens at 4 warps took 0.349 ms on the

@@ -11,7 +11,9 @@ is reduced in registers. Which (BN, BK, warps) per shape, and which shapes at al
 run): cuBLAS reads the wide matrices at 82-95% of copy bandwidth and keeps them.
 
 Used by ops.linear where `preferred` says it is faster than cuBLAS (a decode step's batch-1 products of
-some shapes); everything else goes to F.linear.
+some shapes; everything else goes to F.linear), by ops.linear_fp32 (a router's fp32 product of x upcast in
+the kernel) and ops.linear_groups (two products of one step in one launch). At batch 1 on a GPU the tiles
+around config()'s are timed per shape at warm-up (kernels/tuning.py).
 """
 from __future__ import annotations
 
@@ -71,27 +73,27 @@ def config(M: int, N: int, K: int) -> tuple[int, int, int]:
     return 8 if N >= 8 * 264 else 4, bk, 4
 
 
-# batch 1's candidates on a GPU (tuning.py), (BN, BK, warps, stages): config()'s choice first, then fewer or
-# more columns a program, longer or shorter steps of K, and an unpipelined loop; short rows (K <= 256) take
-# the whole row a step. A shape keeps the candidates it can take (_prune).
-_ROW_CANDIDATES = [(2, 1024, 4, 3), (1, 1024, 4, 3), (2, 1024, 4, 1), (4, 1024, 8, 3), (2, 2048, 8, 3),
-                   (4, 512, 4, 3), (1, 2048, 4, 3)]
-_SHORT_CANDIDATES = [(8, 0, 2, 3), (4, 0, 1, 3), (16, 0, 4, 3), (2, 0, 1, 3), (8, 0, 4, 3)]
+# batch 1's candidates on a GPU (tuning.py), (BN, warps, stages) around config()'s choice: fewer or more
+# columns a program, more warps, an unpipelined loop. BK stays config()'s (the row up to 256, else 1024 a
+# step): it sets the order of the fp32 partial sums, and a tile picked by timing must not change a result
+# from one server start to the next. A shape keeps the candidates it can take (_prune).
+_CANDIDATES = [(2, 4, 3), (1, 4, 3), (2, 4, 1), (4, 8, 3), (2, 8, 3), (8, 2, 3), (4, 1, 3), (16, 4, 3), (8, 4, 3)]
 
 
 def _prune(configs, args):
     K, group_n = args["K"], args["GROUP_N"]
-    short = K <= 256
-    full = max(16, triton.next_power_of_2(K))
-    return [c for c in configs if (c.kwargs["BK"] == full if short else 512 <= c.kwargs["BK"] <= full)
-            and (group_n == 0 or group_n % c.kwargs["BN"] == 0)]
+    bk = config(1, 1, K)[1]
+    # at most 64 fp32 accumulators a thread: wider tiles spill on sm90 (ptxas: 255 registers and spill
+    # stores at 16 x 1024 over 4 warps; tests/model/test_kernels_compile.py compiles the widest kept)
+    kept = [c for c in configs if c.kwargs["BK"] == bk and (group_n == 0 or group_n % c.kwargs["BN"] == 0)
+            and c.kwargs["BN"] * bk <= 64 * 32 * c.num_warps]
+    if not kept:
+        raise ValueError(f"no gemv candidate takes K={K}, GROUP_N={group_n}")
+    return kept
 
 
 def _candidates():
-    rows = [({"BN": bn, "BK": bk}, w, st) for bn, bk, w, st in _ROW_CANDIDATES]
-    # the short rows' BK is the row (any power of two up to 256): one candidate per width
-    short = [({"BN": bn, "BK": bk}, w, st) for bn, _, w, st in _SHORT_CANDIDATES for bk in (16, 32, 64, 128, 256)]
-    return rows + short
+    return [({"BN": bn, "BK": bk}, w, st) for bn, w, st in _CANDIDATES for bk in (16, 32, 64, 128, 256, 1024)]
 
 
 _gemv_tuned = tuning.autotuned(_gemv_kernel, _candidates(), key=["N", "K", "GROUP_N"], prune=_prune)

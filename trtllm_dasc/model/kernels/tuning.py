@@ -25,12 +25,11 @@ def on_device() -> bool:
 def autotuned(fn, candidates: list[tuple[dict, int, int]], key: list[str], prune=None):
     """fn wrapped in Triton's autotuner over candidates [(meta-parameters, num_warps, num_stages)], keyed on
     the argument names in key; prune(configs, args) drops the candidates a shape cannot take (args: the
-    launch's named arguments, constexprs included)."""
+    launch's named arguments, constexprs included) and raises if none is left."""
     configs = [triton.Config(meta, num_warps=w, num_stages=s) for meta, w, s in candidates]
     early = None
     if prune is not None:
         def early(configs, named_args, **kwargs):
-            kept = prune(configs, {**named_args, **kwargs})
-            return kept or configs[:1]
+            return prune(configs, {**named_args, **kwargs})
     return triton.autotune(configs=configs, key=key,
                            prune_configs_by={"early_config_prune": early} if early else None)(fn)

@@ -15,7 +15,7 @@ Here:
    registers -> out [T, D]: the routing weight and the sum over top_k fused, in a fixed order (no atomics,
    the result does not depend on the schedule), one rounding.
 
-Few columns a program and long steps of K (many programs, many bytes in flight), as the dense gemv_kernel
+Few columns a program and long steps of K (many programs, many bytes in flight), as kernels/gemv.py
 measured best at batch 1 on the H200. Both grids are functions of (T, top_k, I, D) only: CUDA-graph
 capturable, no host synchronisation. Row, expert and token indices are widened to int64 before any address
 arithmetic (expert e's offset e * 2I * D passes 2^31 at 256 experts x 2048 x 2304 x 2 B).
@@ -39,7 +39,7 @@ from trtllm_dasc.model.kernels import tuning
 SMALL_PAIRS = 64
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _pair_gate_up(x, idx, w, h, I, D, stride_x, stride_we, stride_wn, stride_h, R, TOP_K: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # R only keys the autotuner (tuning.py): the pair count rounded up to a power of two
@@ -111,26 +111,35 @@ def config(T: int, top_k: int, I: int, D: int) -> dict:
             "down": (4, max(16, triton.next_power_of_2(I)), 4) if I <= 512 else (2, 1024, 4)}
 
 
-# the candidates a GPU times per shape (tuning.py), (BLOCK_N, BLOCK_K, warps, stages): config()'s choice
-# first, then the sweep's runners-up and deeper / unpipelined variants
-_GATE_UP_CANDIDATES = [(2, 1024, 4, 3), (2, 1024, 4, 1), (1, 1024, 4, 3), (4, 512, 4, 3), (2, 512, 4, 3),
-                       (2, 2048, 8, 3), (4, 1024, 8, 3), (1, 2048, 4, 3)]
+# the candidates a GPU times per shape (tuning.py), (BLOCK_N, warps, stages) around config()'s choice; BLOCK_K
+# stays config()'s: it sets the order of the fp32 partial sums, and a tile picked by timing must not change
+# a result from one server start to the next
+_GATE_UP_CANDIDATES = [(2, 4, 3), (2, 4, 1), (1, 4, 3), (4, 8, 3), (2, 8, 3), (4, 4, 3), (1, 2, 3)]
 
 
-def _fits(reduced: str):
-    """Prune: the candidates whose step along the reduced dim is at most its next power of two."""
-    def prune(configs, args):
-        full = max(16, triton.next_power_of_2(args[reduced]))
-        return [c for c in configs if c.kwargs["BLOCK_K"] <= full]
-    return prune
+def _one_step_of_k(configs, args):
+    """Prune: the candidates at config()'s BLOCK_K for this shape that keep their accumulators in registers."""
+    bk = config(1, 1, args["I"], args["D"])["gate_up"][1]
+    # two accumulators (gate, up) of BLOCK_N x BLOCK_K: at most 64 fp32 a thread, as kernels/gemv.py
+    return [c for c in configs if c.kwargs["BLOCK_K"] == bk and 2 * c.kwargs["BLOCK_N"] * bk <= 64 * 32 * c.num_warps]
 
 
-def _tuned(fn, candidates, key, reduced):
-    return tuning.autotuned(fn, [({"BLOCK_N": bn, "BLOCK_K": bk}, w, st) for bn, bk, w, st in candidates], key,
-                            prune=_fits(reduced))
+_pair_gate_up_tuned = tuning.autotuned(
+    _pair_gate_up, [({"BLOCK_N": bn, "BLOCK_K": bk}, w, st) for bn, w, st in _GATE_UP_CANDIDATES
+                    for bk in (16, 32, 64, 128, 256, 512, 1024)], ["I", "D", "R", "TOP_K"], prune=_one_step_of_k)
 
 
-_pair_gate_up_tuned = _tuned(_pair_gate_up, _GATE_UP_CANDIDATES, ["I", "D", "R", "TOP_K"], "D")
+def warm_token_counts(top_k: int, width: int) -> list[int]:
+    """One token count per key of the autotuned gate_up (pairs rounded up to a power of two) the small path
+    can meet (T * top_k <= SMALL_PAIRS; width: ids per token, the shared expert's included): what a warm-up
+    runs so that no user's step times the candidates (model.warm_moe)."""
+    seen, out = set(), []
+    for T in range(1, SMALL_PAIRS // top_k + 1):
+        key = triton.next_power_of_2(T * width)
+        if key not in seen:
+            seen.add(key)
+            out.append(T)
+    return out
 
 
 def _buffer(shape, dtype, device) -> torch.Tensor:
@@ -139,8 +148,9 @@ def _buffer(shape, dtype, device) -> torch.Tensor:
 
 
 def experts_small(x, idx, weights, gate_up, down, cfg: dict | None = None) -> torch.Tensor:
-    """See moe.experts (any T works; moe.experts sends T * top_k <= SMALL_PAIRS here). cfg: tiles (default
-    config(...)): {"gate_up": (BLOCK_N, BLOCK_K, warps), "down": (...)}."""
+    """See moe.experts (any T works; moe.experts sends T * top_k <= SMALL_PAIRS here). cfg: tiles
+    {"gate_up": (BLOCK_N, BLOCK_K, warps), "down": (...)}; default config(...)'s, except gate_up's on a GPU,
+    which the autotuner picks at config()'s BLOCK_K (tuning.py)."""
     T, D = x.shape
     k = idx.shape[1]
     E, I2, _ = gate_up.shape

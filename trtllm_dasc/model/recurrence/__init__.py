@@ -10,7 +10,8 @@ checkpoint positions and running the segments in rounds (round r = r-th segment 
 varlen kernel call, h0 = the states the previous round left). The states are exact fp32, not the
 bf16 chunk states fla's return_intermediate_states gives.
 
-A backend that also offers `kda_chunk_states` / `gdn_chunk_states` (same arguments; returns o, ht and the
+A backend that also offers `kda_chunk_states` (fla's; `gdn_chunk_states` would be taken alike; same
+arguments; returns o, ht and the
 fp32 state at the start of every chunk of CHUNK tokens of every sequence, see fla.kda_chunk_states) takes
 the rounds' place: one call for the whole batch, a cut on a chunk boundary read from those states, any
 other cut replayed from the chunk boundary below it (under CHUNK tokens, all such cuts in one more varlen
@@ -77,6 +78,8 @@ def run_recurrence(backend, kind: str, q, k, v, g, beta, h0: torch.Tensor, cu_se
     hb = h0.new_empty(sum(len(c) for c in cuts), HV, K, V, dtype=torch.float32)
     where = {}                                    # (seq, cut) -> row of hb
     for i, c in enumerate(cuts):
+        if len(set(c)) != len(c):
+            raise ValueError(f"sequence {i}'s cuts repeat a position: {c}")
         for p in c:
             where[(i, p)] = len(where)
     if rounds == 1:

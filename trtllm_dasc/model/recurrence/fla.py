@@ -142,7 +142,7 @@ chunk_state_captures = False
 
 def _fwd_h_fp32(k, w, u, g=None, gk=None, initial_state=None, output_final_state=False, chunk_size=64,
                 save_new_value=True, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
-                chunk_indices=None, chunk_offsets=None):
+                chunk_indices=None, chunk_offsets=None, **unknown):
     """fla's chunk_gated_delta_rule_fwd_h (fla-core 0.6.0, fla/ops/common/chunk_delta_h.py) with the chunk
     states h kept in fp32: the same kernel, whose fp32 running state it stores rounded to h's dtype, and
     which fla allocates in k's (bf16). The output kernel that reads h casts it to q's dtype first
@@ -150,7 +150,9 @@ def _fwd_h_fp32(k, w, u, g=None, gk=None, initial_state=None, output_final_state
     import triton
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_kernel_h_blockdim64
     from fla.ops.utils import prepare_chunk_indices, prepare_chunk_offsets
-    assert not state_v_first and cu_seqlens is not None
+    if unknown or state_v_first or cu_seqlens is None:
+        raise RuntimeError(f"fla's chunk KDA called its state kernel in a way kda_chunk_states does not mirror "
+                           f"(fla-core 0.6.0's): {sorted(unknown)}, state_v_first={state_v_first}")
     B, T, H, K, V, HV = *k.shape, u.shape[-1], u.shape[2]
     if chunk_indices is None:
         chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)
@@ -171,14 +173,16 @@ def kda_chunk_states(q, k, v, g, beta, initial_state, cu_seqlens, scale=None, **
     CHUNK tokens: (o, ht, chunks [NT, H, K, V] fp32, CHUNK), chunk j of sequence i at row
     sum_{i' < i} ceil(len_i' / CHUNK) + j (the state after CHUNK * j of its tokens; row 0 of a sequence is
     its initial state). fla's return_intermediate_states gives these states in bf16; run_recurrence needs
-    them exact (checkpoints), so fla's state kernel runs here with an fp32 h (_fwd_h_fp32)."""
+    them exact (checkpoints), so fla's state kernel runs here with an fp32 h (_fwd_h_fp32), swapped into fla's
+    chunk_fwd module for this call (one engine thread runs the model; not safe beside another thread's fla
+    call). The fp32 states take twice fla's bf16 ones, transiently: 268 MB a Kimi layer at 8k tokens, TP1."""
     import fla.ops.kda.chunk_fwd as kda_fwd
     extra = _gate_args(**gate)
     beta = beta if gate.get("beta_logits", False) else beta.to(q.dtype)
     cu, cu_host = cu_tensors(cu_seqlens, q.device)
     fla_fwd_h, kda_fwd.chunk_gated_delta_rule_fwd_h = kda_fwd.chunk_gated_delta_rule_fwd_h, _fwd_h_fp32
     try:
-        with torch.inference_mode():
+        with torch.inference_mode():        # return_intermediate_states requires it (forward runs in it too)
             o, ht, h = chunk_kda(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state.float(),
                                  output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_host,
                                  return_intermediate_states=True, chunk_size=CHUNK, **extra)
