@@ -482,10 +482,10 @@ def parse_args(argv):
         args.tokens = ints(args.tokens or ("64,128" if smoke else "4096,16384"))
         args.batches = ints(args.batches or ("1,2" if smoke else "1,8,32,64,96"))
         args.profile = ints(args.profile) if args.profile else []
-        if set(args.profile) - set(args.batches):
-            raise UserError(f"--profile {args.profile}: each batch size must be one of --batches {args.batches}")
     except ValueError:
         raise UserError("--tokens, --batches and --profile are comma-separated integers") from None
+    if set(args.profile) - set(args.batches):
+        raise UserError(f"--profile {args.profile}: each batch size must be one of --batches {args.batches}")
     for name, full, small in (("context", 512, 16), ("reps", 10, 2), ("warmup", 3, 1), ("reps_prefill", 3, 1)):
         if getattr(args, name) is None:
             setattr(args, name, small if smoke else full)
