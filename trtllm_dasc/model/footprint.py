@@ -8,9 +8,11 @@ failing with an out-of-memory error minutes into loading 96 GB of weights.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.model.model import HybridModel
@@ -30,6 +32,31 @@ class MetaSource:
     def get(self, name: str, shape) -> torch.Tensor:
         # the decay tensors and the router stay fp32 like the real ones; the loader casts the rest
         return torch.empty(tuple(shape), dtype=torch.float32, device="meta")
+
+
+class _MetaConcat(TorchFunctionMode):
+    """torch.cat of meta tensors as its shape alone. PyTorch's meta kernel for cat is a Python reference whose
+    first call imports torch._dynamo, which nothing else on the serving path needs: 3-7 s of every engine
+    start on a 2-core CPU (the server's ready time was mostly this) for a shape that is a sum of sizes."""
+
+    CATS = (torch.cat, torch.concat, torch.concatenate)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.CATS and kwargs.get("out") is None:
+            tensors = list(args[0] if args else kwargs["tensors"])
+            dim = args[1] if len(args) > 1 else kwargs.get("dim", kwargs.get("axis", 0))
+            if tensors and isinstance(dim, int) and all(t.device.type == "meta" for t in tensors):
+                # cat skips 1-D empty tensors (its legacy rule); the rest agree off `dim` (the loader's own
+                # cat on real devices checks that)
+                parts = [t for t in tensors if t.shape != (0,)] or tensors[:1]
+                shape = list(parts[0].shape)
+                if shape:
+                    d = dim % len(shape)
+                    shape[d] = sum(t.shape[d] for t in parts)
+                    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+                    return torch.empty(shape, dtype=dtype, device="meta")
+        return func(*args, **kwargs)
 
 
 def tensor_bytes(root, elements: bool = False) -> int:
@@ -81,8 +108,9 @@ def model_footprint(cfg, src, *, dtype: str, tp_rank: int, tp_size: int, bundle_
     """The bytes one rank's model, state rows, KV cache and checkpoint pool take (HybridConfig cfg, any
     weight source src: only its names are asked)."""
     # the torch recurrence: the backend choice reads the device, and meta has no kernels to pick
-    model = HybridModel.from_source(cfg, MetaSource(src), dtype=dtype, device="meta", tp_rank=tp_rank,
-                                    tp_size=tp_size, bundle_order=bundle_order, backend="torch")
+    with _MetaConcat():
+        model = HybridModel.from_source(cfg, MetaSource(src), dtype=dtype, device="meta", tp_rank=tp_rank,
+                                        tp_size=tp_size, bundle_order=bundle_order, backend="torch")
     state = model.new_state(state_rows)
     kv = model.new_kv_cache(kv_blocks, block_size)
     return Footprint(weights=tensor_bytes((model.w, model.layers)), kv=tensor_bytes(kv.pools),
