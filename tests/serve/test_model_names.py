@@ -26,7 +26,10 @@ IDS_PROMPT = "Lorem ipsum dolor sit amet"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("names")
-    engine = build_engine(ASSET, tmp / "engine", "--max-batch-size", 4, "--kv-blocks", 512, "--max-context", 1024)
+    # the default W_max (16, what dasc_policy reports); --prefill-chunk 64: warm-up's long prompts are two
+    # chunks (engine/warmup.py), ~960 tokens with the default chunk, most of the start on a 2-core machine
+    engine = build_engine(ASSET, tmp / "engine", "--max-batch-size", 4, "--kv-blocks", 512, "--max-context", 1024,
+                          "--prefill-chunk", 64)
     s = serve(engine, tmp / "work")
     yield s
     s.stop()
