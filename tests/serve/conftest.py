@@ -9,9 +9,10 @@ A module may stop it (test_cancel checks its shutdown): the next one that asks g
 test_cancel runs after every other module of the shared server (pytest_collection_modifyitems): its stop
 no longer costs the next module a second start and warm-up.
 
---prefill-chunk 64: warm-up's long prompts are two prefill chunks (engine/warmup.py), so with the default
-2048-token chunk every start of this engine prefilled ~960-token prompts through the CPU kernels (most of
-a minute on a loaded 2-core machine, each start); the tests' prompts are all shorter than one chunk."""
+--prefill-chunk 64 --interval 32: warm-up's long prompts are two prefill chunks and its short ones two
+intervals (engine/warmup.py), so with the defaults (2048, 256) every start of this engine prefilled ~960-
+and ~520-token prompts through the CPU kernels (most of a minute on a loaded 2-core machine, each start;
+measured: 56 s of CPU, 18 s with these); the tests' prompts are all shorter than one chunk."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,7 +25,8 @@ from trtllm_dasc.serve.tritonserver import new_admin_key
 ASSET = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
 # the default engine's dasc-build flags (the embedded model as test_cancel, test_drain, test_openai_frontend,
 # test_serve_guards and test_text_serving serve it)
-DEFAULT_FLAGS = ("--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512, "--max-context", 1024, "--prefill-chunk", 64)
+DEFAULT_FLAGS = ("--wmax", 0, "--max-batch-size", 4, "--kv-blocks", 512, "--max-context", 1024, "--prefill-chunk", 64,
+                 "--interval", 32)
 DRAIN_S = 1.0
 
 
