@@ -24,6 +24,14 @@ def ckpt(tmp_path_factory):
     return tmp / "ckpt"
 
 
+@pytest.fixture(scope="module")
+def engine(ckpt, tmp_path_factory):
+    """One engine of the checkpoint for the tests that serve an engine directory (a build and its
+    checks are ~10 s of a loaded 2-core machine; these tests only need one to exist)."""
+    return build_engine(ckpt, tmp_path_factory.mktemp("cli-engine") / "engine", "--wmax", 16, "--max-batch-size", 2,
+                        "--kv-blocks", 128, "--block-size", 4, "--max-context", 128)
+
+
 def dasc_build(*args):
     return subprocess.run([sys.executable, "-m", "build_scripts.dasc_build", *map(str, args)], capture_output=True,
                           text=True, timeout=300)
@@ -51,24 +59,27 @@ def test_build_refuses_to_overwrite_and_a_non_checkpoint(ckpt, tmp_path):
     assert proc.returncode == 2 and "no config.json" in proc.stderr
 
 
-def test_engine_dir_is_self_contained(ckpt, tmp_path):
-    engine = build_engine(ckpt, tmp_path / "engine", "--wmax", 16, "--max-batch-size", 2, "--kv-blocks", 128,
-                          "--block-size", 4, "--max-context", 128)
+def test_engine_dir_is_self_contained(engine, tmp_path):
     meta = json.loads((engine / "config.json").read_text())
     assert meta["engine"]["wmax"] == 16 and (engine / "plan.json").is_file() and (engine / "kernels").is_dir()
     moved = tmp_path / "elsewhere" / "engine"
     moved.parent.mkdir()
+    # the module's engine itself, moved: nothing is left where it was built while it serves (moved back after)
     shutil.move(str(engine), str(moved))
-    server = serve(moved, tmp_path / "work")
     try:
-        import tritonclient.grpc as grpc
-        client = StreamClient(server.grpc_url)
-        client.send("a", triton_inputs(grpc, [1, 2, 3], 2, streaming=True))
-        rec = client.collect(1)["a"]
-        client.close()
-        assert rec["error"] is None and len(rec["tokens"]) == 2
+        assert not engine.exists()
+        server = serve(moved, tmp_path / "work")
+        try:
+            import tritonclient.grpc as grpc
+            client = StreamClient(server.grpc_url)
+            client.send("a", triton_inputs(grpc, [1, 2, 3], 2, streaming=True))
+            rec = client.collect(1)["a"]
+            client.close()
+            assert rec["error"] is None and len(rec["tokens"]) == 2
+        finally:
+            server.stop()
     finally:
-        server.stop()
+        shutil.move(str(moved), str(engine))
 
 
 def _serve_proc(args, tmp_path):
@@ -108,9 +119,7 @@ def test_dasc_serve_builds_a_checkpoint_answers_and_stops_on_sigterm(ckpt, tmp_p
     assert not _server_pids(tmp_path), "tritonserver outlived dasc serve"
 
 
-def test_dasc_serve_exits_when_its_server_dies(ckpt, tmp_path):
-    engine = build_engine(ckpt, tmp_path / "engine", "--wmax", 0, "--max-batch-size", 2, "--kv-blocks", 128,
-                          "--max-context", 128)
+def test_dasc_serve_exits_when_its_server_dies(engine, tmp_path):
     proc, _ = _serve_proc(["--model", engine], tmp_path)
     for pid in _server_pids(tmp_path):
         if pid != proc.pid:

@@ -26,7 +26,11 @@ IDS_PROMPT = "Lorem ipsum dolor sit amet"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("names")
-    engine = build_engine(ASSET, tmp / "engine", "--max-batch-size", 4, "--kv-blocks", 512, "--max-context", 1024)
+    # the default W_max (16, what dasc_policy reports); --prefill-chunk 64 --interval 32: warm-up's prompts
+    # are two chunks and two intervals long (engine/warmup.py), ~960 and ~520 tokens with the defaults, most
+    # of the start on a 2-core machine (conftest.py)
+    engine = build_engine(ASSET, tmp / "engine", "--max-batch-size", 4, "--kv-blocks", 512, "--max-context", 1024,
+                          "--prefill-chunk", 64, "--interval", 32)
     s = serve(engine, tmp / "work")
     yield s
     s.stop()

@@ -151,7 +151,10 @@ def test_300_mixed_requests_at_concurrency_32(dense):
             needle = MALFORMED[spec][0]
             assert rec["error"] is not None and needle in rec["error"], (rid, spec, rec)
         elif mode == "cancel":
-            assert rec["error"] is None and rec["tokens"] == hf_greedy(hf, list(spec[0]), 40)[:len(rec["tokens"])]
+            # greedy's first k tokens are its k-token generation: the reference only as long as what came back
+            # (not the 40 asked for: ~60 requests' 40 transformers steps each, most of this test's own time)
+            got = rec["tokens"]
+            assert rec["error"] is None and len(got) <= 40 and got == hf_greedy(hf, list(spec[0]), max(1, len(got)))[:len(got)]
         else:
             prompt, n = spec
             want = refs[tuple(prompt)][:n]

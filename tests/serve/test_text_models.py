@@ -35,7 +35,9 @@ def ref():
 
 
 def _serve(repo, work):
-    server = start_server(str(repo), str(work))
+    # no model here answers the drain (only the core model does): stop() would wait the default 10 s drain
+    # for a ".drained" that never comes, twice per module
+    server = start_server(str(repo), str(work), drain_seconds=0)
     try:
         server.wait_ready(120)
     except Exception:
