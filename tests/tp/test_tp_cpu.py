@@ -7,11 +7,15 @@ import sys
 import pytest
 import torch
 
+from engine_helpers import one_torch_thread
 from tp_helpers import build_tp_model, have_mpi, run_batch
 
 import tp_job
 
 pytestmark = pytest.mark.skipif(have_mpi() is not None, reason=f"no MPI here: {have_mpi()}")
+
+# the in-process references (TP1 engine, transformers) on one torch thread; the ranks set their own
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 @pytest.fixture(scope="module")
