@@ -7,11 +7,13 @@ import random
 import pytest
 
 import trtllm_dasc.engine.runner as runner_module
-from engine_helpers import VOCAB, greedy, make_engine
+from engine_helpers import VOCAB, greedy, make_engine, one_torch_thread
 from trtllm_dasc.engine.request import GenerationRequest
 from trtllm_dasc.engine.sampling import SamplingParams
 
 N = 2000
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 def workload(seed=0):

@@ -4,10 +4,12 @@ import random
 import pytest
 import torch
 
-from engine_helpers import VOCAB, greedy, make_engine
+from engine_helpers import VOCAB, greedy, make_engine, one_torch_thread
 from trtllm_dasc.engine.request import GenerationRequest
 from trtllm_dasc.engine.sampling import SamplingParams, sample
 from trtllm_dasc.errors import UserError
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 def allocation(engine):

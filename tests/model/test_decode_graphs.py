@@ -11,7 +11,11 @@ pytest.importorskip("triton")
 # Triton's interpreter reads loop bounds loaded from memory as 1-element arrays (numpy deprecates that)
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
+from engine_helpers import one_torch_thread  # noqa: E402
 from trtllm_dasc.model.decode_graphs import DecodeGraphs, buckets_for  # noqa: E402
+
+# tiny ops on one torch thread (engine_helpers.one_torch_thread says why)
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

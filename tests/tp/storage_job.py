@@ -14,21 +14,35 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--wmax", type=int, required=True)
     ap.add_argument("--placement", default="storage")
     ap.add_argument("--codec", default="native")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
+    from trtllm_dasc.parallel.group import TPGroup
+    group = TPGroup.from_mpi("cpu")
+    try:
+        result = round_trip(args, group)
+    finally:
+        group.close()
+    if result is not None:
+        Path(args.out).write_text(json.dumps(result))
+
+
+def round_trip(args, group) -> dict | None:
+    """The round trip on every rank of ``group``; rank 0 gets the JSON-able result, the others None."""
     import torch
 
-    from trtllm_dasc.parallel.group import TPGroup
     from trtllm_dasc.parallel.storage import BalancedPool
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     from trtllm_dasc.state import CheckpointPool
-    group = TPGroup.from_mpi("cpu")
     plan, _ = plan_from_path(args.model, PlanOptions(wmax=args.wmax, tp=group.size, placement=args.placement,
                                                      codec=args.codec))
     cfg, shard = plan.config, plan.config.shard(group.size)
@@ -55,10 +69,9 @@ def main() -> None:
             "unit_bytes": pool.staging.unit_elements * (1 if args.codec == "int8" else 4)
             + (4 * pool.staging.rows_per_unit if args.codec == "int8" else 0)}
     everyone = group.gather(mine)
-    if group.rank == 0:
-        Path(args.out).write_text(json.dumps({"ranks": everyone, "planner_slot_bytes": plan.slot_bytes_per_rank(),
-                                              "moved_units": plan.moved_units}))
-    group.close()
+    if group.rank != 0:
+        return None
+    return {"ranks": everyone, "planner_slot_bytes": plan.slot_bytes_per_rank(), "moved_units": plan.moved_units}
 
 
 if __name__ == "__main__":

@@ -13,14 +13,25 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "engine"))
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--tp", type=int, required=True)
     ap.add_argument("--reference", required=True)
     ap.add_argument("--vocab", type=int, required=True)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
+    stats = scenario(args)
+    if stats is not None:
+        Path(args.out).write_text(json.dumps(stats))
+
+
+def scenario(args) -> dict | None:
+    """The scenario on every rank of the mpirun; rank 0 gets the engine's final (flat) stats."""
     from thread_scenario import ENGINE, run_scenario
 
     from trtllm_dasc.engine.ranks import run_ranks
@@ -28,8 +39,7 @@ def main() -> None:
     reference = {tuple(p): t for p, t in json.loads(Path(args.reference).read_text())}
     cfg = EngineConfig(model=args.model, tp_size=args.tp, **ENGINE)
     stats = run_ranks(cfg, lambda engine: run_scenario(engine, reference, args.vocab))
-    if stats is not None:
-        Path(args.out).write_text(json.dumps({k: v for k, v in stats.items() if not isinstance(v, dict)}))
+    return None if stats is None else {k: v for k, v in stats.items() if not isinstance(v, dict)}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 from hybrid_tiny import VOCAB, build
 
-__all__ = ["VOCAB", "build_tp_model", "run_job", "have_mpi"]
+__all__ = ["VOCAB", "build_tp_model", "run_job", "run_batch", "have_mpi"]
 
 # 8 bundles per linear layer: gdn 8 key heads with 2 value heads each, kda 8 heads. kda's 8 MLA heads split
 # at every degree; gdn's 2 attention heads (1 KV head, shared by the ranks) split at TP2 and stay whole at
@@ -54,3 +54,22 @@ def run_job(num_ranks: int, job_args: list[str], out: Path, timeout: float = 300
         raise AssertionError(f"mpirun -np {num_ranks} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                              f"{proc.stderr[-6000:]}")
     return json.loads(out.read_text())
+
+
+def run_batch(num_ranks: int, tasks: list[dict], folder: Path, timeout: float = 600.0) -> list[dict]:
+    """Run ``tasks`` (batch_job.py's list) on one mpirun of ``num_ranks`` ranks; per task {"result": ...}
+    or {"error": why}, where a task that never ran (an earlier one ended the mpirun) gets mpirun's output."""
+    from trtllm_dasc.parallel.launch import mpirun_command
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tasks.json").write_text(json.dumps(tasks))
+    out = folder / "out.json"
+    cmd, env = mpirun_command(num_ranks, [str(HERE / "batch_job.py"), "--tasks", str(folder / "tasks.json"),
+                                          "--out", str(out)])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    done = json.loads(out.read_text()) if out.exists() else []
+    if proc.returncode == 0 and len(done) == len(tasks):
+        return done
+    why = (f"mpirun -np {num_ranks} failed ({proc.returncode}) after {len(done)} of {len(tasks)} tasks:\n"
+           f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return done + [{"error": why}] * (len(tasks) - len(done))
