@@ -152,12 +152,18 @@ def test_no_import_cycle_between_the_package_parts():
     assert cycle is None, describe(cycle, edges)
 
 
-def test_a_cycle_hidden_in_a_function_is_found(tmp_path):
+def _package(tmp_path, folders):
+    """An empty trtllm_dasc package under tmp_path with these subpackages: the checks' own test input."""
     root = tmp_path / "trtllm_dasc"
-    for folder in ("engine", "parallel"):
+    for folder in folders:
         (root / folder).mkdir(parents=True)
         (root / folder / "__init__.py").write_text("")
     (root / "__init__.py").write_text("")
+    return root
+
+
+def test_a_cycle_hidden_in_a_function_is_found(tmp_path):
+    root = _package(tmp_path, ("engine", "parallel"))
     (root / "config.py").write_text("X = 1\n")
     (root / "engine" / "runner.py").write_text("from trtllm_dasc.parallel.group import TPGroup\n"
                                               "from ..config import X\n")
@@ -186,11 +192,7 @@ def test_every_import_points_down_the_layers():
 
 
 def test_an_upward_import_in_a_function_is_found(tmp_path):
-    root = tmp_path / "trtllm_dasc"
-    for folder in ("plan", "engine"):
-        (root / folder).mkdir(parents=True)
-        (root / folder / "__init__.py").write_text("")
-    (root / "__init__.py").write_text("")
+    root = _package(tmp_path, ("plan", "engine"))
     (root / "engine" / "runner.py").write_text("from trtllm_dasc.plan import horizons\n")
     (tmp_path / "clients").mkdir()
     (tmp_path / "clients" / "load.py").write_text("import trtllm_dasc.engine.runner\n")

@@ -11,17 +11,9 @@ import torch
 from trtllm_dasc.state import codec_kernels as K
 from trtllm_dasc.state import codec_naive
 from trtllm_dasc.state.codec_naive import row_bytes
+from trtllm_dasc.state.launch import _cdiv, _idx, _pow2
 
 CODEC_ID = {"fp8": 1, "int4": 2}
-MAX_BATCH = 65535
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _blocks(n_rows: int, VB: int, cid: int) -> tuple[int, int]:
@@ -40,12 +32,6 @@ def _check_codec(codec: str, V: int) -> int:
     if codec == "int4" and V % 2:
         raise ValueError(f"int4 packs two values a byte: the row length {V} must be even")
     return CODEC_ID[codec]
-
-
-def _idx(x, device) -> torch.Tensor:
-    t = torch.as_tensor(x, device=device).flatten().to(torch.int64).contiguous()
-    assert t.numel() <= MAX_BATCH, f"batch of {t.numel()} exceeds the grid limit {MAX_BATCH}"
-    return t
 
 
 def quantize(x: torch.Tensor, codec: str, scale_dtype: torch.dtype = torch.float32):

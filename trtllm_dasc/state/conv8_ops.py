@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_dasc.state import conv8_kernels as K
-from trtllm_dasc.state.codec_ops import _idx
+from trtllm_dasc.state.launch import _idx
 from trtllm_dasc.state.conv8_naive import conv8_row_bytes
 
 # elements per vector step of one (layer, request) program

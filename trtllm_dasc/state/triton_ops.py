@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_dasc.state import kernels
+from trtllm_dasc.state.launch import _cdiv, _idx, _pow2
 from trtllm_dasc.state.layout import StateLayout
 from trtllm_dasc.state.naive import as_units
 
@@ -21,33 +22,12 @@ TILE_ELEMS = 2048
 NUM_WARPS = 4
 # elements per program of the conv copy that store / load fuse into their launch (None: TILE_ELEMS)
 CONV_TILE_ELEMS: int | None = None
-# grid axis 1 and 2 limits on CUDA
-MAX_BATCH = 65535
-
-
-# plain-python twins of triton.cdiv / next_power_of_2: those go through triton's constexpr-function
-# machinery, which costs microseconds per call on the launch path
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def _blocks(n_rows: int, V: int) -> tuple[int, int]:
     """(BLOCK_R, BLOCK_V): whole rows, about TILE_ELEMS elements per program (tests shrink TILE_ELEMS)."""
     block_v = _pow2(V)
     return max(1, min(TILE_ELEMS // block_v, _pow2(n_rows))), block_v
-
-
-def _idx(x, device) -> torch.Tensor:
-    if isinstance(x, torch.Tensor) and x.dtype in (torch.int32, torch.int64) and x.dim() == 1 and x.is_contiguous():
-        t = x if x.device == device else x.to(device)
-    else:
-        t = torch.as_tensor(x, device=device).flatten().to(torch.int64).contiguous()
-    assert t.numel() <= MAX_BATCH, f"batch of {t.numel()} exceeds the grid limit {MAX_BATCH}"
-    return t
 
 
 def _check_units(t: torch.Tensor, layout: StateLayout) -> None:
