@@ -134,10 +134,10 @@ def kda_decode_in_place(q, k, v, g, beta, states, rows, scale=None, **gate):
 
 # the chunk size of fla's chunked KDA kernels (chunk_kda's default): kda_chunk_states' states are this far apart
 CHUNK = 64
-# whether run_recurrence takes kda_chunk_states for a step's captures. Off until the GPU test
-# (`pytest tests/model/test_fla_gpu.py -k chunk_state`) has passed on a GPU: written in a session whose GPU
-# time was spent, it has run only against the torch reference's stand-in (tests/model/test_model_recurrence.py)
-chunk_state_captures = False
+# whether run_recurrence takes kda_chunk_states for a step's captures (one fla call instead of one per capture
+# round). On since `pytest tests/model/test_fla_gpu.py -k "chunk_state or boundary"` passed on an H200
+# (2026-12-02, 4 passed); a backend that cannot say False here and the rounds run as before
+chunk_state_captures = True
 
 
 def _fwd_h_fp32(k, w, u, g=None, gk=None, initial_state=None, output_final_state=False, chunk_size=64,
