@@ -136,7 +136,7 @@ def kda_decode_in_place(q, k, v, g, beta, states, rows, scale=None, **gate):
 CHUNK = 64
 # whether run_recurrence takes kda_chunk_states for a step's captures (one fla call instead of one per capture
 # round). On since `pytest tests/model/test_fla_gpu.py -k "chunk_state or boundary"` passed on an H200
-# (2026-12-02, 4 passed); a backend that cannot say False here and the rounds run as before
+# (2026-12-02, 4 passed). False here brings back the per-round calls (one fla call per capture round)
 chunk_state_captures = True
 
 
