@@ -32,11 +32,12 @@ from clients.protocol import Phase, ProtocolConfig, make_phases, repeats
 from clients.report import format_table, provenance, write_json
 from clients.workload import WorkloadConfig, build_workload
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import DTYPES, add_arm_arguments, build_placement
+from trtllm_dasc.spec import DTYPES, LOAD_FORMATS, add_arm_arguments, build_placement
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (config.json + safetensors)")
+    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (config.json + safetensors); "
+                   "with --load-format dummy a released config.json or a directory holding only one")
     p.add_argument("--out", default="matched_hbm_out", help="directory for engines, server logs, JSON and plot")
     p.add_argument("--json", default=None, help="result JSON path (default OUT/matched_hbm.json)")
     p.add_argument("--plot", default=None, help="plot path (default OUT/matched_hbm.png); 'none' for no plot")
@@ -88,6 +89,12 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("engine (passed to dasc-build)")
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: cuda when available)")
     g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS, help="dummy: random weights of the "
+                   "config's full size made at load time (dasc-build --load-format dummy: nothing of their size is "
+                   "written; a released model at its real size on a small disk); auto: the checkpoint's safetensors, "
+                   "or dummy for a dummy engine's model")
+    g.add_argument("--seed", "--weights-seed", dest="weights_seed", type=int, default=None,
+                   help="seed of --load-format dummy (default 0)")
     g.add_argument("--max-batch-size", type=int, default=8)
     g.add_argument("--max-num-tokens", type=int, default=None)
     g.add_argument("--prefill-chunk", type=int, default=None, help="prefill tokens of one request per step "
@@ -152,8 +159,7 @@ def paper_defaults(args) -> None:
 def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
     """Every option checked before anything is built; returns the arms and the two configs."""
     paper_defaults(args)
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
-        raise UserError(f"--model {args.model!r} is not a checkpoint directory (no config.json)")
+    check_weights(args)
     arms = armlib.parse_arms(args.arms)
     if args.inprocess in ("", "none"):
         args.inprocess = None
@@ -178,9 +184,49 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
                            blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill,
                            dense_repeats=args.dense_repeats, full_phase=args.full_phase, block_seed=args.block_seed)
     from trtllm_dasc.config import HybridConfig
-    vocab = HybridConfig.from_path(args.model).schema.network.vocab_size
+    vocab = HybridConfig.from_path(args.model_config).schema.network.vocab_size
     work = WorkloadConfig(vocab=vocab, prompts=args.prompts, scale=args.scale, seed=args.workload_seed)
     return arms, proto, work
+
+
+def check_weights(args) -> None:
+    """Where the weights come from, checked before anything is built: sets args.model_config (the config.json),
+    args.dummy and args.weights_seed (the seed of dummy weights, None for a checkpoint's)."""
+    from trtllm_dasc.checkpoint_files import DUMMY_MARKER, dummy_marker, has_weights
+    model, fmt = args.model, getattr(args, "load_format", "auto")
+    is_dir = os.path.isdir(model)
+    config = os.path.join(model, "config.json") if is_dir else model
+    if not os.path.isfile(config) or (not is_dir and fmt != "dummy"):
+        what = "a config.json or a directory holding one" if fmt == "dummy" else "a checkpoint directory"
+        raise UserError(f"--model {model!r} is not {what} (no config.json)"
+                        + ("" if fmt == "dummy" or is_dir else ": pass --load-format dummy for random weights of a "
+                           "bare config.json"))
+    weights = is_dir and has_weights(model)
+    marked = is_dir and os.path.isfile(os.path.join(model, DUMMY_MARKER))
+    if fmt == "dummy" and weights:
+        raise UserError(f"--load-format dummy with --model {model!r}, which holds safetensors weights: serve them "
+                        "(leave --load-format out) or give dummy weights a bare config.json")
+    dummy = fmt == "dummy" or (fmt == "auto" and marked and not weights)
+    if not dummy and not weights:
+        raise UserError(f"--model {model!r} holds no safetensors weights: pass --load-format dummy for random "
+                        "weights of its config")
+    seed = getattr(args, "weights_seed", None)
+    if seed is not None and not dummy:
+        raise UserError("--seed is the seed of dummy weights: it needs --load-format dummy")
+    if dummy and seed is None:
+        seed = ((dummy_marker(model) if marked else None) or {}).get("seed", 0)
+    if dummy and not 0 <= seed < 2 ** 63:
+        raise UserError(f"--seed must be a non-negative integer, got {seed}")
+    args.model_config, args.dummy, args.weights_seed = config, dummy, seed if dummy else None
+
+
+def weights_record(args) -> dict:
+    """What the result says of the weights (nothing for a checkpoint's: older manifests keep their id)."""
+    if not args.dummy:
+        return {}
+    return {"load_format": "dummy", "weights_seed": args.weights_seed,
+            "weights": f"DUMMY WEIGHTS (dasc-build --load-format dummy, seed {args.weights_seed}): outputs are "
+                       "meaningless, speeds and memory are those of the real model"}
 
 
 def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens: int) -> list[str]:
@@ -199,6 +245,8 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
         flags += ["--max-num-tokens", args.max_num_tokens]
     if args.prompt_only:
         flags.append("--prompt-only")
+    if getattr(args, "dummy", False):
+        flags += ["--load-format", "dummy", "--seed", args.weights_seed]
     return [str(f) for f in flags]
 
 
@@ -218,7 +266,7 @@ def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, de
     the phases with the blocks each uses, the seeds, and the engine, workload and client settings."""
     import hashlib
     from clients.protocol import repeats, unit_key, units
-    with open(os.path.join(args.model, "config.json"), "rb") as f:
+    with open(args.model_config, "rb") as f:
         model_sha = hashlib.sha256(f.read()).hexdigest()[:16]
     placement = args.placement if args.tp > 1 else "off"
     keys = [{"key": a.spec, "spec": a.spec, "label": a.label, "target": "triton", "wmax": a.wmax, "policy": a.policy,
@@ -249,7 +297,7 @@ def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, de
                                 "question_tokens": wcfg.scaled(wcfg.question_tokens)},
                    "seeds": list(proto.seeds), "concurrency": args.concurrency, "output_tokens": proto.output_tokens,
                    "target_fill": proto.target_fill, "dense_repeats": proto.dense_repeats,
-                   "full_phase": proto.full_phase, "transport": args.transport}}
+                   "full_phase": proto.full_phase, "transport": args.transport, **weights_record(args)}}
 
 
 class _Context:
@@ -314,10 +362,10 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     if args.device == "auto":
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    dense_bytes = armlib.dense_checkpoint_bytes(args.model, args.dtype, args.tp)
+    dense_bytes = armlib.dense_checkpoint_bytes(args.model_config, args.dtype, args.tp)
     budget = args.state_budget_bytes or (args.dense_slots + 1) * dense_bytes
     phase_arms = armlib.parse_arms(args.phase_arms) if args.phase_arms else arms
-    caps = {a.spec: armlib.capacity(args.model, a, budget, args.dtype, args.tp, args.placement)
+    caps = {a.spec: armlib.capacity(args.model, a, budget, args.dtype, args.tp, args.placement, args.weights_seed)
             for a in [*arms, *phase_arms]}
     for spec, c in caps.items():
         if c["slots"] < 1:
