@@ -102,7 +102,14 @@ def add_arguments(p) -> None:
     g.add_argument("--interval", type=int, default=None, help="checkpoint interval (default: longer than any "
                    "prompt, so a prompt takes one slot at its end plus the shared branch points)")
     g.add_argument("--prompt-only", action="store_true", help="checkpoint prompt ends only")
-    g.add_argument("--kv-blocks", type=int, default=None, help="default: enough that KV is never evicted")
+    g.add_argument("--kv-blocks", type=int, default=None, help="default: enough that KV is never evicted (every "
+                   "prompt of the largest boundary block at its longest + the running requests), with "
+                   "--memory-limit-bytes at most what fits beside the weights (clients/kv_sizing.py)")
+    g.add_argument("--memory-limit-bytes", default=None, help="device memory one rank may take (weights, KV, state "
+                   "rows, checkpoint pool; the engine checks it at build and load): bytes, or 'device' (this CUDA "
+                   "device's total less --memory-headroom-gib). Sizes the default --kv-blocks to fit")
+    g.add_argument("--memory-headroom-gib", type=float, default=8.0, help="with --memory-limit-bytes device: what "
+                   "the engine's count leaves out (activations, CUDA context, graphs); default 8")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
                    "(default OUT/kernels)")
@@ -178,13 +185,22 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
                  "max_units"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    limit = getattr(args, "memory_limit_bytes", None)
+    if limit is not None and limit != "device":
+        try:
+            args.memory_limit_bytes = int(limit)
+        except ValueError:
+            raise UserError(f"--memory-limit-bytes must be a number of bytes or 'device', got {limit!r}") from None
+        if args.memory_limit_bytes < 1:
+            raise UserError(f"--memory-limit-bytes must be >= 1, got {limit}")
+    if getattr(args, "memory_headroom_gib", 0) < 0:
+        raise UserError("--memory-headroom-gib must be >= 0")
     if args.request_timeout <= 0 or args.ready_timeout <= 0:
         raise UserError("--request-timeout and --ready-timeout must be > 0")
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,
                            blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill,
                            dense_repeats=args.dense_repeats, full_phase=args.full_phase, block_seed=args.block_seed)
-    from trtllm_dasc.config import HybridConfig
-    vocab = HybridConfig.from_path(args.model_config).schema.network.vocab_size
+    vocab = model_config(args).schema.network.vocab_size
     work = WorkloadConfig(vocab=vocab, prompts=args.prompts, scale=args.scale, seed=args.workload_seed)
     return arms, proto, work
 
@@ -220,6 +236,23 @@ def check_weights(args) -> None:
     args.model_config, args.dummy, args.weights_seed = config, dummy, seed if dummy else None
 
 
+def model_config(args):
+    """The HybridConfig the engines are built from: for dummy weights with the released router fields a bare
+    released config.json lacks added, as dasc-build adds them (families/released.py)."""
+    from trtllm_dasc.checkpoint_files import read_json
+    from trtllm_dasc.config import HybridConfig
+    from trtllm_dasc.families import ConfigError
+    raw = read_json(args.model_config, ConfigError)
+    if args.dummy and isinstance(raw, dict):
+        from trtllm_dasc.families.released import complete_released
+        raw = complete_released(raw)[0]
+    cfg = HybridConfig.from_dict(raw)
+    if cfg.schema.network is None:
+        raise UserError(f"{args.model_config} has no network fields (vocabulary, MLP): the workload needs its "
+                        "vocabulary size")
+    return cfg
+
+
 def weights_record(args) -> dict:
     """What the result says of the weights (nothing for a checkpoint's: older manifests keep their id)."""
     if not args.dummy:
@@ -237,6 +270,9 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
     # there (the full-dataset phase is past every arm's capacity by design; its KV is bounded like the rest)
     bounded = [p.q for p in phases if p.arms != ["full dataset"]] or [p.q for p in phases]
     kv = args.kv_blocks or (max(bounded) + args.max_batch_size) * blocks_per_request
+    sized = getattr(args, "kv_plan", None)
+    if sized is not None and not args.kv_blocks:
+        kv = sized["blocks"]
     flags = ["--tp", args.tp, "--placement", build_placement(args.placement, args.tp),
              "--device", args.device, "--dtype", args.dtype, "--max-batch-size", args.max_batch_size,
              "--prefill-chunk", args.prefill_chunk, "--interval", args.interval or per_request, "--kv-blocks", kv,
@@ -247,6 +283,8 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
         flags.append("--prompt-only")
     if getattr(args, "dummy", False):
         flags += ["--load-format", "dummy", "--seed", args.weights_seed]
+    if sized is not None:
+        flags += ["--memory-limit-bytes", sized["limit_bytes"]]
     return [str(f) for f in flags]
 
 
@@ -259,6 +297,49 @@ def exchange_delta(before: dict | None, after: dict | None) -> dict | None:
     for v in (out or {}).values():
         v.pop("seconds")
     return out
+
+
+def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], output_tokens: int) -> dict | None:
+    """With --memory-limit-bytes: the KV cache that fits beside the weights (clients/kv_sizing.py), stored as
+    args.kv_plan for engine_flags; None without a limit (the earlier default, unchanged)."""
+    from clients import kv_sizing
+    limit = getattr(args, "memory_limit_bytes", None)
+    if limit is None:
+        return None
+    if limit == "device":
+        limit = kv_sizing.device_limit(args.device, args.memory_headroom_gib)
+    from trtllm_dasc.model.weights import CheckpointReader, DummyWeights
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    cfg = model_config(args)
+    source = DummyWeights(cfg, args.weights_seed) if args.dummy else CheckpointReader(args.model)
+    fixed, per_block, seen = 0, 0, set()
+    # every arm's engine holds the same weights, rows and pool; its plan's bundle order can change how the
+    # weights are cut at TP > 1, so the largest count of the arms' distinct orders
+    for a in arms:
+        f = a.engine_fields()
+        plan, _ = plan_from_path(args.model, PlanOptions(wmax=a.wmax, tp=args.tp, codec=a.codec,
+                                                         placement=build_placement(a.placement or args.placement,
+                                                                                   args.tp),
+                                                         selection=f["selection"], mask_seed=f["mask_seed"]),
+                                 conv_dtype=args.dtype, dummy_seed=args.weights_seed)
+        order = repr(plan.bundle_order)
+        if order in seen:
+            continue
+        seen.add(order)
+        fx, pb = kv_sizing.engine_fixed_and_block_bytes(cfg, source, dtype=args.dtype, tp=args.tp,
+                                                        bundle_order=plan.bundle_order,
+                                                        max_batch=args.max_batch_size, block_size=args.block_size,
+                                                        budget=budget)
+        fixed, per_block = max(fixed, fx), max(per_block, pb)
+    bpr = math.ceil((work.max_prompt_tokens + output_tokens) / args.block_size)
+    kv = kv_sizing.plan_kv(phases, max_batch=args.max_batch_size, blocks_per_request=bpr, limit=limit,
+                           fixed=fixed, per_block=per_block)
+    if kv["blocks"] < 1 or (args.kv_blocks and fixed + (args.kv_blocks + 1) * per_block > limit):
+        raise UserError(f"the engine does not fit --memory-limit-bytes {limit:,}: weights, state rows and pool take "
+                        f"{fixed:,} B, a KV block {per_block:,} B"
+                        + (f", --kv-blocks {args.kv_blocks} {args.kv_blocks * per_block:,} B" if args.kv_blocks else ""))
+    args.kv_plan = kv
+    return kv
 
 
 def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, dense_bytes) -> dict:
@@ -297,7 +378,8 @@ def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, de
                                 "question_tokens": wcfg.scaled(wcfg.question_tokens)},
                    "seeds": list(proto.seeds), "concurrency": args.concurrency, "output_tokens": proto.output_tokens,
                    "target_fill": proto.target_fill, "dense_repeats": proto.dense_repeats,
-                   "full_phase": proto.full_phase, "transport": args.transport, **weights_record(args)}}
+                   "full_phase": proto.full_phase, "transport": args.transport, **weights_record(args),
+                   **({"kv_cache": args.kv_plan} if getattr(args, "kv_plan", None) else {})}}
 
 
 class _Context:
@@ -345,6 +427,7 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
            "slots": {a["key"]: a["slots"] for a in manifest["arms"]},
            "phases": [{"name": p["name"], "q": p["q"], "blocks": f"{len(p['blocks'])} of {p['blocks_in_dataset']}",
                        "repeats": p["repeats"]} for p in manifest["phases"]],
+           **({"kv_cache": manifest["config"]["kv_cache"]} if "kv_cache" in manifest["config"] else {}),
            "units": len(manifest["units"]), "cells": len(manifest["units"]) * len(manifest["arms"]),
            "cells_done": done, "units_pending": pending,
            "requests_per_arm": sum(2 * p["q"] * p["repeats"] * len(p["blocks"]) for p in manifest["phases"])
@@ -373,6 +456,13 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
                             f"({c['checkpoint_bytes']:,} B each, slot 0 reserved): raise it")
     work = build_workload(wcfg)
     phases = make_phases({a.spec: caps[a.spec]["slots"] for a in phase_arms}, len(work), proto)
+    kv = size_kv(args, [*arms, *phase_arms], budget, wcfg, phases, proto.output_tokens)
+    if kv is not None:
+        GIB = 1 << 30
+        print(f"[matched-hbm] KV cache: {kv['blocks']:,} blocks of {kv['block_bytes']:,} B ({kv['need']:,} to never "
+              f"evict, {kv['fit']:,} fit in {kv['limit_bytes'] / GIB:.2f} GiB beside {kv['fixed_bytes'] / GIB:.2f} GiB)"
+              + (f"; phases not covered: {', '.join(kv['not_covered'])}" if kv["not_covered"] else ""),
+              file=sys.stderr)
     flags = engine_flags(args, wcfg, phases, proto.output_tokens)
     out_dir = os.path.abspath(args.out)
     json_path = args.json or os.path.join(out_dir, "matched_hbm.json")
