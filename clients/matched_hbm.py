@@ -84,6 +84,9 @@ def add_arguments(p) -> None:
                    "--arms); dense is added to run beside the others")
     g.add_argument("--max-units", type=int, default=None, help="at most this many (phase, block, seed) units "
                    "in this call (a 10-minute device call)")
+    g.add_argument("--call-deadline-s", type=float, default=None, help="wall-clock seconds this call may take "
+                   "(from its start): a unit is started only when it, the later arms' server starts and their cells "
+                   "of it fit, estimated from this call's own units and starts; the first unit always runs")
     g.add_argument("--plan-only", action="store_true", help="print the manifest's phases, units and cells (and "
                    "what is done in --cells-dir) and exit: nothing is built or started")
     g = p.add_argument_group("engine (passed to dasc-build)")
@@ -195,6 +198,8 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
             raise UserError(f"--memory-limit-bytes must be >= 1, got {limit}")
     if getattr(args, "memory_headroom_gib", 0) < 0:
         raise UserError("--memory-headroom-gib must be >= 0")
+    if getattr(args, "call_deadline_s", None) is not None and not args.call_deadline_s > 0:
+        raise UserError(f"--call-deadline-s must be > 0, got {args.call_deadline_s}")
     if args.request_timeout <= 0 or args.ready_timeout <= 0:
         raise UserError("--request-timeout and --ready-timeout must be > 0")
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,
@@ -441,6 +446,7 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     then the result of every cell there, written to the JSON. ``argv``: the command to record (default:
     this module's); ``extra``: more top-level fields."""
     from clients.cells import CellStore, new_call_id
+    args.call_t0 = time.monotonic()
     arms, proto, wcfg = check(args)
     if args.device == "auto":
         import torch
