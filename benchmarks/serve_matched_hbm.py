@@ -12,6 +12,8 @@ what Triton adds (`triton_over_inprocess` in the JSON). The arms share one compi
     python -m benchmarks serve_matched_hbm --smoke     # the same path on the CPU, embedded tiny model, tiny scale
     python -m benchmarks serve_matched_hbm --paper --cells-dir runs/mh_kimi48 --call-arms dense,nr16 \\
         --max-units 4 [--blocks-per-phase K]          # App. C.2 as stated, one resumable 10-minute call
+    python -m benchmarks serve_matched_hbm --paper --model tests/data/kimi-linear-48b-a3b.config.json \\
+        --load-format dummy --cells-dir ...           # the released model at its full size, dummy weights
 --paper: clients.matched_hbm --paper (127 dense slots, six phases, dense x6, concurrency 96, chunked prefill 8192,
 HTTP SSE) with the issue's eight arms (PAPER_ARMS); each call runs the cells of --call-arms not yet in --cells-dir
 (dense beside them) and writes the result of every cell so far; carry the cells directory from call to call
@@ -67,7 +69,10 @@ def main(argv=None) -> int:
     else:
         name = "serve_matched_hbm_paper_h200.json" if args.paper else "serve_matched_hbm_h200.json"
         model, out, base = args.model, args.out or os.path.join(HERE, "results", name), GPU
-        if not os.path.isfile(os.path.join(model, "model.safetensors")):
+        # --load-format dummy (passed on): --model is a released config.json, its weights made at load time
+        dummy = any(a == "--load-format=dummy" or (a == "--load-format" and rest[i + 1:i + 2] == ["dummy"])
+                    for i, a in enumerate(rest))
+        if not dummy and not os.path.isfile(os.path.join(model, "model.safetensors")):
             from benchmarks.shaped_model import write_shaped_model
             print(f"writing the Kimi-Linear-48B-shaped checkpoint to {model}", file=sys.stderr, flush=True)
             write_shaped_model(model, "kda", device="cuda" if torch.cuda.is_available() else "cpu")
@@ -81,7 +86,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return matched_hbm.drive("serve_matched_hbm", flags, argv, {"benchmark": "benchmarks/serve_matched_hbm.py",
                                                                  "torch": torch.__version__, "gpu": gpu},
-                             lambda result: f"matched-HBM serving, Kimi-Linear-48B-shaped (random weights), TP1, "
+                             lambda result: f"matched-HBM serving, Kimi-Linear-48B"
+                                            f"{' (dummy weights)' if result.get('load_format') == 'dummy' else '-shaped (random weights)'}, TP1, "
                                             f"budget {result['budget_bytes']:,} B, {gpu or 'cpu smoke'}")
 
 if __name__ == "__main__":

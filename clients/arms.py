@@ -27,15 +27,18 @@ def dense_checkpoint_bytes(model: str, dtype: str, tp: int = 1) -> int:
     return HybridConfig.from_path(model, conv_dtype=dtype).dense_checkpoint_bytes_per_rank(tp)
 
 
-def capacity(model: str, arm: Arm, budget: int, dtype: str, tp: int = 1, placement: str = "off") -> dict:
+def capacity(model: str, arm: Arm, budget: int, dtype: str, tp: int = 1, placement: str = "off",
+             dummy_seed: int | None = None) -> dict:
     """What dasc-build will plan for this arm: slots N(W) = floor(B / bytes) - 1 and the bytes per slot of
-    the most loaded rank (``budget`` is per rank, Eq. 8). ``placement``: the run's, unless the arm names one."""
+    the most loaded rank (``budget`` is per rank, Eq. 8). ``placement``: the run's, unless the arm names one;
+    ``dummy_seed``: dummy weights of this seed (dasc-build --load-format dummy plans their decay profile)."""
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     fields = arm.engine_fields()
     placement = arm.placement or placement
     plan, _ = plan_from_path(model, PlanOptions(wmax=arm.wmax, tp=tp, placement=build_placement(placement, tp),
                                                 codec=arm.codec, selection=fields["selection"],
-                                                mask_seed=fields["mask_seed"]), conv_dtype=dtype)
+                                                mask_seed=fields["mask_seed"]), conv_dtype=dtype,
+                                 dummy_seed=dummy_seed)
     r = plan.report(budget)
     return {"slots": r["slots"], "dense_slots": r["dense_slots"], "checkpoint_bytes": r["bottleneck_slot_bytes"],
             "compression_ckpt": r["compression_ckpt"]}

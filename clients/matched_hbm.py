@@ -32,11 +32,12 @@ from clients.protocol import Phase, ProtocolConfig, make_phases, repeats
 from clients.report import format_table, provenance, write_json
 from clients.workload import WorkloadConfig, build_workload
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import DTYPES, add_arm_arguments, build_placement
+from trtllm_dasc.spec import DTYPES, LOAD_FORMATS, add_arm_arguments, build_placement
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (config.json + safetensors)")
+    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (config.json + safetensors); "
+                   "with --load-format dummy a released config.json or a directory holding only one")
     p.add_argument("--out", default="matched_hbm_out", help="directory for engines, server logs, JSON and plot")
     p.add_argument("--json", default=None, help="result JSON path (default OUT/matched_hbm.json)")
     p.add_argument("--plot", default=None, help="plot path (default OUT/matched_hbm.png); 'none' for no plot")
@@ -83,11 +84,20 @@ def add_arguments(p) -> None:
                    "--arms); dense is added to run beside the others")
     g.add_argument("--max-units", type=int, default=None, help="at most this many (phase, block, seed) units "
                    "in this call (a 10-minute device call)")
+    g.add_argument("--call-deadline-s", type=float, default=None, help="wall-clock seconds this call may take "
+                   "(from its start): a unit is started only when it, the later arms' server starts and their cells "
+                   "of it fit, estimated from this call's own units and starts; the first unit always runs")
     g.add_argument("--plan-only", action="store_true", help="print the manifest's phases, units and cells (and "
                    "what is done in --cells-dir) and exit: nothing is built or started")
     g = p.add_argument_group("engine (passed to dasc-build)")
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: cuda when available)")
     g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS, help="dummy: random weights of the "
+                   "config's full size made at load time (dasc-build --load-format dummy: nothing of their size is "
+                   "written; a released model at its real size on a small disk); auto: the checkpoint's safetensors, "
+                   "or dummy for a dummy engine's model")
+    g.add_argument("--seed", "--weights-seed", dest="weights_seed", type=int, default=None,
+                   help="seed of --load-format dummy (default 0)")
     g.add_argument("--max-batch-size", type=int, default=8)
     g.add_argument("--max-num-tokens", type=int, default=None)
     g.add_argument("--prefill-chunk", type=int, default=None, help="prefill tokens of one request per step "
@@ -95,7 +105,14 @@ def add_arguments(p) -> None:
     g.add_argument("--interval", type=int, default=None, help="checkpoint interval (default: longer than any "
                    "prompt, so a prompt takes one slot at its end plus the shared branch points)")
     g.add_argument("--prompt-only", action="store_true", help="checkpoint prompt ends only")
-    g.add_argument("--kv-blocks", type=int, default=None, help="default: enough that KV is never evicted")
+    g.add_argument("--kv-blocks", type=int, default=None, help="default: enough that KV is never evicted (every "
+                   "prompt of the largest boundary block at its longest + the running requests), with "
+                   "--memory-limit-bytes at most what fits beside the weights (clients/kv_sizing.py)")
+    g.add_argument("--memory-limit-bytes", default=None, help="device memory one rank may take (weights, KV, state "
+                   "rows, checkpoint pool; the engine checks it at build and load): bytes, or 'device' (this CUDA "
+                   "device's total less --memory-headroom-gib). Sizes the default --kv-blocks to fit")
+    g.add_argument("--memory-headroom-gib", type=float, default=8.0, help="with --memory-limit-bytes device: what "
+                   "the engine's count leaves out (activations, CUDA context, graphs); default 8")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
                    "(default OUT/kernels)")
@@ -152,8 +169,7 @@ def paper_defaults(args) -> None:
 def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
     """Every option checked before anything is built; returns the arms and the two configs."""
     paper_defaults(args)
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
-        raise UserError(f"--model {args.model!r} is not a checkpoint directory (no config.json)")
+    check_weights(args)
     arms = armlib.parse_arms(args.arms)
     if args.inprocess in ("", "none"):
         args.inprocess = None
@@ -172,15 +188,83 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
                  "max_units"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    limit = getattr(args, "memory_limit_bytes", None)
+    if limit is not None and limit != "device":
+        try:
+            args.memory_limit_bytes = int(limit)
+        except ValueError:
+            raise UserError(f"--memory-limit-bytes must be a number of bytes or 'device', got {limit!r}") from None
+        if args.memory_limit_bytes < 1:
+            raise UserError(f"--memory-limit-bytes must be >= 1, got {limit}")
+    if getattr(args, "memory_headroom_gib", 0) < 0:
+        raise UserError("--memory-headroom-gib must be >= 0")
+    if getattr(args, "call_deadline_s", None) is not None and not args.call_deadline_s > 0:
+        raise UserError(f"--call-deadline-s must be > 0, got {args.call_deadline_s}")
     if args.request_timeout <= 0 or args.ready_timeout <= 0:
         raise UserError("--request-timeout and --ready-timeout must be > 0")
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,
                            blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill,
                            dense_repeats=args.dense_repeats, full_phase=args.full_phase, block_seed=args.block_seed)
-    from trtllm_dasc.config import HybridConfig
-    vocab = HybridConfig.from_path(args.model).schema.network.vocab_size
+    vocab = model_config(args).schema.network.vocab_size
     work = WorkloadConfig(vocab=vocab, prompts=args.prompts, scale=args.scale, seed=args.workload_seed)
     return arms, proto, work
+
+
+def check_weights(args) -> None:
+    """Where the weights come from, checked before anything is built: sets args.model_config (the config.json),
+    args.dummy and args.weights_seed (the seed of dummy weights, None for a checkpoint's)."""
+    from trtllm_dasc.checkpoint_files import DUMMY_MARKER, dummy_marker, has_weights
+    model, fmt = args.model, getattr(args, "load_format", "auto")
+    is_dir = os.path.isdir(model)
+    config = os.path.join(model, "config.json") if is_dir else model
+    if not os.path.isfile(config) or (not is_dir and fmt != "dummy"):
+        what = "a config.json or a directory holding one" if fmt == "dummy" else "a checkpoint directory"
+        raise UserError(f"--model {model!r} is not {what} (no config.json)"
+                        + ("" if fmt == "dummy" or is_dir else ": pass --load-format dummy for random weights of a "
+                           "bare config.json"))
+    weights = is_dir and has_weights(model)
+    marked = is_dir and os.path.isfile(os.path.join(model, DUMMY_MARKER))
+    if fmt == "dummy" and weights:
+        raise UserError(f"--load-format dummy with --model {model!r}, which holds safetensors weights: serve them "
+                        "(leave --load-format out) or give dummy weights a bare config.json")
+    dummy = fmt == "dummy" or (fmt == "auto" and marked and not weights)
+    if not dummy and not weights:
+        raise UserError(f"--model {model!r} holds no safetensors weights: pass --load-format dummy for random "
+                        "weights of its config")
+    seed = getattr(args, "weights_seed", None)
+    if seed is not None and not dummy:
+        raise UserError("--seed is the seed of dummy weights: it needs --load-format dummy")
+    if dummy and seed is None:
+        seed = ((dummy_marker(model) if marked else None) or {}).get("seed", 0)
+    if dummy and not 0 <= seed < 2 ** 63:
+        raise UserError(f"--seed must be a non-negative integer, got {seed}")
+    args.model_config, args.dummy, args.weights_seed = config, dummy, seed if dummy else None
+
+
+def model_config(args):
+    """The HybridConfig the engines are built from: for dummy weights with the released router fields a bare
+    released config.json lacks added, as dasc-build adds them (families/released.py)."""
+    from trtllm_dasc.checkpoint_files import read_json
+    from trtllm_dasc.config import HybridConfig
+    from trtllm_dasc.families import ConfigError
+    raw = read_json(args.model_config, ConfigError)
+    if args.dummy and isinstance(raw, dict):
+        from trtllm_dasc.families.released import complete_released
+        raw = complete_released(raw)[0]
+    cfg = HybridConfig.from_dict(raw)
+    if cfg.schema.network is None:
+        raise UserError(f"{args.model_config} has no network fields (vocabulary, MLP): the workload needs its "
+                        "vocabulary size")
+    return cfg
+
+
+def weights_record(args) -> dict:
+    """What the result says of the weights (nothing for a checkpoint's: older manifests keep their id)."""
+    if not args.dummy:
+        return {}
+    return {"load_format": "dummy", "weights_seed": args.weights_seed,
+            "weights": f"DUMMY WEIGHTS (dasc-build --load-format dummy, seed {args.weights_seed}): outputs are "
+                       "meaningless, speeds and memory are those of the real model"}
 
 
 def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens: int) -> list[str]:
@@ -191,6 +275,9 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
     # there (the full-dataset phase is past every arm's capacity by design; its KV is bounded like the rest)
     bounded = [p.q for p in phases if p.arms != ["full dataset"]] or [p.q for p in phases]
     kv = args.kv_blocks or (max(bounded) + args.max_batch_size) * blocks_per_request
+    sized = getattr(args, "kv_plan", None)
+    if sized is not None and not args.kv_blocks:
+        kv = sized["blocks"]
     flags = ["--tp", args.tp, "--placement", build_placement(args.placement, args.tp),
              "--device", args.device, "--dtype", args.dtype, "--max-batch-size", args.max_batch_size,
              "--prefill-chunk", args.prefill_chunk, "--interval", args.interval or per_request, "--kv-blocks", kv,
@@ -199,6 +286,10 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
         flags += ["--max-num-tokens", args.max_num_tokens]
     if args.prompt_only:
         flags.append("--prompt-only")
+    if getattr(args, "dummy", False):
+        flags += ["--load-format", "dummy", "--seed", args.weights_seed]
+    if sized is not None:
+        flags += ["--memory-limit-bytes", sized["limit_bytes"]]
     return [str(f) for f in flags]
 
 
@@ -213,12 +304,55 @@ def exchange_delta(before: dict | None, after: dict | None) -> dict | None:
     return out
 
 
+def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], output_tokens: int) -> dict | None:
+    """With --memory-limit-bytes: the KV cache that fits beside the weights (clients/kv_sizing.py), stored as
+    args.kv_plan for engine_flags; None without a limit (the earlier default, unchanged)."""
+    from clients import kv_sizing
+    limit = getattr(args, "memory_limit_bytes", None)
+    if limit is None:
+        return None
+    if limit == "device":
+        limit = kv_sizing.device_limit(args.device, args.memory_headroom_gib)
+    from trtllm_dasc.model.weights import CheckpointReader, DummyWeights
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    cfg = model_config(args)
+    source = DummyWeights(cfg, args.weights_seed) if args.dummy else CheckpointReader(args.model)
+    fixed, per_block, seen = 0, 0, set()
+    # every arm's engine holds the same weights, rows and pool; its plan's bundle order can change how the
+    # weights are cut at TP > 1, so the largest count of the arms' distinct orders
+    for a in arms:
+        f = a.engine_fields()
+        plan, _ = plan_from_path(args.model, PlanOptions(wmax=a.wmax, tp=args.tp, codec=a.codec,
+                                                         placement=build_placement(a.placement or args.placement,
+                                                                                   args.tp),
+                                                         selection=f["selection"], mask_seed=f["mask_seed"]),
+                                 conv_dtype=args.dtype, dummy_seed=args.weights_seed)
+        order = repr(plan.bundle_order)
+        if order in seen:
+            continue
+        seen.add(order)
+        fx, pb = kv_sizing.engine_fixed_and_block_bytes(cfg, source, dtype=args.dtype, tp=args.tp,
+                                                        bundle_order=plan.bundle_order,
+                                                        max_batch=args.max_batch_size, block_size=args.block_size,
+                                                        budget=budget)
+        fixed, per_block = max(fixed, fx), max(per_block, pb)
+    bpr = math.ceil((work.max_prompt_tokens + output_tokens) / args.block_size)
+    kv = kv_sizing.plan_kv(phases, max_batch=args.max_batch_size, blocks_per_request=bpr, limit=limit,
+                           fixed=fixed, per_block=per_block)
+    if kv["blocks"] < 1 or (args.kv_blocks and fixed + (args.kv_blocks + 1) * per_block > limit):
+        raise UserError(f"the engine does not fit --memory-limit-bytes {limit:,}: weights, state rows and pool take "
+                        f"{fixed:,} B, a KV block {per_block:,} B"
+                        + (f", --kv-blocks {args.kv_blocks} {args.kv_blocks * per_block:,} B" if args.kv_blocks else ""))
+    args.kv_plan = kv
+    return kv
+
+
 def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, dense_bytes) -> dict:
     """Everything the figures depend on, fixed before any cell runs: the arms (with their planned slots),
     the phases with the blocks each uses, the seeds, and the engine, workload and client settings."""
     import hashlib
     from clients.protocol import repeats, unit_key, units
-    with open(os.path.join(args.model, "config.json"), "rb") as f:
+    with open(args.model_config, "rb") as f:
         model_sha = hashlib.sha256(f.read()).hexdigest()[:16]
     placement = args.placement if args.tp > 1 else "off"
     keys = [{"key": a.spec, "spec": a.spec, "label": a.label, "target": "triton", "wmax": a.wmax, "policy": a.policy,
@@ -249,7 +383,8 @@ def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, de
                                 "question_tokens": wcfg.scaled(wcfg.question_tokens)},
                    "seeds": list(proto.seeds), "concurrency": args.concurrency, "output_tokens": proto.output_tokens,
                    "target_fill": proto.target_fill, "dense_repeats": proto.dense_repeats,
-                   "full_phase": proto.full_phase, "transport": args.transport}}
+                   "full_phase": proto.full_phase, "transport": args.transport, **weights_record(args),
+                   **({"kv_cache": args.kv_plan} if getattr(args, "kv_plan", None) else {})}}
 
 
 class _Context:
@@ -297,6 +432,7 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
            "slots": {a["key"]: a["slots"] for a in manifest["arms"]},
            "phases": [{"name": p["name"], "q": p["q"], "blocks": f"{len(p['blocks'])} of {p['blocks_in_dataset']}",
                        "repeats": p["repeats"]} for p in manifest["phases"]],
+           **({"kv_cache": manifest["config"]["kv_cache"]} if "kv_cache" in manifest["config"] else {}),
            "units": len(manifest["units"]), "cells": len(manifest["units"]) * len(manifest["arms"]),
            "cells_done": done, "units_pending": pending,
            "requests_per_arm": sum(2 * p["q"] * p["repeats"] * len(p["blocks"]) for p in manifest["phases"])
@@ -310,14 +446,15 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     then the result of every cell there, written to the JSON. ``argv``: the command to record (default:
     this module's); ``extra``: more top-level fields."""
     from clients.cells import CellStore, new_call_id
+    args.call_t0 = time.monotonic()
     arms, proto, wcfg = check(args)
     if args.device == "auto":
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    dense_bytes = armlib.dense_checkpoint_bytes(args.model, args.dtype, args.tp)
+    dense_bytes = armlib.dense_checkpoint_bytes(args.model_config, args.dtype, args.tp)
     budget = args.state_budget_bytes or (args.dense_slots + 1) * dense_bytes
     phase_arms = armlib.parse_arms(args.phase_arms) if args.phase_arms else arms
-    caps = {a.spec: armlib.capacity(args.model, a, budget, args.dtype, args.tp, args.placement)
+    caps = {a.spec: armlib.capacity(args.model, a, budget, args.dtype, args.tp, args.placement, args.weights_seed)
             for a in [*arms, *phase_arms]}
     for spec, c in caps.items():
         if c["slots"] < 1:
@@ -325,6 +462,13 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
                             f"({c['checkpoint_bytes']:,} B each, slot 0 reserved): raise it")
     work = build_workload(wcfg)
     phases = make_phases({a.spec: caps[a.spec]["slots"] for a in phase_arms}, len(work), proto)
+    kv = size_kv(args, [*arms, *phase_arms], budget, wcfg, phases, proto.output_tokens)
+    if kv is not None:
+        GIB = 1 << 30
+        print(f"[matched-hbm] KV cache: {kv['blocks']:,} blocks of {kv['block_bytes']:,} B ({kv['need']:,} to never "
+              f"evict, {kv['fit']:,} fit in {kv['limit_bytes'] / GIB:.2f} GiB beside {kv['fixed_bytes'] / GIB:.2f} GiB)"
+              + (f"; phases not covered: {', '.join(kv['not_covered'])}" if kv["not_covered"] else ""),
+              file=sys.stderr)
     flags = engine_flags(args, wcfg, phases, proto.output_tokens)
     out_dir = os.path.abspath(args.out)
     json_path = args.json or os.path.join(out_dir, "matched_hbm.json")

@@ -62,8 +62,45 @@ def _check_plan(arm: dict, stats: dict) -> dict:
             "engine_slot_bytes_per_rank": per_rank}
 
 
-def run_cells(target, store, arm: dict, units: list[str], ctx, call: str, commit: str | None, label: str) -> dict:
-    """The arm's ``units`` against ``target`` (closed afterwards); each cell written as it ends."""
+class CallBudget:
+    """A call's wall-clock deadline (--call-deadline-s): a unit is started only when it and everything the call
+    still owes for it fit before the deadline: the later arms' server starts and their cells of the units the
+    baseline has measured in this call (the ratios pair cells of one call). Costs are estimated from the call's
+    own measurements: seconds per request (the most of any unit so far) times the unit's requests, and the
+    slowest server start so far. The first unit of each arm always runs (nothing to estimate from; without it
+    a call would measure nothing and the next would start over)."""
+
+    def __init__(self, deadline: float, requests, clock=time.monotonic):
+        self.deadline, self.requests, self.clock = deadline, requests, clock
+        self.rate = None            # seconds per request, the most of any unit measured in this call
+        self.start_s = 0.0          # the slowest server start (ready) measured in this call
+        self.stopped = None         # (arm, unit) of the first unit not started
+
+    def record_unit(self, unit: str, seconds: float) -> None:
+        r = seconds / max(1, self.requests(unit))
+        self.rate = r if self.rate is None else max(self.rate, r)
+
+    def record_start(self, seconds: float) -> None:
+        self.start_s = max(self.start_s, seconds)
+
+    def cost(self, units) -> float:
+        return (self.rate or 0.0) * sum(self.requests(u) for u in units)
+
+    def fits(self, unit: str, later: list[list[str]], first: bool) -> bool:
+        """Whether to start ``unit``; ``later``: for each arm after this one, the units it will then owe."""
+        if first:
+            return True
+        owed = self.cost([unit]) + sum(self.start_s + self.cost(us) for us in later if us)
+        return self.clock() + owed <= self.deadline
+
+    def left(self) -> float:
+        return self.deadline - self.clock()
+
+
+def run_cells(target, store, arm: dict, units: list[str], ctx, call: str, commit: str | None, label: str,
+              gate=None, record=None) -> dict:
+    """The arm's ``units`` against ``target`` (closed afterwards); each cell written as it ends. ``gate(i, u)``:
+    whether to start the i-th unit (a call's deadline; None: all of them); ``record(u, seconds)``: told of each."""
     from clients.progress import Progress
     from clients.protocol import repeats
     phases, work, proto = ctx.phases, ctx.work, ctx.proto
@@ -73,27 +110,37 @@ def run_cells(target, store, arm: dict, units: list[str], ctx, call: str, commit
         bar = Progress(n, label)
         t0 = time.perf_counter()
         check = _check_plan(arm, target.control("stats"))
-        for u in units:
+        ran = []
+        for i, u in enumerate(units):
+            if gate is not None and not gate(i, u):
+                break
             before = target.control("stats")
             c0 = time.perf_counter()
             blocks = run_cell(target, work, phases, by_key[u], proto, bar)
             after = target.control("stats")
-            store.write(arm["key"], u, call, commit, {"seconds": time.perf_counter() - c0, "blocks": blocks,
+            seconds = time.perf_counter() - c0
+            store.write(arm["key"], u, call, commit, {"seconds": seconds, "blocks": blocks,
                                                        "exchange": exchange_seconds(before.get("exchange"),
                                                                                      after.get("exchange"))})
+            ran.append(u)
+            if record is not None:
+                record(u, seconds)
         bar.close()
     finally:
         target.close()
-    return {"plan_check": check, "protocol_s": time.perf_counter() - t0, "units": len(units)}
+    return {"plan_check": check, "protocol_s": time.perf_counter() - t0, "units": len(ran), "ran": ran}
 
 
-def served(arm: dict, engine: str, units: list[str], store, ctx, call: str, commit: str | None) -> dict:
-    """One arm through its own tritonserver: serve, run its cells, stop."""
+def served(arm: dict, engine: str, units: list[str], store, ctx, call: str, commit: str | None, gate=None,
+           record=None, started=None) -> dict:
+    """One arm through its own tritonserver: serve, run its cells, stop. ``started(seconds)``: told the ready time."""
     args = ctx.args
     t0 = time.perf_counter()
     server = armlib.serve(engine, os.path.join(ctx.out_dir, "servers", arm["spec"]), args.ready_timeout,
                           args.torch_threads, args.tp)
     ready_s = time.perf_counter() - t0
+    if started is not None:
+        started(ready_s)
     try:
         if args.transport == "http":
             from clients.http_client import HttpTarget
@@ -101,7 +148,7 @@ def served(arm: dict, engine: str, units: list[str], store, ctx, call: str, comm
         else:
             from clients.client import GrpcTarget
             make = lambda: GrpcTarget(server.grpc_url, args.concurrency, timeout=args.request_timeout)  # noqa: E731
-        res = run_cells(make(), store, arm, units, ctx, call, commit, f"{arm['spec']:>10} (triton)")
+        res = run_cells(make(), store, arm, units, ctx, call, commit, f"{arm['spec']:>10} (triton)", gate, record)
     except RuntimeError as e:
         # failed requests are usually the server itself gone: say so, with its log
         if server.proc.poll() is not None:
@@ -121,6 +168,16 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
     arms = {a["key"]: a for a in manifest["arms"]}
     todo = [(k, arm_units(store, manifest, k, units)) for k in call_keys]
     todo = [(k, us) for k, us in todo if us]
+    base = manifest.get("baseline")
+    deadline = getattr(args, "call_deadline_s", None)
+    budget = None
+    if deadline is not None:
+        from clients.protocol import repeats
+        by_key = {unit_key(*u): u for u in ctx.units}
+        requests = lambda u: 2 * ctx.phases[by_key[u][0]].q * repeats(by_key[u][0], ctx.proto)  # noqa: E731
+        budget = CallBudget(getattr(args, "call_t0", time.monotonic()) + deadline, requests)
+        # the baseline first: the arms after it measure only the units it measured in this call
+        todo.sort(key=lambda t: t[0] != base)
     print(f"[matched-hbm] call {call}: {len(units)} unit(s); " +
           ", ".join(f"{k} {len(us)}" for k, us in todo) + f" cell(s); {sum(1 for _ in manifest['units'])} units in "
           "the manifest", file=sys.stderr, flush=True)
@@ -134,16 +191,37 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
                                                 manifest["config"]["budget_bytes"], manifest["config"]["build_flags"])
             armlib.share_kernels(engines[spec], kernels)
     done = []
-    for key, us in todo:
+    base_ran = None
+    for n, (key, us) in enumerate(todo):
         arm = arms[key]
+        gate = record = started = None
+        if budget is not None:
+            if base_ran is not None:
+                us = [u for u in us if u in base_ran]
+            later = todo[n + 1:]
+
+            def gate(i, u, key=key, later=later, us=us):
+                # what the later arms then owe: their units among those this arm (the baseline) or the baseline
+                # has measured in this call, up to this one
+                upto = set(us[:i + 1]) if key == base else set(base_ran or us)
+                ok = budget.fits(u, [[x for x in lus if x in upto] for _, lus in later], i == 0)
+                if not ok and budget.stopped is None:
+                    budget.stopped = (key, u)
+                return ok
+            record, started = budget.record_unit, budget.record_start
+        if not us:
+            continue
         try:
             if arm["target"] == "in-process":
                 from clients.inprocess import EngineTarget
                 res = run_cells(EngineTarget(engines[arm["spec"]], args.concurrency, args.request_timeout,
                                              args.torch_threads), store, arm, us, ctx, call, commit,
-                                f"{arm['spec']:>10} (in-process)")
+                                f"{arm['spec']:>10} (in-process)", gate, record)
             else:
-                res = served(arm, engines[arm["spec"]], us, store, ctx, call, commit)
+                res = served(arm, engines[arm["spec"]], us, store, ctx, call, commit, gate, record, started)
+            if key == base and budget is not None:
+                base_ran = set(res["ran"])
+            res.pop("ran", None)
             done.append({"key": key, **res})
         except RuntimeError as e:
             if not keep_going:
@@ -153,4 +231,13 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
             print(f"[matched-hbm] arm {key} failed: {e}", file=sys.stderr, flush=True)
             done.append({"key": key, "failed": str(e)})
         store.update_call(call, arms=done)
+    if budget is not None:
+        left = plan_units(store, manifest, call_keys, None)
+        cells = sum(not store.done(k, u) for k in call_keys if k != base or len(call_keys) == 1 for u in left)
+        stop = budget.stopped
+        print(f"[matched-hbm] deadline {deadline:.0f} s: " + (f"stopped before {stop[0]} {stop[1]} "
+              f"({budget.left():.0f} s left, not enough for it and the cells it owes); " if stop else "")
+              + f"{len(left)} unit(s), {cells} cell(s) of this call's arms left", file=sys.stderr, flush=True)
+        store.update_call(call, deadline_s=deadline, stopped_before=list(stop) if stop else None,
+                          units_left=len(left), cells_left=cells)
     return done

@@ -28,6 +28,10 @@ CASES = {
     "in-process arm not run": (["--inprocess", "wr16"], "--inprocess"),
     "too few prompts": (["--prompts", "10"], "prompts"),
     "non-integer flag": (["--concurrency", "many"], "--concurrency"),
+    "dummy weights over real ones": (["--load-format", "dummy"], "--load-format dummy"),
+    "bare config without dummy": (["--model", os.path.join(MODEL, "config.json")], "--load-format dummy"),
+    "weights seed without dummy": (["--seed", "3"], "--load-format dummy"),
+    "bad load format": (["--load-format", "gguf"], "--load-format"),
 }
 
 

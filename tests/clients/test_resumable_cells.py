@@ -55,6 +55,14 @@ def runs(tmp_path_factory):
     assert main([*ARGV, *split]) == 0
     assert _merge_mod().main(["--cells", str(d / "split_cells"), "--out", str(d / "merged.json")]) == 0
     out["merged"] = _load(d / "merged.json")
+    # the same split by a wall-clock deadline: one already past stops the first call after each arm's first
+    # unit (a call always measures one); the second call, without one, runs the rest
+    dl = ["--out", str(d / "dl"), "--cells-dir", str(d / "dl_cells"), "--json", str(d / "dl.json")]
+    assert main([*ARGV, *dl, "--call-deadline-s", "0.001"]) == 0
+    out["dl_half"] = _load(d / "dl.json")
+    assert main([*ARGV, *dl]) == 0
+    assert _merge_mod().main(["--cells", str(d / "dl_cells"), "--out", str(d / "dl_merged.json")]) == 0
+    out["dl_merged"] = _load(d / "dl_merged.json")
     # the dense arm alone (its blocks are those of the two phases all the same)
     grpc = [*ARGV, "--transport", "grpc", "--phase-arms", "dense,nr16+int8", "--out", str(d / "grpc"), "--json",
             str(d / "grpc.json")]
@@ -93,6 +101,39 @@ def test_split_run_merged_equals_the_unsplit_run(runs):
     assert _strip(merged) == _strip(whole)
     for a in merged["arms"]:
         assert a["summary"]["seeds"]["hit_rate"]["std"] == 0.0 and a["summary"]["seeds"]["hit_rate"]["mean"] > 0
+
+
+def test_a_deadline_stops_between_units_and_the_next_call_finishes(runs):
+    half, merged, whole = runs["dl_half"], runs["dl_merged"], runs["whole"]
+    assert half["complete"] is False and (half["cells_done"], half["cells_total"]) == (2, 4)
+    assert [(a["key"], a["cells"]) for a in half["arms"]] == [("dense", 1), ("nr16+int8", 1)]
+    calls = sorted((runs["dir"] / "dl_cells" / "calls").glob("*.json"))
+    first = _load(calls[0])
+    # the call says where it stopped and what is left
+    assert first["stopped_before"] == ["dense", _load(runs["dir"] / "dl_cells" / "manifest.json")["units"][1]]
+    assert (first["units_left"], first["cells_left"]) == (1, 1)
+    assert _requests(merged) == _requests(whole)
+    for key in ("command", "commit", "calls", "cells_dir", "cells_dirs", "json_path", "python", "cpus"):
+        whole.pop(key, None)
+        merged.pop(key, None)
+    assert _strip(merged) == _strip(whole)
+
+
+def test_the_budget_reserves_the_later_arms_start_and_cells():
+    from clients.runner import CallBudget
+    now = [100.0]
+    # 10 requests a unit; measured: 2 s a request (20 s a unit) and a 50 s server start
+    b = CallBudget(300.0, lambda u: 10, clock=lambda: now[0])
+    b.record_unit("u0", 20.0)
+    b.record_start(50.0)
+    # the baseline's 2nd unit: 20 s + the arm's start 50 s + its two units 40 s = 110 s -> by 210 <= 300
+    assert b.fits("u1", [["u0", "u1"]], first=False)
+    now[0] = 191.0
+    assert not b.fits("u1", [["u0", "u1"]], first=False)
+    # an arm with nothing owed after it needs only its own unit; the first unit always runs
+    assert b.fits("u1", [[]], first=False) and CallBudget(0.0, lambda u: 1, clock=lambda: 5.0).fits("u", [], True)
+    b.record_unit("u2", 40.0)        # a slower unit: 4 s a request from now on
+    assert b.cost(["a", "b"]) == 80.0
 
 
 def test_each_ratio_pairs_cells_of_one_call(runs):

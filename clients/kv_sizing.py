@@ -1,0 +1,73 @@
+"""The KV cache of a matched-HBM measurement, sized to fit beside the weights.
+
+dasc-build's default KV cache is a fixed block count; clients.matched_hbm's default is enough that KV never
+decides a hit (every prompt of the largest capacity-boundary block at its longest, plus the running
+requests). At the full size of a released model on one GPU that is more than the device holds beside the
+weights (Kimi-Linear-48B on an H200: 36 GiB of KV beside 91.5 GiB of weights, 7.8 GiB of state rows and the
+checkpoint pool). With a memory limit, the KV cache is the smaller of that need and the most blocks that fit,
+counted by the engine's own footprint (model/footprint.py: what the runner checks before loading, and
+dasc-build checks at build with --memory-limit-bytes, which the client passes on):
+
+    weights + state rows (2 x max batch + 1) + checkpoint pool (the budget) + (blocks + 1) x block bytes <= limit
+
+(+1: the engine's padding row and block). Each phase is covered when its largest block's prompts and the
+running requests fit; the manifest says which are.
+"""
+from __future__ import annotations
+
+import math
+
+GIB = 1 << 30
+
+
+def engine_fixed_and_block_bytes(cfg, source, *, dtype: str, tp: int, bundle_order, max_batch: int,
+                                 block_size: int, budget: int) -> tuple[int, int]:
+    """(bytes one rank takes besides its KV cache, bytes of one KV block), from the engine's footprint."""
+    from trtllm_dasc.model.footprint import model_footprint
+
+    def at(blocks):
+        return model_footprint(cfg, source, dtype=dtype, tp_rank=0, tp_size=tp, bundle_order=bundle_order,
+                               state_rows=2 * max_batch + 1, kv_blocks=blocks + 1, block_size=block_size,
+                               pool_bytes=budget)
+    one, two = at(1), at(2)
+    per_block = two.kv - one.kv
+    return one.total - 2 * per_block, per_block
+
+
+def blocks_that_fit(limit: int, fixed: int, per_block: int) -> int:
+    """The most KV blocks with fixed + (blocks + 1) x per_block <= limit (0 when none)."""
+    return max(0, (limit - fixed) // per_block - 1)
+
+
+def need_blocks(q: int, max_batch: int, blocks_per_request: int) -> int:
+    """KV blocks for every prompt of a block of q at its longest plus the running requests."""
+    return (q + max_batch) * blocks_per_request
+
+
+def plan_kv(phases: list, *, max_batch: int, blocks_per_request: int, limit: int | None, fixed: int | None,
+            per_block: int | None) -> dict:
+    """The KV cache for these phases: {'blocks', 'need', 'fit', 'covered' (phase names), 'not_covered'}.
+    Without a limit the need (the earlier default); with one the smaller of need and fit. The full-dataset
+    phase is past every arm's capacity by design and never counted in the need."""
+    bounded = [p for p in phases if p.arms != ["full dataset"]] or list(phases)
+    need = need_blocks(max(p.q for p in bounded), max_batch, blocks_per_request)
+    fit = None if limit is None else blocks_that_fit(limit, fixed, per_block)
+    blocks = need if fit is None else min(need, fit)
+    covered = [p.name for p in bounded if need_blocks(p.q, max_batch, blocks_per_request) <= blocks]
+    out = {"blocks": blocks, "need": need, "fit": fit, "covered": covered,
+           "not_covered": [p.name for p in bounded if p.name not in covered]}
+    if limit is not None:
+        out.update(limit_bytes=limit, fixed_bytes=fixed, block_bytes=per_block,
+                   total_bytes=fixed + (blocks + 1) * per_block)
+    return out
+
+
+def device_limit(device: str, headroom_gib: float) -> int:
+    """This CUDA device's total memory less the headroom (activations, CUDA context, graphs) that the
+    engine's footprint does not count."""
+    import torch
+    from trtllm_dasc.errors import UserError
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        raise UserError("--memory-limit-bytes device needs a CUDA device: give a number of bytes instead")
+    return torch.cuda.get_device_properties(dev).total_memory - int(math.ceil(headroom_gib * GIB))
