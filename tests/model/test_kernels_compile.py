@@ -51,38 +51,47 @@ def kernels() -> list[tuple]:
                     {"x": dt, "weight": dt, "states": "*fp32", "rows": "*i64", "out": dt,
                      **_ints("stride_x", "stride_sr", "stride_sc", "C", "S1", "S2")}, {"W": 4, "BD": 128}, 1))
     from trtllm_dasc.state import kernels as state_kernels
+    # the conv part every checkpoint store / load runs in its own launch (kernels._conv_part): copied in bf16,
+    # or the 8-bit encode (store) / decode (load)
+    conv_copy = {"conv_src": "*bf16", "conv_dst": "*bf16",
+                 **_ints("conv_cw", "stride_csrc_b", "stride_csrc_l", "stride_cdst_b", "stride_cdst_l"),
+                 "conv_scale": "*fp32", "conv_row4": "i32"}
+    conv8_store = {**conv_copy, "conv_dst": "*i8"}
+    conv8_load = {**conv_copy, "conv_src": "*i8"}
+    copy_c = {"CONV_BLOCK": 4096, "TO_BF16": False, "CONV8": 0}
+    enc_c, dec_c = {"CONV_BLOCK": 2048, "TO_BF16": False, "CONV8": 1}, {"CONV_BLOCK": 2048, "TO_BF16": True, "CONV8": 2}
     # the checkpoint store's INT8 path with the fma quotient (QUANT 2: the interpreter never runs it)
-    out.append((state_kernels.gather_units_kernel,
-                {"src": "*fp32", "dst": "*i8", "dst_scale": "*fp32", "src_idx": "*i64", "dst_idx": "*i64",
-                 "unit_layer": "*i64", "unit_src": "*i64", "unit_dst": "*i64",
-                 **_ints("n_rows", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_dst_l", "stride_scale_b"),
-                 "conv_src": "*bf16", "conv_dst": "*bf16",
-                 **_ints("conv_cw", "stride_csrc_b", "stride_csrc_l", "stride_cdst_b", "stride_cdst_l")},
-                {"R": 1, "V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "QUANT": 2, "CONV_BLOCK": 4096, "TO_BF16": False}, 4))
+    gather = {"src": "*fp32", "dst": "*i8", "dst_scale": "*fp32", "src_idx": "*i64", "dst_idx": "*i64",
+              "unit_layer": "*i64", "unit_src": "*i64", "unit_dst": "*i64",
+              **_ints("n_rows", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_dst_l", "stride_scale_b")}
+    for conv, cc in ((conv_copy, copy_c), (conv8_store, enc_c)):
+        out.append((state_kernels.gather_units_kernel, {**gather, **conv},
+                    {"R": 1, "V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "QUANT": 2, **cc}, 4))
     out.append((state_kernels.quantize_kernel, {"x": "*fp32", "q": "*i8", "s": "*fp32", "n_rows": "i32"},
                 {"V": 128, "BLOCK_R": 32, "BLOCK_V": 128, "FAST_DIV": True}, 4))
-    # the checkpoint load (INT8, zero fill, conv copy fused) and the FP8 / INT4 / conv8 codecs: every caller
+    # the checkpoint load (INT8, listed units, conv fused) and the FP8 / INT4 / conv8 codecs: every caller
     # of state.ragged_index's row arithmetic
     idx = {"src_idx": "*i64", "dst_idx": "*i64"}
-    out.append((state_kernels.scatter_units_kernel,
-                {"src": "*i8", "src_scale": "*fp32", "dst": "*fp32", **idx, "pos_of_unit": "*i64",
-                 **_ints("n_rows", "n_units", "stride_src_b", "stride_scale_b", "stride_dst_l", "stride_dst_n"),
-                 "conv_src": "*bf16", "conv_dst": "*bf16",
-                 **_ints("conv_cw", "stride_csrc_b", "stride_csrc_l", "stride_cdst_b", "stride_cdst_l")},
-                {"R": 1, "V": 128, "BLOCK_R": 16, "BLOCK_V": 128, "DEQUANT": True, "ZERO_FILL": True,
-                 "CONV_BLOCK": 4096, "TO_BF16": False}, 4))
+    units = {"unit_layer": "*i64", "unit_pos": "*i64", "unit_local": "*i64"}
+    scatter = {"src": "*i8", "src_scale": "*fp32", "dst": "*fp32", **idx, **units,
+               **_ints("n_rows", "stride_src_b", "stride_scale_b", "stride_dst_l", "stride_dst_n")}
+    for conv, cc in ((conv_copy, copy_c), (conv8_load, dec_c)):
+        out.append((state_kernels.scatter_units_kernel, {**scatter, **conv},
+                    {"R": 1, "V": 128, "BLOCK_R": 16, "BLOCK_V": 128, "DEQUANT": True, **cc}, 4))
     from trtllm_dasc.state import codec_kernels, conv8_kernels
     for codec, vb in ((1, 128), (2, 64)):                                  # fp8, int4 at V = 128
         # codec_ops._blocks: 2048 values a tile (int4's 64 bytes a row are 128 values)
         shape = {"R": 1, "V": 128, "VB": vb, "BLOCK_R": 2048 // 128, "BLOCK_B": vb, "CODEC": codec}
-        out.append((codec_kernels.store_units_kernel,
-                    {"src": "*fp32", "dst": "*u8", "dst_scale": "*fp32", **idx, "unit_layer": "*i64",
-                     "unit_src": "*i64", "unit_dst": "*i64",
-                     **_ints("n_rows", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_scale_b")}, shape, 4))
-        out.append((codec_kernels.load_units_kernel,
-                    {"src": "*u8", "src_scale": "*fp32", "dst": "*fp32", **idx, "pos_of_unit": "*i64",
-                     **_ints("n_rows", "n_units", "stride_src_b", "stride_scale_b", "stride_dst_l", "stride_dst_n")},
-                    {**shape, "ZERO_FILL": True}, 4))
+        for (cs, cl), cc in (((conv_copy, conv_copy), (copy_c, copy_c)), ((conv8_store, conv8_load), (enc_c, dec_c))):
+            out.append((codec_kernels.store_units_kernel,
+                        {"src": "*fp32", "dst": "*u8", "dst_scale": "*fp32", **idx, "unit_layer": "*i64",
+                         "unit_src": "*i64", "unit_dst": "*i64",
+                         **_ints("n_rows", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_scale_b"), **cs},
+                        {**shape, **cc[0]}, 4))
+            out.append((codec_kernels.load_units_kernel,
+                        {"src": "*u8", "src_scale": "*fp32", "dst": "*fp32", **idx, **units,
+                         **_ints("n_rows", "stride_src_b", "stride_scale_b", "stride_dst_l", "stride_dst_n"), **cl},
+                        {**shape, **cc[1]}, 4))
     out.append((conv8_kernels.conv8_encode_kernel,
                 {"src": "*bf16", "dst": "*i8", "dst_scale": "*fp32", "rows": "*i64", "slots": "*i64",
                  **_ints("n", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_dst_l")},
@@ -156,8 +165,24 @@ def kernels() -> list[tuple]:
 # (token counts, the conv state's batch stride C x (W-1)); the state's channel stride W-1 never is
 ALIGNED = {"stride_x", "stride_g", "stride_u", "stride_o", "stride_sr", "C", "S1", "S2", "NORM_C", "I", "K",
            "stride_xm", "stride_ym", "N", "DV", "stride_c", "stride_p", "D", "stride_we", "stride_wn", "stride_h",
-           "stride_y"}
-SOMETIMES = {"T_total", "T", "stride_sn", "NT", "SPLITS"}
+           "stride_y",
+           # the checkpoint kernels' row and slot strides (multiples of V = 128 values, or of the units' bytes)
+           "stride_src_l", "stride_src_n", "stride_src_b", "stride_dst_b", "stride_dst_l", "stride_dst_n",
+           "stride_csrc_b", "stride_csrc_l", "stride_cdst_b", "stride_cdst_l"}
+SOMETIMES = {"T_total", "T", "stride_sn", "NT", "SPLITS", "conv_cw", "n"}
+# the checkpoint store / load kernels: the rows move as vector accesses, and no 64-bit division per row
+# (the load's walk of every row divided by L * n_units in int64: 4 div/rem.s64 in its PTX at 3ebf2ca)
+STATE_KERNELS = {"gather_units_kernel", "scatter_units_kernel", "store_units_kernel", "load_units_kernel"}
+
+
+def check_state_ptx(name: str, ptx: str) -> None:
+    import re
+    if name not in STATE_KERNELS:
+        return
+    assert not re.search(r"\b(div|rem)\.[su]64", ptx), f"{name}: a 64-bit division in the row arithmetic"
+    # int4's rows are 8 bytes a thread (a tile of 16 x 64 bytes over 128 threads): v2 accesses
+    assert re.search(r"ld\.global\.v[24]", ptx) and re.search(r"st\.global\.v[24]", ptx), \
+        f"{name}: rows not moved as vector accesses"
 
 
 def compile_all() -> None:
@@ -184,6 +209,7 @@ def compile_all() -> None:
         spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", r.stdout + r.stderr)]
         regs = re.findall(r"Used (\d+) registers", r.stdout + r.stderr)
         print("compiled", fn.__name__, constexprs, sorted(extra), "registers", regs, "spill stores", spills)
+        check_state_ptx(fn.__name__, k.asm["ptx"])
         assert r.returncode == 0 and spills and not any(spills), (fn.__name__, r.stderr[-2000:])
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from trtllm_dasc.state.kernels import _round_half_even, _row_scale
-from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows, walked_unit_rows
+from trtllm_dasc.state.kernels import _conv_part, _round_half_even, _row_scale
+from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows
 
 
 @triton.jit
@@ -136,40 +136,55 @@ def dequantize_rows_kernel(q, s, x, n_rows, V: tl.constexpr, VB: tl.constexpr, B
 @triton.jit
 def store_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, unit_dst, n_rows,
                        stride_src_l, stride_src_n, stride_dst_b, stride_scale_b,
+                       conv_src, conv_dst, conv_cw, stride_csrc_b, stride_csrc_l, stride_cdst_b, stride_cdst_l,
+                       conv_scale, conv_row4,
                        R: tl.constexpr, V: tl.constexpr, VB: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_B: tl.constexpr, CODEC: tl.constexpr):
+                       BLOCK_B: tl.constexpr, CODEC: tl.constexpr, CONV_BLOCK: tl.constexpr = 16,
+                       TO_BF16: tl.constexpr = False, CONV8: tl.constexpr = 0):
     """Listed unit j (n_rows = J * R rows) of active row src_idx[b]: src[layer_j, n, unit_src[j]] is
     encoded into slot dst_idx[b] at position unit_dst[j]: dst [S, width, R * VB] uint8 (slot stride
-    stride_dst_b), dst_scale [S, width, R] (slot stride stride_scale_b)."""
+    stride_dst_b), dst_scale [S, width, R] (slot stride stride_scale_b). Programs past the row blocks
+    store the conv state in the same launch (kernels._conv_part: copied, or 8-bit encoded when CONV8)."""
+    pid = tl.program_id(0)
     n_src, n_dst = request_rows(src_idx, dst_idx)
-    rmask, r, layer, u_src, u_dst = listed_unit_rows(tl.program_id(0), n_rows, unit_layer, unit_src, unit_dst,
-                                                     R, BLOCK_R)
-    src_row = layer * stride_src_l + n_src * stride_src_n + u_src * (R * V) + r * V
-    out, s = _encode_rows(src, src_row, rmask, V, BLOCK_B, CODEC)
-    bb = tl.arange(0, BLOCK_B)
-    dst_row = n_dst * stride_dst_b + u_dst * (R * VB) + r * VB
-    tl.store(dst + dst_row[:, None] + bb[None, :], out, mask=rmask[:, None] & (bb < VB)[None, :])
-    tl.store(dst_scale + n_dst * stride_scale_b + u_dst * R + r, s.to(dst_scale.dtype.element_ty), mask=rmask)
+    n_tb = tl.cdiv(n_rows, BLOCK_R)
+    if pid < n_tb:
+        rmask, r, layer, u_src, u_dst = listed_unit_rows(pid, n_rows, unit_layer, unit_src, unit_dst, R, BLOCK_R)
+        src_row = layer * stride_src_l + n_src * stride_src_n + u_src * (R * V) + r * V
+        out, s = _encode_rows(src, src_row, rmask, V, BLOCK_B, CODEC)
+        bb = tl.arange(0, BLOCK_B)
+        dst_row = n_dst * stride_dst_b + u_dst * (R * VB) + r * VB
+        tl.store(dst + dst_row[:, None] + bb[None, :], out, mask=rmask[:, None] & (bb < VB)[None, :])
+        tl.store(dst_scale + n_dst * stride_scale_b + u_dst * R + r, s.to(dst_scale.dtype.element_ty), mask=rmask)
+    else:
+        _conv_part(conv_src, conv_dst, conv_scale, n_src, n_dst, pid - n_tb, conv_cw, conv_row4, stride_csrc_b,
+                   stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16, CONV8)
 
 
 @triton.jit
-def load_units_kernel(src, src_scale, dst, src_idx, dst_idx, pos_of_unit, n_rows, n_units,
+def load_units_kernel(src, src_scale, dst, src_idx, dst_idx, unit_layer, unit_pos, unit_local, n_rows,
                       stride_src_b, stride_scale_b, stride_dst_l, stride_dst_n,
+                      conv_src, conv_dst, conv_cw, stride_csrc_b, stride_csrc_l, stride_cdst_b, stride_cdst_l,
+                      conv_scale, conv_row4,
                       R: tl.constexpr, V: tl.constexpr, VB: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BLOCK_B: tl.constexpr, ZERO_FILL: tl.constexpr, CODEC: tl.constexpr):
-    """Walk every row of active request dst[:, dst_idx[b]] (n_rows = L * n_units * R): a unit with
-    pos_of_unit[l * n_units + u] >= 0 is decoded from that position of slot src_idx[b]; -1 (omitted) is
-    written as zero when ZERO_FILL; any other negative (a unit another codec group owns) is left alone."""
+                      BLOCK_B: tl.constexpr, CODEC: tl.constexpr, CONV_BLOCK: tl.constexpr = 16,
+                      TO_BF16: tl.constexpr = False, CONV8: tl.constexpr = 0):
+    """Listed unit j (n_rows = J * R rows) of active request dst[:, dst_idx[b]]: unit unit_local[j] of layer
+    unit_layer[j] is decoded from position unit_pos[j] of slot src_idx[b], or written as zero where
+    unit_pos[j] is -1. The host lists only the units this codec group writes (kernels.scatter_units_kernel
+    says why: walking every unit made a mixed load visit all its segments' rows in each launch). Programs
+    past the row blocks load the conv state in the same launch (kernels._conv_part)."""
+    pid = tl.program_id(0)
     slot, n_dst = request_rows(src_idx, dst_idx)
-    rmask, layer, rest, u, r = walked_unit_rows(tl.program_id(0), n_rows, n_units, R, BLOCK_R)
-    pos = tl.load(pos_of_unit + layer * n_units + u, mask=rmask, other=-2).to(tl.int64)
-    keep = rmask & (pos >= 0)
-    if ZERO_FILL:
-        wmask = keep | (rmask & (pos == -1))
+    n_tb = tl.cdiv(n_rows, BLOCK_R)
+    if pid < n_tb:
+        rmask, r, layer, pos, u = listed_unit_rows(pid, n_rows, unit_layer, unit_pos, unit_local, R, BLOCK_R)
+        keep = rmask & (pos >= 0)
+        pos = tl.where(keep, pos, 0)
+        s = tl.load(src_scale + slot * stride_scale_b + pos * R + r, mask=keep, other=0.0).to(tl.float32)
+        src_row = slot * stride_src_b + pos * (R * VB) + r * VB
+        dst_row = layer * stride_dst_l + n_dst * stride_dst_n + u * (R * V) + r * V
+        _decode_rows(src, src_row, s, keep, dst, dst_row, rmask, V, BLOCK_B, CODEC)
     else:
-        wmask = keep
-    pos = tl.where(keep, pos, 0)
-    s = tl.load(src_scale + slot * stride_scale_b + pos * R + r, mask=keep, other=0.0).to(tl.float32)
-    src_row = slot * stride_src_b + pos * (R * VB) + r * VB
-    dst_row = layer * stride_dst_l + n_dst * stride_dst_n + rest * V
-    _decode_rows(src, src_row, s, keep, dst, dst_row, wmask, V, BLOCK_B, CODEC)
+        _conv_part(conv_src, conv_dst, conv_scale, slot, n_dst, pid - n_tb, conv_cw, conv_row4, stride_csrc_b,
+                   stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16, CONV8)

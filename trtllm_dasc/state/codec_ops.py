@@ -65,8 +65,11 @@ def dequantize(q: torch.Tensor, s: torch.Tensor, codec: str, V: int | None = Non
 
 
 def store_units(t, rows, payload, scales, slots, unit_layer, unit_local, slot_pos, R: int, V: int,
-                codec: str) -> None:
-    """Triton twin of codec_naive.store_units (t: [L, N, n_units, R * V] view, units contiguous)."""
+                codec: str, conv=None) -> None:
+    """Triton twin of codec_naive.store_units (t: [L, N, n_units, R * V] view, units contiguous). conv
+    (triton_ops._store_conv): the conv state's store, run by the same launch's programs past the rows."""
+    from trtllm_dasc.state.triton_ops import NO_CONV
+    conv = conv or NO_CONV
     cid = _check_codec(codec, V)
     VB = row_bytes(codec, V)
     assert t.stride(3) == 1 and t.stride(2) == R * V, f"units of one (layer, request) must be contiguous: {t.stride()}"
@@ -76,32 +79,43 @@ def store_units(t, rows, payload, scales, slots, unit_layer, unit_local, slot_po
         and scales.stride(1) == R, f"scales {tuple(scales.shape)} must be [S, width, {R}], contiguous per slot"
     rows, slots = _idx(rows, t.device), _idx(slots, t.device)
     n_rows, B = unit_layer.numel() * R, slots.numel()
-    if n_rows == 0 or B == 0:
-        return
     BR, BB = _blocks(n_rows, VB, cid)
-    K.store_units_kernel[(_cdiv(n_rows, BR), B)](
+    n_blocks = _cdiv(n_rows, BR) + conv.n_programs
+    if n_blocks == 0 or B == 0:
+        return
+    K.store_units_kernel[(n_blocks, B)](
         t, payload, scales, rows, slots, unit_layer, unit_local, slot_pos, n_rows, t.stride(0), t.stride(1),
-        payload.stride(0), scales.stride(0), R=R, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, CODEC=cid)
+        payload.stride(0), scales.stride(0), *conv.kernel_args(payload), R=R, V=V, VB=VB, BLOCK_R=BR,
+        BLOCK_B=BB, CODEC=cid, **conv.consts)
 
 
 def load_units(payload, scales, slots, t, rows, pos_of_unit, R: int, V: int, codec: str,
-               zero_fill: bool = True) -> None:
+               zero_fill: bool = True, units=None, conv=None) -> None:
     """Every unit (l, u) of active rows[b] (t: [L, N, n_units, R * V]) with pos_of_unit[l * n + u] >= 0
-    is decoded from slots[b]; -1 zeroed when zero_fill; other negatives left alone (another group's)."""
+    is decoded from slots[b]; -1 zeroed when zero_fill; other negatives left alone (another group's).
+    units: the (layer, position or -1, local unit) lists of what to write (triton_ops._load_list, built once
+    per layout); without them they are derived from pos_of_unit here (a device sync). conv: as store_units."""
+    from trtllm_dasc.state.triton_ops import NO_CONV
+    conv = conv or NO_CONV
     cid = _check_codec(codec, V)
     VB = row_bytes(codec, V)
     assert t.stride(3) == 1 and t.stride(2) == R * V, f"units of one (layer, request) must be contiguous: {t.stride()}"
     assert payload.dtype == torch.uint8 and payload.shape[2] == R * VB and payload.stride(1) == R * VB
     assert scales.shape[2] == R and scales.stride(1) == R
     rows, slots = _idx(rows, t.device), _idx(slots, t.device)
-    L, n = t.shape[0], t.shape[2]
-    n_rows, B = L * n * R, slots.numel()
-    if n_rows == 0 or B == 0:
-        return
+    if units is None:
+        n = t.shape[2]
+        flat = torch.nonzero((pos_of_unit >= 0) | ((pos_of_unit == -1) & zero_fill)).flatten()
+        units = (flat // n, pos_of_unit[flat], flat % n)
+    n_rows, B = units[0].numel() * R, slots.numel()
     BR, BB = _blocks(n_rows, VB, cid)
-    K.load_units_kernel[(_cdiv(n_rows, BR), B)](
-        payload, scales, t, slots, rows, pos_of_unit, n_rows, n, payload.stride(0), scales.stride(0),
-        t.stride(0), t.stride(1), R=R, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, ZERO_FILL=zero_fill, CODEC=cid)
+    n_blocks = _cdiv(n_rows, BR) + conv.n_programs
+    if n_blocks == 0 or B == 0:
+        return
+    K.load_units_kernel[(n_blocks, B)](
+        payload, scales, t, slots, rows, *units, n_rows, payload.stride(0), scales.stride(0),
+        t.stride(0), t.stride(1), *conv.kernel_args(t), R=R, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, CODEC=cid,
+        **conv.consts)
 
 
 # the torch twins under the same names, for callers that pick a backend by module

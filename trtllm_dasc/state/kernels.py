@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows, walked_unit_rows
+from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows
 
 
 @triton.jit
@@ -82,6 +82,66 @@ def _conv_block(src, dst, i_src, i_dst, blk, cw, s_src_b, s_src_l, s_dst_b, s_ds
 
 
 @triton.jit
+def _conv8_encode_layer(src, dst, dst_scale, i_src, slot, layer, n, s_src_b, s_src_l, s_dst_b, s_dst_l, row4,
+                        BLOCK: tl.constexpr):
+    """8-bit conv encode of one (layer, request) (conv8_naive): src's n contiguous values at i_src * s_src_b +
+    layer * s_src_l -> int8 codes at slot * s_dst_b + layer * s_dst_l of dst, the fp32 scale at float index
+    row4 - 1 of that row (dst_scale: the same bytes viewed as fp32). Two passes of BLOCK-wide loads (amax,
+    then quantize); the second reads the layer's few KiB from the cache."""
+    base = src + layer * s_src_l + i_src * s_src_b
+    amax = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n, BLOCK):
+        e = start + tl.arange(0, BLOCK)
+        amax = tl.maximum(amax, tl.abs(tl.load(base + e, mask=e < n, other=0.0).to(tl.float32)))
+    # ieee division, so the scale and the quotients equal torch's bit for bit (paper Eq. 10)
+    s = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-8), 127.0)
+    out = dst + slot * s_dst_b + layer * s_dst_l
+    # the padding up to the scale is written too (zeros, as the reference writes): a slot is all defined bytes
+    n_pad = row4 * 4 - 4
+    for start in range(0, n_pad, BLOCK):
+        e = start + tl.arange(0, BLOCK)
+        x = tl.load(base + e, mask=e < n, other=0.0).to(tl.float32)
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x, tl.zeros((BLOCK,), tl.float32) + s), -127.0), 127.0)
+        tl.store(out + e, _round_half_even(y).to(tl.int8), mask=e < n_pad)
+    # s_dst_* are in int8 elements; the fp32 view's are a quarter of them
+    tl.store(dst_scale + slot * (s_dst_b // 4) + layer * (s_dst_l // 4) + row4 - 1, s)
+
+
+@triton.jit
+def _conv8_decode_block(src, src_scale, dst, slot, i_dst, layer, e, n, s_src_b, s_src_l, s_dst_b, s_dst_l, row4,
+                        TO_BF16: tl.constexpr):
+    """8-bit conv decode of elements e of one (layer, slot) row into dst's (layer, request i_dst):
+    codes * scale in fp32, cast to dst's dtype (TO_BF16: rounded to nearest even like torch)."""
+    s = tl.load(src_scale + slot * (s_src_b // 4) + layer * (s_src_l // 4) + row4 - 1)
+    x = tl.load(src + slot * s_src_b + layer * s_src_l + e, mask=e < n, other=0).to(tl.float32) * s
+    if TO_BF16:
+        y = _to_bf16_rtne(x)
+    else:
+        y = x.to(dst.dtype.element_ty)
+    tl.store(dst + layer * s_dst_l + i_dst * s_dst_b + e, y, mask=e < n)
+
+
+@triton.jit
+def _conv_part(src, dst, scale, i_src, i_dst, blk, cw, row4, s_src_b, s_src_l, s_dst_b, s_dst_l,
+               BLOCK: tl.constexpr, TO_BF16: tl.constexpr, CONV8: tl.constexpr):
+    """Program blk (past the row blocks) of a store / load's conv state, fused into its launch. CONV8: 0 the
+    conv copied in its dtype (cdiv(cw, BLOCK) programs a layer), 1 the 8-bit encode (one program a layer:
+    its scale needs the layer's amax), 2 the 8-bit decode (cdiv(cw, BLOCK) programs a layer). A separate
+    launch for the conv state cost the +c8 / fp8 / int4 stores 7-13 us at batch 64 on the H200 (issue 35)."""
+    if CONV8 == 1:
+        _conv8_encode_layer(src, dst, scale, i_src, i_dst, blk.to(tl.int64), cw, s_src_b, s_src_l, s_dst_b,
+                            s_dst_l, row4, BLOCK)
+    elif CONV8 == 2:
+        per_layer = tl.cdiv(cw, BLOCK)
+        layer = (blk // per_layer).to(tl.int64)
+        e = (blk - layer * per_layer) * BLOCK + tl.arange(0, BLOCK)
+        _conv8_decode_block(src, scale, dst, i_src, i_dst, layer, e, cw, s_src_b, s_src_l, s_dst_b, s_dst_l,
+                            row4, TO_BF16)
+    else:
+        _conv_block(src, dst, i_src, i_dst, blk, cw, s_src_b, s_src_l, s_dst_b, s_dst_l, BLOCK, TO_BF16)
+
+
+@triton.jit
 def _gather_rows(src, dst, dst_scale, n_src, n_dst, blk, unit_layer, unit_src, unit_dst, n_rows,
                  stride_src_l, stride_src_n, stride_dst_b, stride_dst_l, stride_scale_b,
                  R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -105,13 +165,14 @@ def _gather_rows(src, dst, dst_scale, n_src, n_dst, blk, unit_layer, unit_src, u
 def gather_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, unit_dst, n_rows,
                         stride_src_l, stride_src_n, stride_dst_b, stride_dst_l, stride_scale_b,
                         conv_src, conv_dst, conv_cw, stride_csrc_b, stride_csrc_l,
-                        stride_cdst_b, stride_cdst_l,
+                        stride_cdst_b, stride_cdst_l, conv_scale, conv_row4,
                         R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-                        QUANT: tl.constexpr, CONV_BLOCK: tl.constexpr, TO_BF16: tl.constexpr):
+                        QUANT: tl.constexpr, CONV_BLOCK: tl.constexpr, TO_BF16: tl.constexpr,
+                        CONV8: tl.constexpr = 0):
     """For each listed unit j (n_rows = J * R rows): read src[layer_j, src_idx[b], unit_src[j]] and write
     it at dst + dst_idx[b] * stride_dst_b + layer_j * stride_dst_l + unit_dst[j] * E. Pack/store use
     stride_dst_l = 0 (dst = slots), replay-merge dst = the active state. QUANT: int8 + one scale per row.
-    Programs past the row blocks copy the conv state (store fuses it into this one launch)."""
+    Programs past the row blocks store the conv state (_conv_part: copied, or 8-bit encoded when CONV8)."""
     pid = tl.program_id(0)
     n_src, n_dst = request_rows(src_idx, dst_idx)
     n_tb = tl.cdiv(n_rows, BLOCK_R)
@@ -120,18 +181,17 @@ def gather_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_
                      stride_src_l, stride_src_n, stride_dst_b, stride_dst_l, stride_scale_b, R, V, BLOCK_R,
                      BLOCK_V, QUANT)
     else:
-        _conv_block(conv_src, conv_dst, n_src, n_dst, pid - n_tb, conv_cw, stride_csrc_b,
-                    stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16)
+        _conv_part(conv_src, conv_dst, conv_scale, n_src, n_dst, pid - n_tb, conv_cw, conv_row4, stride_csrc_b,
+                   stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16, CONV8)
 
 
 @triton.jit
-def _scatter_rows(src, src_scale, dst, slot, n_dst, blk, pos_of_unit, n_rows, n_units,
+def _scatter_rows(src, src_scale, dst, slot, n_dst, blk, unit_layer, unit_pos, unit_local, n_rows,
                   stride_src_b, stride_scale_b, stride_dst_l, stride_dst_n,
                   R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-                  DEQUANT: tl.constexpr, ZERO_FILL: tl.constexpr):
+                  DEQUANT: tl.constexpr):
     E: tl.constexpr = R * V
-    rmask, layer, rest, u, r = walked_unit_rows(blk, n_rows, n_units, R, BLOCK_R)
-    pos_raw = tl.load(pos_of_unit + layer * n_units + u, mask=rmask, other=-1).to(tl.int64)
+    rmask, r, layer, pos_raw, u = listed_unit_rows(blk, n_rows, unit_layer, unit_pos, unit_local, R, BLOCK_R)
     keep = rmask & (pos_raw >= 0)
     pos = tl.where(keep, pos_raw, 0)
     v = tl.arange(0, BLOCK_V)
@@ -141,37 +201,36 @@ def _scatter_rows(src, src_scale, dst, slot, n_dst, blk, pos_of_unit, n_rows, n_
     if DEQUANT:
         s = tl.load(src_scale + slot * stride_scale_b + pos * R + r, mask=keep, other=0.0)
         x = x.to(tl.float32) * s.to(tl.float32)[:, None]
-    dst_row = layer * stride_dst_l + n_dst * stride_dst_n + rest * V
-    if ZERO_FILL:
-        # omitted units (-1) are written as zero; a foreign unit (-2, another codec group's) is left alone
-        wmask = (keep | (rmask & (pos_raw == -1)))[:, None] & vmask
-    else:
-        wmask = keep[:, None] & vmask
-    tl.store(dst + dst_row[:, None] + v[None, :], x.to(dst.dtype.element_ty), mask=wmask)
+    dst_row = layer * stride_dst_l + n_dst * stride_dst_n + u * E + r * V
+    # every listed row is written: a kept unit decoded, an omitted one (pos -1, listed for zero fill) as zero
+    tl.store(dst + dst_row[:, None] + v[None, :], x.to(dst.dtype.element_ty), mask=rmask[:, None] & vmask)
 
 
 @triton.jit
-def scatter_units_kernel(src, src_scale, dst, src_idx, dst_idx, pos_of_unit, n_rows, n_units,
+def scatter_units_kernel(src, src_scale, dst, src_idx, dst_idx, unit_layer, unit_pos, unit_local, n_rows,
                          stride_src_b, stride_scale_b, stride_dst_l, stride_dst_n,
                          conv_src, conv_dst, conv_cw, stride_csrc_b, stride_csrc_l,
-                         stride_cdst_b, stride_cdst_l,
+                         stride_cdst_b, stride_cdst_l, conv_scale, conv_row4,
                          R: tl.constexpr, V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-                         DEQUANT: tl.constexpr, ZERO_FILL: tl.constexpr, CONV_BLOCK: tl.constexpr,
-                         TO_BF16: tl.constexpr):
-    """Walk every row of the active request dst[:, dst_idx[b]] (n_rows = L * n_units * R): a retained
-    unit reads its slot position pos_of_unit[l * n_units + u] of src[src_idx[b]] (dequantized when
-    DEQUANT), an omitted one (pos -1) is written as zero when ZERO_FILL, else skipped; a foreign one (-2)
-    is always skipped. Programs past
-    the row blocks copy the conv state back (load fuses it into this one launch)."""
+                         DEQUANT: tl.constexpr, CONV_BLOCK: tl.constexpr, TO_BF16: tl.constexpr,
+                         CONV8: tl.constexpr = 0):
+    """For each listed unit j (n_rows = J * R rows) of the active request dst[:, dst_idx[b]]: unit
+    unit_local[j] of layer unit_layer[j] reads slot position unit_pos[j] of src[src_idx[b]] (dequantized
+    when DEQUANT), or is written as zero where unit_pos[j] is -1. The host lists what the load writes
+    (LayoutIndex.fill_*: every unit the layout owns, for zero fill; unit_*/slot_pos: the retained ones),
+    so another codec segment's units are never visited: walking the whole state, a mixed checkpoint's load
+    ran one program per block of every segment's rows in each segment's launch (Qwen3-Next at batch 64:
+    331 us against a 185 us copy on the H200, issue 35). Programs past the row blocks load the conv state
+    (_conv_part: copied, or 8-bit decoded when CONV8)."""
     pid = tl.program_id(0)
     slot, n_dst = request_rows(src_idx, dst_idx)
     n_tb = tl.cdiv(n_rows, BLOCK_R)
     if pid < n_tb:
-        _scatter_rows(src, src_scale, dst, slot, n_dst, pid, pos_of_unit, n_rows, n_units, stride_src_b,
-                      stride_scale_b, stride_dst_l, stride_dst_n, R, V, BLOCK_R, BLOCK_V, DEQUANT, ZERO_FILL)
+        _scatter_rows(src, src_scale, dst, slot, n_dst, pid, unit_layer, unit_pos, unit_local, n_rows, stride_src_b,
+                      stride_scale_b, stride_dst_l, stride_dst_n, R, V, BLOCK_R, BLOCK_V, DEQUANT)
     else:
-        _conv_block(conv_src, conv_dst, slot, n_dst, pid - n_tb, conv_cw, stride_csrc_b,
-                    stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16)
+        _conv_part(conv_src, conv_dst, conv_scale, slot, n_dst, pid - n_tb, conv_cw, conv_row4, stride_csrc_b,
+                   stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16, CONV8)
 
 
 @triton.jit

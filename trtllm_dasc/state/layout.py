@@ -34,6 +34,11 @@ class LayoutIndex(NamedTuple):
     pos_of_unit: torch.Tensor   # [L * n_units] slot position of (l, u), -1 when omitted, -2 when foreign
     omit_layer: torch.Tensor    # [M] layer of omitted unit i (foreign units are not omitted)
     omit_local: torch.Tensor    # [M] unit id inside its layer
+    # what a zero-filling load writes: every unit the layout owns (retained and omitted, not foreign),
+    # layer-major, with its slot position or -1 (omitted: written as zero)
+    fill_layer: torch.Tensor    # [F] layer of unit i
+    fill_local: torch.Tensor    # [F] unit id inside its layer
+    fill_pos: torch.Tensor      # [F] slot position, -1 when omitted
 
 
 @dataclass(slots=True, eq=False)
@@ -259,6 +264,8 @@ class StateLayout:
             pos[self.layer_of_unit * n + self.unit_in_layer] = self.slot_pos
             pos[self.foreign] = -2
             omitted = torch.nonzero(pos == -1).flatten()
-            tabs = (self.layer_of_unit, self.unit_in_layer, self.slot_pos, pos, omitted // n, omitted % n)
+            owned = torch.nonzero(pos != -2).flatten()
+            tabs = (self.layer_of_unit, self.unit_in_layer, self.slot_pos, pos, omitted // n, omitted % n,
+                    owned // n, owned % n, pos[owned])
             self._cache[key] = LayoutIndex(*(t.to(device) for t in tabs))
         return self._cache[key]

@@ -58,26 +58,19 @@ def dequantize_int8(q: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None =
 def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: StateLayout, *,
           backend: str = "auto") -> None:
     """Fused gather (+ int8 quantize for codec int8) of rows[b] into slots[b], plus the conv state (8-bit
-    conv: its own launch, one scale per layer needs the whole layer's amax first)."""
-    conv8 = layout.conv_codec == "int8" and conv is not None
-    _impl(backend, temporal).store(temporal, None if conv8 else conv, rows, payload, scales, conv_store, slots, layout)
+    conv: the torch reference in its own step; the Triton store encodes it in the same launch)."""
+    impl = _impl(backend, temporal)
+    conv8 = layout.conv_codec == "int8" and conv is not None and impl is naive
+    impl.store(temporal, None if conv8 else conv, rows, payload, scales, conv_store, slots, layout)
     if conv8:
-        _conv8(backend, conv).store(conv, rows, conv_store, slots)
+        conv8_naive.store(conv, rows, conv_store, slots)
 
 
 def load(payload, scales, conv_store, slots, temporal, conv, rows, layout: StateLayout, *,
          zero_fill: bool = True, backend: str = "auto") -> None:
     """Fused (dequantize +) scatter + zero-fill of slots[b] into rows[b], plus the conv state."""
-    conv8 = layout.conv_codec == "int8" and conv is not None
-    _impl(backend, temporal).load(payload, scales, conv_store, slots, temporal, None if conv8 else conv, rows, layout,
-                                  zero_fill)
+    impl = _impl(backend, temporal)
+    conv8 = layout.conv_codec == "int8" and conv is not None and impl is naive
+    impl.load(payload, scales, conv_store, slots, temporal, None if conv8 else conv, rows, layout, zero_fill)
     if conv8:
-        _conv8(backend, conv).load(conv_store, slots, conv, rows)
-
-
-def _conv8(backend: str, x: torch.Tensor):
-    if _impl(backend, x) is naive:
-        return conv8_naive
-    # lazy: triton loads only when a kernel runs (the torch reference needs none)
-    from trtllm_dasc.state import conv8_ops
-    return conv8_ops
+        conv8_naive.load(conv_store, slots, conv, rows)

@@ -2,10 +2,10 @@
 store and load kernels share, and the request lookup the conv8 kernels share with them.
 
 A checkpoint is ragged: each layer keeps its own set of units (R rows of V contiguous elements each), so a
-program's BLOCK_R rows map onto (layer, unit, row within the unit) either through a list of units (store:
-unit j's layer and positions are read from tables) or by walking every row of one request's active state
-(load: L layers of n_units units of R rows). Everything a caller multiplies by a stride comes back as int64:
-the active state [L, N, n_units, R * V] and the slot pools pass 2**31 elements at serving sizes (a 48-layer
+program's BLOCK_R rows map onto (layer, unit, row within the unit) through a list of units: unit j's layer
+and positions are read from tables (store: the retained units; load: the units it writes, LayoutIndex.fill_*
+with zero fill: a walk of every row of the state made a mixed checkpoint's segments visit each other's
+rows). Everything a caller multiplies by a stride comes back as int64: the active state [L, N, n_units, R * V] and the slot pools pass 2**31 elements at serving sizes (a 48-layer
 model's state at a few hundred requests), and a product in int32 wraps silently to a wrong address.
 """
 from __future__ import annotations
@@ -37,19 +37,3 @@ def listed_unit_rows(blk, n_rows, unit_layer, unit_src, unit_dst, R: tl.constexp
     u_src = tl.load(unit_src + j, mask=rmask, other=0).to(tl.int64)
     u_dst = tl.load(unit_dst + j, mask=rmask, other=0).to(tl.int64)
     return rmask, r, layer, u_src, u_dst
-
-
-@triton.jit
-def walked_unit_rows(blk, n_rows, n_units, R: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Rows blk * BLOCK_R + [0, BLOCK_R) of one request's whole state, layer-major (n_rows = L * n_units * R)
-    -> (rmask, layer, rest, u, r), int64: rows past n_rows masked, rest the row within its layer (units are
-    contiguous there, so the row's offset in the layer is rest * V), u = rest // R its unit, r its row within
-    the unit. pos_of_unit[layer * n_units + u] says where (whether) a checkpoint holds that unit."""
-    ri = (blk * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    rmask = ri < n_rows
-    layer_rows = n_units * R
-    layer = ri // layer_rows
-    rest = ri - layer * layer_rows
-    u = rest // R
-    r = rest - u * R
-    return rmask, layer, rest, u, r

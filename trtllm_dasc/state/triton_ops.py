@@ -6,6 +6,8 @@ before triton is imported) on CPU tensors.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from trtllm_dasc.state import kernels
@@ -48,12 +50,38 @@ def _check_scales(scales: torch.Tensor, payload: torch.Tensor, R: int) -> None:
     assert scales.stride(2) == 1 and scales.stride(1) == R, "scales must be contiguous per slot"
 
 
-def _conv_args(src, dst, src_strides, dst_strides, layout):
-    """(kernel args, conv blocks per request, CONV_BLOCK, TO_BF16) of the fused conv copy; src/dst are
-    the active conv [L, N, conv_dim, width] and the slots [S, L, conv_dim, width] in either order,
-    strides given as (request-or-slot stride, layer stride). None: no conv copy (dummy args)."""
+class _Conv(NamedTuple):
+    """The conv part of one store / load launch: its kernel args (conv_src .. conv_row4, in the kernels'
+    order), programs per request, and constexprs."""
+    args: tuple
+    n_programs: int
+    consts: dict
+
+    def kernel_args(self, fallback) -> tuple:
+        # absent tensors: any pointer of the launch (no program reads them)
+        return tuple(fallback if x is None else x for x in self.args)
+
+
+NO_CONV = _Conv((None, None, 0, 0, 0, 0, 0, None, 1), 0, {"CONV_BLOCK": 16, "TO_BF16": False, "CONV8": 0})
+
+
+def _conv_args(src, dst, src_strides, dst_strides, layout, encode: bool) -> _Conv:
+    """The conv copy (or 8-bit encode / decode, layout.conv_codec int8) that store / load fuse into their
+    launch; src/dst are the active conv [L, N, conv_dim, width] and the slots (native [S, L, conv_dim, width],
+    int8 [S, L, conv8 row]) in either order (encode: src is the active conv), strides given as
+    (request-or-slot stride, layer stride). None: no conv part."""
     if src is None:
-        return (None, None, 1, 0, 0, 0, 0), 0, 16, False
+        return NO_CONV
+    conv, conv_store = (src, dst) if encode else (dst, src)
+    if layout.conv_codec == "int8":
+        from trtllm_dasc.state import conv8_ops
+        n = conv8_ops._check(conv, conv_store)
+        block = conv8_ops._block(n)
+        # encode: one program a layer (its scale needs the layer's amax); decode: blocks of a layer
+        per_request = layout.num_layers * (1 if encode else _cdiv(n, block))
+        args = (src, dst, n, *src_strides, *dst_strides, conv_store.view(torch.float32), conv_store.shape[-1] // 4)
+        return _Conv(args, per_request, {"CONV_BLOCK": block, "TO_BF16": not encode and conv.dtype == torch.bfloat16,
+                                         "CONV8": 1 if encode else 2})
     for x in (src, dst):
         assert x.shape[-2:] == (layout.conv_dim, layout.conv_width), f"conv {tuple(x.shape)} has the wrong shape"
         st = x.stride()
@@ -61,42 +89,62 @@ def _conv_args(src, dst, src_strides, dst_strides, layout):
     cw = layout.conv_dim * layout.conv_width
     block = max(16, min(CONV_TILE_ELEMS or TILE_ELEMS, _pow2(cw)))    # never straddles layers (kernels._conv_block)
     to_bf16 = dst.dtype == torch.bfloat16 and src.dtype != torch.bfloat16
-    return (src, dst, cw, *src_strides, *dst_strides), layout.num_layers * _cdiv(cw, block), block, to_bf16
+    return _Conv((src, dst, cw, *src_strides, *dst_strides, None, 1), layout.num_layers * _cdiv(cw, block),
+                 {"CONV_BLOCK": block, "TO_BF16": to_bf16, "CONV8": 0})
+
+
+def _store_conv(conv, conv_store, layout) -> _Conv:
+    if conv is None:
+        return NO_CONV
+    cs, ps = conv.stride(), conv_store.stride()
+    return _conv_args(conv, conv_store, (cs[1], cs[0]), (ps[0], ps[1]), layout, encode=True)
+
+
+def _load_conv(conv_store, conv, layout) -> _Conv:
+    if conv is None:
+        return NO_CONV
+    cs, ps = conv.stride(), conv_store.stride()
+    return _conv_args(conv_store, conv, (ps[0], ps[1]), (cs[1], cs[0]), layout, encode=False)
 
 
 def _gather(src_units, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_src, unit_dst, stride_dst_b,
-            stride_dst_l, stride_scale_b, layout, quant, conv=None):
+            stride_dst_l, stride_scale_b, layout, quant, conv: _Conv = NO_CONV):
     # QUANT: 0 none, 1 int8 with div_rn (the interpreter), 2 int8 with the fma quotient (kernels._quantize_rows)
     R, V = layout.rows_per_unit, layout.value_dim
     n_rows, B = unit_layer.numel() * R, src_idx.numel()
-    (c_src, c_dst, *c_rest), n_conv, conv_block, to_bf16 = conv or _conv_args(None, None, None, None, layout)
     BR, BV = _blocks(n_rows, V)
-    n_blocks = _cdiv(n_rows, BR) + n_conv
+    n_blocks = _cdiv(n_rows, BR) + conv.n_programs
     if n_blocks == 0 or B == 0:
         return
     kernels.gather_units_kernel[(n_blocks, B)](
         src_units, dst, dst_scale if dst_scale is not None else dst, src_idx, dst_idx, unit_layer, unit_src,
         unit_dst, n_rows, src_units.stride(0), src_units.stride(1), stride_dst_b, stride_dst_l, stride_scale_b,
-        c_src if c_src is not None else dst, c_dst if c_dst is not None else dst, *c_rest,
-        R=R, V=V, BLOCK_R=BR, BLOCK_V=BV, QUANT=(1 + src_units.is_cuda) * quant, CONV_BLOCK=conv_block, TO_BF16=to_bf16,
-        num_warps=NUM_WARPS)
+        *conv.kernel_args(dst), R=R, V=V, BLOCK_R=BR, BLOCK_V=BV, QUANT=(1 + src_units.is_cuda) * quant,
+        **conv.consts, num_warps=NUM_WARPS)
 
 
-def _scatter(payload, scales, slots, t, rows, layout, zero_fill, conv=None):
+def _load_list(ix, zero_fill: bool) -> tuple:
+    """(layer, slot position or -1, local unit) of every unit a load writes: with zero fill every unit the
+    layout owns, else the retained ones; never another codec segment's (foreign) units."""
+    return (ix.fill_layer, ix.fill_pos, ix.fill_local) if zero_fill else (ix.unit_layer, ix.slot_pos, ix.unit_local)
+
+
+def _scatter(payload, scales, slots, t, rows, layout, zero_fill, conv: _Conv = NO_CONV):
     R, V = layout.rows_per_unit, layout.value_dim
-    n_rows, B = layout.num_layers * layout.units_per_layer * R, slots.numel()
-    if B == 0:
-        return
-    (c_src, c_dst, *c_rest), n_conv, conv_block, to_bf16 = conv or _conv_args(None, None, None, None, layout)
-    BR, BV = _blocks(n_rows, V)
+    B = slots.numel()
     ix = layout.index(t.device)
+    lists = _load_list(ix, zero_fill)
+    n_rows = lists[0].numel() * R
+    BR, BV = _blocks(n_rows, V)
+    n_blocks = _cdiv(n_rows, BR) + conv.n_programs
+    if n_blocks == 0 or B == 0:
+        return
     dequant = scales is not None
-    kernels.scatter_units_kernel[(_cdiv(n_rows, BR) + n_conv, B)](
-        payload, scales if dequant else payload, t, slots, rows, ix.pos_of_unit, n_rows, layout.units_per_layer,
+    kernels.scatter_units_kernel[(n_blocks, B)](
+        payload, scales if dequant else payload, t, slots, rows, *lists, n_rows,
         payload.stride(0), scales.stride(0) if dequant else 0, t.stride(0), t.stride(1),
-        c_src if c_src is not None else t, c_dst if c_dst is not None else t, *c_rest,
-        R=R, V=V, BLOCK_R=BR, BLOCK_V=BV, DEQUANT=dequant, ZERO_FILL=zero_fill, CONV_BLOCK=conv_block,
-        TO_BF16=to_bf16, num_warps=NUM_WARPS)
+        *conv.kernel_args(t), R=R, V=V, BLOCK_R=BR, BLOCK_V=BV, DEQUANT=dequant, **conv.consts,
+        num_warps=NUM_WARPS)
 
 
 # ---- public twins of naive.* -------------------------------------------------------------------------
@@ -172,13 +220,8 @@ def _codec_store(temporal, conv, rows, payload, scales, conv_store, slots, layou
     ix = layout.index(t.device)
     rows, slots = _idx(rows, t.device), _idx(slots, t.device)
     codec_ops.store_units(t, rows, payload, scales, slots, ix.unit_layer, ix.unit_local, ix.slot_pos,
-                          layout.rows_per_unit, layout.value_dim, layout.codec)
-    if conv is not None:
-        cs, ps = conv.stride(), conv_store.stride()
-        conv_args = _conv_args(conv, conv_store, (cs[1], cs[0]), (ps[0], ps[1]), layout)
-        none = ix.unit_layer[:0]
-        # no units listed: every program of the launch copies conv state
-        _gather(t, payload, None, rows, slots, none, none, none, 0, 0, 0, layout, False, conv_args)
+                          layout.rows_per_unit, layout.value_dim, layout.codec,
+                          conv=_store_conv(conv, conv_store, layout))
 
 
 def _codec_load(payload, scales, conv_store, slots, temporal, conv, rows, layout: StateLayout, zero_fill) -> None:
@@ -189,34 +232,27 @@ def _codec_load(payload, scales, conv_store, slots, temporal, conv, rows, layout
     ix = layout.index(t.device)
     rows, slots = _idx(rows, t.device), _idx(slots, t.device)
     codec_ops.load_units(payload, scales, slots, t, rows, ix.pos_of_unit, layout.rows_per_unit, layout.value_dim,
-                         layout.codec, zero_fill)
-    if conv is not None:
-        cs, ps = conv.stride(), conv_store.stride()
-        conv_args = _conv_args(conv_store, conv, (ps[0], ps[1]), (cs[1], cs[0]), layout)
-        none = ix.unit_layer[:0]
-        _gather(t, t, None, slots, rows, none, none, none, 0, 0, 0, layout, False, conv_args)
+                         layout.codec, zero_fill, units=_load_list(ix, zero_fill),
+                         conv=_load_conv(conv_store, conv, layout))
 
 
 def store(temporal, conv, rows, payload, scales, conv_store, slots, layout: StateLayout) -> None:
+    """naive.store's twin in one launch: the units and the conv state (copied, or 8-bit with conv_codec
+    int8) together."""
     if layout.codec in ("fp8", "int4"):
         return _codec_store(temporal, conv, rows, payload, scales, conv_store, slots, layout)
     t, quant, rows, slots = _checked(temporal, payload, scales, rows, slots, layout)
     ix = layout.index(t.device)
-    conv_args = None
-    if conv is not None:
-        cs, ps = conv.stride(), conv_store.stride()
-        conv_args = _conv_args(conv, conv_store, (cs[1], cs[0]), (ps[0], ps[1]), layout)
     _gather(t, payload, scales if quant else None, rows, slots, ix.unit_layer, ix.unit_local, ix.slot_pos,
-            payload.stride(0), 0, scales.stride(0) if quant else 0, layout, quant, conv_args)
+            payload.stride(0), 0, scales.stride(0) if quant else 0, layout, quant,
+            _store_conv(conv, conv_store, layout))
 
 
 def load(payload, scales, conv_store, slots, temporal, conv, rows, layout: StateLayout,
          zero_fill: bool = True) -> None:
+    """naive.load's twin in one launch (units and conv state, like store)."""
     if layout.codec in ("fp8", "int4"):
         return _codec_load(payload, scales, conv_store, slots, temporal, conv, rows, layout, zero_fill)
     t, quant, rows, slots = _checked(temporal, payload, scales, rows, slots, layout)
-    conv_args = None
-    if conv is not None:
-        cs, ps = conv.stride(), conv_store.stride()
-        conv_args = _conv_args(conv_store, conv, (ps[0], ps[1]), (cs[1], cs[0]), layout)
-    _scatter(payload, scales if quant else None, slots, t, rows, layout, zero_fill, conv_args)
+    _scatter(payload, scales if quant else None, slots, t, rows, layout, zero_fill,
+             _load_conv(conv_store, conv, layout))
