@@ -111,6 +111,8 @@ class ModelRunner:
         if plan.resets:
             self.state.reset(plan.resets)
         self.kv.copy_blocks(plan.kv_copies)
+        # the loads read slots a promotion may still be writing (the demotions need no wait here)
+        self._wait_slots([s for s, _ in plan.loads + plan.warm_loads])
         if plan.loads:
             self.pool.load([s for s, _ in plan.loads], self.state.temporal, self.state.conv,
                            [r for _, r in plan.loads], zero_fill=True)
@@ -132,6 +134,10 @@ class ModelRunner:
         result.stored = self._store(out, plan, result.errors)
         self._sample(out, plan, result, sample_tokens)
         return result
+
+    def _wait_slots(self, slots) -> None:
+        if self.host_tier is not None and slots:
+            self.host_tier.wait_slots(slots)
 
     def _graph_step(self, plan: StepPlan):
         """A pure decode step (one token per span, no loads, replays or captures) through the CUDA graphs:
@@ -196,6 +202,8 @@ class ModelRunner:
                 errors[i] = "non-finite recurrent state: the checkpoint was not stored"
         which = [k for k, ok in zip(order, stored) if ok]
         if which:
+            # a captured slot may be one a demotion is still reading: its store waits for that copy alone
+            self._wait_slots([slot for (_, _, slot), ok in zip(wanted, stored) if ok])
             # captures are [n, L, ...]; the store reads [L, n, ...] views (any stride along L and n)
             self.pool.store(temporal.transpose(0, 1), conv.transpose(0, 1), which,
                             [slot for (_, _, slot), ok in zip(wanted, stored) if ok])
