@@ -5,6 +5,7 @@ import torch
 
 from engine_helpers import VOCAB, greedy, make_engine, reference_greedy, split_wmax
 
+from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 
 N = 3
@@ -37,14 +38,17 @@ def serve(e, use_cache=True):
     return [t for o in outs for t in o.token_ids], req.stats, e.stats(), logits
 
 
-@pytest.mark.parametrize("wmax", [0, "split"])
-def test_a_host_hit_equals_a_device_hit_and_no_cache(tiny_models, wmax):
+@pytest.mark.parametrize("wmax,policy", [(0, "write-back"), ("split", "write-back"), (0, "write-through")])
+def test_a_host_hit_equals_a_device_hit_and_no_cache(tiny_models, wmax, policy):
     path, hf = tiny_models["gdn"]
     w = split_wmax(path) if wmax == "split" else 0
     # two device slots: PROMPTS[0]'s checkpoint is demoted by the third and fourth prompts
-    host_out, host_req, st, host_logits = serve(engine(path, 2, host_slots=8, wmax=w))
+    host_out, host_req, st, host_logits = serve(engine(path, 2, host_slots=8, wmax=w, host_write_policy=policy))
     assert st["checkpoint_hits"] == {"device": 0, "host": 1} and st["checkpoint_promotions"] == 1
     assert st["checkpoint_demotions"] >= 2 and st["host_checkpoints_cached"] >= 2
+    # write-back copies on eviction; write-through copied every checkpoint when stored, never on eviction
+    copies = st["checkpoint_demotion_copies"], st["checkpoint_write_through_copies"]
+    assert copies[policy == "write-back"] == 0 and copies[policy != "write-back"] >= 2
     assert host_req.cached_tokens == 12
     # the same hit from the device tier (slots for everything, no host tier)
     dev_out, dev_req, st, dev_logits = serve(engine(path, 8, wmax=w))
@@ -53,7 +57,7 @@ def test_a_host_hit_equals_a_device_hit_and_no_cache(tiny_models, wmax):
     assert host_logits.shape[0] == len(HIT) - 12
     # the same encoded bytes loaded into the same computation
     torch.testing.assert_close(host_logits, dev_logits, rtol=0, atol=1e-6)
-    if w == 0:
+    if w == 0 and policy == "write-back":
         # with the tier off and too few slots, the checkpoint is gone: a miss
         _, miss_req, st, _ = serve(engine(path, 2))
         assert miss_req.cached_tokens == 0 and st["checkpoint_hits"]["host"] == 0
@@ -63,6 +67,14 @@ def test_a_host_hit_equals_a_device_hit_and_no_cache(tiny_models, wmax):
         _, ref_req, _, ref = serve(engine(path, 8), use_cache=False)
         assert ref_req.cached_tokens == 0
         torch.testing.assert_close(host_logits, ref[12:], rtol=1e-4, atol=1e-4)
+
+
+def test_a_host_budget_below_one_checkpoint_is_a_one_line_error(tiny_models):
+    path, _ = tiny_models["gdn"]
+    with pytest.raises(UserError, match=r"host cache of 1 B holds no checkpoint: one takes \d+ B"):
+        make_engine(path, prompt_only=True, host_cache_bytes=1)
+    with pytest.raises(UserError, match="host_write_policy must be one of write-back|write-through"):
+        make_engine(path, host_write_policy="write-around")
 
 
 def test_a_failing_promotion_fails_its_request_and_leaks_nothing(tiny_models, monkeypatch):

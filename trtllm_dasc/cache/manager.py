@@ -58,13 +58,13 @@ class CacheManager:
     @classmethod
     def create(cls, block_size: int, num_blocks: int, num_slots: int, num_rows: int, interval: int = 256,
                prompt_only: bool = False, host_slots: int = 0, eviction: str = "lru", flops_per_token: float = 1.0,
-               slot_bytes: int = 1) -> "CacheManager":
+               slot_bytes: int = 1, write_policy: str = "write-back") -> "CacheManager":
         """A fresh manager: empty tree, every block, slot and row free; ``host_slots`` > 0 adds the host tier
         (host slot ids 0..host_slots-1: no reserved one, the host pool has no table that needs a zero id)."""
         host = IdPool(range(host_slots), "host checkpoint slot") if host_slots else None
         tree = RadixCache(block_size, BlockPool(num_blocks), IdPool.checkpoint_slots(num_slots), interval=interval,
                           prompt_only=prompt_only, host_slots=host, eviction=eviction,
-                          flops_per_token=flops_per_token, slot_bytes=slot_bytes)
+                          flops_per_token=flops_per_token, slot_bytes=slot_bytes, write_policy=write_policy)
         return cls(tree, IdPool.rows(num_rows))
 
     # ---- admission -----------------------------------------------------------------------------------
@@ -222,6 +222,7 @@ class CacheManager:
         return {"host_checkpoint_slots": host.capacity if host else 0,
                 "host_checkpoint_slots_free": host.num_free if host else 0,
                 "host_checkpoints_cached": cached["host"], "eviction": tree.eviction,
+                "host_write_policy": tree.write_policy,
                 "checkpoint_bytes": {t: n * tree.slot_bytes for t, n in cached.items()},
                 "checkpoint_hits": dict(self.hits), "checkpoint_hit_tokens": dict(self.hit_tokens),
                 **{f"checkpoint_{k}": v for k, v in tree.tier.items()}}

@@ -30,7 +30,8 @@ Invariant (``sanity_check`` asserts it; tests call it after every step):
   7. host tier (optional, ``host_slots``): a node's checkpoint lives in a device slot (``ckpt_slot``), a
      host slot (``host_slot``: the same encoded bytes in host memory), or both. Device eviction demotes
      (write-back: a copy device -> host, queued in ``copies``, unless the host already holds it) instead of
-     dropping; host eviction drops; a match may end at a host-only checkpoint, which the manager promotes
+     dropping; with ``write_policy`` write-through, insert queues that copy for every checkpoint it keeps
+     (a host slot permitting), so a device eviction finds the host copy there and copies nothing; host eviction drops; a match may end at a host-only checkpoint, which the manager promotes
      (a copy host -> device into a fresh device slot; the host copy stays, so the node then lives in both).
      A node that loses its KV loses both copies. ``_host_lru`` holds every node with a host slot in
      ``host_access`` order; a checkpoint-locked node keeps its host copy (it may be a pending promotion's
@@ -47,7 +48,7 @@ from typing import NamedTuple
 from trtllm_dasc.cache.allocators import BlockPool, IdPool
 from trtllm_dasc.cache.lru import LRUList
 from trtllm_dasc.cache.radix_checks import check_tree
-from trtllm_dasc.spec import EVICTIONS
+from trtllm_dasc.spec import EVICTIONS, HOST_WRITE_POLICIES
 
 
 class Node:
@@ -90,19 +91,23 @@ class MatchResult(NamedTuple):
 class RadixCache:
     def __init__(self, block_size: int, blocks: BlockPool, slots: IdPool, interval: int = 256,
                  prompt_only: bool = False, host_slots: IdPool | None = None, eviction: str = "lru",
-                 flops_per_token: float = 1.0, slot_bytes: int = 1, alpha: float = 1.0):
+                 flops_per_token: float = 1.0, slot_bytes: int = 1, alpha: float = 1.0,
+                 write_policy: str = "write-back"):
         if block_size < 1 or interval < 1:
             raise ValueError("block_size and interval must be >= 1")
         if eviction not in EVICTIONS:
             raise ValueError(f"eviction must be one of {'|'.join(EVICTIONS)}, got {eviction!r}")
-        self.host_slots, self.eviction = host_slots, eviction
+        if write_policy not in HOST_WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {'|'.join(HOST_WRITE_POLICIES)}, got {write_policy!r}")
+        self.host_slots, self.eviction, self.write_policy = host_slots, eviction, write_policy
         # the cost rule's value of a checkpoint at position p: p * flops_per_token / slot_bytes
         self.flops_per_token, self.slot_bytes, self.alpha = flops_per_token, slot_bytes, alpha
         self._host_lru = LRUList("hs_prev", "hs_next")
         # checkpoint copies the runner owes, in order: ("demote", device slot, host slot) or
         # ("promote", host slot, device slot); the manager hands them to the next step
         self.copies: list[tuple[str, int, int]] = []
-        self.tier = {"demotions": 0, "demotion_copies": 0, "promotions": 0, "host_evictions": 0}
+        self.tier = {"demotions": 0, "demotion_copies": 0, "promotions": 0, "host_evictions": 0,
+                     "write_through_copies": 0}
         self.bs, self.blocks, self.slots = block_size, blocks, slots
         self.interval, self.prompt_only = interval, prompt_only
         self.root = Node(None, [], 0, [])
@@ -354,7 +359,24 @@ class RadixCache:
         # serves, so it ends up the more recent one
         for at in reversed(stored):
             self._touch_ckpt(at)
+        if self.write_policy == "write-through" and self.host_slots is not None:
+            for at in reversed(stored):
+                self._write_through(at)
         return duplicates
+
+    def _write_through(self, node: Node) -> None:
+        """Queue the host copy of a checkpoint just stored (its device slot was filled by an earlier step's
+        store, so the copy, queued for the next step, reads it after that store)."""
+        if node.host_slot is not None:
+            return
+        host = self._alloc_host_slot()
+        if host is None:
+            # every host copy is pinned: this one is copied on its eviction instead (write-back)
+            return
+        self.copies.append(("demote", node.ckpt_slot, host))
+        node.host_slot = host
+        self._touch_host(node)
+        self.tier["write_through_copies"] += 1
 
     def _boundary(self, leaf: Node, p: int) -> Node:
         """The node ending exactly at position p on the path to ``leaf`` (splitting an edge if needed)."""

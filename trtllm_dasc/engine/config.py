@@ -9,6 +9,7 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.spec import (BACKENDS, CODECS, CONV_CODECS, DEFAULT_CODEC, DEFAULT_EVICTION, DEFAULT_LAYOUT, DEFAULT_POLICY, DEFAULT_SELECTION,
                               DEFAULT_TP, DTYPES, ENGINE_PLACEMENT, EVICTIONS, ENGINE_WMAX, LAYOUTS, LOAD_FORMATS, PLACEMENTS,
                               POLICIES, check_choice, check_selection)
+from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, HOST_WRITE_POLICIES
 
 MAX_TP = 64
 # a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)
@@ -63,6 +64,9 @@ class EngineConfig:
     host_cache_bytes: int = 0
     # checkpoint eviction in both tiers: lru, or cost (Marconi: FLOPs saved per byte, aged by recency)
     eviction: str = DEFAULT_EVICTION
+    # when a checkpoint reaches the host tier: write-back (copied on its device eviction) or write-through
+    # (copied at store time; a device eviction then copies nothing)
+    host_write_policy: str = DEFAULT_HOST_WRITE_POLICY
 
     def __post_init__(self):
         # lazy: torch / numpy load only when this runs (keeps importing this module light)
@@ -74,7 +78,7 @@ class EngineConfig:
             raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
         for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("conv_codec", CONV_CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
                               ("backend", BACKENDS), ("placement", PLACEMENTS), ("load_format", LOAD_FORMATS),
-                              ("eviction", EVICTIONS)):
+                              ("eviction", EVICTIONS), ("host_write_policy", HOST_WRITE_POLICIES)):
             check_choice(name, getattr(self, name), allowed)
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):
             _count(self, name, minimum=1)

@@ -34,7 +34,8 @@ class Scheduler:
         self.manager = manager if manager is not None else CacheManager.create(
             cfg.block_size, cfg.num_kv_blocks, num_slots, num_rows, interval=cfg.interval,
             prompt_only=cfg.prompt_only, host_slots=host_slots, eviction=getattr(cfg, "eviction", "lru"),
-            flops_per_token=flops_per_token, slot_bytes=slot_bytes)
+            flops_per_token=flops_per_token, slot_bytes=slot_bytes,
+            write_policy=getattr(cfg, "host_write_policy", "write-back"))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.steps = 0
