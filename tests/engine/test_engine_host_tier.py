@@ -119,3 +119,50 @@ def test_an_abort_after_the_promotion_leaks_nothing(tiny_models):
     st = e.stats()
     assert st["checkpoints_cached"] == st["host_checkpoints_cached"] == 0
     assert st["host_checkpoint_slots_free"] == st["host_checkpoint_slots"] == 8
+
+
+def test_a_host_hit_joins_the_batch_after_its_copy_overlapped_a_step(tiny_models):
+    """A host hit admitted while another request decodes: the step that admits it queues the promotion
+    and runs the decode without waiting for the copy (the CPU reference stream still holds it); the next
+    step loads (waiting for the copy) and prefills it. Both get transformers' own greedy tokens."""
+    path, hf = tiny_models["gdn"]
+    e = engine(path, 2, host_slots=8)
+    for i, p in enumerate(PROMPTS):
+        e.generate([greedy(i, p, 1)])
+    tier = e.runner.host_tier
+    other = [3, 1, 4, 1, 5, 9, 2]
+    outs = {"dec": [], "hit": []}
+    e.submit(greedy("dec", other, 6), callback=outs["dec"].append)
+    e.step()                                         # dec: prefilled, first token
+    e.submit(greedy("hit", HIT, N), callback=outs["hit"].append)
+    e.step()
+    hit = next(s for s in e.scheduler.running if s.rid == "hit")
+    assert e.stats()["checkpoint_promotions"] == 1 and hit.joining is not None
+    assert hit.done_tokens == 12 and tier.stream.queue          # no span yet, the copy not yet run
+    e.sanity_check()
+    e.step()
+    assert hit.joining is None and hit.done_tokens == len(HIT) and not tier.stream.queue
+    e.run_until_idle()
+    e.sanity_check()
+    got = {k: [t for o in v for t in o.token_ids] for k, v in outs.items()}
+    assert got["hit"] == reference_greedy(hf, HIT, N) and got["dec"] == reference_greedy(hf, other, 6)
+    assert hit.req.stats.cached_tokens == 12
+
+
+def test_a_failing_copy_fails_the_held_back_hit_too(tiny_models, monkeypatch):
+    path, _ = tiny_models["gdn"]
+    e = engine(path, 2, host_slots=8)
+    for i, p in enumerate(PROMPTS):
+        e.generate([greedy(i, p, 1)])
+    outs = []
+    e.submit(greedy("dec", [3, 1, 4, 1, 5], 6), callback=outs.append)
+    e.step()
+
+    def broken(pairs):
+        raise RuntimeError("copy fault")
+    monkeypatch.setattr(e.runner.host_tier, "promote", broken)
+    e.submit(greedy("hit", HIT, N), callback=outs.append)
+    e.step()
+    # the hit had no span in the failed step, yet its promotion was part of it: it fails, nothing leaks
+    assert {o.request_id for o in outs if o.error} == {"dec", "hit"} and not e.scheduler.running
+    e.sanity_check()

@@ -44,6 +44,7 @@ class Lease:
     copies: list[tuple[int, int]] = field(default_factory=list)   # (src, dst) blocks copied before writing
     replay: Replay | None = None
     captured: dict = field(default_factory=dict)   # position -> checkpoint slot, handed to the tree at insert
+    promoted: bool = False                # its checkpoint is being copied from the host tier (admission's)
 
 
 class CacheManager:
@@ -107,7 +108,9 @@ class CacheManager:
         if m.ckpt_len:
             self.hits[tier] += 1
             self.hit_tokens[tier] += m.ckpt_len
-        return self._reserve(prompt, end_len, m, replay_start)
+        lease = self._reserve(prompt, end_len, m, replay_start)
+        lease.promoted = tier == "host" and bool(m.ckpt_len)
+        return lease
 
     def _promote(self, m: MatchResult) -> MatchResult | None:
         """The match with its checkpoint promoted to a device slot; None (nothing locked) if none is free."""
