@@ -59,13 +59,14 @@ class CacheManager:
     @classmethod
     def create(cls, block_size: int, num_blocks: int, num_slots: int, num_rows: int, interval: int = 256,
                prompt_only: bool = False, host_slots: int = 0, eviction: str = "lru", flops_per_token: float = 1.0,
-               slot_bytes: int = 1, write_policy: str = "write-back") -> "CacheManager":
+               slot_bytes: int = 1, write_policy: str = "write-back", host_kv_blocks: int = 0) -> "CacheManager":
         """A fresh manager: empty tree, every block, slot and row free; ``host_slots`` > 0 adds the host tier
         (host slot ids 0..host_slots-1: no reserved one, the host pool has no table that needs a zero id)."""
         host = IdPool(range(host_slots), "host checkpoint slot") if host_slots else None
         tree = RadixCache(block_size, BlockPool(num_blocks), IdPool.checkpoint_slots(num_slots), interval=interval,
                           prompt_only=prompt_only, host_slots=host, eviction=eviction,
-                          flops_per_token=flops_per_token, slot_bytes=slot_bytes, write_policy=write_policy)
+                          flops_per_token=flops_per_token, slot_bytes=slot_bytes, write_policy=write_policy,
+                          host_blocks=BlockPool(host_kv_blocks) if host_kv_blocks else None)
         return cls(tree, IdPool.rows(num_rows))
 
     # ---- admission -----------------------------------------------------------------------------------
@@ -94,6 +95,17 @@ class CacheManager:
             if not tree.make_room(fresh_blocks(0, end_len, bs)):
                 tree.unlock(m.ckpt_node)
                 return None
+        if m.ckpt_len and m.ckpt_node.cold:
+            # the reused prefix's KV (some of it) is on the host: device blocks and copies back first
+            if tree.warm(m.ckpt_node, also=need):
+                m = m._replace(block_table=tree.block_table(m.ckpt_node))
+            else:
+                tree.unlock(m.ckpt_node)
+                m, replay_start = tree.miss(), None
+                tree.lock(m.ckpt_node)
+                if not tree.make_room(fresh_blocks(0, end_len, bs)):
+                    tree.unlock(m.ckpt_node)
+                    return None
         tier = "device"
         if m.ckpt_len and m.ckpt_slot is None:
             # a host-only checkpoint (locked above, so its host copy stays): copy it into a device slot first
@@ -199,6 +211,13 @@ class CacheManager:
         copies, self.tree.copies = self.tree.copies, []
         return ([(a, b) for k, a, b in copies if k == "demote"], [(a, b) for k, a, b in copies if k == "promote"])
 
+    def take_kv_copies(self) -> list[tuple[str, int, int]]:
+        """The host KV copies the bookkeeping so far assumes done, in order: ("demote", device block, host
+        block) or ("promote", host block, device block). Run in this order (a host block a warm freed may be
+        the next demotion's)."""
+        copies, self.tree.kv_copies = self.tree.kv_copies, []
+        return copies
+
     def copies_failed(self, demotions, promotions) -> None:
         """A step failed: what its copies were to write is undefined; drop those checkpoints (the host
         copies the demotions wrote, the device copies the promotions wrote), if nothing reused them since."""
@@ -228,11 +247,14 @@ class CacheManager:
                 "host_write_policy": tree.write_policy,
                 "checkpoint_bytes": {t: n * tree.slot_bytes for t, n in cached.items()},
                 "checkpoint_hits": dict(self.hits), "checkpoint_hit_tokens": dict(self.hit_tokens),
-                **{f"checkpoint_{k}": v for k, v in tree.tier.items()}}
+                **{f"checkpoint_{k}": v for k, v in tree.tier.items()},
+                "host_kv_blocks": tree.host_blocks.num_blocks if tree.host_blocks else 0,
+                "host_kv_blocks_free": tree.host_blocks.num_free if tree.host_blocks else 0,
+                "kv_tier": dict(tree.kv_tier)}
 
     def reset_stats(self) -> None:
         """Zero the eviction and tier counters (after warm-up)."""
-        for counters in (self.tree.evictions, self.tree.tier, self.hits, self.hit_tokens):
+        for counters in (self.tree.evictions, self.tree.tier, self.tree.kv_tier, self.hits, self.hit_tokens):
             for kind in counters:
                 counters[kind] = 0
 
