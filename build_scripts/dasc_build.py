@@ -57,6 +57,10 @@ def add_arguments(p) -> None:
                    help="when a checkpoint reaches the host tier: write-back (copied when the device evicts it) "
                         "or write-through (copied when it is stored, so an eviction copies nothing); default "
                         f"{DEFAULT_HOST_WRITE_POLICY}")
+    g.add_argument("--host-kv-blocks", type=int, default=0,
+                   help="host KV blocks per rank (pinned on a GPU, --block-size tokens each): a cached prefix "
+                        "evicted from the device KV moves there with its checkpoint instead of being dropped, "
+                        "and a hit copies it back (default 0: off)")
     g = p.add_argument_group("weights")
     g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
                    help="safetensors: the checkpoint's weights; dummy: random weights of the config's full size, "
@@ -108,7 +112,8 @@ def engine_options(args) -> dict:
                 load_format="dummy" if dummy(args) else "safetensors",
                 memory_limit_bytes=getattr(args, "memory_limit_bytes", None),
                 host_cache_bytes=getattr(args, "host_cache_bytes", 0), eviction=getattr(args, "eviction", "lru"),
-                host_write_policy=getattr(args, "host_write_policy", DEFAULT_HOST_WRITE_POLICY))
+                host_write_policy=getattr(args, "host_write_policy", DEFAULT_HOST_WRITE_POLICY),
+                host_kv_blocks=getattr(args, "host_kv_blocks", 0))
     # the normalised spec (thresholds and codecs spelled out) is what the engine records
     opts["precision"] = EngineConfig(**opts).precision
     return opts

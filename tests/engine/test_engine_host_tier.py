@@ -166,3 +166,22 @@ def test_a_failing_copy_fails_the_held_back_hit_too(tiny_models, monkeypatch):
     # the hit had no span in the failed step, yet its promotion was part of it: it fails, nothing leaks
     assert {o.request_id for o in outs if o.error} == {"dec", "hit"} and not e.scheduler.running
     e.sanity_check()
+
+
+@pytest.mark.parametrize("device_ckpt", [True, False])
+def test_a_hit_on_a_prefix_whose_kv_went_to_the_host_is_exact(tiny_models, device_ckpt):
+    """Ten KV blocks: the third and fourth prompts evict PROMPTS[0]'s KV. With host KV its blocks (and
+    checkpoint: on the device, or demoted too) wait on the host; the hit warms them back and gives
+    transformers' greedy tokens and the uncached run's logits (dense, --wmax 0)."""
+    path, hf = tiny_models["gdn"]
+    slots, host = (8, 0) if device_ckpt else (2, 8)
+    out, req, st, logits = serve(engine(path, slots, host_slots=host, num_kv_blocks=10, host_kv_blocks=64))
+    assert st["kv_tier"]["demoted_nodes"] >= 2 and st["kv_tier"]["warmed_nodes"] >= 1
+    assert req.cached_tokens == 12 and st["checkpoint_hits"]["host" if host else "device"] == 1
+    assert out == reference_greedy(hf, HIT, N)
+    _, ref_req, _, ref = serve(engine(path, 8), use_cache=False)
+    torch.testing.assert_close(logits, ref[12:], rtol=1e-4, atol=1e-4)
+    if device_ckpt:
+        # without host KV the prefix is gone: a miss
+        _, miss_req, _, _ = serve(engine(path, 8, num_kv_blocks=10))
+        assert miss_req.cached_tokens == 0

@@ -67,6 +67,9 @@ class EngineConfig:
     # when a checkpoint reaches the host tier: write-back (copied on its device eviction) or write-through
     # (copied at store time; a device eviction then copies nothing)
     host_write_policy: str = DEFAULT_HOST_WRITE_POLICY
+    # host KV blocks per rank (cache/radix.py invariant 9): a KV eviction moves a cached prefix's blocks
+    # there (with its checkpoint) instead of dropping them; 0: off
+    host_kv_blocks: int = 0
 
     def __post_init__(self):
         # lazy: torch / numpy load only when this runs (keeps importing this module light)
@@ -84,6 +87,7 @@ class EngineConfig:
             _count(self, name, minimum=1)
         _count(self, "wmax", minimum=0)
         _count(self, "host_cache_bytes", minimum=0, cap=1 << 50)
+        _count(self, "host_kv_blocks", minimum=0, cap=1 << 40)
         _count(self, "tp_size", minimum=1, cap=MAX_TP)
         self.mask_seed = check_selection(self.selection, self.mask_seed)
         for name in ("replay_window", "state_budget_bytes", "max_num_tokens", "memory_limit_bytes"):

@@ -35,7 +35,8 @@ class Scheduler:
             cfg.block_size, cfg.num_kv_blocks, num_slots, num_rows, interval=cfg.interval,
             prompt_only=cfg.prompt_only, host_slots=host_slots, eviction=getattr(cfg, "eviction", "lru"),
             flops_per_token=flops_per_token, slot_bytes=slot_bytes,
-            write_policy=getattr(cfg, "host_write_policy", "write-back"))
+            write_policy=getattr(cfg, "host_write_policy", "write-back"),
+            host_kv_blocks=getattr(cfg, "host_kv_blocks", 0))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.steps = 0
@@ -173,6 +174,7 @@ class Scheduler:
         # every copy between the tiers the bookkeeping above assumed (admission's promotions, the demotions
         # of the checkpoints evicted for them and for this step's captures)
         plan.demotions, plan.promotions = self.manager.take_copies()
+        plan.kv_tier_copies = self.manager.take_kv_copies()
         return plan, owners
 
     def _span(self, s: Sequence, chunk: int) -> Span:

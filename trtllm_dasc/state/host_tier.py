@@ -42,12 +42,14 @@ def host_slots_for(host_bytes: int, slot_bytes: int) -> int:
 
 
 class HostTier:
-    def __init__(self, pool, num_slots: int, device="cpu", stream=None):
+    def __init__(self, pool, num_slots: int, device="cpu", stream=None, tensors=None):
+        """``tensors``: the slot-indexed tensors to mirror instead of the pool's (the KV cache's blocks);
+        ``stream``: a copy stream to share (the KV and checkpoint tiers queue on one: FIFO across both)."""
         if num_slots < 1:
             raise PoolError("a host tier needs at least one slot")
         self.num_slots = num_slots
         self.device = torch.device(device)
-        self.tensors = slot_tensors(pool)
+        self.tensors = slot_tensors(pool) if tensors is None else list(tensors)
         pin = self.device.type == "cuda"
         self.host = [torch.zeros((num_slots, *t.shape[1:]), dtype=t.dtype, pin_memory=pin) for t in self.tensors]
         self.stream = copy_stream(self.device) if stream is None else stream
@@ -85,6 +87,22 @@ class HostTier:
         if promotions:
             done = self.promote(promotions)
             self.pending.update((d, done) for _, d in promotions)
+
+    def run_ordered(self, copies) -> None:
+        """Queue ("demote", device, host) and ("promote", host, device) copies in the given order."""
+        if not copies:
+            return
+        self.pending = {d: e for d, e in self.pending.items() if not self.stream.query(e)}
+        self.stream.after_current()
+        for kind, a, b in copies:
+            d, h = (a, b) if kind == "demote" else (b, a)
+            for dev, host in zip(self.tensors, self.host):
+                if kind == "demote":
+                    self.stream.copy(host[h], dev[d])
+                else:
+                    self.stream.copy(dev[d], host[h])
+        done = self.stream.record()
+        self.pending.update(((a if kind == "demote" else b), done) for kind, a, b in copies)
 
     def wait_slots(self, slots) -> None:
         """The compute stream waits for every queued copy that reads or writes one of these device slots."""
