@@ -185,3 +185,24 @@ def test_a_hit_on_a_prefix_whose_kv_went_to_the_host_is_exact(tiny_models, devic
         # without host KV the prefix is gone: a miss
         _, miss_req, _, _ = serve(engine(path, 8, num_kv_blocks=10))
         assert miss_req.cached_tokens == 0
+
+
+def test_a_failing_kv_copy_fails_its_request_and_drops_the_prefix(tiny_models, monkeypatch):
+    path, hf = tiny_models["gdn"]
+    e = engine(path, 8, num_kv_blocks=10, host_kv_blocks=64)
+    for i, p in enumerate(PROMPTS):
+        e.generate([greedy(i, p, 1)])
+    tier = e.runner.kv_tier
+
+    def broken(copies):
+        raise RuntimeError("kv copy fault")
+    monkeypatch.setattr(tier, "run_ordered", broken)
+    with pytest.raises(Exception, match="kv copy fault"):
+        e.generate([greedy("hit", HIT, N)])
+    e.sanity_check()
+    monkeypatch.undo()
+    # the warmed prefix (its device blocks never written) is gone: the retry recomputes it, correctly
+    req = greedy("again", HIT, N)
+    (out,) = e.generate([req])
+    e.sanity_check()
+    assert req.stats.cached_tokens == 0 and out == reference_greedy(hf, HIT, N)

@@ -55,6 +55,8 @@ class CacheManager:
         # per tier: admissions that reused a checkpoint found there, and the tokens they reused
         self.hits = {"device": 0, "host": 0}
         self.hit_tokens = {"device": 0, "host": 0}
+        # nodes whose KV a failed step's host KV copies left undefined, dropped once no request locks them
+        self._stale_kv: set = set()
 
     @classmethod
     def create(cls, block_size: int, num_blocks: int, num_slots: int, num_rows: int, interval: int = 256,
@@ -192,6 +194,8 @@ class CacheManager:
         self.tree.unlock(lease.match.ckpt_node)
         self.rows.free(lease.row)
         lease.row = -1
+        if self._stale_kv:
+            self._drop_stale()
 
     def abort(self, captures: list[tuple[int, int]]) -> None:
         """A step failed: free the slots its captures were to fill (never handed to a lease)."""
@@ -218,16 +222,31 @@ class CacheManager:
         copies, self.tree.kv_copies = self.tree.kv_copies, []
         return copies
 
-    def copies_failed(self, demotions, promotions) -> None:
+    def copies_failed(self, demotions, promotions, kv_copies=()) -> None:
         """A step failed: what its copies were to write is undefined; drop those checkpoints (the host
-        copies the demotions wrote, the device copies the promotions wrote), if nothing reused them since."""
+        copies the demotions wrote, the device copies the promotions wrote), if nothing reused them since,
+        and the prefix nodes whose KV blocks its host KV copies wrote (with their subtrees: a warmed node is
+        dropped when the failed requests that locked it are released)."""
         host = {h for _, h in demotions}
         device = {d for _, d in promotions}
+        kv_host = {b for kind, _, b in kv_copies if kind == "demote"}
+        kv_device = {b for kind, _, b in kv_copies if kind == "promote"}
         for n in list(self.tree._nodes()):
             if n.host_slot in host:
                 self.tree._drop_host(n)
             if n.ckpt_slot in device:
                 self.tree._drop_checkpoint(n)
+            if set(n.blocks) & (kv_host if n.cold else kv_device):
+                self._stale_kv.add(n)
+        self._drop_stale()
+
+    def _drop_stale(self) -> None:
+        for n in list(self._stale_kv):
+            if not self.tree.in_tree(n):
+                self._stale_kv.discard(n)
+            elif n.lock_ref == 0:
+                self.tree.drop_subtree(n)
+                self._stale_kv.discard(n)
 
     # ---- counters ------------------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -361,6 +361,20 @@ class RadixCache:
         self.kv_tier["host_evictions"] += 1
         return True
 
+    def in_tree(self, node: Node) -> bool:
+        while node.parent is not None:
+            if node.parent.children.get(node.tokens[0]) is not node:
+                return False
+            node = node.parent
+        return node is self.root
+
+    def drop_subtree(self, node: Node) -> None:
+        """Drop an unlocked node and everything below it (KV and checkpoints, both tiers)."""
+        assert node.lock_ref == 0, "drop of a locked subtree"
+        for c in list(node.children.values()):
+            self.drop_subtree(c)
+        self._drop_node(node)
+
     def _drop_cold_subtree(self, node: Node) -> None:
         for c in list(node.children.values()):
             self._drop_cold_subtree(c)

@@ -229,7 +229,7 @@ class Scheduler:
         """A step failed: the slots it was to fill were never handed to a sequence."""
         for span in plan.spans:
             self.manager.abort(span.captures)
-        self.manager.copies_failed(plan.demotions, plan.promotions)
+        self.manager.copies_failed(plan.demotions, plan.promotions, plan.kv_tier_copies)
 
     # ---- invariant -----------------------------------------------------------------------------------
     def sanity_check(self) -> None:
