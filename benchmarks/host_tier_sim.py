@@ -16,8 +16,10 @@ cover. Lengths scaled by ``--scale`` (the bookkeeping is per block: lengths only
 Arms, at equal checkpoint memory: dense checkpoints in ``--device-slots`` slots, and dasc-compressed ones in
 device-slots x ``--compression`` slots (the checkpoint is that many times smaller: 2.59x for Kimi-Linear at
 W_max 16, `dasc plan`), each with the host tier off and at ``--host-factor`` times the device budget, with
-LRU and with cost-aware eviction (Marconi's FLOPs saved per byte, aged by recency). Prompt-end checkpoints
-only (the paper's protocol), unless ``--interval`` is given.
+LRU and with cost-aware eviction (Marconi's FLOPs saved per byte, aged by recency); each host arm under every
+``--write-policies`` (write-back: copied on device eviction; write-through: copied at store time), with
+the copies each moved (host_copies: device -> host and back, per request). Prompt-end checkpoints only (the
+paper's protocol), unless ``--interval`` is given. The verdict is the write-back arms'.
 
 Target (issue 36, written before the first run): dasc-nr with a host tier of 8x its GPU budget reaches a
 token hit rate >= 2x the GPU-only arm's, on the full workload.
@@ -35,6 +37,7 @@ import numpy as np
 from benchmarks.results_io import provenance, write_result
 from clients.multiturn import MultiTurnConfig
 from trtllm_dasc.cache.manager import CacheManager
+from trtllm_dasc.spec import HOST_WRITE_POLICIES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -62,7 +65,8 @@ def turn_order(cfg: MultiTurnConfig, concurrency: int, seed: int) -> list[tuple[
     return order
 
 
-def run_arm(cfg: MultiTurnConfig, order, slots: int, host_slots: int, eviction: str, interval: int | None) -> dict:
+def run_arm(cfg: MultiTurnConfig, order, slots: int, host_slots: int, eviction: str, interval: int | None,
+            write_policy: str = "write-back") -> dict:
     """One arm: the workload through a fresh manager; hit tokens and hits per tier."""
     counts = cfg.turn_counts()
     prompts = {c: cfg.conversation(c, counts[c]) for c in range(cfg.conversations)}
@@ -71,7 +75,8 @@ def run_arm(cfg: MultiTurnConfig, order, slots: int, host_slots: int, eviction: 
     # KV for every prompt (the study is about checkpoints: KV never evicts one here)
     blocks = 2 * sum(-(-len(ps[-1]) // BS) for ps in prompts.values()) + 2 * -(-longest // BS) + 16
     mgr = CacheManager.create(BS, blocks, slots, num_rows=4, interval=interval or 256,
-                              prompt_only=interval is None, host_slots=host_slots, eviction=eviction)
+                              prompt_only=interval is None, host_slots=host_slots, eviction=eviction,
+                              write_policy=write_policy)
     for c, k in order:
         prompt = [int(t) for t in prompts[c][k]]
         lease = mgr.admit(prompt, len(prompt) + 1)
@@ -84,7 +89,10 @@ def run_arm(cfg: MultiTurnConfig, order, slots: int, host_slots: int, eviction: 
         mgr.take_copies()
     mgr.sanity_check([])
     hit_tokens = dict(mgr.hit_tokens)
-    return {"slots": slots, "host_slots": host_slots, "eviction": eviction, "requests": len(order),
+    tier = mgr.tree.tier
+    return {"slots": slots, "host_slots": host_slots, "eviction": eviction, "write_policy": write_policy,
+            "host_copies": tier["demotion_copies"] + tier["write_through_copies"] + tier["promotions"],
+            "requests": len(order),
             "prompt_tokens": total_tokens, "hits": dict(mgr.hits), "hit_tokens": hit_tokens,
             "token_hit_rate": sum(hit_tokens.values()) / total_tokens,
             "tier_counters": {k: v for k, v in mgr.tier_stats().items() if k.startswith("checkpoint_")
@@ -105,30 +113,41 @@ def main(argv=None) -> int:
     ap.add_argument("--host-factor", type=float, default=8.0, help="host tier as a multiple of the GPU budget (8)")
     ap.add_argument("--interval", type=int, default=None, help="checkpoint every N tokens too (default: prompt "
                                                                "ends only, the paper's protocol)")
+    ap.add_argument("--write-policies", default="write-back,write-through",
+                    help="host write policies to run for every host arm (write-back,write-through)")
     ap.add_argument("--seeds", default="42,123,7", help="request-order seeds (42,123,7)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "host_tier_sim.json"))
     ap.add_argument("--commit", default=None, help="commit to record (default: this checkout's HEAD)")
     args = ap.parse_args(argv)
     cfg = MultiTurnConfig(vocab=32000, conversations=args.conversations, turns=args.turns, scale=args.scale)
     seeds = [int(s) for s in args.seeds.split(",")]
+    policies = [p for p in args.write_policies.split(",") if p]
+    if not policies or any(p not in HOST_WRITE_POLICIES for p in policies) or "write-back" not in policies:
+        ap.error(f"--write-policies: a comma list of {'|'.join(HOST_WRITE_POLICIES)} that includes write-back "
+                 f"(the verdict's), got {args.write_policies!r}")
     arms = []
     for name, slots in (("dense", args.device_slots), ("dasc", int(args.device_slots * args.compression))):
         for host in (0, int(slots * args.host_factor)):
             for eviction in ("lru", "cost"):
-                runs = [run_arm(cfg, turn_order(cfg, args.concurrency, s), slots, host, eviction, args.interval)
-                        for s in seeds]
-                rates = [r["token_hit_rate"] for r in runs]
-                arm = {"arm": name, "host": bool(host), "eviction": eviction, "slots": slots, "host_slots": host,
-                       "token_hit_rate_mean": float(np.mean(rates)), "token_hit_rate_by_seed": rates,
-                       "runs": runs}
-                arms.append(arm)
-                print(f"{name:6} slots {slots:>4} host {host:>5} {eviction:4}: token hit rate "
-                      f"{100 * arm['token_hit_rate_mean']:5.1f}%  (seeds {', '.join(f'{100 * r:.1f}' for r in rates)})",
-                      flush=True)
+                # the write policy only matters with a host tier
+                for policy in (policies if host else ["write-back"]):
+                    runs = [run_arm(cfg, turn_order(cfg, args.concurrency, s), slots, host, eviction, args.interval,
+                                    policy) for s in seeds]
+                    rates = [r["token_hit_rate"] for r in runs]
+                    arm = {"arm": name, "host": bool(host), "eviction": eviction, "write_policy": policy,
+                           "slots": slots, "host_slots": host,
+                           "token_hit_rate_mean": float(np.mean(rates)), "token_hit_rate_by_seed": rates,
+                           "host_copies_per_request": float(np.mean([r["host_copies"] / r["requests"] for r in runs])),
+                           "runs": runs}
+                    arms.append(arm)
+                    print(f"{name:6} slots {slots:>4} host {host:>5} {eviction:4} {policy:13}: token hit rate "
+                          f"{100 * arm['token_hit_rate_mean']:5.1f}%  (seeds "
+                          f"{', '.join(f'{100 * r:.1f}' for r in rates)}); host copies per request "
+                          f"{arm['host_copies_per_request']:.2f}", flush=True)
 
     def rate(name, host, eviction):
-        return next(a["token_hit_rate_mean"] for a in arms
-                    if a["arm"] == name and a["host"] == host and a["eviction"] == eviction)
+        return next(a["token_hit_rate_mean"] for a in arms if a["arm"] == name and a["host"] == host
+                    and a["eviction"] == eviction and a["write_policy"] == "write-back")
     verdict = {ev: {"gpu_only": rate("dasc", False, ev), "with_host": rate("dasc", True, ev),
                     "ratio": rate("dasc", True, ev) / max(rate("dasc", False, ev), 1e-12)} for ev in ("lru", "cost")}
     for ev, v in verdict.items():
@@ -139,7 +158,7 @@ def main(argv=None) -> int:
     result = {"benchmark": "host_tier_sim", **provenance("benchmarks/host_tier_sim.py", argv, args.commit),
               "workload": {"conversations": args.conversations, "turns": args.turns, "concurrency": args.concurrency,
                            "scale": args.scale, "seeds": seeds, "prompt_only": args.interval is None,
-                           "interval": args.interval},
+                           "interval": args.interval, "write_policies": policies},
               "device_slots_dense": args.device_slots, "compression": args.compression,
               "host_factor": args.host_factor, "target": f"dasc with a host tier of {args.host_factor:g}x its GPU "
               f"budget: token hit rate >= {TARGET_RATIO:g}x the GPU-only arm's", "arms": arms, "verdict": verdict}

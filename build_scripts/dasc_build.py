@@ -27,6 +27,7 @@ from trtllm_dasc import engine_dir
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.spec import (BACKENDS, DEFAULT_EVICTION, DTYPES, EVICTIONS, LOAD_FORMATS, add_arm_arguments,
                               build_placement, plan_fields)
+from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, HOST_WRITE_POLICIES
 
 DUMMY_NOTE = ("DUMMY WEIGHTS: random values made at load time (dasc-build --load-format dummy); outputs are "
               "meaningless, speeds and memory are those of the real model")
@@ -52,6 +53,14 @@ def add_arguments(p) -> None:
     g.add_argument("--eviction", default=DEFAULT_EVICTION, choices=EVICTIONS,
                    help="checkpoint eviction in both tiers: lru, or cost (prefill FLOPs saved per byte, aged by "
                         f"recency: Marconi's rule); default {DEFAULT_EVICTION}")
+    g.add_argument("--host-write-policy", default=DEFAULT_HOST_WRITE_POLICY, choices=HOST_WRITE_POLICIES,
+                   help="when a checkpoint reaches the host tier: write-back (copied when the device evicts it) "
+                        "or write-through (copied when it is stored, so an eviction copies nothing); default "
+                        f"{DEFAULT_HOST_WRITE_POLICY}")
+    g.add_argument("--host-kv-blocks", type=int, default=0,
+                   help="host KV blocks per rank (pinned on a GPU, --block-size tokens each): a cached prefix "
+                        "evicted from the device KV moves there with its checkpoint instead of being dropped, "
+                        "and a hit copies it back (default 0: off)")
     g = p.add_argument_group("weights")
     g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
                    help="safetensors: the checkpoint's weights; dummy: random weights of the config's full size, "
@@ -102,7 +111,9 @@ def engine_options(args) -> dict:
                 rank_weights=engine_dir.RANK_WEIGHTS if args.tp > 1 and not dummy(args) else None,
                 load_format="dummy" if dummy(args) else "safetensors",
                 memory_limit_bytes=getattr(args, "memory_limit_bytes", None),
-                host_cache_bytes=getattr(args, "host_cache_bytes", 0), eviction=getattr(args, "eviction", "lru"))
+                host_cache_bytes=getattr(args, "host_cache_bytes", 0), eviction=getattr(args, "eviction", "lru"),
+                host_write_policy=getattr(args, "host_write_policy", DEFAULT_HOST_WRITE_POLICY),
+                host_kv_blocks=getattr(args, "host_kv_blocks", 0))
     # the normalised spec (thresholds and codecs spelled out) is what the engine records
     opts["precision"] = EngineConfig(**opts).precision
     return opts

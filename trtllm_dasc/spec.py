@@ -55,6 +55,10 @@ SELECTIONS = ("decay", "random")
 # aged by recency
 EVICTIONS = ("lru", "cost")
 DEFAULT_EVICTION = "lru"
+# when a checkpoint reaches the host tier (cache/radix.py, invariant 7): copied on its device eviction
+# (write-back), or at store time, so that a device eviction never copies (write-through)
+HOST_WRITE_POLICIES = ("write-back", "write-through")
+DEFAULT_HOST_WRITE_POLICY = "write-back"
 
 # the engine's runtime choices, shared by EngineConfig and the CLIs that set them
 DTYPES = ("float32", "bfloat16", "float16")

@@ -48,7 +48,8 @@ def test_device_eviction_demotes_host_eviction_drops_and_a_host_hit_promotes():
     assert run(m, D)[1] == ([(2, 1)], [])            # B -> host 1, D in slot 2
     # E: C (device 1) must go to the host, which is full: its LRU copy (A's) is dropped for it
     assert run(m, E)[1] == ([(1, 0)], [])
-    assert m.tree.tier == {"demotions": 3, "demotion_copies": 3, "promotions": 0, "host_evictions": 1}
+    assert m.tree.tier == {"demotions": 3, "demotion_copies": 3, "promotions": 0, "host_evictions": 1,
+                           "write_through_copies": 0}
     assert m.stats()["host_checkpoints_cached"] == 2 and m.stats()["checkpoints_cached"] == 2
     # C lives on the host alone; a hit on it locks it, then promotes it: a device slot is made by evicting
     # D (LRU, slot 2), whose write-back takes the host's LRU unlocked copy's slot (B's, 1; C's is locked)
@@ -61,7 +62,8 @@ def test_device_eviction_demotes_host_eviction_drops_and_a_host_hit_promotes():
     assert (c.ckpt_slot, c.host_slot) == (2, 0)                  # in both tiers now
     assert node_at(m, E, 4).host_slot == 1 and node_at(m, C + [98], 5).ckpt_slot == 1
     assert m.hits == {"device": 0, "host": 1} and m.hit_tokens == {"device": 0, "host": 4}
-    assert m.tree.tier == {"demotions": 5, "demotion_copies": 5, "promotions": 1, "host_evictions": 3}
+    assert m.tree.tier == {"demotions": 5, "demotion_copies": 5, "promotions": 1, "host_evictions": 3,
+                           "write_through_copies": 0}
     # a checkpoint in both tiers leaves the device without a copy: its host copy is already there
     assert run(m, [70, 71, 72])[1] == ([], [])
     assert (c.ckpt_slot, c.host_slot) == (None, 0)

@@ -27,5 +27,8 @@ def test_room_for_every_checkpoint_on_either_tier_reaches_the_workloads_bound():
     both = sim.run_arm(cfg, order, 2, 64, "lru", None)
     assert abs(both["token_hit_rate"] - best) < 1e-12
     assert both["hits"]["host"] > 0
+    # write-through: the same bound (the host holds every checkpoint), no copy on a device eviction
+    through = sim.run_arm(cfg, order, 2, 64, "lru", None, "write-through")
+    assert abs(through["token_hit_rate"] - best) < 1e-12 and through["tier_counters"]["checkpoint_demotion_copies"] == 0
     # 2 device slots alone and 6 conversations in flight: most turns find their checkpoint evicted
     assert sim.run_arm(cfg, order, 2, 0, "lru", None)["token_hit_rate"] < best / 2

@@ -5,6 +5,7 @@ import torch
 
 from engine_helpers import VOCAB, greedy, make_engine, reference_greedy, split_wmax
 
+from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 
 N = 3
@@ -37,14 +38,17 @@ def serve(e, use_cache=True):
     return [t for o in outs for t in o.token_ids], req.stats, e.stats(), logits
 
 
-@pytest.mark.parametrize("wmax", [0, "split"])
-def test_a_host_hit_equals_a_device_hit_and_no_cache(tiny_models, wmax):
+@pytest.mark.parametrize("wmax,policy", [(0, "write-back"), ("split", "write-back"), (0, "write-through")])
+def test_a_host_hit_equals_a_device_hit_and_no_cache(tiny_models, wmax, policy):
     path, hf = tiny_models["gdn"]
     w = split_wmax(path) if wmax == "split" else 0
     # two device slots: PROMPTS[0]'s checkpoint is demoted by the third and fourth prompts
-    host_out, host_req, st, host_logits = serve(engine(path, 2, host_slots=8, wmax=w))
+    host_out, host_req, st, host_logits = serve(engine(path, 2, host_slots=8, wmax=w, host_write_policy=policy))
     assert st["checkpoint_hits"] == {"device": 0, "host": 1} and st["checkpoint_promotions"] == 1
     assert st["checkpoint_demotions"] >= 2 and st["host_checkpoints_cached"] >= 2
+    # write-back copies on eviction; write-through copied every checkpoint when stored, never on eviction
+    copies = st["checkpoint_demotion_copies"], st["checkpoint_write_through_copies"]
+    assert copies[policy == "write-back"] == 0 and copies[policy != "write-back"] >= 2
     assert host_req.cached_tokens == 12
     # the same hit from the device tier (slots for everything, no host tier)
     dev_out, dev_req, st, dev_logits = serve(engine(path, 8, wmax=w))
@@ -53,7 +57,7 @@ def test_a_host_hit_equals_a_device_hit_and_no_cache(tiny_models, wmax):
     assert host_logits.shape[0] == len(HIT) - 12
     # the same encoded bytes loaded into the same computation
     torch.testing.assert_close(host_logits, dev_logits, rtol=0, atol=1e-6)
-    if w == 0:
+    if w == 0 and policy == "write-back":
         # with the tier off and too few slots, the checkpoint is gone: a miss
         _, miss_req, st, _ = serve(engine(path, 2))
         assert miss_req.cached_tokens == 0 and st["checkpoint_hits"]["host"] == 0
@@ -63,6 +67,14 @@ def test_a_host_hit_equals_a_device_hit_and_no_cache(tiny_models, wmax):
         _, ref_req, _, ref = serve(engine(path, 8), use_cache=False)
         assert ref_req.cached_tokens == 0
         torch.testing.assert_close(host_logits, ref[12:], rtol=1e-4, atol=1e-4)
+
+
+def test_a_host_budget_below_one_checkpoint_is_a_one_line_error(tiny_models):
+    path, _ = tiny_models["gdn"]
+    with pytest.raises(UserError, match=r"host cache of 1 B holds no checkpoint: one takes \d+ B"):
+        make_engine(path, prompt_only=True, host_cache_bytes=1)
+    with pytest.raises(UserError, match="host_write_policy must be one of write-back|write-through"):
+        make_engine(path, host_write_policy="write-around")
 
 
 def test_a_failing_promotion_fails_its_request_and_leaks_nothing(tiny_models, monkeypatch):
@@ -107,3 +119,90 @@ def test_an_abort_after_the_promotion_leaks_nothing(tiny_models):
     st = e.stats()
     assert st["checkpoints_cached"] == st["host_checkpoints_cached"] == 0
     assert st["host_checkpoint_slots_free"] == st["host_checkpoint_slots"] == 8
+
+
+def test_a_host_hit_joins_the_batch_after_its_copy_overlapped_a_step(tiny_models):
+    """A host hit admitted while another request decodes: the step that admits it queues the promotion
+    and runs the decode without waiting for the copy (the CPU reference stream still holds it); the next
+    step loads (waiting for the copy) and prefills it. Both get transformers' own greedy tokens."""
+    path, hf = tiny_models["gdn"]
+    e = engine(path, 2, host_slots=8)
+    for i, p in enumerate(PROMPTS):
+        e.generate([greedy(i, p, 1)])
+    tier = e.runner.host_tier
+    other = [3, 1, 4, 1, 5, 9, 2]
+    outs = {"dec": [], "hit": []}
+    e.submit(greedy("dec", other, 6), callback=outs["dec"].append)
+    e.step()                                         # dec: prefilled, first token
+    e.submit(greedy("hit", HIT, N), callback=outs["hit"].append)
+    e.step()
+    hit = next(s for s in e.scheduler.running if s.rid == "hit")
+    assert e.stats()["checkpoint_promotions"] == 1 and hit.joining is not None
+    assert hit.done_tokens == 12 and tier.stream.queue          # no span yet, the copy not yet run
+    e.sanity_check()
+    e.step()
+    assert hit.joining is None and hit.done_tokens == len(HIT) and not tier.stream.queue
+    e.run_until_idle()
+    e.sanity_check()
+    got = {k: [t for o in v for t in o.token_ids] for k, v in outs.items()}
+    assert got["hit"] == reference_greedy(hf, HIT, N) and got["dec"] == reference_greedy(hf, other, 6)
+    assert hit.req.stats.cached_tokens == 12
+
+
+def test_a_failing_copy_fails_the_held_back_hit_too(tiny_models, monkeypatch):
+    path, _ = tiny_models["gdn"]
+    e = engine(path, 2, host_slots=8)
+    for i, p in enumerate(PROMPTS):
+        e.generate([greedy(i, p, 1)])
+    outs = []
+    e.submit(greedy("dec", [3, 1, 4, 1, 5], 6), callback=outs.append)
+    e.step()
+
+    def broken(pairs):
+        raise RuntimeError("copy fault")
+    monkeypatch.setattr(e.runner.host_tier, "promote", broken)
+    e.submit(greedy("hit", HIT, N), callback=outs.append)
+    e.step()
+    # the hit had no span in the failed step, yet its promotion was part of it: it fails, nothing leaks
+    assert {o.request_id for o in outs if o.error} == {"dec", "hit"} and not e.scheduler.running
+    e.sanity_check()
+
+
+@pytest.mark.parametrize("device_ckpt", [True, False])
+def test_a_hit_on_a_prefix_whose_kv_went_to_the_host_is_exact(tiny_models, device_ckpt):
+    """Ten KV blocks: the third and fourth prompts evict PROMPTS[0]'s KV. With host KV its blocks (and
+    checkpoint: on the device, or demoted too) wait on the host; the hit warms them back and gives
+    transformers' greedy tokens and the uncached run's logits (dense, --wmax 0)."""
+    path, hf = tiny_models["gdn"]
+    slots, host = (8, 0) if device_ckpt else (2, 8)
+    out, req, st, logits = serve(engine(path, slots, host_slots=host, num_kv_blocks=10, host_kv_blocks=64))
+    assert st["kv_tier"]["demoted_nodes"] >= 2 and st["kv_tier"]["warmed_nodes"] >= 1
+    assert req.cached_tokens == 12 and st["checkpoint_hits"]["host" if host else "device"] == 1
+    assert out == reference_greedy(hf, HIT, N)
+    _, ref_req, _, ref = serve(engine(path, 8), use_cache=False)
+    torch.testing.assert_close(logits, ref[12:], rtol=1e-4, atol=1e-4)
+    if device_ckpt:
+        # without host KV the prefix is gone: a miss
+        _, miss_req, _, _ = serve(engine(path, 8, num_kv_blocks=10))
+        assert miss_req.cached_tokens == 0
+
+
+def test_a_failing_kv_copy_fails_its_request_and_drops_the_prefix(tiny_models, monkeypatch):
+    path, hf = tiny_models["gdn"]
+    e = engine(path, 8, num_kv_blocks=10, host_kv_blocks=64)
+    for i, p in enumerate(PROMPTS):
+        e.generate([greedy(i, p, 1)])
+    tier = e.runner.kv_tier
+
+    def broken(copies):
+        raise RuntimeError("kv copy fault")
+    monkeypatch.setattr(tier, "run_ordered", broken)
+    with pytest.raises(Exception, match="kv copy fault"):
+        e.generate([greedy("hit", HIT, N)])
+    e.sanity_check()
+    monkeypatch.undo()
+    # the warmed prefix (its device blocks never written) is gone: the retry recomputes it, correctly
+    req = greedy("again", HIT, N)
+    (out,) = e.generate([req])
+    e.sanity_check()
+    assert req.stats.cached_tokens == 0 and out == reference_greedy(hf, HIT, N)

@@ -44,6 +44,7 @@ class Lease:
     copies: list[tuple[int, int]] = field(default_factory=list)   # (src, dst) blocks copied before writing
     replay: Replay | None = None
     captured: dict = field(default_factory=dict)   # position -> checkpoint slot, handed to the tree at insert
+    promoted: bool = False                # its checkpoint is being copied from the host tier (admission's)
 
 
 class CacheManager:
@@ -54,17 +55,20 @@ class CacheManager:
         # per tier: admissions that reused a checkpoint found there, and the tokens they reused
         self.hits = {"device": 0, "host": 0}
         self.hit_tokens = {"device": 0, "host": 0}
+        # nodes whose KV a failed step's host KV copies left undefined, dropped once no request locks them
+        self._stale_kv: set = set()
 
     @classmethod
     def create(cls, block_size: int, num_blocks: int, num_slots: int, num_rows: int, interval: int = 256,
                prompt_only: bool = False, host_slots: int = 0, eviction: str = "lru", flops_per_token: float = 1.0,
-               slot_bytes: int = 1) -> "CacheManager":
+               slot_bytes: int = 1, write_policy: str = "write-back", host_kv_blocks: int = 0) -> "CacheManager":
         """A fresh manager: empty tree, every block, slot and row free; ``host_slots`` > 0 adds the host tier
         (host slot ids 0..host_slots-1: no reserved one, the host pool has no table that needs a zero id)."""
         host = IdPool(range(host_slots), "host checkpoint slot") if host_slots else None
         tree = RadixCache(block_size, BlockPool(num_blocks), IdPool.checkpoint_slots(num_slots), interval=interval,
                           prompt_only=prompt_only, host_slots=host, eviction=eviction,
-                          flops_per_token=flops_per_token, slot_bytes=slot_bytes)
+                          flops_per_token=flops_per_token, slot_bytes=slot_bytes, write_policy=write_policy,
+                          host_blocks=BlockPool(host_kv_blocks) if host_kv_blocks else None)
         return cls(tree, IdPool.rows(num_rows))
 
     # ---- admission -----------------------------------------------------------------------------------
@@ -93,6 +97,17 @@ class CacheManager:
             if not tree.make_room(fresh_blocks(0, end_len, bs)):
                 tree.unlock(m.ckpt_node)
                 return None
+        if m.ckpt_len and m.ckpt_node.cold:
+            # the reused prefix's KV (some of it) is on the host: device blocks and copies back first
+            if tree.warm(m.ckpt_node, also=need):
+                m = m._replace(block_table=tree.block_table(m.ckpt_node))
+            else:
+                tree.unlock(m.ckpt_node)
+                m, replay_start = tree.miss(), None
+                tree.lock(m.ckpt_node)
+                if not tree.make_room(fresh_blocks(0, end_len, bs)):
+                    tree.unlock(m.ckpt_node)
+                    return None
         tier = "device"
         if m.ckpt_len and m.ckpt_slot is None:
             # a host-only checkpoint (locked above, so its host copy stays): copy it into a device slot first
@@ -107,7 +122,9 @@ class CacheManager:
         if m.ckpt_len:
             self.hits[tier] += 1
             self.hit_tokens[tier] += m.ckpt_len
-        return self._reserve(prompt, end_len, m, replay_start)
+        lease = self._reserve(prompt, end_len, m, replay_start)
+        lease.promoted = tier == "host" and bool(m.ckpt_len)
+        return lease
 
     def _promote(self, m: MatchResult) -> MatchResult | None:
         """The match with its checkpoint promoted to a device slot; None (nothing locked) if none is free."""
@@ -177,6 +194,8 @@ class CacheManager:
         self.tree.unlock(lease.match.ckpt_node)
         self.rows.free(lease.row)
         lease.row = -1
+        if self._stale_kv:
+            self._drop_stale()
 
     def abort(self, captures: list[tuple[int, int]]) -> None:
         """A step failed: free the slots its captures were to fill (never handed to a lease)."""
@@ -196,16 +215,38 @@ class CacheManager:
         copies, self.tree.copies = self.tree.copies, []
         return ([(a, b) for k, a, b in copies if k == "demote"], [(a, b) for k, a, b in copies if k == "promote"])
 
-    def copies_failed(self, demotions, promotions) -> None:
+    def take_kv_copies(self) -> list[tuple[str, int, int]]:
+        """The host KV copies the bookkeeping so far assumes done, in order: ("demote", device block, host
+        block) or ("promote", host block, device block). Run in this order (a host block a warm freed may be
+        the next demotion's)."""
+        copies, self.tree.kv_copies = self.tree.kv_copies, []
+        return copies
+
+    def copies_failed(self, demotions, promotions, kv_copies=()) -> None:
         """A step failed: what its copies were to write is undefined; drop those checkpoints (the host
-        copies the demotions wrote, the device copies the promotions wrote), if nothing reused them since."""
+        copies the demotions wrote, the device copies the promotions wrote), if nothing reused them since,
+        and the prefix nodes whose KV blocks its host KV copies wrote (with their subtrees: a warmed node is
+        dropped when the failed requests that locked it are released)."""
         host = {h for _, h in demotions}
         device = {d for _, d in promotions}
+        kv_host = {b for kind, _, b in kv_copies if kind == "demote"}
+        kv_device = {b for kind, _, b in kv_copies if kind == "promote"}
         for n in list(self.tree._nodes()):
             if n.host_slot in host:
                 self.tree._drop_host(n)
             if n.ckpt_slot in device:
                 self.tree._drop_checkpoint(n)
+            if set(n.blocks) & (kv_host if n.cold else kv_device):
+                self._stale_kv.add(n)
+        self._drop_stale()
+
+    def _drop_stale(self) -> None:
+        for n in list(self._stale_kv):
+            if not self.tree.in_tree(n):
+                self._stale_kv.discard(n)
+            elif n.lock_ref == 0:
+                self.tree.drop_subtree(n)
+                self._stale_kv.discard(n)
 
     # ---- counters ------------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -222,13 +263,17 @@ class CacheManager:
         return {"host_checkpoint_slots": host.capacity if host else 0,
                 "host_checkpoint_slots_free": host.num_free if host else 0,
                 "host_checkpoints_cached": cached["host"], "eviction": tree.eviction,
+                "host_write_policy": tree.write_policy,
                 "checkpoint_bytes": {t: n * tree.slot_bytes for t, n in cached.items()},
                 "checkpoint_hits": dict(self.hits), "checkpoint_hit_tokens": dict(self.hit_tokens),
-                **{f"checkpoint_{k}": v for k, v in tree.tier.items()}}
+                **{f"checkpoint_{k}": v for k, v in tree.tier.items()},
+                "host_kv_blocks": tree.host_blocks.num_blocks if tree.host_blocks else 0,
+                "host_kv_blocks_free": tree.host_blocks.num_free if tree.host_blocks else 0,
+                "kv_tier": dict(tree.kv_tier)}
 
     def reset_stats(self) -> None:
         """Zero the eviction and tier counters (after warm-up)."""
-        for counters in (self.tree.evictions, self.tree.tier, self.hits, self.hit_tokens):
+        for counters in (self.tree.evictions, self.tree.tier, self.tree.kv_tier, self.hits, self.hit_tokens):
             for kind in counters:
                 counters[kind] = 0
 

@@ -30,12 +30,21 @@ Invariant (``sanity_check`` asserts it; tests call it after every step):
   7. host tier (optional, ``host_slots``): a node's checkpoint lives in a device slot (``ckpt_slot``), a
      host slot (``host_slot``: the same encoded bytes in host memory), or both. Device eviction demotes
      (write-back: a copy device -> host, queued in ``copies``, unless the host already holds it) instead of
-     dropping; host eviction drops; a match may end at a host-only checkpoint, which the manager promotes
+     dropping; with ``write_policy`` write-through, insert queues that copy for every checkpoint it keeps
+     (a host slot permitting), so a device eviction finds the host copy there and copies nothing; host eviction drops; a match may end at a host-only checkpoint, which the manager promotes
      (a copy host -> device into a fresh device slot; the host copy stays, so the node then lives in both).
      A node that loses its KV loses both copies. ``_host_lru`` holds every node with a host slot in
      ``host_access`` order; a checkpoint-locked node keeps its host copy (it may be a pending promotion's
      source). Copies run in the order queued: demotions read a device slot before a later store or
      promotion reuses it (the runner runs every demotion of a step before its promotions, see manager.py).
+  9. host KV (optional, ``host_blocks``): a node is warm (``blocks`` are device KV blocks) or cold (``cold``:
+     ``blocks`` are host KV block ids of ``host_blocks``, the same rows in host memory). A cold node's
+     descendants are cold. A KV eviction demotes the victim's blocks to host blocks (queued in
+     ``kv_copies``) when it has a checkpoint in either tier or cold children, instead of dropping it; a
+     cold leaf is dropped from the LRU end of ``_cold_lru`` (cold nodes, in ``last_access`` order, each after
+     its descendants). A hit on a cold checkpoint node warms its path (``warm``: fresh device blocks, copies
+     host -> device, the host blocks freed); an insert that walks into a cold node warms it from the
+     request's own table (its KV is valid there). Cold nodes are never locked once admission is done.
   8. eviction policy: ``lru`` (above), or ``cost``: among the unlocked candidates of a tier, Marconi's
      utility, recency (min-max normalised stamp) + alpha * FLOP efficiency (prefill FLOPs the prefix saves per
      byte, normalised by the candidates' maximum), evicting the smallest.
@@ -47,13 +56,13 @@ from typing import NamedTuple
 from trtllm_dasc.cache.allocators import BlockPool, IdPool
 from trtllm_dasc.cache.lru import LRUList
 from trtllm_dasc.cache.radix_checks import check_tree
-from trtllm_dasc.spec import EVICTIONS
+from trtllm_dasc.spec import EVICTIONS, HOST_WRITE_POLICIES
 
 
 class Node:
     __slots__ = ("parent", "children", "tokens", "start", "blocks", "ckpt_slot", "lock_ref", "ckpt_lock",
                  "last_access", "ckpt_access", "kv_prev", "kv_next", "ck_prev", "ck_next", "host_slot", "host_access",
-                 "hs_prev", "hs_next")
+                 "hs_prev", "hs_next", "cold")
 
     def __init__(self, parent, tokens, start, blocks):
         self.parent, self.children = parent, {}
@@ -62,6 +71,7 @@ class Node:
         self.ckpt_lock = 0
         self.kv_prev = self.kv_next = self.ck_prev = self.ck_next = None
         self.host_slot, self.host_access, self.hs_prev, self.hs_next = None, 0, None, None
+        self.cold = False
 
     @property
     def end(self) -> int:
@@ -90,19 +100,30 @@ class MatchResult(NamedTuple):
 class RadixCache:
     def __init__(self, block_size: int, blocks: BlockPool, slots: IdPool, interval: int = 256,
                  prompt_only: bool = False, host_slots: IdPool | None = None, eviction: str = "lru",
-                 flops_per_token: float = 1.0, slot_bytes: int = 1, alpha: float = 1.0):
+                 flops_per_token: float = 1.0, slot_bytes: int = 1, alpha: float = 1.0,
+                 write_policy: str = "write-back", host_blocks: BlockPool | None = None):
         if block_size < 1 or interval < 1:
             raise ValueError("block_size and interval must be >= 1")
         if eviction not in EVICTIONS:
             raise ValueError(f"eviction must be one of {'|'.join(EVICTIONS)}, got {eviction!r}")
-        self.host_slots, self.eviction = host_slots, eviction
+        if write_policy not in HOST_WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {'|'.join(HOST_WRITE_POLICIES)}, got {write_policy!r}")
+        self.host_slots, self.eviction, self.write_policy = host_slots, eviction, write_policy
         # the cost rule's value of a checkpoint at position p: p * flops_per_token / slot_bytes
         self.flops_per_token, self.slot_bytes, self.alpha = flops_per_token, slot_bytes, alpha
         self._host_lru = LRUList("hs_prev", "hs_next")
         # checkpoint copies the runner owes, in order: ("demote", device slot, host slot) or
         # ("promote", host slot, device slot); the manager hands them to the next step
         self.copies: list[tuple[str, int, int]] = []
-        self.tier = {"demotions": 0, "demotion_copies": 0, "promotions": 0, "host_evictions": 0}
+        # host KV (invariant 9): its block pool, the cold nodes, its copies in order (("demote", device block,
+        # host block) or ("promote", host block, device block)) and counters
+        self.host_blocks = host_blocks
+        self._cold_lru = LRUList("kv_prev", "kv_next")
+        self.kv_copies: list[tuple[str, int, int]] = []
+        self.kv_tier = {"demoted_nodes": 0, "demoted_blocks": 0, "warmed_nodes": 0, "warmed_blocks": 0,
+                        "host_evictions": 0}
+        self.tier = {"demotions": 0, "demotion_copies": 0, "promotions": 0, "host_evictions": 0,
+                     "write_through_copies": 0}
         self.bs, self.blocks, self.slots = block_size, blocks, slots
         self.interval, self.prompt_only = interval, prompt_only
         self.root = Node(None, [], 0, [])
@@ -170,7 +191,13 @@ class RadixCache:
         for n in reversed(path):
             self._clock += 1
             n.last_access = self._clock
-            self._kv_lru.touch(n)
+            self._lru_of(n).touch(n)
+
+    def _lru_of(self, n: Node):
+        return self._cold_lru if n.cold else self._kv_lru
+
+    def _pool_of(self, n: Node) -> BlockPool:
+        return self.host_blocks if n.cold else self.blocks
 
     def _touch_ckpt(self, node: Node) -> None:
         self._clock += 1
@@ -293,23 +320,100 @@ class RadixCache:
         self.tier["promotions"] += 1
         return slot
 
-    def _evict_kv_leaf(self) -> bool:
+    def _evict_kv_leaf(self, demote: bool = True) -> bool:
         victim = self._kv_victim()
         if victim is None:
             return False
-        assert not victim.children, "the KV LRU list put a parent before its child"
+        assert not any(not c.cold for c in victim.children.values()), "the KV LRU list put a parent before its child"
+        if self.host_blocks is not None:
+            keep = victim.children or victim.ckpt_slot is not None or victim.host_slot is not None
+            if demote and keep and self._demote_kv(victim):
+                return True
+            # not kept: its cold subtree goes with it
+            for c in list(victim.children.values()):
+                self._drop_cold_subtree(c)
+        self._drop_node(victim)
+        return True
+
+    def _demote_kv(self, node: Node) -> bool:
+        """Move a warm node's KV to host blocks (copies queued); False when the host has no room."""
+        while self.host_blocks.num_free < len(node.blocks):
+            if not self._evict_cold_leaf():
+                return False
+        host = self.host_blocks.alloc(len(node.blocks))
+        self.kv_copies.extend(("demote", b, h) for b, h in zip(node.blocks, host))
+        self.blocks.decref(node.blocks)
+        self._kv_lru.remove(node)
+        node.blocks, node.cold = host, True
+        # a fresh stamp: more recent than its cold descendants (they stay LRU-side of it)
+        self._touch_kv([node])
+        self.kv_tier["demoted_nodes"] += 1
+        self.kv_tier["demoted_blocks"] += len(host)
+        return True
+
+    def _evict_cold_leaf(self) -> bool:
+        """Drop the LRU unlocked cold node (a leaf: its children are cold and older, see invariant 9)."""
+        victim = next((n for n in self._cold_lru if n.lock_ref == 0), None)
+        if victim is None:
+            return False
+        assert not victim.children, "the cold LRU list put a parent before its child"
+        self._drop_node(victim)
+        self.kv_tier["host_evictions"] += 1
+        return True
+
+    def in_tree(self, node: Node) -> bool:
+        while node.parent is not None:
+            if node.parent.children.get(node.tokens[0]) is not node:
+                return False
+            node = node.parent
+        return node is self.root
+
+    def drop_subtree(self, node: Node) -> None:
+        """Drop an unlocked node and everything below it (KV and checkpoints, both tiers)."""
+        assert node.lock_ref == 0, "drop of a locked subtree"
+        for c in list(node.children.values()):
+            self.drop_subtree(c)
+        self._drop_node(node)
+
+    def _drop_cold_subtree(self, node: Node) -> None:
+        for c in list(node.children.values()):
+            self._drop_cold_subtree(c)
+        self._drop_node(node)
+        self.kv_tier["host_evictions"] += 1
+
+    def warm(self, node: Node, also: int = 0) -> bool:
+        """Give every cold node of the path to ``node`` (locked by the caller) device blocks, queueing the
+        copies host -> device, with ``also`` blocks left free after; False (nothing changed) when the device
+        has no room."""
+        path = node.path()
+        cold = [n for n in path if n.cold]
+        if not self.make_room(sum(len(n.blocks) for n in cold) + also):
+            return False
+        for n in cold:
+            dev = self.blocks.alloc(len(n.blocks))
+            self.kv_copies.extend(("promote", h, d) for h, d in zip(n.blocks, dev))
+            self.host_blocks.decref(n.blocks)
+            self._cold_lru.remove(n)
+            n.blocks, n.cold = dev, False
+            self.kv_tier["warmed_nodes"] += 1
+            self.kv_tier["warmed_blocks"] += len(dev)
+        self._touch_kv(path)
+        return True
+
+    def _drop_node(self, victim: Node) -> None:
+        """Take a childless node out of the tree with its KV and both checkpoint copies."""
         if victim.ckpt_slot is not None:
             self._drop_checkpoint(victim)
             self.evictions["checkpoints_with_kv"] += 1
         if victim.host_slot is not None:
             self._drop_host(victim)
             self.tier["host_evictions"] += 1
-        self.blocks.decref(victim.blocks)
+        self._pool_of(victim).decref(victim.blocks)
         del victim.parent.children[victim.tokens[0]]
-        self._kv_lru.remove(victim)
-        self.evictions["kv_nodes"] += 1
-        self.evictions["kv_blocks"] += len(victim.blocks)
-        return True
+        self._lru_of(victim).remove(victim)
+        if not victim.cold:
+            self.evictions["kv_nodes"] += 1
+            self.evictions["kv_blocks"] += len(victim.blocks)
 
     def _drop_checkpoint(self, node: Node) -> None:
         self.slots.free(node.ckpt_slot)
@@ -338,6 +442,13 @@ class RadixCache:
             n = _common(child.tokens, tokens, pos)
             if n < len(child.tokens):
                 child = self._split(child, child.start + n)
+            if child.cold:
+                # the request holds valid KV for every position of it: warm it from the request's blocks
+                self.host_blocks.decref(child.blocks)
+                self._cold_lru.remove(child)
+                child.blocks = block_table[child.start // self.bs:(child.end - 1) // self.bs + 1]
+                self.blocks.incref(child.blocks)
+                child.cold = False
             path.append(child)
             node, pos = child, pos + n
         self._touch_kv(path)
@@ -354,7 +465,24 @@ class RadixCache:
         # serves, so it ends up the more recent one
         for at in reversed(stored):
             self._touch_ckpt(at)
+        if self.write_policy == "write-through" and self.host_slots is not None:
+            for at in reversed(stored):
+                self._write_through(at)
         return duplicates
+
+    def _write_through(self, node: Node) -> None:
+        """Queue the host copy of a checkpoint just stored (its device slot was filled by an earlier step's
+        store, so the copy, queued for the next step, reads it after that store)."""
+        if node.host_slot is not None:
+            return
+        host = self._alloc_host_slot()
+        if host is None:
+            # every host copy is pinned: this one is copied on its eviction instead (write-back)
+            return
+        self.copies.append(("demote", node.ckpt_slot, host))
+        node.host_slot = host
+        self._touch_host(node)
+        self.tier["write_through_copies"] += 1
 
     def _boundary(self, leaf: Node, p: int) -> Node:
         """The node ending exactly at position p on the path to ``leaf`` (splitting an edge if needed)."""
@@ -371,13 +499,14 @@ class RadixCache:
         top = Node(node.parent, node.tokens[:k], node.start, node.blocks[:split_block - first + 1])
         # the path locks through node pass through top; node keeps its checkpoint, so its checkpoint locks
         top.lock_ref, top.last_access, top.children = node.lock_ref, node.last_access, {node.tokens[k]: node}
+        top.cold = node.cold
         node.parent.children[node.tokens[0]] = top
         # the new parent must be more recent than node yet older than everything node was older than
-        self._kv_lru.insert_after(node, top)
+        self._lru_of(node).insert_after(node, top)
         rest = node.blocks[p // self.bs - first:]
         if p % self.bs:
             # both halves touch the block that holds position p: the tree now holds it twice
-            self.blocks.incref(rest[0])
+            self._pool_of(node).incref(rest[0])
         node.parent, node.tokens, node.start, node.blocks = top, node.tokens[k:], p, rest
         return top
 
@@ -387,7 +516,9 @@ class RadixCache:
             pass
         for n in [n for n in self._host_lru if n.ckpt_lock == 0]:
             self._drop_host(n)
-        while self._evict_kv_leaf():
+        while self._evict_kv_leaf(demote=False):
+            pass
+        while self._evict_cold_leaf():
             pass
 
     # ---- introspection -----------------------------------------------------------------------------
@@ -408,6 +539,13 @@ class RadixCache:
     def host_checkpoint_slots(self) -> set[int]:
         return {n.host_slot for n in self._nodes() if n.host_slot is not None}
 
+    def host_block_refs(self) -> dict[int, int]:
+        refs: dict[int, int] = {}
+        for n in self._nodes():
+            for b in (n.blocks if n.cold else []):
+                refs[b] = refs.get(b, 0) + 1
+        return refs
+
     def checkpoint_slots(self) -> set[int]:
         """The slots the tree holds (a check, O(nodes))."""
         return {n.ckpt_slot for n in self._nodes() if n.ckpt_slot is not None}
@@ -415,7 +553,7 @@ class RadixCache:
     def tree_block_refs(self) -> dict[int, int]:
         refs: dict[int, int] = {}
         for n in self._nodes():
-            for b in n.blocks:
+            for b in ([] if n.cold else n.blocks):
                 refs[b] = refs.get(b, 0) + 1
         return refs
 

@@ -16,6 +16,9 @@ def check_tree(cache, request_block_refs=None, request_locks=None) -> None:
         assert len(n.blocks) == (n.end - 1) // cache.bs - n.start // cache.bs + 1, "block count"
         assert n.lock_ref >= sum(c.lock_ref for c in n.children.values()) >= 0, "lock refs"
         assert 0 <= n.ckpt_lock <= n.lock_ref, "a checkpoint lock without its path lock"
+        if n.cold:
+            assert cache.host_blocks is not None, "a cold node without host KV"
+            assert all(c.cold for c in n.children.values()), "a warm node under a cold one"
         if n.ckpt_slot is not None:
             assert n.ckpt_slot != 0 and n.ckpt_slot not in slots, "checkpoint slot reused"
             slots.add(n.ckpt_slot)
@@ -42,6 +45,12 @@ def check_tree(cache, request_block_refs=None, request_locks=None) -> None:
         else:
             assert count == held, f"block {b}: {count} refs != {held} held"
         assert (count == 0) == (b in free), f"block {b}: free list disagrees with refs"
+    if cache.host_blocks is not None:
+        # the tree is the host KV's only owner
+        host_refs = cache.host_block_refs()
+        cache.host_blocks.sanity_check()
+        for b, count in enumerate(cache.host_blocks.refs):
+            assert count == host_refs.get(b, 0), f"host block {b}: {count} refs != {host_refs.get(b, 0)} held"
 
 
 def _check_locks(root, nodes, request_locks) -> None:
@@ -58,13 +67,14 @@ def _check_locks(root, nodes, request_locks) -> None:
 
 
 def _check_lru(cache, nodes) -> None:
-    kv = cache._kv_lru.sanity_check(set(nodes))
-    rank = {n: i for i, n in enumerate(kv)}
-    for n in nodes:
-        if n.parent is not cache.root:
-            assert rank[n] < rank[n.parent], "a node is more recent than its parent in the KV LRU list"
-    # a split copies the stamp to the new parent: ties only there, so non-decreasing
-    assert all(a.last_access <= b.last_access for a, b in zip(kv, kv[1:])), "KV LRU list out of order"
+    for lru, members in ((cache._kv_lru, {n for n in nodes if not n.cold}), (cache._cold_lru, {n for n in nodes if n.cold})):
+        kv = lru.sanity_check(members)
+        rank = {n: i for i, n in enumerate(kv)}
+        for n in kv:
+            if n.parent is not cache.root and n.parent.cold == n.cold:
+                assert rank[n] < rank[n.parent], "a node is more recent than its parent in the KV LRU list"
+        # a split copies the stamp to the new parent: ties only there, so non-decreasing
+        assert all(a.last_access <= b.last_access for a, b in zip(kv, kv[1:])), "KV LRU list out of order"
     ck = cache._ckpt_lru.sanity_check({n for n in nodes if n.ckpt_slot is not None})
     assert all(a.ckpt_access < b.ckpt_access for a, b in zip(ck, ck[1:])), "checkpoint LRU list out of order"
     hs = cache._host_lru.sanity_check({n for n in nodes if n.host_slot is not None})

@@ -9,6 +9,7 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.spec import (BACKENDS, CODECS, CONV_CODECS, DEFAULT_CODEC, DEFAULT_EVICTION, DEFAULT_LAYOUT, DEFAULT_POLICY, DEFAULT_SELECTION,
                               DEFAULT_TP, DTYPES, ENGINE_PLACEMENT, EVICTIONS, ENGINE_WMAX, LAYOUTS, LOAD_FORMATS, PLACEMENTS,
                               POLICIES, check_choice, check_selection)
+from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, HOST_WRITE_POLICIES
 
 MAX_TP = 64
 # a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)
@@ -63,6 +64,12 @@ class EngineConfig:
     host_cache_bytes: int = 0
     # checkpoint eviction in both tiers: lru, or cost (Marconi: FLOPs saved per byte, aged by recency)
     eviction: str = DEFAULT_EVICTION
+    # when a checkpoint reaches the host tier: write-back (copied on its device eviction) or write-through
+    # (copied at store time; a device eviction then copies nothing)
+    host_write_policy: str = DEFAULT_HOST_WRITE_POLICY
+    # host KV blocks per rank (cache/radix.py invariant 9): a KV eviction moves a cached prefix's blocks
+    # there (with its checkpoint) instead of dropping them; 0: off
+    host_kv_blocks: int = 0
 
     def __post_init__(self):
         # lazy: torch / numpy load only when this runs (keeps importing this module light)
@@ -74,12 +81,13 @@ class EngineConfig:
             raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
         for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("conv_codec", CONV_CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
                               ("backend", BACKENDS), ("placement", PLACEMENTS), ("load_format", LOAD_FORMATS),
-                              ("eviction", EVICTIONS)):
+                              ("eviction", EVICTIONS), ("host_write_policy", HOST_WRITE_POLICIES)):
             check_choice(name, getattr(self, name), allowed)
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):
             _count(self, name, minimum=1)
         _count(self, "wmax", minimum=0)
         _count(self, "host_cache_bytes", minimum=0, cap=1 << 50)
+        _count(self, "host_kv_blocks", minimum=0, cap=1 << 40)
         _count(self, "tp_size", minimum=1, cap=MAX_TP)
         self.mask_seed = check_selection(self.selection, self.mask_seed)
         for name in ("replay_window", "state_budget_bytes", "max_num_tokens", "memory_limit_bytes"):

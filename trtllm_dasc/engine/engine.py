@@ -185,7 +185,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the loop
             log.exception("step %d failed", plan.step)
             self.scheduler.free_captures(plan)
-            for s in dict.fromkeys(owners):
+            for s in dict.fromkeys(owners + self.scheduler.joining()):
                 self._finish(s, "error", f"step failed: {type(e).__name__}: {e}")
             return True
         try:

@@ -96,6 +96,12 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.state, self.kv, cfg.max_batch,
                                        max_blocks=-(-cfg.max_context // cfg.block_size), pad_row=self.num_rows,
                                        pad_block=cfg.num_kv_blocks)
+        # host KV: the KV cache's block tensors mirrored in host blocks, on the checkpoint tier's copy stream
+        self.kv_tier = None
+        if cfg.host_kv_blocks:
+            self.kv_tier = HostTier(None, cfg.host_kv_blocks, cfg.device,
+                                    stream=self.host_tier.stream if self.host_tier else None,
+                                    tensors=[t for layer in self.kv.pools for t in layer])
         self.replay_window = replay_window(cfg, self.plan.replay_window)
         # the replay merge's tables: per linear layer, the local units this rank's checkpoints keep
         self.merge_tables = [self._one_layer_layout(kept) for kept in self.plan.local_retained(tp_rank)]
@@ -108,9 +114,20 @@ class ModelRunner:
             if self.host_tier is None:
                 raise RuntimeError("a step copies checkpoints between tiers, but this runner has no host tier")
             self.host_tier.run(plan.demotions, plan.promotions)
+        if plan.kv_tier_copies:
+            if self.kv_tier is None:
+                raise RuntimeError("a step copies KV blocks between tiers, but this runner has no host KV")
+            self.kv_tier.run_ordered(plan.kv_tier_copies)
         if plan.resets:
             self.state.reset(plan.resets)
+        if self.kv_tier is not None and self.kv_tier.pending:
+            # the step's KV reads and writes wait for the copies of the blocks they touch (a warmed block, a
+            # block a demotion is still reading)
+            self.kv_tier.wait_slots({b for s in plan.spans for b in s.block_table}
+                                    | {b for pair in plan.kv_copies for b in pair})
         self.kv.copy_blocks(plan.kv_copies)
+        # the loads read slots a promotion may still be writing (the demotions need no wait here)
+        self._wait_slots([s for s, _ in plan.loads + plan.warm_loads])
         if plan.loads:
             self.pool.load([s for s, _ in plan.loads], self.state.temporal, self.state.conv,
                            [r for _, r in plan.loads], zero_fill=True)
@@ -132,6 +149,10 @@ class ModelRunner:
         result.stored = self._store(out, plan, result.errors)
         self._sample(out, plan, result, sample_tokens)
         return result
+
+    def _wait_slots(self, slots) -> None:
+        if self.host_tier is not None and slots:
+            self.host_tier.wait_slots(slots)
 
     def _graph_step(self, plan: StepPlan):
         """A pure decode step (one token per span, no loads, replays or captures) through the CUDA graphs:
@@ -196,6 +217,8 @@ class ModelRunner:
                 errors[i] = "non-finite recurrent state: the checkpoint was not stored"
         which = [k for k, ok in zip(order, stored) if ok]
         if which:
+            # a captured slot may be one a demotion is still reading: its store waits for that copy alone
+            self._wait_slots([slot for (_, _, slot), ok in zip(wanted, stored) if ok])
             # captures are [n, L, ...]; the store reads [L, n, ...] views (any stride along L and n)
             self.pool.store(temporal.transpose(0, 1), conv.transpose(0, 1), which,
                             [slot for (_, _, slot), ok in zip(wanted, stored) if ok])
@@ -273,7 +296,8 @@ class ModelRunner:
     def memory_report(self) -> dict:
         report = self.pool.memory_report()
         # the replay window under the stats' key "wr_window" (kept: a JSON key users read)
-        report.update(host_slots=self.num_host_slots,
+        report.update(host_slots=self.num_host_slots, host_kv_blocks=self.cfg.host_kv_blocks,
+                      host_kv_bytes=self.kv_tier.allocated_bytes() if self.kv_tier else 0,
                       host_bytes=self.host_tier.allocated_bytes() if self.host_tier else 0,
                       arm=self.cfg.arm, dense_slot_bytes=self.plan.config.dense_checkpoint_bytes_per_rank(1),
                       wr_window=self.replay_window)

@@ -34,7 +34,9 @@ class Scheduler:
         self.manager = manager if manager is not None else CacheManager.create(
             cfg.block_size, cfg.num_kv_blocks, num_slots, num_rows, interval=cfg.interval,
             prompt_only=cfg.prompt_only, host_slots=host_slots, eviction=getattr(cfg, "eviction", "lru"),
-            flops_per_token=flops_per_token, slot_bytes=slot_bytes)
+            flops_per_token=flops_per_token, slot_bytes=slot_bytes,
+            write_policy=getattr(cfg, "host_write_policy", "write-back"),
+            host_kv_blocks=getattr(cfg, "host_kv_blocks", 0))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.steps = 0
@@ -100,6 +102,10 @@ class Scheduler:
         c = m.ckpt_len
         seq.lease, seq.done_tokens = lease, c
         plan.kv_copies.extend(lease.copies)
+        if lease.promoted and any(not s.in_prefill and s.joining is None for s in self.running):
+            # the promotion's copy runs beside this step's decodes (they always have a span); the request
+            # loads and joins the batch in the next step, whose load waits for the copy (runner._wait_slots)
+            seq.joining = plan = StepPlan(plan.step, [])
         st.first_scheduled_time_ns = time.time_ns()
         st.kv_matched_tokens = m.kv_len
         st.kv_reused_blocks = c // bs
@@ -123,6 +129,13 @@ class Scheduler:
     def schedule(self) -> tuple[StepPlan, list[Sequence]] | None:
         """The next step's plan and, per span, its sequence (None when there is nothing to run)."""
         plan = StepPlan(self.steps, [])
+        # the host-tier hits held back last step join now
+        for s in self.running:
+            if s.joining is not None:
+                plan.resets += s.joining.resets
+                plan.loads += s.joining.loads
+                plan.warm_loads += s.joining.warm_loads
+                s.joining = None
         self._admit(plan)
         if not self.running:
             if self.waiting:
@@ -134,13 +147,15 @@ class Scheduler:
         # first, prefill chunks share the rest in admission order; a request left without tokens waits
         budget = self.cfg.max_num_tokens or float("inf")
         for s in self.running:
-            if s.replay is not None:
+            if s.replay is not None and s.joining is None:
                 r = s.replay
                 plan.spans.append(Span(s.prompt[r.start:r.end], r.row, r.start, r.table, replay_into=s.row))
                 owners.append(s)
                 budget -= r.end - r.start
         budget -= sum(not s.in_prefill for s in self.running)
         for s in self.running:
+            if s.joining is not None:
+                continue
             chunk = 1
             if s.in_prefill:
                 # what this span takes (a short rest of a prompt takes less than a chunk): the budget left
@@ -153,12 +168,13 @@ class Scheduler:
             owners.append(s)
         if all(span.replay_into is not None for span in plan.spans):
             # every prefill waited for budget the replays took: give the first one a token
-            s = next(s for s in self.running if s.in_prefill)
+            s = next(s for s in self.running if s.in_prefill and s.joining is None)
             plan.spans.append(self._span(s, 1))
             owners.append(s)
         # every copy between the tiers the bookkeeping above assumed (admission's promotions, the demotions
         # of the checkpoints evicted for them and for this step's captures)
         plan.demotions, plan.promotions = self.manager.take_copies()
+        plan.kv_tier_copies = self.manager.take_kv_copies()
         return plan, owners
 
     def _span(self, s: Sequence, chunk: int) -> Span:
@@ -204,11 +220,16 @@ class Scheduler:
         self.running.remove(s)
         self.manager.release(s.lease)
 
+    def joining(self) -> list[Sequence]:
+        """The host-tier hits held back in the last step planned (a failure of that step fails them too:
+        their promotions' copies were part of it)."""
+        return [s for s in self.running if s.joining is not None]
+
     def free_captures(self, plan: StepPlan) -> None:
         """A step failed: the slots it was to fill were never handed to a sequence."""
         for span in plan.spans:
             self.manager.abort(span.captures)
-        self.manager.copies_failed(plan.demotions, plan.promotions)
+        self.manager.copies_failed(plan.demotions, plan.promotions, plan.kv_tier_copies)
 
     # ---- invariant -----------------------------------------------------------------------------------
     def sanity_check(self) -> None:

@@ -22,6 +22,9 @@ class Sequence:
     step_log_prob: float | None = None    # the last sampled token's, until it is emitted
     step_gen_logits: object = None        # the last sampled token's raw logits [vocab], until it is emitted
     finish_reason: str | None = None
+    # a host-tier hit admitted while others decode: its loads and resets, held back one step so that its
+    # promotion's copy overlaps that step's compute (StepPlan's loads, warm_loads, resets); None otherwise
+    joining: object = None
 
     # the lease's parts under their old names (read-only: the cache manager changes them)
     @property

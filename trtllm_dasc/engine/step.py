@@ -55,6 +55,9 @@ class StepPlan:
     # slot) written back on eviction, and (host slot, device slot) promoted for this step's loads
     demotions: list[tuple[int, int]] = field(default_factory=list)
     promotions: list[tuple[int, int]] = field(default_factory=list)
+    # host KV's block copies, in the order queued (before the kv_copies): ("demote", device block, host
+    # block) for a prefix evicted to the host, ("promote", host block, device block) for one warmed back
+    kv_tier_copies: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def replays(self) -> list[Span]:

@@ -6,14 +6,20 @@ a host slot holds exactly the encoded bytes of a device slot: the codecs never r
 memory on a GPU (asynchronous copies), plain memory on a CPU (synchronous ones). Tensors only: which host
 slot holds which checkpoint is the radix cache's bookkeeping.
 
-Copies of one step: every demotion (device -> host, on the compute stream, so it reads the slot after the
-stores that filled it and before this step's stores reuse it), then every promotion (host -> device, on the
-tier's own CUDA stream, after the demotions; the step's loads wait on its event).
+Copies are asynchronous, off the compute stream (state/copy_stream.py: a side CUDA stream on a GPU, the
+deferred torch reference on a CPU), in queue order: a step's demotions (device -> host), then its promotions
+(host -> device). The step waits for none of them up front; ``wait_slots`` makes the compute stream wait,
+per device slot, for the last copy that reads or writes it, and the runner calls it right before a load
+reads a slot or a store overwrites one. So a demotion overlaps the step's forward (its slot's reuse by a
+capture waits at the store, after the forward), and a slot is never reused before its copy has read it.
+A promotion from a host slot a queued demotion is still writing (a hit on a checkpoint being demoted)
+reads the demoted bytes: the stream is FIFO. The host thread never reads the host tensors.
 """
 from __future__ import annotations
 
 import torch
 
+from trtllm_dasc.state.copy_stream import copy_stream
 from trtllm_dasc.state.pool import PoolError
 
 
@@ -36,49 +42,75 @@ def host_slots_for(host_bytes: int, slot_bytes: int) -> int:
 
 
 class HostTier:
-    def __init__(self, pool, num_slots: int, device="cpu"):
+    def __init__(self, pool, num_slots: int, device="cpu", stream=None, tensors=None):
+        """``tensors``: the slot-indexed tensors to mirror instead of the pool's (the KV cache's blocks);
+        ``stream``: a copy stream to share (the KV and checkpoint tiers queue on one: FIFO across both)."""
         if num_slots < 1:
             raise PoolError("a host tier needs at least one slot")
         self.num_slots = num_slots
         self.device = torch.device(device)
-        self.tensors = slot_tensors(pool)
+        self.tensors = slot_tensors(pool) if tensors is None else list(tensors)
         pin = self.device.type == "cuda"
         self.host = [torch.zeros((num_slots, *t.shape[1:]), dtype=t.dtype, pin_memory=pin) for t in self.tensors]
-        self.stream = torch.cuda.Stream(self.device) if pin else None
+        self.stream = copy_stream(self.device) if stream is None else stream
+        # device slot -> the event of the last queued copy that reads or writes it
+        self.pending: dict[int, object] = {}
         self.copy_seconds = 0.0
 
     def allocated_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host)
 
-    def demote(self, pairs: list[tuple[int, int]]) -> None:
-        """Write device slot d into host slot h for each (d, h), on the current stream (in order)."""
+    def demote(self, pairs: list[tuple[int, int]]):
+        """Queue device slot d -> host slot h for each (d, h); returns their event."""
         for d, h in pairs:
             for dev, host in zip(self.tensors, self.host):
-                host[h].copy_(dev[d], non_blocking=self.stream is not None)
+                self.stream.copy(host[h], dev[d])
+        return self.stream.record()
 
     def promote(self, pairs: list[tuple[int, int]]):
-        """Copy host slot h into device slot d for each (h, d). On a GPU: on the tier's stream, after
-        everything queued so far on the current one (the demotions); returns the event the loads wait on
-        (None on a CPU, where the copies are done on return)."""
-        if self.stream is None:
-            for h, d in pairs:
-                for dev, host in zip(self.tensors, self.host):
-                    dev[d].copy_(host[h])
-            return None
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            for h, d in pairs:
-                for dev, host in zip(self.tensors, self.host):
-                    dev[d].copy_(host[h], non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self.stream)
-        return done
+        """Queue host slot h -> device slot d for each (h, d), after every copy queued before; returns their event."""
+        for h, d in pairs:
+            for dev, host in zip(self.tensors, self.host):
+                self.stream.copy(dev[d], host[h])
+        return self.stream.record()
 
     def run(self, demotions, promotions) -> None:
-        """One step's copies, the current stream waiting for the promotions before anything reads a slot."""
+        """Queue one step's copies (after the compute stream's work so far); nothing waits for them here."""
+        if not demotions and not promotions:
+            return
+        # forget the copies already done (on a GPU the table would otherwise only grow)
+        self.pending = {d: e for d, e in self.pending.items() if not self.stream.query(e)}
+        self.stream.after_current()
         if demotions:
-            self.demote(demotions)
+            done = self.demote(demotions)
+            self.pending.update((d, done) for d, _ in demotions)
         if promotions:
             done = self.promote(promotions)
-            if done is not None:
-                torch.cuda.current_stream(self.device).wait_event(done)
+            self.pending.update((d, done) for _, d in promotions)
+
+    def run_ordered(self, copies) -> None:
+        """Queue ("demote", device, host) and ("promote", host, device) copies in the given order."""
+        if not copies:
+            return
+        self.pending = {d: e for d, e in self.pending.items() if not self.stream.query(e)}
+        self.stream.after_current()
+        for kind, a, b in copies:
+            d, h = (a, b) if kind == "demote" else (b, a)
+            for dev, host in zip(self.tensors, self.host):
+                if kind == "demote":
+                    self.stream.copy(host[h], dev[d])
+                else:
+                    self.stream.copy(dev[d], host[h])
+        done = self.stream.record()
+        self.pending.update(((a if kind == "demote" else b), done) for kind, a, b in copies)
+
+    def wait_slots(self, slots) -> None:
+        """The compute stream waits for every queued copy that reads or writes one of these device slots."""
+        for s in set(slots):
+            if s in self.pending:
+                self.stream.wait(self.pending.pop(s))
+
+    def synchronize(self) -> None:
+        """Every queued copy done (shutdown, tests)."""
+        self.stream.synchronize()
+        self.pending.clear()

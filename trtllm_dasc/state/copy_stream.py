@@ -1,0 +1,88 @@
+"""The host tier's copy stream: copies between device slots and host slots, off the compute stream.
+
+Two implementations of one interface (queue copies in order, record an event after them, make the compute
+stream wait for an event, ask whether one is done):
+
+  CudaCopyStream      a side CUDA stream; the copies run while the compute stream runs the step
+  DeferredCopyStream  the torch reference (CPU): copies are queued and run only when something waits on
+                      them, the latest moment a real side stream may run them, so a missing wait shows as
+                      wrong bytes in a test instead of a race that passes by luck
+
+Both run their copies in queue order (a stream is FIFO): a promotion from a host slot that a queued
+demotion is still writing reads what the demotion wrote.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class DeferredCopyStream:
+    # queued copies beyond this run at the next queue (a real stream makes progress: memory stays bounded)
+    LIMIT = 4096
+
+    def __init__(self):
+        self.queue: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.done = self.queued = 0
+
+    def after_current(self) -> None:
+        """Order the next copies after the compute stream's work so far (on a CPU that work is done)."""
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        # views: the source is read when the copy runs, not now
+        self.queue.append((dst, src))
+        self.queued += 1
+        if len(self.queue) > self.LIMIT:
+            self.wait(self.queued - self.LIMIT)
+
+    def record(self) -> int:
+        """An event: every copy queued so far."""
+        return self.queued
+
+    def wait(self, event: int) -> None:
+        """The compute stream waits for the event: run the copies up to it."""
+        while self.done < event:
+            dst, src = self.queue.pop(0)
+            dst.copy_(src)
+            self.done += 1
+
+    def query(self, event: int) -> bool:
+        return self.done >= event
+
+    def synchronize(self) -> None:
+        self.wait(self.queued)
+
+
+class CudaCopyStream:
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(self.device)
+
+    def after_current(self) -> None:
+        # a demotion reads a slot the compute stream's earlier stores filled
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        # pinned host memory: asynchronous in both directions
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+
+    def record(self) -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+    def wait(self, event: torch.cuda.Event) -> None:
+        # the compute stream waits on the device; the host thread does not block
+        torch.cuda.current_stream(self.device).wait_event(event)
+
+    def query(self, event: torch.cuda.Event) -> bool:
+        return event.query()
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+
+def copy_stream(device):
+    """The side stream of a device: CUDA's own, or the deferred reference on a CPU."""
+    device = torch.device(device)
+    return CudaCopyStream(device) if device.type == "cuda" else DeferredCopyStream()
