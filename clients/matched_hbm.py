@@ -9,7 +9,10 @@ dasc-build, served by its own tritonserver and driven by the same streaming work
 --paper: the protocol as App. C.2 states it: 127 deployable dense slots (128 dense physical slots, Eq. 8),
 six phases (the dense, W=16, 64, 128, 512 capacity boundaries of dasc-nr and the full dataset), the
 dense-boundary phase replayed six times, concurrency 96, chunked prefill 8192, one output token, seeds
-42/123/7, TTFT over HTTP to the first SSE chunk of generate_stream. Each flag it sets can still be given.
+42/123/7, TTFT over HTTP to the first SSE chunk of generate_stream, checkpoints at prompt ends only (the
+paper's SGLang keeps a recurrent state only where a prefill ends; --branch-checkpoints keeps the engine's
+branch points too). Each flag it sets can still be given; the checkpoint setting is in the manifest's build
+flags and the result's "checkpoints", so cells of the two settings never merge.
 
 The unit of work is a cell (arm, phase, block, seed); the manifest (DIR/manifest.json) fixes every cell
 before the first runs. With --cells-dir a call runs the cells not yet done there (at most --max-units
@@ -45,7 +48,8 @@ def add_arguments(p) -> None:
                    "rand<W>@<seed>, each optionally +int8 (default dense,nr16,nr16+int8)")
     p.add_argument("--paper", action="store_true", help="the paper's App. C.2 protocol: 127 dense slots, six "
                    "phases (dense, nr16, nr64, nr128, nr512 boundaries + the full dataset), dense phase x6, concurrency "
-                   "96, chunked prefill 8192, HTTP SSE (each can still be set)")
+                   "96, chunked prefill 8192, HTTP SSE, checkpoints at prompt ends only (each can still be set; "
+                   "--branch-checkpoints for the engine's branch points)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--state-budget-bytes", type=int, help="the matched checkpoint budget (bytes per rank)")
     g.add_argument("--dense-slots", type=int, help="budget = (K + 1) dense checkpoints: dense gets K slots "
@@ -104,15 +108,24 @@ def add_arguments(p) -> None:
                    "(default 2048; --paper 8192)")
     g.add_argument("--interval", type=int, default=None, help="checkpoint interval (default: longer than any "
                    "prompt, so a prompt takes one slot at its end plus the shared branch points)")
-    g.add_argument("--prompt-only", action="store_true", help="checkpoint prompt ends only")
+    ck = g.add_mutually_exclusive_group()
+    ck.add_argument("--prompt-only", action="store_const", const=True, default=None, help="checkpoint prompt ends "
+                    "only, as the paper's SGLang (its hybrid radix cache keeps a recurrent state only where a "
+                    "request's prefill ends); --paper sets it")
+    ck.add_argument("--branch-checkpoints", dest="prompt_only", action="store_const", const=False, help="also "
+                    "checkpoint the radix tree's branch points (shared prefixes then hit for every arm, dense "
+                    "too): the engine's default, and --paper's opt-out")
     g.add_argument("--kv-blocks", type=int, default=None, help="default: enough that KV is never evicted (every "
                    "prompt of the largest boundary block at its longest + the running requests), with "
                    "--memory-limit-bytes at most what fits beside the weights (clients/kv_sizing.py)")
     g.add_argument("--memory-limit-bytes", default=None, help="device memory one rank may take (weights, KV, state "
                    "rows, checkpoint pool; the engine checks it at build and load): bytes, or 'device' (this CUDA "
-                   "device's total less --memory-headroom-gib). Sizes the default --kv-blocks to fit")
-    g.add_argument("--memory-headroom-gib", type=float, default=8.0, help="with --memory-limit-bytes device: what "
-                   "the engine's count leaves out (activations, CUDA context, graphs); default 8")
+                   "device's total less the largest step's tensors and --memory-headroom-gib). Sizes the default "
+                   "--kv-blocks to fit")
+    g.add_argument("--memory-headroom-gib", type=float, default=None, help="with --memory-limit-bytes device: what "
+                   "is kept free beside the engine's count and its largest step's tensors (estimated from the config "
+                   "and --max-num-tokens): the CUDA context, workspaces, kernel modules; default 29, from the H200 "
+                   "run of Kimi-Linear-48B (clients/kv_sizing.py)")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
                    "(default OUT/kernels)")
@@ -155,6 +168,10 @@ def paper_defaults(args) -> None:
         args.full_phase = paper
     if args.prefill_chunk is None:
         args.prefill_chunk = PAPER["prefill_chunk"] if paper else 2048
+    if getattr(args, "prompt_only", None) is None:
+        # the paper's SGLang checkpoints where a prefill ends; the engine's branch points would let shared
+        # few-shot prefixes hit for every arm (the first full-size call's dense hit 97.9% of tokens)
+        args.prompt_only = paper
     if paper:
         if args.max_num_tokens is None:
             args.max_num_tokens = PAPER["max_num_tokens"]
@@ -196,7 +213,10 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
             raise UserError(f"--memory-limit-bytes must be a number of bytes or 'device', got {limit!r}") from None
         if args.memory_limit_bytes < 1:
             raise UserError(f"--memory-limit-bytes must be >= 1, got {limit}")
-    if getattr(args, "memory_headroom_gib", 0) < 0:
+    if getattr(args, "memory_headroom_gib", None) is None:
+        from clients.kv_sizing import DEFAULT_HEADROOM_GIB
+        args.memory_headroom_gib = DEFAULT_HEADROOM_GIB
+    if args.memory_headroom_gib < 0:
         raise UserError("--memory-headroom-gib must be >= 0")
     if getattr(args, "call_deadline_s", None) is not None and not args.call_deadline_s > 0:
         raise UserError(f"--call-deadline-s must be > 0, got {args.call_deadline_s}")
@@ -311,8 +331,10 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
     limit = getattr(args, "memory_limit_bytes", None)
     if limit is None:
         return None
+    workspace = None
     if limit == "device":
-        limit = kv_sizing.device_limit(args.device, args.memory_headroom_gib)
+        workspace = step_workspace(args, work, output_tokens)
+        limit = kv_sizing.device_limit(args.device, args.memory_headroom_gib, workspace["total"])
     from trtllm_dasc.model.weights import CheckpointReader, DummyWeights
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     cfg = model_config(args)
@@ -343,8 +365,25 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
         raise UserError(f"the engine does not fit --memory-limit-bytes {limit:,}: weights, state rows and pool take "
                         f"{fixed:,} B, a KV block {per_block:,} B"
                         + (f", --kv-blocks {args.kv_blocks} {args.kv_blocks * per_block:,} B" if args.kv_blocks else ""))
+    if workspace is not None:
+        kv.update(step_workspace_bytes=workspace, headroom_bytes=int(math.ceil(args.memory_headroom_gib * (1 << 30))))
     args.kv_plan = kv
     return kv
+
+
+def step_workspace(args, work: WorkloadConfig, output_tokens: int) -> dict:
+    """The transient tensors of this engine's largest step (kv_sizing.step_workspace_bytes): --max-num-tokens
+    tokens (uncapped: every running request's prefill chunk) over --max-batch-size sequences, as many of them
+    capturing a checkpoint as prompts can end in one step (twice that with branch-point checkpoints)."""
+    import torch
+    from clients import kv_sizing
+    context = math.ceil((work.max_prompt_tokens + output_tokens) / args.block_size) * args.block_size
+    tokens = args.max_num_tokens or args.max_batch_size * min(args.prefill_chunk, context)
+    shortest = work.scaled(work.prefix_tokens)[0] + work.scaled(work.question_tokens)[0]
+    captures = min(args.max_batch_size, tokens // max(1, shortest) + 1) * (1 if args.prompt_only else 2)
+    return kv_sizing.step_workspace_bytes(model_config(args).schema, tokens=tokens, seqs=args.max_batch_size,
+                                          captures=captures, context=context, tp=args.tp,
+                                          dtype_bytes=getattr(torch, args.dtype).itemsize)
 
 
 def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, dense_bytes) -> dict:
@@ -409,6 +448,8 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
                         "block_selection": manifest["block_selection"],
                         "blocks_per_phase": {p["name"]: f"{len(p['blocks'])} of {p['blocks_in_dataset']}"
                                              for p in manifest["phases"]}},
+           "checkpoints": ("prompt ends" if "--prompt-only" in cfg.get("build_flags", []) else
+                           "prompt ends and branch points"),
            "calls": [{k: c.get(k) for k in ("call", "command", "commit", "gpu", "started", "max_units")} for c in calls],
            **(extra or {}), **assemble(manifest, calls, cells)}
     if failed:

@@ -13,6 +13,7 @@ import pytest
 from build_scripts.dasc_build import main as dasc_build
 from clients import kv_sizing
 from clients.matched_hbm import main
+from clients.kv_sizing import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
@@ -95,3 +96,56 @@ def test_a_bad_limit_is_one_line(value, capsys):
     assert main([*ARGV, "--memory-limit-bytes", value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--memory-limit-bytes" in err[0]
+
+
+KIMI48 = ROOT / "tests" / "data" / "kimi-linear-48b-a3b.config.json"
+
+
+def _kimi48_schema():
+    import types
+    from clients.matched_hbm import model_config
+    return model_config(types.SimpleNamespace(model_config=str(KIMI48), dummy=True)).schema
+
+
+def test_step_workspace_of_kimi48_at_8192_tokens_is_a_hand_count():
+    # Kimi-Linear-48B-A3B's shapes typed from its model card, not read through the schema: D 2304, vocabulary
+    # 163840, 20 KDA layers of 32 heads x 128 x 128, 256 experts top-8 of width 1024 + one shared of 1024,
+    # one dense layer of 9216, MLA 32 heads (nope 128, rope 64, v 128, latent 512); bf16; 8192 tokens of 96
+    # sequences, 6 capturing, a context of 2816 tokens
+    T, N, b, state = 8192, 96, 2, 32 * 128 * 128 * 4
+    resident = 2 * T * 2304 * b + 2 * 6 * 20 * state + N * 163840 * (b + 4)
+    linear = (10 * T * 4096 * b + 2 * T * 4096 * 4 + 2 * T * 32 * 64 * 4 + (T // 64 + N) * state + N * state)
+    moe = T * 256 * 4 + T * 8 * (1024 + 2304) * b + T * 2304 * b + T * (3 * 1024 + 2304) * b
+    dense = 3 * T * 9216 * b
+    attention = T * 32 * 192 * b + 2 * T * 576 * b + T * 32 * 128 * b + 2816 * 32 * (256 + 2 * 192) * b
+    got = kv_sizing.step_workspace_bytes(_kimi48_schema(), tokens=T, seqs=N, captures=6, context=2816,
+                                         dtype_bytes=b)
+    assert got == {"total": resident + linear, "resident": resident, "linear": linear, "moe": moe,
+                   "dense_mlp": dense, "attention": attention}
+    # the step's own tensors are a small part of the 24-30.5 GiB the H200 run needed outside the engine's count
+    assert 2 * GIB < got["total"] < 3 * GIB
+
+
+def test_the_device_limit_keeps_the_measured_h200_case_safe():
+    # the H200 run (matched_hbm_kimi48_full.json): 143,771 MiB in all; the engine's count without KV
+    # 112,213,262,336 B; a limit of 125e9 B (24.0 GiB left) ran out of memory, 118e9 B (30.5 GiB left) ran
+    total, fixed = 143771 * (1 << 20), 112213262336
+    ws = kv_sizing.step_workspace_bytes(_kimi48_schema(), tokens=8192, seqs=96, captures=6, context=2816,
+                                        dtype_bytes=2)["total"]
+    limit = kv_sizing.limit_from_total(total, ws, kv_sizing.DEFAULT_HEADROOM_GIB)
+    assert limit <= 118 * 10 ** 9 and total - limit >= 30.5 * GIB
+    assert kv_sizing.blocks_that_fit(limit, fixed, 129024) > 0
+    # the old 8 GiB headroom alone is the limit that died in warm-up
+    assert kv_sizing.limit_from_total(total, 0, 8.0) > 125 * 10 ** 9
+
+
+def test_device_limit_counts_the_step_and_records_it(monkeypatch, capsys):
+    # no GPU here: the device's total is given, the rest is the client's own path
+    total = 10 ** 12
+    monkeypatch.setattr(kv_sizing, "device_limit",
+                        lambda device, headroom, workspace=0: kv_sizing.limit_from_total(total, workspace, headroom))
+    assert main([*ARGV, "--memory-limit-bytes", "device", "--memory-headroom-gib", "1.5"]) == 0
+    kv = json.loads(capsys.readouterr().out)["kv_cache"]
+    ws = kv["step_workspace_bytes"]
+    assert ws["total"] == ws["resident"] + max(v for k, v in ws.items() if k not in ("total", "resident")) > 0
+    assert kv["headroom_bytes"] == 3 * GIB // 2 and kv["limit_bytes"] == total - ws["total"] - 3 * GIB // 2
