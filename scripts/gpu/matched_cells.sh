@@ -3,22 +3,34 @@
 # weights made at load time from tests/data/kimi-linear-48b-a3b.config.json (nothing of their 96 GB is written),
 # resumable: dense + the arm in CALL_ARMS run the cells not yet done in the carried cells directory $CELLS, a unit
 # is started only when it and the arm's cells of it fit before the call's deadline, and the cells and the newly
-# compiled kernels come back in $OUT. Repeat the call (same COMMIT, same CELLS, BLOCKS) until the plan says done:
+# compiled kernels come back in $OUT. --paper checkpoints prompt ends only (BRANCH=1: the engine's branch points
+# too); the KV cache is sized by --memory-limit-bytes device (the device less the largest step's tensors and a
+# 29 GiB headroom, clients/kv_sizing.py; HEADROOM=<GiB> to change it). Repeat the call (same COMMIT, BLOCKS,
+# BRANCH, HEADROOM: the default CELLS names them) until the plan says done:
 #   python -m clients.matched_hbm ...the same flags... --cells-dir $CELLS --memory-limit-bytes N --plan-only
 #
-# Wheels (no package index on the device; ../shared/tools/gpu-wheels downloads them here into .whl/, which git
-# ignores; .whl/ travels as a carried path). Together they pass one call's 64 MiB, so a fresh machine takes two:
-#   call 1 (stage): .whl/ holding only nvidia-pytriton-0.7.0-*.whl (~50 MB), run with INSTALL_ONLY=1
-#         ../shared/tools/gpu-wheels /tmp/w serve numpy==1.26.4 && mkdir -p .whl && mv /tmp/w/nvidia_pytriton* .whl/
-#         run: INSTALL_ONLY=1 bash scripts/gpu/matched_cells.sh            carry: [".whl"]
-#   call 2 (measure, within ~30 s while the machine is warm): .whl/ holding the rest, fla-core, tritonclient,
-#         python-rapidjson, numpy==1.26.4 (~22 MB: numpy 1.x, the Triton Python stub dies with numpy 2)
-#         rm .whl/nvidia_pytriton* && mv /tmp/w/*.whl .whl/
-#         run: COMMIT=<sha> CALL_ARMS=nr16 BLOCKS=1 bash scripts/gpu/matched_cells.sh
-#         carry: [".whl", ".kernel_cache", ".cells"]   (kernel parts of earlier calls: cat them into one .tgz)
-#   later calls on the same warm machine carry .kernel_cache and .cells only (the wheels stay installed).
-# Bring back: tar xzf $files_at/cells.tgz -C .cells; cat $files_at/matched_kernels.tgz.part-* >
-# .kernel_cache/matched_<n>.tgz. The device's .git may be stale: COMMIT names the real commit (one for all calls).
+# Wheels: no package index on the device, and nvidia-pytriton's wheel (55 MB) with the carried tree (26 MB) is
+# more than one call's 64 MiB, so a fresh machine is staged in three calls, each within ~30 s of the last while
+# the machine is warm (.gitignore has /.whl_*/). Prepare them here once:
+#   ../shared/tools/gpu-wheels /tmp/w serve numpy==1.26.4        # numpy 1.x: the Triton Python stub dies with 2
+#   mkdir -p .whl_a .whl_b .whl_c && (cd /tmp/w && split -b 28000000 nvidia_pytriton-0.7.0-*.whl pytriton.part-)
+#   mv /tmp/w/pytriton.part-aa .whl_a/ && mv /tmp/w/pytriton.part-ab .whl_b/
+#   mv /tmp/w/fla_core-*.whl /tmp/w/tritonclient-*.whl /tmp/w/python_rapidjson-*.whl /tmp/w/numpy-1.26.4-*.whl .whl_c/
+#   call A  carry [".whl_a"]
+#           run:   mkdir -p /tmp/stage && cp .whl_a/* /tmp/stage/
+#   call B  carry [".whl_b"]
+#           run:   cp .whl_b/* /tmp/stage/ && cat /tmp/stage/pytriton.part-* >
+#                  /tmp/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl && python3 -m pip install -q
+#                  --no-index --no-deps --no-compile /tmp/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl
+#   call C  carry [".whl_c", ".kernel_cache", ".cells"]
+#           run:   rm -rf .whl && cp -r .whl_c .whl && COMMIT=<sha> CALL_ARMS=nr16 BLOCKS=1 bash scripts/gpu/matched_cells.sh
+#   later calls on the same warm machine carry [".kernel_cache", ".cells"] and run the script alone (the
+#   wheels stay installed; a fresh machine starts again at call A).
+# Bring back after each call: tar xzf $files_at/cells.tgz -C $CELLS (the name the call printed, under .cells/);
+# cat $files_at/matched_kernels.tgz.part-* > .kernel_cache/matched_<n>.tgz (the kernels this call compiled,
+# ~1 MB: keep the files in the lead's checkout so the next session's first call carries them; with them a
+# 48B server was ready in 31-35 s instead of 224 s). The device's .git may be stale: COMMIT names the real
+# commit (one for all calls of a cells directory).
 set -uo pipefail
 CALL_LIMIT=${CALL_LIMIT:-600}
 SHAPED_MODEL=0
@@ -31,21 +43,25 @@ find_server()
 if int(numpy.__version__.split(".")[0]) >= 2:
     sys.exit(f"numpy {numpy.__version__}: the Triton Python backend stub needs numpy<2 (carry numpy==1.26.4)")
 PY
-CELLS=${CELLS:-.cells/mh_kimi48_full}
+# the settings that make a different manifest are in the name: the block subset, the checkpoints, the headroom
+CELLS=${CELLS:-.cells/mh_kimi48_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-29}}
 mkdir -p "$CELLS"
 touch /tmp/matched_cells.marker
 # what is left of the call after the prelude, less the time to stop the last server and pack the results
 DEADLINE=$((CALL_LIMIT - ${MARGIN:-60} - SECONDS))
-echo "matched_cells: deadline ${DEADLINE} s for dense + ${CALL_ARMS:-nr16}"
+echo "matched_cells: deadline ${DEADLINE} s for dense + ${CALL_ARMS:-nr16}, cells in $CELLS"
 timeout $((DEADLINE + 40)) python3 -m clients.matched_hbm --paper \
   --model tests/data/kimi-linear-48b-a3b.config.json --load-format dummy --seed 0 \
   --arms dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8 --call-arms "${CALL_ARMS:-nr16}" \
   --device cuda --dtype bfloat16 --max-batch-size 96 --memory-limit-bytes device \
-  ${BLOCKS:+--blocks-per-phase "$BLOCKS"} --cells-dir "$CELLS" --call-deadline-s "$DEADLINE" \
+  ${BLOCKS:+--blocks-per-phase "$BLOCKS"} ${HEADROOM:+--memory-headroom-gib "$HEADROOM"} \
+  $([ "${BRANCH:-0}" = 1 ] && echo --branch-checkpoints) --cells-dir "$CELLS" --call-deadline-s "$DEADLINE" \
   --out /tmp/matched_cells --kernel-cache "$CACHE" --json "$OUT/matched_hbm_kimi48_full.json" --plot none \
   ${COMMIT:+--commit "$COMMIT"} "$@"
 rc=$?
 tar czf "$OUT/cells.tgz" -C "$CELLS" .
 return_new_kernels matched_kernels kernels /tmp/matched_cells.marker
+ls -l "$OUT"/matched_kernels.tgz.part-* 2>/dev/null || echo "matched_cells: no new kernels"
+echo "matched_cells: cells dir $CELLS"
 cp /tmp/matched_cells/servers/*/*.log "$OUT/" 2>/dev/null
 exit $rc
