@@ -71,9 +71,10 @@ def plan_kv(phases: list, *, max_batch: int, blocks_per_request: int, limit: int
 # at 8 GiB the dense server died in warm-up. The step's tensors are about 2.3 GiB of that (step_workspace_bytes),
 # so most of it is not the step's activations: the CUDA context, cuBLAS / cuDNN workspaces, the loaded kernel
 # modules and their local-memory reservations, which the driver allocates beside torch's caching allocator
-# (it keeps what it freed, so the driver's own allocations fail first). 29 GiB + the step's 2.3 leave 31.3 GiB,
-# beyond the 30.5 that ran.
-DEFAULT_HEADROOM_GIB = 29.0
+# (it keeps what it freed, so the driver's own allocations fail first). 28.3 GiB + the step's 2.25 leave
+# 30.55 GiB, the 30.5 that ran and a little more (a limit of 117.95e9 B: 44,460 KV blocks, the dense phase's
+# block at the longest prompts; more headroom would leave that phase uncovered).
+DEFAULT_HEADROOM_GIB = 28.3
 
 
 def step_workspace_bytes(schema, *, tokens: int, seqs: int, captures: int, context: int, dtype_bytes: int,

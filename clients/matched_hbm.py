@@ -124,7 +124,7 @@ def add_arguments(p) -> None:
                    "--kv-blocks to fit")
     g.add_argument("--memory-headroom-gib", type=float, default=None, help="with --memory-limit-bytes device: what "
                    "is kept free beside the engine's count and its largest step's tensors (estimated from the config "
-                   "and --max-num-tokens): the CUDA context, workspaces, kernel modules; default 29, from the H200 "
+                   "and --max-num-tokens): the CUDA context, workspaces, kernel modules; default 28.3, from the H200 "
                    "run of Kimi-Linear-48B (clients/kv_sizing.py)")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "

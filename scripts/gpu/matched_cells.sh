@@ -5,7 +5,7 @@
 # is started only when it and the arm's cells of it fit before the call's deadline, and the cells and the newly
 # compiled kernels come back in $OUT. --paper checkpoints prompt ends only (BRANCH=1: the engine's branch points
 # too); the KV cache is sized by --memory-limit-bytes device (the device less the largest step's tensors and a
-# 29 GiB headroom, clients/kv_sizing.py; HEADROOM=<GiB> to change it). Repeat the call (same COMMIT, BLOCKS,
+# 28.3 GiB headroom, clients/kv_sizing.py; HEADROOM=<GiB> to change it). Repeat the call (same COMMIT, BLOCKS,
 # BRANCH, HEADROOM: the default CELLS names them) until the plan says done:
 #   python -m clients.matched_hbm ...the same flags... --cells-dir $CELLS --memory-limit-bytes N --plan-only
 #
@@ -44,7 +44,7 @@ if int(numpy.__version__.split(".")[0]) >= 2:
     sys.exit(f"numpy {numpy.__version__}: the Triton Python backend stub needs numpy<2 (carry numpy==1.26.4)")
 PY
 # the settings that make a different manifest are in the name: the block subset, the checkpoints, the headroom
-CELLS=${CELLS:-.cells/mh_kimi48_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-29}}
+CELLS=${CELLS:-.cells/mh_kimi48_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-28.3}}
 mkdir -p "$CELLS"
 touch /tmp/matched_cells.marker
 # what is left of the call after the prelude, less the time to stop the last server and pack the results
