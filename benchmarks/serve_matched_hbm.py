@@ -15,7 +15,7 @@ what Triton adds (`triton_over_inprocess` in the JSON). The arms share one compi
     python -m benchmarks serve_matched_hbm --paper --model tests/data/kimi-linear-48b-a3b.config.json \\
         --load-format dummy --cells-dir ...           # the released model at its full size, dummy weights
 --paper: clients.matched_hbm --paper (127 dense slots, six phases, dense x6, concurrency 96, chunked prefill 8192,
-HTTP SSE) with the issue's eight arms (PAPER_ARMS); each call runs the cells of --call-arms not yet in --cells-dir
+HTTP SSE, prompt-end checkpoints; --branch-checkpoints for the engine's branch points) with the issue's eight arms (PAPER_ARMS); each call runs the cells of --call-arms not yet in --cells-dir
 (dense beside them) and writes the result of every cell so far; carry the cells directory from call to call
 and join copies with benchmarks/merge_matched_hbm.py --cells.
 Any further flag goes to `python -m clients.matched_hbm` and overrides the one set here (e.g. --dense-slots 32).
