@@ -1,6 +1,6 @@
 """FP8 / INT4 codecs (issue 35): the torch reference against an independent numpy fake-quant (brute-force
 e4m3fn table, nibble packing by hand), and the Triton kernels against the torch reference, bit for bit,
-on NaN-poisoned outputs (interpreter on CPU)."""
+on NaN-poisoned outputs (interpreter on CPU; on a GPU both run there, on the device fixture's tensors)."""
 import numpy as np
 import pytest
 import torch
@@ -89,11 +89,12 @@ def test_int4_reference_matches_fake_quant():
 
 # ---- Triton kernels == torch reference ---------------------------------------------------------------
 @pytest.mark.parametrize("codec", CODECS)
-def test_quantize_rows_kernel_bit_exact(codec, monkeypatch):
+def test_quantize_rows_kernel_bit_exact(codec, device, monkeypatch):
     pytest.importorskip("triton")
     from trtllm_dasc.state import codec_ops, triton_ops
     monkeypatch.setattr(triton_ops, "TILE_ELEMS", 64)
-    x = _cases()
+    # the reference on the kernel's device: its quotients are IEEE and its casts round to nearest even there too
+    x = _cases().to(device)
     qa, sa = codec_naive.QUANTIZE[codec](x)
     qb, sb = codec_ops.quantize(x, codec)
     assert torch.equal(qa, qb) and torch.equal(sa.view(torch.int32), sb.view(torch.int32))
@@ -110,18 +111,19 @@ def _same(a, b) -> bool:
     return bool(((a.view(torch.int32) == b.view(torch.int32)) | (a.isnan() & b.isnan())).all())
 
 
-def _slots(lay, S):
+def _slots(lay, S, device):
     w, R, P = lay.width, lay.rows_per_unit, lay.payload_unit_elements
-    payload = torch.full((S, w, P), 0xAB, dtype=torch.uint8)
-    scales = torch.full((S, w, R), float("nan"))
-    conv = torch.full((S, lay.num_layers, lay.conv_dim, lay.conv_width), float("nan"), dtype=lay.conv_dtype)
+    payload = torch.full((S, w, P), 0xAB, dtype=torch.uint8, device=device)
+    scales = torch.full((S, w, R), float("nan"), device=device)
+    conv = torch.full((S, lay.num_layers, lay.conv_dim, lay.conv_width), float("nan"), dtype=lay.conv_dtype,
+                      device=device)
     return payload, scales, conv
 
 
 @pytest.mark.parametrize("layout_kind", ["ragged", "padded"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}-L{s[1]}-n{s[2]}-R{s[3]}-V{s[4]}")
 @pytest.mark.parametrize("codec", CODECS)
-def test_store_load_kernels_match_reference(codec, shape, layout_kind, monkeypatch):
+def test_store_load_kernels_match_reference(codec, shape, layout_kind, device, monkeypatch):
     pytest.importorskip("triton")
     from trtllm_dasc.state import triton_ops as tri
     arch, L, n, R, V, tile = shape
@@ -129,13 +131,13 @@ def test_store_load_kernels_match_reference(codec, shape, layout_kind, monkeypat
         monkeypatch.setattr(tri, "TILE_ELEMS", tile)
     lay = make_layout(L, n, R, V, keep=0.5, seed=3, codec=codec, layout=layout_kind)
     g = torch.Generator().manual_seed(7)
-    big = torch.randn(L, 8, n * R, V, generator=g) * 3
+    big = torch.randn(L, 8, n * R, V, generator=g).to(device) * 3
     t = big[:, 1:6].view(L, 5, n, R, V)
-    conv = torch.randn(L, 5, 6, 3, generator=g)
-    rows, slots = torch.tensor([3, 0, 4]), torch.tensor([2, 5, 1], dtype=torch.int32)
+    conv = torch.randn(L, 5, 6, 3, generator=g).to(device)
+    rows, slots = torch.tensor([3, 0, 4], device=device), torch.tensor([2, 5, 1], dtype=torch.int32, device=device)
     outs = []
     for impl in (naive, tri):
-        payload, scales, cstore = _slots(lay, 6)
+        payload, scales, cstore = _slots(lay, 6, device)
         impl.store(t, conv, rows, payload, scales, cstore, slots, lay)
         outs.append((payload, scales, cstore))
     (pa, sa, ca), (pb, sb, cb) = outs
@@ -143,26 +145,27 @@ def test_store_load_kernels_match_reference(codec, shape, layout_kind, monkeypat
     assert _same(sa, sb)
     # stored units against the independent fake-quant, one request
     ix = lay.index("cpu")
-    x = t.reshape(L, 5, n, R * V)[ix.unit_layer, 3, ix.unit_local].reshape(-1, R, V).numpy()
+    x = t.cpu().reshape(L, 5, n, R * V)[ix.unit_layer, 3, ix.unit_local].reshape(-1, R, V).numpy()
     ref = fake_fp8(x)[0] if codec == "fp8" else fake_int4(x)[0]
-    np.testing.assert_array_equal(pa[2, ix.slot_pos].reshape(ref.shape).numpy(), ref)
+    np.testing.assert_array_equal(pa.cpu()[2, ix.slot_pos].reshape(ref.shape).numpy(), ref)
     for zero_fill in (True, False):
         res = []
         for impl in (naive, tri):
-            out = torch.full((L, 4, n, R, V), float("nan"))
-            cout = torch.full((L, 4, 6, 3), float("nan"))
-            impl.load(pa, sa, ca, torch.tensor([5, 2]), out, cout, torch.tensor([1, 3]), lay, zero_fill=zero_fill)
+            out = torch.full((L, 4, n, R, V), float("nan"), device=device)
+            cout = torch.full((L, 4, 6, 3), float("nan"), device=device)
+            impl.load(pa, sa, ca, torch.tensor([5, 2], device=device), out, cout, torch.tensor([1, 3], device=device),
+                      lay, zero_fill=zero_fill)
             res.append((out, cout))
         (oa, coa), (ob, cob) = res
         assert _same(oa, ob) and _same(coa, cob)
-        kept = ix.pos_of_unit.view(L, n) >= 0
+        kept = ix.pos_of_unit.view(L, n).to(device) >= 0
         omitted = oa[:, 1][~kept]
         assert bool((omitted == 0).all()) if zero_fill else bool(omitted.isnan().all())
         assert not oa[:, 1][kept].isnan().any() and oa[:, 0].isnan().all()
 
 
 @pytest.mark.parametrize("backend", ["naive", "triton"])
-def test_group_load_leaves_other_groups_alone(backend):
+def test_group_load_leaves_other_groups_alone(backend, device):
     """pos -2 (a unit another codec group owns) is neither decoded nor zeroed: the mixed layout's contract."""
     if backend == "triton":
         pytest.importorskip("triton")
@@ -170,12 +173,14 @@ def test_group_load_leaves_other_groups_alone(backend):
     else:
         impl = codec_naive
     L, n, R, V = 2, 3, 2, 8
-    payload = torch.zeros(2, 2, R * V, dtype=torch.uint8)
-    scales = torch.ones(2, 2, R)
+    payload = torch.zeros(2, 2, R * V, dtype=torch.uint8, device=device)
+    scales = torch.ones(2, 2, R, device=device)
     payload[1, 0] = 0x38     # fp8 1.0 everywhere
-    pos = torch.tensor([0, -1, -2, -2, -1, -2], dtype=torch.int64)
-    t = torch.full((L, 1, n, R * V), 5.0)
-    impl.load_units(payload, scales, torch.tensor([1]), t, torch.tensor([0]), pos, R, V, "fp8", True)
+    pos = torch.tensor([0, -1, -2, -2, -1, -2], dtype=torch.int64, device=device)
+    t = torch.full((L, 1, n, R * V), 5.0, device=device)
+    impl.load_units(payload, scales, torch.tensor([1], device=device), t, torch.tensor([0], device=device), pos, R, V,
+                    "fp8", True)
+    t = t.cpu()
     assert (t[0, 0, 0] == 1.0).all() and (t[0, 0, 1] == 0).all() and (t[1, 0, 1] == 0).all()
     assert (t[0, 0, 2] == 5.0).all() and (t[1, 0, 0] == 5.0).all() and (t[1, 0, 2] == 5.0).all()
 

@@ -1,6 +1,6 @@
 """8-bit conv state (issue 35): the torch reference against an independent numpy fake-quant (one scale per
 (layer, request), paper Eq. 10 over the layer), the Triton kernels against the reference bit for bit on
-poisoned slots and rows (interpreter on CPU), a pool round trip, and the bytes the planner counts."""
+poisoned slots and rows (interpreter on CPU, both on the GPU there), a pool round trip, and the bytes the planner counts."""
 import numpy as np
 import pytest
 import torch
@@ -44,11 +44,11 @@ def test_reference_equals_numpy_fake_quant(dtype, cd):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("cd,block", [(10, 2048), (700, 256)], ids=["one-block", "looped"])
-def test_triton_equals_reference_bit_for_bit(dtype, cd, block, monkeypatch):
+def test_triton_equals_reference_bit_for_bit(dtype, cd, block, device, monkeypatch):
     monkeypatch.setattr(conv8_ops, "BLOCK", block)
-    conv = conv_cases(dtype, cd=cd)
+    conv = conv_cases(dtype, cd=cd).to(device)
     row = conv8_naive.conv8_row_bytes(cd * 3)
-    ref, tri = (torch.full((6, 3, row), -128, dtype=torch.int8) for _ in range(2))
+    ref, tri = (torch.full((6, 3, row), -128, dtype=torch.int8, device=device) for _ in range(2))
     rows, slots = [0, 2, 4, 1], [5, 1, 3, 0]
     conv8_naive.store(conv, rows, ref, slots)
     conv8_ops.store(conv, rows, tri, slots)
@@ -60,22 +60,23 @@ def test_triton_equals_reference_bit_for_bit(dtype, cd, block, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["naive", "triton"])
-def test_pool_with_conv8_round_trip(backend):
+def test_pool_with_conv8_round_trip(backend, device):
     lay = StateLayout.from_retained(retained_lists(2, 6, 0.5, 0), units_per_layer=6, unit_elements=8, value_dim=8,
                                     codec="int8", conv_dim=10, conv_width=3, conv_codec="int8")
     native = StateLayout.from_retained(retained_lists(2, 6, 0.5, 0), units_per_layer=6, unit_elements=8,
                                        value_dim=8, codec="int8", conv_dim=10, conv_width=3)
     # 2 layers x (30 codes padded to 32 + a 4-byte scale) against 2 x 30 bf16 values
     assert lay.conv_bytes_per_slot() == 2 * 36 and native.conv_bytes_per_slot() == 2 * 60
-    pool = CheckpointPool(lay, 10 * lay.slot_bytes())
+    pool = CheckpointPool(lay, 10 * lay.slot_bytes(), device=device)
     pool.sanity_check()
     assert pool.conv.dtype == torch.int8 and tuple(pool.conv.shape[1:]) == (2, 36)
     g = torch.Generator().manual_seed(1)
-    temporal = torch.randn(2, 3, 6, 1, 8, generator=g)
-    conv = torch.randn(2, 3, 10, 3, generator=g).to(torch.bfloat16)
+    temporal = torch.randn(2, 3, 6, 1, 8, generator=g).to(device)
+    conv = torch.randn(2, 3, 10, 3, generator=g).to(device=device, dtype=torch.bfloat16)
     pool.store(temporal, conv, [0, 2], [4, 7], backend=backend)
     t_out, c_out = torch.zeros_like(temporal), torch.full_like(conv, 9.0)
     pool.load([7, 4], t_out, c_out, [1, 0], backend=backend)
+    conv, c_out = conv.cpu(), c_out.cpu()
     for b, n in enumerate([2, 0]):
         for l in range(2):
             want = torch.from_numpy(numpy_conv8(conv[l, n].float().numpy())).to(torch.bfloat16)

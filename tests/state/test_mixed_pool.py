@@ -80,19 +80,20 @@ def states(cfg, tp, rows, seed):
 
 
 @pytest.mark.parametrize("backend", ["naive", "triton"])
-def test_mixed_round_trip_equals_fake_quant(setup, backend):
+def test_mixed_round_trip_equals_fake_quant(setup, backend, device):
     cfg, params, codec_of = setup
     plan = plan_of(cfg, params, 1, "off")
     assert [[codec_of[l][u] for u in kept] for l, kept in enumerate(plan.retained)] == plan.unit_codecs()
-    pool = MixedPool.from_plan(plan, 12 * plan.bottleneck_slot_bytes())
+    pool = MixedPool.from_plan(plan, 12 * plan.bottleneck_slot_bytes(), device=device)
     pool.sanity_check()
     assert pool.slot_bytes == plan.slot_bytes_per_rank()[0] and pool.num_slots == 11
     assert [c for c, _ in pool.segments] == ["int4", "fp8", "int8", "native"]
     temporal, conv = states(cfg, 1, 5, seed=1)
-    pool.store(temporal, conv, [0, 2, 4], [7, 3, 11], backend=backend)
     # garbage where the rows land: a reused row; omitted units must come back zero, kept ones decoded
-    t_out, c_out = torch.full_like(temporal, 5.0), torch.full_like(conv, 5.0)
+    t_out, c_out = torch.full_like(temporal, 5.0).to(device), torch.full_like(conv, 5.0).to(device)
+    pool.store(temporal.to(device), conv.to(device), [0, 2, 4], [7, 3, 11], backend=backend)
     pool.load([11, 7, 3], t_out, c_out, [1, 3, 0], backend=backend)
+    t_out, c_out = t_out.cpu(), c_out.cpu()
     want = expected_load(temporal[:, [4, 0, 2]], [np.arange(cfg.units_per_layer)] * 3, codec_of)
     assert np.array_equal(t_out[:, [1, 3, 0]].numpy(), want)
     assert torch.equal(c_out[:, [1, 3, 0]], conv[:, [4, 0, 2]])
@@ -100,19 +101,19 @@ def test_mixed_round_trip_equals_fake_quant(setup, backend):
 
 
 @pytest.mark.parametrize("backend", ["naive", "triton"])
-def test_one_segment_leaves_other_segments_units_alone(setup, backend):
+def test_one_segment_leaves_other_segments_units_alone(setup, backend, device):
     """A segment's load writes its own units and zeroes the omitted ones; the units another codec group
     stores (foreign) keep whatever the row held."""
     cfg, params, codec_of = setup
     plan = plan_of(cfg, params, 1, "off")
-    pool = MixedPool.from_plan(plan, 12 * plan.bottleneck_slot_bytes())
+    pool = MixedPool.from_plan(plan, 12 * plan.bottleneck_slot_bytes(), device=device)
     temporal, conv = states(cfg, 1, 2, seed=2)
-    pool.store(temporal, conv, [0, 1], [1, 2], backend=backend)
+    pool.store(temporal.to(device), conv.to(device), [0, 1], [1, 2], backend=backend)
     n = cfg.units_per_layer
     for codec, seg in pool.segments:
-        out = torch.full_like(temporal, 5.0)
-        seg.load([1], out, conv.clone() if seg.layout.conv_dim else None, [0], zero_fill=True, backend=backend)
-        units = out[:, 0].reshape(3, n, -1)
+        out = torch.full_like(temporal, 5.0).to(device)
+        seg.load([1], out, conv.clone().to(device) if seg.layout.conv_dim else None, [0], zero_fill=True, backend=backend)
+        units = out.cpu()[:, 0].reshape(3, n, -1)
         for l in range(3):
             for u in range(n):
                 got = units[l, u]

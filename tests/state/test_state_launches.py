@@ -4,7 +4,8 @@ The H200 run at 3ebf2ca (benchmarks/results/state_bandwidth_codecs_h200.json) fo
 stores a launch short of their bandwidth (the conv state in a second launch) and the mixed loads at 56-60% of
 a copy: each segment's load walked every row of the state, its own and the other segments'. These tests
 count the launches and the rows each launch covers (the grids), and compare every byte the Triton kernels
-(the interpreter) write with the torch reference's, slots and loaded state alike.
+(the interpreter; on a GPU the kernels and the reference both there) write with the torch reference's, slots
+and loaded state alike.
 """
 from __future__ import annotations
 
@@ -51,21 +52,21 @@ def layout(codec, conv_codec, R, lists, foreign=None, conv=True):
                                      conv_codec=conv_codec, foreign_per_layer=foreign)
 
 
-def states(R, B, seed=0):
+def states(R, B, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     t = torch.randn(L, B, N_UNITS, R, V, generator=g) * torch.logspace(-2, 1, V)
     c = torch.randn(L, B, *CONV, generator=g).to(torch.bfloat16)
-    return t, c
+    return t.to(device), c.to(device)
 
 
 @pytest.mark.parametrize("conv_codec", ["native", "int8"])
 @pytest.mark.parametrize("codec", ["native", "int8", "fp8", "int4"])
 @pytest.mark.parametrize("R", [1, 2])
-def test_store_and_load_are_one_launch_equal_to_torch(codec, conv_codec, R, monkeypatch):
+def test_store_and_load_are_one_launch_equal_to_torch(codec, conv_codec, R, device, monkeypatch):
     lay = layout(codec, conv_codec, R, retained_lists(L, N_UNITS, 0.5, seed=R))
-    t, c = states(R, 3)
+    t, c = states(R, 3, device)
     rows, slots = [2, 0], [3, 1]
-    ref, tri = (CheckpointPool(lay, 5 * lay.slot_bytes()) for _ in range(2))
+    ref, tri = (CheckpointPool(lay, 5 * lay.slot_bytes(), device=device) for _ in range(2))
     for p in (ref, tri):
         for x in (p.payload, p.scales, p.conv):
             if x is not None:
@@ -89,7 +90,7 @@ def test_store_and_load_are_one_launch_equal_to_torch(codec, conv_codec, R, monk
 
 
 @pytest.mark.parametrize("R", [1, 4])
-def test_mixed_load_visits_only_its_own_units(R, monkeypatch):
+def test_mixed_load_visits_only_its_own_units(R, device, monkeypatch):
     """Each segment's load covers its own units (the first also the omitted ones, zero fill), never the
     other segments': grid rows = listed rows, not L * n_units * R; and the result equals torch's."""
     from trtllm_dasc.state import codec_ops, triton_ops
@@ -99,11 +100,11 @@ def test_mixed_load_visits_only_its_own_units(R, monkeypatch):
     codecs = ("int4", "int8", "native")
     own = [[[u for i, u in enumerate(us) if i % 3 == s] for us in lists] for s in range(3)]
     other = [[[u for i, u in enumerate(us) if i % 3 != s] for us in lists] for s in range(3)]
-    segs = [(c, CheckpointPool(lay, 4 * lay.slot_bytes(), max_slots=3))
+    segs = [(c, CheckpointPool(lay, 4 * lay.slot_bytes(), device=device, max_slots=3))
             for s, c in enumerate(codecs)
             for lay in [layout(c, "int8", R, own[s], other[s], conv=s == 0)]]
     pool = MixedPool(segs, sum(p.allocated_bytes() for _, p in segs))
-    t, c = states(R, 2, seed=1)
+    t, c = states(R, 2, device, seed=1)
     pool.store(t, c, [0, 1], [2, 1], backend="triton")
     rec = Launches(monkeypatch)
     outs = []

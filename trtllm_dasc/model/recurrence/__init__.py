@@ -50,7 +50,8 @@ def get_backend(name: str = "auto", device: str | torch.device = "cpu"):
     on_cuda = torch.device(device).type == "cuda"
     if name == "torch" or (name == "auto" and not on_cuda):
         return torch_backend
-    ok, why = fla_backend.available()
+    # by the tensors' device, not by whether a GPU exists: a CPU model on a GPU machine runs the reference
+    ok, why = fla_backend.available(device)
     if ok:
         return fla_unfused_backend if name == "fla-unfused" else fla_backend
     if name != "auto":

@@ -26,8 +26,11 @@ except Exception as e:  # noqa: BLE001 - any import failure means "not available
     IMPORT_ERROR = e
 
 
-def available() -> tuple[bool, str]:
-    """(usable, reason): needs the fla package and a CUDA device."""
+def available(device: str | torch.device | None = None) -> tuple[bool, str]:
+    """(usable, reason): needs the fla package and a CUDA device; with ``device``, the tensors' device must be
+    one (a CPU model on a GPU machine must not take fla: Triton's launcher refuses CPU tensors)."""
+    if device is not None and torch.device(device).type != "cuda":
+        return False, f"the model's device is {torch.device(device).type}; fla's Triton kernels need a CUDA device"
     if not torch.cuda.is_available():
         return False, "no CUDA device (torch.cuda.is_available() is False); fla's Triton kernels need one"
     if IMPORT_ERROR is not None:
