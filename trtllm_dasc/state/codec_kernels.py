@@ -2,7 +2,7 @@
 ``codec_ops``. CODEC: 1 fp8 (e4m3fn bits in a uint8), 2 int4 (two values a byte, low nibble first).
 
 Tiles are [BLOCK_R, BLOCK_B]: BLOCK_R rows of one request, BLOCK_B >= the payload bytes of a row (fp8 V,
-int4 V // 2; an int4 tile moves its rows' 2 * BLOCK_B values with one contiguous load or store and splits or
+int4 V // 2; an int4 tile moves its rows' 2 * BLOCK_B values with one contiguous load or store and packs or
 interleaves the even and odd elements in registers: two stride-2 accesses have contiguity 1 along the row, so
 Triton's coalescing put a warp's 32 lanes on 32 different rows, 32 sectors an instruction, ~10x slower on the
 H200 at be51277). The fp8
@@ -73,16 +73,18 @@ def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC:
         y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
         out = _fp8_encode(tl.minimum(tl.maximum(y, -448.0), 448.0))
     else:
-        # one contiguous load of the whole row (V even), then even / odd split in registers: two stride-2
-        # loads made the coalescer map a warp across rows (module docstring); speed unmeasured until the next
-        # GPU run of `benchmarks state_bandwidth --codecs ...,int4,mixed`
+        # one contiguous load of the whole row (V even): two stride-2 loads made the coalescer map a warp across
+        # rows (module docstring). The codes are packed where they are: each shifted by 4 x its element's
+        # parity, then summed over (even, odd) pairs, a reduction inside a thread's contiguous values; a
+        # tl.split of the fp32 tile into even / odd halves went through shared memory (sm90 ptx: 11 bar.sync,
+        # 3 here; test_kernels_compile guards it)
         e = tl.arange(0, 2 * BLOCK_B)
         mask = rmask[:, None] & (e < V)[None, :]
         x = tl.load(src + row[:, None] + e[None, :], mask=mask, other=0.0).to(tl.float32)
         s = _row_scale(tl.max(tl.abs(x), axis=1), 7.0)
-        xe, xo = tl.split(tl.reshape(x, (x.shape[0], BLOCK_B, 2)))
-        sb = tl.broadcast_to(s[:, None], xe.shape)
-        out = (_int4_code(tl.math.div_rn(xe, sb)) | (_int4_code(tl.math.div_rn(xo, sb)) << 4)).to(tl.uint8)
+        c = _int4_code(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)))
+        c = c << ((e & 1) * 4)[None, :]
+        out = tl.sum(tl.reshape(c, (x.shape[0], BLOCK_B, 2)), axis=2).to(tl.uint8)
     return out, s
 
 
