@@ -17,7 +17,8 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     bb = s - p
     err = (p - (s - bb)) + (c64 - bb)
     odd = (s.view(np.int64) & 1) == 1
-    s = np.where((err != 0) & ~odd, np.nextafter(s, s + err), s)
+    # toward err's sign (not s + err: an err below half an ulp of s rounds that back to s)
+    s = np.where((err != 0) & ~odd, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
     return s.astype(np.float32)
 
 
@@ -79,6 +80,30 @@ def check_floor(qmax: float, quotient=fast_quotient) -> tuple[int, int]:
     return len(x), int((int_codes((x / s).astype(np.float32), qmax) != int_codes(quotient(x, s), qmax)).sum())
 
 
+def check_fp32_boundaries(qmax: float, s_bits=None, window: int = 8, quotient=fast_quotient) -> tuple[int, int, int]:
+    """fp32 x: the quotient is RN(q0 + rho r) with q0 within 2 ulp of x / s and rho r = (x / s - q0)(1 + ~3
+    2^-24), so it is within 1/2 ulp + 2^-21 ulp of x / s, one of x / s's two fp32 neighbours, as is the ieee
+    quotient; their codes can differ only when a code boundary (a half-integer k + 1/2 < qmax) lies within
+    an ulp of x / s, that is x within s ulp(b) <= 2 ulp(x) of s b: 3 fp32 steps of RN(s b), 6 across a binade
+    edge (window 8 covers it). Everything scales by powers of two (no under/overflow near a boundary: s >= 1e-8 / qmax,
+    1 / s normal), so s in [1, 2) covers every scale: for each s significand (s_bits: the low 23 bits, all
+    by default) and boundary b, the x within `window` fp32 steps of RN(s b), positive (every step is odd in
+    x). Returns (pairs, quotients unequal, codes unequal)."""
+    s_bits = np.arange(1 << 23, dtype=np.uint32) if s_bits is None else np.asarray(s_bits, np.uint32)
+    pairs = qdiff = cdiff = 0
+    steps = np.arange(-window, window + 1, dtype=np.int32)
+    for chunk in np.array_split(s_bits, max(1, len(s_bits) // (1 << 18))):
+        s = ((np.uint32(127 << 23) | chunk).view(np.float32))[:, None]
+        for k in range(int(qmax)):
+            center = (s * np.float32(k + 0.5)).astype(np.float32)
+            x = (center.view(np.int32) + steps[None, :]).view(np.float32)
+            ref, got = (x / s).astype(np.float32), quotient(x, s)
+            qdiff += int((ref != got).sum())
+            cdiff += int((int_codes(ref, qmax) != int_codes(got, qmax)).sum())
+            pairs += x.size
+    return pairs, qdiff, cdiff
+
+
 if __name__ == "__main__":
     # the exhaustive proof over bf16 (every finite positive amax; about 20 s a qmax on one core)
     import time
@@ -88,3 +113,8 @@ if __name__ == "__main__":
         fpairs, fdiff = check_floor(qmax)
         print(f"qmax {qmax:g}: {pairs} bf16 (x, amax) pairs: quotient != ieee {qdiff} (normal residual), "
               f"codes != {cdiff}; scale floor: {fpairs} x, codes != {fdiff} ({time.time() - t0:.0f} s)")
+    # fp32 rows, int4 (the int4 store's quotients): every scale significand x every code boundary
+    t0 = time.time()
+    pairs, qdiff, cdiff = check_fp32_boundaries(7.0)
+    print(f"qmax 7 fp32: {pairs} (s, x near k + 1/2) pairs: quotient != ieee {qdiff}, codes != {cdiff} "
+          f"({time.time() - t0:.0f} s)")
