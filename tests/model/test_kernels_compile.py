@@ -58,7 +58,8 @@ def kernels() -> list[tuple]:
     conv8_store = {**conv_copy, "conv_dst": "*i8"}
     conv8_load = {**conv_copy, "conv_src": "*i8"}
     copy_c = {"CONV_BLOCK": 4096, "TO_BF16": False, "CONV8": 0}
-    enc_c, dec_c = {"CONV_BLOCK": 2048, "TO_BF16": False, "CONV8": 1}, {"CONV_BLOCK": 2048, "TO_BF16": True, "CONV8": 2}
+    # the encode as a GPU runs it on bf16 conv state: the fma quotient (CONV8 3, conv8_ops.fast_div)
+    enc_c, dec_c = {"CONV_BLOCK": 2048, "TO_BF16": False, "CONV8": 3}, {"CONV_BLOCK": 2048, "TO_BF16": True, "CONV8": 2}
     # the checkpoint store's INT8 path with the fma quotient (QUANT 2: the interpreter never runs it)
     gather = {"src": "*fp32", "dst": "*i8", "dst_scale": "*fp32", "src_idx": "*i64", "dst_idx": "*i64",
               "unit_layer": "*i64", "unit_src": "*i64", "unit_dst": "*i64",
@@ -86,7 +87,7 @@ def kernels() -> list[tuple]:
                         {"src": "*fp32", "dst": "*u8", "dst_scale": "*fp32", **idx, "unit_layer": "*i64",
                          "unit_src": "*i64", "unit_dst": "*i64",
                          **_ints("n_rows", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_scale_b"), **cs},
-                        {**shape, **cc[0]}, 4))
+                        {**shape, **cc[0], "FAST_DIV": codec == 2}, 4))
             out.append((codec_kernels.load_units_kernel,
                         {"src": "*u8", "src_scale": "*fp32", "dst": "*fp32", **idx, **units,
                          **_ints("n_rows", "stride_src_b", "stride_scale_b", "stride_dst_l", "stride_dst_n"), **cl},
@@ -94,7 +95,7 @@ def kernels() -> list[tuple]:
     out.append((conv8_kernels.conv8_encode_kernel,
                 {"src": "*bf16", "dst": "*i8", "dst_scale": "*fp32", "rows": "*i64", "slots": "*i64",
                  **_ints("n", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_dst_l")},
-                {"ROW4": 4097, "BLOCK": 2048}, 4))
+                {"ROW4": 4097, "BLOCK": 2048, "FAST_DIV": True}, 4))
     out.append((conv8_kernels.conv8_decode_kernel,
                 {"src": "*i8", "src_scale": "*fp32", "dst": "*bf16", "slots": "*i64", "rows": "*i64",
                  **_ints("n", "stride_src_b", "stride_src_l", "stride_dst_l", "stride_dst_n")},
@@ -182,6 +183,23 @@ def check_state_ptx(name: str, ptx: str) -> None:
     # int4's rows are 8 bytes a thread (a tile of 16 x 64 bytes over 128 threads): v2 accesses
     assert re.search(r"ld\.global\.v[24]", ptx) and re.search(r"st\.global\.v[24]", ptx), \
         f"{name}: rows not moved as vector accesses"
+    # int4's store packs its codes in registers (shift by the element's parity, sum over pairs): splitting the
+    # fp32 tile into even / odd halves took 11 barriers (13 with the conv8 encode) through shared memory
+    bars = len(re.findall(r"\bbar\.sync", ptx))
+    assert name != "store_units_kernel" or bars <= 6, f"{name}: {bars} bar.sync, tiles moved through shared memory"
+
+
+def check_conv_divisions(divs: dict) -> None:
+    """The 8-bit conv encode's quotients are the fma sequence (kernels._div_fma), not div.rn: a store launch
+    with it (CONV8 3) has at most 2 more div.rn.f32 (the layer's scale, its reciprocal) than the same launch
+    with the conv copied (CONV8 0); per-element div_rn (16 a thread at 2048 a block) made every quantizing
+    +c8 store 10 us slower on the H200 (issue 35). divs: (name, other constexprs, extra) -> {CONV8: count}."""
+    pairs = [(k, v) for k, v in divs.items() if isinstance(v, dict) and 0 in v and 3 in v]
+    assert pairs, "no store launch compiled with and without the conv8 encode"
+    for key, v in pairs:
+        assert v[3] - v[0] <= 2, f"{key[0]} {dict(key[1])}: the conv8 encode adds {v[3] - v[0]} div.rn.f32"
+    enc = divs.get(("conv8_encode_kernel", "standalone"))
+    assert enc is not None and enc <= 2, f"conv8_encode_kernel: {enc} div.rn.f32, per-element divisions"
 
 
 def variants() -> list[tuple[int, frozenset]]:
@@ -220,15 +238,25 @@ def compile_one(job: tuple[int, frozenset]) -> str:
     regs = re.findall(r"Used (\d+) registers", r.stdout + r.stderr)
     check_state_ptx(fn.__name__, k.asm["ptx"])
     assert r.returncode == 0 and spills and not any(spills), (fn.__name__, constexprs, r.stderr[-2000:])
-    return f"compiled {fn.__name__} {constexprs} {sorted(extra)} registers {regs} spill stores {spills}"
+    ndiv = len(re.findall(r"\bdiv\.rn\.f32", k.asm["ptx"]))
+    line = f"compiled {fn.__name__} {constexprs} {sorted(extra)} registers {regs} spill stores {spills}"
+    return line, fn.__name__, dict(constexprs), tuple(sorted(extra)), ndiv
 
 
 def compile_all() -> None:
     # one compile per core (the compiles are independent; a 2-core CI machine halves the wall time)
     import multiprocessing
+    divs: dict = {}
     with multiprocessing.get_context("fork").Pool(min(2, os.cpu_count() or 1)) as pool:
-        for line in pool.imap_unordered(compile_one, variants()):
+        for line, name, constexprs, extra, ndiv in pool.imap_unordered(compile_one, variants()):
             print(line, flush=True)
+            if name == "conv8_encode_kernel":
+                divs[(name, "standalone")] = max(ndiv, divs.get((name, "standalone"), 0))
+            elif "CONV8" in constexprs and constexprs["CONV8"] in (0, 3):
+                key = (name, tuple(sorted((n, v) for n, v in constexprs.items()
+                                          if n not in ("CONV8", "CONV_BLOCK", "TO_BF16"))), extra)
+                divs.setdefault(key, {})[constexprs["CONV8"]] = ndiv
+    check_conv_divisions(divs)
 
 
 def test_our_kernels_compile_for_sm90():

@@ -205,3 +205,22 @@ def test_pool_bytes_and_round_trip(codec, unit_bytes):
     # int4: half a step of s = amax / 7; fp8: half an ulp (x / 16) or half a subnormal step (s * 2^-10)
     bound = amax / 14 if codec == "int4" else x.abs() / 16 + amax / 448 * 2 ** -10
     assert bool(((x - xh).abs() <= bound * (1 + 1e-6)).all())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="int4's fma quotient (codec_ops._fast_div) runs on a GPU only")
+def test_int4_fma_quotient_equals_reference_near_every_boundary():
+    # rows of random magnitudes with elements on, and one float step either side of, (k + 1/2) s
+    g = torch.Generator().manual_seed(12)
+    rows, V = 32768, 128
+    mag = 10.0 ** (torch.rand(rows, 1, generator=g) * 12 - 9)
+    x = (torch.rand(rows, V, generator=g) * 2 - 1) * mag
+    x[:, 0] = mag[:, 0]
+    s = torch.clamp(mag, min=1e-8).float() / torch.full_like(mag, 7.0).float()
+    half = (torch.randint(-7, 7, (rows, V - 1), generator=g) + 0.5) * s
+    step = torch.randint(-1, 2, (rows, V - 1), generator=g).float()
+    near = torch.nextafter(half, half + step * torch.inf).where(step != 0, half)
+    x[:, 1:] = torch.where(torch.rand(rows, V - 1, generator=g) < 0.5, near, x[:, 1:])
+    from trtllm_dasc.state import codec_ops
+    q, sc = codec_ops.quantize(x.cuda(), "int4")
+    qr, sr = codec_naive.quantize_int4(x)
+    assert torch.equal(sc.cpu(), sr) and torch.equal(q.cpu(), qr)

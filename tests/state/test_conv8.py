@@ -96,3 +96,22 @@ def test_planner_counts_conv8_bytes():
     assert plan.slot_bytes_per_rank()[0] == kimi.dense_checkpoint_bytes_per_rank(8) - 184_320 + 92_240
     lay = StateLayout.from_plan(plan, 0)
     assert lay.slot_bytes() == plan.slot_bytes_per_rank()[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fma quotient (conv8_ops.fast_div) runs on a GPU only")
+def test_fma_quotient_encode_equals_reference_on_gpu():
+    # bf16 layers whose values sit on and beside the half-integer multiples of the layer's scale (amax known)
+    g = torch.Generator().manual_seed(5)
+    L, N, cd, w = 4, 64, 1536, 3
+    mag = 10.0 ** (torch.rand(L, N, 1, 1, generator=g) * 12 - 9)
+    s = torch.clamp(mag.to(torch.bfloat16).float(), min=1e-8) / 127
+    half = (torch.randint(-126, 126, (L, N, cd, w), generator=g) + 0.5) * s
+    x = torch.where(torch.rand(L, N, cd, w, generator=g) < 0.5, half, (torch.rand(L, N, cd, w, generator=g) * 2 - 1) * mag)
+    x = x.to(torch.bfloat16)
+    x[:, :, 0, 0] = mag[..., 0, 0].to(torch.bfloat16)
+    row = conv8_naive.conv8_row_bytes(cd * w)
+    ref = torch.zeros((N, L, row), dtype=torch.int8)
+    conv8_naive.store(x, list(range(N)), ref, list(range(N)))
+    got = torch.zeros((N, L, row), dtype=torch.int8, device="cuda")
+    conv8_ops.store(x.cuda(), list(range(N)), got, list(range(N)))
+    assert torch.equal(got.cpu(), ref)

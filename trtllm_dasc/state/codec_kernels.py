@@ -2,21 +2,21 @@
 ``codec_ops``. CODEC: 1 fp8 (e4m3fn bits in a uint8), 2 int4 (two values a byte, low nibble first).
 
 Tiles are [BLOCK_R, BLOCK_B]: BLOCK_R rows of one request, BLOCK_B >= the payload bytes of a row (fp8 V,
-int4 V // 2; an int4 tile moves its rows' 2 * BLOCK_B values with one contiguous load or store and splits or
+int4 V // 2; an int4 tile moves its rows' 2 * BLOCK_B values with one contiguous load or store and packs or
 interleaves the even and odd elements in registers: two stride-2 accesses have contiguity 1 along the row, so
 Triton's coalescing put a warp's 32 lanes on 32 different rows, 32 sectors an instruction, ~10x slower on the
 H200 at be51277). The fp8
 encode / decode work on the bits (round to nearest even, like torch's cast), so the interpreter and the GPU
 give torch's codes exactly; Triton's own fp8 cast is not defined the same way in the interpreter.
-Quotients use div_rn (the IEEE quotient torch computes); the INT8 codec's fma quotient (kernels.py) is the
-bandwidth step left for the GPU benchmark. Addresses are int64.
+Quotients use div_rn (the IEEE quotient torch computes), except int4's on a GPU: the fma quotient
+(kernels._div_fma, FAST_DIV), proven to give div_rn's int4 codes (tests/state/fma_quotient.py). Addresses are int64.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from trtllm_dasc.state.kernels import _conv_part, _round_half_even, _row_scale
+from trtllm_dasc.state.kernels import _conv_part, _div_fma, _round_half_even, _row_scale
 from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows
 
 
@@ -63,8 +63,11 @@ def _nibble(b):
 
 
 @triton.jit
-def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC: tl.constexpr):
-    """Rows at src + row[i] (V contiguous values each) -> (bytes [BLOCK_R, BLOCK_B] uint8, s [BLOCK_R])."""
+def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC: tl.constexpr,
+                 FAST_DIV: tl.constexpr = False):
+    """Rows at src + row[i] (V contiguous values each) -> (bytes [BLOCK_R, BLOCK_B] uint8, s [BLOCK_R]).
+    FAST_DIV (GPU; int4 only, fp8 keeps div_rn): int4's quotients by kernels._div_fma, whose int4 codes equal
+    div_rn's for every fp32 scale and every x near a code boundary (`python tests/state/fma_quotient.py`)."""
     b = tl.arange(0, BLOCK_B)
     if CODEC == 1:
         mask = rmask[:, None] & (b < V)[None, :]
@@ -73,16 +76,23 @@ def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC:
         y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
         out = _fp8_encode(tl.minimum(tl.maximum(y, -448.0), 448.0))
     else:
-        # one contiguous load of the whole row (V even), then even / odd split in registers: two stride-2
-        # loads made the coalescer map a warp across rows (module docstring); speed unmeasured until the next
-        # GPU run of `benchmarks state_bandwidth --codecs ...,int4,mixed`
+        # one contiguous load of the whole row (V even): two stride-2 loads made the coalescer map a warp across
+        # rows (module docstring). The codes are packed where they are: each shifted by 4 x its element's
+        # parity, then summed over (even, odd) pairs, a reduction inside a thread's contiguous values; a
+        # tl.split of the fp32 tile into even / odd halves went through shared memory (sm90 ptx: 11 bar.sync,
+        # 3 here; test_kernels_compile guards it)
         e = tl.arange(0, 2 * BLOCK_B)
         mask = rmask[:, None] & (e < V)[None, :]
         x = tl.load(src + row[:, None] + e[None, :], mask=mask, other=0.0).to(tl.float32)
         s = _row_scale(tl.max(tl.abs(x), axis=1), 7.0)
-        xe, xo = tl.split(tl.reshape(x, (x.shape[0], BLOCK_B, 2)))
-        sb = tl.broadcast_to(s[:, None], xe.shape)
-        out = (_int4_code(tl.math.div_rn(xe, sb)) | (_int4_code(tl.math.div_rn(xo, sb)) << 4)).to(tl.uint8)
+        sb = tl.broadcast_to(s[:, None], x.shape)
+        if FAST_DIV:
+            y = _div_fma(x, sb, tl.broadcast_to(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)[:, None], x.shape))
+        else:
+            y = tl.math.div_rn(x, sb)
+        c = _int4_code(y)
+        c = c << ((e & 1) * 4)[None, :]
+        out = tl.sum(tl.reshape(c, (x.shape[0], BLOCK_B, 2)), axis=2).to(tl.uint8)
     return out, s
 
 
@@ -113,11 +123,11 @@ def _decode_rows(src, row, s, keep, dst, drow, wmask, V: tl.constexpr, BLOCK_B: 
 
 @triton.jit
 def quantize_rows_kernel(x, q, s, n_rows, V: tl.constexpr, VB: tl.constexpr, BLOCK_R: tl.constexpr,
-                         BLOCK_B: tl.constexpr, CODEC: tl.constexpr):
+                         BLOCK_B: tl.constexpr, CODEC: tl.constexpr, FAST_DIV: tl.constexpr = False):
     """x [n_rows, V] contiguous -> q uint8 [n_rows, VB], s [n_rows]."""
     ri = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = ri < n_rows
-    out, sv = _encode_rows(x, ri * V, rmask, V, BLOCK_B, CODEC)
+    out, sv = _encode_rows(x, ri * V, rmask, V, BLOCK_B, CODEC, FAST_DIV)
     b = tl.arange(0, BLOCK_B)
     tl.store(q + ri[:, None] * VB + b[None, :], out, mask=rmask[:, None] & (b < VB)[None, :])
     tl.store(s + ri, sv.to(s.dtype.element_ty), mask=rmask)
@@ -140,7 +150,7 @@ def store_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_s
                        conv_scale, conv_row4,
                        R: tl.constexpr, V: tl.constexpr, VB: tl.constexpr, BLOCK_R: tl.constexpr,
                        BLOCK_B: tl.constexpr, CODEC: tl.constexpr, CONV_BLOCK: tl.constexpr = 16,
-                       TO_BF16: tl.constexpr = False, CONV8: tl.constexpr = 0):
+                       TO_BF16: tl.constexpr = False, CONV8: tl.constexpr = 0, FAST_DIV: tl.constexpr = False):
     """Listed unit j (n_rows = J * R rows) of active row src_idx[b]: src[layer_j, n, unit_src[j]] is
     encoded into slot dst_idx[b] at position unit_dst[j]: dst [S, width, R * VB] uint8 (slot stride
     stride_dst_b), dst_scale [S, width, R] (slot stride stride_scale_b). Programs past the row blocks
@@ -151,7 +161,7 @@ def store_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_s
     if pid < n_tb:
         rmask, r, layer, u_src, u_dst = listed_unit_rows(pid, n_rows, unit_layer, unit_src, unit_dst, R, BLOCK_R)
         src_row = layer * stride_src_l + n_src * stride_src_n + u_src * (R * V) + r * V
-        out, s = _encode_rows(src, src_row, rmask, V, BLOCK_B, CODEC)
+        out, s = _encode_rows(src, src_row, rmask, V, BLOCK_B, CODEC, FAST_DIV)
         bb = tl.arange(0, BLOCK_B)
         dst_row = n_dst * stride_dst_b + u_dst * (R * VB) + r * VB
         tl.store(dst + dst_row[:, None] + bb[None, :], out, mask=rmask[:, None] & (bb < VB)[None, :])

@@ -26,6 +26,12 @@ def _blocks(n_rows: int, VB: int, cid: int) -> tuple[int, int]:
     return max(1, min(max(triton_ops.TILE_ELEMS // max(values, 1), 1), _pow2(n_rows))), block_b
 
 
+def _fast_div(cid: int, x: torch.Tensor) -> bool:
+    # int4's quotients by the fma sequence on a GPU (codec_kernels._encode_rows; the interpreter's fma rounds
+    # twice); fp8 keeps div_rn: its codes' boundaries (every e4m3 midpoint) are not yet checked
+    return cid == CODEC_ID["int4"] and x.is_cuda
+
+
 def _check_codec(codec: str, V: int) -> int:
     if codec not in CODEC_ID:
         raise ValueError(f"codec {codec!r} is not one of {tuple(CODEC_ID)}")
@@ -45,7 +51,8 @@ def quantize(x: torch.Tensor, codec: str, scale_dtype: torch.dtype = torch.float
     n_rows = xc.numel() // max(V, 1)
     if n_rows:
         BR, BB = _blocks(n_rows, VB, cid)
-        K.quantize_rows_kernel[(_cdiv(n_rows, BR),)](xc, q, s, n_rows, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, CODEC=cid)
+        K.quantize_rows_kernel[(_cdiv(n_rows, BR),)](xc, q, s, n_rows, V=V, VB=VB, BLOCK_R=BR, BLOCK_B=BB, CODEC=cid,
+                                                     FAST_DIV=_fast_div(cid, xc))
     return q, s
 
 
@@ -86,7 +93,7 @@ def store_units(t, rows, payload, scales, slots, unit_layer, unit_local, slot_po
     K.store_units_kernel[(n_blocks, B)](
         t, payload, scales, rows, slots, unit_layer, unit_local, slot_pos, n_rows, t.stride(0), t.stride(1),
         payload.stride(0), scales.stride(0), *conv.kernel_args(payload), R=R, V=V, VB=VB, BLOCK_R=BR,
-        BLOCK_B=BB, CODEC=cid, **conv.consts)
+        BLOCK_B=BB, CODEC=cid, **conv.consts, FAST_DIV=_fast_div(cid, t))
 
 
 def load_units(payload, scales, slots, t, rows, pos_of_unit, R: int, V: int, codec: str,

@@ -16,13 +16,14 @@ from trtllm_dasc.state.ragged_index import request_rows
 
 @triton.jit
 def conv8_encode_kernel(src, dst, dst_scale, rows, slots, n, stride_src_l, stride_src_n, stride_dst_b,
-                        stride_dst_l, ROW4: tl.constexpr, BLOCK: tl.constexpr):
+                        stride_dst_l, ROW4: tl.constexpr, BLOCK: tl.constexpr, FAST_DIV: tl.constexpr = False):
     """src [L, N, n] (rows contiguous) rows[b] -> dst int8 [S, L, row] slots[b]: codes at [0, n), the fp32
-    scale at float index ROW4 - 1 of dst_scale (the same bytes viewed as fp32)."""
+    scale at float index ROW4 - 1 of dst_scale (the same bytes viewed as fp32). FAST_DIV: the fma quotient
+    (kernels._div_fma; GPU and bf16 src only)."""
     layer = tl.program_id(0).to(tl.int64)
     i_src, slot = request_rows(rows, slots)
     _conv8_encode_layer(src, dst, dst_scale, i_src, slot, layer, n, stride_src_n, stride_src_l, stride_dst_b,
-                        stride_dst_l, ROW4, BLOCK)
+                        stride_dst_l, ROW4, BLOCK, FAST_DIV)
 
 
 @triton.jit

@@ -21,6 +21,13 @@ def _check(conv: torch.Tensor, conv_store: torch.Tensor) -> int:
     return n
 
 
+def fast_div(conv: torch.Tensor) -> bool:
+    """The encode's quotients by the fma sequence (kernels._div_fma): on a GPU (the interpreter's fma rounds
+    twice) and for bf16 values, the inputs on which it is proven equal to torch's division
+    (tests/state/fma_quotient.py)."""
+    return conv.is_cuda and conv.dtype == torch.bfloat16
+
+
 def _block(n: int) -> int:
     return max(16, min(BLOCK, 1 << max(n - 1, 0).bit_length()))
 
@@ -33,7 +40,8 @@ def store(conv, rows, conv_store, slots) -> None:
         return
     K.conv8_encode_kernel[(conv.shape[0], rows.numel())](
         conv, conv_store, conv_store.view(torch.float32), rows, slots, n, conv.stride(0), conv.stride(1),
-        conv_store.stride(0), conv_store.stride(1), ROW4=conv_store.shape[-1] // 4, BLOCK=_block(n))
+        conv_store.stride(0), conv_store.stride(1), ROW4=conv_store.shape[-1] // 4, BLOCK=_block(n),
+        FAST_DIV=fast_div(conv))
 
 
 def load(conv_store, slots, conv, rows) -> None:

@@ -29,22 +29,30 @@ def _row_scale(a, QMAX: tl.constexpr):
 
 
 @triton.jit
+def _div_fma(x, s, r):
+    """x / s from r = RN(1 / s) (div_rn, once per scale): q0 = RN(x r), then RN(q0 + RN(x - s q0) r), two fmas
+    (Markstein's correction). Three flops an element where div_rn's slow-path-guarded sequence takes about
+    ten. GPU only: the interpreter's fma rounds twice. Equal to the ieee quotient wherever the residual
+    x - s q0 does not underflow (below that |x / s| < 1e-26, code 0 either way): tests/state/fma_quotient.py
+    is its numpy twin; its __main__ checks it against ieee division on every bf16 (x, amax) pair."""
+    q0 = x * r
+    return tl.math.fma(tl.math.fma(-q0, s, x), r, q0)
+
+
+@triton.jit
 def _quantize_rows(x, FAST_DIV: tl.constexpr):
     """[BLOCK_R, BLOCK_V] fp32 tile (masked lanes 0) -> (q fp32 integral, s [BLOCK_R]); paper Eq. 10.
     The quotients x / s are IEEE-rounded either way, so they equal torch's bit for bit. FAST_DIV (on a GPU):
-    by Markstein's correction, r = RN(1 / s) once per row, q0 = RN(x r), the residual x - s q0 exact in one
-    fma and RN(q0 + residual r) in another, which is the correctly rounded quotient (a = |x| <= 127 s, all
-    normal): three flops an element where div_rn's slow-path-guarded sequence took about ten, which the
-    INT8 store, short on bytes, could not hide (`python -m benchmarks state_bandwidth`, Kimi W=128 at batch
-    64, measured on an H200: 62.0% of copy bandwidth with div_rn, 68.4% with this). Without FAST_DIV (Triton's
-    interpreter, whose fma rounds twice) div_rn."""
+    _div_fma, by Markstein's correction the correctly rounded quotient (a = |x| <= 127 s, all normal): the
+    INT8 store, short on bytes, could not hide div_rn's ten flops an element (`python -m benchmarks
+    state_bandwidth`, Kimi W=128 at batch 64, measured on an H200: 62.0% of copy bandwidth with div_rn, 68.4%
+    with this). Without FAST_DIV (Triton's interpreter, whose fma rounds twice) div_rn."""
     a = tl.max(tl.abs(x), axis=1)
     s = _row_scale(a, 127.0)
     sb = tl.broadcast_to(s[:, None], x.shape)
     if FAST_DIV:
         rb = tl.broadcast_to(tl.math.div_rn(tl.full(a.shape, 1.0, tl.float32), s)[:, None], x.shape)
-        q0 = x * rb
-        y = tl.math.fma(tl.math.fma(-q0, sb, x), rb, q0)
+        y = _div_fma(x, sb, rb)
     else:
         y = tl.math.div_rn(x, sb)
     y = tl.minimum(tl.maximum(y, -127.0), 127.0)
@@ -83,11 +91,15 @@ def _conv_block(src, dst, i_src, i_dst, blk, cw, s_src_b, s_src_l, s_dst_b, s_ds
 
 @triton.jit
 def _conv8_encode_layer(src, dst, dst_scale, i_src, slot, layer, n, s_src_b, s_src_l, s_dst_b, s_dst_l, row4,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, FAST_DIV: tl.constexpr = False):
     """8-bit conv encode of one (layer, request) (conv8_naive): src's n contiguous values at i_src * s_src_b +
     layer * s_src_l -> int8 codes at slot * s_dst_b + layer * s_dst_l of dst, the fp32 scale at float index
     row4 - 1 of that row (dst_scale: the same bytes viewed as fp32). Two passes of BLOCK-wide loads (amax,
-    then quantize); the second reads the layer's few KiB from the cache."""
+    then quantize); the second reads the layer's few KiB from the cache. FAST_DIV (GPU, bf16 src): the
+    quotients by _div_fma, equal to div_rn's codes for every bf16 x and amax (exhaustive: `python
+    tests/state/fma_quotient.py`; a subset in test_fast_quotient.py); div_rn's per-element sequence made
+    every +c8 store of a quantizing codec 10 us slower than without conv8 on the H200 (Kimi batch 64, issue
+    35), while native+c8 hid it."""
     base = src + layer * s_src_l + i_src * s_src_b
     amax = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, n, BLOCK):
@@ -95,13 +107,20 @@ def _conv8_encode_layer(src, dst, dst_scale, i_src, slot, layer, n, s_src_b, s_s
         amax = tl.maximum(amax, tl.abs(tl.load(base + e, mask=e < n, other=0.0).to(tl.float32)))
     # ieee division, so the scale and the quotients equal torch's bit for bit (paper Eq. 10)
     s = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-8), 127.0)
+    # the correctly rounded reciprocal _div_fma needs (one division a layer)
+    r = tl.math.div_rn(1.0, s)
     out = dst + slot * s_dst_b + layer * s_dst_l
     # the padding up to the scale is written too (zeros, as the reference writes): a slot is all defined bytes
     n_pad = row4 * 4 - 4
     for start in range(0, n_pad, BLOCK):
         e = start + tl.arange(0, BLOCK)
         x = tl.load(base + e, mask=e < n, other=0.0).to(tl.float32)
-        y = tl.minimum(tl.maximum(tl.math.div_rn(x, tl.zeros((BLOCK,), tl.float32) + s), -127.0), 127.0)
+        sb = tl.zeros((BLOCK,), tl.float32) + s
+        if FAST_DIV:
+            y = _div_fma(x, sb, tl.zeros((BLOCK,), tl.float32) + r)
+        else:
+            y = tl.math.div_rn(x, sb)
+        y = tl.minimum(tl.maximum(y, -127.0), 127.0)
         tl.store(out + e, _round_half_even(y).to(tl.int8), mask=e < n_pad)
     # s_dst_* are in int8 elements; the fp32 view's are a quarter of them
     tl.store(dst_scale + slot * (s_dst_b // 4) + layer * (s_dst_l // 4) + row4 - 1, s)
@@ -126,11 +145,12 @@ def _conv_part(src, dst, scale, i_src, i_dst, blk, cw, row4, s_src_b, s_src_l, s
                BLOCK: tl.constexpr, TO_BF16: tl.constexpr, CONV8: tl.constexpr):
     """Program blk (past the row blocks) of a store / load's conv state, fused into its launch. CONV8: 0 the
     conv copied in its dtype (cdiv(cw, BLOCK) programs a layer), 1 the 8-bit encode (one program a layer:
-    its scale needs the layer's amax), 2 the 8-bit decode (cdiv(cw, BLOCK) programs a layer). A separate
+    its scale needs the layer's amax; quotients by div_rn), 3 the same with the fma quotient (GPU, bf16
+    src: _conv8_encode_layer FAST_DIV), 2 the 8-bit decode (cdiv(cw, BLOCK) programs a layer). A separate
     launch for the conv state cost the +c8 / fp8 / int4 stores 7-13 us at batch 64 on the H200 (issue 35)."""
-    if CONV8 == 1:
+    if CONV8 == 1 or CONV8 == 3:
         _conv8_encode_layer(src, dst, scale, i_src, i_dst, blk.to(tl.int64), cw, s_src_b, s_src_l, s_dst_b,
-                            s_dst_l, row4, BLOCK)
+                            s_dst_l, row4, BLOCK, CONV8 == 3)
     elif CONV8 == 2:
         per_layer = tl.cdiv(cw, BLOCK)
         layer = (blk // per_layer).to(tl.int64)

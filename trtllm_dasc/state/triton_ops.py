@@ -80,8 +80,10 @@ def _conv_args(src, dst, src_strides, dst_strides, layout, encode: bool) -> _Con
         # encode: one program a layer (its scale needs the layer's amax); decode: blocks of a layer
         per_request = layout.num_layers * (1 if encode else _cdiv(n, block))
         args = (src, dst, n, *src_strides, *dst_strides, conv_store.view(torch.float32), conv_store.shape[-1] // 4)
+        # CONV8: 1 encode (div_rn), 3 encode with the fma quotient (conv8_ops.fast_div), 2 decode
+        code = (3 if conv8_ops.fast_div(conv) else 1) if encode else 2
         return _Conv(args, per_request, {"CONV_BLOCK": block, "TO_BF16": not encode and conv.dtype == torch.bfloat16,
-                                         "CONV8": 1 if encode else 2})
+                                         "CONV8": code})
     for x in (src, dst):
         assert x.shape[-2:] == (layout.conv_dim, layout.conv_width), f"conv {tuple(x.shape)} has the wrong shape"
         st = x.stride()
