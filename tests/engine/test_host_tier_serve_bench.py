@@ -56,3 +56,7 @@ def test_smoke_measures_the_copies(result):
     v = result["verdict"]
     assert v["promotion_target_met"] == (c["promotion_over_prefill"] <= 0.1)
     assert set(v) >= {"hit_rate_target_met", "ttft_target_met", "promotion_target_met"}
+    full = {a: [b for b in r["blocks"] if "full dataset" in b["phase"]][0] for a, r in result["arms"].items()}
+    assert v["ttft_target_met"] == (full["nr16+host"]["ttft_ms_mean"] < full["nr16"]["ttft_ms_mean"])
+    assert v["hit_rate_target_met"] == (full["nr16+host"]["hit_rate"] >= 2 * full["nr16"]["hit_rate"] > 0
+                                        or full["nr16"]["hit_rate"] == 0 < full["nr16+host"]["hit_rate"])
