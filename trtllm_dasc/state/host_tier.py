@@ -84,6 +84,8 @@ class HostTier:
             return
         # forget the copies already done (on a GPU the table would otherwise only grow)
         self.pending = {d: e for d, e in self.pending.items() if not self.stream.query(e)}
+        # and read the finished copies' timing events (they would otherwise pile up between scrapes)
+        self.stream.seconds()
         self.stream.after_current()
         if demotions:
             done = self.demote(demotions)
@@ -97,6 +99,8 @@ class HostTier:
         if not copies:
             return
         self.pending = {d: e for d, e in self.pending.items() if not self.stream.query(e)}
+        # and read the finished copies' timing events (they would otherwise pile up between scrapes)
+        self.stream.seconds()
         self.stream.after_current()
         for kind, a, b in copies:
             d, h = (a, b) if kind == "demote" else (b, a)
