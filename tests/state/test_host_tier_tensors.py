@@ -117,3 +117,18 @@ def test_a_missing_wait_is_caught_by_the_reference_stream():
     tier.run([], [(0, 4)])
     t, _ = _load(pool, tier, temporal, conv, 4)
     assert not torch.equal(t, old[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_copies_are_counted_in_bytes_and_seconds(device):
+    """The metrics' copy bytes: a slot is every pool tensor's row (the layout's slot bytes, the planner's
+    accounting); seconds grow once the copies ran (CUDA: timing events around each batch, read when done)."""
+    lay, pool, tier, temporal, conv = _setup(device, host_slots=3)
+    _store(pool, tier, temporal, conv, [0, 1], [1, 2])
+    assert tier.stream.seconds() == 0
+    tier.run([(1, 0), (2, 1)], [])
+    tier.run([], [(0, 4)])
+    tier.synchronize()
+    assert tier.slot_bytes == lay.slot_bytes()
+    assert tier.copied == {"to_host": 2 * lay.slot_bytes(), "to_device": lay.slot_bytes()}
+    assert tier.stream.seconds() > 0

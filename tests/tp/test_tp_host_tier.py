@@ -1,7 +1,9 @@
 """The host tier under TP (issue 36 item 4): every rank demotes its share of a checkpoint to its own host
 slots and promotes it back on a hit; rank 0's bookkeeping counts the same host slots on every rank (the
 bottleneck rank's slot bytes set the count). Real mpirun ranks on the CPU against the in-process TP1 engine
-of the same configuration (tokens and cached tokens equal), with hits served from the host tier on both."""
+of the same configuration (tokens and cached tokens equal), with hits served from the host tier on both; and
+with host KV (--host-kv-blocks) under a small KV cache, where every rank demotes and warms back its own share
+of the same blocks (rank 0's plan) and the KV tier's bookkeeping equals TP1's."""
 from __future__ import annotations
 
 import pytest
@@ -22,9 +24,15 @@ def _reference(model_dir: str, flags: dict) -> dict:
 
 # one case (the suite's time): KDA with storage balancing, whose checkpoints cross ranks through the
 # all-to-all on store and load; the host tier's codecs at TP1 are tests/cache/test_host_tier.py's
-@pytest.mark.parametrize("arch, arm", [("kda", dict(policy="nr", placement="storage", wmax=32))],
-                         ids=["kda-storage-balanced"])
-def test_tp2_host_tier_hits_equal_the_tp1_engine(tmp_path, arch, arm):
+# the host-kv case: 24 device KV blocks (a prompt and its decode take up to 19) and 128 host blocks, so the hot
+# prompts' prefixes come back from host KV on every rank's heads (each rank mirrors its own share of a block)
+HOST_KV = {"kv-blocks": 24, "host-kv-blocks": 128}
+
+
+@pytest.mark.parametrize("arch, arm, kv", [("kda", dict(policy="nr", placement="storage", wmax=32), {}),
+                                           ("kda", dict(policy="nr", placement="storage", wmax=32), HOST_KV)],
+                         ids=["kda-storage-balanced", "kda-storage-balanced-host-kv"])
+def test_tp2_host_tier_hits_equal_the_tp1_engine(tmp_path, arch, arm, kv):
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     path = tmp_path / f"tp-{arch}"
     build_tp_model(path, arch, seed=20)
@@ -41,7 +49,7 @@ def test_tp2_host_tier_hits_equal_the_tp1_engine(tmp_path, arch, arm):
         # 64 host slots at either degree; one request at a time, so each prompt's captures demote the ones
         # before: the hot prompts' checkpoints are on the host when they come back
         slot = slot_bytes(tp)
-        return {**flags, "budget": 4 * slot + slot // 2, "host-cache-bytes": 64 * slot, "max-batch": 1}
+        return {**flags, "budget": 4 * slot + slot // 2, "host-cache-bytes": 64 * slot, "max-batch": 1, **kv}
     got = run_job(2, ["--model", str(path), "--tp", "2", *[x for k, v in sized(2).items() for x in (f"--{k}", str(v))]],
                   tmp_path / "out.json")
     ref = _reference(str(path), {k: v for k, v in sized(1).items() if k != "placement"})
@@ -52,3 +60,10 @@ def test_tp2_host_tier_hits_equal_the_tp1_engine(tmp_path, arch, arm):
     assert got["checkpoint_hits"]["host"] > 0 and got["checkpoint_promotions"] > 0, got["checkpoint_hits"]
     assert got["checkpoint_hits"] == ref["checkpoint_hits"]
     assert all(r["host_slots"] == got["rank_reports"][0]["host_slots"] > 0 for r in got["rank_reports"])
+    # rank 0's bookkeeping moves the same blocks at either degree; host kv was used (warmed back for hits)
+    assert got["kv_tier"] == ref["kv_tier"] and got["kv_matched_tokens"] == ref["kv_matched_tokens"]
+    if kv:
+        assert got["kv_tier"]["warmed_blocks"] > 0 and got["host_kv_blocks"] == kv["host-kv-blocks"], got["kv_tier"]
+        # every rank mirrors its own share of each block in host blocks (never more than TP1's whole block)
+        assert len(got["rank_reports"]) == 2
+        assert all(0 < r["host_kv_bytes"] <= ref["rank_reports"][0]["host_kv_bytes"] for r in got["rank_reports"])

@@ -57,14 +57,17 @@ def job(engine) -> dict:
     return {"cold": first, "hot": second, "sampled": sampled, "rank_reports": engine.rank_reports,
             "exchange": stats["exchange"], "slot_bytes_per_rank": stats["checkpoint_slot_bytes_per_rank"],
             "checkpoint_hits": stats.get("checkpoint_hits"), "checkpoint_promotions": stats.get("checkpoint_promotions"),
-            "checkpoint_demotions": stats.get("checkpoint_demotions")}
+            "checkpoint_demotions": stats.get("checkpoint_demotions"), "kv_tier": stats.get("kv_tier"),
+            "host_kv_blocks": stats.get("host_kv_blocks"), "kv_matched_tokens": stats.get("kv_matched_tokens"),
+            "host_tier": stats.get("host_tier")}
 
 
 def engine_config(args) -> EngineConfig:
     return EngineConfig(model=args.model, wmax=args.wmax, policy=args.policy, codec=args.codec,
-                        placement=args.placement, tp_size=args.tp, max_batch=args.max_batch, block_size=4, num_kv_blocks=200,
+                        placement=args.placement, tp_size=args.tp, max_batch=args.max_batch, block_size=4, num_kv_blocks=args.kv_blocks,
                         interval=16, max_context=256, state_budget_bytes=args.budget,
-                        host_cache_bytes=args.host_cache_bytes, eviction=args.eviction)
+                        host_cache_bytes=args.host_cache_bytes, eviction=args.eviction,
+                        host_kv_blocks=args.host_kv_blocks)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -79,6 +82,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--host-cache-bytes", type=int, default=0)
     ap.add_argument("--eviction", default="lru")
     ap.add_argument("--max-batch", type=int, default=4)
+    ap.add_argument("--kv-blocks", type=int, default=200)
+    ap.add_argument("--host-kv-blocks", type=int, default=0)
     ap.add_argument("--out", required=True)
     return ap
 

@@ -343,7 +343,7 @@ class Engine:
                    # every rank's checkpoint slot as allocated (the planner predicts the largest) and, where the
                    # storage balance moves units, rank 0's all-to-all time per store and load
                    checkpoint_slot_bytes_per_rank=[r.get("slot_bytes") for r in self.rank_reports],
-                   exchange=self.runner.exchange_report())
+                   exchange=self.runner.exchange_report(), host_tier=self.runner.tier_report())
         return out
 
     def sanity_check(self) -> None:

@@ -290,6 +290,15 @@ class ModelRunner:
         """The storage balance's all-to-all timings per store and load; None where no units move between ranks."""
         return self.pool.exchange_report() if self._exchanges else None
 
+    def tier_report(self) -> dict:
+        """Rank 0's host-tier copies: bytes queued per direction (checkpoints and KV blocks together) and the
+        seconds the copy stream spent on those finished (one stream serves both tiers); zeros with no tier."""
+        tiers = [t for t in (self.host_tier, self.kv_tier) if t is not None]
+        out = {"copy_bytes": {d: sum(t.copied[d] for t in tiers) for d in ("to_host", "to_device")},
+               "copy_seconds": tiers[0].stream.seconds() if tiers else 0.0}
+        out["kv_copy_bytes"] = dict(self.kv_tier.copied) if self.kv_tier else {"to_host": 0, "to_device": 0}
+        return out
+
     def stop(self) -> None:
         """Nothing to release in one process (DistributedRunner releases the other TP ranks here)."""
 

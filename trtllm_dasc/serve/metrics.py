@@ -37,7 +37,11 @@ FAMILIES = [
      lambda s: s.get("checkpoint_promotions", 0)),
     ("dasc_checkpoint_demotions_total", "device checkpoint evictions kept in the host tier", "counter",
      lambda s: s.get("checkpoint_demotions", 0)),
+    # the copy stream's seconds on finished copies (checkpoints and KV blocks share one stream; rank 0)
+    ("dasc_host_tier_copy_seconds_total", "seconds the host tier's copy stream spent copying (rank 0)", "counter",
+     lambda s: (s.get("host_tier") or {}).get("copy_seconds", 0.0)),
 ]
+_NO_COPIES = {"to_host": 0, "to_device": 0}
 LABELLED = [
     ("dasc_checkpoint_slots", "checkpoint slots", "gauge", "state",
      lambda s: {"free": s["checkpoint_slots_free"], "used": s["checkpoint_slots"] - s["checkpoint_slots_free"]}),
@@ -55,6 +59,27 @@ LABELLED = [
      "tier", lambda s: dict(s.get("checkpoint_hits") or {"device": 0, "host": 0})),
     ("dasc_checkpoint_hit_tokens_total", "prompt tokens reused from a checkpoint, by the tier it was found in",
      "counter", "tier", lambda s: dict(s.get("checkpoint_hit_tokens") or {"device": 0, "host": 0})),
+    # checkpoint copies by cause: device -> host at a device eviction (write-back) or at store time
+    # (write-through), host -> device for a hit; and what the host tier itself evicted (dropped for good)
+    ("dasc_checkpoint_tier_copies_total", "checkpoint copies between the tiers, by cause", "counter", "kind",
+     lambda s: {"demotion": s.get("checkpoint_demotion_copies", 0),
+                "write_through": s.get("checkpoint_write_through_copies", 0),
+                "promotion": s.get("checkpoint_promotions", 0)}),
+    ("dasc_host_evictions_total", "entries the host tier dropped, by kind", "counter", "kind",
+     lambda s: {"checkpoints": s.get("checkpoint_host_evictions", 0),
+                "kv_nodes": (s.get("kv_tier") or {}).get("host_evictions", 0)}),
+    # host KV (--host-kv-blocks): prefix nodes and blocks demoted to the host and warmed back for a hit
+    ("dasc_host_kv_blocks", "host-tier KV blocks (0 while host KV is off)", "gauge", "state",
+     lambda s: {"free": s.get("host_kv_blocks_free", 0),
+                "used": s.get("host_kv_blocks", 0) - s.get("host_kv_blocks_free", 0)}),
+    ("dasc_kv_tier_blocks_total", "KV blocks moved between the tiers", "counter", "kind",
+     lambda s: {"demoted": (s.get("kv_tier") or {}).get("demoted_blocks", 0),
+                "warmed": (s.get("kv_tier") or {}).get("warmed_blocks", 0)}),
+    ("dasc_kv_tier_nodes_total", "prefix nodes whose KV moved between the tiers", "counter", "kind",
+     lambda s: {"demoted": (s.get("kv_tier") or {}).get("demoted_nodes", 0),
+                "warmed": (s.get("kv_tier") or {}).get("warmed_nodes", 0)}),
+    ("dasc_host_tier_copy_bytes_total", "bytes queued on the host tier's copy stream (rank 0), by direction",
+     "counter", "direction", lambda s: dict((s.get("host_tier") or {}).get("copy_bytes") or _NO_COPIES)),
     ("dasc_checkpoint_loads_total", "checkpoint loads on a hit", "counter", "policy",
      lambda s: dict(s["checkpoint_loads"])),
     # errors: failed in the engine, or refused before it ran them (counted by the host, see host.py)

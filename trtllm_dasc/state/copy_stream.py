@@ -9,9 +9,13 @@ stream wait for an event, ask whether one is done):
                       wrong bytes in a test instead of a race that passes by luck
 
 Both run their copies in queue order (a stream is FIFO): a promotion from a host slot that a queued
-demotion is still writing reads what the demotion wrote.
+demotion is still writing reads what the demotion wrote. Both count the seconds their copies ran
+(``seconds()``, the metrics' copy seconds): CUDA's timing events around each batch, read once done; the
+reference's wall time in its copies.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -23,6 +27,7 @@ class DeferredCopyStream:
     def __init__(self):
         self.queue: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.done = self.queued = 0
+        self._seconds = 0.0
 
     def after_current(self) -> None:
         """Order the next copies after the compute stream's work so far (on a CPU that work is done)."""
@@ -40,10 +45,12 @@ class DeferredCopyStream:
 
     def wait(self, event: int) -> None:
         """The compute stream waits for the event: run the copies up to it."""
+        t0 = time.perf_counter()
         while self.done < event:
             dst, src = self.queue.pop(0)
             dst.copy_(src)
             self.done += 1
+        self._seconds += time.perf_counter() - t0
 
     def query(self, event: int) -> bool:
         return self.done >= event
@@ -51,15 +58,26 @@ class DeferredCopyStream:
     def synchronize(self) -> None:
         self.wait(self.queued)
 
+    def seconds(self) -> float:
+        """Seconds spent in copies that ran so far."""
+        return self._seconds
+
 
 class CudaCopyStream:
     def __init__(self, device):
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(self.device)
+        # timing: (start, end) event pairs not yet read; a batch's start is recorded after its wait on the
+        # compute stream, so the span holds copies only, never the wait
+        self._spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._mark = None
+        self._seconds = 0.0
 
     def after_current(self) -> None:
         # a demotion reads a slot the compute stream's earlier stores filled
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._mark = torch.cuda.Event(enable_timing=True)
+        self._mark.record(self.stream)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         # pinned host memory: asynchronous in both directions
@@ -67,8 +85,12 @@ class CudaCopyStream:
             dst.copy_(src, non_blocking=True)
 
     def record(self) -> torch.cuda.Event:
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(enable_timing=self._mark is not None)
         event.record(self.stream)
+        if self._mark is not None:
+            # the next record's span starts here (demote then promote in one batch: no second count)
+            self._spans.append((self._mark, event))
+            self._mark = event
         return event
 
     def wait(self, event: torch.cuda.Event) -> None:
@@ -80,6 +102,17 @@ class CudaCopyStream:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def seconds(self) -> float:
+        """Seconds of the copies finished so far (spans still running are read on a later call)."""
+        left = []
+        for start, end in self._spans:
+            if end.query():
+                self._seconds += start.elapsed_time(end) / 1e3
+            else:
+                left.append((start, end))
+        self._spans = left
+        return self._seconds
 
 
 def copy_stream(device):

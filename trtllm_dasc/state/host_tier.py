@@ -55,7 +55,9 @@ class HostTier:
         self.stream = copy_stream(self.device) if stream is None else stream
         # device slot -> the event of the last queued copy that reads or writes it
         self.pending: dict[int, object] = {}
-        self.copy_seconds = 0.0
+        # bytes queued per direction (the metrics' copy bytes): one slot is a row of every mirrored tensor
+        self.slot_bytes = sum(t[0].numel() * t.element_size() for t in self.host)
+        self.copied = {"to_host": 0, "to_device": 0}
 
     def allocated_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host)
@@ -65,6 +67,7 @@ class HostTier:
         for d, h in pairs:
             for dev, host in zip(self.tensors, self.host):
                 self.stream.copy(host[h], dev[d])
+        self.copied["to_host"] += len(pairs) * self.slot_bytes
         return self.stream.record()
 
     def promote(self, pairs: list[tuple[int, int]]):
@@ -72,6 +75,7 @@ class HostTier:
         for h, d in pairs:
             for dev, host in zip(self.tensors, self.host):
                 self.stream.copy(dev[d], host[h])
+        self.copied["to_device"] += len(pairs) * self.slot_bytes
         return self.stream.record()
 
     def run(self, demotions, promotions) -> None:
@@ -80,6 +84,8 @@ class HostTier:
             return
         # forget the copies already done (on a GPU the table would otherwise only grow)
         self.pending = {d: e for d, e in self.pending.items() if not self.stream.query(e)}
+        # and read the finished copies' timing events (they would otherwise pile up between scrapes)
+        self.stream.seconds()
         self.stream.after_current()
         if demotions:
             done = self.demote(demotions)
@@ -93,6 +99,8 @@ class HostTier:
         if not copies:
             return
         self.pending = {d: e for d, e in self.pending.items() if not self.stream.query(e)}
+        # and read the finished copies' timing events (they would otherwise pile up between scrapes)
+        self.stream.seconds()
         self.stream.after_current()
         for kind, a, b in copies:
             d, h = (a, b) if kind == "demote" else (b, a)
@@ -101,6 +109,7 @@ class HostTier:
                     self.stream.copy(host[h], dev[d])
                 else:
                     self.stream.copy(dev[d], host[h])
+            self.copied["to_host" if kind == "demote" else "to_device"] += self.slot_bytes
         done = self.stream.record()
         self.pending.update(((a if kind == "demote" else b), done) for kind, a, b in copies)
 
