@@ -10,6 +10,9 @@ import pytest
 
 from trtllm_dasc.cache import CacheManager
 
+# one request through admit / extend / store / insert / release, and the tree node ending at a position
+from test_host_tier import node_at, run  # noqa: E402
+
 
 def make(slots=2, host=3, policy="write-through"):
     return CacheManager.create(4, 256, slots, 4, interval=100, prompt_only=True, host_slots=host,
@@ -17,26 +20,6 @@ def make(slots=2, host=3, policy="write-through"):
 
 
 A, B, C = ([k * 10 + i for i in range(5)] for k in range(1, 4))
-
-
-def run(m, prompt):
-    lease = m.admit(prompt, len(prompt))
-    captures = m.extend(lease, lease.match.ckpt_len, len(prompt))
-    copies = m.take_copies()
-    m.store(lease, captures, [True] * len(captures))
-    m.insert(lease, prompt)
-    match = lease.match
-    m.release(lease)
-    m.sanity_check([])
-    return match, copies
-
-
-def node_at(m, prompt, end):
-    node, pos = m.tree.root, 0
-    while pos < end:
-        node = node.children[prompt[pos]]
-        pos = node.end
-    return node
 
 
 def test_write_through_copies_at_store_time_and_an_eviction_copies_nothing():

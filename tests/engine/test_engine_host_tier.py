@@ -77,20 +77,23 @@ def test_a_host_budget_below_one_checkpoint_is_a_one_line_error(tiny_models):
         make_engine(path, host_write_policy="write-around")
 
 
+def fail_one_hit(e, monkeypatch, tier, method, message):
+    """The hit request fails while tier.method raises; the engine's books stay whole; the method is restored."""
+    def broken(*args):
+        raise RuntimeError(message)
+    monkeypatch.setattr(tier, method, broken)
+    with pytest.raises(Exception, match=message):
+        e.generate([greedy("hit", HIT, N)])
+    e.sanity_check()
+    monkeypatch.undo()
+
+
 def test_a_failing_promotion_fails_its_request_and_leaks_nothing(tiny_models, monkeypatch):
     path, hf = tiny_models["gdn"]
     e = engine(path, 2, host_slots=8)
     for i, p in enumerate(PROMPTS):
         e.generate([greedy(i, p, 1)])
-    tier = e.runner.host_tier
-
-    def broken(pairs):
-        raise RuntimeError("copy fault")
-    monkeypatch.setattr(tier, "promote", broken)
-    with pytest.raises(Exception, match="copy fault"):
-        e.generate([greedy("hit", HIT, N)])
-    e.sanity_check()
-    monkeypatch.undo()
+    fail_one_hit(e, monkeypatch, e.runner.host_tier, "promote", "copy fault")
     # the host copy survived (the device copy the failed promotion was to write is dropped): the next
     # request hits it again, from the host, and gets the right tokens
     req = greedy("again", HIT, N)
@@ -192,15 +195,7 @@ def test_a_failing_kv_copy_fails_its_request_and_drops_the_prefix(tiny_models, m
     e = engine(path, 8, num_kv_blocks=10, host_kv_blocks=64)
     for i, p in enumerate(PROMPTS):
         e.generate([greedy(i, p, 1)])
-    tier = e.runner.kv_tier
-
-    def broken(copies):
-        raise RuntimeError("kv copy fault")
-    monkeypatch.setattr(tier, "run_ordered", broken)
-    with pytest.raises(Exception, match="kv copy fault"):
-        e.generate([greedy("hit", HIT, N)])
-    e.sanity_check()
-    monkeypatch.undo()
+    fail_one_hit(e, monkeypatch, e.runner.kv_tier, "run_ordered", "kv copy fault")
     # the warmed prefix (its device blocks never written) is gone: the retry recomputes it, correctly
     req = greedy("again", HIT, N)
     (out,) = e.generate([req])
