@@ -120,7 +120,7 @@ def test_keep_going_records_a_failed_arm_and_runs_the_next(kda_model, tmp_path, 
                                                    "seconds": 1.0},
              "server": {"prompt_tokens": 1, "cached_tokens": 0, "checkpoint_evictions": 0, "kv_block_evictions": 0}}
 
-    def fake_served(arm, engine, units, store, ctx, call, commit):
+    def fake_served(arm, engine, units, store, ctx, call, commit, gate=None, record=None, started=None):
         served.append(arm["spec"])
         if arm["spec"] == "nr16:storage":
             raise RuntimeError("arm nr16:storage: tritonserver exited with code 139")
