@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
-from trtllm_dasc.model.kernels.conv import conv_parts, conv_parts_reference, supports  # noqa: E402
+from trtllm_dasc.model.kernels.conv import BLOCK_T, conv_parts, conv_parts_reference, supports  # noqa: E402
 from trtllm_dasc.model.ops import l2norm  # noqa: E402
 
 # natively on a GPU; on the CPU in Triton's interpreter (tests/conftest.py sets it without a GPU)
@@ -31,9 +31,13 @@ def _inputs(lens, parts, W, dtype, seed=0):
 
 @pytest.mark.parametrize("tiles", [(16, 4, 4), (64, 8, 2)], ids=["BT16-G4", "BT64-G2"])
 def test_conv_parts_tile_choices_the_benchmark_times_match_reference(tiles):
-    # several tiles a program, the last program's short of tiles, tiles spanning sequence ends
+    # several tiles a program, the last program's short of tiles, tiles spanning sequence ends. The lengths
+    # are in tiles (the interpreter's time grows with them): 7 tiles (1 + 1 + 1 + 1 + 3), so with G = 4 and
+    # G = 2 the last program holds 3 and 1; 1 and 2 tokens shorter than the window, bt exactly one tile,
+    # 5 one partial tile, 2 bt + 2 two full tiles then a partial one
     dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
-    parts, lens = [32, 32, 64], [1, 2, 64, 5, 130]
+    bt = tiles[0]
+    parts, lens = [32, 32, 64], [1, 2, bt, 5, 2 * bt + 2]
     x, weight, state, cu = _inputs(lens, parts, 4, dtype)
     got, new_state = conv_parts(x, weight, state, cu, parts, 2, 16, tiles)
     ref, ref_state = conv_parts_reference(x.float(), weight, state, cu, parts, 2, 16)
@@ -43,13 +47,20 @@ def test_conv_parts_tile_choices_the_benchmark_times_match_reference(tiles):
     torch.testing.assert_close(new_state.float(), ref_state.float(), **tol)
 
 
-@pytest.mark.parametrize("rows", [(8, 32, 4), (16, 64, 2), (64, 16, 1)], ids=["R8-C32", "R16-C64", "R64-C16"])
+@pytest.mark.parametrize("rows", [(8, 32, 4), (16, 16, 1)], ids=["R8-C32", "R16-C16"])
 def test_conv_rows_kernel_matches_reference(rows):
     # the rows kernel (W = 4): ranges shorter than, equal to and longer than one 8-row step, ranges that end
     # inside a step, sequences shorter than the window, channel blocks of one and of several heads (q / k
-    # normalised per head inside a block of several)
+    # normalised per head inside a block of several). The lengths are in ranges of P rows (the interpreter's
+    # time grows with the steps): 1 and 2 shorter than the window, 5 a range ending inside a step, P exactly
+    # one range (one step at R8, two at R16), 2P + 2 two full ranges then one of 2 rows (its first taps
+    # read the range before), 17 two or one full ranges then a range of 1 row. R8-C32 takes blocks of two
+    # heads, R16-C16 of one (ranges of 16 over blocks of two heads, and of four: test_conv_parts_match_
+    # reference's W = 4); the module's default (ROWS: 64 rows, 70 tokens = a full range and a short one) is
+    # test_mixer_conv_step's
     dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
-    parts, lens = [32, 32, 64], [1, 2, 64, 5, 130, 17]
+    P = rows[0]
+    parts, lens = [32, 32, 64], [1, 2, P, 5, 2 * P + 2, 17]
     x, weight, state, cu = _inputs(lens, parts, 4, dtype, seed=3)
     got, new_state = conv_parts(x, weight, state, cu, parts, 2, 16, rows=rows)
     ref, ref_state = conv_parts_reference(x.float(), weight, state, cu, parts, 2, 16)
@@ -74,14 +85,20 @@ def test_rows_block_never_straddles_parts():
     DEV == "cpu", reason="on the CPU the inputs are fp32 already"))], ids=["state-as-x", "fp32-state"])
 def test_conv_parts_match_reference(W, parts, fp32_state):
     # sequences shorter than the window (their first outputs read the carried state), one that ends
-    # exactly on a 64-token tile, one over two tiles; q and k (the first two parts, where there are two)
-    # l2-normalised per head; a carried state in fp32 next to bf16 inputs (a checkpoint's conv dtype)
+    # exactly on a chunk, one over two chunks; q and k (the first two parts, where there are two)
+    # l2-normalised per head; a carried state in fp32 next to bf16 inputs (a checkpoint's conv dtype).
+    # A chunk: at W = 2 the tile kernel's default tile (BLOCK_T), at W = 4 a rows-kernel range of 16 rows,
+    # two 8-row steps (the default, 64, costs the interpreter 4x the steps; test_conv_rows_kernel and
+    # test_mixer_conv_step run it): 1 and 2 tokens shorter than the window, 5 ending inside the first
+    # chunk (and step), one chunk exactly, two full chunks then one of 2 tokens
     dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
     head, normalized = 16, min(2, len(parts))
-    lens = [1, 2, 64, 5, 130]
+    rows = (16, 256, 1) if W == 4 else None
+    chunk = rows[0] if rows else BLOCK_T
+    lens = [1, 2, chunk, 5, 2 * chunk + 2]
     x, weight, state, cu = _inputs(lens, parts, W, dtype)
     state = state.float() if fp32_state else state
-    got, new_state = conv_parts(x, weight, state, cu, parts, normalized, head)
+    got, new_state = conv_parts(x, weight, state, cu, parts, normalized, head, rows=rows)
     ref, ref_state = conv_parts_reference(x.float(), weight, state, cu, parts, normalized, head)
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     for part, want, p in zip(got, ref, parts):
