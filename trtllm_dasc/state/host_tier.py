@@ -62,31 +62,40 @@ class HostTier:
     def allocated_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host)
 
+    def _copy(self, to_host: bool, d: int, h: int) -> None:
+        """Queue one slot's copy between device slot d and host slot h, every mirrored tensor."""
+        for dev, host in zip(self.tensors, self.host):
+            if to_host:
+                self.stream.copy(host[h], dev[d])
+            else:
+                self.stream.copy(dev[d], host[h])
+        self.copied["to_host" if to_host else "to_device"] += self.slot_bytes
+
     def demote(self, pairs: list[tuple[int, int]]):
         """Queue device slot d -> host slot h for each (d, h); returns their event."""
         for d, h in pairs:
-            for dev, host in zip(self.tensors, self.host):
-                self.stream.copy(host[h], dev[d])
-        self.copied["to_host"] += len(pairs) * self.slot_bytes
+            self._copy(True, d, h)
         return self.stream.record()
 
     def promote(self, pairs: list[tuple[int, int]]):
         """Queue host slot h -> device slot d for each (h, d), after every copy queued before; returns their event."""
         for h, d in pairs:
-            for dev, host in zip(self.tensors, self.host):
-                self.stream.copy(dev[d], host[h])
-        self.copied["to_device"] += len(pairs) * self.slot_bytes
+            self._copy(False, d, h)
         return self.stream.record()
+
+    def _begin(self) -> None:
+        """Before queueing a step's copies: forget the copies already done (on a GPU the table would otherwise
+        only grow), read the finished copies' timing events (they would otherwise pile up between scrapes),
+        and order the copies after the compute stream's work so far."""
+        self.pending = {d: e for d, e in self.pending.items() if not self.stream.query(e)}
+        self.stream.seconds()
+        self.stream.after_current()
 
     def run(self, demotions, promotions) -> None:
         """Queue one step's copies (after the compute stream's work so far); nothing waits for them here."""
         if not demotions and not promotions:
             return
-        # forget the copies already done (on a GPU the table would otherwise only grow)
-        self.pending = {d: e for d, e in self.pending.items() if not self.stream.query(e)}
-        # and read the finished copies' timing events (they would otherwise pile up between scrapes)
-        self.stream.seconds()
-        self.stream.after_current()
+        self._begin()
         if demotions:
             done = self.demote(demotions)
             self.pending.update((d, done) for d, _ in demotions)
@@ -98,18 +107,9 @@ class HostTier:
         """Queue ("demote", device, host) and ("promote", host, device) copies in the given order."""
         if not copies:
             return
-        self.pending = {d: e for d, e in self.pending.items() if not self.stream.query(e)}
-        # and read the finished copies' timing events (they would otherwise pile up between scrapes)
-        self.stream.seconds()
-        self.stream.after_current()
+        self._begin()
         for kind, a, b in copies:
-            d, h = (a, b) if kind == "demote" else (b, a)
-            for dev, host in zip(self.tensors, self.host):
-                if kind == "demote":
-                    self.stream.copy(host[h], dev[d])
-                else:
-                    self.stream.copy(dev[d], host[h])
-            self.copied["to_host" if kind == "demote" else "to_device"] += self.slot_bytes
+            self._copy(kind == "demote", *((a, b) if kind == "demote" else (b, a)))
         done = self.stream.record()
         self.pending.update(((a if kind == "demote" else b), done) for kind, a, b in copies)
 
