@@ -2,6 +2,7 @@
 and run_recurrence's boundary states equal running the prefix alone."""
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -26,7 +27,9 @@ def _inputs(kind, lens, H, HV, K, V, seed):
 
 
 def _reference(kind, q, k, v, g, beta, h0):
-    fn = torch_recurrent_gated_delta_rule if kind == "gdn" else recurrent_kimi_delta_attention
+    # transformers swaps in fla's fused kernel (CUDA tensors only) where fla is installed, as on the GPU
+    # machine: unwrap to its own token loop, the independent reference
+    fn = inspect.unwrap(torch_recurrent_gated_delta_rule if kind == "gdn" else recurrent_kimi_delta_attention)
     return fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
 
 

@@ -56,10 +56,10 @@ CASES = [(m, c, ("native", "int8")[(i + j) % 2]) for i, m in enumerate(arms.SMOK
 
 
 @pytest.mark.parametrize("model,codec,conv_codec", CASES)
-def test_arm_bytes_are_what_the_kernels_read_and_write(model, codec, conv_codec):
+def test_arm_bytes_are_what_the_kernels_read_and_write(model, codec, conv_codec, kernel_device):
     masks = {m.model: m for m in bw.smoke_masks()}[model]
     shape = bw.SHAPES[model]
-    arm = arms.build(masks, shape, codec, conv_codec, "ragged", B, "cpu")
+    arm = arms.build(masks, shape, codec, conv_codec, "ragged", B, kernel_device)
     flat = [c for row in masks.codecs for c in row] if codec == arms.MIXED else [codec] * sum(map(len, masks.lists))
     want = hand_count(shape, flat, conv_codec)
     assert arm.traffic == want
