@@ -22,11 +22,11 @@
 #           run:   cp .whl_b/* /tmp/stage/ && cat /tmp/stage/pytriton.part-* >
 #                  /tmp/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl && python3 -m pip install -q
 #                  --no-index --no-deps --no-compile /tmp/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl
-#   call C  carry [".whl_c", ".kernel_cache", ".cells"]
+#   call C  carry [".whl_c", ".kernel_cache"]
 #           run:   rm -rf .whl && cp -r .whl_c .whl && COMMIT=<sha> CALL_ARMS=nr16 BLOCKS=1 bash scripts/gpu/matched_cells.sh
-#   later calls on the same warm machine carry [".kernel_cache", ".cells"] and run the script alone (the
-#   wheels stay installed; a fresh machine starts again at call A).
-# Bring back after each call: tar xzf $files_at/cells.tgz -C $CELLS (the name the call printed, under .cells/);
+#   later calls on the same warm machine (within 30 s of the last: keep the replies short) carry nothing and
+#   run the script alone (the wheels and the cells stay there; a fresh machine starts again at call A).
+# Bring back after each call: tar xzf $files_at/cells.tgz -C $CELLS (the name the call printed) and commit it;
 # cat $files_at/matched_kernels.tgz.part-* > .kernel_cache/matched_<n>.tgz (the kernels this call compiled,
 # ~1 MB: keep the files in the lead's checkout so the next session's first call carries them; with them a
 # 48B server was ready in 31-35 s instead of 224 s). The device's .git may be stale: COMMIT names the real
@@ -44,8 +44,14 @@ if int(numpy.__version__.split(".")[0]) >= 2:
     sys.exit(f"numpy {numpy.__version__}: the Triton Python backend stub needs numpy<2 (carry numpy==1.26.4)")
 PY
 # the settings that make a different manifest are in the name: the block subset, the checkpoints, the headroom
-CELLS=${CELLS:-.cells/mh_kimi48_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-28.3}}
-mkdir -p "$CELLS"
+# the commit too: the merge refuses cells of mixed commits. Tracked (benchmarks/cells/): the tree carries them
+# to every call and a later session resumes them (ignored files do not outlive a session's checkout)
+CELLS=${CELLS:-benchmarks/cells/mh_kimi48_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-28.3}_c${COMMIT:-HEAD}}
+# the call works in /tmp (a warm machine's next call finds its cells there even before they are committed
+# here), seeded with the committed ones; a cell is a file named by its unit and call, so the union is the merge
+WORK=/tmp/cells/$(basename "$CELLS")
+mkdir -p "$WORK"
+[ -d "$CELLS" ] && cp -rn "$CELLS/." "$WORK/"
 touch /tmp/matched_cells.marker
 # what is left of the call after the prelude, less the time to stop the last server and pack the results
 DEADLINE=$((CALL_LIMIT - ${MARGIN:-60} - SECONDS))
@@ -55,13 +61,16 @@ timeout $((DEADLINE + 40)) python3 -m clients.matched_hbm --paper \
   --arms dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8 --call-arms "${CALL_ARMS:-nr16}" \
   --device cuda --dtype bfloat16 --max-batch-size 96 --memory-limit-bytes device \
   ${BLOCKS:+--blocks-per-phase "$BLOCKS"} ${HEADROOM:+--memory-headroom-gib "$HEADROOM"} \
-  $([ "${BRANCH:-0}" = 1 ] && echo --branch-checkpoints) --cells-dir "$CELLS" --call-deadline-s "$DEADLINE" \
+  $([ "${BRANCH:-0}" = 1 ] && echo --branch-checkpoints) --cells-dir "$WORK" --call-deadline-s "$DEADLINE" \
   --out /tmp/matched_cells --kernel-cache "$CACHE" --json "$OUT/matched_hbm_kimi48_full.json" --plot none \
   ${COMMIT:+--commit "$COMMIT"} "$@"
 rc=$?
-tar czf "$OUT/cells.tgz" -C "$CELLS" .
+tar czf "$OUT/cells.tgz" -C "$WORK" .
 return_new_kernels matched_kernels kernels /tmp/matched_cells.marker
 ls -l "$OUT"/matched_kernels.tgz.part-* 2>/dev/null || echo "matched_cells: no new kernels"
 echo "matched_cells: cells dir $CELLS"
-cp /tmp/matched_cells/servers/*/*.log "$OUT/" 2>/dev/null
+# every arm's server log, named by its arm (one name for all would keep only the last server's)
+for d in /tmp/matched_cells/servers/*/; do
+  for f in "$d"*.log; do [ -f "$f" ] && cp "$f" "$OUT/$(basename "$d")_$(basename "$f")"; done
+done
 exit $rc
