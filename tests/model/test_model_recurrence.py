@@ -30,6 +30,10 @@ def _reference(kind, q, k, v, g, beta, h0):
     # transformers swaps in fla's fused kernel (CUDA tensors only) where fla is installed, as on the GPU
     # machine: unwrap to its own token loop, the independent reference
     fn = inspect.unwrap(torch_recurrent_gated_delta_rule if kind == "gdn" else recurrent_kimi_delta_attention)
+    # grouped value heads: each q/k head serves HV / H value heads (the model's repeat_interleave). Newer
+    # transformers repeat inside the loop, older ones (5.17, the GPU machine's) expect it done: do it here
+    rep = v.shape[2] // q.shape[2]
+    q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
     return fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
 
 
