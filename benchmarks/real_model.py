@@ -360,7 +360,8 @@ def run(args, torch, work: str) -> dict:
     warm = engine.warmup()
     ready = {"build_s": build_s, "load_s": load_s, "warmup_s": warm["seconds"], "ready_s": load_s + warm["seconds"],
              "warmup": warm, "footprint": {"weights": engine.runner.footprint.weights, "kv": engine.runner.footprint.kv,
-                                           "state": engine.runner.footprint.state, "pool": engine.runner.footprint.pool}}
+                                           "state": engine.runner.footprint.state, "pool": engine.runner.footprint.pool,
+                                           "workspace": engine.runner.footprint.workspace}}
     print(f"ready in {ready['ready_s']:.1f} s (weights {load_s:.1f} s + warm-up {warm['seconds']:.1f} s)", flush=True)
     model, raw = engine.runner.model, json.load(open(os.path.join(engine_dir, "model", "config.json")))
     if args.device.startswith("cuda") and not getattr(model.backend, "fused_mixer", False):

@@ -86,6 +86,9 @@ def add_arguments(p) -> None:
     g.add_argument("--interval", type=int, default=256, help="store a checkpoint every INTERVAL prompt tokens")
     g.add_argument("--prefill-chunk", type=int, default=2048, help="prefill tokens of one request per step")
     g.add_argument("--prompt-only", action="store_true", help="checkpoint prompt ends only")
+    g.add_argument("--max-step-captures", type=int, default=None, help="checkpoints one step captures (default: "
+                   "as many as its chunks meet); a chunk past it stops before the capture, the next step takes it. "
+                   "Bounds the step's tensors in the memory check")
     g.add_argument("--tensorrt", action="store_true", help="also build the checkpoint codec (store, load, "
                    "wr merge) as TensorRT engines into tensorrt/ (needs tensorrt or tensorrt-rtx)")
     g = p.add_argument_group("serving")
@@ -106,6 +109,7 @@ def engine_options(args) -> dict:
                 backend=args.backend, max_batch=args.max_batch_size, max_num_tokens=args.max_num_tokens,
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
                 interval=args.interval, prefill_chunk=args.prefill_chunk, prompt_only=args.prompt_only,
+                max_step_captures=getattr(args, "max_step_captures", None),
                 plan_path=engine_dir.PLAN, kernel_cache_dir=engine_dir.KERNELS, tp_size=args.tp,
                 placement=build_placement(args.placement, args.tp),
                 rank_weights=engine_dir.RANK_WEIGHTS if args.tp > 1 and not dummy(args) else None,

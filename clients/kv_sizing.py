@@ -8,29 +8,42 @@ checkpoint pool). With a memory limit, the KV cache is the smaller of that need 
 counted by the engine's own footprint (model/footprint.py: what the runner checks before loading, and
 dasc-build checks at build with --memory-limit-bytes, which the client passes on):
 
-    weights + state rows (2 x max batch + 1) + checkpoint pool (the budget) + (blocks + 1) x block bytes <= limit
+    weights + state rows (2 x max batch + 1) + checkpoint pool (the budget) + the largest step's tensors
+    + (blocks + 1) x block bytes <= limit
 
-(+1: the engine's padding row and block). Each phase is covered when its largest block's prompts and the
-running requests fit; the manifest says which are. A limit of 'device' is the device's total less what that
-count leaves out: the largest step's tensors (step_workspace_bytes, from the config and the step's token
-cap) and a headroom for the rest (DEFAULT_HEADROOM_GIB, measured).
+(+1: the engine's padding row and block; the step's tensors: model/workspace.py at the engine's largest_step,
+whose captures the client caps with --max-step-captures). Each phase is covered when its largest block's
+prompts and the running requests fit; the manifest says which are. A limit of 'device' is the device's total
+less what the engine's count leaves out: a headroom (DEFAULT_HEADROOM_GIB, measured) for the CUDA context,
+workspaces and kernel modules. The step's tensors are in the engine's count (its fixed bytes), so the device
+limit does not subtract them again.
 """
 from __future__ import annotations
 
 import math
 
+
+def __getattr__(name):
+    # step_workspace_bytes lives with the engine's check (model/workspace.py); imported on first use, so that
+    # this module (the CLI's DEFAULT_HEADROOM_GIB) stays free of torch
+    if name == "step_workspace_bytes":
+        from trtllm_dasc.model.workspace import step_workspace_bytes
+        return step_workspace_bytes
+    raise AttributeError(name)
+
 GIB = 1 << 30
 
 
 def engine_fixed_and_block_bytes(cfg, source, *, dtype: str, tp: int, bundle_order, max_batch: int,
-                                 block_size: int, budget: int) -> tuple[int, int]:
-    """(bytes one rank takes besides its KV cache, bytes of one KV block), from the engine's footprint."""
+                                 block_size: int, budget: int, step=None) -> tuple[int, int]:
+    """(bytes one rank takes besides its KV cache, bytes of one KV block), from the engine's footprint; with
+    `step` (model/workspace.py StepShape: the engine's largest_step) the fixed bytes include its tensors."""
     from trtllm_dasc.model.footprint import model_footprint
 
     def at(blocks):
         return model_footprint(cfg, source, dtype=dtype, tp_rank=0, tp_size=tp, bundle_order=bundle_order,
                                state_rows=2 * max_batch + 1, kv_blocks=blocks + 1, block_size=block_size,
-                               pool_bytes=budget)
+                               pool_bytes=budget, step=step)
     one, two = at(1), at(2)
     per_block = two.kv - one.kv
     return one.total - 2 * per_block, per_block
@@ -64,9 +77,8 @@ def plan_kv(phases: list, *, max_batch: int, blocks_per_request: int, limit: int
     return out
 
 
-# What `--memory-limit-bytes device` leaves beside the engine's count and the step's tensors
-# (step_workspace_bytes), in GiB. Measured on an H200 with Kimi-Linear-48B-A3B (dummy weights, batch 96,
-# 8192-token steps, benchmarks/results/matched_hbm_kimi48_full.json): with 24.0 GiB of the device outside the
+# What `--memory-limit-bytes device` leaves beside the engine's count (which now includes the step's tensors,
+# step_workspace_bytes), in GiB. Measured on an H200 with Kimi-Linear-48B-A3B (dummy weights, batch 96, 8192-token steps, benchmarks/results/matched_hbm_kimi48_full.json): with 24.0 GiB of the device outside the
 # engine's count (limit 125e9 B) the fill's Triton kernels ran out of memory, with 30.5 GiB (118e9 B) it ran;
 # at 8 GiB the dense server died in warm-up. The step's tensors are about 2.3 GiB of that (step_workspace_bytes),
 # so most of it is not the step's activations: the CUDA context, cuBLAS / cuDNN workspaces, the loaded kernel
@@ -77,63 +89,15 @@ def plan_kv(phases: list, *, max_batch: int, blocks_per_request: int, limit: int
 DEFAULT_HEADROOM_GIB = 28.3
 
 
-def step_workspace_bytes(schema, *, tokens: int, seqs: int, captures: int, context: int, dtype_bytes: int,
-                         tp: int = 1) -> dict:
-    """The largest transient tensors of one step of `tokens` tokens over `seqs` sequences, `captures` of them
-    taking a checkpoint, each attending to at most `context` tokens (one rank at TP `tp`; schema: a
-    ModelSchema). What the engine's footprint (model/footprint.py) does not count: the largest layer's
-    working tensors, plus what lives through the whole step. A bound from the shapes, not a measurement:
-      resident   the hidden state and the residual [T, D]; the captured states of every linear layer (fp32
-                 [captures, L_lin, HV, K, V], twice: the per-layer list and its stack); the head's logits of
-                 the sampled rows (one a sequence: [N, V] in the dtype, then fp32)
-      linear     a KDA / GDN layer: q, k, v, the gate projection, the output, fla's w, u, qg, kg and v_new
-                 (ten [T, H*K] in the dtype), the log decay and its cumsum (fp32 [T, HV*K]), the two
-                 intra-chunk matrices (fp32 [T, HV, 64]), the fp32 state at every chunk start
-                 ([T/64 + N, HV, K, V]) and the final states ([N, HV, K, V])
-      moe        the router logits (fp32 [T, E]), the grouped GEMMs' h [T*k, I] and y [T*k, D] (moe/kernel.py),
-                 the combined output [T, D], the shared expert's gate_up, activation and output
-      dense_mlp  gate_up [T, 2I] and the activation [T, I]
-      attention  MLA: q [T, H, nope+rope], the latent twice [T, lora+rope], the output [T, H, v], one
-                 sequence's expanded keys, values (padded to the key width) and kv_b output over its context;
-                 GQA: q (with its gate), k, v, the output, and one sequence's keys and values over its context
-    Returns {'total', and the parts}: total = resident + the largest of the layer parts."""
-    n, b, T, N = schema.network, dtype_bytes, tokens, seqs
-    D = n.hidden_size
-    HV, Hk = max(1, schema.num_value_heads // tp), max(1, schema.num_key_heads // tp)
-    K, V = schema.key_head_dim, schema.value_head_dim
-    n_linear = schema.layer_types.count("linear_attention")
-    state = HV * K * V * 4
-    resident = 2 * T * D * b + 2 * captures * n_linear * state + N * n.vocab_size * (b + 4)
-    linear = (10 * T * max(Hk * K, HV * V) * b + 2 * T * HV * K * 4 + 2 * T * HV * 64 * 4
-              + (-(-T // 64) + N) * state + N * state)
-    parts = {"resident": resident, "linear": linear}
-    if "moe" in n.mlp_types:
-        I, Ish = n.moe_intermediate_size // tp, n.shared_intermediate_size // tp
-        parts["moe"] = T * n.num_experts * 4 + T * n.top_k * (I + D) * b + T * D * b + T * (3 * Ish + D) * b
-    if "dense" in n.mlp_types:
-        parts["dense_mlp"] = 3 * T * (n.intermediate_size // tp) * b
-    if "full_attention" in schema.layer_types:
-        H = max(1, n.num_attention_heads // tp)
-        if n.kv_lora_rank:
-            nope, rope, lora, vd = n.qk_nope_head_dim, n.qk_rope_head_dim, n.kv_lora_rank, n.v_head_dim
-            parts["attention"] = (T * H * (nope + rope) * b + 2 * T * (lora + rope) * b + T * H * vd * b
-                                  + context * H * ((nope + vd) + 2 * (nope + rope)) * b)
-        else:
-            hd, Hkv = n.head_dim, max(1, n.num_key_value_heads // tp)
-            parts["attention"] = (2 * T * H * hd * b + 2 * T * Hkv * hd * b + T * H * hd * b
-                                  + 2 * context * H * hd * b)
-    layer = max(v for k, v in parts.items() if k != "resident")
-    return {"total": resident + layer, **parts}
-
-
 def limit_from_total(total: int, workspace: int, headroom_gib: float) -> int:
-    """A device of `total` bytes less the step's tensors and the headroom (DEFAULT_HEADROOM_GIB's comment)."""
+    """A device of `total` bytes less `workspace` and the headroom (DEFAULT_HEADROOM_GIB's comment). The
+    client passes workspace 0: the engine's count (its fixed bytes) holds the step's tensors."""
     return total - workspace - int(math.ceil(headroom_gib * GIB))
 
 
 def device_limit(device: str, headroom_gib: float, workspace: int = 0) -> int:
-    """This CUDA device's total memory less the step's tensors (step_workspace_bytes) and the headroom
-    (the CUDA context, workspaces, kernel modules) that the engine's footprint does not count."""
+    """This CUDA device's total memory less the headroom (the CUDA context, workspaces, kernel modules) that
+    the engine's footprint does not count (and `workspace`, 0 for an engine count that holds the step)."""
     import torch
     from trtllm_dasc.errors import UserError
     dev = torch.device(device)

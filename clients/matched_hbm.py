@@ -309,7 +309,8 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
     if getattr(args, "dummy", False):
         flags += ["--load-format", "dummy", "--seed", args.weights_seed]
     if sized is not None:
-        flags += ["--memory-limit-bytes", sized["limit_bytes"]]
+        # the captures the engine's memory check counted: the scheduler keeps its steps to them
+        flags += ["--memory-limit-bytes", sized["limit_bytes"], "--max-step-captures", sized["max_step_captures"]]
     return [str(f) for f in flags]
 
 
@@ -331,10 +332,12 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
     limit = getattr(args, "memory_limit_bytes", None)
     if limit is None:
         return None
-    workspace = None
-    if limit == "device":
-        workspace = step_workspace(args, work, output_tokens)
-        limit = kv_sizing.device_limit(args.device, args.memory_headroom_gib, workspace["total"])
+    # the engine's own count includes its largest step's tensors (model/workspace.py): the device limit leaves
+    # out only the headroom, and the fixed bytes below carry the step
+    device = limit == "device"
+    step, workspace = step_workspace(args, work, output_tokens)
+    if device:
+        limit = kv_sizing.device_limit(args.device, args.memory_headroom_gib)
     from trtllm_dasc.model.weights import CheckpointReader, DummyWeights
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     cfg = model_config(args)
@@ -356,34 +359,42 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
         fx, pb = kv_sizing.engine_fixed_and_block_bytes(cfg, source, dtype=args.dtype, tp=args.tp,
                                                         bundle_order=plan.bundle_order,
                                                         max_batch=args.max_batch_size, block_size=args.block_size,
-                                                        budget=budget)
+                                                        budget=budget, step=step)
         fixed, per_block = max(fixed, fx), max(per_block, pb)
     bpr = math.ceil((work.max_prompt_tokens + output_tokens) / args.block_size)
     kv = kv_sizing.plan_kv(phases, max_batch=args.max_batch_size, blocks_per_request=bpr, limit=limit,
                            fixed=fixed, per_block=per_block)
     if kv["blocks"] < 1 or (args.kv_blocks and fixed + (args.kv_blocks + 1) * per_block > limit):
-        raise UserError(f"the engine does not fit --memory-limit-bytes {limit:,}: weights, state rows and pool take "
-                        f"{fixed:,} B, a KV block {per_block:,} B"
+        raise UserError(f"the engine does not fit --memory-limit-bytes {limit:,}: weights, state rows, pool and the "
+                        f"step workspace ({workspace['total']:,} B) take {fixed:,} B, a KV block {per_block:,} B"
                         + (f", --kv-blocks {args.kv_blocks} {args.kv_blocks * per_block:,} B" if args.kv_blocks else ""))
-    if workspace is not None:
-        kv.update(step_workspace_bytes=workspace, headroom_bytes=int(math.ceil(args.memory_headroom_gib * (1 << 30))))
+    kv.update(step_workspace_bytes=workspace, max_step_captures=step.captures)
+    if device:
+        kv.update(headroom_bytes=int(math.ceil(args.memory_headroom_gib * (1 << 30))))
     args.kv_plan = kv
     return kv
 
 
-def step_workspace(args, work: WorkloadConfig, output_tokens: int) -> dict:
-    """The transient tensors of this engine's largest step (kv_sizing.step_workspace_bytes): --max-num-tokens
-    tokens (uncapped: every running request's prefill chunk) over --max-batch-size sequences, as many of them
-    capturing a checkpoint as prompts can end in one step (twice that with branch-point checkpoints)."""
+def step_workspace(args, work: WorkloadConfig, output_tokens: int):
+    """(the engine's largest step, its transient tensors: model/workspace.py) for the flags engine_flags passes:
+    --max-num-tokens tokens (uncapped: every running request's prefill chunk) over --max-batch-size sequences,
+    --max-step-captures as many captures as prompts can end in one step (twice that with branch-point
+    checkpoints), or fewer where the scheduler cannot meet that many."""
+    import types
     import torch
-    from clients import kv_sizing
+    from trtllm_dasc.model.workspace import largest_step, step_workspace_bytes
     context = math.ceil((work.max_prompt_tokens + output_tokens) / args.block_size) * args.block_size
     tokens = args.max_num_tokens or args.max_batch_size * min(args.prefill_chunk, context)
     shortest = work.scaled(work.prefix_tokens)[0] + work.scaled(work.question_tokens)[0]
     captures = min(args.max_batch_size, tokens // max(1, shortest) + 1) * (1 if args.prompt_only else 2)
-    return kv_sizing.step_workspace_bytes(model_config(args).schema, tokens=tokens, seqs=args.max_batch_size,
-                                          captures=captures, context=context, tp=args.tp,
-                                          dtype_bytes=getattr(torch, args.dtype).itemsize)
+    # the engine's config as engine_flags builds it: the engine computes the same step from it
+    step = largest_step(types.SimpleNamespace(
+        max_num_tokens=args.max_num_tokens, max_batch=args.max_batch_size, prefill_chunk=args.prefill_chunk,
+        max_context=context, interval=args.interval or work.max_prompt_tokens + output_tokens,
+        prompt_only=bool(args.prompt_only), max_step_captures=captures))
+    return step, step_workspace_bytes(model_config(args).schema, tokens=step.tokens, seqs=step.seqs,
+                                      captures=step.captures, context=step.context, tp=args.tp,
+                                      dtype_bytes=getattr(torch, args.dtype).itemsize)
 
 
 def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, dense_bytes) -> dict:

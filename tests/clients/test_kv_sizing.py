@@ -70,19 +70,41 @@ ARGV = ["--model", str(MODEL), "--arms", "dense,nr16", "--dense-slots", "3", "--
         "--device", "cpu", "--dtype", "float32", "--max-batch-size", "4", "--plan-only"]
 
 
-def test_the_chosen_kv_passes_the_engines_check_and_one_more_block_does_not(tmp_path, capsys):
+def test_the_chosen_kv_passes_the_engines_check_and_one_more_block_does_not(tmp_path, capsys, monkeypatch):
+    import clients.matched_hbm as mh
+    from test_workspace import tiny_hand_count
+    seen = {}
+    real_flags = mh.engine_flags
+    monkeypatch.setattr(mh, "engine_flags", lambda *a: seen.setdefault("flags", real_flags(*a)))
     fixed, block = _hand_counts(4, 4 * 104960)
+    # the engine's largest step (the flags it is built with): 4 x min(chunk 2048, context) tokens, 4 sequences,
+    # the captures the client caps it to, the context; in the engine's count, so in the fixed bytes
+    assert main([*ARGV, "--memory-limit-bytes", str(10 ** 12)]) == 0
+    kv = json.loads(capsys.readouterr().out)["kv_cache"]
+    flags = dict(zip(seen["flags"][::2], seen["flags"][1::2]))
+    ctx, caps = int(flags["--max-context"]), int(flags["--max-step-captures"])
+    ws = tiny_hand_count(4 * min(2048, ctx), 4, caps, ctx)
+    assert kv["step_workspace_bytes"] == ws and kv["fixed_bytes"] == fixed + ws["total"]
+    fixed += ws["total"]
     # room for 37 blocks: fewer than the phases need (the workload's longest prompt alone is several)
     limit = fixed + block * 38
     assert main([*ARGV, "--memory-limit-bytes", str(limit)]) == 0
     plan = json.loads(capsys.readouterr().out)
     kv = plan["kv_cache"]
     assert kv["blocks"] == 37 and kv["fixed_bytes"] == fixed and kv["block_bytes"] == block and kv["not_covered"]
-    flags = ["--model", str(MODEL), "--device", "cpu", "--dtype", "float32", "--max-batch-size", "4",
-             "--state-budget-bytes", str(4 * 104960), "--memory-limit-bytes", str(limit), "--force"]
-    assert dasc_build([*flags, "--output", str(tmp_path / "a"), "--kv-blocks", "37"]) == 0
-    assert dasc_build([*flags, "--output", str(tmp_path / "b"), "--kv-blocks", "38"]) == 2
+    assert dasc_build([*build_flags(seen["flags"], limit), "--output", str(tmp_path / "a"), "--kv-blocks", "37"]) == 0
+    assert dasc_build([*build_flags(seen["flags"], limit), "--output", str(tmp_path / "b"), "--kv-blocks", "38"]) == 2
     assert "does not fit" in capsys.readouterr().err
+
+
+def build_flags(client_flags, limit):
+    """dasc-build's flags as the client builds them, with this limit and no --kv-blocks (the test's own)."""
+    assert len(client_flags) % 2 == 0       # name-value pairs only (no --prompt-only, no dummy weights here)
+    pairs = dict(zip(client_flags[::2], client_flags[1::2]))
+    pairs.pop("--kv-blocks")
+    pairs["--memory-limit-bytes"] = str(limit)
+    return ["--model", str(MODEL), "--state-budget-bytes", str(4 * 104960), "--force",
+            *[x for kv in pairs.items() for x in kv]]
 
 
 def test_a_roomy_limit_keeps_the_never_evict_default(capsys):
@@ -150,4 +172,31 @@ def test_device_limit_counts_the_step_and_records_it(monkeypatch, capsys):
     kv = json.loads(capsys.readouterr().out)["kv_cache"]
     ws = kv["step_workspace_bytes"]
     assert ws["total"] == ws["resident"] + max(v for k, v in ws.items() if k not in ("total", "resident")) > 0
-    assert kv["headroom_bytes"] == 3 * GIB // 2 and kv["limit_bytes"] == total - ws["total"] - 3 * GIB // 2
+    # the engine's count (fixed_bytes) holds the step's tensors: the device limit leaves out the headroom only
+    assert kv["headroom_bytes"] == 3 * GIB // 2 and kv["limit_bytes"] == total - 3 * GIB // 2
+    fixed, block = _hand_counts(4, 4 * 104960)
+    assert kv["fixed_bytes"] == fixed + ws["total"]
+
+
+def test_the_device_limit_gives_the_block_count_of_before(monkeypatch, capsys):
+    """The step's tensors moved from the device limit into the engine's count: subtracted once, so a device of
+    the same total gives the blocks of the old formula, (total - step - headroom - weights, rows and pool)
+    // block - 1, hand-counted."""
+    import clients.matched_hbm as mh
+    from test_workspace import tiny_hand_count
+    seen = {}
+    real_flags = mh.engine_flags
+    monkeypatch.setattr(mh, "engine_flags", lambda *a: seen.setdefault("flags", real_flags(*a)))
+    assert main([*ARGV, "--memory-limit-bytes", str(10 ** 12)]) == 0
+    capsys.readouterr()
+    flags = dict(zip(seen["flags"][::2], seen["flags"][1::2]))
+    ctx, caps = int(flags["--max-context"]), int(flags["--max-step-captures"])
+    step = tiny_hand_count(4 * min(2048, ctx), 4, caps, ctx)["total"]
+    old_fixed, block = _hand_counts(4, 4 * 104960)
+    headroom = 3 * GIB // 2
+    total = old_fixed + step + headroom + block * 38 + 100
+    monkeypatch.setattr(kv_sizing, "device_limit",
+                        lambda device, headroom, workspace=0: kv_sizing.limit_from_total(total, workspace, headroom))
+    assert main([*ARGV, "--memory-limit-bytes", "device", "--memory-headroom-gib", "1.5"]) == 0
+    kv = json.loads(capsys.readouterr().out)["kv_cache"]
+    assert kv["blocks"] == (total - step - headroom - old_fixed) // block - 1 == 37

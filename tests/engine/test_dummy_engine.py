@@ -149,3 +149,25 @@ def test_a_dummy_engines_model_rebuilds_as_dummy_by_default(tmp_path):
     assert dasc_build(["--model", str(model), "--output", str(tmp_path / "arm"), *SMALL]) == 0
     meta = json.loads((tmp_path / "arm" / "config.json").read_text())
     assert meta["weights"]["load_format"] == "dummy" and meta["weights"]["seed"] == 5
+
+
+def test_a_limit_without_room_for_the_step_is_refused_naming_the_workspace(tmp_path, capsys):
+    """A limit that holds weights, KV, state rows and pool but not the largest step's tensors (the H200 engine
+    that passed the old check and died of CUDA out-of-memory in warm-up) is refused; one holding both loads."""
+    model = tiny_checkpoint(tmp_path)
+    assert build(model, tmp_path / "e") == 0
+    cfg = engine_config(str(tmp_path / "e"))
+    fp = Engine(EngineConfig(**{**cfg.to_dict(), "memory_limit_bytes": 1 << 40})).runner.footprint
+    old_total = fp.weights + fp.kv + fp.state + fp.pool
+    assert fp.workspace > 0 and fp.total == old_total + fp.workspace
+    for limit in (old_total, old_total + fp.workspace - 1):
+        with pytest.raises(UserError) as e:
+            Engine(EngineConfig(**{**cfg.to_dict(), "memory_limit_bytes": limit}))
+        assert "step workspace" in str(e.value) and "\n" not in str(e.value)
+    assert Engine(EngineConfig(**{**cfg.to_dict(), "memory_limit_bytes": old_total + fp.workspace})) is not None
+    # dasc-build too, at build time
+    capsys.readouterr()
+    assert build(model, tmp_path / "f", "--memory-limit-bytes", old_total) == 2
+    err = capsys.readouterr().err.strip()
+    assert "step workspace" in err and len(err.splitlines()) == 1 and not (tmp_path / "f").exists()
+    assert build(model, tmp_path / "g", "--memory-limit-bytes", old_total + fp.workspace) == 0

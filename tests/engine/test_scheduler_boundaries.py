@@ -114,3 +114,20 @@ def test_the_step_budget_counts_decode_tokens(tiny_models):
     assert seen[0] == [3, 3, 2]
     assert seen[1] == [1, 1, 6]
     assert all(sum(step) <= 8 for step in seen), seen
+
+
+def test_the_step_capture_cap_defers_a_capture_to_the_next_step(tiny_models):
+    """max_step_captures 1 with two prompts ending in one step: the second prompt's chunk stops the token
+    before its capture (the memory check counted one captured state), the next step takes it; both stored."""
+    engine = make_engine(tiny_models["gdn"][0], max_batch=2, prefill_chunk=16, prompt_only=True,
+                         max_step_captures=1)
+    plans = spy_plans(engine)
+    a, b = greedy("a", list(range(1, 11)), 2), greedy("b", list(range(20, 30)), 2)
+    engine.generate([a, b])
+    engine.sanity_check()
+    # hand-derived: step 1 runs a's 10 tokens (its end at 9 captured) and b's first 8 (its end is at 9);
+    # step 2 runs a's decode and b's last 2 tokens, capturing b's end
+    first, second = ([(len(s.token_ids), [p for p, _ in s.captures]) for s in plan.spans] for plan in plans[:2])
+    assert first == [(10, [9]), (8, [])] and second == [(1, []), (2, [9])]
+    assert a.stats.checkpoints_stored == b.stats.checkpoints_stored == 1
+    assert max(sum(len(s.captures) for s in plan.spans) for plan in plans) == 1

@@ -43,6 +43,10 @@ class EngineConfig:
     prefill_chunk: int = 2048           # tokens of one request's prefill per step
     max_num_tokens: int | None = None   # tokens of one step's forward, all requests (None: no cap)
     prompt_only: bool = False           # checkpoint prompt ends only (the paper's strict replay protocol)
+    # checkpoints one step captures (None: as many as its spans meet); past it a chunk stops before the
+    # next capture, which the next step takes. Bounds the step's captured states in the memory check
+    # (model/workspace.py)
+    max_step_captures: int | None = None
     kernel_cache_dir: str | None = None  # Triton's compiled-kernel cache (TRITON_CACHE_DIR); None: Triton's default
     plan_path: str | None = None        # a dasc plan JSON (an engine dir's plan.json); None: plan at start
     # tensor parallelism (parallel/): T ranks under one mpirun, rank 0 schedules; the budget is per rank
@@ -52,8 +56,8 @@ class EngineConfig:
     # where the weights come from: safetensors (the checkpoint's files), dummy (random, made on the device at
     # load time: dasc-build --load-format dummy), auto (dummy when the checkpoint is a dummy one, else safetensors)
     load_format: str = "auto"
-    # device memory one rank may take (weights + KV cache + state rows + checkpoint pool), checked before
-    # loading; None: the device's free memory (a CPU device is not checked)
+    # device memory one rank may take (weights + KV cache + state rows + checkpoint pool + the largest step's
+    # transient tensors, model/workspace.py), checked before loading; None: the device's free memory (a CPU device is not checked)
     memory_limit_bytes: int | None = None
     # checkpoint precision: "uniform" (codec) or a horizon band spec (plan/precision.py), stored normalised
     precision: str = "uniform"
@@ -90,7 +94,8 @@ class EngineConfig:
         _count(self, "host_kv_blocks", minimum=0, cap=1 << 40)
         _count(self, "tp_size", minimum=1, cap=MAX_TP)
         self.mask_seed = check_selection(self.selection, self.mask_seed)
-        for name in ("replay_window", "state_budget_bytes", "max_num_tokens", "memory_limit_bytes"):
+        for name in ("replay_window", "state_budget_bytes", "max_num_tokens", "memory_limit_bytes",
+                     "max_step_captures"):
             if getattr(self, name) is not None:
                 _count(self, name, minimum=0 if name == "replay_window" else 1, cap=1 << 50)
         if not isinstance(self.prompt_only, bool):

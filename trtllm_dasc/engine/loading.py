@@ -6,6 +6,7 @@ from trtllm_dasc.engine.config import EngineConfig
 from trtllm_dasc.model.weights import CheckpointReader
 from trtllm_dasc.checkpoint_files import dummy_marker
 from trtllm_dasc.model.footprint import check_fits, device_free_bytes, model_footprint
+from trtllm_dasc.model.workspace import largest_step
 from trtllm_dasc.model.weights import DummyWeights
 from trtllm_dasc.model.rank_weights import RankWeights
 
@@ -24,12 +25,14 @@ def weight_source(cfg: EngineConfig, model_cfg: HybridConfig, tp_rank: int, bund
 
 def check_memory(cfg: EngineConfig, model_cfg: HybridConfig, source, tp_rank: int, bundle_order, num_rows: int,
                  budget: int):
-    """This rank's footprint (weights, KV cache, state rows, checkpoint pool), refused in one line when it
-    exceeds cfg.memory_limit_bytes or the device's free memory (model/footprint.py)."""
+    """This rank's footprint (weights, KV cache, state rows, checkpoint pool and the largest step's transient
+    tensors), refused in one line when it exceeds cfg.memory_limit_bytes or the device's free memory
+    (model/footprint.py)."""
     # the CUDA-graph padding row and block are at most one more each
     need = model_footprint(model_cfg, source, dtype=cfg.dtype, tp_rank=tp_rank, tp_size=cfg.tp_size,
                            bundle_order=bundle_order, state_rows=num_rows + 1, kv_blocks=cfg.num_kv_blocks + 1,
-                           block_size=cfg.block_size, pool_bytes=budget)
+                           block_size=cfg.block_size, pool_bytes=budget,
+                           step=largest_step(cfg))
     if cfg.memory_limit_bytes is not None:
         check_fits(need, cfg.memory_limit_bytes, "the memory limit (memory_limit_bytes)")
     else:

@@ -153,6 +153,8 @@ class Scheduler:
                 owners.append(s)
                 budget -= r.end - r.start
         budget -= sum(not s.in_prefill for s in self.running)
+        # the step's captures (cfg.max_step_captures): the memory check counts the captured states of that many
+        captures_left = getattr(self.cfg, "max_step_captures", None) or float("inf")
         for s in self.running:
             if s.joining is not None:
                 continue
@@ -161,10 +163,13 @@ class Scheduler:
                 # what this span takes (a short rest of a prompt takes less than a chunk): the budget left
                 # goes to the next requests, not to tokens nobody runs
                 chunk = int(min(self.cfg.prefill_chunk, budget, len(s.prompt) - s.done_tokens))
+                chunk = self._within_captures(s, chunk, captures_left)
                 if chunk < 1:
                     continue
                 budget -= chunk
-            plan.spans.append(self._span(s, chunk))
+            span = self._span(s, chunk)
+            captures_left -= len(span.captures)
+            plan.spans.append(span)
             owners.append(s)
         if all(span.replay_into is not None for span in plan.spans):
             # every prefill waited for budget the replays took: give the first one a token
@@ -176,6 +181,13 @@ class Scheduler:
         plan.demotions, plan.promotions = self.manager.take_copies()
         plan.kv_tier_copies = self.manager.take_kv_copies()
         return plan, owners
+
+    @staticmethod
+    def _within_captures(s: Sequence, chunk: int, left) -> int:
+        """The chunk cut before its capture past `left` (the step's captures left): that checkpoint is the
+        next step's, not dropped."""
+        ahead = [p for p in s.lease.positions if s.done_tokens < p <= s.done_tokens + chunk]
+        return chunk if len(ahead) <= left else ahead[int(left)] - 1 - s.done_tokens
 
     def _span(self, s: Sequence, chunk: int) -> Span:
         req = s.req

@@ -4,7 +4,8 @@ The loader itself runs on PyTorch's meta device (shapes, no storage) with a sour
 meta tensors under the real source's names, so the count is the loader's own (every slice, stack and
 concatenation it makes at this rank and TP degree), costs no memory and reads no weight. A model that
 does not fit is refused here in one line, naming what it needs and what the device has, instead of
-failing with an out-of-memory error minutes into loading 96 GB of weights.
+failing with an out-of-memory error minutes into loading 96 GB of weights. The count includes the largest
+step's transient tensors (model/workspace.py), so a limit that holds the model but not a step is refused too.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.model.model import HybridModel
+from trtllm_dasc.model.workspace import StepShape, step_workspace_bytes
 
 GIB = 1 << 30
 
@@ -92,29 +94,35 @@ class Footprint:
     kv: int                 # the paged KV cache of the full-attention layers
     state: int              # the running requests' recurrent-state rows
     pool: int               # the checkpoint pool (its budget)
+    workspace: int = 0      # the largest step's transient tensors (model/workspace.py; 0: not counted)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.state + self.pool
+        return self.weights + self.kv + self.state + self.pool + self.workspace
 
     def describe(self) -> str:
         parts = [f"weights {self.weights / GIB:.2f}", f"KV cache {self.kv / GIB:.2f}",
-                 f"state rows {self.state / GIB:.2f}", f"checkpoint pool {self.pool / GIB:.2f}"]
+                 f"state rows {self.state / GIB:.2f}", f"checkpoint pool {self.pool / GIB:.2f}",
+                 f"step workspace {self.workspace / GIB:.2f}"]
         return f"{self.total:,} B ({self.total / GIB:.2f} GiB: {' + '.join(parts)} GiB)"
 
 
 def model_footprint(cfg, src, *, dtype: str, tp_rank: int, tp_size: int, bundle_order, state_rows: int,
-                    kv_blocks: int, block_size: int, pool_bytes: int) -> Footprint:
+                    kv_blocks: int, block_size: int, pool_bytes: int, step: StepShape | None = None) -> Footprint:
     """The bytes one rank's model, state rows, KV cache and checkpoint pool take (HybridConfig cfg, any
-    weight source src: only its names are asked)."""
+    weight source src: only its names are asked), and the transient tensors of a step of `step`'s shape
+    (model/workspace.py largest_step: the engine's paths pass its largest; None: not counted)."""
     # the torch recurrence: the backend choice reads the device, and meta has no kernels to pick
     with _MetaConcat():
         model = HybridModel.from_source(cfg, MetaSource(src), dtype=dtype, device="meta", tp_rank=tp_rank,
                                         tp_size=tp_size, bundle_order=bundle_order, backend="torch")
     state = model.new_state(state_rows)
     kv = model.new_kv_cache(kv_blocks, block_size)
+    workspace = 0 if step is None else step_workspace_bytes(
+        cfg.schema, tokens=step.tokens, seqs=step.seqs, captures=step.captures, context=step.context,
+        dtype_bytes=getattr(torch, dtype).itemsize, tp=tp_size)["total"]
     return Footprint(weights=tensor_bytes((model.w, model.layers)), kv=tensor_bytes(kv.pools),
-                     state=tensor_bytes((state.temporal, state.conv)), pool=pool_bytes)
+                     state=tensor_bytes((state.temporal, state.conv)), pool=pool_bytes, workspace=workspace)
 
 
 def device_free_bytes(device: str) -> int | None:
@@ -130,5 +138,5 @@ def check_fits(need: Footprint, has: int | None, where: str) -> None:
     """One-line refusal when `need` is more than `has` bytes (None: nothing to check against)."""
     if has is not None and need.total > has:
         raise UserError(f"the model does not fit {where}: it needs {need.describe()} per rank and {where} has "
-                        f"{has:,} B ({has / GIB:.2f} GiB); use more TP ranks, fewer --kv-blocks or a smaller "
-                        f"--state-budget-bytes")
+                        f"{has:,} B ({has / GIB:.2f} GiB); use more TP ranks, fewer --kv-blocks, a smaller "
+                        f"--state-budget-bytes or a smaller step (--max-num-tokens, --max-batch-size)")
