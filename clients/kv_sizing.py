@@ -12,7 +12,7 @@ dasc-build checks at build with --memory-limit-bytes, which the client passes on
     + (blocks + 1) x block bytes <= limit
 
 (+1: the engine's padding row and block; the step's tensors: model/workspace.py at the engine's largest_step,
-whose captures the client caps with --max-step-captures). Each phase is covered when its largest block's
+as many captures as one step can take). Each phase is covered when its largest block's
 prompts and the running requests fit; the manifest says which are. A limit of 'device' is the device's total
 less what the engine's count leaves out: a headroom (DEFAULT_HEADROOM_GIB, measured) for the CUDA context,
 workspaces and kernel modules. The step's tensors are in the engine's count (its fixed bytes), so the device
@@ -77,16 +77,18 @@ def plan_kv(phases: list, *, max_batch: int, blocks_per_request: int, limit: int
     return out
 
 
-# What `--memory-limit-bytes device` leaves beside the engine's count (which now includes the step's tensors,
-# step_workspace_bytes), in GiB. Measured on an H200 with Kimi-Linear-48B-A3B (dummy weights, batch 96, 8192-token steps, benchmarks/results/matched_hbm_kimi48_full.json): with 24.0 GiB of the device outside the
-# engine's count (limit 125e9 B) the fill's Triton kernels ran out of memory, with 30.5 GiB (118e9 B) it ran;
-# at 8 GiB the dense server died in warm-up. The step's tensors are about 2.3 GiB of that (step_workspace_bytes),
-# so most of it is not the step's activations: the CUDA context, cuBLAS / cuDNN workspaces, the loaded kernel
-# modules and their local-memory reservations, which the driver allocates beside torch's caching allocator
-# (it keeps what it freed, so the driver's own allocations fail first). 28.3 GiB + the step's 2.25 leave
-# 30.55 GiB, the 30.5 that ran and a little more (a limit of 117.95e9 B: 44,460 KV blocks, the dense phase's
-# block at the longest prompts; more headroom would leave that phase uncovered).
-DEFAULT_HEADROOM_GIB = 28.3
+# What `--memory-limit-bytes device` leaves beside the engine's count (which includes its largest step's
+# tensors, model/workspace.py), in GiB. Measured on an H200 with Kimi-Linear-48B-A3B (dummy weights, batch 96,
+# 8192-token steps, the matched-HBM cells of 12-02): with 24.0 GiB of the device outside the engine's count of
+# then (weights, KV, state rows, pool; limit 125e9 B) the fill's Triton kernels ran out of memory, with 30.5 GiB
+# (118e9 B) it ran; at 8 GiB the dense server died in warm-up. So about 30.55 GiB must stay outside weights, KV,
+# rows and pool. The step's tensors at their bound (96 prompt-end captures in one step: 9.28 GiB of the 30.55)
+# are in the engine's count now; the rest, 21.27 GiB, is not the step's activations: the CUDA context, cuBLAS /
+# cuDNN workspaces, the loaded kernel modules and their local-memory reservations, which the driver allocates
+# beside torch's caching allocator (it keeps what it freed, so the driver's own allocations fail first). With
+# it the KV cache of that run is what it was (39,451 blocks against 39,462 when the step was counted at 6
+# captures and the headroom was 28.3 GiB).
+DEFAULT_HEADROOM_GIB = 21.27
 
 
 def limit_from_total(total: int, workspace: int, headroom_gib: float) -> int:

@@ -119,12 +119,12 @@ def add_arguments(p) -> None:
                    "prompt of the largest boundary block at its longest + the running requests), with "
                    "--memory-limit-bytes at most what fits beside the weights (clients/kv_sizing.py)")
     g.add_argument("--memory-limit-bytes", default=None, help="device memory one rank may take (weights, KV, state "
-                   "rows, checkpoint pool; the engine checks it at build and load): bytes, or 'device' (this CUDA "
-                   "device's total less the largest step's tensors and --memory-headroom-gib). Sizes the default "
+                   "rows, checkpoint pool, the largest step's tensors; the engine checks it at build and load): "
+                   "bytes, or 'device' (this CUDA device's total less --memory-headroom-gib). Sizes the default "
                    "--kv-blocks to fit")
     g.add_argument("--memory-headroom-gib", type=float, default=None, help="with --memory-limit-bytes device: what "
-                   "is kept free beside the engine's count and its largest step's tensors (estimated from the config "
-                   "and --max-num-tokens): the CUDA context, workspaces, kernel modules; default 28.3, from the H200 "
+                   "is kept free beside the engine's count (weights, KV, state rows, pool, the largest step's "
+                   "tensors): the CUDA context, workspaces, kernel modules; default 21.27, from the H200 "
                    "run of Kimi-Linear-48B (clients/kv_sizing.py)")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
@@ -309,8 +309,7 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
     if getattr(args, "dummy", False):
         flags += ["--load-format", "dummy", "--seed", args.weights_seed]
     if sized is not None:
-        # the captures the engine's memory check counted: the scheduler keeps its steps to them
-        flags += ["--memory-limit-bytes", sized["limit_bytes"], "--max-step-captures", sized["max_step_captures"]]
+        flags += ["--memory-limit-bytes", sized["limit_bytes"]]
     return [str(f) for f in flags]
 
 
@@ -368,7 +367,7 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
         raise UserError(f"the engine does not fit --memory-limit-bytes {limit:,}: weights, state rows, pool and the "
                         f"step workspace ({workspace['total']:,} B) take {fixed:,} B, a KV block {per_block:,} B"
                         + (f", --kv-blocks {args.kv_blocks} {args.kv_blocks * per_block:,} B" if args.kv_blocks else ""))
-    kv.update(step_workspace_bytes=workspace, max_step_captures=step.captures)
+    kv.update(step_workspace_bytes=workspace, step_captures_counted=step.captures)
     if device:
         kv.update(headroom_bytes=int(math.ceil(args.memory_headroom_gib * (1 << 30))))
     args.kv_plan = kv
@@ -378,20 +377,17 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
 def step_workspace(args, work: WorkloadConfig, output_tokens: int):
     """(the engine's largest step, its transient tensors: model/workspace.py) for the flags engine_flags passes:
     --max-num-tokens tokens (uncapped: every running request's prefill chunk) over --max-batch-size sequences,
-    --max-step-captures as many captures as prompts can end in one step (twice that with branch-point
-    checkpoints), or fewer where the scheduler cannot meet that many."""
+    and as many captures as the scheduler can take in one step (natural_captures: the engine is not capped, so
+    a burst of hits that all end in one step is not held back and the measurement sees the engine as served)."""
     import types
     import torch
     from trtllm_dasc.model.workspace import largest_step, step_workspace_bytes
     context = math.ceil((work.max_prompt_tokens + output_tokens) / args.block_size) * args.block_size
-    tokens = args.max_num_tokens or args.max_batch_size * min(args.prefill_chunk, context)
-    shortest = work.scaled(work.prefix_tokens)[0] + work.scaled(work.question_tokens)[0]
-    captures = min(args.max_batch_size, tokens // max(1, shortest) + 1) * (1 if args.prompt_only else 2)
     # the engine's config as engine_flags builds it: the engine computes the same step from it
     step = largest_step(types.SimpleNamespace(
         max_num_tokens=args.max_num_tokens, max_batch=args.max_batch_size, prefill_chunk=args.prefill_chunk,
         max_context=context, interval=args.interval or work.max_prompt_tokens + output_tokens,
-        prompt_only=bool(args.prompt_only), max_step_captures=captures))
+        prompt_only=bool(args.prompt_only), max_step_captures=None))
     return step, step_workspace_bytes(model_config(args).schema, tokens=step.tokens, seqs=step.seqs,
                                       captures=step.captures, context=step.context, tp=args.tp,
                                       dtype_bytes=getattr(torch, args.dtype).itemsize)

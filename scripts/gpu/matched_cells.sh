@@ -4,8 +4,8 @@
 # resumable: dense + the arm in CALL_ARMS run the cells not yet done in the carried cells directory $CELLS, a unit
 # is started only when it and the arm's cells of it fit before the call's deadline, and the cells and the newly
 # compiled kernels come back in $OUT. --paper checkpoints prompt ends only (BRANCH=1: the engine's branch points
-# too); the KV cache is sized by --memory-limit-bytes device (the device less the largest step's tensors and a
-# 28.3 GiB headroom, clients/kv_sizing.py; HEADROOM=<GiB> to change it). Repeat the call (same COMMIT, BLOCKS,
+# too); the KV cache is sized by --memory-limit-bytes device (the device less a
+# 21.27 GiB headroom beside the engine's count, clients/kv_sizing.py; HEADROOM=<GiB> to change it). Repeat the call (same COMMIT, BLOCKS,
 # BRANCH, HEADROOM: the default CELLS names them) until the plan says done:
 #   python -m clients.matched_hbm ...the same flags... --cells-dir $CELLS --memory-limit-bytes N --plan-only
 #
@@ -46,7 +46,7 @@ PY
 # the settings that make a different manifest are in the name: the block subset, the checkpoints, the headroom
 # the commit too: the merge refuses cells of mixed commits. Tracked (benchmarks/cells/): the tree carries them
 # to every call and a later session resumes them (ignored files do not outlive a session's checkout)
-CELLS=${CELLS:-benchmarks/cells/mh_kimi48_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-28.3}_c${COMMIT:-HEAD}}
+CELLS=${CELLS:-benchmarks/cells/mh_kimi48_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
 # the call works in /tmp (a warm machine's next call finds its cells there even before they are committed
 # here), seeded with the committed ones; a cell is a file named by its unit and call, so the union is the merge
 WORK=/tmp/cells/$(basename "$CELLS")
