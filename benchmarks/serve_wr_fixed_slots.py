@@ -83,7 +83,8 @@ def parse(argv):
                     "cell is measured (GPU 0.05)")
     ap.add_argument("--ready-estimate-s", type=float, default=None, help="server start assumed before one is "
                     "measured in this call (GPU 60: a warm kernel cache; cold ~270)")
-    ap.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms (default WORK/kernels)")
+    ap.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
+                    "(default WORK/kernels)")
     ap.add_argument("--plan-only", action="store_true", help="print the manifest's cells, what is done and the KV "
                     "plan, then exit: nothing is built or started")
     ap.add_argument("--work", default="/tmp/serve_wr_fixed_slots", help="engines, server logs, kernel cache")
@@ -159,7 +160,8 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
             "cells_done": len({(c["arm"], c["unit"]) for c in cells}),
             "cells_total": len(manifest["arms"]) * len(manifest["units"]),
             "pairs_left": sum(len(v) for v in left.values()), "pending": left,
-            "target": f"cost per hit <= {TARGET_FRACTION} x the paper's at every W_max", "table8": table(manifest, cells)}
+            "target": f"cost per hit <= {TARGET_FRACTION} x the paper's at every W_max",
+            "table8": table(manifest, cells)}
 
 
 def print_rows(rows: dict, out: str) -> None:
@@ -181,6 +183,8 @@ def merge(args, argv) -> int:
     result = result_of(manifest, calls, cells, prov, [os.path.abspath(d) for d in args.merge])
     write_json(out, result)
     print_rows(result["table8"], out)
+    print(f"pairs left: {result['pairs_left']}"
+          + "".join(f"; W={w} {','.join(v)}" for w, v in result["pending"].items()))
     return 0
 
 
@@ -214,7 +218,8 @@ def setup(args, mode: dict):
     for w in mode["wmax"]:
         for p in ("nr", "wr"):
             arm = armlib.parse_arms(f"{p}{w}")[0]
-            one = armlib.capacity(args.model, arm, 10 ** 15, mode["dtype"], dummy_seed=args.weights_seed)["checkpoint_bytes"]
+            one = armlib.capacity(args.model, arm, 10 ** 15, mode["dtype"],
+                                  dummy_seed=args.weights_seed)["checkpoint_bytes"]
             # 899 slots for every arm: its budget is 900 of its own checkpoints (slot 0 reserved, Eq. 8)
             caps[arm.spec] = {"checkpoint_bytes": one, "budget_bytes": (args.slots + 1) * one, "slots": args.slots}
     import torch
@@ -357,7 +362,8 @@ def main(argv=None) -> int:
             if getattr(args, key):
                 mode[key] = getattr(args, key)
         if args.model is None:
-            args.model = os.path.join(ROOT, "trtllm_dasc", "assets", "tiny-kimi-linear") if args.smoke else "/tmp/kimi48"
+            args.model = (os.path.join(ROOT, "trtllm_dasc", "assets", "tiny-kimi-linear") if args.smoke
+                          else "/tmp/kimi48")
         if not (args.smoke or args.plan_only or args.load_format == "dummy" or os.path.isfile(args.model)
                 or os.path.isfile(os.path.join(args.model, "model.safetensors"))):
             import torch
@@ -388,18 +394,20 @@ def main(argv=None) -> int:
 
 
 def plan_only(args, manifest: dict) -> int:
-    """What --plan-only prints: the manifest's id, the arms' slots and bytes, the KV plan, the pairs left."""
+    """What --plan-only prints: the manifest's id, the arms' slots and bytes, the KV plan, the pairs left (of the
+    cells directory's own manifest, and whether this command's equals it)."""
     import json
-    from clients.cells import MANIFEST, CellStore, manifest_id
-    cells = []
+    from clients.cells import MANIFEST, load_dirs, manifest_id
+    stored, cells = manifest, []
     if os.path.exists(os.path.join(args.cells_dir, MANIFEST)):
-        cells = CellStore(args.cells_dir, manifest).cells()
-    left = pending(manifest, cells)
-    print(json.dumps({"manifest_id": manifest_id(manifest), "slots": manifest["slots"],
+        stored, _, cells = load_dirs([args.cells_dir])
+    left = pending(stored, cells)
+    print(json.dumps({"manifest_id": manifest_id(manifest), "cells_dir_manifest_id": stored.get("id"),
+                      "slots": manifest["slots"],
                       "checkpoint_bytes": {a["key"]: a["checkpoint_bytes"] for a in manifest["arms"]},
                       "kv_cache": manifest["config"].get("kv_cache"),
                       "build_flags": " ".join(manifest["config"]["build_flags"]),
-                      "pairs_total": len(manifest["units"]) * len(manifest["arms"]) // 2,
+                      "pairs_total": len(stored["units"]) * len(stored["arms"]) // 2,
                       "pairs_left": sum(map(len, left.values())),
                       "pending": {w: ",".join(v) for w, v in left.items()}}, indent=1))
     return 0

@@ -2,7 +2,10 @@
 two calls (one seed each), every multi-turn request is served from the previous turn's prompt-end checkpoint
 (C = L_prev - 1, counted from the workload alone), wr replays at most W tokens per hit and nr none, and the
 per-hit cost is recomputed by hand from the cells: dTTFT x requests / N_hit. The workload at the paper's
-size has 1,051 turns in 200 conversations and a hit rate near 0.80."""
+size has 1,051 turns in 200 conversations and a hit rate near 0.80. The run uses the full-size path's flags
+(a config.json, --load-format dummy, --memory-limit-bytes) and is compared with the same measurement unsplit
+(one call, under a deadline it never reaches); the deadline's gate, the pairing of cells of one call, the merge
+and the KV sizing (against dasc-build's own memory check) are checked on their own."""
 from __future__ import annotations
 
 import json
@@ -35,7 +38,8 @@ def test_paper_sized_workload():
 
 TINY_CONFIG = "trtllm_dasc/assets/tiny-kimi-linear/config.json"
 # the embedded tiny model's config with dummy weights (the full-size path's flags), a memory limit far above it
-DUMMY = ["--smoke", "--model", TINY_CONFIG, "--load-format", "dummy", "--seed", "0", "--memory-limit-bytes", str(10 ** 11)]
+DUMMY = ["--smoke", "--model", TINY_CONFIG, "--load-format", "dummy", "--seed", "0",
+         "--memory-limit-bytes", str(10 ** 11)]
 
 
 def _cells(root):
@@ -76,7 +80,7 @@ def test_dummy_weights_and_memory_limit_reach_the_engines(run):
     assert "--load-format dummy --seed 0" in flags and f"--memory-limit-bytes {10 ** 11}" in flags
     kv = final["kv_cache"]
     # 4 conversations + 4 running requests, each at the longest prompt (58 tokens + 1: 4 blocks of 16)
-    assert (kv["need"], kv["live"], kv["blocks"]) == (32, 2 * 4 + 4, 32) and f"--kv-blocks 32" in flags
+    assert (kv["need"], kv["live"], kv["blocks"]) == (32, 2 * 4 + 4, 32) and "--kv-blocks 32" in flags
     model_dir = run["dir"] / "work" / "engines" / "wr16" / "model"
     assert (model_dir / "config.json").exists() and not list(model_dir.glob("*.safetensors"))
 
@@ -89,6 +93,7 @@ def test_split_run_equals_the_unsplit_one(run):
     split = {key(c): c["cell"] for c in run["cells"]}
     one = {key(c): c["cell"] for c in run["whole_cells"]}
     assert sorted(split) == sorted(one) == [("nr16", "s42"), ("nr16", "s7"), ("wr16", "s42"), ("wr16", "s7")]
+    assert len(run["cells"]) == len(run["whole_cells"]) == 4         # no cell measured twice
     assert len({c["call"] for c in run["whole_cells"]}) == 1 and len({c["call"] for c in run["cells"]}) == 2
     for k in split:
         for field in ("requests", "order", "conversation", "turn", "prompt_len", "cached", "replayed"):
@@ -157,8 +162,8 @@ def test_the_deadline_starts_nothing_that_cannot_end():
 
 def test_a_deadline_too_short_for_one_pair_starts_no_server(tmp_path):
     mod = _driver()
-    args = [*DUMMY, "--cells-dir", str(tmp_path / "c"), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "r.json"),
-            "--call-deadline-s", "5"]
+    args = [*DUMMY, "--cells-dir", str(tmp_path / "c"), "--work", str(tmp_path / "w"),
+            "--out", str(tmp_path / "r.json"), "--call-deadline-s", "5"]
     assert mod.main(args) == 0
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["cells_done"] == 0 and r["pending"] == {"16": ["s42", "s7"]}
