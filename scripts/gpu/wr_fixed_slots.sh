@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# H200: one call of Table 8 (App. F.1, the fixed-slot suffix-refresh cost) on Kimi-Linear-48B-A3B at its full size,
+# dummy weights made at load time from tests/data/kimi-linear-48b-a3b.config.json, 899 slots for every arm,
+# resumable: per W of WMAX (default 64,128,512,1024,16: W=16's pool, 15.1 GB, is the only tight one, so it runs
+# last), dasc-nr through the seeds that lack a pair, then dasc-wr through the same seeds (a pair is one call's);
+# nothing starts that the estimate says cannot end before the call's deadline, and the cells and the newly
+# compiled kernels come back in $OUT. KV is sized by --memory-limit-bytes device (clients/fixed_slots.py): batch
+# 32 (the 32 clients of the closed loop all run) fits beside W=16's pool with a headroom of 26.5 GiB, not the
+# default 28.3 (measured: 21.8 failed, 28.3 ran, at batch 96 of another workload); if W=16's server dies of
+# memory, start a new measurement with MAX_BATCH=20 HEADROOM=28.3 (another manifest: the cells dir names both).
+# Repeat the call (same COMMIT, MAX_BATCH, HEADROOM: the default CELLS names them) until no pair is left; here
+# (CPU, no flags to repeat) `python -m benchmarks serve_wr_fixed_slots --merge $CELLS --out /tmp/t8.json` prints
+# the table so far and "pairs left: N; W=... seeds".
+#
+# Wheels and the call sequence: as scripts/gpu/matched_cells.sh's header (calls A and B stage nvidia-pytriton's two
+# parts; call C carries [".whl_c", ".kernel_cache"] and runs
+#   rm -rf .whl && cp -r .whl_c .whl && COMMIT=<sha> bash scripts/gpu/wr_fixed_slots.sh
+# later calls on the same warm machine carry nothing and run `COMMIT=<sha> bash scripts/gpu/wr_fixed_slots.sh`).
+# With no .kernel_cache/*.tgz carried the servers compile for ~4 minutes: READY_EST=300 is then assumed for a
+# server start until one is measured (set it yourself to override).
+# Bring back after each call: tar xzf $files_at/cells.tgz -C $CELLS (the name the call printed) and commit it;
+# cat $files_at/wr_fixed_kernels.tgz.part-* > .kernel_cache/wr_fixed_<n>.tgz (the kernels this call compiled);
+# the result JSON wr_fixed_slots_kimi48_full.json holds every W whose five pairs are done. The device's .git may
+# be stale: COMMIT names the real commit (one for all calls of a cells directory).
+set -uo pipefail
+CALL_LIMIT=${CALL_LIMIT:-600}
+SHAPED_MODEL=0
+source scripts/gpu/prelude.sh
+python3 - <<'PY' || exit 3
+import sys
+import numpy
+from trtllm_dasc.serve.tritonserver import find_server
+find_server()
+if int(numpy.__version__.split(".")[0]) >= 2:
+    sys.exit(f"numpy {numpy.__version__}: the Triton Python backend stub needs numpy<2 (carry numpy==1.26.4)")
+PY
+MAX_BATCH=${MAX_BATCH:-32}
+HEADROOM=${HEADROOM:-26.5}
+# the settings that make a different manifest are in the name (the merge refuses mixed commits: the commit too).
+# Tracked (benchmarks/cells/): the tree carries them to every call and a later session resumes them
+CELLS=${CELLS:-benchmarks/cells/wr_fixed_kimi48_full_b${MAX_BATCH}_hr${HEADROOM}_c${COMMIT:-HEAD}}
+# the call works in /tmp (a warm machine's next call finds its cells there before they are committed here),
+# seeded with the committed ones; a cell is a file named by its unit and call, so the union is the merge
+WORK=/tmp/cells/$(basename "$CELLS")
+mkdir -p "$WORK"
+[ -d "$CELLS" ] && cp -rn "$CELLS/." "$WORK/"
+touch /tmp/wr_fixed.marker
+if [ -z "${READY_EST:-}" ] && ! compgen -G ".kernel_cache/*.tgz" >/dev/null && [ ! -f /tmp/wr_fixed.warm ]; then
+  READY_EST=300
+fi
+# what is left of the call after the prelude, less the time to stop the last server and pack the results
+DEADLINE=$((CALL_LIMIT - ${MARGIN:-60} - SECONDS))
+echo "wr_fixed_slots: deadline ${DEADLINE} s, W order ${WMAX:-64,128,512,1024,16}, cells in $CELLS"
+timeout $((DEADLINE + 40)) python3 -m benchmarks serve_wr_fixed_slots \
+  --model tests/data/kimi-linear-48b-a3b.config.json --load-format dummy --seed 0 \
+  --memory-limit-bytes device --memory-headroom-gib "$HEADROOM" --max-batch-size "$MAX_BATCH" \
+  --wmax "${WMAX:-64,128,512,1024,16}" --cells-dir "$WORK" --call-deadline-s "$DEADLINE" \
+  ${READY_EST:+--ready-estimate-s "$READY_EST"} --work /tmp/wr_fixed --kernel-cache "$CACHE" \
+  --out "$OUT/wr_fixed_slots_kimi48_full.json" ${COMMIT:+--commit "$COMMIT"} "$@"
+rc=$?
+# a later call on this machine finds its kernel cache warm
+touch /tmp/wr_fixed.warm
+tar czf "$OUT/cells.tgz" -C "$WORK" .
+return_new_kernels wr_fixed_kernels kernels /tmp/wr_fixed.marker
+ls -l "$OUT"/wr_fixed_kernels.tgz.part-* 2>/dev/null || echo "wr_fixed_slots: no new kernels"
+echo "wr_fixed_slots: cells dir $CELLS"
+# every arm's server log, named by its arm (one name for all would keep only the last server's)
+for d in /tmp/wr_fixed/servers/*/; do
+  for f in "$d"*.log; do [ -f "$f" ] && cp "$f" "$OUT/$(basename "$d")_$(basename "$f")"; done
+done
+exit $rc
