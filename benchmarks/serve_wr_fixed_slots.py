@@ -73,10 +73,10 @@ def parse(argv):
     ap.add_argument("--seed", "--weights-seed", dest="weights_seed", type=int, default=None,
                     help="seed of --load-format dummy (default 0)")
     ap.add_argument("--memory-limit-bytes", default=None, help="device memory the engine may take: bytes, or "
-                    "'device' (the device less the largest step's tensors and --memory-headroom-gib); sizes the KV "
+                    "'device' (the device less --memory-headroom-gib; the engine's count holds its largest step); sizes the KV "
                     "cache (clients/fixed_slots.py) and is checked by dasc-build")
     ap.add_argument("--memory-headroom-gib", type=float, default=None, help="with --memory-limit-bytes device "
-                    "(default 28.3, clients/kv_sizing.py)")
+                    "(default 21.27, clients/kv_sizing.py)")
     ap.add_argument("--call-deadline-s", type=float, default=None, help="wall-clock seconds this call may take (from "
                     "its start): nothing starts that cannot end before it")
     ap.add_argument("--request-estimate-s", type=float, default=None, help="seconds per request assumed before any "
@@ -223,12 +223,10 @@ def setup(args, mode: dict):
             # 899 slots for every arm: its budget is 900 of its own checkpoints (slot 0 reserved, Eq. 8)
             caps[arm.spec] = {"checkpoint_bytes": one, "budget_bytes": (args.slots + 1) * one, "slots": args.slots}
     import torch
-    workspace = None
-    if limit == "device":
-        workspace = fixed_slots.multiturn_workspace(
-            model_cfg.schema, max_num_tokens=mode["max_num_tokens"], max_batch=mb, prefill_chunk=mode["prefill_chunk"],
-            context=blocks * 16, shortest_new=cfg.scaled(cfg.reply_tokens)[0] + cfg.scaled(cfg.user_tokens)[0],
-            dtype_bytes=getattr(torch, mode["dtype"]).itemsize)
+    # the engine's largest step: in its own memory check, so in the count the KV cache is sized beside
+    step, workspace = fixed_slots.multiturn_step(
+        model_cfg.schema, max_num_tokens=mode["max_num_tokens"], max_batch=mb, prefill_chunk=mode["prefill_chunk"],
+        context=blocks * 16, interval=per_request, dtype_bytes=getattr(torch, mode["dtype"]).itemsize)
     from clients.kv_sizing import DEFAULT_HEADROOM_GIB
     headroom = DEFAULT_HEADROOM_GIB if args.memory_headroom_gib is None else args.memory_headroom_gib
     # KV for the conversations (every one's longest prompt when it fits; else the live ones'): KV never decides
@@ -236,7 +234,7 @@ def setup(args, mode: dict):
     kv = fixed_slots.size_kv(args, model_cfg, list(caps), max(c["budget_bytes"] for c in caps.values()),
                              limit=limit, device=mode["device"], headroom_gib=headroom, dtype=mode["dtype"],
                              max_batch=mb, block_size=16, blocks_per_prompt=blocks, conversations=cfg.conversations,
-                             concurrency=mode["concurrency"], workspace=workspace)
+                             concurrency=mode["concurrency"], step=step, workspace=workspace)
     flags = ["--tp", "1", "--device", mode["device"], "--dtype", mode["dtype"], "--max-batch-size", mb,
              "--prefill-chunk", mode["prefill_chunk"], "--interval", per_request, "--kv-blocks", kv["blocks"],
              "--block-size", 16, "--max-context", blocks * 16, "--prompt-only",

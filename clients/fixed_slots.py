@@ -88,23 +88,26 @@ class UnitDeadline:
         return self.deadline - self.clock()
 
 
-def multiturn_workspace(schema, *, max_num_tokens: int | None, max_batch: int, prefill_chunk: int, context: int,
-                        shortest_new: int, dtype_bytes: int) -> dict:
-    """The largest step's transient tensors (kv_sizing.step_workspace_bytes) for this workload: a step holds
-    --max-num-tokens tokens (uncapped: every running request's chunk), and as many prompts can end in it as
-    the shortest new part of a turn fits (prompt-end checkpoints only)."""
-    from clients import kv_sizing
-    tokens = max_num_tokens or max_batch * min(prefill_chunk, context)
-    captures = min(max_batch, tokens // max(1, shortest_new) + 1)
-    return kv_sizing.step_workspace_bytes(schema, tokens=tokens, seqs=max_batch, captures=captures, context=context,
-                                          tp=1, dtype_bytes=dtype_bytes)
+def multiturn_step(schema, *, max_num_tokens: int | None, max_batch: int, prefill_chunk: int, context: int,
+                   interval: int, dtype_bytes: int):
+    """(the engine's largest step, its transient tensors) for the flags setup() builds with (prompt-end
+    checkpoints, no capture cap): model/workspace.py's largest_step from the same fields the engine reads, so
+    the client's count and the engine's own memory check agree."""
+    import types
+    from trtllm_dasc.model.workspace import largest_step, step_workspace_bytes
+    step = largest_step(types.SimpleNamespace(max_num_tokens=max_num_tokens, max_batch=max_batch,
+                                              prefill_chunk=prefill_chunk, max_context=context, interval=interval,
+                                              prompt_only=True, max_step_captures=None))
+    return step, step_workspace_bytes(schema, tokens=step.tokens, seqs=step.seqs, captures=step.captures,
+                                      context=step.context, tp=1, dtype_bytes=dtype_bytes)
 
 
 def size_kv(wargs, model_cfg, specs: list[str], budget: int, *, limit, device: str, headroom_gib: float,
             dtype: str, max_batch: int, block_size: int, blocks_per_prompt: int, conversations: int,
-            concurrency: int, workspace: dict | None) -> dict:
+            concurrency: int, step=None, workspace: dict | None = None) -> dict:
     """The KV cache of every arm ({'blocks', 'need', 'live', 'fit', ...}); ``wargs``: the weight settings of
-    clients.matched_hbm.check_weights (model, dummy, weights_seed); ``budget``: the largest arm's pool."""
+    clients.matched_hbm.check_weights (model, dummy, weights_seed); ``budget``: the largest arm's pool; ``step``,
+    ``workspace``: multiturn_step's, in the engine's count (its fixed bytes) as the engine's own check has it."""
     from clients import arms as armlib
     from clients import kv_sizing
     from trtllm_dasc.errors import UserError
@@ -114,8 +117,9 @@ def size_kv(wargs, model_cfg, specs: list[str], budget: int, *, limit, device: s
     live = concurrency * blocks_per_prompt + max_batch
     if limit is None:
         return {"blocks": need, "need": need, "live": live, "fit": None}
-    if limit == "device":
-        limit = kv_sizing.device_limit(device, headroom_gib, workspace["total"] if workspace else 0)
+    device_limit = limit == "device"
+    if device_limit:
+        limit = kv_sizing.device_limit(device, headroom_gib)
     source = DummyWeights(model_cfg, wargs.weights_seed) if wargs.dummy else CheckpointReader(wargs.model)
     fixed = per_block = 0
     seen = set()
@@ -129,18 +133,21 @@ def size_kv(wargs, model_cfg, specs: list[str], budget: int, *, limit, device: s
         seen.add(repr(plan.bundle_order))
         fx, pb = kv_sizing.engine_fixed_and_block_bytes(model_cfg, source, dtype=dtype, tp=1,
                                                         bundle_order=plan.bundle_order, max_batch=max_batch,
-                                                        block_size=block_size, budget=budget)
+                                                        block_size=block_size, budget=budget, step=step)
         fixed, per_block = max(fixed, fx), max(per_block, pb)
     fit = kv_sizing.blocks_that_fit(limit, fixed, per_block)
     if fit < live:
-        raise UserError(f"--memory-limit-bytes {limit:,}: weights, state rows and the largest pool take {fixed:,} B, "
+        raise UserError(f"--memory-limit-bytes {limit:,}: weights, state rows, the largest pool and the step's tensors "
+                        f"take {fixed:,} B, "
                         f"leaving {fit:,} KV blocks of {per_block:,} B, fewer than the {live:,} the {concurrency} "
                         "live conversations need (KV would decide hits): lower --max-batch-size or the headroom")
     blocks = min(need, fit)
     out = {"blocks": blocks, "need": need, "live": live, "fit": fit, "limit_bytes": limit, "fixed_bytes": fixed,
            "block_bytes": per_block, "total_bytes": fixed + (blocks + 1) * per_block}
     if workspace is not None:
-        out.update(step_workspace_bytes=workspace, headroom_bytes=int(math.ceil(headroom_gib * (1 << 30))))
+        out.update(step_workspace_bytes=workspace)
+    if device_limit:
+        out.update(headroom_bytes=int(math.ceil(headroom_gib * (1 << 30))))
     return out
 
 

@@ -4,10 +4,11 @@
 # resumable: per W of WMAX (default 64,128,512,1024,16: W=16's pool, 15.1 GB, is the only tight one, so it runs
 # last), dasc-nr through the seeds that lack a pair, then dasc-wr through the same seeds (a pair is one call's);
 # nothing starts that the estimate says cannot end before the call's deadline, and the cells and the newly
-# compiled kernels come back in $OUT. KV is sized by --memory-limit-bytes device (clients/fixed_slots.py): batch
-# 32 (the 32 clients of the closed loop all run) fits beside W=16's pool with a headroom of 26.5 GiB, not the
-# default 28.3 (measured: 21.8 failed, 28.3 ran, at batch 96 of another workload); if W=16's server dies of
-# memory, start a new measurement with MAX_BATCH=20 HEADROOM=28.3 (another manifest: the cells dir names both).
+# compiled kernels come back in $OUT. KV is sized by --memory-limit-bytes device (clients/fixed_slots.py): the
+# device less the measured 21.27 GiB headroom beside the engine's count, which holds the largest step's tensors
+# (model/workspace.py); batch 32 (the 32 clients of the closed loop all run) leaves 49,416 KV blocks beside W=16's
+# pool (plan-only, the H200's 150,109,880,320 B). If W=16's server dies of memory, start a new measurement with
+# a larger HEADROOM (another manifest: the cells dir names it).
 # Repeat the call (same COMMIT, MAX_BATCH, HEADROOM: the default CELLS names them) until no pair is left; here
 # (CPU, no flags to repeat) `python -m benchmarks serve_wr_fixed_slots --merge $CELLS --out /tmp/t8.json` prints
 # the table so far and "pairs left: N; W=... seeds".
@@ -35,7 +36,7 @@ if int(numpy.__version__.split(".")[0]) >= 2:
     sys.exit(f"numpy {numpy.__version__}: the Triton Python backend stub needs numpy<2 (carry numpy==1.26.4)")
 PY
 MAX_BATCH=${MAX_BATCH:-32}
-HEADROOM=${HEADROOM:-26.5}
+HEADROOM=${HEADROOM:-21.27}
 # the settings that make a different manifest are in the name (the merge refuses mixed commits: the commit too).
 # Tracked (benchmarks/cells/): the tree carries them to every call and a later session resumes them
 CELLS=${CELLS:-benchmarks/cells/wr_fixed_kimi48_full_b${MAX_BATCH}_hr${HEADROOM}_c${COMMIT:-HEAD}}
