@@ -35,23 +35,12 @@ set -uo pipefail
 CALL_LIMIT=${CALL_LIMIT:-600}
 SHAPED_MODEL=0
 source scripts/gpu/prelude.sh
-python3 - <<'PY' || exit 3
-import sys
-import numpy
-from trtllm_dasc.serve.tritonserver import find_server
-find_server()
-if int(numpy.__version__.split(".")[0]) >= 2:
-    sys.exit(f"numpy {numpy.__version__}: the Triton Python backend stub needs numpy<2 (carry numpy==1.26.4)")
-PY
+check_serve || exit 3
 # the settings that make a different manifest are in the name: the block subset, the checkpoints, the headroom
 # the commit too: the merge refuses cells of mixed commits. Tracked (benchmarks/cells/): the tree carries them
 # to every call and a later session resumes them (ignored files do not outlive a session's checkout)
 CELLS=${CELLS:-benchmarks/cells/mh_kimi48_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
-# the call works in /tmp (a warm machine's next call finds its cells there even before they are committed
-# here), seeded with the committed ones; a cell is a file named by its unit and call, so the union is the merge
-WORK=/tmp/cells/$(basename "$CELLS")
-mkdir -p "$WORK"
-[ -d "$CELLS" ] && cp -rn "$CELLS/." "$WORK/"
+cells_work "$CELLS"            # sets WORK (prelude.sh)
 touch /tmp/matched_cells.marker
 # what is left of the call after the prelude, less the time to stop the last server and pack the results
 DEADLINE=$((CALL_LIMIT - ${MARGIN:-60} - SECONDS))

@@ -36,3 +36,23 @@ return_new_kernels() {
 if [ "${SHAPED_MODEL:-1}" = 1 ] && [ ! -f /tmp/kimi48/model.safetensors ]; then
   python3 -m benchmarks shaped_model /tmp/kimi48 --device cuda || exit 4
 fi
+# check_serve: the serving scripts' wheels are in (tritonserver from nvidia-pytriton, numpy 1.x for its Python stub)
+check_serve() {
+  python3 - <<'PY'
+import sys
+import numpy
+from trtllm_dasc.serve.tritonserver import find_server
+find_server()
+if int(numpy.__version__.split(".")[0]) >= 2:
+    sys.exit(f"numpy {numpy.__version__}: the Triton Python backend stub needs numpy<2 (carry numpy==1.26.4)")
+PY
+}
+# cells_work DIR: sets WORK=/tmp/cells/<name of DIR>, seeded with DIR's committed cells. A call works in /tmp (a
+# warm machine's next call finds its cells there before they are committed here); a cell is a file named by
+# its unit and call, so the union is the merge
+cells_work() {
+  WORK=/tmp/cells/$(basename "$1")
+  mkdir -p "$WORK"
+  [ -d "$1" ] && cp -rn "$1/." "$WORK/"
+  return 0
+}

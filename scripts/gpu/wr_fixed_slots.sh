@@ -27,24 +27,13 @@ set -uo pipefail
 CALL_LIMIT=${CALL_LIMIT:-600}
 SHAPED_MODEL=0
 source scripts/gpu/prelude.sh
-python3 - <<'PY' || exit 3
-import sys
-import numpy
-from trtllm_dasc.serve.tritonserver import find_server
-find_server()
-if int(numpy.__version__.split(".")[0]) >= 2:
-    sys.exit(f"numpy {numpy.__version__}: the Triton Python backend stub needs numpy<2 (carry numpy==1.26.4)")
-PY
+check_serve || exit 3
 MAX_BATCH=${MAX_BATCH:-32}
 HEADROOM=${HEADROOM:-21.27}
 # the settings that make a different manifest are in the name (the merge refuses mixed commits: the commit too).
 # Tracked (benchmarks/cells/): the tree carries them to every call and a later session resumes them
 CELLS=${CELLS:-benchmarks/cells/wr_fixed_kimi48_full_b${MAX_BATCH}_hr${HEADROOM}_c${COMMIT:-HEAD}}
-# the call works in /tmp (a warm machine's next call finds its cells there before they are committed here),
-# seeded with the committed ones; a cell is a file named by its unit and call, so the union is the merge
-WORK=/tmp/cells/$(basename "$CELLS")
-mkdir -p "$WORK"
-[ -d "$CELLS" ] && cp -rn "$CELLS/." "$WORK/"
+cells_work "$CELLS"            # sets WORK (prelude.sh)
 touch /tmp/wr_fixed.marker
 if [ -z "${READY_EST:-}" ] && ! compgen -G ".kernel_cache/*.tgz" >/dev/null && [ ! -f /tmp/wr_fixed.warm ]; then
   READY_EST=300
