@@ -54,12 +54,5 @@ timeout $((DEADLINE + 40)) python3 -m clients.matched_hbm --paper \
   --out /tmp/matched_cells --kernel-cache "$CACHE" --json "$OUT/matched_hbm_kimi48_full.json" --plot none \
   ${COMMIT:+--commit "$COMMIT"} "$@"
 rc=$?
-tar czf "$OUT/cells.tgz" -C "$WORK" .
-return_new_kernels matched_kernels kernels /tmp/matched_cells.marker
-ls -l "$OUT"/matched_kernels.tgz.part-* 2>/dev/null || echo "matched_cells: no new kernels"
-echo "matched_cells: cells dir $CELLS"
-# every arm's server log, named by its arm (one name for all would keep only the last server's)
-for d in /tmp/matched_cells/servers/*/; do
-  for f in "$d"*.log; do [ -f "$f" ] && cp "$f" "$OUT/$(basename "$d")_$(basename "$f")"; done
-done
+return_cells matched /tmp/matched_cells/servers /tmp/matched_cells.marker
 exit $rc

@@ -56,3 +56,16 @@ cells_work() {
   [ -d "$1" ] && cp -rn "$1/." "$WORK/"
   return 0
 }
+# return_cells NAME SERVERS MARKER: a cells call's results into $OUT: the cells of $WORK (cells.tgz), the kernels
+# compiled since MARKER (NAME_kernels.tgz.part-*) and every arm's server log under SERVERS/<arm>/, named by its
+# arm (one name for all would keep only the last server's)
+return_cells() {
+  tar czf "$OUT/cells.tgz" -C "$WORK" .
+  return_new_kernels "$1_kernels" kernels "$3"
+  ls -l "$OUT/$1_kernels.tgz.part-"* 2>/dev/null || echo "$1: no new kernels"
+  echo "$1: cells dir ${CELLS:-$WORK}"
+  for d in "$2"/*/; do
+    for f in "$d"*.log; do [ -f "$f" ] && cp "$f" "$OUT/$(basename "$d")_$(basename "$f")"; done
+  done
+  return 0
+}

@@ -50,12 +50,5 @@ timeout $((DEADLINE + 40)) python3 -m benchmarks serve_wr_fixed_slots \
 rc=$?
 # a later call on this machine finds its kernel cache warm
 touch /tmp/wr_fixed.warm
-tar czf "$OUT/cells.tgz" -C "$WORK" .
-return_new_kernels wr_fixed_kernels kernels /tmp/wr_fixed.marker
-ls -l "$OUT"/wr_fixed_kernels.tgz.part-* 2>/dev/null || echo "wr_fixed_slots: no new kernels"
-echo "wr_fixed_slots: cells dir $CELLS"
-# every arm's server log, named by its arm (one name for all would keep only the last server's)
-for d in /tmp/wr_fixed/servers/*/; do
-  for f in "$d"*.log; do [ -f "$f" ] && cp "$f" "$OUT/$(basename "$d")_$(basename "$f")"; done
-done
+return_cells wr_fixed /tmp/wr_fixed/servers /tmp/wr_fixed.marker
 exit $rc
