@@ -1,7 +1,9 @@
 """The resumable matched-HBM protocol against real tritonservers (dasc-build engines of the embedded model, CPU):
-  - a run split over two calls (--cells-dir, --max-units 1, then the rest) and merged from its cells equals
-    the unsplit run in everything but timings: manifest, cells, every request's prompt and cached tokens,
-    output tokens, the engine's own counters;
+  - a run split over two calls (--cells-dir, a first call cut short by its deadline, then the rest) and merged
+    from its cells equals the unsplit run in everything but timings: manifest, cells, every request's prompt
+    and cached tokens, output tokens, the engine's own counters;
+  - a first call cut by --max-units 1 instead measures the same cells as the one cut by the deadline (so the
+    call after it is the same call: which cells a call runs depends on the cells done only, plan_units);
   - the HTTP SSE transport (generate_stream) and the gRPC one give the same hits and token counts.
 One client (concurrency 1) makes the cache's eviction order, and so every hit, independent of timing."""
 from __future__ import annotations
@@ -38,6 +40,17 @@ def _strip(x):
     return x
 
 
+def _cell_requests(cells_dir):
+    """Per (arm, unit) cell: what its requests were and got (no timings)."""
+    out = {}
+    for p in sorted((cells_dir / "cells").glob("*/*.json")):
+        c = _load(p)
+        out[(c["arm"], c["unit"])] = [(b["replay"]["order"], b["replay"]["prompt_len"], b["replay"]["cached"],
+                                        b["replay"]["output_tokens"], b["server"]["cached_tokens"])
+                                       for b in c["blocks"]]
+    return out
+
+
 def _merge_mod():
     from benchmarks import merge_matched_hbm as mod
     return mod
@@ -49,17 +62,17 @@ def runs(tmp_path_factory):
     out = {}
     assert main([*ARGV, "--out", str(d / "whole"), "--json", str(d / "whole.json")]) == 0
     out["whole"] = _load(d / "whole.json")
+    # a first call cut by --max-units 1 (its cells are compared with the deadline's; not resumed: the next
+    # call would be the deadline split's second, server start for server start)
     split = ["--out", str(d / "split"), "--cells-dir", str(d / "split_cells"), "--json", str(d / "split.json")]
     assert main([*ARGV, *split, "--max-units", "1"]) == 0
     out["half"] = _load(d / "split.json")
-    assert main([*ARGV, *split]) == 0
-    assert _merge_mod().main(["--cells", str(d / "split_cells"), "--out", str(d / "merged.json")]) == 0
-    out["merged"] = _load(d / "merged.json")
-    # the same split by a wall-clock deadline: one already past stops the first call after each arm's first
-    # unit (a call always measures one); the second call, without one, runs the rest
+    # the split by a wall-clock deadline: one already past stops the first call after each arm's first unit (a
+    # call always measures one); the second call, without one, runs the rest
     dl = ["--out", str(d / "dl"), "--cells-dir", str(d / "dl_cells"), "--json", str(d / "dl.json")]
     assert main([*ARGV, *dl, "--call-deadline-s", "0.001"]) == 0
     out["dl_half"] = _load(d / "dl.json")
+    out["dl_half_cells"] = _cell_requests(d / "dl_cells")
     assert main([*ARGV, *dl]) == 0
     assert _merge_mod().main(["--cells", str(d / "dl_cells"), "--out", str(d / "dl_merged.json")]) == 0
     out["dl_merged"] = _load(d / "dl_merged.json")
@@ -86,19 +99,45 @@ def test_first_call_is_partial_and_says_so(runs):
     # the dense cell of the unit ran beside the arm's: the first unit of each arm, nothing more
     assert [(a["key"], a["cells"], a["pending"]) for a in half["arms"]] == [("dense", 1, 1), ("nr16+int8", 1, 1)]
     assert "vs_dense" not in half["arms"][1]
+    # the same cells, with the same requests and hits, as the first call cut by its deadline
+    assert _cell_requests(runs["dir"] / "split_cells") == runs["dl_half_cells"]
+    assert sorted(runs["dl_half_cells"]) == sorted((arm, _load(runs["dir"] / "split_cells" / "manifest.json")["units"][0])
+                                                  for arm in ("dense", "nr16+int8"))
+
+
+def test_max_units_takes_the_first_units_an_arm_lacks():
+    """Which units a call with --max-units runs (the server-free part of the cut: the rest is any call's)."""
+    from clients.runner import arm_units, plan_units
+
+    class Store:
+        def __init__(self, done):
+            self.have = set(done)
+
+        def done(self, arm, unit):
+            return (arm, unit) in self.have
+    manifest = {"baseline": "dense", "units": ["u0", "u1", "u2"]}
+    keys = ["dense", "nr16"]
+    assert plan_units(Store([]), manifest, keys, 1) == ["u0"]
+    assert plan_units(Store([]), manifest, keys, None) == ["u0", "u1", "u2"]
+    # a unit whose dense cell alone is done is still to run (its dasc cell pairs with a dense one of its call)
+    store = Store([("dense", "u0"), ("nr16", "u0"), ("dense", "u1")])
+    assert plan_units(store, manifest, keys, 1) == ["u1"]
+    assert plan_units(store, manifest, keys, 5) == ["u1", "u2"]
+    # the baseline runs every unit of the call again, the other arms only what they lack
+    assert arm_units(store, manifest, "dense", ["u1", "u2"]) == ["u1", "u2"]
+    assert arm_units(Store([("nr16", "u1")]), manifest, "nr16", ["u1", "u2"]) == ["u2"]
 
 
 def test_split_run_merged_equals_the_unsplit_run(runs):
-    whole, merged = runs["whole"], runs["merged"]
+    whole, merged = runs["whole"], runs["dl_merged"]
     assert merged["complete"] and whole["complete"]
     assert merged["manifest"] == whole["manifest"] and merged["manifest"]["units"] == 2
     assert len(merged["calls"]) == 2 and len(whole["calls"]) == 1
     assert _requests(merged) == _requests(whole)
     # everything else but timings and provenance: phases, slots, blocks, the hit rates of the summaries
-    for key in ("command", "commit", "calls", "cells_dir", "cells_dirs", "json_path", "python", "cpus"):
-        whole.pop(key, None)
-        merged.pop(key, None)
-    assert _strip(merged) == _strip(whole)
+    prov = ("command", "commit", "calls", "cells_dir", "cells_dirs", "json_path", "python", "cpus")
+    assert (_strip({k: v for k, v in merged.items() if k not in prov})
+            == _strip({k: v for k, v in whole.items() if k not in prov}))
     for a in merged["arms"]:
         assert a["summary"]["seeds"]["hit_rate"]["std"] == 0.0 and a["summary"]["seeds"]["hit_rate"]["mean"] > 0
 
@@ -112,11 +151,9 @@ def test_a_deadline_stops_between_units_and_the_next_call_finishes(runs):
     # the call says where it stopped and what is left
     assert first["stopped_before"] == ["dense", _load(runs["dir"] / "dl_cells" / "manifest.json")["units"][1]]
     assert (first["units_left"], first["cells_left"]) == (1, 1)
-    assert _requests(merged) == _requests(whole)
-    for key in ("command", "commit", "calls", "cells_dir", "cells_dirs", "json_path", "python", "cpus"):
-        whole.pop(key, None)
-        merged.pop(key, None)
-    assert _strip(merged) == _strip(whole)
+    # the second call, without a deadline, ran the rest: the merge is the unsplit run
+    # (test_split_run_merged_equals_the_unsplit_run compares everything else)
+    assert merged["complete"] and len(merged["calls"]) == 2 and _requests(merged) == _requests(whole)
 
 
 def test_the_budget_reserves_the_later_arms_start_and_cells():
@@ -137,7 +174,7 @@ def test_the_budget_reserves_the_later_arms_start_and_cells():
 
 
 def test_each_ratio_pairs_cells_of_one_call(runs):
-    d = runs["dir"] / "split_cells"
+    d = runs["dir"] / "dl_cells"
     cells = {(c["arm"], c["unit"]): c["call"] for c in map(_load, (d / "cells").glob("*/*.json"))}
     # the manifest's units: phase 0 (Q=4) and 1 (Q=15), each the middle block of the dataset (evenly spread)
     units = _load(d / "manifest.json")["units"]
@@ -146,7 +183,7 @@ def test_each_ratio_pairs_cells_of_one_call(runs):
     for unit in units:
         assert cells[("dense", unit)] == cells[("nr16+int8", unit)]
     assert cells[("dense", units[0])] != cells[("dense", units[1])]
-    assert "vs_dense" in runs["merged"]["arms"][1]
+    assert "vs_dense" in runs["dl_merged"]["arms"][1]
 
 
 def test_http_and_grpc_transports_give_the_same_hits_and_tokens(runs):
