@@ -1,7 +1,10 @@
 """The resumable matched-HBM protocol against real tritonservers (dasc-build engines of the embedded model, CPU):
-  - a run split over two calls (--cells-dir, --max-units 1, then the rest) and merged from its cells equals
-    the unsplit run in everything but timings: manifest, cells, every request's prompt and cached tokens,
-    output tokens, the engine's own counters;
+  - a run split over two calls (--cells-dir, a first call cut short by its deadline, then the rest) and merged
+    from its cells equals the unsplit run in everything but timings: manifest, cells, every request's prompt
+    and cached tokens, output tokens, the engine's own counters;
+  - which units a call cut by --max-units runs (runner.plan_units, without servers; tests/clients/
+    test_dummy_cells.py cuts a served call with --max-units 1): the call after a cut is the same whatever
+    cut it, since what a call runs depends on the cells done only;
   - the HTTP SSE transport (generate_stream) and the gRPC one give the same hits and token counts.
 One client (concurrency 1) makes the cache's eviction order, and so every hit, independent of timing."""
 from __future__ import annotations
@@ -49,14 +52,8 @@ def runs(tmp_path_factory):
     out = {}
     assert main([*ARGV, "--out", str(d / "whole"), "--json", str(d / "whole.json")]) == 0
     out["whole"] = _load(d / "whole.json")
-    split = ["--out", str(d / "split"), "--cells-dir", str(d / "split_cells"), "--json", str(d / "split.json")]
-    assert main([*ARGV, *split, "--max-units", "1"]) == 0
-    out["half"] = _load(d / "split.json")
-    assert main([*ARGV, *split]) == 0
-    assert _merge_mod().main(["--cells", str(d / "split_cells"), "--out", str(d / "merged.json")]) == 0
-    out["merged"] = _load(d / "merged.json")
-    # the same split by a wall-clock deadline: one already past stops the first call after each arm's first
-    # unit (a call always measures one); the second call, without one, runs the rest
+    # the split by a wall-clock deadline: one already past stops the first call after each arm's first unit (a
+    # call always measures one); the second call, without one, runs the rest
     dl = ["--out", str(d / "dl"), "--cells-dir", str(d / "dl_cells"), "--json", str(d / "dl.json")]
     assert main([*ARGV, *dl, "--call-deadline-s", "0.001"]) == 0
     out["dl_half"] = _load(d / "dl.json")
@@ -81,24 +78,46 @@ def _requests(res):
 
 
 def test_first_call_is_partial_and_says_so(runs):
-    half = runs["half"]
+    half = runs["dl_half"]
     assert half["complete"] is False and (half["cells_done"], half["cells_total"]) == (2, 4)
     # the dense cell of the unit ran beside the arm's: the first unit of each arm, nothing more
     assert [(a["key"], a["cells"], a["pending"]) for a in half["arms"]] == [("dense", 1, 1), ("nr16+int8", 1, 1)]
     assert "vs_dense" not in half["arms"][1]
 
 
+def test_max_units_takes_the_first_units_an_arm_lacks():
+    """Which units a call with --max-units runs (the server-free part of the cut: the rest is any call's)."""
+    from clients.runner import arm_units, plan_units
+
+    class Store:
+        def __init__(self, done):
+            self.have = set(done)
+
+        def done(self, arm, unit):
+            return (arm, unit) in self.have
+    manifest = {"baseline": "dense", "units": ["u0", "u1", "u2"]}
+    keys = ["dense", "nr16"]
+    assert plan_units(Store([]), manifest, keys, 1) == ["u0"]
+    assert plan_units(Store([]), manifest, keys, None) == ["u0", "u1", "u2"]
+    # a unit whose dense cell alone is done is still to run (its dasc cell pairs with a dense one of its call)
+    store = Store([("dense", "u0"), ("nr16", "u0"), ("dense", "u1")])
+    assert plan_units(store, manifest, keys, 1) == ["u1"]
+    assert plan_units(store, manifest, keys, 5) == ["u1", "u2"]
+    # the baseline runs every unit of the call again, the other arms only what they lack
+    assert arm_units(store, manifest, "dense", ["u1", "u2"]) == ["u1", "u2"]
+    assert arm_units(Store([("nr16", "u1")]), manifest, "nr16", ["u1", "u2"]) == ["u2"]
+
+
 def test_split_run_merged_equals_the_unsplit_run(runs):
-    whole, merged = runs["whole"], runs["merged"]
+    whole, merged = runs["whole"], runs["dl_merged"]
     assert merged["complete"] and whole["complete"]
     assert merged["manifest"] == whole["manifest"] and merged["manifest"]["units"] == 2
     assert len(merged["calls"]) == 2 and len(whole["calls"]) == 1
     assert _requests(merged) == _requests(whole)
     # everything else but timings and provenance: phases, slots, blocks, the hit rates of the summaries
-    for key in ("command", "commit", "calls", "cells_dir", "cells_dirs", "json_path", "python", "cpus"):
-        whole.pop(key, None)
-        merged.pop(key, None)
-    assert _strip(merged) == _strip(whole)
+    prov = ("command", "commit", "calls", "cells_dir", "cells_dirs", "json_path", "python", "cpus")
+    assert (_strip({k: v for k, v in merged.items() if k not in prov})
+            == _strip({k: v for k, v in whole.items() if k not in prov}))
     for a in merged["arms"]:
         assert a["summary"]["seeds"]["hit_rate"]["std"] == 0.0 and a["summary"]["seeds"]["hit_rate"]["mean"] > 0
 
@@ -112,11 +131,9 @@ def test_a_deadline_stops_between_units_and_the_next_call_finishes(runs):
     # the call says where it stopped and what is left
     assert first["stopped_before"] == ["dense", _load(runs["dir"] / "dl_cells" / "manifest.json")["units"][1]]
     assert (first["units_left"], first["cells_left"]) == (1, 1)
-    assert _requests(merged) == _requests(whole)
-    for key in ("command", "commit", "calls", "cells_dir", "cells_dirs", "json_path", "python", "cpus"):
-        whole.pop(key, None)
-        merged.pop(key, None)
-    assert _strip(merged) == _strip(whole)
+    # the second call, without a deadline, ran the rest: the merge is the unsplit run
+    # (test_split_run_merged_equals_the_unsplit_run compares everything else)
+    assert merged["complete"] and len(merged["calls"]) == 2 and _requests(merged) == _requests(whole)
 
 
 def test_the_budget_reserves_the_later_arms_start_and_cells():
@@ -137,7 +154,7 @@ def test_the_budget_reserves_the_later_arms_start_and_cells():
 
 
 def test_each_ratio_pairs_cells_of_one_call(runs):
-    d = runs["dir"] / "split_cells"
+    d = runs["dir"] / "dl_cells"
     cells = {(c["arm"], c["unit"]): c["call"] for c in map(_load, (d / "cells").glob("*/*.json"))}
     # the manifest's units: phase 0 (Q=4) and 1 (Q=15), each the middle block of the dataset (evenly spread)
     units = _load(d / "manifest.json")["units"]
@@ -146,7 +163,7 @@ def test_each_ratio_pairs_cells_of_one_call(runs):
     for unit in units:
         assert cells[("dense", unit)] == cells[("nr16+int8", unit)]
     assert cells[("dense", units[0])] != cells[("dense", units[1])]
-    assert "vs_dense" in runs["merged"]["arms"][1]
+    assert "vs_dense" in runs["dl_merged"]["arms"][1]
 
 
 def test_http_and_grpc_transports_give_the_same_hits_and_tokens(runs):
@@ -168,7 +185,7 @@ def test_http_and_grpc_transports_give_the_same_hits_and_tokens(runs):
 
 def test_a_call_with_another_manifest_is_refused(runs, capsys):
     d = runs["dir"]
-    argv = [*ARGV, "--out", str(d / "split"), "--cells-dir", str(d / "split_cells")]
+    argv = [*ARGV, "--out", str(d / "other"), "--cells-dir", str(d / "dl_cells")]
     argv[argv.index("--seeds") + 1] = "7"
     assert main(argv) == 2
     assert "another manifest" in capsys.readouterr().err

@@ -124,3 +124,9 @@ class TritonPythonModel:
     def finalize(self):
         self.metrics.stop()
         self.host.shutdown()
+        # the stub's interpreter exits next, and Triton waits for it (the unload, so the server's stop): its
+        # final garbage collections walk every object torch and the engine made (1.5-3 s on a 2-core CPU,
+        # 0.3 s frozen). Nothing of this process is used after finalize, and nothing we rely on is freed by
+        # the collector at exit (the server removes its shared-memory regions itself)
+        import gc
+        gc.freeze()
