@@ -1,5 +1,5 @@
 """Failures are contained: exceptions injected into sampling, callbacks, checkpoint stores and loads across
-a 2,000-request stream fail only the requests they touch; every other request gets exactly the tokens of
+an 800-request stream fail only the requests they touch; every other request gets exactly the tokens of
 a fault-free run; afterwards everything is free and the invariants hold. Non-finite values are reported,
 never cached."""
 import random
@@ -11,7 +11,9 @@ from engine_helpers import VOCAB, greedy, make_engine, one_torch_thread
 from trtllm_dasc.engine.request import GenerationRequest
 from trtllm_dasc.engine.sampling import SamplingParams
 
-N = 2000
+# 800 requests (2,000 until issue 31: twice the run time for nothing more) still inject 11 store and 11 load
+# faults, 11 sampling and 10 callback faults on this workload, and evict KV and checkpoints hundreds of times
+N = 800
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 

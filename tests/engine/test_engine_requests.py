@@ -71,7 +71,9 @@ def test_random_stream_keeps_invariants_and_frees_everything(tiny_models, arch, 
     rng = random.Random(7)
     bases = [[rng.randrange(VOCAB) for _ in range(rng.randrange(4, 24))] for _ in range(5)]
     submitted = 0
-    for step in range(1200):
+    # 400 steps (1,200 until issue 31): ~240 requests, the 60 KV blocks evicted hundreds of times over and the
+    # hit rate already at its plateau (0.63 at 400 steps, 0.65 at 1,200, kda arm)
+    for step in range(400):
         if rng.random() < 0.6 and len(engine.scheduler.waiting) < 4:
             base = rng.choice(bases)
             prompt = base[:rng.randrange(1, len(base) + 1)] + [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 6))]

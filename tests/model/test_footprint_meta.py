@@ -47,8 +47,10 @@ def test_footprint_does_not_import_dynamo():
             "fp = model_footprint(cfg, DummyWeights(cfg), dtype='bfloat16', tp_rank=0, tp_size=1, bundle_order=None,"
             " state_rows=2, kv_blocks=2, block_size=4, pool_bytes=0)\n"
             "assert fp.weights > 0\n"
-            "print('torch._dynamo' in sys.modules)\n")
+            "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules)\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == "False"
+    # nor sympy: the meta kernels of some ops (advanced indexing) import it on their first call, ~1 s of
+    # every rank's start (model/linear_attn.py loads KDA's A_log by index_select for this)
+    assert out.stdout.split()[-2:] == ["False", "False"], out.stdout

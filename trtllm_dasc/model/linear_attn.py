@@ -116,7 +116,10 @@ class KDALayer:
                                      load(src, p + "g_a_proj.weight", (K, D), dtype, device),
                                      load(src, p + "b_proj.weight", (H, D), dtype, device, s.heads)]),
              "conv": torch.cat([rows(f"{n}_conv1d.weight", (H * K, 1, W))[:, 0] for n in "qkv"]),
-             "A_log": load(src, p + "A_log", (1, 1, H, 1), torch.float32, device).view(H)[s.heads.to(device)],
+             # index_select, not [heads]: on the meta device (model/footprint.py, every engine start) advanced
+             # indexing runs a Python meta kernel whose first call imports sympy, ~1 s of each rank's start
+             "A_log": load(src, p + "A_log", (1, 1, H, 1), torch.float32, device).view(H).index_select(
+                 0, s.heads.to(device)),
              "dt_bias": rows("dt_bias", (H * K,), torch.float32),
              # f_b over f_a and g_b over g_a, stacked: one launch for both at a decode step (linear_groups)
              "fg_b": torch.cat([rows("f_b_proj.weight", (H * K, K)), rows("g_b_proj.weight", (H * K, K))]),
