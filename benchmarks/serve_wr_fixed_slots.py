@@ -224,9 +224,11 @@ def setup(args, mode: dict):
             caps[arm.spec] = {"checkpoint_bytes": one, "budget_bytes": (args.slots + 1) * one, "slots": args.slots}
     import torch
     # the engine's largest step: in its own memory check, so in the count the KV cache is sized beside
-    step, workspace = fixed_slots.multiturn_step(
-        model_cfg.schema, max_num_tokens=mode["max_num_tokens"], max_batch=mb, prefill_chunk=mode["prefill_chunk"],
-        context=blocks * 16, interval=per_request, dtype_bytes=getattr(torch, mode["dtype"]).itemsize)
+    # (the flags below: prompt-end checkpoints, no capture cap)
+    from trtllm_dasc.model.workspace import step_shape, workspace_of
+    step = step_shape(max_num_tokens=mode["max_num_tokens"], max_batch=mb, prefill_chunk=mode["prefill_chunk"],
+                      max_context=blocks * 16, interval=per_request, prompt_only=True)
+    workspace = workspace_of(model_cfg.schema, step, getattr(torch, mode["dtype"]).itemsize)
     from clients.kv_sizing import DEFAULT_HEADROOM_GIB
     headroom = DEFAULT_HEADROOM_GIB if args.memory_headroom_gib is None else args.memory_headroom_gib
     # KV for the conversations (every one's longest prompt when it fits; else the live ones'): KV never decides

@@ -88,26 +88,12 @@ class UnitDeadline:
         return self.deadline - self.clock()
 
 
-def multiturn_step(schema, *, max_num_tokens: int | None, max_batch: int, prefill_chunk: int, context: int,
-                   interval: int, dtype_bytes: int):
-    """(the engine's largest step, its transient tensors) for the flags setup() builds with (prompt-end
-    checkpoints, no capture cap): model/workspace.py's largest_step from the same fields the engine reads, so
-    the client's count and the engine's own memory check agree."""
-    import types
-    from trtllm_dasc.model.workspace import largest_step, step_workspace_bytes
-    step = largest_step(types.SimpleNamespace(max_num_tokens=max_num_tokens, max_batch=max_batch,
-                                              prefill_chunk=prefill_chunk, max_context=context, interval=interval,
-                                              prompt_only=True, max_step_captures=None))
-    return step, step_workspace_bytes(schema, tokens=step.tokens, seqs=step.seqs, captures=step.captures,
-                                      context=step.context, tp=1, dtype_bytes=dtype_bytes)
-
-
 def size_kv(wargs, model_cfg, specs: list[str], budget: int, *, limit, device: str, headroom_gib: float,
             dtype: str, max_batch: int, block_size: int, blocks_per_prompt: int, conversations: int,
             concurrency: int, step=None, workspace: dict | None = None) -> dict:
     """The KV cache of every arm ({'blocks', 'need', 'live', 'fit', ...}); ``wargs``: the weight settings of
     clients.matched_hbm.check_weights (model, dummy, weights_seed); ``budget``: the largest arm's pool; ``step``,
-    ``workspace``: multiturn_step's, in the engine's count (its fixed bytes) as the engine's own check has it."""
+    ``workspace``: the engine's largest step and its tensors (model/workspace.py), in the engine's count (its fixed bytes) as the engine's own check has it."""
     from clients import arms as armlib
     from clients import kv_sizing
     from trtllm_dasc.errors import UserError
@@ -117,8 +103,8 @@ def size_kv(wargs, model_cfg, specs: list[str], budget: int, *, limit, device: s
     live = concurrency * blocks_per_prompt + max_batch
     if limit is None:
         return {"blocks": need, "need": need, "live": live, "fit": None}
-    device_limit = limit == "device"
-    if device_limit:
+    by_device = limit == "device"
+    if by_device:
         limit = kv_sizing.device_limit(device, headroom_gib)
     source = DummyWeights(model_cfg, wargs.weights_seed) if wargs.dummy else CheckpointReader(wargs.model)
     fixed = per_block = 0
@@ -146,7 +132,7 @@ def size_kv(wargs, model_cfg, specs: list[str], budget: int, *, limit, device: s
            "block_bytes": per_block, "total_bytes": fixed + (blocks + 1) * per_block}
     if workspace is not None:
         out.update(step_workspace_bytes=workspace)
-    if device_limit:
+    if by_device:
         out.update(headroom_bytes=int(math.ceil(headroom_gib * (1 << 30))))
     return out
 

@@ -23,14 +23,6 @@ from __future__ import annotations
 import math
 
 
-def __getattr__(name):
-    # step_workspace_bytes lives with the engine's check (model/workspace.py); imported on first use, so that
-    # this module (the CLI's DEFAULT_HEADROOM_GIB) stays free of torch
-    if name == "step_workspace_bytes":
-        from trtllm_dasc.model.workspace import step_workspace_bytes
-        return step_workspace_bytes
-    raise AttributeError(name)
-
 GIB = 1 << 30
 
 
@@ -91,18 +83,18 @@ def plan_kv(phases: list, *, max_batch: int, blocks_per_request: int, limit: int
 DEFAULT_HEADROOM_GIB = 21.27
 
 
-def limit_from_total(total: int, workspace: int, headroom_gib: float) -> int:
-    """A device of `total` bytes less `workspace` and the headroom (DEFAULT_HEADROOM_GIB's comment). The
-    client passes workspace 0: the engine's count (its fixed bytes) holds the step's tensors."""
-    return total - workspace - int(math.ceil(headroom_gib * GIB))
+def limit_from_total(total: int, headroom_gib: float) -> int:
+    """A device of `total` bytes less the headroom (DEFAULT_HEADROOM_GIB's comment); the engine's count holds
+    the step's tensors."""
+    return total - int(math.ceil(headroom_gib * GIB))
 
 
-def device_limit(device: str, headroom_gib: float, workspace: int = 0) -> int:
+def device_limit(device: str, headroom_gib: float) -> int:
     """This CUDA device's total memory less the headroom (the CUDA context, workspaces, kernel modules) that
-    the engine's footprint does not count (and `workspace`, 0 for an engine count that holds the step)."""
+    the engine's footprint does not count."""
     import torch
     from trtllm_dasc.errors import UserError
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise UserError("--memory-limit-bytes device needs a CUDA device: give a number of bytes instead")
-    return limit_from_total(torch.cuda.get_device_properties(dev).total_memory, workspace, headroom_gib)
+    return limit_from_total(torch.cuda.get_device_properties(dev).total_memory, headroom_gib)

@@ -379,18 +379,15 @@ def step_workspace(args, work: WorkloadConfig, output_tokens: int):
     --max-num-tokens tokens (uncapped: every running request's prefill chunk) over --max-batch-size sequences,
     and as many captures as the scheduler can take in one step (natural_captures: the engine is not capped, so
     a burst of hits that all end in one step is not held back and the measurement sees the engine as served)."""
-    import types
     import torch
-    from trtllm_dasc.model.workspace import largest_step, step_workspace_bytes
+    from trtllm_dasc.model.workspace import step_shape, workspace_of
     context = math.ceil((work.max_prompt_tokens + output_tokens) / args.block_size) * args.block_size
-    # the engine's config as engine_flags builds it: the engine computes the same step from it
-    step = largest_step(types.SimpleNamespace(
-        max_num_tokens=args.max_num_tokens, max_batch=args.max_batch_size, prefill_chunk=args.prefill_chunk,
-        max_context=context, interval=args.interval or work.max_prompt_tokens + output_tokens,
-        prompt_only=bool(args.prompt_only), max_step_captures=None))
-    return step, step_workspace_bytes(model_config(args).schema, tokens=step.tokens, seqs=step.seqs,
-                                      captures=step.captures, context=step.context, tp=args.tp,
-                                      dtype_bytes=getattr(torch, args.dtype).itemsize)
+    # the fields engine_flags builds the engine with: the engine computes the same step from them
+    step = step_shape(max_num_tokens=args.max_num_tokens, max_batch=args.max_batch_size,
+                      prefill_chunk=args.prefill_chunk, max_context=context,
+                      interval=args.interval or work.max_prompt_tokens + output_tokens,
+                      prompt_only=bool(args.prompt_only))
+    return step, workspace_of(model_config(args).schema, step, getattr(torch, args.dtype).itemsize, args.tp)
 
 
 def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, dense_bytes) -> dict:

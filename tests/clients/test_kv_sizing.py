@@ -14,6 +14,7 @@ from build_scripts.dasc_build import main as dasc_build
 from clients import kv_sizing
 from clients.matched_hbm import main
 from clients.kv_sizing import GIB
+from trtllm_dasc.model.workspace import step_workspace_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
@@ -152,7 +153,7 @@ def test_step_workspace_of_kimi48_at_8192_tokens_is_a_hand_count():
     moe = T * 256 * 4 + T * 8 * (1024 + 2304) * b + T * 2304 * b + T * (3 * 1024 + 2304) * b
     dense = 3 * T * 9216 * b
     attention = T * 32 * 192 * b + 2 * T * 576 * b + T * 32 * 128 * b + 2816 * 32 * (256 + 2 * 192) * b
-    got = kv_sizing.step_workspace_bytes(_kimi48_schema(), tokens=T, seqs=N, captures=6, context=2816,
+    got = step_workspace_bytes(_kimi48_schema(), tokens=T, seqs=N, captures=6, context=2816,
                                          dtype_bytes=b)
     assert got == {"total": resident + linear, "resident": resident, "linear": linear, "moe": moe,
                    "dense_mlp": dense, "attention": attention}
@@ -167,22 +168,22 @@ def test_the_device_limit_keeps_the_measured_h200_case_safe():
     # out of memory, with 30.5 GiB (118e9 B) it ran, and that call's 39,462 KV blocks ran
     total, rows_pool_weights, block = 150109880320, 112213262336, 129024
     # the engine's count now holds its largest step: 8192 tokens, 96 sequences, 96 prompt-end captures
-    ws = kv_sizing.step_workspace_bytes(_kimi48_schema(), tokens=8192, seqs=96, captures=96, context=2816,
+    ws = step_workspace_bytes(_kimi48_schema(), tokens=8192, seqs=96, captures=96, context=2816,
                                         dtype_bytes=2)["total"]
-    limit = kv_sizing.limit_from_total(total, 0, kv_sizing.DEFAULT_HEADROOM_GIB)
+    limit = kv_sizing.limit_from_total(total, kv_sizing.DEFAULT_HEADROOM_GIB)
     # beside weights, rows, pool and KV: the step's bound and the headroom, at least the 30.5 GiB that ran
     assert total - limit + ws >= 30.5 * GIB and limit - ws <= 118 * 10 ** 9
     # the KV cache of the call that ran, within a few blocks
     assert abs(kv_sizing.blocks_that_fit(limit, rows_pool_weights + ws, block) - 39462) <= 16
     # the old 8 GiB headroom alone is the limit that died in warm-up
-    assert kv_sizing.limit_from_total(total, 0, 8.0) > 125 * 10 ** 9
+    assert kv_sizing.limit_from_total(total, 8.0) > 125 * 10 ** 9
 
 
 def test_device_limit_counts_the_step_and_records_it(monkeypatch, capsys):
     # no GPU here: the device's total is given, the rest is the client's own path
     total = 10 ** 12
     monkeypatch.setattr(kv_sizing, "device_limit",
-                        lambda device, headroom, workspace=0: kv_sizing.limit_from_total(total, workspace, headroom))
+                        lambda device, headroom: kv_sizing.limit_from_total(total, headroom))
     assert main([*ARGV, "--memory-limit-bytes", "device", "--memory-headroom-gib", "1.5"]) == 0
     kv = json.loads(capsys.readouterr().out)["kv_cache"]
     ws = kv["step_workspace_bytes"]
@@ -211,7 +212,7 @@ def test_the_device_limit_gives_the_block_count_of_before(monkeypatch, capsys):
     headroom = 3 * GIB // 2
     total = old_fixed + step + headroom + block * 38 + 100
     monkeypatch.setattr(kv_sizing, "device_limit",
-                        lambda device, headroom, workspace=0: kv_sizing.limit_from_total(total, workspace, headroom))
+                        lambda device, headroom: kv_sizing.limit_from_total(total, headroom))
     assert main([*ARGV, "--memory-limit-bytes", "device", "--memory-headroom-gib", "1.5"]) == 0
     kv = json.loads(capsys.readouterr().out)["kv_cache"]
     assert kv["blocks"] == (total - step - headroom - old_fixed) // block - 1 == 37

@@ -154,7 +154,7 @@ class Scheduler:
                 budget -= r.end - r.start
         budget -= sum(not s.in_prefill for s in self.running)
         # the step's captures (cfg.max_step_captures): the memory check counts the captured states of that many
-        captures_left = getattr(self.cfg, "max_step_captures", None) or float("inf")
+        captures_left = self.cfg.max_step_captures or float("inf")
         for s in self.running:
             if s.joining is not None:
                 continue
@@ -163,7 +163,8 @@ class Scheduler:
                 # what this span takes (a short rest of a prompt takes less than a chunk): the budget left
                 # goes to the next requests, not to tokens nobody runs
                 chunk = int(min(self.cfg.prefill_chunk, budget, len(s.prompt) - s.done_tokens))
-                chunk = self._within_captures(s, chunk, captures_left)
+                if captures_left != float("inf"):
+                    chunk = self._within_captures(s, chunk, captures_left)
                 if chunk < 1:
                     continue
                 budget -= chunk

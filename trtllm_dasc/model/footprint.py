@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.model.model import HybridModel
-from trtllm_dasc.model.workspace import StepShape, step_workspace_bytes
+from trtllm_dasc.model.workspace import StepShape, workspace_of
 
 GIB = 1 << 30
 
@@ -118,9 +118,7 @@ def model_footprint(cfg, src, *, dtype: str, tp_rank: int, tp_size: int, bundle_
                                         tp_size=tp_size, bundle_order=bundle_order, backend="torch")
     state = model.new_state(state_rows)
     kv = model.new_kv_cache(kv_blocks, block_size)
-    workspace = 0 if step is None else step_workspace_bytes(
-        cfg.schema, tokens=step.tokens, seqs=step.seqs, captures=step.captures, context=step.context,
-        dtype_bytes=getattr(torch, dtype).itemsize, tp=tp_size)["total"]
+    workspace = 0 if step is None else workspace_of(cfg.schema, step, getattr(torch, dtype).itemsize, tp_size)["total"]
     return Footprint(weights=tensor_bytes((model.w, model.layers)), kv=tensor_bytes(kv.pools),
                      state=tensor_bytes((state.temporal, state.conv)), pool=pool_bytes, workspace=workspace)
 

@@ -29,16 +29,30 @@ def natural_captures(tokens: int, seqs: int, interval: int, prompt_only: bool) -
     return min(tokens, tokens // interval + 3 * seqs)
 
 
+def step_shape(*, max_num_tokens: int | None, max_batch: int, prefill_chunk: int, max_context: int,
+               interval: int, prompt_only: bool, max_step_captures: int | None = None) -> StepShape:
+    """An engine's largest step from its config's fields: max_num_tokens tokens (uncapped: every running
+    request's prefill chunk), max_batch sequences, the captures the scheduler can take in one step (its
+    max_step_captures cap when set: the scheduler defers a chunk's capture past it to the next step), a
+    context of max_context. Clients that size an engine pass the fields they build it with."""
+    tokens = max_num_tokens or max_batch * min(prefill_chunk, max_context)
+    captures = natural_captures(tokens, max_batch, interval, prompt_only)
+    return StepShape(tokens=tokens, seqs=max_batch,
+                     captures=captures if max_step_captures is None else min(max_step_captures, captures),
+                     context=max_context)
+
+
 def largest_step(cfg) -> StepShape:
-    """The engine's largest step from its config (EngineConfig or anything with its fields): max_num_tokens
-    tokens (uncapped: every running request's prefill chunk), max_batch sequences, the captures the
-    scheduler can take in one step (its max_step_captures cap when set: the scheduler defers a chunk's
-    capture past it to the next step), a context of max_context."""
-    tokens = cfg.max_num_tokens or cfg.max_batch * min(cfg.prefill_chunk, cfg.max_context)
-    captures = natural_captures(tokens, cfg.max_batch, cfg.interval, cfg.prompt_only)
-    cap = getattr(cfg, "max_step_captures", None)
-    return StepShape(tokens=tokens, seqs=cfg.max_batch, captures=captures if cap is None else min(cap, captures),
-                     context=cfg.max_context)
+    """step_shape of an EngineConfig."""
+    return step_shape(max_num_tokens=cfg.max_num_tokens, max_batch=cfg.max_batch, prefill_chunk=cfg.prefill_chunk,
+                      max_context=cfg.max_context, interval=cfg.interval, prompt_only=cfg.prompt_only,
+                      max_step_captures=cfg.max_step_captures)
+
+
+def workspace_of(schema, step: StepShape, dtype_bytes: int, tp: int = 1) -> dict:
+    """step_workspace_bytes of a StepShape."""
+    return step_workspace_bytes(schema, tokens=step.tokens, seqs=step.seqs, captures=step.captures,
+                                context=step.context, dtype_bytes=dtype_bytes, tp=tp)
 
 
 def step_workspace_bytes(schema, *, tokens: int, seqs: int, captures: int, context: int, dtype_bytes: int,
