@@ -1,7 +1,7 @@
 """Warm-up's prompt lengths (engine/warmup.py): the longest reaches two prefill chunks whatever the checkpoint
 interval (the H200's first pass of 2.3-3k-token prompts ran 21x slower than its second while warm-up
 stopped at 2 x interval + 5 = 517 tokens), within the context and the KV cache; and a real warm-up sends
-two such prompts in one batch and one alone."""
+two such prompts in one batch and one alone, alone both on and off the 16-token grid."""
 from __future__ import annotations
 
 import pytest
@@ -54,7 +54,14 @@ def test_warmup_sends_two_long_prompts_together_and_one_alone(tiny_models, monke
     report = engine.warmup()
     assert report["longest_prompt"] >= 2 * 16
     cold = batches[::2]
-    assert [len(b) for b in cold] == [4, 2, 1]
-    # the largest batch holds two prompts of two chunks, the lone request one
-    assert sum(n >= 2 * 16 for n in cold[0]) == wu.LONG_PER_ROUND and cold[-1][0] >= 2 * 16
+    assert [len(b) for b in cold] == [4, 2, 1, 1]
+    # the largest batch holds two prompts of two chunks, the lone request too, in both of its rounds
+    assert sum(n >= 2 * 16 for n in cold[0]) == wu.LONG_PER_ROUND and min(cold[-1][0], cold[-2][0]) >= 2 * 16
+    # Triton compiles a kernel variant per class of an integer argument (divisible by 16 or not): every batch
+    # size, a lone request included, meets prompt lengths of both classes among its rounds (a lone request
+    # has one length a step, so it needs one round of each)
+    by_size = {}
+    for lengths in batches:
+        by_size.setdefault(len(lengths), set()).update(n % 16 == 0 for n in lengths)
+    assert by_size == {4: {True, False}, 2: {True, False}, 1: {True, False}}
     assert engine.ready and engine.stats()["kv_blocks_free"] == engine.cfg.num_kv_blocks

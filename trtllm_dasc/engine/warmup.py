@@ -4,7 +4,8 @@ will take, so Triton's JIT compiles and fla's autotuning happen here and not ins
 
 Triton compiles a kernel variant per specialisation of its integer arguments (equal to 1, divisible by
 16, neither), so the shapes must vary the way real traffic does. For each batch size b in max_batch, ...,
-4, 2, 1 (largest first, see below), two rounds run with b requests in the same steps:
+4, 2, 1 (largest first, see below), two rounds run with b requests in the same steps (a lone request: twice,
+one length on the 16-token grid and one off it, round_lengths):
   cold   b distinct long prompts (lengths both on and off the 16-token grid): a batched chunked prefill
          with checkpoint captures and stores at batch b, then decode at batch b;
   hits   b prompts extending the cold ones by 1 + {15, 4, 31, 0, ...} tokens: checkpoint loads at batch
@@ -56,6 +57,20 @@ def _long_lengths(longest: int, n: int) -> list[int]:
     return [max(1, longest - longest % 16), max(1, longest - (1 - longest % 2))][:n]
 
 
+def round_lengths(b: int, buckets: list[int], longest: int, short: int) -> list[list[int]]:
+    """The cold prompts' lengths of each round at batch size b. The largest batch holds the long prompts beside
+    its others; the batches between keep to the short ones. A lone request (b = 1) runs twice, once on the
+    16-token grid and once off it, both long: a batch of one has a single length, and Triton specialises on
+    it. On a cold kernel cache a lone 2,466-token miss (off the grid) took 19.7 s of a 20.6 s replay
+    while warm-up had sent only a 2,736-token prompt alone; the repeats of that replay, kernels compiled,
+    took 2.7-3.2 s (python -m clients.matched_hbm --paper on the 48B config, the first unit of a fresh
+    machine)."""
+    if b == 1:
+        return [[n] for n in dict.fromkeys(_long_lengths(longest, LONG_PER_ROUND))]
+    n_long = min(b, LONG_PER_ROUND) if b == buckets[-1] else 0
+    return [_long_lengths(longest, n_long) + _lengths(short, b)[n_long:]]
+
+
 def prompt_lengths(cfg, worst_case_blocks) -> tuple[int, int]:
     """(longest, short): the cold prompts' lengths before the per-prompt offsets of _lengths (see the
     module's docstring). worst_case_blocks(prompt_len, max_new): the scheduler's count of a request's KV
@@ -78,18 +93,16 @@ def warmup(engine) -> dict:
     # token count, so that first call should look like full-batch traffic rather than a lone request
     buckets = batch_buckets(cfg.max_batch)
     for b in reversed(buckets):
-        # the long prompts beside the batch's others and alone; the rounds between keep to the short ones
-        n_long = min(b, LONG_PER_ROUND) if b in (buckets[0], buckets[-1]) else 0
-        lengths = _long_lengths(longest, n_long) + _lengths(short, b)[n_long:]
-        cold = [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
-        hits = [p + [rng.randrange(vocab) for _ in range(1 + TAILS[i % len(TAILS)])] for i, p in enumerate(cold)]
-        for name, prompts in (("cold", cold), ("hit", hits)):
-            batch = [GenerationRequest(("warmup", b, name, i), p, DECODE,
-                                       SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=i)
-                                       if i == 0 else SamplingParams())
-                     for i, p in enumerate(prompts)]
-            engine.generate(batch)
-            requests += len(batch)
+        for r, lengths in enumerate(round_lengths(b, buckets, longest, short)):
+            cold = [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
+            hits = [p + [rng.randrange(vocab) for _ in range(1 + TAILS[i % len(TAILS)])] for i, p in enumerate(cold)]
+            for name, prompts in (("cold", cold), ("hit", hits)):
+                batch = [GenerationRequest(("warmup", b, r, name, i), p, DECODE,
+                                           SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=i)
+                                           if i == 0 else SamplingParams())
+                         for i, p in enumerate(prompts)]
+                engine.generate(batch)
+                requests += len(batch)
     # the decode buckets the traffic above did not reach: their CUDA graphs, before the first user's step
     engine.runner.capture_graphs()
     engine.flush()
