@@ -82,13 +82,22 @@ def test_replay_rounds_are_averaged_per_instance_and_a_missed_round_is_left_out(
         ProtocolConfig(tasks=("vt",), rounds=0)
 
 
-@pytest.mark.parametrize("spec, fields", [("dense", (0, "nr", "native", None)), ("wr64+int8", (64, "wr", "int8", None)),
-                                          ("rand16@2027", (16, "nr", "native", 2027))])
+@pytest.mark.parametrize("spec, fields", [("dense", (0, "nr", "native", None, "uniform")),
+                                          ("wr64+int8", (64, "wr", "int8", None, "uniform")),
+                                          ("rand16@2027", (16, "nr", "native", 2027, "uniform")),
+                                          ("nr16+horizon", (16, "nr", "native", None, "horizon")),
+                                          ("nr64+horizon@1234", (64, "nr", "native", None, "horizon@1234"))])
 def test_arm_specs(spec, fields):
     a = parse_arm(spec)
-    assert (a.wmax, a.policy, a.codec, a.mask_seed) == fields
+    assert (a.wmax, a.policy, a.codec, a.mask_seed, a.precision) == fields
+    # the engine and dasc-build get the precision only where it is not the default
+    assert ("--precision" in a.build_flags()) == (a.precision != "uniform") == ("precision" in a.engine_fields())
     with pytest.raises(ValueError, match="expected dense"):
         parse_arm("nr")
+    with pytest.raises(ValueError, match="dense keeps every unit"):
+        parse_arm("dense+horizon")
+    with pytest.raises(ValueError, match="expected dense"):
+        parse_arm("nr16+int8+horizon")
 
 
 def _arm(spec, scores):

@@ -50,3 +50,36 @@ def test_cli_writes_markdown_and_refuses_a_bad_file(tmp_path, capsys):
     assert (tmp_path / "t.md").read_text().startswith("### kda")
     (tmp_path / "bad.json").write_text("{")
     assert main([str(tmp_path / "bad.json")]) == 2 and "evals.tables: error" in capsys.readouterr().err
+
+
+def test_horizon_arms_have_their_own_rows_and_comparisons():
+    """issue 35 item 4: dasc-nr + horizon against dense, against + INT8 and against the mean of its shuffled-band
+    controls, paired per instance (recomputed here); the horizon arms stay out of the nr / random rows."""
+    rng = np.random.default_rng(9)
+    n = 80
+    dense = rng.integers(0, 2, n)
+    horizon = dense * (np.arange(n) >= 4)                       # loses 4 of dense's instances where dense is right
+    shuffled = [dense * rng.integers(0, 2, n) for _ in range(3)]
+    arms = [_arm("dense", dense), _arm("nr16", np.zeros(n)), _arm("nr16+int8", dense), _arm("nr16+horizon", horizon)]
+    arms += [_arm(f"nr16+horizon@{s}", x) for s, x in zip((1, 2, 3), shuffled)]
+    arms += [_arm(f"rand16@{s}", np.ones(n)) for s in (1, 2)]
+    comp = comparisons(arms, resamples=2000)
+    # a horizon arm named like nr16 (policy nr, codec native) must not stand in for it
+    assert comp["nr_vs_dense"][16]["diff"] == -np.mean(dense)
+    assert comp["horizon_vs_dense"][16]["diff"] == np.mean(horizon - dense)
+    assert comp["horizon_vs_int8"][16]["diff"] == np.mean(horizon - dense)
+    sh = comp["horizon_vs_shuffled"][16]
+    assert np.isclose(sh["diff"], np.mean(horizon - np.mean(shuffled, axis=0))) and sh["masks"] == 3
+    assert sh["ci"][0] < sh["diff"] < sh["ci"][1]
+    # the random masks' mean is over rand16@*, not the shuffled-band arms
+    assert comp["nr_vs_random"][16]["diff"] == -1.0
+    result = {"model": "/x/kda", "commit": "abc", "tasks": ["t"], "lengths": [100], "instances": n, "arms": arms,
+              "comparisons": json.loads(json.dumps(comp))}
+    text = markdown(result, "kda")
+    pct = [100 * np.mean(x) for x in shuffled]
+    lines = text.splitlines()
+    row = next(line for line in lines[lines.index("Horizon-aware precision (%):"):] if line.startswith("| 16 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == ["16", f"{100 * np.mean(dense):.1f}", "0.0", f"{100 * np.mean(dense):.1f}",
+                     f"{100 * np.mean(horizon):.1f}", f"{np.mean(pct):.1f} ({np.std(pct, ddof=1):.1f}, 3)"]
+    assert "dasc-nr + horizon minus its bands shuffled" in text

@@ -64,6 +64,33 @@ def test_mixed_bottleneck_matches_brute_force(kda_ckpt, placement, tp):
     assert again.report() == r
 
 
+def test_shuffled_bands_are_the_count_matched_control(kda_ckpt):
+    """horizon...@seed (issue 35's control): per layer the same number of units of each codec as the horizon
+    bands (counted here from the decay weights), so the same bytes at TP 1, but on other units; seeded."""
+    from collections import Counter
+    path, decay = kda_ckpt
+    spec = "horizon:40,400:int4,int8,native"
+    codecs = ("int4", "int8", "native")
+
+    def plan(precision):
+        return plan_from_path(str(path), PlanOptions(wmax=8, tp=1, placement="off", precision=precision))[0]
+
+    ordered, shuffled, again, other = plan(spec), plan(spec + "@7"), plan(spec + "@7"), plan(spec + "@8")
+    assert shuffled.options.precision == spec + "@7"
+    moved = 0
+    for l, (a_log, dt) in enumerate(decay.values()):
+        want = {u: codecs[sum(_horizon(a_log[u // 8], d) >= t for t in (40, 400))]
+                for u, d in enumerate(dt) if _horizon(a_log[u // 8], d) > 8}
+        got = dict(zip(shuffled.retained[l], (codecs[b] for b in shuffled.retained_bands[l])))
+        assert shuffled.retained[l] == ordered.retained[l] == sorted(want)
+        assert Counter(got.values()) == Counter(want.values())
+        moved += sum(got[u] != want[u] for u in want)
+    assert moved > 0
+    assert shuffled.retained_bands == again.retained_bands != other.retained_bands
+    assert shuffled.report()["bottleneck_slot_bytes"] == ordered.report()["bottleneck_slot_bytes"] == \
+        _expected(decay, 8, (40, 400), codecs, 1, "off")
+
+
 def test_uniform_spec_equals_codec(kda_ckpt):
     """All bands int8 account exactly like --codec int8 (the paper's arm)."""
     path, _ = kda_ckpt
@@ -99,6 +126,8 @@ def test_cli_json_and_table(kda_ckpt):
     ("horizon:40,400:int4,int8,int3", "unknown codec"),
     ("horizon:40,400,4000", "default codecs"),
     ("bands:40", "uniform' or 'horizon"),
+    ("horizon:40,400@x", "seed after '@'"),
+    ("horizon@-3", "seed after '@'"),
 ])
 def test_bad_specs_refused_in_one_line(kda_ckpt, spec, match):
     path, _ = kda_ckpt

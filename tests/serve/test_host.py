@@ -76,6 +76,14 @@ def test_drain_refuses_new_requests_and_cancels_the_rest_at_the_deadline(engine,
     drain_file = str(tmp_path / "drain")
     monkeypatch.setenv(DRAIN_ENV, drain_file)
     h = EngineHost(str(engine), warmup=False)
+    step = h.engine.step
+
+    def slow_step():
+        # 10 ms a step: the long request's 200 tokens outlive the 1 s deadline on any CPU (a fast one decoded
+        # them all before it, and the request ended 'length')
+        time.sleep(0.01)
+        return step()
+    monkeypatch.setattr(h.engine, "step", slow_step)
     try:
         short, long_ = Sink(), Sink()
         h.submit(inputs([1, 2, 3], 2), "short", short)

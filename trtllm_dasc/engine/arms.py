@@ -3,7 +3,10 @@
     dense                  every unit kept (W_max = 0)
     nr<W> / wr<W>          dasc at W_max = W with that load policy; wr-warm<W>: wr from a warm scratch
     rand<W>@<seed>         nr with the count-matched random mask of that seed (the paper's control)
-    ...+int8               the INT8 temporal codec
+    ...+int8               the INT8 temporal codec (likewise +fp8, +int4)
+    ...+horizon            horizon-aware precision, each kept unit's codec from its horizon band
+                           (--precision horizon, plan/precision.py's default bands)
+    ...+horizon@<seed>     its count-matched control: the same codecs per layer on random kept units
     ...:<placement>        at TP, this arm's placement of the units (off, storage, hybrid) instead of the run's
                            own: `nr16:storage,nr16:hybrid` compares placements in one run
 An arm is the EngineConfig / dasc-build fields that differ between arms; everything else is shared.
@@ -14,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import CODECS, DEFAULT_CODEC, DEFAULT_POLICY, PLACEMENTS, POLICIES
+from trtllm_dasc.spec import CODECS, DEFAULT_CODEC, DEFAULT_POLICY, DEFAULT_PRECISION, PLACEMENTS, POLICIES
 
 
 def _either(names) -> str:
@@ -22,10 +25,10 @@ def _either(names) -> str:
     return "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
 
 
-# +<codec> for every codec but the default one
-SPEC = re.compile(rf"(dense|({_either(POLICIES)})(\d+)|rand(\d+)@(\d+))(?:\+({_either(CODECS[1:])}))?"
-                  rf"(?::({_either(PLACEMENTS)}))?")
-EXAMPLES = "dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8, nr16:storage"
+# +<codec> for every codec but the default one, or +horizon[@seed] (a precision, not a codec)
+SPEC = re.compile(rf"(dense|({_either(POLICIES)})(\d+)|rand(\d+)@(\d+))"
+                  rf"(?:\+({_either(CODECS[1:])}|horizon(?:@\d+)?))?(?::({_either(PLACEMENTS)}))?")
+EXAMPLES = "dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8, nr16+horizon, nr16+horizon@1234, nr16:storage"
 
 
 @dataclass(slots=True)
@@ -36,6 +39,7 @@ class ArmSpec:
     codec: str = DEFAULT_CODEC
     mask_seed: int | None = None          # set: the random selection with this seed
     placement: str | None = None          # set: this arm's TP placement (None: the run's)
+    precision: str = DEFAULT_PRECISION    # or "horizon" / "horizon@<seed>" (--precision)
 
     @property
     def label(self) -> str:
@@ -46,12 +50,17 @@ class ArmSpec:
         else:
             name = f"dasc-{self.policy} W={self.wmax}"
         name += f" + {self.codec.upper()}" if self.codec != DEFAULT_CODEC else ""
+        if self.precision != DEFAULT_PRECISION:
+            head, _, seed = self.precision.partition("@")
+            name += f" + {head}" + (f" bands shuffled {seed}" if seed else "")
         return name + (f" [{self.placement}]" if self.placement else "")
 
     def engine_fields(self) -> dict:
         """The EngineConfig fields of this arm (placement only when the spec names one)."""
         fields = {"wmax": self.wmax, "policy": self.policy, "codec": self.codec,
                   "selection": "random" if self.mask_seed is not None else "decay", "mask_seed": self.mask_seed}
+        if self.precision != DEFAULT_PRECISION:
+            fields["precision"] = self.precision
         if self.placement is not None:
             fields["placement"] = self.placement
         return fields
@@ -61,6 +70,8 @@ class ArmSpec:
         flags = ["--wmax", str(self.wmax), "--policy", self.policy, "--codec", self.codec]
         if self.mask_seed is not None:
             flags += ["--selection", "random", "--mask-seed", str(self.mask_seed)]
+        if self.precision != DEFAULT_PRECISION:
+            flags += ["--precision", self.precision]
         if self.placement is not None:
             flags += ["--placement", self.placement]
         return flags
@@ -70,11 +81,15 @@ def parse_arm(spec: str) -> ArmSpec:
     m = SPEC.fullmatch(spec.strip())
     if m is None:
         raise UserError(f"arm {spec.strip()!r}: expected dense, {', '.join(p + '<W>' for p in POLICIES)} or "
-                        f"rand<W>@<seed>, each optionally {' / '.join('+' + c for c in CODECS[1:])} and "
+                        f"rand<W>@<seed>, each optionally {' / '.join('+' + c for c in CODECS[1:])} / +horizon[@seed] and "
                         f"{' / '.join(':' + p for p in PLACEMENTS)} (e.g. {EXAMPLES})")
-    codec = m.group(6) or DEFAULT_CODEC
+    suffix = m.group(6) or DEFAULT_CODEC
+    codec, precision = (DEFAULT_CODEC, suffix) if suffix.startswith("horizon") else (suffix, DEFAULT_PRECISION)
     placement = m.group(7)
     if m.group(1) == "dense":
+        if precision != DEFAULT_PRECISION:
+            raise UserError(f"arm {spec.strip()!r}: dense keeps every unit at the model's precision; "
+                            "+horizon is for a dasc arm (e.g. nr16+horizon)")
         return ArmSpec(spec.strip(), codec=codec, placement=placement)
     if m.group(2):
         wmax, policy, seed = int(m.group(3)), m.group(2), None
@@ -82,7 +97,7 @@ def parse_arm(spec: str) -> ArmSpec:
         wmax, policy, seed = int(m.group(4)), DEFAULT_POLICY, int(m.group(5))
     if wmax == 0:
         raise UserError(f"arm {spec.strip()!r}: a dasc arm needs W_max >= 1 (dense is `dense`)")
-    return ArmSpec(spec.strip(), wmax, policy, codec, seed, placement)
+    return ArmSpec(spec.strip(), wmax, policy, codec, seed, placement, precision)
 
 
 def parse_arms(text: str) -> list[ArmSpec]:

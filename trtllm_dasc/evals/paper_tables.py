@@ -85,7 +85,7 @@ def _holm_family(rows: list[dict]) -> None:
 
 def _random_mean(arms: dict, w: int) -> tuple[dict, int]:
     masks = [s for spec, s in arms.items() if (a := parse_arm(spec)).mask_seed is not None and a.wmax == w
-             and a.codec == "native"]
+             and a.codec == "native" and a.precision == "uniform"]
     if not masks:
         return {}, 0
     common = set.intersection(*(set(m) for m in masks))
@@ -94,7 +94,7 @@ def _random_mean(arms: dict, w: int) -> tuple[dict, int]:
 
 def _windows(arms: dict, policy: str) -> list[int]:
     return sorted({a.wmax for spec in arms if (a := parse_arm(spec)).wmax and a.policy == policy
-                   and a.mask_seed is None and a.codec == "native"})
+                   and a.mask_seed is None and a.codec == "native" and a.precision == "uniform"})
 
 
 def tables(result: dict, resamples: int = 10_000, paper: dict | None = None) -> dict:

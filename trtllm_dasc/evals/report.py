@@ -50,12 +50,32 @@ def _paired(a: dict, b: dict, resamples: int, seed: int) -> dict:
 def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> dict:
     arms = {r["arm"]: (parse_arm(r["arm"]), instance_scores(r)) for r in results}
     dense = next((s for a, s in arms.values() if a.wmax == 0 and a.codec == "native"), None)
-    by = {}
+    by, horizon = {}, {}
     for a, s in arms.values():
-        if a.wmax:
+        if a.wmax and a.precision != "uniform":
+            # horizon precision (issue 35) and its count-matched control (bands shuffled with a seed)
+            if a.policy == "nr" and a.mask_seed is None:
+                kind = "shuffled" if "@" in a.precision else "horizon"
+                horizon.setdefault((kind, a.wmax), []).append(s)
+        elif a.wmax:
             kind = "rand" if a.mask_seed is not None else a.policy
             by.setdefault((kind, a.codec, a.wmax), []).append(s)
     out = {"nr_vs_dense": {}, "nr_vs_random": {}, "wr_vs_nr": {}, "int8_vs_native": {}, "wrwarm_vs_wr": {}}
+    if horizon:
+        out.update({"horizon_vs_dense": {}, "horizon_vs_int8": {}, "horizon_vs_shuffled": {}})
+        for (kind, w), lst in sorted(horizon.items()):
+            if kind != "horizon":
+                continue
+            hz = lst[0]
+            if dense is not None:
+                out["horizon_vs_dense"][w] = _paired(hz, dense, resamples, seed)
+            if ("nr", "int8", w) in by:
+                out["horizon_vs_int8"][w] = _paired(hz, by[("nr", "int8", w)][0], resamples, seed)
+            shuffled = horizon.get(("shuffled", w))
+            if shuffled:
+                common = set.intersection(*(set(m) for m in shuffled))
+                mean = {i: float(np.mean([m[i] for m in shuffled])) for i in common}
+                out["horizon_vs_shuffled"][w] = {**_paired(hz, mean, resamples, seed), "masks": len(shuffled)}
     for (kind, codec, w), lst in sorted(by.items()):
         if kind != "nr" or codec != "native":
             continue
@@ -105,6 +125,8 @@ def plot_accuracy(results: list[dict], path: str, title: str) -> None:
             continue
         kind = "random (mean of masks)" if a.mask_seed is not None else f"dasc-{a.policy}"
         kind += " + INT8" if a.codec == "int8" else ""
+        if a.precision != "uniform":
+            kind += " + horizon bands shuffled (mean)" if "@" in a.precision else " + horizon"
         series.setdefault(kind, {}).setdefault(a.wmax, []).append(acc[r["arm"]]["accuracy"])
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for kind, pts in sorted(series.items()):

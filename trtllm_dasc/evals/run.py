@@ -15,7 +15,8 @@ on a CPU in about a minute (a random-weight tiny model unless --model, 2 subtask
 W = 16 only); any flag given explicitly overrides either preset.
 
 `--arms paper` = dense, and at each W in {16, 64, 128, 512}: dasc-nr, dasc-wr, dasc-wr-warm, dasc-nr + INT8 and the five
-count-matched random masks (seeds 1234, 2027, 3407, 4519, 5683). The JSON holds the command, the commit,
+count-matched random masks (seeds 1234, 2027, 3407, 4519, 5683). `--arms precision` (issue 35) = dense, and at W = 16
+and 64: dasc-nr, + INT8, + horizon (--precision horizon) and its control with the bands shuffled (the same five seeds). The JSON holds the command, the commit,
 every replay score (per instance), the misses, the accuracy table and the comparisons; it is rewritten
 after every arm, so a run cut by a time limit keeps what it finished.
 """
@@ -57,6 +58,15 @@ def paper_protocol_arms(windows=PAPER_WINDOWS, int8_windows=(16,)) -> list[str]:
     return arms
 
 
+def precision_arms(windows=(16, 64)) -> list[str]:
+    """Issue 35's quality arms: dense; at each W, dasc-nr, + INT8, + horizon (each kept unit's codec from its
+    horizon band) and its count-matched control, the bands shuffled within each layer (five seeds)."""
+    arms = ["dense"]
+    for w in windows:
+        arms += [f"nr{w}", f"nr{w}+int8", f"nr{w}+horizon"] + [f"nr{w}+horizon@{s}" for s in PAPER_MASK_SEEDS]
+    return arms
+
+
 # the presets' settings; explicit flags win (their argparse defaults are None)
 PRESETS = {
     "paper": dict(arms=",".join(paper_protocol_arms()), tasks="all", lengths="4096,8192", instances=30, rounds=3),
@@ -79,7 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="checkpoint directory (save_pretrained)")
     ap.add_argument("--out", required=True, help="result JSON")
     ap.add_argument("--plot", default=None, help="accuracy vs W_max (PNG)")
-    ap.add_argument("--arms", default=None, help="comma list of arm specs, or paper (the 37-arm sweep)")
+    ap.add_argument("--arms", default=None, help="comma list of arm specs, or paper (the 37-arm sweep), or precision "
+                    "(dense; nr, nr+int8, nr+horizon and five shuffled-band controls at W 16 and 64)")
     ap.add_argument("--tasks", default=None)
     ap.add_argument("--lengths", default=None, help="default 1024,2048,4096 (--paper: 4096,8192)")
     ap.add_argument("--instances", type=int, default=None, help="unique instances per task and length (30)")
@@ -111,7 +122,8 @@ def main(argv=None) -> int:
             args.model = _smoke_model(args.out)
         if not args.model:
             raise ValueError("--model is required (or --merge, or --smoke)")
-        arms = paper_arms() if args.arms == "paper" else [a for a in args.arms.split(",") if a]
+        arms = (paper_arms() if args.arms == "paper" else precision_arms() if args.arms == "precision"
+                else [a for a in args.arms.split(",") if a])
         if args.shard:
             i, n = (int(x) for x in args.shard.split("/"))
             if not 0 <= i < n:
@@ -212,6 +224,7 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
         return 2
     # the arm set the parts were run for: the --paper protocol's, or the 37-arm sweep
     expected = paper_protocol_arms() if first.get("preset") == "paper" else paper_arms()
+    expected += [a for a in precision_arms() if a not in expected]
     order = {a: i for i, a in enumerate(expected)}
     arms.sort(key=lambda a: order.get(a["arm"], len(order)))
     result = {**{k: first.get(k) for k in SHARED}, "commit": first.get("commit"), "arch": first.get("arch"),

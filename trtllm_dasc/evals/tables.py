@@ -18,7 +18,9 @@ from trtllm_dasc.evals.report import accuracy_table
 # the comparison families of report.comparisons, as the tables name them
 FAMILIES = {"nr_vs_dense": "dasc-nr minus dense", "nr_vs_random": "dasc-nr minus random masks (mean of seeds)",
             "wr_vs_nr": "dasc-wr minus dasc-nr", "int8_vs_native": "dasc-nr + INT8 minus dasc-nr",
-            "wrwarm_vs_wr": "dasc-wr-warm minus dasc-wr"}
+            "wrwarm_vs_wr": "dasc-wr-warm minus dasc-wr",
+            "horizon_vs_dense": "dasc-nr + horizon minus dense", "horizon_vs_int8": "dasc-nr + horizon minus dasc-nr + INT8",
+            "horizon_vs_shuffled": "dasc-nr + horizon minus its bands shuffled (mean of seeds)"}
 
 
 def _pct(x: float | None) -> str:
@@ -35,6 +37,8 @@ def accuracy_rows(result: dict) -> list[str]:
         if arm.wmax == 0:
             dense = a["accuracy"] if arm.codec == "native" else dense
             continue
+        if arm.precision != "uniform":
+            continue                        # precision_rows
         kind = "rand" if arm.mask_seed is not None else arm.policy + ("+int8" if arm.codec == "int8" else "")
         cells.setdefault((arm.wmax, kind), []).append(a["accuracy"])
     rows = ["| W_max | dense | dasc-nr | dasc-wr | dasc-wr-warm | dasc-nr + INT8 | random masks: mean (sd, n) |",
@@ -48,6 +52,35 @@ def accuracy_rows(result: dict) -> list[str]:
                                           if len(rand) > 1 else f"{100 * rand[0]:.1f} (-, 1)")
         rows.append(f"| {w} | {_pct(dense)} | {one('nr')} | {one('wr')} | {one('wr-warm')} | {one('nr+int8')} | "
                     f"{rand_cell} |")
+    return rows
+
+
+def precision_rows(result: dict) -> list[str]:
+    """Horizon-aware precision (issue 35), one row per W_max that has it: dense, dasc-nr, + INT8, + horizon and
+    the count-matched control (bands shuffled: mean (sd, n)); none when no arm has a precision."""
+    acc = accuracy_table(result["arms"])
+    cells: dict[tuple, list[float]] = {}
+    dense = None
+    for spec, a in acc.items():
+        arm = parse_arm(spec)
+        if arm.wmax == 0:
+            dense = a["accuracy"] if arm.codec == "native" else dense
+        elif arm.mask_seed is None and arm.policy == "nr":
+            kind = ("shuffled" if "@" in arm.precision else "horizon") if arm.precision != "uniform" else arm.codec
+            cells.setdefault((arm.wmax, kind), []).append(a["accuracy"])
+    windows = sorted({w for w, kind in cells if kind == "horizon"})
+    if not windows:
+        return []
+    rows = ["| W_max | dense | dasc-nr | dasc-nr + INT8 | dasc-nr + horizon | bands shuffled: mean (sd, n) |",
+            "|---:|---:|---:|---:|---:|---:|"]
+    for w in windows:
+        def one(kind):
+            v = cells.get((w, kind))
+            return _pct(v[0]) if v else "-"
+        sh = cells.get((w, "shuffled"))
+        sh_cell = "-" if not sh else (f"{100 * np.mean(sh):.1f} ({100 * np.std(sh, ddof=1):.1f}, {len(sh)})"
+                                      if len(sh) > 1 else f"{100 * sh[0]:.1f} (-, 1)")
+        rows.append(f"| {w} | {_pct(dense)} | {one('native')} | {one('int8')} | {one('horizon')} | {sh_cell} |")
     return rows
 
 
@@ -77,7 +110,10 @@ def markdown(result: dict, title: str) -> str:
     boot = f"{resamples:,}-resample bootstrap" if resamples else "bootstrap"
     tail = ["", f"Paired comparisons (unit: the unique instance; {boot}; Holm within each family; "
                 "* = Holm-adjusted p < 0.05):", ""]
-    return "\n".join(head + accuracy_rows(result) + tail + comparison_rows(result)) + "\n"
+    precision = precision_rows(result)
+    if precision:
+        precision = ["", "Horizon-aware precision (%):", ""] + precision
+    return "\n".join(head + accuracy_rows(result) + precision + tail + comparison_rows(result)) + "\n"
 
 
 def main(argv=None) -> int:

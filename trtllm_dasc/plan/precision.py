@@ -9,6 +9,9 @@ band i (H_i <= H < H_{i+1}, H_0 = W_max, H_{k+1} = inf) stores with codec c_i:
     --precision horizon                      DEFAULT_BANDS below
     --precision horizon:H1,H2                int4 below H1, int8 in [H1, H2), native at or above H2
     --precision horizon:H1,H2:int4,int8,native   the codecs named, one more than the thresholds
+    --precision horizon...@SEED              the count-matched control: each layer keeps the same number of
+                                             units of each codec, given to its kept units at random (seeded by
+                                             SEED and the layer), so only the horizon ordering differs
 
 Each rank's units are then packed ragged by codec (one segment per codec) and the TP balance counts bytes.
 """
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import MAX_MASK_SEED
 
 UNIFORM = "uniform"
 # codecs a band may use (the temporal codecs of config.unit_byte_parts)
@@ -38,6 +42,7 @@ MAX_THRESHOLD = 2**53
 class HorizonBands:
     thresholds: tuple[int, ...]     # H_1 < ... < H_k (tokens)
     codecs: tuple[str, ...]         # k + 1 codecs, band i below thresholds[i]
+    shuffle_seed: int | None = None  # set: the count-matched control (bands permuted within each layer)
 
     def band_of(self, horizons: np.ndarray) -> np.ndarray:
         """Band index per horizon: the number of thresholds at or below it (a horizon equal to H_i is in
@@ -45,7 +50,8 @@ class HorizonBands:
         return np.searchsorted(np.asarray(self.thresholds, dtype=np.float64), horizons, side="right")
 
     def spec(self) -> str:
-        return f"horizon:{','.join(map(str, self.thresholds))}:{','.join(self.codecs)}"
+        seed = "" if self.shuffle_seed is None else f"@{self.shuffle_seed}"
+        return f"horizon:{','.join(map(str, self.thresholds))}:{','.join(self.codecs)}{seed}"
 
     def ranges(self, wmax: int) -> list[tuple[float, float]]:
         lo = [float(wmax), *map(float, self.thresholds)]
@@ -57,11 +63,18 @@ def parse_precision(text: str, wmax: int | None = None) -> HorizonBands | None:
     s = str(text).strip()
     if s == UNIFORM:
         return None
+    s, at, seed_text = s.partition("@")
+    seed = None
+    if at:
+        if not (seed_text.isascii() and seed_text.isdigit()) or int(seed_text) > MAX_MASK_SEED:
+            raise UserError(f"--precision {text!r}: the control's seed after '@' must be an integer in "
+                            f"[0, 2^63 - 1], e.g. horizon@1234")
+        seed = int(seed_text)
     head, _, rest = s.partition(":")
     if head != "horizon":
-        raise UserError(f"--precision must be 'uniform' or 'horizon[:H1,H2[:codec,...]]', got {text!r}")
+        raise UserError(f"--precision must be 'uniform' or 'horizon[:H1,H2[:codec,...]][@seed]', got {text!r}")
     if not rest:
-        bands = HorizonBands(DEFAULT_THRESHOLDS, DEFAULT_CODECS)
+        bands = HorizonBands(DEFAULT_THRESHOLDS, DEFAULT_CODECS, seed)
     else:
         th_text, _, codec_text = rest.partition(":")
         try:
@@ -76,7 +89,7 @@ def parse_precision(text: str, wmax: int | None = None) -> HorizonBands | None:
         else:
             raise UserError(f"--precision {text!r}: {len(ths)} thresholds need {len(ths) + 1} codecs after a "
                             f"second ':' (only two thresholds have default codecs)")
-        bands = HorizonBands(ths, codecs)
+        bands = HorizonBands(ths, codecs, seed)
     check_bands(bands, wmax, text)
     return bands
 
@@ -109,6 +122,13 @@ def check_device_runs(bands: HorizonBands | None, codec: str = "native") -> None
 
 
 def assign_bands(horizons: list[np.ndarray], retained: list[list[int]], bands: HorizonBands) -> list[list[int]]:
-    """Per layer, the band of each kept unit (parallel to retained)."""
-    return [bands.band_of(np.asarray(h, dtype=np.float64)[kept]).tolist() if kept else []
-            for h, kept in zip(horizons, retained)]
+    """Per layer, the band of each kept unit (parallel to retained). With a shuffle seed, each layer's bands
+    are permuted among its kept units (numpy's generator seeded by (seed, layer)): the same codec counts per
+    layer, hence the same slot bytes at TP 1, on units chosen without regard to their horizons."""
+    out = []
+    for layer, (h, kept) in enumerate(zip(horizons, retained)):
+        row = bands.band_of(np.asarray(h, dtype=np.float64)[kept]) if kept else np.zeros(0, dtype=np.int64)
+        if bands.shuffle_seed is not None:
+            row = np.random.default_rng([bands.shuffle_seed, layer]).permutation(row)
+        out.append(row.tolist())
+    return out
