@@ -34,6 +34,9 @@ import signal
 import sys
 import time
 
+from clients.kv_sizing import add_memory_arguments, check_memory_arguments
+from clients.matched_hbm import add_weight_arguments
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -68,15 +71,8 @@ def parse(argv):
     ap.add_argument("--concurrency", type=int, default=None)
     ap.add_argument("--max-batch-size", type=int, default=None, help="the engine's batch (GPU 32, smoke 4)")
     ap.add_argument("--transport", choices=["http", "grpc"], default="http")
-    ap.add_argument("--load-format", default="auto", choices=("auto", "safetensors", "dummy"), help="dummy: random "
-                    "weights of the config's full size made at load time (as clients.matched_hbm)")
-    ap.add_argument("--seed", "--weights-seed", dest="weights_seed", type=int, default=None,
-                    help="seed of --load-format dummy (default 0)")
-    ap.add_argument("--memory-limit-bytes", default=None, help="device memory the engine may take: bytes, or "
-                    "'device' (the device less --memory-headroom-gib; the engine's count holds its largest step); sizes the KV "
-                    "cache (clients/fixed_slots.py) and is checked by dasc-build")
-    ap.add_argument("--memory-headroom-gib", type=float, default=None, help="with --memory-limit-bytes device "
-                    "(default 21.27, clients/kv_sizing.py)")
+    add_weight_arguments(ap)
+    add_memory_arguments(ap)
     ap.add_argument("--call-deadline-s", type=float, default=None, help="wall-clock seconds this call may take (from "
                     "its start): nothing starts that cannot end before it")
     ap.add_argument("--request-estimate-s", type=float, default=None, help="seconds per request assumed before any "
@@ -206,12 +202,8 @@ def setup(args, mode: dict):
             raise UserError(f"{name} must be >= 1, got {v}")
     if args.call_deadline_s is not None and not args.call_deadline_s > 0:
         raise UserError(f"--call-deadline-s must be > 0, got {args.call_deadline_s}")
+    check_memory_arguments(args)
     limit = args.memory_limit_bytes
-    if limit is not None and limit != "device":
-        try:
-            limit = int(limit)
-        except ValueError:
-            raise UserError(f"--memory-limit-bytes takes bytes or 'device', got {limit!r}") from None
     per_request = cfg.max_prompt_tokens() + 1
     blocks = math.ceil(per_request / 16)
     caps = {}
@@ -229,8 +221,7 @@ def setup(args, mode: dict):
     step = step_shape(max_num_tokens=mode["max_num_tokens"], max_batch=mb, prefill_chunk=mode["prefill_chunk"],
                       max_context=blocks * 16, interval=per_request, prompt_only=True)
     workspace = workspace_of(model_cfg.schema, step, getattr(torch, mode["dtype"]).itemsize)
-    from clients.kv_sizing import DEFAULT_HEADROOM_GIB
-    headroom = DEFAULT_HEADROOM_GIB if args.memory_headroom_gib is None else args.memory_headroom_gib
+    headroom = args.memory_headroom_gib
     # KV for the conversations (every one's longest prompt when it fits; else the live ones'): KV never decides
     # a hit; a checkpoint at each prompt end. One block count for every arm, sized beside the largest pool
     kv = fixed_slots.size_kv(args, model_cfg, list(caps), max(c["budget_bytes"] for c in caps.values()),

@@ -98,3 +98,34 @@ def device_limit(device: str, headroom_gib: float) -> int:
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise UserError("--memory-limit-bytes device needs a CUDA device: give a number of bytes instead")
     return limit_from_total(torch.cuda.get_device_properties(dev).total_memory, headroom_gib)
+
+
+def add_memory_arguments(group) -> None:
+    """--memory-limit-bytes and --memory-headroom-gib, as every client that sizes a KV cache takes them
+    (clients.matched_hbm, benchmarks serve_wr_fixed_slots); check_memory_arguments parses them."""
+    group.add_argument("--memory-limit-bytes", default=None, help="device memory one rank may take (weights, KV, "
+                       "state rows, checkpoint pool, the largest step's tensors; the engine checks it at build and "
+                       "load): bytes, or 'device' (this CUDA device's total less --memory-headroom-gib). Sizes the "
+                       "default KV cache to fit")
+    group.add_argument("--memory-headroom-gib", type=float, default=None, help="with --memory-limit-bytes device: "
+                       "what is kept free beside the engine's count (weights, KV, state rows, pool, the largest "
+                       "step's tensors): the CUDA context, workspaces, kernel modules; default "
+                       f"{DEFAULT_HEADROOM_GIB}, from the H200 run of Kimi-Linear-48B (clients/kv_sizing.py)")
+
+
+def check_memory_arguments(args) -> None:
+    """args.memory_limit_bytes as None, 'device' or a positive int; args.memory_headroom_gib filled with its
+    default and >= 0. Bad input: UserError, one line."""
+    from trtllm_dasc.errors import UserError
+    limit = getattr(args, "memory_limit_bytes", None)
+    if limit is not None and limit != "device":
+        try:
+            args.memory_limit_bytes = int(limit)
+        except ValueError:
+            raise UserError(f"--memory-limit-bytes must be a number of bytes or 'device', got {limit!r}") from None
+        if args.memory_limit_bytes < 1:
+            raise UserError(f"--memory-limit-bytes must be >= 1, got {limit}")
+    if getattr(args, "memory_headroom_gib", None) is None:
+        args.memory_headroom_gib = DEFAULT_HEADROOM_GIB
+    if args.memory_headroom_gib < 0:
+        raise UserError("--memory-headroom-gib must be >= 0")

@@ -31,6 +31,7 @@ import sys
 import time
 
 from clients import arms as armlib
+from clients import kv_sizing
 from clients.protocol import Phase, ProtocolConfig, make_phases, repeats
 from clients.report import format_table, provenance, write_json
 from clients.workload import WorkloadConfig, build_workload
@@ -96,12 +97,7 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("engine (passed to dasc-build)")
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: cuda when available)")
     g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS, help="dummy: random weights of the "
-                   "config's full size made at load time (dasc-build --load-format dummy: nothing of their size is "
-                   "written; a released model at its real size on a small disk); auto: the checkpoint's safetensors, "
-                   "or dummy for a dummy engine's model")
-    g.add_argument("--seed", "--weights-seed", dest="weights_seed", type=int, default=None,
-                   help="seed of --load-format dummy (default 0)")
+    add_weight_arguments(g)
     g.add_argument("--max-batch-size", type=int, default=8)
     g.add_argument("--max-num-tokens", type=int, default=None)
     g.add_argument("--prefill-chunk", type=int, default=None, help="prefill tokens of one request per step "
@@ -118,14 +114,7 @@ def add_arguments(p) -> None:
     g.add_argument("--kv-blocks", type=int, default=None, help="default: enough that KV is never evicted (every "
                    "prompt of the largest boundary block at its longest + the running requests), with "
                    "--memory-limit-bytes at most what fits beside the weights (clients/kv_sizing.py)")
-    g.add_argument("--memory-limit-bytes", default=None, help="device memory one rank may take (weights, KV, state "
-                   "rows, checkpoint pool, the largest step's tensors; the engine checks it at build and load): "
-                   "bytes, or 'device' (this CUDA device's total less --memory-headroom-gib). Sizes the default "
-                   "--kv-blocks to fit")
-    g.add_argument("--memory-headroom-gib", type=float, default=None, help="with --memory-limit-bytes device: what "
-                   "is kept free beside the engine's count (weights, KV, state rows, pool, the largest step's "
-                   "tensors): the CUDA context, workspaces, kernel modules; default 21.27, from the H200 "
-                   "run of Kimi-Linear-48B (clients/kv_sizing.py)")
+    kv_sizing.add_memory_arguments(g)
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
                    "(default OUT/kernels)")
@@ -205,19 +194,7 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
                  "max_units"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    limit = getattr(args, "memory_limit_bytes", None)
-    if limit is not None and limit != "device":
-        try:
-            args.memory_limit_bytes = int(limit)
-        except ValueError:
-            raise UserError(f"--memory-limit-bytes must be a number of bytes or 'device', got {limit!r}") from None
-        if args.memory_limit_bytes < 1:
-            raise UserError(f"--memory-limit-bytes must be >= 1, got {limit}")
-    if getattr(args, "memory_headroom_gib", None) is None:
-        from clients.kv_sizing import DEFAULT_HEADROOM_GIB
-        args.memory_headroom_gib = DEFAULT_HEADROOM_GIB
-    if args.memory_headroom_gib < 0:
-        raise UserError("--memory-headroom-gib must be >= 0")
+    kv_sizing.check_memory_arguments(args)
     if getattr(args, "call_deadline_s", None) is not None and not args.call_deadline_s > 0:
         raise UserError(f"--call-deadline-s must be > 0, got {args.call_deadline_s}")
     if args.request_timeout <= 0 or args.ready_timeout <= 0:
@@ -228,6 +205,17 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
     vocab = model_config(args).schema.network.vocab_size
     work = WorkloadConfig(vocab=vocab, prompts=args.prompts, scale=args.scale, seed=args.workload_seed)
     return arms, proto, work
+
+
+def add_weight_arguments(group) -> None:
+    """--load-format and --seed, as every client that builds engines of a model takes them (this one, benchmarks
+    serve_wr_fixed_slots); check_weights checks them against --model."""
+    group.add_argument("--load-format", default="auto", choices=LOAD_FORMATS, help="dummy: random weights of the "
+                       "config's full size made at load time (dasc-build --load-format dummy: nothing of their size "
+                       "is written; a released model at its real size on a small disk); auto: the checkpoint's "
+                       "safetensors, or dummy for a dummy engine's model")
+    group.add_argument("--seed", "--weights-seed", dest="weights_seed", type=int, default=None,
+                       help="seed of --load-format dummy (default 0)")
 
 
 def check_weights(args) -> None:
@@ -327,7 +315,6 @@ def exchange_delta(before: dict | None, after: dict | None) -> dict | None:
 def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], output_tokens: int) -> dict | None:
     """With --memory-limit-bytes: the KV cache that fits beside the weights (clients/kv_sizing.py), stored as
     args.kv_plan for engine_flags; None without a limit (the earlier default, unchanged)."""
-    from clients import kv_sizing
     limit = getattr(args, "memory_limit_bytes", None)
     if limit is None:
         return None

@@ -32,6 +32,10 @@ CASES = {
     "bare config without dummy": (["--model", os.path.join(MODEL, "config.json")], "--load-format dummy"),
     "weights seed without dummy": (["--seed", "3"], "--load-format dummy"),
     "bad load format": (["--load-format", "gguf"], "--load-format"),
+    # clients/kv_sizing.py's check, shared with benchmarks serve_wr_fixed_slots (tests/clients/test_wr_fixed_slots.py)
+    "memory limit not bytes": (["--memory-limit-bytes", "lots"], "--memory-limit-bytes must be a number of bytes"),
+    "memory limit zero": (["--memory-limit-bytes", "0"], "--memory-limit-bytes must be >= 1"),
+    "negative headroom": (["--memory-headroom-gib", "-1"], "--memory-headroom-gib must be >= 0"),
 }
 
 

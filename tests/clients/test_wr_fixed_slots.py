@@ -171,6 +171,21 @@ def test_a_deadline_too_short_for_one_pair_starts_no_server(tmp_path):
     assert not (tmp_path / "w" / "servers").exists()
 
 
+@pytest.mark.parametrize("flags, needle", [
+    (["--memory-limit-bytes", "lots"], "--memory-limit-bytes must be a number of bytes"),
+    (["--memory-limit-bytes", "0"], "--memory-limit-bytes must be >= 1"),
+    (["--memory-headroom-gib", "-1"], "--memory-headroom-gib must be >= 0")])
+def test_bad_memory_flags_are_refused_as_matched_hbm_refuses_them(flags, needle, tmp_path, capsys):
+    """The same flags as clients.matched_hbm (tests/clients/test_cli_errors.py), refused in the same one line,
+    before any server starts."""
+    mod = _driver()
+    args = [*DUMMY, *flags, "--cells-dir", str(tmp_path / "c"), "--work", str(tmp_path / "w"),
+            "--out", str(tmp_path / "r.json")]
+    assert mod.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and not (tmp_path / "w" / "servers").exists()
+
+
 def test_kv_cache_is_what_fits_and_dasc_build_agrees(run, tmp_path, capsys):
     """Between the live conversations' need and the whole workload's, the KV blocks are the most that fit: the
     engine's own build check (dasc-build --memory-limit-bytes) takes that many blocks and refuses one more."""
