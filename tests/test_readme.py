@@ -1,0 +1,18 @@
+"""The README gets a newcomer from clone to a served model in at most 150 lines (issue 31), and its set-up is
+exactly two commands, `make run` and `make test` (the developers' guide), both targets of the Makefile."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_is_short_and_starts_with_the_two_commands():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    first_block = re.search(r"```\n(.*?)```", text, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines() if line.split("#")[0].strip()]
+    assert commands == ["make run", "make test"]
+    targets = re.findall(r"^([a-z]+):", (ROOT / "Makefile").read_text(), re.M)
+    assert {"run", "test"} <= set(targets)
