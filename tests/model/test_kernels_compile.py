@@ -87,7 +87,7 @@ def kernels() -> list[tuple]:
                         {"src": "*fp32", "dst": "*u8", "dst_scale": "*fp32", **idx, "unit_layer": "*i64",
                          "unit_src": "*i64", "unit_dst": "*i64",
                          **_ints("n_rows", "stride_src_l", "stride_src_n", "stride_dst_b", "stride_scale_b"), **cs},
-                        {**shape, **cc[0], "FAST_DIV": codec == 2}, 4))
+                        {**shape, **cc[0], "FAST_DIV": True}, 4))     # codec_ops._fast_div on a GPU
             out.append((codec_kernels.load_units_kernel,
                         {"src": "*u8", "src_scale": "*fp32", "dst": "*fp32", **idx, **units,
                          **_ints("n_rows", "stride_src_b", "stride_scale_b", "stride_dst_l", "stride_dst_n"), **cl},

@@ -224,3 +224,58 @@ def test_int4_fma_quotient_equals_reference_near_every_boundary():
     q, sc = codec_ops.quantize(x.cuda(), "int4")
     qr, sr = codec_naive.quantize_int4(x)
     assert torch.equal(sc.cpu(), sr) and torch.equal(q.cpu(), qr)
+
+
+def _fp8_boundary_rows(rows: int, V: int, seed: int) -> torch.Tensor:
+    """Rows of random magnitudes (the amax at element 0) whose other elements sit on, or 1 to 3 float steps
+    either side of, RN(s b) for an e4m3fn midpoint b (both signs), with random elements and signed zeros mixed in."""
+    g = torch.Generator().manual_seed(seed)
+    mag = 10.0 ** (torch.rand(rows, 1, generator=g) * 12 - 9)
+    x = (torch.rand(rows, V, generator=g) * 2 - 1) * mag
+    x[:, 0] = mag[:, 0]
+    s = torch.clamp(mag, min=1e-8).float() / torch.full_like(mag, 448.0).float()
+    tab = _e4m3_table()
+    mids = torch.from_numpy((tab[:-1] + tab[1:]) / 2).float()
+    b = mids[torch.randint(0, len(mids), (rows, V - 1), generator=g)]
+    b = b * (torch.randint(0, 2, b.shape, generator=g) * 2 - 1)
+    near = b * s
+    for _ in range(3):          # 0 to 3 steps, each toward a random side
+        step = torch.randint(-1, 2, near.shape, generator=g).float()
+        near = torch.nextafter(near, near + step * torch.inf).where(step != 0, near)
+    x[:, 1:] = torch.where(torch.rand(rows, V - 1, generator=g) < 0.7, near, x[:, 1:])
+    zero = torch.rand(rows, V - 1, generator=g)
+    x[:, 1:] = torch.where(zero < 0.01, -0.0, torch.where(zero < 0.02, 0.0, x[:, 1:]))
+    return x
+
+
+def _fp8_store_matches_reference(device: str, rows: int) -> None:
+    from trtllm_dasc.state import codec_ops
+    V = 128
+    x = _fp8_boundary_rows(rows, V, 13)
+    assert bool((x == 0).any()) and bool(torch.signbit(x[x == 0]).any())
+    qr, sr = codec_naive.quantize_fp8(x)
+    q, sc = codec_ops.quantize(x.to(device), "fp8")
+    assert torch.equal(sc.cpu(), sr) and torch.equal(q.cpu(), qr)
+    # the store launch (codec_ops.store_units, FAST_DIV by codec_ops._fast_div): each row one unit of one layer
+    t = x.to(device).view(1, 1, rows, V)
+    payload = torch.full((1, rows, V), 0xAB, dtype=torch.uint8, device=device)
+    scales = torch.full((1, rows, 1), float("nan"), device=device)
+    units = torch.arange(rows, device=device)
+    zero = torch.zeros(1, dtype=torch.int64, device=device)
+    codec_ops.store_units(t, zero, payload, scales, zero, units * 0, units, units, 1, V, "fp8")
+    assert torch.equal(payload[0].cpu(), qr) and torch.equal(scales[0, :, 0].cpu(), sr)
+
+
+def test_fp8_boundary_rows_interpreter(device):
+    # the same rows through the interpreter's div_rn path (few rows: it is slow); keeps the GPU test's harness honest
+    pytest.importorskip("triton")
+    if device != "cpu":
+        pytest.skip("the GPU runs test_fp8_fma_quotient_equals_reference_near_every_boundary")
+    _fp8_store_matches_reference("cpu", 128)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp8's fma quotient (codec_ops._fast_div) runs on a GPU only")
+def test_fp8_fma_quotient_equals_reference_near_every_boundary():
+    # quantize and the store, both through codec_kernels._encode_rows with the fma quotient, against torch's
+    # ieee division and cast, bit for bit: codes (signed zeros too) and scales
+    _fp8_store_matches_reference("cuda", 32768)

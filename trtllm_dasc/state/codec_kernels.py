@@ -8,8 +8,9 @@ Triton's coalescing put a warp's 32 lanes on 32 different rows, 32 sectors an in
 H200 at be51277). The fp8
 encode / decode work on the bits (round to nearest even, like torch's cast), so the interpreter and the GPU
 give torch's codes exactly; Triton's own fp8 cast is not defined the same way in the interpreter.
-Quotients use div_rn (the IEEE quotient torch computes), except int4's on a GPU: the fma quotient
-(kernels._div_fma, FAST_DIV), proven to give div_rn's int4 codes (tests/state/fma_quotient.py). Addresses are int64.
+Quotients use div_rn (the IEEE quotient torch computes) in the interpreter; on a GPU the fma quotient
+(kernels._div_fma, FAST_DIV), proven to give div_rn's int4 and fp8 codes (tests/state/fma_quotient.py). Addresses
+are int64.
 """
 from __future__ import annotations
 
@@ -66,14 +67,22 @@ def _nibble(b):
 def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC: tl.constexpr,
                  FAST_DIV: tl.constexpr = False):
     """Rows at src + row[i] (V contiguous values each) -> (bytes [BLOCK_R, BLOCK_B] uint8, s [BLOCK_R]).
-    FAST_DIV (GPU; int4 only, fp8 keeps div_rn): int4's quotients by kernels._div_fma, whose int4 codes equal
-    div_rn's for every fp32 scale and every x near a code boundary (`python tests/state/fma_quotient.py`)."""
+    FAST_DIV (GPU only: the interpreter's fma rounds twice): the quotients by kernels._div_fma with one div_rn
+    reciprocal a row, whose int4 and fp8 codes equal div_rn's for every fp32 scale and every x near a code
+    boundary (int4's k + 1/2, every e4m3fn midpoint: `python tests/state/fma_quotient.py`)."""
     b = tl.arange(0, BLOCK_B)
     if CODEC == 1:
         mask = rmask[:, None] & (b < V)[None, :]
         x = tl.load(src + row[:, None] + b[None, :], mask=mask, other=0.0).to(tl.float32)
         s = _row_scale(tl.max(tl.abs(x), axis=1), 448.0)
-        y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
+        sb = tl.broadcast_to(s[:, None], x.shape)
+        if FAST_DIV:
+            y = _div_fma(x, sb, tl.broadcast_to(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)[:, None], x.shape))
+            # the code keeps the quotient's sign: the fma sequence turns x = -0 into +0 (fma(+0, s, -0) = +0),
+            # where div_rn and torch give -0, code 0x80 (fma_quotient.fp8_quotient)
+            y = tl.where(x == 0.0, x, y)
+        else:
+            y = tl.math.div_rn(x, sb)
         out = _fp8_encode(tl.minimum(tl.maximum(y, -448.0), 448.0))
     else:
         # one contiguous load of the whole row (V even): two stride-2 loads made the coalescer map a warp across

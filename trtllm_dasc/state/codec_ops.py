@@ -27,9 +27,9 @@ def _blocks(n_rows: int, VB: int, cid: int) -> tuple[int, int]:
 
 
 def _fast_div(cid: int, x: torch.Tensor) -> bool:
-    # int4's quotients by the fma sequence on a GPU (codec_kernels._encode_rows; the interpreter's fma rounds
-    # twice); fp8 keeps div_rn: its codes' boundaries (every e4m3 midpoint) are not yet checked
-    return cid == CODEC_ID["int4"] and x.is_cuda
+    # int4's and fp8's quotients by the fma sequence on a GPU (codec_kernels._encode_rows; the interpreter's
+    # fma rounds twice), proven to give div_rn's codes near every int4 and e4m3fn boundary (fma_quotient.py)
+    return cid in (CODEC_ID["int4"], CODEC_ID["fp8"]) and x.is_cuda
 
 
 def _check_codec(codec: str, V: int) -> int:
