@@ -27,60 +27,64 @@ def _pct(x: float | None) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
 
 
-def accuracy_rows(result: dict) -> list[str]:
-    """One row per W_max: dense, nr, wr, wr-warm, nr + INT8 and the random masks' mean (sd, count)."""
-    acc = accuracy_table(result["arms"])
-    cells: dict[tuple, list[float]] = {}
-    dense = None
-    for spec, a in acc.items():
+def _arm_cells(result: dict, kind_of) -> tuple[float | None, dict[tuple, list[float]]]:
+    """(dense's accuracy, {(W_max, kind): [accuracy of each arm of that kind]}) for the dasc arms kind_of(arm)
+    names (None: not in this table)."""
+    dense, cells = None, {}
+    for spec, a in accuracy_table(result["arms"]).items():
         arm = parse_arm(spec)
         if arm.wmax == 0:
             dense = a["accuracy"] if arm.codec == "native" else dense
-            continue
+        elif (kind := kind_of(arm)) is not None:
+            cells.setdefault((arm.wmax, kind), []).append(a["accuracy"])
+    return dense, cells
+
+
+def _one(cells: dict, w: int, kind: str) -> str:
+    v = cells.get((w, kind))
+    return _pct(v[0]) if v else "-"
+
+
+def _spread(values: list[float] | None) -> str:
+    """Seeded arms of one kind: "mean (sd, n)" in percent."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{100 * values[0]:.1f} (-, 1)"
+    return f"{100 * np.mean(values):.1f} ({100 * np.std(values, ddof=1):.1f}, {len(values)})"
+
+
+def accuracy_rows(result: dict) -> list[str]:
+    """One row per W_max: dense, nr, wr, wr-warm, nr + INT8 and the random masks' mean (sd, count)."""
+    def kind_of(arm):
         if arm.precision != "uniform":
-            continue                        # precision_rows
-        kind = "rand" if arm.mask_seed is not None else arm.policy + ("+int8" if arm.codec == "int8" else "")
-        cells.setdefault((arm.wmax, kind), []).append(a["accuracy"])
+            return None                     # precision_rows
+        return "rand" if arm.mask_seed is not None else arm.policy + ("+int8" if arm.codec == "int8" else "")
+    dense, cells = _arm_cells(result, kind_of)
     rows = ["| W_max | dense | dasc-nr | dasc-wr | dasc-wr-warm | dasc-nr + INT8 | random masks: mean (sd, n) |",
             "|---:|---:|---:|---:|---:|---:|---:|"]
     for w in sorted({w for w, _ in cells}):
-        def one(kind):
-            v = cells.get((w, kind))
-            return _pct(v[0]) if v else "-"
-        rand = cells.get((w, "rand"))
-        rand_cell = "-" if not rand else (f"{100 * np.mean(rand):.1f} ({100 * np.std(rand, ddof=1):.1f}, {len(rand)})"
-                                          if len(rand) > 1 else f"{100 * rand[0]:.1f} (-, 1)")
-        rows.append(f"| {w} | {_pct(dense)} | {one('nr')} | {one('wr')} | {one('wr-warm')} | {one('nr+int8')} | "
-                    f"{rand_cell} |")
+        rows.append(f"| {w} | {_pct(dense)} | {_one(cells, w, 'nr')} | {_one(cells, w, 'wr')} | "
+                    f"{_one(cells, w, 'wr-warm')} | {_one(cells, w, 'nr+int8')} | {_spread(cells.get((w, 'rand')))} |")
     return rows
 
 
 def precision_rows(result: dict) -> list[str]:
     """Horizon-aware precision (issue 35), one row per W_max that has it: dense, dasc-nr, + INT8, + horizon and
     the count-matched control (bands shuffled: mean (sd, n)); none when no arm has a precision."""
-    acc = accuracy_table(result["arms"])
-    cells: dict[tuple, list[float]] = {}
-    dense = None
-    for spec, a in acc.items():
-        arm = parse_arm(spec)
-        if arm.wmax == 0:
-            dense = a["accuracy"] if arm.codec == "native" else dense
-        elif arm.mask_seed is None and arm.policy == "nr":
-            kind = ("shuffled" if "@" in arm.precision else "horizon") if arm.precision != "uniform" else arm.codec
-            cells.setdefault((arm.wmax, kind), []).append(a["accuracy"])
+    def kind_of(arm):
+        if arm.mask_seed is not None or arm.policy != "nr":
+            return None
+        return arm.codec if arm.precision == "uniform" else "shuffled" if "@" in arm.precision else "horizon"
+    dense, cells = _arm_cells(result, kind_of)
     windows = sorted({w for w, kind in cells if kind == "horizon"})
     if not windows:
         return []
     rows = ["| W_max | dense | dasc-nr | dasc-nr + INT8 | dasc-nr + horizon | bands shuffled: mean (sd, n) |",
             "|---:|---:|---:|---:|---:|---:|"]
     for w in windows:
-        def one(kind):
-            v = cells.get((w, kind))
-            return _pct(v[0]) if v else "-"
-        sh = cells.get((w, "shuffled"))
-        sh_cell = "-" if not sh else (f"{100 * np.mean(sh):.1f} ({100 * np.std(sh, ddof=1):.1f}, {len(sh)})"
-                                      if len(sh) > 1 else f"{100 * sh[0]:.1f} (-, 1)")
-        rows.append(f"| {w} | {_pct(dense)} | {one('native')} | {one('int8')} | {one('horizon')} | {sh_cell} |")
+        rows.append(f"| {w} | {_pct(dense)} | {_one(cells, w, 'native')} | {_one(cells, w, 'int8')} | "
+                    f"{_one(cells, w, 'horizon')} | {_spread(cells.get((w, 'shuffled')))} |")
     return rows
 
 
