@@ -101,13 +101,13 @@ def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> 
 
 
 def format_comparisons(comp: dict) -> str:
-    rows = [f"{'comparison':16} {'W':>5} {'N':>6} {'diff pp':>8} {'95% CI':>18} {'p':>8} {'p Holm':>8}"]
+    rows = [f"{'comparison':20} {'W':>5} {'N':>6} {'diff pp':>8} {'95% CI':>18} {'p':>8} {'p Holm':>8}"]
     for name, family in comp.items():
         for w, c in sorted(family.items()):
             if not c.get("n"):
                 continue
             mark = " *" if c["p_holm"] < 0.05 else ""
-            rows.append(f"{name:16} {w:>5} {c['n']:>6} {100 * c['diff']:>+8.2f} "
+            rows.append(f"{name:20} {w:>5} {c['n']:>6} {100 * c['diff']:>+8.2f} "
                         f"[{100 * c['ci'][0]:+6.2f}, {100 * c['ci'][1]:+6.2f}] {c['p']:>8.4f} {c['p_holm']:>8.4f}{mark}")
     return "\n".join(rows) + "\n(* Holm-adjusted p < 0.05; differences in percentage points)"
 
