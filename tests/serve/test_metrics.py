@@ -13,7 +13,10 @@ import pytest
 
 from serve_helpers import StreamClient, build, build_engine, serve, triton_inputs
 
-BLOCK, BLOCKS, MAX_BATCH = 4, 100, 3
+BLOCK, BLOCKS, MAX_BATCH = 4, 200, 3
+# the in-flight request's length: it must outlive a few of the metrics thread's half-second updates however
+# fast the CPU decodes (100 tokens ended before any update saw it, once, on a fast machine)
+LONG = 400
 PROMPT = list(range(3, 3 + 4 * BLOCK + 2))        # 18 tokens: 4 full blocks and a partial one
 
 
@@ -22,7 +25,8 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-metrics")
     build(tmp / "ckpt", "kda", seed=21)
     engine = build_engine(tmp / "ckpt", tmp / "engine", "--wmax", 0, "--max-batch-size", MAX_BATCH,
-                          "--kv-blocks", BLOCKS, "--block-size", BLOCK, "--interval", 8, "--max-context", 128)
+                          "--kv-blocks", BLOCKS, "--block-size", BLOCK, "--interval", 8, "--max-context", 512,
+                          "--prefill-chunk", 64)
     s = serve(engine, tmp / "work")
     yield s
     s.stop()
@@ -100,7 +104,7 @@ def test_a_request_in_flight_is_active_and_its_step_is_reported(server):
     import tritonclient.grpc as grpc
     client = StreamClient(server.grpc_url)
     try:
-        client.send("long", triton_inputs(grpc, [5, 6, 7], 100, streaming=True))
+        client.send("long", triton_inputs(grpc, [5, 6, 7], LONG, streaming=True))
         busy = settled(server, lambda m: trt(m, "nv_trt_llm_request_metrics", "request_type", "active") == 1)
         client.collect(1)
     finally:
@@ -154,7 +158,7 @@ def test_a_duplicate_request_id_counts_as_an_error(server):
     before = settled(server, lambda m: True)[ERROR]
     client = StreamClient(server.grpc_url)
     try:
-        client.send("dup", triton_inputs(grpc, [5, 6, 7], 60, streaming=True))
+        client.send("dup", triton_inputs(grpc, [5, 6, 7], LONG, streaming=True))
         client.send("dup", triton_inputs(grpc, [5, 6, 7], 2, streaming=True))
         out = client.collect(2)
     finally:
