@@ -221,11 +221,11 @@ def setup(args, mode: dict):
     step = step_shape(max_num_tokens=mode["max_num_tokens"], max_batch=mb, prefill_chunk=mode["prefill_chunk"],
                       max_context=blocks * 16, interval=per_request, prompt_only=True)
     workspace = workspace_of(model_cfg.schema, step, getattr(torch, mode["dtype"]).itemsize)
-    headroom = args.memory_headroom_gib
     # KV for the conversations (every one's longest prompt when it fits; else the live ones'): KV never decides
     # a hit; a checkpoint at each prompt end. One block count for every arm, sized beside the largest pool
     kv = fixed_slots.size_kv(args, model_cfg, list(caps), max(c["budget_bytes"] for c in caps.values()),
-                             limit=limit, device=mode["device"], headroom_gib=headroom, dtype=mode["dtype"],
+                             limit=limit, device=mode["device"], headroom_gib=args.memory_headroom_gib,
+                             dtype=mode["dtype"],
                              max_batch=mb, block_size=16, blocks_per_prompt=blocks, conversations=cfg.conversations,
                              concurrency=mode["concurrency"], step=step, workspace=workspace)
     flags = ["--tp", "1", "--device", mode["device"], "--dtype", mode["dtype"], "--max-batch-size", mb,

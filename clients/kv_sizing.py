@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from trtllm_dasc.errors import UserError
 
 GIB = 1 << 30
 
@@ -93,7 +94,6 @@ def device_limit(device: str, headroom_gib: float) -> int:
     """This CUDA device's total memory less the headroom (the CUDA context, workspaces, kernel modules) that
     the engine's footprint does not count."""
     import torch
-    from trtllm_dasc.errors import UserError
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise UserError("--memory-limit-bytes device needs a CUDA device: give a number of bytes instead")
@@ -116,7 +116,6 @@ def add_memory_arguments(group) -> None:
 def check_memory_arguments(args) -> None:
     """args.memory_limit_bytes as None, 'device' or a positive int; args.memory_headroom_gib filled with its
     default and >= 0. Bad input: UserError, one line."""
-    from trtllm_dasc.errors import UserError
     limit = getattr(args, "memory_limit_bytes", None)
     if limit is not None and limit != "device":
         try:

@@ -42,6 +42,14 @@ class ArmSpec:
     precision: str = DEFAULT_PRECISION    # or "horizon" / "horizon@<seed>" (--precision)
 
     @property
+    def precision_kind(self) -> str | None:
+        """None (uniform precision), "horizon" (the horizon bands) or "shuffled" (their count-matched control,
+        horizon@<seed>): what the quality reports group arms by."""
+        if self.precision == DEFAULT_PRECISION:
+            return None
+        return "shuffled" if "@" in self.precision else "horizon"
+
+    @property
     def label(self) -> str:
         if self.wmax == 0:
             name = "dense"
@@ -50,9 +58,9 @@ class ArmSpec:
         else:
             name = f"dasc-{self.policy} W={self.wmax}"
         name += f" + {self.codec.upper()}" if self.codec != DEFAULT_CODEC else ""
-        if self.precision != DEFAULT_PRECISION:
-            head, _, seed = self.precision.partition("@")
-            name += f" + {head}" + (f" bands shuffled {seed}" if seed else "")
+        if self.precision_kind is not None:
+            name += " + horizon" + (f" bands shuffled {self.precision.partition('@')[2]}"
+                                    if self.precision_kind == "shuffled" else "")
         return name + (f" [{self.placement}]" if self.placement else "")
 
     def engine_fields(self) -> dict:
@@ -81,7 +89,8 @@ def parse_arm(spec: str) -> ArmSpec:
     m = SPEC.fullmatch(spec.strip())
     if m is None:
         raise UserError(f"arm {spec.strip()!r}: expected dense, {', '.join(p + '<W>' for p in POLICIES)} or "
-                        f"rand<W>@<seed>, each optionally {' / '.join('+' + c for c in CODECS[1:])} / +horizon[@seed] and "
+                        f"rand<W>@<seed>, each optionally {' / '.join('+' + c for c in CODECS[1:])} / "
+                        f"+horizon[@seed] and "
                         f"{' / '.join(':' + p for p in PLACEMENTS)} (e.g. {EXAMPLES})")
     suffix = m.group(6) or DEFAULT_CODEC
     codec, precision = (DEFAULT_CODEC, suffix) if suffix.startswith("horizon") else (suffix, DEFAULT_PRECISION)

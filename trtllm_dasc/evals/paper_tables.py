@@ -29,7 +29,7 @@ import sys
 import numpy as np
 
 from trtllm_dasc.evals.protocol import parse_arm
-from trtllm_dasc.evals.report import instance_scores
+from trtllm_dasc.evals.report import instance_scores, mean_scores
 from trtllm_dasc.evals.stats import holm, paired_bootstrap
 from trtllm_dasc.config import HybridConfig
 
@@ -85,16 +85,15 @@ def _holm_family(rows: list[dict]) -> None:
 
 def _random_mean(arms: dict, w: int) -> tuple[dict, int]:
     masks = [s for spec, s in arms.items() if (a := parse_arm(spec)).mask_seed is not None and a.wmax == w
-             and a.codec == "native" and a.precision == "uniform"]
+             and a.codec == "native" and a.precision_kind is None]
     if not masks:
         return {}, 0
-    common = set.intersection(*(set(m) for m in masks))
-    return {i: float(np.mean([m[i] for m in masks])) for i in common}, len(masks)
+    return mean_scores(masks), len(masks)
 
 
 def _windows(arms: dict, policy: str) -> list[int]:
     return sorted({a.wmax for spec in arms if (a := parse_arm(spec)).wmax and a.policy == policy
-                   and a.mask_seed is None and a.codec == "native" and a.precision == "uniform"})
+                   and a.mask_seed is None and a.codec == "native" and a.precision_kind is None})
 
 
 def tables(result: dict, resamples: int = 10_000, paper: dict | None = None) -> dict:

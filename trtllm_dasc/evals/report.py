@@ -47,16 +47,22 @@ def _paired(a: dict, b: dict, resamples: int, seed: int) -> dict:
             "p": r.p_value}
 
 
+def mean_scores(arms: list[dict]) -> dict:
+    """Seeded arms of one kind (random masks, shuffled bands) as one: the mean score per instance all of them
+    scored."""
+    common = set.intersection(*(set(m) for m in arms))
+    return {i: float(np.mean([m[i] for m in arms])) for i in common}
+
+
 def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> dict:
     arms = {r["arm"]: (parse_arm(r["arm"]), instance_scores(r)) for r in results}
     dense = next((s for a, s in arms.values() if a.wmax == 0 and a.codec == "native"), None)
     by, horizon = {}, {}
     for a, s in arms.values():
-        if a.wmax and a.precision != "uniform":
+        if a.wmax and a.precision_kind is not None:
             # horizon precision (issue 35) and its count-matched control (bands shuffled with a seed)
             if a.policy == "nr" and a.mask_seed is None:
-                kind = "shuffled" if "@" in a.precision else "horizon"
-                horizon.setdefault((kind, a.wmax), []).append(s)
+                horizon.setdefault((a.precision_kind, a.wmax), []).append(s)
         elif a.wmax:
             kind = "rand" if a.mask_seed is not None else a.policy
             by.setdefault((kind, a.codec, a.wmax), []).append(s)
@@ -73,9 +79,8 @@ def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> 
                 out["horizon_vs_int8"][w] = _paired(hz, by[("nr", "int8", w)][0], resamples, seed)
             shuffled = horizon.get(("shuffled", w))
             if shuffled:
-                common = set.intersection(*(set(m) for m in shuffled))
-                mean = {i: float(np.mean([m[i] for m in shuffled])) for i in common}
-                out["horizon_vs_shuffled"][w] = {**_paired(hz, mean, resamples, seed), "masks": len(shuffled)}
+                out["horizon_vs_shuffled"][w] = {**_paired(hz, mean_scores(shuffled), resamples, seed),
+                                                 "masks": len(shuffled)}
     for (kind, codec, w), lst in sorted(by.items()):
         if kind != "nr" or codec != "native":
             continue
@@ -84,9 +89,7 @@ def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> 
             out["nr_vs_dense"][w] = _paired(nr, dense, resamples, seed)
         masks = by.get(("rand", "native", w))
         if masks:
-            common = set.intersection(*(set(m) for m in masks))
-            mean = {i: float(np.mean([m[i] for m in masks])) for i in common}
-            out["nr_vs_random"][w] = {**_paired(nr, mean, resamples, seed), "masks": len(masks)}
+            out["nr_vs_random"][w] = {**_paired(nr, mean_scores(masks), resamples, seed), "masks": len(masks)}
         if ("wr", "native", w) in by:
             out["wr_vs_nr"][w] = _paired(by[("wr", "native", w)][0], nr, resamples, seed)
         if ("wr-warm", "native", w) in by and ("wr", "native", w) in by:
@@ -125,8 +128,8 @@ def plot_accuracy(results: list[dict], path: str, title: str) -> None:
             continue
         kind = "random (mean of masks)" if a.mask_seed is not None else f"dasc-{a.policy}"
         kind += " + INT8" if a.codec == "int8" else ""
-        if a.precision != "uniform":
-            kind += " + horizon bands shuffled (mean)" if "@" in a.precision else " + horizon"
+        if a.precision_kind is not None:
+            kind += " + horizon bands shuffled (mean)" if a.precision_kind == "shuffled" else " + horizon"
         series.setdefault(kind, {}).setdefault(a.wmax, []).append(acc[r["arm"]]["accuracy"])
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for kind, pts in sorted(series.items()):

@@ -15,8 +15,9 @@ on a CPU in about a minute (a random-weight tiny model unless --model, 2 subtask
 W = 16 only); any flag given explicitly overrides either preset.
 
 `--arms paper` = dense, and at each W in {16, 64, 128, 512}: dasc-nr, dasc-wr, dasc-wr-warm, dasc-nr + INT8 and the five
-count-matched random masks (seeds 1234, 2027, 3407, 4519, 5683). `--arms precision` (issue 35) = dense, and at W = 16
-and 64: dasc-nr, + INT8, + horizon (--precision horizon) and its control with the bands shuffled (the same five seeds). The JSON holds the command, the commit,
+count-matched random masks (seeds 1234, 2027, 3407, 4519, 5683). `--arms precision` (issue 35) = dense, and at
+W = 16 and 64: dasc-nr, + INT8, + horizon (--precision horizon) and its control with the bands shuffled (the
+same five seeds). The JSON holds the command, the commit,
 every replay score (per instance), the misses, the accuracy table and the comparisons; it is rewritten
 after every arm, so a run cut by a time limit keeps what it finished.
 """

@@ -19,7 +19,8 @@ from trtllm_dasc.evals.report import accuracy_table
 FAMILIES = {"nr_vs_dense": "dasc-nr minus dense", "nr_vs_random": "dasc-nr minus random masks (mean of seeds)",
             "wr_vs_nr": "dasc-wr minus dasc-nr", "int8_vs_native": "dasc-nr + INT8 minus dasc-nr",
             "wrwarm_vs_wr": "dasc-wr-warm minus dasc-wr",
-            "horizon_vs_dense": "dasc-nr + horizon minus dense", "horizon_vs_int8": "dasc-nr + horizon minus dasc-nr + INT8",
+            "horizon_vs_dense": "dasc-nr + horizon minus dense",
+            "horizon_vs_int8": "dasc-nr + horizon minus dasc-nr + INT8",
             "horizon_vs_shuffled": "dasc-nr + horizon minus its bands shuffled (mean of seeds)"}
 
 
@@ -57,7 +58,7 @@ def _spread(values: list[float] | None) -> str:
 def accuracy_rows(result: dict) -> list[str]:
     """One row per W_max: dense, nr, wr, wr-warm, nr + INT8 and the random masks' mean (sd, count)."""
     def kind_of(arm):
-        if arm.precision != "uniform":
+        if arm.precision_kind is not None:
             return None                     # precision_rows
         return "rand" if arm.mask_seed is not None else arm.policy + ("+int8" if arm.codec == "int8" else "")
     dense, cells = _arm_cells(result, kind_of)
@@ -75,7 +76,7 @@ def precision_rows(result: dict) -> list[str]:
     def kind_of(arm):
         if arm.mask_seed is not None or arm.policy != "nr":
             return None
-        return arm.codec if arm.precision == "uniform" else "shuffled" if "@" in arm.precision else "horizon"
+        return arm.precision_kind or arm.codec
     dense, cells = _arm_cells(result, kind_of)
     windows = sorted({w for w, kind in cells if kind == "horizon"})
     if not windows:

@@ -9,7 +9,7 @@ H200 at be51277). The fp8
 encode / decode work on the bits (round to nearest even, like torch's cast), so the interpreter and the GPU
 give torch's codes exactly; Triton's own fp8 cast is not defined the same way in the interpreter.
 Quotients use div_rn (the IEEE quotient torch computes) in the interpreter; on a GPU the fma quotient
-(kernels._div_fma, FAST_DIV), proven to give div_rn's int4 and fp8 codes (tests/state/fma_quotient.py). Addresses
+(kernels._div_rows, FAST_DIV), proven to give div_rn's int4 and fp8 codes (tests/state/fma_quotient.py). Addresses
 are int64.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from trtllm_dasc.state.kernels import _conv_part, _div_fma, _round_half_even, _row_scale
+from trtllm_dasc.state.kernels import _conv_part, _div_rows, _round_half_even, _row_scale
 from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows
 
 
@@ -67,23 +67,15 @@ def _nibble(b):
 def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC: tl.constexpr,
                  FAST_DIV: tl.constexpr = False):
     """Rows at src + row[i] (V contiguous values each) -> (bytes [BLOCK_R, BLOCK_B] uint8, s [BLOCK_R]).
-    FAST_DIV (GPU only: the interpreter's fma rounds twice): the quotients by kernels._div_fma with one div_rn
-    reciprocal a row, whose int4 and fp8 codes equal div_rn's for every fp32 scale and every x near a code
+    FAST_DIV (GPU only: the interpreter's fma rounds twice): the quotients by kernels._div_rows' fma sequence,
+    whose int4 and fp8 codes equal div_rn's for every fp32 scale and every x near a code
     boundary (int4's k + 1/2, every e4m3fn midpoint: `python tests/state/fma_quotient.py`)."""
     b = tl.arange(0, BLOCK_B)
     if CODEC == 1:
         mask = rmask[:, None] & (b < V)[None, :]
         x = tl.load(src + row[:, None] + b[None, :], mask=mask, other=0.0).to(tl.float32)
         s = _row_scale(tl.max(tl.abs(x), axis=1), 448.0)
-        sb = tl.broadcast_to(s[:, None], x.shape)
-        if FAST_DIV:
-            y = _div_fma(x, sb, tl.broadcast_to(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)[:, None], x.shape))
-            # the code keeps the quotient's sign: the fma sequence turns x = -0 into +0 (fma(+0, s, -0) = +0),
-            # where div_rn and torch give -0, code 0x80 (fma_quotient.fp8_quotient)
-            y = tl.where(x == 0.0, x, y)
-        else:
-            y = tl.math.div_rn(x, sb)
-        out = _fp8_encode(tl.minimum(tl.maximum(y, -448.0), 448.0))
+        out = _fp8_encode(tl.minimum(tl.maximum(_div_rows(x, s, FAST_DIV), -448.0), 448.0))
     else:
         # one contiguous load of the whole row (V even): two stride-2 loads made the coalescer map a warp across
         # rows (module docstring). The codes are packed where they are: each shifted by 4 x its element's
@@ -94,11 +86,7 @@ def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC:
         mask = rmask[:, None] & (e < V)[None, :]
         x = tl.load(src + row[:, None] + e[None, :], mask=mask, other=0.0).to(tl.float32)
         s = _row_scale(tl.max(tl.abs(x), axis=1), 7.0)
-        sb = tl.broadcast_to(s[:, None], x.shape)
-        if FAST_DIV:
-            y = _div_fma(x, sb, tl.broadcast_to(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)[:, None], x.shape))
-        else:
-            y = tl.math.div_rn(x, sb)
+        y = _div_rows(x, s, FAST_DIV)
         c = _int4_code(y)
         c = c << ((e & 1) * 4)[None, :]
         out = tl.sum(tl.reshape(c, (x.shape[0], BLOCK_B, 2)), axis=2).to(tl.uint8)

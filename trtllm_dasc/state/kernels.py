@@ -40,6 +40,18 @@ def _div_fma(x, s, r):
 
 
 @triton.jit
+def _div_rows(x, s, FAST_DIV: tl.constexpr):
+    """x [R, C] / s [R] row by row, the IEEE quotient either way: div_rn, or on a GPU (FAST_DIV) _div_fma from
+    one div_rn reciprocal a row. A zero x keeps its sign, as div_rn's: the fma sequence gives +0 for -0
+    (fma(+0, s, -0) = +0), which the fp8 code would carry (0x00 for torch's 0x80)."""
+    sb = tl.broadcast_to(s[:, None], x.shape)
+    if FAST_DIV:
+        rb = tl.broadcast_to(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)[:, None], x.shape)
+        return tl.where(x == 0.0, x, _div_fma(x, sb, rb))
+    return tl.math.div_rn(x, sb)
+
+
+@triton.jit
 def _quantize_rows(x, FAST_DIV: tl.constexpr):
     """[BLOCK_R, BLOCK_V] fp32 tile (masked lanes 0) -> (q fp32 integral, s [BLOCK_R]); paper Eq. 10.
     The quotients x / s are IEEE-rounded either way, so they equal torch's bit for bit. FAST_DIV (on a GPU):
@@ -47,15 +59,8 @@ def _quantize_rows(x, FAST_DIV: tl.constexpr):
     INT8 store, short on bytes, could not hide div_rn's ten flops an element (`python -m benchmarks
     state_bandwidth`, Kimi W=128 at batch 64, measured on an H200: 62.0% of copy bandwidth with div_rn, 68.4%
     with this). Without FAST_DIV (Triton's interpreter, whose fma rounds twice) div_rn."""
-    a = tl.max(tl.abs(x), axis=1)
-    s = _row_scale(a, 127.0)
-    sb = tl.broadcast_to(s[:, None], x.shape)
-    if FAST_DIV:
-        rb = tl.broadcast_to(tl.math.div_rn(tl.full(a.shape, 1.0, tl.float32), s)[:, None], x.shape)
-        y = _div_fma(x, sb, rb)
-    else:
-        y = tl.math.div_rn(x, sb)
-    y = tl.minimum(tl.maximum(y, -127.0), 127.0)
+    s = _row_scale(tl.max(tl.abs(x), axis=1), 127.0)
+    y = tl.minimum(tl.maximum(_div_rows(x, s, FAST_DIV), -127.0), 127.0)
     return _round_half_even(y), s
 
 
