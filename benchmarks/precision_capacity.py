@@ -6,19 +6,16 @@ seed 0; the same decay tensors `dasc-build --load-format dummy` and `dasc plan` 
 use), at the paper's per-rank budgets (694,681,600 B and 1,236,271,104 B: 127 dense slots each). Each row:
 a precision (uniform codec or horizon bands) and a conv codec; capacity = slots / dense slots.
 
-    python benchmarks/precision_capacity.py [--wmax 16] [--tp 8] [--json OUT]
+    python -m benchmarks precision_capacity [--wmax 16] [--tp 8] [--json OUT]
 Pure accounting, no weights and no device: under a minute on a CPU.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from benchmarks.results_io import provenance, write_result
 
 BUDGETS = {"kda": 694_681_600, "gdn": 1_236_271_104}
 SPECS = ["uniform:native", "uniform:int8", "horizon:1024,8192:int4,int8,native", "horizon:256,4096:int4,int8,fp8",
@@ -72,7 +69,6 @@ def main(argv=None) -> int:
         print(f"{r['arch']:>5} {r['precision']:>36} {r['conv_codec']:>6} {r['bottleneck_slot_bytes']:>11,} "
               f"{r['compression_ckpt']:>7.2f} {r['slots']:>6} {r['capacity_ratio']:>7.2f}x  {bands}")
     if args.json:
-        from results_io import provenance, write_result
         write_result(args.json, {**provenance("benchmarks/precision_capacity.py", argv), "wmax": args.wmax,
                                  "tp": args.tp, "budgets": BUDGETS, "rows": rows})
     return 0

@@ -15,8 +15,8 @@ Arms: uniform int8 / fp8 / int4 (every kept unit), conv8 (temporal exact, the 8-
 horizon (each band its own codec, --precision). The error of one band leaks into the others through the
 delta rule and the next layers' inputs, so a band's error after T mixes its own decay and that leakage.
 
-    python benchmarks/precision_error.py --smoke                  CPU, seconds: the tiny paper-profile model
-    python benchmarks/precision_error.py --model DIR --device cuda [--wmax 16] [--prefix 4096] [--prefixes 4]
+    python -m benchmarks precision_error --smoke                  CPU, seconds: the tiny paper-profile model
+    python -m benchmarks precision_error --model DIR --device cuda [--wmax 16] [--prefix 4096] [--prefixes 4]
         [--precision horizon:1024,8192:int4,int8,native] [--out benchmarks/results/precision_error.json]
 DIR: a checkpoint, e.g. one written by benchmarks/shaped_model.py (released shapes, paper decay profile).
 Random weights: the numbers say how errors decay under the model's gates, not what a trained model's
@@ -31,12 +31,10 @@ import sys
 import numpy as np
 import torch
 
+from benchmarks.results_io import provenance, write_result
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
-
-from results_io import provenance, write_result  # noqa: E402
 
 EPS = 1e-3
 ARMS = ("int8", "fp8", "int4", "conv8", "horizon")
