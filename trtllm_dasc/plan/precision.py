@@ -23,16 +23,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import MAX_MASK_SEED
+from trtllm_dasc.spec import CODECS, MAX_MASK_SEED
 
 UNIFORM = "uniform"
-# codecs a band may use (the temporal codecs of config.unit_byte_parts)
-BAND_CODECS = ("native", "int8", "fp8", "int4")
+# codecs a band may use: every temporal codec (spec.CODECS, whose widths config.unit_byte_parts counts)
+BAND_CODECS = CODECS
 # the default: a unit whose horizon is under 1024 tokens forgets an int4 error (to eps) within 1024 tokens,
 # int8 up to 8192, and the few that remember longer stay exact. At W=16, TP8, on the paper-profile
 # checkpoints this gives Kimi-Linear 12.14x dense capacity (INT8: 8.07x) and Qwen3-Next 4.07x (INT8 3.75x);
 # int8 beats fp8 per byte on gaussian rows (codec_naive: 0.0065 vs 0.026 RMS-relative), so fp8 is no default.
-# The error study (benchmarks/) is what should move these.
+# Measured by `python -m benchmarks precision_capacity` (slots) and `python -m benchmarks precision_error`
+# (the error a band's codec leaves after a prefix): the error study is what should move these.
 DEFAULT_THRESHOLDS = (1024, 8192)
 DEFAULT_CODECS = ("int4", "int8", "native")
 MAX_THRESHOLD = 2**53
