@@ -26,6 +26,11 @@
 #           run:   rm -rf .whl && cp -r .whl_c .whl && COMMIT=<sha> CALL_ARMS=nr16 BLOCKS=1 bash scripts/gpu/matched_cells.sh
 #   later calls on the same warm machine (within 30 s of the last: keep the replies short) carry nothing and
 #   run the script alone (the wheels and the cells stay there; a fresh machine starts again at call A).
+# One commit a cells directory: the merge refuses cells of mixed commits, and COMMIT must name the code that ran.
+# A later session resumes a directory from its commit: in the lead's checkout
+#   git checkout --detach $COMMIT && git checkout main -- $CELLS && git reset -q   (the cells, untracked, travel)
+# run the calls and bring the cells back there; then copy $CELLS aside, `git checkout main`, copy it back and
+# commit it on main. Code may change on main meanwhile: the cells measure $COMMIT's code.
 # Bring back after each call: tar xzf $files_at/cells.tgz -C $CELLS (the name the call printed) and commit it;
 # cat $files_at/matched_kernels.tgz.part-* > .kernel_cache/matched_<n>.tgz (the kernels this call compiled,
 # ~1 MB: keep the files in the lead's checkout so the next session's first call carries them; with them a
