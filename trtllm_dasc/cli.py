@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
+
 from trtllm_dasc.errors import UserError
 
 # name -> (module, one-line help)
@@ -28,8 +31,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _exit_through_finally_on_sigterm():
+    """SIGTERM (`timeout`, a job scheduler, docker stop) raises SystemExit(143) instead of ending the process
+    at once, so the command leaves through its finally blocks: a tritonserver it started (in a session of its
+    own, so not signalled with it) is stopped, not left holding the GPU. A handler the command installs
+    itself (dasc serve drains) replaces this one; one installed before (an embedding program) is kept.
+    Returns what to restore afterwards (None: nothing was installed)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    return signal.SIG_DFL
+
+
 def _execute(prog: str, run, args) -> int:
     """Run a command; a UserError is one line on stderr and exit code 2, never a traceback."""
+    restore = _exit_through_finally_on_sigterm()
     try:
         return run(args) or 0
     except UserError as e:
@@ -41,6 +58,10 @@ def _execute(prog: str, run, args) -> int:
         # the reader (head, a closed pipe) went away: not an error of ours
         sys.stderr.close()
         return 0
+    finally:
+        # a command run in-process (a test, a notebook) leaves the caller's SIGTERM as it found it
+        if restore is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, restore)
 
 
 def run_command(prog: str, description: str, add_arguments, run, argv=None) -> int:

@@ -14,6 +14,13 @@ fi
 # whole GPUs (MIG instances would add lines to nvidia-smi -L); scripts place jobs on GPU i mod $GPUS
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 [ "$GPUS" -ge 1 ] || { echo "no GPU visible to nvidia-smi"; exit 5; }
+# the machine is ours alone: a process still on the GPU is a server an earlier call left (a client killed by
+# `timeout` before it could stop it held 112 GiB, and every later server died out of memory): end it
+left=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+if [ -n "$left" ]; then
+  echo "prelude: ending the processes an earlier call left on the GPU: $(echo $left)"
+  kill -9 $left 2>/dev/null; sleep 3
+fi
 export PYTHONPATH=$PWD
 CACHE=/tmp/triton_cache
 mkdir -p $CACHE
