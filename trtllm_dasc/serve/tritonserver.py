@@ -87,6 +87,9 @@ GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 # cheap at 5 per second; our engine's own metrics are set by the model, not polled. A later
 # --metrics-interval-ms in extra_args overrides it (tritonserver takes the last).
 METRICS_INTERVAL_MS = 200
+# how long wait_ready waits, after the server is ready, for the metrics port (opened just after the HTTP one;
+# a server with metrics off never opens it and is ready after this wait)
+METRICS_PORT_WAIT_S = 10.0
 
 
 def new_admin_key() -> str:
@@ -157,7 +160,9 @@ class ServerProcess:
             return ""
 
     def wait_ready(self, timeout: float = 300.0) -> None:
-        """Poll /v2/health/ready until the server (and so every model's warm-up) is ready."""
+        """Poll /v2/health/ready until the server (and so every model's warm-up) is ready, then until its
+        metrics port accepts connections: tritonserver opens that port after the HTTP one (65 ms later on
+        an H200), and a scrape in between was refused."""
         import urllib.request
         deadline = time.time() + timeout
         url = f"http://{self.http_url}/v2/health/ready"
@@ -168,11 +173,23 @@ class ServerProcess:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
                         self.ready = True
+                        self._wait_metrics_port(min(deadline, time.time() + METRICS_PORT_WAIT_S))
                         return
             except OSError:
                 pass
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not ready after {timeout} s:\n{self.log()[-4000:]}")
+
+    def _wait_metrics_port(self, until: float) -> None:
+        """Until the metrics port accepts a connection, or ``until`` (a server started with metrics off
+        never opens it: then it is ready all the same)."""
+        import socket
+        while time.time() < until and self.proc.poll() is None:
+            try:
+                with socket.create_connection((self.connect_host.strip("[]"), self.metrics_port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
 
     def stop(self, timeout: float | None = None, drain_seconds: float | None = None) -> int:
         """Graceful drain (serve/drain.py): admission closes, what is in flight finishes or is cancelled
