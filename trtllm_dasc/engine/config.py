@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass, fields
 
 from trtllm_dasc import engine_dir as engine_dir_format
+from trtllm_dasc.engine.slow_step import check_seconds
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.spec import (BACKENDS, CODECS, CONV_CODECS, DEFAULT_CODEC, DEFAULT_EVICTION, DEFAULT_LAYOUT, DEFAULT_POLICY, DEFAULT_SELECTION,
                               DEFAULT_TP, DTYPES, ENGINE_PLACEMENT, EVICTIONS, ENGINE_WMAX, LAYOUTS, LOAD_FORMATS, PLACEMENTS,
@@ -74,6 +75,9 @@ class EngineConfig:
     # host KV blocks per rank (cache/radix.py invariant 9): a KV eviction moves a cached prefix's blocks
     # there (with its checkpoint) instead of dropping them; 0: off
     host_kv_blocks: int = 0
+    # a step whose runner took longer than this many seconds says on stderr what it ran (engine/slow_step.py);
+    # None: $DASC_SLOW_STEP_S, else 5 s (a served engine's config is its engine directory's); 0: off
+    slow_step_s: float | None = None
 
     def __post_init__(self):
         # lazy: torch / numpy load only when this runs (keeps importing this module light)
@@ -98,6 +102,8 @@ class EngineConfig:
                      "max_step_captures"):
             if getattr(self, name) is not None:
                 _count(self, name, minimum=0 if name == "replay_window" else 1, cap=1 << 50)
+        if self.slow_step_s is not None:
+            self.slow_step_s = check_seconds("slow_step_s", self.slow_step_s)
         if not isinstance(self.prompt_only, bool):
             raise UserError(f"prompt_only must be true or false, got {self.prompt_only!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):

@@ -15,11 +15,13 @@ import threading
 import time
 from collections import deque
 
+from trtllm_dasc.engine import compile_watch
 from trtllm_dasc.engine.config import EngineConfig
 from trtllm_dasc.engine.request import GenerationRequest, RequestOutput
 from trtllm_dasc.engine.runner import ModelRunner
 from trtllm_dasc.engine.scheduler import Scheduler
 from trtllm_dasc.engine.sequence import Sequence
+from trtllm_dasc.engine.slow_step import SlowStepLog, threshold
 from trtllm_dasc.engine.telemetry import Telemetry
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.engine.warmup import warmup
@@ -54,6 +56,9 @@ class Engine:
                                    slot_bytes=getattr(runner, "slot_bytes", 1),
                                    flops_per_token=getattr(runner, "flops_per_token", 1.0))
         self.telemetry = Telemetry()
+        self.slow_steps = SlowStepLog(threshold(cfg.slow_step_s))
+        # the compile watch's count at the end of warm-up (None: not watched: no warm-up yet, or a CPU engine)
+        self._compiled_base: int | None = None
         self.vocab_size = self.runner.model.spec.vocab_size
         self._cv = threading.Condition()
         self._inbox: deque[Sequence] = deque()
@@ -181,7 +186,7 @@ class Engine:
         plan, owners = sched
         self.telemetry.note_step(plan.spans, owners)
         try:
-            out = self.runner.execute(plan)
+            out = self._execute(plan, owners)
         except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the loop
             log.exception("step %d failed", plan.step)
             self.scheduler.free_captures(plan)
@@ -199,6 +204,19 @@ class Engine:
             log.exception("bookkeeping failed in step %d", plan.step)
             self._die(f"bookkeeping failed in step {plan.step}: {type(e).__name__}: {e}")
         return True
+
+    def _execute(self, plan, owners):
+        """runner.execute, timed: a step past the slow-step threshold logs what it ran, failed or not."""
+        watch = compile_watch.WATCH
+        t0, n0, s0 = time.perf_counter(), watch.count, watch.seconds
+        try:
+            return self.runner.execute(plan)
+        finally:
+            compiled = None if self._compiled_base is None else (watch.count - n0, watch.seconds - s0)
+            try:
+                self.slow_steps.note(plan, owners, time.perf_counter() - t0, compiled)
+            except Exception:  # noqa: BLE001 - a diagnostic must not fail the step
+                log.exception("the slow-step log failed")
 
     def _drain_inbox(self) -> None:
         with self._cv:
@@ -327,16 +345,27 @@ class Engine:
         self._on_loop(self.scheduler.manager.evict)
 
     def warmup(self) -> dict:
-        return warmup(self)
+        # warm-up compiles and autotunes on purpose: neither its compiles nor its slow steps are findings.
+        # Afterwards every Triton compile is one (compile_watch.py): its count starts here
+        with compile_watch.WATCH.warming(), self.slow_steps.paused():
+            report = warmup(self)
+        self._compiled_base = compile_watch.watch_after_warmup(self.cfg.device)
+        return report
 
     def reset_stats(self) -> None:
-        """Zero the request telemetry and the cache's eviction counters (warm-up's traffic is not the users')."""
+        """Zero the request telemetry and the cache's eviction counters (warm-up's traffic is not the users').
+        The count of kernels compiled after warm-up stays: it says whether warm-up missed a specialisation, a
+        fact of the process (each compiles once) rather than of the traffic since the reset, and a benchmark
+        that resets between phases must still see that its first phase paid for compiles."""
         self.telemetry.reset()
         self.scheduler.manager.reset_stats()
 
     def stats(self) -> dict:
         sch = self.scheduler
         out = self.telemetry.snapshot()
+        # None: not watched (a CPU engine, no warm-up yet); see reset_stats for why a reset keeps it
+        out["kernels_compiled_after_warmup"] = (None if self._compiled_base is None
+                                                else compile_watch.WATCH.count - self._compiled_base)
         out.update(arm=self.cfg.arm, **sch.manager.stats())
         out.update(queued=len(sch.waiting) + len(self._inbox), running=len(sch.running), dead=self.dead,
                    steps=sch.steps, max_batch=self.cfg.max_batch, block_size=self.cfg.block_size,

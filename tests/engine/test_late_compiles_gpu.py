@@ -1,0 +1,42 @@
+"""Warm-up leaves nothing to compile (GPU): after Engine.warmup, lone requests of unusual lengths (a single
+token, odd lengths off the 16-token grid, the H200 replay's 2,466-token miss, capped by the context) and a
+hit compile no Triton kernel (engine/compile_watch.py counts them). On the H200 a lone 2,466-token miss
+after warm-up took 27 s on a cold kernel cache against 2 s on a warm one: something still compiled inside
+it. A failure lists the watch's lines: which kernels, which specialisations."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine_helpers import VOCAB, greedy, make_engine, split_wmax
+from trtllm_dasc.engine import compile_watch as cw
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: Triton compiles "
+                                 "kernels only for a GPU (the interpreter runs them on the CPU uncompiled)")]
+
+LENGTHS = (1, 17, 418, 2466)
+
+
+def test_lone_requests_of_unusual_lengths_compile_nothing_after_warmup(tiny_models, monkeypatch, tmp_path):
+    path = tiny_models["kda"][0]
+    # the served 48B's shape of an engine (Kimi-Linear: KDA + MLA), dasc-wr so loads replay and merge;
+    # its own kernel cache: a cold one, as on the machine that showed the late compile
+    engine = make_engine(path, device="cuda", dtype="bfloat16", wmax=split_wmax(path), policy="wr",
+                         max_batch=4, block_size=16, interval=256, prefill_chunk=2048, max_context=4096,
+                         num_kv_blocks=2048, kernel_cache_dir=str(tmp_path / "kernels"))
+    lines = []
+    emit = cw.WATCH.emit
+    monkeypatch.setattr(cw.WATCH, "emit", lambda line: (lines.append(line), emit(line)))
+    engine.warmup()
+    assert engine.stats()["kernels_compiled_after_warmup"] == 0, "the watch is not installed on a GPU engine"
+    rng, new = random.Random(5), 4
+    prompts = [[rng.randrange(VOCAB) for _ in range(min(n, engine.cfg.max_context - 40))] for n in LENGTHS]
+    for i, prompt in enumerate(prompts):
+        engine.generate([greedy(("lone", i), prompt, n=new)])
+    # a lone hit: the 418-token prompt extended (a checkpoint load, a replay, a short prefill off the grid)
+    engine.generate([greedy("hit", prompts[2] + [3, 1, 4, 1, 5], n=new)])
+    assert engine.stats()["checkpoint_loads"]["wr"] == 1
+    assert engine.stats()["kernels_compiled_after_warmup"] == 0, "\n".join(lines)
