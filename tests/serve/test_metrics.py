@@ -166,3 +166,10 @@ def test_a_duplicate_request_id_counts_as_an_error(server):
     assert any(r["error"] and "already in flight" in r["error"] for r in out.values()), out
     after = settled(server, lambda m: m[ERROR] > before)
     assert after[ERROR] == before + 1
+
+
+def test_kernels_compiled_after_warmup_is_exported(server):
+    # a CPU engine compiles nothing (no Triton): the family is there, at 0; on a GPU it counts what warm-up
+    # missed (tests/engine/test_late_compiles_gpu.py checks that this stays 0 there)
+    samples = scrape(server)
+    assert samples[("dasc_kernels_compiled_after_warmup_total", frozenset())] == 0

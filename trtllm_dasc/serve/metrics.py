@@ -40,6 +40,10 @@ FAMILIES = [
     # the copy stream's seconds on finished copies (checkpoints and KV blocks share one stream; rank 0)
     ("dasc_host_tier_copy_seconds_total", "seconds the host tier's copy stream spent copying (rank 0)", "counter",
      lambda s: (s.get("host_tier") or {}).get("copy_seconds", 0.0)),
+    # warm-up is meant to leave nothing to compile: a rise means a user's request waited for a compile (the
+    # server log names the kernel; engine/compile_watch.py). 0 where nothing is watched (a CPU engine)
+    ("dasc_kernels_compiled_after_warmup_total", "Triton kernels compiled inside requests, after warm-up (rank 0)",
+     "counter", lambda s: s.get("kernels_compiled_after_warmup") or 0),
 ]
 _NO_COPIES = {"to_host": 0, "to_device": 0}
 LABELLED = [
