@@ -36,6 +36,7 @@ import time
 
 from clients.kv_sizing import add_memory_arguments, check_memory_arguments
 from clients.matched_hbm import add_weight_arguments
+from clients.runner import GPU_READY_ESTIMATE_S, GPU_REQUEST_ESTIMATE_S, add_estimate_arguments
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -50,7 +51,7 @@ TARGET_FRACTION = 0.1
 GPU = dict(device="cuda", dtype="bfloat16", conversations=200, turns=1051, scale=1.0, concurrency=32,
            max_batch_size=32, max_num_tokens=8192, prefill_chunk=8192, torch_threads=None, seeds=SEEDS,
            wmax=WMAXES, out=os.path.join(HERE, "results", "serve_wr_fixed_slots_h200.json"),
-           request_s=0.05, ready_s=60.0, build_s=15.0)
+           request_s=GPU_REQUEST_ESTIMATE_S, ready_s=GPU_READY_ESTIMATE_S, build_s=15.0)
 SMOKE = dict(device="cpu", dtype="float32", conversations=4, turns=10, scale=0.02, concurrency=2, max_batch_size=4,
              max_num_tokens=None, prefill_chunk=2048, torch_threads=1, seeds=(42, 7), wmax=(16,),
              out="/tmp/serve_wr_fixed_slots_smoke.json", request_s=0.5, ready_s=30.0, build_s=10.0)
@@ -75,10 +76,7 @@ def parse(argv):
     add_memory_arguments(ap)
     ap.add_argument("--call-deadline-s", type=float, default=None, help="wall-clock seconds this call may take (from "
                     "its start): nothing starts that cannot end before it")
-    ap.add_argument("--request-estimate-s", type=float, default=None, help="seconds per request assumed before any "
-                    "cell is measured (GPU 0.05)")
-    ap.add_argument("--ready-estimate-s", type=float, default=None, help="server start assumed before one is "
-                    "measured in this call (GPU 60: a warm kernel cache; cold ~270)")
+    add_estimate_arguments(ap)
     ap.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
                     "(default WORK/kernels)")
     ap.add_argument("--plan-only", action="store_true", help="print the manifest's cells, what is done and the KV "

@@ -34,6 +34,7 @@ from clients import arms as armlib
 from clients import kv_sizing
 from clients.protocol import Phase, ProtocolConfig, make_phases, repeats
 from clients.report import format_table, provenance, write_json
+from clients.runner import add_estimate_arguments
 from clients.workload import WorkloadConfig, build_workload
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.spec import DTYPES, LOAD_FORMATS, add_arm_arguments, build_placement
@@ -91,7 +92,9 @@ def add_arguments(p) -> None:
                    "in this call (a 10-minute device call)")
     g.add_argument("--call-deadline-s", type=float, default=None, help="wall-clock seconds this call may take "
                    "(from its start): a unit is started only when it, the later arms' server starts and their cells "
-                   "of it fit, estimated from this call's own units and starts; the first unit always runs")
+                   "of it fit, estimated from this call's own units and starts; an arm's first unit runs unless "
+                   "it does not fit and a fresh call could do it (GPU; priors below), and always on a CPU")
+    add_estimate_arguments(g)
     g.add_argument("--plan-only", action="store_true", help="print the manifest's phases, units and cells (and "
                    "what is done in --cells-dir) and exit: nothing is built or started")
     g = p.add_argument_group("engine (passed to dasc-build)")
@@ -195,8 +198,9 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     kv_sizing.check_memory_arguments(args)
-    if getattr(args, "call_deadline_s", None) is not None and not args.call_deadline_s > 0:
-        raise UserError(f"--call-deadline-s must be > 0, got {args.call_deadline_s}")
+    for name in ("call_deadline_s", "request_estimate_s", "ready_estimate_s"):
+        if getattr(args, name, None) is not None and not getattr(args, name) > 0:
+            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.request_timeout <= 0 or args.ready_timeout <= 0:
         raise UserError("--request-timeout and --ready-timeout must be > 0")
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,

@@ -62,16 +62,36 @@ def _check_plan(arm: dict, stats: dict) -> dict:
             "engine_slot_bytes_per_rank": per_rank}
 
 
+# what a GPU call assumes before it has measured anything (Kimi-Linear-48B at full size on an H200: 0.04-0.07 s
+# a request of the matched-HBM cells, servers ready in 33-38 s on a warm kernel cache)
+GPU_REQUEST_ESTIMATE_S = 0.05
+GPU_READY_ESTIMATE_S = 60.0
+
+
+def add_estimate_arguments(parser) -> None:
+    """The priors of a call's deadline (CallBudget, fixed_slots.UnitDeadline): one definition for the drivers."""
+    parser.add_argument("--request-estimate-s", type=float, default=None, help="seconds per request assumed "
+                        f"before any cell is measured (GPU {GPU_REQUEST_ESTIMATE_S})")
+    parser.add_argument("--ready-estimate-s", type=float, default=None, help="server start assumed before one is "
+                        f"measured in this call (GPU {GPU_READY_ESTIMATE_S:.0f}: a warm kernel cache; cold ~270-340)")
+
+
 class CallBudget:
     """A call's wall-clock deadline (--call-deadline-s): a unit is started only when it and everything the call
     still owes for it fit before the deadline: the later arms' server starts and their cells of the units the
     baseline has measured in this call (the ratios pair cells of one call). Costs are estimated from the call's
     own measurements: seconds per request (the most of any unit so far) times the unit's requests, and the
-    slowest server start so far. The first unit of each arm always runs (nothing to estimate from; without it
-    a call would measure nothing and the next would start over)."""
+    slowest server start so far. An arm's first unit has less to go on: without priors it always runs; with
+    them (``prior_rate`` seconds a request and ``prior_start`` seconds a warm server start, ``length`` the
+    call's whole deadline) it is skipped only where it does not fit what is left and a fresh call (warm starts)
+    could do it. A first call of a machine compiles every kernel (a 48B dense server was ready in 337 s) and
+    then ran a unit whose second arm the call's timeout killed: 200 s of device time for no cell. A unit that
+    no call could fit runs anyway, or the matrix would never move on."""
 
-    def __init__(self, deadline: float, requests, clock=time.monotonic):
+    def __init__(self, deadline: float, requests, clock=time.monotonic, length: float | None = None,
+                 prior_rate: float | None = None, prior_start: float | None = None):
         self.deadline, self.requests, self.clock = deadline, requests, clock
+        self.length, self.prior_rate, self.prior_start = length, prior_rate, prior_start
         self.rate = None            # seconds per request, the most of any unit measured in this call
         self.start_s = 0.0          # the slowest server start (ready) measured in this call
         self.stopped = None         # (arm, unit) of the first unit not started
@@ -83,15 +103,25 @@ class CallBudget:
     def record_start(self, seconds: float) -> None:
         self.start_s = max(self.start_s, seconds)
 
-    def cost(self, units) -> float:
-        return (self.rate or 0.0) * sum(self.requests(u) for u in units)
+    def cost(self, units, rate: float | None = None) -> float:
+        rate = self.rate if rate is None else rate
+        return (rate or 0.0) * sum(self.requests(u) for u in units)
+
+    def _owed(self, unit: str, later: list[list[str]], rate: float | None, start: float) -> float:
+        return self.cost([unit], rate) + sum(start + self.cost(us, rate) for us in later if us)
 
     def fits(self, unit: str, later: list[list[str]], first: bool) -> bool:
         """Whether to start ``unit``; ``later``: for each arm after this one, the units it will then owe."""
-        if first:
+        if not first:
+            return self.clock() + self._owed(unit, later, None, self.start_s) <= self.deadline
+        if None in (self.length, self.prior_rate, self.prior_start):
             return True
-        owed = self.cost([unit]) + sum(self.start_s + self.cost(us) for us in later if us)
-        return self.clock() + owed <= self.deadline
+        rate = self.rate if self.rate is not None else self.prior_rate
+        if self.clock() + self._owed(unit, later, rate, max(self.start_s, self.prior_start)) <= self.deadline:
+            return True
+        # a fresh call: its own server start, then this unit and what the later arms owe, all warm
+        fresh = self.prior_start + self._owed(unit, later, rate, self.prior_start)
+        return fresh > self.length
 
     def left(self) -> float:
         return self.deadline - self.clock()
@@ -175,7 +205,12 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
         from clients.protocol import repeats
         by_key = {unit_key(*u): u for u in ctx.units}
         requests = lambda u: 2 * ctx.phases[by_key[u][0]].q * repeats(by_key[u][0], ctx.proto)  # noqa: E731
-        budget = CallBudget(getattr(args, "call_t0", time.monotonic()) + deadline, requests)
+        # the priors (GPU only: a CPU run keeps "an arm's first unit always runs")
+        gpu = str(getattr(args, "device", "cpu")).startswith("cuda")
+        rate = getattr(args, "request_estimate_s", None) or (GPU_REQUEST_ESTIMATE_S if gpu else None)
+        ready = getattr(args, "ready_estimate_s", None) or (GPU_READY_ESTIMATE_S if gpu else None)
+        budget = CallBudget(getattr(args, "call_t0", time.monotonic()) + deadline, requests, length=deadline,
+                            prior_rate=rate, prior_start=ready)
         # the baseline first: the arms after it measure only the units it measured in this call
         todo.sort(key=lambda t: t[0] != base)
     print(f"[matched-hbm] call {call}: {len(units)} unit(s); " +

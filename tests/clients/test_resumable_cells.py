@@ -153,6 +153,39 @@ def test_the_budget_reserves_the_later_arms_start_and_cells():
     assert b.cost(["a", "b"]) == 80.0
 
 
+def test_a_first_unit_waits_for_a_fresh_call_when_one_could_do_it():
+    """A GPU call's first unit with priors (0.05 s a request, 60 s a warm start): the numbers of the first
+    cells call of 12-04 on a fresh H200: the 48B dense server ready after 337 s of a 537 s deadline, a unit of
+    1,800 requests per arm, one arm after the baseline."""
+    from clients.runner import CallBudget
+    now = [337.0]
+    cold = CallBudget(537.0, lambda u: 1800, clock=lambda: now[0], length=537.0, prior_rate=0.05,
+                      prior_start=60.0)
+    cold.record_start(337.0)
+    # now: 90 s + (the slowest start so far, 337 s) + 90 s = 517 s by 854 > 537; a fresh call: 60 + 90 + 60 +
+    # 90 = 300 s <= 537: stop, the next call (warm kernels) runs it
+    assert not cold.fits("u0", [["u0"]], first=True)
+    # the same unit early in a call fits: it runs
+    now[0] = 38.0
+    warm = CallBudget(537.0, lambda u: 1800, clock=lambda: now[0], length=537.0, prior_rate=0.05,
+                      prior_start=60.0)
+    warm.record_start(38.0)
+    assert warm.fits("u0", [["u0"]], first=True)          # 38 + 90 + 60 + 90 = 278 <= 537
+    # a unit no call could fit (10,000 requests: 500 s an arm) runs anyway, or the matrix would never move on
+    now[0] = 337.0
+    huge = CallBudget(537.0, lambda u: 10_000, clock=lambda: now[0], length=537.0, prior_rate=0.05,
+                      prior_start=60.0)
+    assert huge.fits("u0", [["u0"]], first=True)
+    # without priors (a CPU call) the first unit always runs, as before
+    assert CallBudget(537.0, lambda u: 1800, clock=lambda: 537.0, length=537.0).fits("u0", [["u0"]], first=True)
+    # a rate measured in the call replaces the prior: at 100 s, 0.05 s a request owes 90 + 337 + 90 (617 > 537),
+    # 0.01 s a request (measured) 18 + 337 + 18 (473 <= 537)
+    now[0] = 100.0
+    assert not cold.fits("u0", [["u0"]], first=True)
+    cold.record_unit("u9", 18.0)
+    assert cold.fits("u0", [["u0"]], first=True)
+
+
 def test_each_ratio_pairs_cells_of_one_call(runs):
     d = runs["dir"] / "dl_cells"
     cells = {(c["arm"], c["unit"]): c["call"] for c in map(_load, (d / "cells").glob("*/*.json"))}
