@@ -4,8 +4,8 @@ will take, so Triton's JIT compiles and fla's autotuning happen here and not ins
 
 Triton compiles a kernel variant per specialisation of its integer arguments (equal to 1, divisible by
 16, neither), so the shapes must vary the way real traffic does. For each batch size b in max_batch, ...,
-4, 2, 1 (largest first, see below), two rounds run with b requests in the same steps (a lone request: twice,
-one length on the 16-token grid and one off it, round_lengths):
+4, 2, 1 (largest first, see below), two rounds run with b requests in the same steps (a lone request: three
+times, on the 16-token grid and off it with a short and a long last chunk, round_lengths):
   cold   b distinct long prompts (lengths both on and off the 16-token grid): a batched chunked prefill
          with checkpoint captures and stores at batch b, then decode at batch b;
   hits   b prompts extending the cold ones by 1 + {15, 4, 31, 0, ...} tokens: checkpoint loads at batch
@@ -57,16 +57,29 @@ def _long_lengths(longest: int, n: int) -> list[int]:
     return [max(1, longest - longest % 16), max(1, longest - (1 - longest % 2))][:n]
 
 
-def round_lengths(b: int, buckets: list[int], longest: int, short: int) -> list[list[int]]:
+def _lone_long_tail(longest: int, chunk: int) -> int:
+    """A lone prompt whose last prefill chunk is long (half a chunk and more: many tiles of every kernel) and
+    odd (off the 16-token grid), within ``longest``: chunk + chunk / 2 + 1, made odd (3073 at chunks of 2048:
+    chunks of 2048 and 1025)."""
+    n = min(longest, chunk + chunk // 2 + 1 if longest > chunk else longest)
+    return max(1, n - (1 - n % 2))
+
+
+def round_lengths(b: int, buckets: list[int], longest: int, short: int, chunk: int | None = None) \
+        -> list[list[int]]:
     """The cold prompts' lengths of each round at batch size b. The largest batch holds the long prompts beside
-    its others; the batches between keep to the short ones. A lone request (b = 1) runs twice, once on the
-    16-token grid and once off it, both long: a batch of one has a single length, and Triton specialises on
-    it. On a cold kernel cache a lone 2,466-token miss (off the grid) took 19.7 s of a 20.6 s replay
-    while warm-up had sent only a 2,736-token prompt alone; the repeats of that replay, kernels compiled,
-    took 2.7-3.2 s (python -m clients.matched_hbm --paper on the 48B config, the first unit of a fresh
-    machine)."""
+    its others; the batches between keep to the short ones. A lone request (b = 1) runs alone in each of its
+    rounds: on the 16-token grid, off it with a short last chunk (5 tokens past two chunks), and off it with
+    a long last chunk (_lone_long_tail): a batch of one has a single length a step, and Triton specialises
+    on each integer argument (1, divisible by 16, neither), so a lone step with one sequence and a token
+    count off the grid over many tiles is a class of its own. On a cold kernel cache a lone 2,466-token miss
+    (chunks of 2048 and 418) took 19.7 s of a 20.6 s replay while warm-up had sent a 2,736-token prompt
+    alone, and 27.1 s after warm-up sent 4,096 and 4,101 (last chunks 2048 and 5); the repeats of that
+    replay, kernels compiled, took 2-3 s (python -m clients.matched_hbm --paper on the 48B config, the first
+    unit of a fresh machine). ``chunk``: the prefill chunk (None: no third round)."""
     if b == 1:
-        return [[n] for n in dict.fromkeys(_long_lengths(longest, LONG_PER_ROUND))]
+        lone = _long_lengths(longest, LONG_PER_ROUND) + ([_lone_long_tail(longest, chunk)] if chunk else [])
+        return [[n] for n in dict.fromkeys(lone)]
     n_long = min(b, LONG_PER_ROUND) if b == buckets[-1] else 0
     return [_long_lengths(longest, n_long) + _lengths(short, b)[n_long:]]
 
@@ -93,7 +106,7 @@ def warmup(engine) -> dict:
     # token count, so that first call should look like full-batch traffic rather than a lone request
     buckets = batch_buckets(cfg.max_batch)
     for b in reversed(buckets):
-        for r, lengths in enumerate(round_lengths(b, buckets, longest, short)):
+        for r, lengths in enumerate(round_lengths(b, buckets, longest, short, cfg.prefill_chunk)):
             cold = [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
             hits = [p + [rng.randrange(vocab) for _ in range(1 + TAILS[i % len(TAILS)])] for i, p in enumerate(cold)]
             for name, prompts in (("cold", cold), ("hit", hits)):
