@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# H200, call A of a fresh machine (carry [".whl_a", ".whl"]; .whl holds fla-core): stage the first part of the
+# nvidia-pytriton wheel for the serving calls (matched_cells.sh's header: calls B and C), then the GPU test files
+# that build their checkpoints with transformers. They must run before any serving call: that one installs
+# numpy 1.26 for the Triton Python stub, and transformers then no longer imports (np.long). One pytest per file,
+# each under PER_FILE_S, so one slow or hung file cannot take the call. TEST_FILES overrides the list.
+#   bash scripts/gpu/first_call.sh
+mkdir -p /tmp/stage && cp .whl_a/* /tmp/stage/ 2>/dev/null
+SHAPED_MODEL=0
+source scripts/gpu/prelude.sh
+# the late-compile test first: a cold kernel cache is what it needs, and what tells why a lone request stalled
+FILES=${TEST_FILES:-"tests/engine/test_late_compiles_gpu.py tests/model/test_decode_graphs.py tests/model/test_model_recurrence.py"}
+for f in $FILES; do
+  echo "== $f"
+  timeout "${PER_FILE_S:-150}" python3 -m pytest --tb=short -q -p no:cacheprovider -W ignore "$f" 2>&1 \
+    | grep -v "Warning\|np.uintc" | tail -40
+done
