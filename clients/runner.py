@@ -86,7 +86,9 @@ class CallBudget:
     call's whole deadline) it is skipped only where it does not fit what is left and a fresh call (warm starts)
     could do it. A first call of a machine compiles every kernel (a 48B dense server was ready in 337 s) and
     then ran a unit whose second arm the call's timeout killed: 200 s of device time for no cell. A unit that
-    no call could fit runs anyway, or the matrix would never move on."""
+    no call of this length could fit (the full-dataset phase: 24,064 requests, ~20 minutes an arm) is not
+    started either: it would only be killed; ``too_long`` then holds its estimate, and the call says to give
+    such units a longer deadline."""
 
     def __init__(self, deadline: float, requests, clock=time.monotonic, length: float | None = None,
                  prior_rate: float | None = None, prior_start: float | None = None):
@@ -95,6 +97,7 @@ class CallBudget:
         self.rate = None            # seconds per request, the most of any unit measured in this call
         self.start_s = 0.0          # the slowest server start (ready) measured in this call
         self.stopped = None         # (arm, unit) of the first unit not started
+        self.too_long = None        # seconds a fresh call would need for it, where that is over ``length``
 
     def record_unit(self, unit: str, seconds: float) -> None:
         r = seconds / max(1, self.requests(unit))
@@ -121,7 +124,9 @@ class CallBudget:
             return True
         # a fresh call: its own server start, then this unit and what the later arms owe, all warm
         fresh = self.prior_start + self._owed(unit, later, rate, self.prior_start)
-        return fresh > self.length
+        if fresh > self.length:
+            self.too_long = fresh
+        return False
 
     def left(self) -> float:
         return self.deadline - self.clock()
@@ -271,8 +276,11 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
         cells = sum(not store.done(k, u) for k in call_keys if k != base or len(call_keys) == 1 for u in left)
         stop = budget.stopped
         print(f"[matched-hbm] deadline {deadline:.0f} s: " + (f"stopped before {stop[0]} {stop[1]} "
-              f"({budget.left():.0f} s left, not enough for it and the cells it owes); " if stop else "")
+              f"({budget.left():.0f} s left, not enough for it and the cells it owes" +
+              (f"; about {budget.too_long:.0f} s even in a fresh call: run it with a longer --call-deadline-s"
+               if budget.too_long else "") + "); " if stop else "")
               + f"{len(left)} unit(s), {cells} cell(s) of this call's arms left", file=sys.stderr, flush=True)
         store.update_call(call, deadline_s=deadline, stopped_before=list(stop) if stop else None,
+                          needs_longer_call_s=round(budget.too_long) if budget.too_long else None,
                           units_left=len(left), cells_left=cells)
     return done

@@ -171,11 +171,13 @@ def test_a_first_unit_waits_for_a_fresh_call_when_one_could_do_it():
                       prior_start=60.0)
     warm.record_start(38.0)
     assert warm.fits("u0", [["u0"]], first=True)          # 38 + 90 + 60 + 90 = 278 <= 537
-    # a unit no call could fit (10,000 requests: 500 s an arm) runs anyway, or the matrix would never move on
-    now[0] = 337.0
+    # a unit no call of this length could fit (10,000 requests: 500 s an arm; a fresh call needs 60 + 500 + 60 +
+    # 500 = 1,120 s) is not started either, even early in a call: the timeout would only kill it
+    now[0] = 5.0
     huge = CallBudget(537.0, lambda u: 10_000, clock=lambda: now[0], length=537.0, prior_rate=0.05,
                       prior_start=60.0)
-    assert huge.fits("u0", [["u0"]], first=True)
+    assert not huge.fits("u0", [["u0"]], first=True) and huge.too_long == 1120.0
+    assert cold.too_long is None
     # without priors (a CPU call) the first unit always runs, as before
     assert CallBudget(537.0, lambda u: 1800, clock=lambda: 537.0, length=537.0).fits("u0", [["u0"]], first=True)
     # a rate measured in the call replaces the prior: at 100 s, 0.05 s a request owes 90 + 337 + 90 (617 > 537),
