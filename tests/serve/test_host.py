@@ -110,3 +110,16 @@ def test_drain_refuses_new_requests_and_cancels_the_rest_at_the_deadline(engine,
         assert is_drained(drain_file) and h.stats()["inflight"] == 0
     finally:
         h.shutdown()
+
+
+def test_a_warmed_host_says_how_long_warm_up_took(engine, capfd):
+    # the server log's model load covers the weights and the warm-up; this line splits them
+    h = EngineHost(str(engine), warmup=True)
+    try:
+        err = capfd.readouterr().err
+        line = [x for x in err.splitlines() if x.startswith("dasc: warm-up: ")]
+        assert len(line) == 1, err
+        assert f"{h.warmup_report['requests']} requests in " in line[0]
+        assert f"prompts up to {h.warmup_report['longest_prompt']} tokens" in line[0]
+    finally:
+        h.shutdown()
