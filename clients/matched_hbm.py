@@ -198,9 +198,8 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     kv_sizing.check_memory_arguments(args)
-    for name in ("call_deadline_s", "request_estimate_s", "ready_estimate_s"):
-        if getattr(args, name, None) is not None and not getattr(args, name) > 0:
-            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if getattr(args, "call_deadline_s", None) is not None and not args.call_deadline_s > 0:
+        raise UserError(f"--call-deadline-s must be > 0, got {args.call_deadline_s}")
     if args.request_timeout <= 0 or args.ready_timeout <= 0:
         raise UserError("--request-timeout and --ready-timeout must be > 0")
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,

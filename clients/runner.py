@@ -9,6 +9,7 @@ call runs what is missing, measuring the baseline again beside it.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -68,11 +69,22 @@ GPU_REQUEST_ESTIMATE_S = 0.05
 GPU_READY_ESTIMATE_S = 60.0
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
 def add_estimate_arguments(parser) -> None:
-    """The priors of a call's deadline (CallBudget, fixed_slots.UnitDeadline): one definition for the drivers."""
-    parser.add_argument("--request-estimate-s", type=float, default=None, help="seconds per request assumed "
+    """The priors of a call's deadline (CallBudget, fixed_slots.UnitDeadline): one definition for the drivers,
+    checked as they are parsed."""
+    parser.add_argument("--request-estimate-s", type=_positive_seconds, default=None, help="seconds per request assumed "
                         f"before any cell is measured (GPU {GPU_REQUEST_ESTIMATE_S})")
-    parser.add_argument("--ready-estimate-s", type=float, default=None, help="server start assumed before one is "
+    parser.add_argument("--ready-estimate-s", type=_positive_seconds, default=None, help="server start assumed before one is "
                         f"measured in this call (GPU {GPU_READY_ESTIMATE_S:.0f}: a warm kernel cache; cold ~270-340)")
 
 

@@ -36,17 +36,17 @@ def _exit_through_finally_on_sigterm():
     at once, so the command leaves through its finally blocks: a tritonserver it started (in a session of its
     own, so not signalled with it) is stopped, not left holding the GPU. A handler the command installs
     itself (dasc serve drains) replaces this one; one installed before (an embedding program) is kept.
-    Returns what to restore afterwards (None: nothing was installed)."""
+    Whether it installed one (then _execute puts the default back)."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return None
+        return False
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    return signal.SIG_DFL
+    return True
 
 
 def _execute(prog: str, run, args) -> int:
     """Run a command; a UserError is one line on stderr and exit code 2, never a traceback."""
-    restore = _exit_through_finally_on_sigterm()
+    installed = _exit_through_finally_on_sigterm()
     try:
         return run(args) or 0
     except UserError as e:
@@ -60,8 +60,8 @@ def _execute(prog: str, run, args) -> int:
         return 0
     finally:
         # a command run in-process (a test, a notebook) leaves the caller's SIGTERM as it found it
-        if restore is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, restore)
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_command(prog: str, description: str, add_arguments, run, argv=None) -> int:

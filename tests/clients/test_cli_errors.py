@@ -36,6 +36,9 @@ CASES = {
     "memory limit not bytes": (["--memory-limit-bytes", "lots"], "--memory-limit-bytes must be a number of bytes"),
     "memory limit zero": (["--memory-limit-bytes", "0"], "--memory-limit-bytes must be >= 1"),
     "negative headroom": (["--memory-headroom-gib", "-1"], "--memory-headroom-gib must be >= 0"),
+    # clients/runner.py's estimate flags, shared with benchmarks serve_wr_fixed_slots
+    "zero request estimate": (["--request-estimate-s", "0"], "--request-estimate-s"),
+    "ready estimate not seconds": (["--ready-estimate-s", "soon"], "--ready-estimate-s"),
 }
 
 

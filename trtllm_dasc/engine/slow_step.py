@@ -33,9 +33,10 @@ def check_seconds(name: str, value) -> float:
 
 
 def threshold(configured: float | None) -> float:
-    """The threshold in seconds (0: off): the config's, else $DASC_SLOW_STEP_S, else DEFAULT_S."""
+    """The threshold in seconds (0: off): the config's (EngineConfig checked it), else $DASC_SLOW_STEP_S, else
+    DEFAULT_S."""
     if configured is not None:
-        return check_seconds("slow_step_s", configured)
+        return configured
     raw = os.environ.get(ENV, "").strip()
     if not raw:
         return DEFAULT_S
@@ -57,7 +58,7 @@ def describe(plan, owners, seconds: float, threshold_s: float, compiled: tuple[i
     for span, s in zip(plan.spans, owners):
         if span.replay_into is not None:
             replays, replay_tokens = replays + 1, replay_tokens + len(span.token_ids)
-        elif span.start < len(s.prompt):
+        elif span.in_prompt(len(s.prompt)):
             prefill.append((len(span.token_ids), span.start, len(s.prompt)))
         else:
             decodes += 1

@@ -42,6 +42,10 @@ class Span:
     # spans come first in a plan (they must run before the spans that continue from the merged rows)
     replay_into: int | None = None
 
+    def in_prompt(self, prompt_len: int) -> bool:
+        """Whether this span runs prompt tokens (a prefill chunk or a replay) rather than a decode past it."""
+        return self.start < prompt_len
+
 
 @dataclass(slots=True)
 class StepPlan:

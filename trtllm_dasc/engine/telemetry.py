@@ -38,7 +38,7 @@ class Telemetry:
         is prefill (context), one past it is a decode."""
         context, generation, tokens = set(), set(), 0
         for span, s in zip(spans, owners):
-            if span.start < len(s.prompt):
+            if span.in_prompt(len(s.prompt)):
                 context.add(id(s))
                 tokens += len(span.token_ids)
             else:

@@ -65,8 +65,7 @@ def _lone_long_tail(longest: int, chunk: int) -> int:
     return max(1, n - (1 - n % 2))
 
 
-def round_lengths(b: int, buckets: list[int], longest: int, short: int, chunk: int | None = None) \
-        -> list[list[int]]:
+def round_lengths(b: int, buckets: list[int], longest: int, short: int, chunk: int) -> list[list[int]]:
     """The cold prompts' lengths of each round at batch size b. The largest batch holds the long prompts beside
     its others; the batches between keep to the short ones. A lone request (b = 1) runs alone in each of its
     rounds: on the 16-token grid, off it with a short last chunk (5 tokens past two chunks), and off it with
@@ -76,9 +75,9 @@ def round_lengths(b: int, buckets: list[int], longest: int, short: int, chunk: i
     (chunks of 2048 and 418) took 19.7 s of a 20.6 s replay while warm-up had sent a 2,736-token prompt
     alone, and 27.1 s after warm-up sent 4,096 and 4,101 (last chunks 2048 and 5); the repeats of that
     replay, kernels compiled, took 2-3 s (python -m clients.matched_hbm --paper on the 48B config, the first
-    unit of a fresh machine). ``chunk``: the prefill chunk (None: no third round)."""
+    unit of a fresh machine). ``chunk``: the prefill chunk."""
     if b == 1:
-        lone = _long_lengths(longest, LONG_PER_ROUND) + ([_lone_long_tail(longest, chunk)] if chunk else [])
+        lone = _long_lengths(longest, LONG_PER_ROUND) + [_lone_long_tail(longest, chunk)]
         return [[n] for n in dict.fromkeys(lone)]
     n_long = min(b, LONG_PER_ROUND) if b == buckets[-1] else 0
     return [_long_lengths(longest, n_long) + _lengths(short, b)[n_long:]]
