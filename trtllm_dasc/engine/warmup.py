@@ -5,7 +5,8 @@ will take, so Triton's JIT compiles and fla's autotuning happen here and not ins
 Triton compiles a kernel variant per specialisation of its integer arguments (equal to 1, divisible by
 16, neither), so the shapes must vary the way real traffic does. For each batch size b in max_batch, ...,
 4, 2, 1 (largest first, see below), two rounds run with b requests in the same steps (a lone request: three
-times, on the 16-token grid and off it with a short and a long last chunk, round_lengths):
+times, on the 16-token grid, off it, and once as a prefill step in the lower autotune bucket of fla's norms:
+round_lengths):
   cold   b distinct long prompts (lengths both on and off the 16-token grid): a batched chunked prefill
          with checkpoint captures and stores at batch b, then decode at batch b;
   hits   b prompts extending the cold ones by 1 + {15, 4, 31, 0, ...} tokens: checkpoint loads at batch
@@ -28,6 +29,7 @@ import time
 
 from trtllm_dasc.engine.request import GenerationRequest
 from trtllm_dasc.engine.sampling import SamplingParams
+from trtllm_dasc.model.fused_ops import PINNED_ROWS
 
 TAILS = (15, 4, 31, 0, 63, 9, 16, 2)
 DECODE = 3
@@ -57,27 +59,29 @@ def _long_lengths(longest: int, n: int) -> list[int]:
     return [max(1, longest - longest % 16), max(1, longest - (1 - longest % 2))][:n]
 
 
-def _lone_long_tail(longest: int, chunk: int) -> int:
-    """A lone prompt whose last prefill chunk is long (half a chunk and more: many tiles of every kernel) and
-    odd (off the 16-token grid), within ``longest``: chunk + chunk / 2 + 1, made odd (3073 at chunks of 2048:
-    chunks of 2048 and 1025)."""
-    n = min(longest, chunk + chunk // 2 + 1 if longest > chunk else longest)
-    return max(1, n - (1 - n % 2))
+def _lone_low_bucket(longest: int) -> int:
+    """A lone prompt whose prefill steps are in the lower of the pinned autotune buckets of fla's row-tiled
+    norms (model/fused_ops.PINNED_ROWS: at most 2,048 rows) and past the paged attention path's
+    PAGED_MAX_TOKENS (the path that skips the latent's norm), off the 16-token grid: 2,047 tokens, or the
+    longest prompt where that is shorter."""
+    return max(1, min(longest, PINNED_ROWS - 1))
 
 
-def round_lengths(b: int, buckets: list[int], longest: int, short: int, chunk: int) -> list[list[int]]:
+def round_lengths(b: int, buckets: list[int], longest: int, short: int) -> list[list[int]]:
     """The cold prompts' lengths of each round at batch size b. The largest batch holds the long prompts beside
     its others; the batches between keep to the short ones. A lone request (b = 1) runs alone in each of its
-    rounds: on the 16-token grid, off it with a short last chunk (5 tokens past two chunks), and off it with
-    a long last chunk (_lone_long_tail): a batch of one has a single length a step, and Triton specialises
-    on each integer argument (1, divisible by 16, neither), so a lone step with one sequence and a token
-    count off the grid over many tiles is a class of its own. On a cold kernel cache a lone 2,466-token miss
-    (chunks of 2048 and 418) took 19.7 s of a 20.6 s replay while warm-up had sent a 2,736-token prompt
-    alone, and 27.1 s after warm-up sent 4,096 and 4,101 (last chunks 2048 and 5); the repeats of that
-    replay, kernels compiled, took 2-3 s (python -m clients.matched_hbm --paper on the 48B config, the first
-    unit of a fresh machine). ``chunk``: the prefill chunk."""
+    rounds: on the 16-token grid, off it, and one prompt of at most PINNED_ROWS tokens (_lone_low_bucket): a
+    batch of one has a single length a step, and Triton specialises on each integer argument (1, divisible
+    by 16, neither), so each class needs a round of its own. The last one is what the H200 lacked: where the
+    checkpoint interval is long (the matched-HBM engines: 2,801 tokens in a 2,816-token context), the short
+    prompts are as long as the long ones (prompt_lengths), so no unpaged prefill step of warm-up had 2,048
+    rows or fewer, and fla autotuned MLA's latent norm for that bucket (nine configs compiled, 24 s) inside
+    a user's request: the last request of the first replay, a lone 2,466-token miss (the part of it left
+    after the step it shared), took 27.1 s instead of 2 s on both cold machines of 12-04. The kernel caches
+    those calls returned date nine layer_norm_fwd_kernel compiles and its autotune record (key D = 512,
+    NB = 1) inside that replay, and no other compile after warm-up."""
     if b == 1:
-        lone = _long_lengths(longest, LONG_PER_ROUND) + [_lone_long_tail(longest, chunk)]
+        lone = _long_lengths(longest, LONG_PER_ROUND) + [_lone_low_bucket(longest)]
         return [[n] for n in dict.fromkeys(lone)]
     n_long = min(b, LONG_PER_ROUND) if b == buckets[-1] else 0
     return [_long_lengths(longest, n_long) + _lengths(short, b)[n_long:]]
@@ -105,7 +109,7 @@ def warmup(engine) -> dict:
     # token count, so that first call should look like full-batch traffic rather than a lone request
     buckets = batch_buckets(cfg.max_batch)
     for b in reversed(buckets):
-        for r, lengths in enumerate(round_lengths(b, buckets, longest, short, cfg.prefill_chunk)):
+        for r, lengths in enumerate(round_lengths(b, buckets, longest, short)):
             cold = [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
             hits = [p + [rng.randrange(vocab) for _ in range(1 + TAILS[i % len(TAILS)])] for i, p in enumerate(cold)]
             for name, prompts in (("cold", cold), ("hit", hits)):

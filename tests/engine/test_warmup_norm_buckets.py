@@ -1,0 +1,52 @@
+"""Warm-up reaches both autotune buckets of fla's row-tiled norms on the prefill path, at the geometry of the
+served 48B engines (engine/warmup.py round_lengths says why).
+
+model/fused_ops.py pins the bucket of fla's norm kernels to two: steps of at most PINNED_ROWS rows and
+above. fla autotunes each bucket (nine configs) on its first call, so each must be met in warm-up by a step
+that takes the norm: MLA's latent norm runs unless every sequence of the step brings at most
+PAGED_MAX_TOKENS tokens (then the paged path norms inside its own kernel). With the matched-HBM engines'
+long checkpoint interval (2,801 tokens, context 2,816, chunks of 8,192), warm-up's prompts were all ~2.7k
+tokens and no such step had 2,048 rows or fewer: on the H200 the first user's request to run in one paid
+for the autotune, 27 s. The steps are read from the model's forward calls (the token count of each
+sequence) and classified by the rule the model applies on a GPU (on the CPU it never takes the paged path,
+so the rule is restated here from the two constants)."""
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import make_engine
+
+from trtllm_dasc.model.fused_ops import PINNED_ROWS
+from trtllm_dasc.model.model import PAGED_MAX_TOKENS
+
+
+def _warmup_steps(engine) -> list[list[int]]:
+    """Each forward of warm-up as the token counts of its sequences."""
+    steps, model = [], engine.runner.model
+    forward = model.forward
+
+    def recording(batch, *args, **kw):
+        steps.append([len(s.token_ids) for s in batch])
+        return forward(batch, *args, **kw)
+    model.forward = recording
+    try:
+        engine.warmup()
+    finally:
+        del model.forward
+    return steps
+
+
+@pytest.mark.parametrize("geometry", [
+    # the matched-HBM cells' engine (clients/matched_hbm.py's build flags on the 48B): the bucket it lacked
+    dict(interval=2801, prefill_chunk=8192, max_num_tokens=8192, max_context=2816, prompt_only=True),
+    # the GPU tests' and real_model's: short prompts of 2 x interval + 5 tokens
+    dict(interval=256, prefill_chunk=2048, max_context=4096),
+], ids=["matched_hbm", "interval_256"])
+def test_warmup_runs_unpaged_prefill_steps_in_both_norm_buckets(tiny_models, geometry):
+    engine = make_engine(tiny_models["kda"][0], max_batch=4, block_size=16, num_kv_blocks=2048, **geometry)
+    steps = _warmup_steps(engine)
+    unpaged = [sum(s) for s in steps if any(n > PAGED_MAX_TOKENS for n in s)]
+    assert any(rows <= PINNED_ROWS for rows in unpaged), \
+        f"no unpaged step of at most {PINNED_ROWS} rows in warm-up: {sorted(set(unpaged))}"
+    assert any(rows > PINNED_ROWS for rows in unpaged), sorted(set(unpaged))
+    assert engine.ready
