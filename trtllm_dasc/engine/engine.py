@@ -10,7 +10,6 @@ A callback that raises is dropped and its request released.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -41,10 +40,6 @@ class Engine:
     def __init__(self, cfg: EngineConfig, runner=None):
         """``runner``: what executes the step plans (default: a ModelRunner of ``cfg`` in this process;
         parallel.DistributedRunner at tp_size > 1, which also sends every plan to the other ranks)."""
-        if cfg.kernel_cache_dir:
-            # read by Triton at compile time: compiled kernels outlive the process (an engine dir keeps them)
-            os.makedirs(cfg.kernel_cache_dir, exist_ok=True)
-            os.environ["TRITON_CACHE_DIR"] = os.path.abspath(cfg.kernel_cache_dir)
         self.cfg = cfg
         if runner is None and cfg.tp_size > 1:
             raise UserError(f"tp_size {cfg.tp_size} runs on {cfg.tp_size} MPI ranks: start it through "

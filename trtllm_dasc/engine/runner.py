@@ -20,6 +20,7 @@ import sys
 import torch
 
 from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.engine.kernel_cache import use_kernel_cache
 from trtllm_dasc.engine.loading import check_memory, weight_source
 from trtllm_dasc.engine.pools import checkpoint_pool
 from trtllm_dasc.engine.sampling import process_logits, sample
@@ -54,6 +55,8 @@ class ModelRunner:
             raise UserError(f"tp_rank {tp_rank} is outside 0..{cfg.tp_size - 1}")
         if cfg.tp_size > 1 and all_reduce is None:
             raise UserError("tp_size > 1 needs the ranks' all-reduce (run it through trtllm_dasc.parallel)")
+        # before anything compiles (the loads below warm kernels), on every rank
+        use_kernel_cache(cfg)
         # the plan first: its bundle order decides which heads this rank loads
         self.plan = engine_plan(cfg)
         model_cfg = HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype)
