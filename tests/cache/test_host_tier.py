@@ -151,3 +151,39 @@ def test_cost_eviction_without_host_keeps_lru_behaviour_off_by_default():
         run(m, p)
     assert m.take_copies() == ([], []) and node_at(m, A, 4).ckpt_slot is None
     assert m.stats()["host_checkpoint_slots"] == 0 and m.tree.tier["demotions"] == 0
+
+
+def _marconi_order(ends, stamps, per_token, per_pair):
+    """Marconi's eviction order recomputed by brute force: min of recency + efficiency, each normalised over
+    the candidates left, efficiency = prefill FLOPs of the prefix (linear + attention pairs) per slot."""
+    left, out = list(zip(ends, stamps)), []
+    while left:
+        lo, hi = min(s for _, s in left), max(s for _, s in left)
+        values = [e * per_token + per_pair * e * (e + 1) / 2 for e, _ in left]
+        scores = [((s - lo) / (hi - lo) if hi > lo else 0.0) + v / max(values) for (_, s), v in zip(left, values)]
+        out.append(left.pop(scores.index(min(scores)))[0])
+    return out
+
+
+@pytest.mark.parametrize("per_pair", [0.0, 7.0])
+def test_cost_eviction_weighs_the_attention_a_long_prefix_saves(per_pair):
+    # the attention term (model/prefill_flops.py) makes a long prefix worth more than its length: with it the
+    # 6-token checkpoint goes before the older 10-token one; by length alone the order is LRU's here
+    ends, stamps = (10, 6, 2), (0, 5, 10)
+    c = RadixCache(4, BlockPool(32), IdPool.checkpoint_slots(3), interval=100, prompt_only=True, eviction="cost",
+                   flops_per_token=7.0, flops_per_pair=per_pair, slot_bytes=3)
+    nodes = {}
+    for stamp, end in zip(stamps, ends):
+        p = list(range(100 * end, 100 * end + end + 1))
+        slot, table = c.alloc_slot(), c.blocks.alloc(-(-len(p) // 4))
+        c.insert(p, table, {end: slot})
+        c.blocks.decref(table)
+        nodes[end] = next(n for n in c._nodes() if n.end == end and n.ckpt_slot is not None)
+        nodes[end].ckpt_access = stamp
+    order = []
+    for _ in range(3):
+        before = {e: n.ckpt_slot for e, n in nodes.items()}
+        assert c._evict_checkpoint()
+        order += [e for e, n in nodes.items() if before[e] is not None and n.ckpt_slot is None]
+    assert order == _marconi_order(ends, stamps, 7.0, per_pair)
+    assert order == ([6, 10, 2] if per_pair else [10, 6, 2])

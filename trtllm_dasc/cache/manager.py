@@ -61,13 +61,14 @@ class CacheManager:
     @classmethod
     def create(cls, block_size: int, num_blocks: int, num_slots: int, num_rows: int, interval: int = 256,
                prompt_only: bool = False, host_slots: int = 0, eviction: str = "lru", flops_per_token: float = 1.0,
-               slot_bytes: int = 1, write_policy: str = "write-back", host_kv_blocks: int = 0) -> "CacheManager":
+               slot_bytes: int = 1, flops_per_pair: float = 0.0, write_policy: str = "write-back", host_kv_blocks: int = 0) -> "CacheManager":
         """A fresh manager: empty tree, every block, slot and row free; ``host_slots`` > 0 adds the host tier
         (host slot ids 0..host_slots-1: no reserved one, the host pool has no table that needs a zero id)."""
         host = IdPool(range(host_slots), "host checkpoint slot") if host_slots else None
         tree = RadixCache(block_size, BlockPool(num_blocks), IdPool.checkpoint_slots(num_slots), interval=interval,
                           prompt_only=prompt_only, host_slots=host, eviction=eviction,
-                          flops_per_token=flops_per_token, slot_bytes=slot_bytes, write_policy=write_policy,
+                          flops_per_token=flops_per_token, flops_per_pair=flops_per_pair, slot_bytes=slot_bytes,
+                          write_policy=write_policy,
                           host_blocks=BlockPool(host_kv_blocks) if host_kv_blocks else None)
         return cls(tree, IdPool.rows(num_rows))
 

@@ -101,7 +101,8 @@ class RadixCache:
     def __init__(self, block_size: int, blocks: BlockPool, slots: IdPool, interval: int = 256,
                  prompt_only: bool = False, host_slots: IdPool | None = None, eviction: str = "lru",
                  flops_per_token: float = 1.0, slot_bytes: int = 1, alpha: float = 1.0,
-                 write_policy: str = "write-back", host_blocks: BlockPool | None = None):
+                 write_policy: str = "write-back", host_blocks: BlockPool | None = None,
+                 flops_per_pair: float = 0.0):
         if block_size < 1 or interval < 1:
             raise ValueError("block_size and interval must be >= 1")
         if eviction not in EVICTIONS:
@@ -109,8 +110,10 @@ class RadixCache:
         if write_policy not in HOST_WRITE_POLICIES:
             raise ValueError(f"write_policy must be one of {'|'.join(HOST_WRITE_POLICIES)}, got {write_policy!r}")
         self.host_slots, self.eviction, self.write_policy = host_slots, eviction, write_policy
-        # the cost rule's value of a checkpoint at position p: p * flops_per_token / slot_bytes
-        self.flops_per_token, self.slot_bytes, self.alpha = flops_per_token, slot_bytes, alpha
+        # the cost rule's value of a checkpoint at position p: the prefill it saves per byte,
+        # (p * flops_per_token + flops_per_pair * p (p + 1) / 2) / slot_bytes (model/prefill_flops.py)
+        self.flops_per_token, self.flops_per_pair = flops_per_token, flops_per_pair
+        self.slot_bytes, self.alpha = slot_bytes, alpha
         self._host_lru = LRUList("hs_prev", "hs_next")
         # checkpoint copies the runner owes, in order: ("demote", device slot, host slot) or
         # ("promote", host slot, device slot); the manager hands them to the next step
@@ -258,8 +261,11 @@ class RadixCache:
         return next((n for n in self._host_lru if n.ckpt_lock == 0), None)
 
     def value(self, node: Node) -> float:
-        """Prefill FLOPs a hit on this checkpoint saves, per byte it occupies."""
-        return node.end * self.flops_per_token / self.slot_bytes
+        """Prefill FLOPs a hit on this checkpoint saves, per byte it occupies (a checkpoint's eviction frees its
+        slot only: the KV on its path is evicted on its own). The attention term makes it grow faster than the
+        prefix: with it the rule is more than recency and length."""
+        p = node.end
+        return (p * self.flops_per_token + self.flops_per_pair * p * (p + 1) / 2) / self.slot_bytes
 
     def _cost_victim(self, candidates: list[Node], stamp: str) -> Node | None:
         """Marconi's rule: the smallest recency + alpha * efficiency, both min-max normalised over the

@@ -49,7 +49,8 @@ class Engine:
         self.scheduler = Scheduler(cfg, runner.pool.num_slots, runner.num_rows, runner.replay_window,
                                    host_slots=getattr(runner, "num_host_slots", 0),
                                    slot_bytes=getattr(runner, "slot_bytes", 1),
-                                   flops_per_token=getattr(runner, "flops_per_token", 1.0))
+                                   flops_per_token=getattr(runner, "flops_per_token", 1.0),
+                                   flops_per_pair=getattr(runner, "flops_per_pair", 0.0))
         self.telemetry = Telemetry()
         self.slow_steps = SlowStepLog(threshold(cfg.slow_step_s))
         # the compile watch's count at the end of warm-up (None: not watched: no warm-up yet, or a CPU engine)

@@ -30,6 +30,7 @@ from trtllm_dasc.checkpoint_files import dummy_marker
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.model import ForwardOutput, HybridModel, SeqInput
 from trtllm_dasc.model.footprint import tensor_bytes
+from trtllm_dasc.model.prefill_flops import prefill_flops
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.spec import PLAN_TO_ENGINE, plan_fields
 from trtllm_dasc.state import StateLayout
@@ -84,8 +85,9 @@ class ModelRunner:
         self.slot_bytes = self.plan.bottleneck_slot_bytes()
         self.num_host_slots = host_slots_for(cfg.host_cache_bytes, self.slot_bytes)
         self.host_tier = HostTier(self.pool, self.num_host_slots, cfg.device) if self.num_host_slots else None
-        # cost-aware eviction's FLOPs a cached token saves: 2 per weight (the whole model: every rank's share)
-        self.flops_per_token = 2.0 * _numel([self.model.w, self.model.layers]) * cfg.tp_size
+        # cost-aware eviction's value of a checkpoint: the prefill FLOPs a hit saves (model/prefill_flops.py)
+        flops = prefill_flops(self.model, cfg.tp_size)
+        self.flops_per_token, self.flops_per_pair = flops.per_token, flops.per_pair
         # the storage all-to-all's report (exchange_report): a balanced pool of one codec has it; a mixed
         # precision pool's segments do not report yet
         self._exchanges = exchanges(self.plan) and hasattr(self.pool, "exchange_report")

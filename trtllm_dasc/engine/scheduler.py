@@ -27,14 +27,15 @@ from trtllm_dasc.errors import UserError
 class Scheduler:
     def __init__(self, cfg: EngineConfig, num_slots: int, num_rows: int, replay_window: int,
                  manager: CacheManager | None = None, host_slots: int = 0, slot_bytes: int = 1,
-                 flops_per_token: float = 1.0):
+                 flops_per_token: float = 1.0, flops_per_pair: float = 0.0):
         """``manager``: the cache to schedule on (default: a fresh one of ``cfg``'s sizes, with ``host_slots``
-        host-tier checkpoint slots of ``slot_bytes`` each; flops_per_token feeds cost-aware eviction)."""
+        host-tier checkpoint slots of ``slot_bytes`` each; flops_per_token / flops_per_pair feed cost-aware
+        eviction: model/prefill_flops.py)."""
         self.cfg, self.replay_window = cfg, replay_window
         self.manager = manager if manager is not None else CacheManager.create(
             cfg.block_size, cfg.num_kv_blocks, num_slots, num_rows, interval=cfg.interval,
             prompt_only=cfg.prompt_only, host_slots=host_slots, eviction=getattr(cfg, "eviction", "lru"),
-            flops_per_token=flops_per_token, slot_bytes=slot_bytes,
+            flops_per_token=flops_per_token, flops_per_pair=flops_per_pair, slot_bytes=slot_bytes,
             write_policy=getattr(cfg, "host_write_policy", "write-back"),
             host_kv_blocks=getattr(cfg, "host_kv_blocks", 0))
         self.waiting: deque[Sequence] = deque()
