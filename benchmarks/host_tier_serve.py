@@ -6,7 +6,9 @@ Engine, timed like the gRPC clients: TTFT from submit to the first token), Kimi-
           full-dataset phase (``--prompts`` prompts in one block), flush -> fill -> shuffled replay, one
           output token, prompt-end checkpoints. Arms at one GPU checkpoint budget (``--dense-slots`` dense
           checkpoints): dense, dasc-nr W=16, + INT8, each without and with a host tier of ``--host-factor``
-          x that budget (LRU, write-back), and dasc-nr W=16 + host with cost-aware eviction. Per arm and
+          x that budget (LRU, write-back), and dasc-nr W=16 with cost-aware eviction, GPU-only and + host
+          (the simulation, host_tier_sim.json, saw the two rules differ GPU-only, where slots are scarce),
+          and + host write-through (copied at store time: no copy on an eviction). Per arm and
           phase: token hit rate (Eq. 9), mean / p50 / p90 TTFT, input throughput, promotions and demotions.
   copies  on the nr16+host arm's engine: (a) bandwidth device <-> pinned host of one large copy and of the
           tier's own per-slot copies; (b) one promotion (host -> device, one checkpoint) against the
@@ -40,6 +42,8 @@ ROOT = os.path.dirname(HERE)
 # name -> engine overrides (the host tier's size is --host-factor x the GPU budget)
 ARMS = {"nr16": dict(wmax=16), "nr16+host": dict(wmax=16, host=True), "dense": dict(wmax=0),
         "dense+host": dict(wmax=0, host=True), "nr16+host+cost": dict(wmax=16, host=True, eviction="cost"),
+        "nr16+cost": dict(wmax=16, eviction="cost"),
+        "nr16+host+wt": dict(wmax=16, host=True, host_write_policy="write-through"),
         "nr16+int8": dict(wmax=16, codec="int8"), "nr16+int8+host": dict(wmax=16, codec="int8", host=True)}
 RESUMABLE = ("arms", "parts", "commit", "out")
 TARGET_HIT_RATIO = 2.0

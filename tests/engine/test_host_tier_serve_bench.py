@@ -60,3 +60,17 @@ def test_smoke_measures_the_copies(result):
     assert v["ttft_target_met"] == (full["nr16+host"]["ttft_ms_mean"] < full["nr16"]["ttft_ms_mean"])
     assert v["hit_rate_target_met"] == (full["nr16+host"]["hit_rate"] >= 2 * full["nr16"]["hit_rate"] > 0
                                         or full["nr16"]["hit_rate"] == 0 < full["nr16+host"]["hit_rate"])
+
+
+def test_every_arm_is_an_engine_config_of_what_its_name_says():
+    # each arm's engine is configured before its (GPU) run: a misspelt field or value would only fail there
+    from types import SimpleNamespace
+    args = SimpleNamespace(model="m", device="cpu", dtype="float32", host_factor=8, max_batch=4, max_num_tokens=None)
+    for arm in bench.ARMS:
+        cfg = bench.engine_config(args, arm, budget=1000, kv_blocks=64, max_context=256)
+        parts = arm.split("+")
+        assert cfg.wmax == (0 if parts[0] == "dense" else 16), arm
+        assert (cfg.host_cache_bytes == 8000) == ("host" in parts), arm
+        assert cfg.eviction == ("cost" if "cost" in parts else "lru"), arm
+        assert cfg.host_write_policy == ("write-through" if "wt" in parts else "write-back"), arm
+        assert cfg.codec == ("int8" if "int8" in parts else "native"), arm
