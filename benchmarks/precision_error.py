@@ -16,6 +16,7 @@ horizon (each band its own codec, --precision). The error of one band leaks into
 delta rule and the next layers' inputs, so a band's error after T mixes its own decay and that leakage.
 
     python -m benchmarks precision_error --smoke                  CPU, seconds: the tiny paper-profile model
+    python -m benchmarks precision_error --tiny-profile gdn      the same study on a tiny Qwen3-Next (paper profile)
     python -m benchmarks precision_error --model DIR --device cuda [--wmax 16] [--prefix 4096] [--prefixes 4]
         [--precision horizon:1024,8192:int4,int8,native] [--out benchmarks/results/precision_error.json]
 DIR: a checkpoint, e.g. one written by benchmarks/shaped_model.py (released shapes, paper decay profile).
@@ -119,6 +120,10 @@ def run_prefix(model, plan, horizons, ids: list[int], cont: list[int], points: l
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "trtllm_dasc", "assets", "tiny-kimi-linear"))
+    ap.add_argument("--tiny-profile", choices=["kda", "gdn"], default=None,
+                    help="instead of --model: a tiny random-weight model of this architecture whose decays follow "
+                         "the paper's profile (plan/synthetic.write_tiny_model, seed 0), made in a temporary "
+                         "directory (gdn: the Qwen3-Next profile, which no committed model carries)")
     ap.add_argument("--wmax", type=int, default=16)
     ap.add_argument("--precision", default="horizon:1024,8192:int4,int8,native")
     ap.add_argument("--prefix", type=int, default=4096)
@@ -139,6 +144,12 @@ def main(argv=None) -> int:
         args.prefix, args.prefixes = 48, 1
         args.tokens = args.tokens or [0, args.wmax, 4 * args.wmax]
     points = sorted(set(args.tokens or [0, args.wmax, 4 * args.wmax, 1024, 4096]))
+    if args.tiny_profile:
+        import tempfile
+
+        from trtllm_dasc.plan.synthetic import write_tiny_model
+        args.model = write_tiny_model(os.path.join(tempfile.mkdtemp(prefix="precision-error-"), args.tiny_profile),
+                                      args.tiny_profile, seed=0)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     model = HybridModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
     vocab = HybridConfig.from_path(args.model).schema.network.vocab_size
@@ -157,7 +168,9 @@ def main(argv=None) -> int:
         ids = rng.integers(3, vocab, args.prefix).tolist()
         cont = rng.integers(3, vocab, max(points)).tolist()
         runs.append(run_prefix(model, plan, horizons, ids, cont, points, args.device))
-    result = {"model": args.model, "wmax": args.wmax, "precision": plan.options.precision, "prefix": args.prefix,
+    model_name = (f"tiny {args.tiny_profile}, the paper's decay profile (write_tiny_model, seed 0)"
+                  if args.tiny_profile else args.model)
+    result = {"model": model_name, "wmax": args.wmax, "precision": plan.options.precision, "prefix": args.prefix,
               "prefixes": args.prefixes, "tokens_after_load": points, "eps": EPS, "dtype": args.dtype, "bands": []}
     for b, ((lo, hi), codec) in enumerate(zip(ranges, bands.codecs)):
         units = sum(x == b for bb in plan.retained_bands for x in bb)
