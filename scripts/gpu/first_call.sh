@@ -8,6 +8,8 @@
 mkdir -p /tmp/stage && cp .whl_a/* /tmp/stage/ 2>/dev/null
 SHAPED_MODEL=0
 source scripts/gpu/prelude.sh
+# whether flashinfer's JIT could build its fused MoE here (docs/performance.md: why no flashinfer arm)
+echo "nvcc: $(command -v nvcc || echo none); CUDA dirs: $(ls -d /usr/local/cuda* 2>/dev/null | tr '\n' ' ')"
 # the late-compile test first: a cold kernel cache is what it needs, and what tells why a lone request stalled
 FILES=${TEST_FILES:-"tests/engine/test_late_compiles_gpu.py tests/model/test_decode_graphs.py tests/model/test_model_recurrence.py"}
 for f in $FILES; do
