@@ -44,19 +44,31 @@ check_serve || exit 3
 # the settings that make a different manifest are in the name: the block subset, the checkpoints, the headroom
 # the commit too: the merge refuses cells of mixed commits. Tracked (benchmarks/cells/): the tree carries them
 # to every call and a later session resumes them (ignored files do not outlive a session's checkout)
-CELLS=${CELLS:-benchmarks/cells/mh_kimi48_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
+# MODEL=kimi48 (default: Kimi-Linear-48B-A3B, one H200) or qwen80 (Qwen3-Next-80B-A3B at TP2: kind
+# nvidia-h200-x2, the run's placement off and the other two placements at W=16 as arms of their own;
+# its 21.27 GiB headroom is Kimi's TP1 measurement, not yet checked at TP2)
+MODEL=${MODEL:-kimi48}
+ARMS=dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8
+case "$MODEL" in
+  kimi48) CONFIG=tests/data/kimi-linear-48b-a3b.config.json; TP=${TP:-1}; TAG=kimi48 ;;
+  qwen80) CONFIG=tests/data/qwen3-next-80b-a3b.config.json; TP=${TP:-2}; TAG=qwen80_tp${TP}
+          ARMS=$ARMS,nr16:storage,nr16:hybrid ;;
+  *) echo "MODEL must be kimi48 or qwen80, got $MODEL"; exit 2 ;;
+esac
+[ "$GPUS" -ge "$TP" ] || { echo "TP $TP needs $TP GPUs, this machine has $GPUS (qwen80: kind nvidia-h200-x2)"; exit 5; }
+CELLS=${CELLS:-benchmarks/cells/mh_${TAG}_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
 cells_work "$CELLS"            # sets WORK (prelude.sh)
 touch /tmp/matched_cells.marker
 # what is left of the call after the prelude, less the time to stop the last server and pack the results
 DEADLINE=$((CALL_LIMIT - ${MARGIN:-60} - SECONDS))
 echo "matched_cells: deadline ${DEADLINE} s for dense + ${CALL_ARMS:-nr16}, cells in $CELLS"
 timeout $((DEADLINE + 40)) python3 -m clients.matched_hbm --paper \
-  --model tests/data/kimi-linear-48b-a3b.config.json --load-format dummy --seed 0 \
-  --arms dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8 --call-arms "${CALL_ARMS:-nr16}" \
+  --model "$CONFIG" --load-format dummy --seed 0 --tp "$TP" \
+  --arms "$ARMS" --call-arms "${CALL_ARMS:-nr16}" \
   --device cuda --dtype bfloat16 --max-batch-size 96 --memory-limit-bytes device \
   ${BLOCKS:+--blocks-per-phase "$BLOCKS"} ${HEADROOM:+--memory-headroom-gib "$HEADROOM"} \
   $([ "${BRANCH:-0}" = 1 ] && echo --branch-checkpoints) --cells-dir "$WORK" --call-deadline-s "$DEADLINE" \
-  --out /tmp/matched_cells --kernel-cache "$CACHE" --json "$OUT/matched_hbm_kimi48_full.json" --plot none \
+  --out /tmp/matched_cells --kernel-cache "$CACHE" --json "$OUT/matched_hbm_${TAG}_full.json" --plot none \
   ${COMMIT:+--commit "$COMMIT"} "$@"
 rc=$?
 return_cells matched /tmp/matched_cells/servers /tmp/matched_cells.marker
