@@ -90,7 +90,8 @@ def add_arguments(p) -> None:
                    "as many as its chunks meet); a chunk past it stops before the capture, the next step takes it. "
                    "Bounds the step's tensors in the memory check")
     g.add_argument("--tensorrt", action="store_true", help="also build the checkpoint codec (store, load, "
-                   "wr merge) as TensorRT engines into tensorrt/ (needs tensorrt or tensorrt-rtx)")
+                   "wr merge) as TensorRT engines into tensorrt/ (needs tensorrt or tensorrt-rtx; --codec native|int8, "
+                   "--precision uniform and --conv-codec native only)")
     g = p.add_argument_group("serving")
     g.add_argument("--no-decoupled", action="store_true",
                    help="one response per request (for clients using plain infer; no streaming)")
@@ -231,7 +232,9 @@ def build(args) -> str:
     check_args(args)
     opts = engine_options(args)
     if getattr(args, "tensorrt", False):
-        from plugins.engines import check_available
+        from plugins.engines import check_available, check_supported
+        # what the codec graphs implement first: a refusal that holds whether or not TensorRT is installed
+        check_supported(opts["codec"], opts["precision"], opts["conv_codec"])
         check_available()
     is_dummy = dummy(args)
     # config.json is parsed here, once: the planner, the copy check and the engine's records use this
@@ -307,7 +310,8 @@ def build(args) -> str:
         add_parameters(fill_model("tensorrt_llm", repo, values), {
             "load_format": "dummy" if is_dummy else "safetensors",
             "weights": f"{DUMMY_NOTE}; seed {args.seed}" if is_dummy else "checkpoint weights (safetensors)",
-            "dasc_policy": cache_policy(args.wmax, args.policy, args.codec)})
+            "dasc_policy": cache_policy(opts["wmax"], opts["policy"], opts["codec"], opts["precision"],
+                                        opts["conv_codec"])})
         if args.no_decoupled:
             # plain infer (one response per request) with in-flight batching: the engine loads once as
             # the decoupled tensorrt_llm_engine; tensorrt_llm and dasc_hybrid are non-decoupled forwarders

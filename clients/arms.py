@@ -11,7 +11,6 @@ import sys
 from trtllm_dasc.engine.arms import ArmSpec as Arm
 from trtllm_dasc.engine.arms import parse_arms as _parse_arms
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import build_placement
 
 
 def parse_arms(text: str) -> list[Arm]:
@@ -33,12 +32,10 @@ def capacity(model: str, arm: Arm, budget: int, dtype: str, tp: int = 1, placeme
     the most loaded rank (``budget`` is per rank, Eq. 8). ``placement``: the run's, unless the arm names one;
     ``dummy_seed``: dummy weights of this seed (dasc-build --load-format dummy plans their decay profile)."""
     from trtllm_dasc.plan import PlanOptions, plan_from_path
-    fields = arm.engine_fields()
-    placement = arm.placement or placement
-    plan, _ = plan_from_path(model, PlanOptions(wmax=arm.wmax, tp=tp, placement=build_placement(placement, tp),
-                                                codec=arm.codec, selection=fields["selection"],
-                                                mask_seed=fields["mask_seed"]), conv_dtype=dtype,
-                                 dummy_seed=dummy_seed)
+    # every plan field the arm's dasc-build gets (precision and conv codec included): the runner checks the
+    # engine's slots against these, and a horizon arm planned as plain nr<W> failed that check
+    plan, _ = plan_from_path(model, PlanOptions(**arm.plan_fields(tp, placement)), conv_dtype=dtype,
+                             dummy_seed=dummy_seed)
     r = plan.report(budget)
     return {"slots": r["slots"], "dense_slots": r["dense_slots"], "checkpoint_bytes": r["bottleneck_slot_bytes"],
             "compression_ckpt": r["compression_ckpt"]}

@@ -110,9 +110,7 @@ def size_kv(wargs, model_cfg, specs: list[str], budget: int, *, limit, device: s
     fixed = per_block = 0
     seen = set()
     for spec in specs:
-        f = armlib.parse_arms(spec)[0].engine_fields()
-        plan, _ = plan_from_path(wargs.model, PlanOptions(wmax=f["wmax"], tp=1, codec=f["codec"], placement="off",
-                                                          selection=f["selection"], mask_seed=f["mask_seed"]),
+        plan, _ = plan_from_path(wargs.model, PlanOptions(**armlib.parse_arms(spec)[0].plan_fields()),
                                  conv_dtype=dtype, dummy_seed=wargs.weights_seed)
         if repr(plan.bundle_order) in seen:
             continue

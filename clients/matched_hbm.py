@@ -47,7 +47,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", default=None, help="result JSON path (default OUT/matched_hbm.json)")
     p.add_argument("--plot", default=None, help="plot path (default OUT/matched_hbm.png); 'none' for no plot")
     p.add_argument("--arms", default="dense,nr16,nr16+int8", help="comma list: dense, nr<W>, wr<W>, wr-warm<W>, "
-                   "rand<W>@<seed>, each optionally +int8 (default dense,nr16,nr16+int8)")
+                   "rand<W>@<seed>, each optionally +int8 / +fp8 / +int4 / +horizon[@seed] (default dense,nr16,nr16+int8)")
     p.add_argument("--paper", action="store_true", help="the paper's App. C.2 protocol: 127 dense slots, six "
                    "phases (dense, nr16, nr64, nr128, nr512 boundaries + the full dataset), dense phase x6, concurrency "
                    "96, chunked prefill 8192, HTTP SSE, checkpoints at prompt ends only (each can still be set; "
@@ -335,11 +335,7 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
     # every arm's engine holds the same weights, rows and pool; its plan's bundle order can change how the
     # weights are cut at TP > 1, so the largest count of the arms' distinct orders
     for a in arms:
-        f = a.engine_fields()
-        plan, _ = plan_from_path(args.model, PlanOptions(wmax=a.wmax, tp=args.tp, codec=a.codec,
-                                                         placement=build_placement(a.placement or args.placement,
-                                                                                   args.tp),
-                                                         selection=f["selection"], mask_seed=f["mask_seed"]),
+        plan, _ = plan_from_path(args.model, PlanOptions(**a.plan_fields(args.tp, args.placement)),
                                  conv_dtype=args.dtype, dummy_seed=args.weights_seed)
         order = repr(plan.bundle_order)
         if order in seen:
@@ -389,7 +385,8 @@ def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, de
         model_sha = hashlib.sha256(f.read()).hexdigest()[:16]
     placement = args.placement if args.tp > 1 else "off"
     keys = [{"key": a.spec, "spec": a.spec, "label": a.label, "target": "triton", "wmax": a.wmax, "policy": a.policy,
-             "codec": a.codec, "placement": a.placement or placement, **caps[a.spec]} for a in arms]
+             "codec": a.codec, "placement": a.placement or placement, **stored_precision(a), **caps[a.spec]}
+            for a in arms]
     if args.inprocess:
         a = next(x for x in arms if x.spec == args.inprocess)
         keys.append({**next(k for k in keys if k["spec"] == a.spec), "key": f"{a.spec}@in-process",
@@ -418,6 +415,19 @@ def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, de
                    "target_fill": proto.target_fill, "dense_repeats": proto.dense_repeats,
                    "full_phase": proto.full_phase, "transport": args.transport, **weights_record(args),
                    **({"kv_cache": args.kv_plan} if getattr(args, "kv_plan", None) else {})}}
+
+
+def stored_precision(arm) -> dict:
+    """The arm's precision (normalised: its bands spelled out) and conv codec where they are not the defaults
+    (uniform, native): an arm without them keeps the manifest of earlier calls, whose cells then still resume."""
+    from trtllm_dasc.plan.precision import parse_precision
+    from trtllm_dasc.spec import DEFAULT_CONV_CODEC, DEFAULT_PRECISION
+    out = {}
+    if arm.precision != DEFAULT_PRECISION:
+        out["precision"] = parse_precision(arm.precision, arm.wmax).spec()
+    if arm.conv_codec != DEFAULT_CONV_CODEC:
+        out["conv_codec"] = arm.conv_codec
+    return out
 
 
 class _Context:

@@ -29,6 +29,11 @@ from trtllm_dasc.state.layout import StateLayout
 # paper Eq. 10, as state/naive.py
 SCALE_FLOOR = 1e-8
 QMAX = 127
+# what these graphs implement: the temporal payload in its own dtype or int8 (one codec for every unit: no
+# horizon-precision segments) and the conv state in its own dtype. Any other codec would be written as raw
+# floats under its name, so dasc-build --tensorrt refuses it (engines.check_supported) and so does _check.
+CODECS = ("native", "int8")
+CONV_CODECS = ("native",)
 
 _TORCH_DTYPE = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16"}
 
@@ -78,6 +83,9 @@ def _dims(max_batch: int, max_rows: int, max_scratch_rows: int | None = None) ->
 def _check(layout: StateLayout, max_batch: int, max_rows: int) -> None:
     if max_batch < 1 or max_rows < max_batch:
         raise ValueError(f"need 1 <= max_batch ({max_batch}) <= max_rows ({max_rows})")
+    if layout.codec not in CODECS or layout.conv_codec not in CONV_CODECS:
+        raise ValueError(f"the codec graphs implement temporal codecs {'|'.join(CODECS)} and conv codec "
+                         f"{'|'.join(CONV_CODECS)}, not {layout.codec} / conv {layout.conv_codec}")
 
 
 def store_graph(layout: StateLayout, max_batch: int, max_rows: int, conv_active_dtype: str | None = None) -> Graph:

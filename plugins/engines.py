@@ -30,6 +30,20 @@ def check_available() -> str:
         raise UserError(f"--tensorrt: {e}") from None
 
 
+def check_supported(codec: str, precision: str, conv_codec: str) -> None:
+    """One line refusing what the codec graphs do not implement (plugins/codec.py: CODECS, one codec for every
+    unit, CONV_CODECS), before TensorRT is looked for: a graph built for another codec would store raw floats."""
+    from plugins.codec import CODECS, CONV_CODECS
+    from trtllm_dasc.spec import DEFAULT_PRECISION
+    bad = ([f"--codec {codec}"] if codec not in CODECS else []) + \
+          ([f"--precision {precision}"] if precision != DEFAULT_PRECISION else []) + \
+          ([f"--conv-codec {conv_codec}"] if conv_codec not in CONV_CODECS else [])
+    if bad:
+        raise UserError(f"--tensorrt builds codec engines for --codec {'|'.join(CODECS)}, --precision "
+                        f"{DEFAULT_PRECISION} and --conv-codec {'|'.join(CONV_CODECS)} only, not {', '.join(bad)}: "
+                        "leave out --tensorrt (the PyTorch engine runs every codec)")
+
+
 def rank_layouts(plan) -> list:
     """Each rank's StateLayout; a placement that moves units between ranks has no per-rank codec engine
     (its pool is the all-to-all of parallel/storage.py)."""

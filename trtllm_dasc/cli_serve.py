@@ -104,8 +104,9 @@ def run(args) -> int:
     found = read_engine_dir(engine_dir)
     cfg = EngineConfig(**found.engine)
     tp = cfg.tp_size
-    # dasc's prefix cache is lossy unless W_max 0 with the native codec: say so before anything is served
-    print(f"[dasc serve] prefix cache: {cache_policy(cfg.wmax, cfg.policy, cfg.codec)}", file=sys.stderr, flush=True)
+    # dasc's prefix cache is lossy unless W_max 0 with every codec native: say so before anything is served
+    print(f"[dasc serve] prefix cache: {cache_policy(cfg.wmax, cfg.policy, cfg.codec, cfg.precision, cfg.conv_codec)}",
+          file=sys.stderr, flush=True)
     notice = dummy_notice(found)
     if notice:
         print(f"[dasc serve] {notice}", file=sys.stderr, flush=True)

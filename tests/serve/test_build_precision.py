@@ -79,3 +79,41 @@ def test_conv8_engine_records_its_conv_codec_and_refuses_a_native_conv_plan(ckpt
         engine_plan(EngineConfig(**dict(opts, conv_codec="native")))
     proc = dasc_build("--model", ckpt, "--output", tmp_path / "bad", "--device", "cpu", "--conv-codec", "int4")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("fields,exact", [
+    ((0, "nr", "native"), True), ((0, "nr", "native", "uniform", "native"), True),
+    # bands that are all native store every unit exactly
+    ((0, "nr", "native", "horizon:64,512:native,native,native"), True),
+    ((16, "nr", "native"), False), ((0, "nr", "int8"), False),
+    ((0, "nr", "native", "horizon:1024,8192:int4,int8,native"), False),
+    ((0, "nr", "native", "uniform", "int8"), False),
+], ids=["defaults", "explicit", "native-bands", "wmax", "codec", "horizon", "conv8"])
+def test_cache_policy_is_exact_only_when_every_unit_is_stored_exactly(fields, exact):
+    from trtllm_dasc.serve.repository import cache_policy
+    said = cache_policy(*fields)
+    assert said.endswith("cached prefixes are exact") == exact, said
+    assert ("cached prefixes are approximate" in said) != exact, said
+    if not exact:
+        # the way back to an exact cache names each flag that made this one lossy
+        hint = said.rsplit("; ", 1)[1]
+        assert ("--precision uniform" in hint) == (len(fields) > 3 and fields[3] != "uniform")
+        assert ("--conv-codec native" in hint) == (len(fields) > 4)
+
+
+def test_cache_policy_wording_of_the_paper_arms_is_unchanged():
+    from trtllm_dasc.serve.repository import cache_policy
+    assert cache_policy(0, "nr", "native") == "dasc-nr W_max=0: cached prefixes are exact"
+    assert cache_policy(16, "wr", "int8") == ("dasc-wr W_max=16 int8: cached prefixes are approximate (a greedy "
+                                             "output may change once its prefix is cached); --wmax 0 --codec native "
+                                             "for an exact cache")
+
+
+@pytest.mark.parametrize("flags,exact", [(["--precision", "horizon:64,512"], False), (["--conv-codec", "int8"], False),
+                                         ([], True)], ids=["horizon", "conv8", "dense"])
+def test_a_quantised_dense_engine_says_its_cache_is_approximate(ckpt, tmp_path, flags, exact):
+    out = build_engine(ckpt, tmp_path / "e", "--wmax", "0", *flags)
+    pbtxt = (out / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    policy = pbtxt[pbtxt.index('key: "dasc_policy"'):].split("string_value:", 1)[1].split("\n", 1)[0]
+    assert ("cached prefixes are exact" in policy) == exact, policy
+    assert ("cached prefixes are approximate" in policy) != exact, policy

@@ -9,7 +9,8 @@
     ...+horizon@<seed>     its count-matched control: the same codecs per layer on random kept units
     ...:<placement>        at TP, this arm's placement of the units (off, storage, hybrid) instead of the run's
                            own: `nr16:storage,nr16:hybrid` compares placements in one run
-An arm is the EngineConfig / dasc-build fields that differ between arms; everything else is shared.
+An arm is the EngineConfig / dasc-build fields that differ between arms; everything else is shared. Its conv
+codec has no spec syntax (the protocols compare temporal codecs): an ArmSpec made in code may set one.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import re
 from dataclasses import dataclass
 
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import CODECS, DEFAULT_CODEC, DEFAULT_POLICY, DEFAULT_PRECISION, PLACEMENTS, POLICIES
+from trtllm_dasc.spec import (CODECS, DEFAULT_CODEC, DEFAULT_CONV_CODEC, DEFAULT_LAYOUT, DEFAULT_POLICY,
+                              DEFAULT_PRECISION, PLACEMENTS, POLICIES, build_placement)
 
 
 def _either(names) -> str:
@@ -40,6 +42,7 @@ class ArmSpec:
     mask_seed: int | None = None          # set: the random selection with this seed
     placement: str | None = None          # set: this arm's TP placement (None: the run's)
     precision: str = DEFAULT_PRECISION    # or "horizon" / "horizon@<seed>" (--precision)
+    conv_codec: str = DEFAULT_CONV_CODEC  # --conv-codec (no spec syntax: set in code)
 
     @property
     def precision_kind(self) -> str | None:
@@ -61,6 +64,7 @@ class ArmSpec:
         if self.precision_kind is not None:
             name += " + horizon" + (f" bands shuffled {self.precision.partition('@')[2]}"
                                     if self.precision_kind == "shuffled" else "")
+        name += f" + conv {self.conv_codec.upper()}" if self.conv_codec != DEFAULT_CONV_CODEC else ""
         return name + (f" [{self.placement}]" if self.placement else "")
 
     def engine_fields(self) -> dict:
@@ -69,9 +73,21 @@ class ArmSpec:
                   "selection": "random" if self.mask_seed is not None else "decay", "mask_seed": self.mask_seed}
         if self.precision != DEFAULT_PRECISION:
             fields["precision"] = self.precision
+        if self.conv_codec != DEFAULT_CONV_CODEC:
+            fields["conv_codec"] = self.conv_codec
         if self.placement is not None:
             fields["placement"] = self.placement
         return fields
+
+    def plan_fields(self, tp: int = 1, placement: str = "off") -> dict:
+        """The PlanOptions fields dasc-build plans for this arm given after the run's --tp and --placement
+        (``placement``: the run's, used when the arm names none): what a client's capacity and KV sizing must
+        plan, or the slots it expects are another arm's (tests/clients/test_arm_capacity.py checks each field
+        against dasc-build's own)."""
+        f = self.engine_fields()
+        return {"wmax": self.wmax, "tp": tp, "placement": build_placement(self.placement or placement, tp),
+                "codec": self.codec, "layout": DEFAULT_LAYOUT, "selection": f["selection"],
+                "mask_seed": f["mask_seed"], "precision": self.precision, "conv_codec": self.conv_codec}
 
     def build_flags(self) -> list[str]:
         """The dasc-build flags of this arm (given after the run's shared ones, so its placement wins)."""
@@ -80,6 +96,8 @@ class ArmSpec:
             flags += ["--selection", "random", "--mask-seed", str(self.mask_seed)]
         if self.precision != DEFAULT_PRECISION:
             flags += ["--precision", self.precision]
+        if self.conv_codec != DEFAULT_CONV_CODEC:
+            flags += ["--conv-codec", self.conv_codec]
         if self.placement is not None:
             flags += ["--placement", self.placement]
         return flags

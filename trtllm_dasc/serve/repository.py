@@ -12,7 +12,7 @@ import shutil
 import string
 
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import DEFAULT_CODEC
+from trtllm_dasc.spec import DEFAULT_CODEC, DEFAULT_CONV_CODEC, DEFAULT_PRECISION
 
 # the served model (TensorRT-LLM's name); with --no-decoupled it is a plain forwarder and the engine runs in
 # ENGINE_MODEL (decoupled), which is then what a streaming client inside the server has to call
@@ -115,10 +115,39 @@ def rename_model(out_repo: str, name: str, new: str) -> str:
     return dst
 
 
-def cache_policy(wmax: int, policy: str, codec: str) -> str:
-    """One line saying how a cached prefix is restored: exact, or approximate (dasc's lossy compression)."""
-    name = f"dasc-{policy} W_max={wmax}" + (f" {codec}" if codec != DEFAULT_CODEC else "")
-    if wmax == 0 and codec == DEFAULT_CODEC:
+def lossy_parts(wmax: int, codec: str, precision: str = DEFAULT_PRECISION,
+                conv_codec: str = DEFAULT_CONV_CODEC) -> list[str]:
+    """What makes a restored prefix differ from the state it was stored from, each as the flag that sets it:
+    omitted units (W_max > 0: nr zero-fills them, wr replays a window), a lossy temporal codec, a horizon band in
+    a lossy codec (conservatively: a band the plan leaves empty still counts), a lossy conv codec. Empty: exact."""
+    from trtllm_dasc.plan.precision import parse_precision
+    parts = []
+    if wmax != 0:
+        parts.append(f"--wmax {wmax}")
+    if codec != DEFAULT_CODEC:
+        parts.append(f"--codec {codec}")
+    bands = parse_precision(precision)
+    if bands is not None and any(c != DEFAULT_CODEC for c in bands.codecs):
+        parts.append(f"--precision {precision}")
+    if conv_codec != DEFAULT_CONV_CODEC:
+        parts.append(f"--conv-codec {conv_codec}")
+    return parts
+
+
+def cache_policy(wmax: int, policy: str, codec: str, precision: str = DEFAULT_PRECISION,
+                 conv_codec: str = DEFAULT_CONV_CODEC) -> str:
+    """One line saying how a cached prefix is restored: exact only when every stored unit is stored exactly
+    (lossy_parts), else approximate (dasc's lossy compression)."""
+    name = (f"dasc-{policy} W_max={wmax}" + (f" {codec}" if codec != DEFAULT_CODEC else "")
+            + (f" precision {precision}" if precision != DEFAULT_PRECISION else "")
+            + (f" conv {conv_codec}" if conv_codec != DEFAULT_CONV_CODEC else ""))
+    lossy = lossy_parts(wmax, codec, precision, conv_codec)
+    if not lossy:
         return f"{name}: cached prefixes are exact"
+    exact = f"--wmax 0 --codec {DEFAULT_CODEC}"
+    if any(p.startswith("--precision") for p in lossy):
+        exact += f" --precision {DEFAULT_PRECISION}"
+    if any(p.startswith("--conv-codec") for p in lossy):
+        exact += f" --conv-codec {DEFAULT_CONV_CODEC}"
     return (f"{name}: cached prefixes are approximate (a greedy output may change once its prefix is cached); "
-            f"--wmax 0 --codec {DEFAULT_CODEC} for an exact cache")
+            f"{exact} for an exact cache")

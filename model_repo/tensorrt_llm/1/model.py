@@ -24,7 +24,7 @@ def _param(config: dict, key: str, default: str = "") -> str:
 def _policy(engine_dir: str) -> str:
     from trtllm_dasc.serve.repository import cache_policy
     cfg = engine_config(engine_dir)
-    return cache_policy(cfg.wmax, cfg.policy, cfg.codec)
+    return cache_policy(cfg.wmax, cfg.policy, cfg.codec, cfg.precision, cfg.conv_codec)
 
 
 class DecoupledSink:
