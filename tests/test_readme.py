@@ -16,3 +16,16 @@ def test_readme_is_short_and_starts_with_the_two_commands():
     assert commands == ["make run", "make test"]
     targets = re.findall(r"^([a-z]+):", (ROOT / "Makefile").read_text(), re.M)
     assert {"run", "test"} <= set(targets)
+
+
+def test_the_quality_section_is_short_and_its_numbers_come_from_the_quality_write_ups():
+    """The README's quality section summarises docs/quality.md and benchmarks/results/quality/README.md: at most
+    12 lines, pointing to the former, and every decimal figure in it stated in one of the two."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Quality under compression\n")[1].split("\n## ")[0].strip()
+    assert 0 < len(section.splitlines()) <= 12 and "docs/quality.md" in section
+    sources = (ROOT / "docs" / "quality.md").read_text() + (ROOT / "benchmarks" / "results" / "quality" /
+                                                             "README.md").read_text()
+    figures = re.findall(r"[+-]?\d+\.\d+", section)
+    assert "18.6" in figures and len(figures) >= 8
+    assert [f for f in figures if f not in sources] == []

@@ -12,7 +12,9 @@
 # the earlier one: python -m trtllm_dasc.evals.run --merge earlier.json new.json --out joined.json
 # PAPER=1: the paper's RULER protocol (evals.run --paper: 13 subtasks x 30 instances x 4k,8k, 3 replay rounds,
 # dense / nr / wr at 16-512, INT8 at 16, five random masks at every W; INSTANCES / LENGTHS / ARMS / TASKS still
-# override it), then the paper-style tables of both models in $OUT/quality_tables.md (evals.paper_tables).
+# override it), then the horizon validation of both models ($OUT/horizon_validation_{kda,gdn}.json, HV_LIMIT
+# seconds, 300) and the paper-style tables of both models with Table 1b in $OUT/quality_tables.md
+# (evals.paper_tables --horizons).
 # Writes $OUT/quality_{kda,gdn}.json and .png, $OUT/evals.log, $OUT/eval_kernels.tgz.part-* (compiled kernels).
 set -uo pipefail
 SHAPED_MODEL=0 source scripts/gpu/prelude.sh          # wheels, PYTHONPATH, both kernel caches in $CACHE
@@ -50,6 +52,22 @@ for arch in kda gdn; do
     --plot "$OUT/quality_$arch.png" 2>&1 | tee -a "$OUT/evals.log"
 done
 if [ "${PAPER:-0}" = 1 ]; then
+  # Table 1b: the horizon validation of both models (evals.horizon_validation, the torch reference on the CPU,
+  # side by side, HV_LIMIT seconds each, half the cores each: not the shards' 2 threads), passed to paper_tables
+  # as --horizons (docs/quality.md's commands); a validation cut by the limit leaves its model's Table 1b out
+  for arch in kda gdn; do
+    OMP_NUM_THREADS=$(( ($(nproc) + 1) / 2 )) timeout "${HV_LIMIT:-300}" \
+      python3 -m trtllm_dasc.evals.horizon_validation --model $MODELS/$arch \
+      --out "$OUT/horizon_validation_$arch.json" ${COMMIT:+--commit "$COMMIT"} > /tmp/ev/hv_$arch.log 2>&1 &
+  done
+  wait
+  hv=()
+  for arch in kda gdn; do
+    sed "s/^/$arch hv /" /tmp/ev/hv_$arch.log >> "$OUT/evals.log"
+    [ -s "$OUT/horizon_validation_$arch.json" ] && hv+=("$arch=$OUT/horizon_validation_$arch.json")
+  done
+  horizons=$(IFS=,; echo "${hv[*]:-}")
   python3 -m trtllm_dasc.evals.paper_tables "$OUT/quality_kda.json" "$OUT/quality_gdn.json" \
-    --out "$OUT/quality_tables.md" --json "$OUT/quality_tables.json" 2>&1 | tee -a "$OUT/evals.log"
+    ${horizons:+--horizons "$horizons"} --out "$OUT/quality_tables.md" --json "$OUT/quality_tables.json" 2>&1 |
+    tee -a "$OUT/evals.log"
 fi

@@ -19,11 +19,16 @@ count-matched random masks (seeds 1234, 2027, 3407, 4519, 5683). `--arms precisi
 W = 16 and 64: dasc-nr, + INT8, + horizon (--precision horizon) and its control with the bands shuffled (the
 same five seeds). The JSON holds the command, the commit,
 every replay score (per instance), the misses, the accuracy table and the comparisons; it is rewritten
-after every arm, so a run cut by a time limit keeps what it finished.
+after every arm, so a run cut by a time limit keeps what it finished. It also records the whole run's arm list
+(`planned_arms`, before `--shard` takes its part): `--merge` expects exactly those arms from its parts (the union
+over the parts; for files written before the record, derived from each part's command) and lists the ones no part
+holds (`missing_arms`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -85,7 +90,7 @@ def _smoke_model(out: str) -> str:
     return path
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint directory (save_pretrained)")
     ap.add_argument("--out", required=True, help="result JSON")
@@ -107,11 +112,27 @@ def main(argv=None) -> int:
     ap.add_argument("--shard", default=None, help="I/N: run only every N-th arm of the list, from the I-th")
     ap.add_argument("--merge", nargs="+", default=None, metavar="PART",
                     help="join the result JSONs of shards (same model, tasks, lengths, instances) instead of running")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _parse(argv) -> argparse.Namespace:
+    """The arguments with the preset's settings (explicit flags win) and the defaults filled in."""
+    args = _parser().parse_args(argv)
     preset = PRESETS["smoke"] if args.smoke else PRESETS["paper"] if args.paper else {}
     for key, value in {**DEFAULTS, **preset}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    return args
+
+
+def arm_list(arms: str) -> list[str]:
+    """--arms as the list of arm specs of the whole run (before --shard takes its part)."""
+    return paper_arms() if arms == "paper" else precision_arms() if arms == "precision" else \
+        [a for a in arms.split(",") if a]
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
     if args.merge:
         return merge(args.merge, args.out, args.plot, args.resamples)
     try:
@@ -123,8 +144,7 @@ def main(argv=None) -> int:
             args.model = _smoke_model(args.out)
         if not args.model:
             raise ValueError("--model is required (or --merge, or --smoke)")
-        arms = (paper_arms() if args.arms == "paper" else precision_arms() if args.arms == "precision"
-                else [a for a in args.arms.split(",") if a])
+        arms = planned = arm_list(args.arms)
         if args.shard:
             i, n = (int(x) for x in args.shard.split("/"))
             if not 0 <= i < n:
@@ -148,7 +168,9 @@ def main(argv=None) -> int:
               "commit": args.commit or git_commit(), "model": os.path.abspath(args.model), "protocol":
               "strict warm/replay, prompt-end checkpoints, misses excluded (paper App. C.3)",
               "tasks": list(tasks), "lengths": list(lengths), "instances": args.instances, "rounds": args.rounds,
-              "preset": "paper" if args.paper else "smoke" if args.smoke else None, "arms": []}
+              "preset": "paper" if args.paper else "smoke" if args.smoke else None,
+              # the arms of the whole run, every shard's: what --merge expects the parts to hold together
+              "planned_arms": planned, "arms": []}
     t0 = time.time()
     if args.shard:
         result["shard"] = args.shard
@@ -192,10 +214,32 @@ def _write(path: str, result: dict) -> None:
 SHARED = ("model", "tasks", "lengths", "instances", "protocol", "rounds")
 
 
+def planned_arms(part: dict) -> list[str]:
+    """The arms of the run a result (or one entry of a merge's "parts") belongs to: as recorded ("planned_arms"),
+    else from the entries of its own parts (a merge), else from its command (the run's flags and preset: files
+    written before the record), else the arms it holds."""
+    if part.get("planned_arms"):
+        return list(part["planned_arms"])
+    if part.get("parts"):
+        out = []
+        for q in part["parts"]:
+            out += [a for a in planned_arms(q) if a not in out]
+        return out
+    words = str(part.get("command") or "").split()
+    if "trtllm_dasc.evals.run" in words and "--merge" not in words:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):      # a command we cannot parse: no usage text
+                return arm_list(_parse(words[words.index("trtllm_dasc.evals.run") + 1:]).arms)
+        except SystemExit:
+            pass
+    return [a if isinstance(a, str) else a["arm"] for a in part.get("arms", [])]
+
+
 def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
     """Join shards' result JSONs (arms run in parallel processes) into one, with the statistics over all.
     A part that cannot be read (a shard killed before its first arm finished) is skipped with a warning;
-    the paper arms that no part holds are listed in the result."""
+    the arms of the run (planned_arms: what the shards were run with) that no part holds are listed in the
+    result (missing_arms) and said."""
     try:
         loaded, read = [], []
         for p in parts:
@@ -223,9 +267,11 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
         print(f"evals.run: error: --merge: {e}", file=sys.stderr)
         return 2
-    # the arm set the parts were run for: the --paper protocol's, or the 37-arm sweep
-    expected = paper_protocol_arms() if first.get("preset") == "paper" else paper_arms()
-    expected += [a for a in precision_arms() if a not in expected]
+    # the arm set the parts were run for, recorded in each (or derived from its command): a complete
+    # --paper or --arms precision run is complete, whatever arms other presets would have had
+    expected = []
+    for r in loaded:
+        expected += [a for a in planned_arms(r) if a not in expected]
     order = {a: i for i, a in enumerate(expected)}
     arms.sort(key=lambda a: order.get(a["arm"], len(order)))
     result = {**{k: first.get(k) for k in SHARED}, "commit": first.get("commit"), "arch": first.get("arch"),
@@ -235,12 +281,12 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
               # added) contributes its own parts, so every entry is one process's command
               "parts": [q for r in loaded for q in (r.get("parts") or [
                   {"command": r.get("command"), "commit": r.get("commit"), "shard": r.get("shard"),
-                   "arms": [a["arm"] for a in r["arms"]]}])],
-              "arms": arms}
-    result["missing_paper_arms"] = [a for a in expected if a not in seen]
-    if result["missing_paper_arms"]:
-        print(f"evals.run: --merge: {len(result['missing_paper_arms'])} paper arms not in any part: "
-              f"{', '.join(result['missing_paper_arms'])}", file=sys.stderr)
+                   "planned_arms": planned_arms(r), "arms": [a["arm"] for a in r["arms"]]}])],
+              "planned_arms": expected, "arms": arms}
+    result["missing_arms"] = [a for a in expected if a not in seen]
+    if result["missing_arms"]:
+        print(f"evals.run: --merge: {len(result['missing_arms'])} of the run's {len(expected)} arms are in no part: "
+              f"{', '.join(result['missing_arms'])}", file=sys.stderr)
     _finish(result, out, plot, resamples)
     return 0
 
