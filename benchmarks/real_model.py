@@ -309,6 +309,16 @@ def decode_row(engine, torch, probe, b: int, args, weights: dict, per_seq: dict,
     steps = -(-b * args.context // (args.max_num_tokens - b)) + 2
     t = time_decode(engine, torch, b, args.context, args.warmup, args.reps, steps + args.warmup + args.reps + 2)
     distinct = probe.distinct()
+    if distinct is None and engine.runner.graphs is not None:
+        # the timed steps ran as CUDA graphs, whose replays call no Python forward the probe could see: one
+        # more batch of b decodes, eagerly (graphs set aside for it), gives the router's own choices
+        graphs, engine.runner.graphs = engine.runner.graphs, None
+        try:
+            probe.arm(b)
+            time_decode(engine, torch, b, args.context, 0, 1, steps + 3)
+            distinct = probe.distinct()
+        finally:
+            engine.runner.graphs = graphs
     spec = engine.runner.model.spec
     if distinct is None:
         # not seen (a decode graph ran the MoE layers): the expected count for uniform routing
