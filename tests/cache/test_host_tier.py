@@ -2,6 +2,7 @@
 import pytest
 
 from trtllm_dasc.cache import BlockPool, CacheManager, IdPool, RadixCache
+from trtllm_dasc.cache.manager import undefined
 
 
 def make(slots=2, host=2, eviction="lru", **kw):
@@ -187,3 +188,28 @@ def test_cost_eviction_weighs_the_attention_a_long_prefix_saves(per_pair):
         order += [e for e, n in nodes.items() if before[e] is not None and n.ckpt_slot is None]
     assert order == _marconi_order(ends, stamps, 7.0, per_pair)
     assert order == ([6, 10, 2] if per_pair else [10, 6, 2])
+
+
+def test_a_failed_demotion_fails_the_promotion_that_reads_it():
+    """One step promotes A (evicting B: its write-back to host slot 1) and then B from host slot 1. The
+    write-back fails: B's promotion read nothing, so B's lease is named and both of B's copies dropped; A's
+    promotion read an intact host copy and stays."""
+    m = make()
+    for p in (A, B, C):
+        run(m, p)                                 # A on the host (slot 0), B in device slot 2, C in slot 1
+    la, lb = m.admit(A + [5], 6), m.admit(B + [6], 6)
+    demotions, promotions = m.take_copies()
+    assert (demotions, promotions) == ([(2, 1)], [(0, 2), (1, 1)])
+    assert m.copies_failed(demotions, promotions, failed=[True, False, False], leases=[la, lb]) == {lb: 0}
+    a, b = node_at(m, A, 4), node_at(m, B, 4)
+    assert (a.ckpt_slot, a.host_slot) == (2, 0) and (b.ckpt_slot, b.host_slot) == (None, None)
+    m.release(la)
+    m.release(lb)
+    m.sanity_check([])
+
+
+def test_a_later_copy_into_a_failed_copys_destination_defines_it_again():
+    assert undefined([("demote", 1, 0), ("demote", 2, 0)], [True, False]) == {}
+    assert undefined([("demote", 1, 0), ("promote", 0, 3), ("demote", 4, 0)], [True, False, False], offset=5) == {
+        ("device", 3): 5}
+    assert undefined([("promote", 0, 3), ("promote", 1, 3)], [False, True]) == {("device", 3): 1}

@@ -132,3 +132,24 @@ def test_copies_are_counted_in_bytes_and_seconds(device):
     assert tier.slot_bytes == lay.slot_bytes()
     assert tier.copied == {"to_host": 2 * lay.slot_bytes(), "to_device": lay.slot_bytes()}
     assert tier.stream.seconds() > 0
+
+
+def test_a_copy_that_cannot_be_queued_is_its_own_and_a_cuda_error_is_the_steps(monkeypatch):
+    """A host slot past the tier (an IndexError when queued) fails that copy alone: the step's other copies
+    run and the tier says which one failed; a CUDA error (sticky: no device memory can be trusted after it)
+    is raised. The reference stream refuses when queued what its copy would refuse when run."""
+    _, pool, tier, temporal, conv = _setup("cpu")
+    _store(pool, tier, temporal, conv, [0, 1], [1, 2])
+    old = _load(pool, tier, temporal, conv, 2)
+    errors = tier.run([(1, 7)], [(0, 3)]) + tier.run([(2, 1)], [])
+    assert errors[0].startswith("IndexError") and errors[1:] == [None, None]
+    tier.run([], [(1, 4)])
+    assert all(torch.equal(a, b) for a, b in zip(_load(pool, tier, temporal, conv, 4), old))
+    with pytest.raises(RuntimeError, match="a copy of"):
+        tier.stream.copy(tier.host[0][0], tier.tensors[0][1:3])
+
+    def sticky(*args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(tier, "_copy", sticky)
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        tier.run([(1, 0)], [])

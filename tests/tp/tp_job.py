@@ -84,13 +84,32 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-batch", type=int, default=4)
     ap.add_argument("--kv-blocks", type=int, default=200)
     ap.add_argument("--host-kv-blocks", type=int, default=0)
+    ap.add_argument("--copy-fault-rank", type=int, default=-1,
+                    help="on this rank, the first checkpoint promotion raises when queued (a copy fault)")
     ap.add_argument("--out", required=True)
     return ap
+
+
+def copy_fault() -> None:
+    """This rank's first checkpoint promotion raises when the host tier queues it (its other copies run)."""
+    from trtllm_dasc.state.host_tier import HostTier
+    real, done = HostTier._copy, []
+
+    def copy(self, to_host, d, h):
+        if not to_host and not done:
+            done.append((h, d))
+            raise RuntimeError("copy fault on this rank")
+        return real(self, to_host, d, h)
+    HostTier._copy = copy
 
 
 def main() -> None:
     args = parser().parse_args()
     from trtllm_dasc.engine.ranks import run_ranks
+    if args.copy_fault_rank >= 0:
+        from trtllm_dasc.parallel.group import mpi_world
+        if mpi_world().Get_rank() == args.copy_fault_rank:
+            copy_fault()
     result = run_ranks(engine_config(args), job)
     if result is not None:
         Path(args.out).write_text(json.dumps(result))

@@ -8,7 +8,7 @@ The scheduler (and the tests' simulator) reach the bookkeeping through this API 
   end_replay / release / abort   give back a replay's scratch, a whole request, a failed step's slots;
   evict    drop everything unpinned (the paper's flush between phases);
   take_copies / copies_failed   the checkpoint copies between tiers a step runs first (demotions, then
-           promotions), and what a failed step's copies leave undefined (dropped);
+           promotions), and what failed copies leave undefined (dropped; the leases that read it named);
   stats / reset_stats   the counters the engine reports (and warm-up zeroes).
 
 Ints only, like the rest of cache/: a Lease is what one admitted request holds. Nothing here knows plans,
@@ -223,15 +223,20 @@ class CacheManager:
         copies, self.tree.kv_copies = self.tree.kv_copies, []
         return copies
 
-    def copies_failed(self, demotions, promotions, kv_copies=()) -> None:
-        """A step failed: what its copies were to write is undefined; drop those checkpoints (the host
-        copies the demotions wrote, the device copies the promotions wrote), if nothing reused them since,
-        and the prefix nodes whose KV blocks its host KV copies wrote (with their subtrees: a warmed node is
-        dropped when the failed requests that locked it are released)."""
-        host = {h for _, h in demotions}
-        device = {d for _, d in promotions}
-        kv_host = {b for kind, _, b in kv_copies if kind == "demote"}
-        kv_device = {b for kind, _, b in kv_copies if kind == "promote"}
+    def copies_failed(self, demotions, promotions, kv_copies=(), failed=None, leases=()) -> dict:
+        """Copies failed: what they leave undefined is dropped, the checkpoints (the host copies demotions and
+        write-throughs were to write, the device copies promotions were to write) if nothing reused them since,
+        and the prefix nodes whose KV blocks host KV copies were to write (with their subtrees: a warmed node
+        when the failed requests that locked it are released). ``failed``: per copy (demotions, promotions,
+        then kv_copies: the order they ran), whether it failed; None: all of them (a failed step). Returns, of
+        ``leases``, each that reads what a failed copy left undefined (a promoted checkpoint, a warmed KV
+        block), with the index of that copy."""
+        ckpt = [("demote", d, h) for d, h in demotions] + [("promote", h, d) for h, d in promotions]
+        failed = [True] * (len(ckpt) + len(kv_copies)) if failed is None else list(failed)
+        bad = undefined(ckpt, failed[:len(ckpt)])
+        bad_kv = undefined(list(kv_copies), failed[len(ckpt):], offset=len(ckpt))
+        host, device = ({i for (tier, i) in bad if tier == t} for t in ("host", "device"))
+        kv_host, kv_device = ({b for (tier, b) in bad_kv if tier == t} for t in ("host", "device"))
         for n in list(self.tree._nodes()):
             if n.host_slot in host:
                 self.tree._drop_host(n)
@@ -239,7 +244,18 @@ class CacheManager:
                 self.tree._drop_checkpoint(n)
             if set(n.blocks) & (kv_host if n.cold else kv_device):
                 self._stale_kv.add(n)
+        hurt = {}
+        for lease in leases:
+            if lease.match.ckpt_slot in device:
+                hurt[lease] = bad[("device", lease.match.ckpt_slot)]
+                continue
+            # the shared prefix it reads (a partial block's copy source included) and its own tables
+            tables = [lease.match.block_table, lease.table] + ([lease.replay.table] if lease.replay else [])
+            read = next((b for t in tables for b in t if b in kv_device), None)
+            if read is not None:
+                hurt[lease] = bad_kv[("device", read)]
         self._drop_stale()
+        return hurt
 
     def _drop_stale(self) -> None:
         for n in list(self._stale_kv):
@@ -299,3 +315,20 @@ class CacheManager:
         self.tree.sanity_check(refs, locks)
         tree = self.tree.checkpoint_slots()
         assert not tree & slots and tree | slots == self.slots.used_ids(), "checkpoint slots leaked or shared"
+
+
+def undefined(copies, failed, offset: int = 0) -> dict:
+    """Where copies run in order ("demote", device id, host id) / ("promote", host id, device id), what they
+    leave undefined: {("device"|"host", id): index (plus offset) of the failed copy that left it so}. A copy
+    that failed, or that read what such a copy left (a promotion from a host slot whose demotion failed in the
+    same step), leaves its destination undefined; one that succeeded defines it again."""
+    bad = {}
+    for i, ((kind, a, b), f) in enumerate(zip(copies, failed, strict=True)):
+        src, dst = (("device", a), ("host", b)) if kind == "demote" else (("host", a), ("device", b))
+        if f:
+            bad[dst] = offset + i
+        elif src in bad:
+            bad[dst] = bad[src]
+        else:
+            bad.pop(dst, None)
+    return bad

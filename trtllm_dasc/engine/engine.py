@@ -189,6 +189,10 @@ class Engine:
             for s in dict.fromkeys(owners + self.scheduler.joining()):
                 self._finish(s, "error", f"step failed: {type(e).__name__}: {e}")
             return True
+        if out.copy_errors:
+            # a failed copy fails only the requests that read what it was to write (scheduler.apply)
+            log.error("step %d: host tier copies failed: %s", plan.step,
+                      "; ".join(f"{plan.copy_name(i)}: {e}" for i, e in enumerate(out.copy_errors) if e))
         try:
             events = self.scheduler.apply(plan, owners, out)
             for s, token, error in events:

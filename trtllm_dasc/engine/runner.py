@@ -114,15 +114,8 @@ class ModelRunner:
     # ---- the step -----------------------------------------------------------------------------------
     def execute(self, plan: StepPlan, sample_tokens: bool = True) -> StepOutput:
         """Run one step. Raises on a failure of the whole step (the scheduler fails its requests);
-        per-span problems (non-finite logits, a failing sample) come back as errors."""
-        if plan.demotions or plan.promotions:
-            if self.host_tier is None:
-                raise RuntimeError("a step copies checkpoints between tiers, but this runner has no host tier")
-            self.host_tier.run(plan.demotions, plan.promotions)
-        if plan.kv_tier_copies:
-            if self.kv_tier is None:
-                raise RuntimeError("a step copies KV blocks between tiers, but this runner has no host KV")
-            self.kv_tier.run_ordered(plan.kv_tier_copies)
+        per-span problems (non-finite logits, a failing sample) and failed tier copies come back as errors."""
+        copy_errors, failed = self._tier_copies(plan)
         if plan.resets:
             self.state.reset(plan.resets)
         if self.kv_tier is not None and self.kv_tier.pending:
@@ -153,7 +146,31 @@ class ModelRunner:
                             gen_logits=[None] * n)
         result.stored = self._store(out, plan, result.errors)
         self._sample(out, plan, result, sample_tokens)
+        if failed is not None:
+            # read after the sampling's sync: the flags' all-reduce costs the GPU no wait of its own
+            copy_errors = [e or ("failed on another TP rank" if f else None)
+                           for e, f in zip(copy_errors, failed.tolist())]
+        result.copy_errors = copy_errors if any(copy_errors) else []
         return result
+
+    def _tier_copies(self, plan: StepPlan):
+        """Queue the step's copies between the tiers. Returns, per copy (demotions, promotions, host KV's), None
+        or why it failed here, and under TP the ranks' summed failure flags (a tensor, read after the step):
+        every rank holds its own share of a copied slot, so a copy failed where it failed on any rank. Every
+        rank runs the same plan, so every rank reaches that all-reduce (only in a step with copies)."""
+        errors = []
+        if plan.demotions or plan.promotions:
+            if self.host_tier is None:
+                raise RuntimeError("a step copies checkpoints between tiers, but this runner has no host tier")
+            errors += self.host_tier.run(plan.demotions, plan.promotions)
+        if plan.kv_tier_copies:
+            if self.kv_tier is None:
+                raise RuntimeError("a step copies KV blocks between tiers, but this runner has no host KV")
+            errors += self.kv_tier.run_ordered(plan.kv_tier_copies)
+        if not errors or self.cfg.tp_size == 1:
+            return errors, None
+        flags = torch.tensor([e is not None for e in errors], dtype=torch.int32, device=self.cfg.device)
+        return errors, self.model.all_reduce(flags)
 
     def _wait_slots(self, slots) -> None:
         if self.host_tier is not None and slots:

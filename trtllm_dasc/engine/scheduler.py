@@ -205,13 +205,18 @@ class Scheduler:
                     req.sampling if last else None, 0, banned_tokens(s) if last else [], **(_extras(s) if last else {}))
 
     def apply(self, plan: StepPlan, owners: list[Sequence], out: StepOutput) -> list[tuple[Sequence, int | None, str | None]]:
-        """Book a successful step. Returns (sequence, sampled token or None, error or None) per sequence
-        that produced something, in span order; the caller emits them and finishes what is done."""
+        """Book a step that ran. Returns (sequence, sampled token or None, error or None) per sequence that
+        produced something, in span order, then one error per sequence that read what a failed tier copy was
+        to write (held-back hits included); the caller emits them and finishes what is done."""
+        failed = self._copy_failures(plan, out)
         stored = iter(out.stored)
         events = []
         for i, (span, s) in enumerate(zip(plan.spans, owners)):
             if span.captures:
                 self.manager.store(s.lease, span.captures, [next(stored) for _ in span.captures])
+            if s in failed:
+                # never inserted: its captures (computed from what the copy left undefined) go at its release
+                continue
             if span.replay_into is not None:
                 self.manager.end_replay(s.lease)
                 continue
@@ -226,7 +231,20 @@ class Scheduler:
                 s.step_gen_logits = out.gen_logits[i] if out.gen_logits else None
             if out.errors[i] is not None or out.tokens[i] is not None:
                 events.append((s, out.tokens[i], out.errors[i]))
-        return events
+        return events + [(s, None, error) for s, error in failed.items()]
+
+    def _copy_failures(self, plan: StepPlan, out: StepOutput) -> dict:
+        """{sequence: error} for each running sequence that reads what a failed copy between the tiers
+        was to write; the cache drops what those copies left undefined. The other sequences of the step
+        read none of it (their rows, slots and blocks are their own or were copied intact)."""
+        if not out.copy_errors:
+            return {}
+        hurt = self.manager.copies_failed(plan.demotions, plan.promotions, plan.kv_tier_copies,
+                                          failed=[e is not None for e in out.copy_errors],
+                                          leases=[s.lease for s in self.running])
+        of = {s.lease: s for s in self.running}
+        return {of[lease]: f"host tier copy failed ({plan.copy_name(i)}): {out.copy_errors[i]}"
+                for lease, i in hurt.items()}
 
     # ---- release ---------------------------------------------------------------------------------------
     def release(self, s: Sequence) -> None:
@@ -235,12 +253,13 @@ class Scheduler:
         self.manager.release(s.lease)
 
     def joining(self) -> list[Sequence]:
-        """The host-tier hits held back in the last step planned (a failure of that step fails them too:
-        their promotions' copies were part of it)."""
+        """The host-tier hits held back in the last step planned (a failure of the whole step fails them
+        too: their promotions' copies were part of it)."""
         return [s for s in self.running if s.joining is not None]
 
     def free_captures(self, plan: StepPlan) -> None:
-        """A step failed: the slots it was to fill were never handed to a sequence."""
+        """A step failed whole: the slots it was to fill were never handed to a sequence, and what each of its
+        copies was to write is dropped."""
         for span in plan.spans:
             self.manager.abort(span.captures)
         self.manager.copies_failed(plan.demotions, plan.promotions, plan.kv_tier_copies)

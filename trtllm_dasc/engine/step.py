@@ -63,6 +63,17 @@ class StepPlan:
     # block) for a prefix evicted to the host, ("promote", host block, device block) for one warmed back
     kv_tier_copies: list[tuple[str, int, int]] = field(default_factory=list)
 
+    def copy_name(self, i: int) -> str:
+        """The i-th copy between the tiers (demotions, promotions, then kv_tier_copies), in words."""
+        nd, npr = len(self.demotions), len(self.promotions)
+        if i < nd:
+            return "checkpoint demotion, device slot %d -> host slot %d" % self.demotions[i]
+        if i < nd + npr:
+            return "checkpoint promotion, host slot %d -> device slot %d" % self.promotions[i - nd]
+        kind, a, b = self.kv_tier_copies[i - nd - npr]
+        return (f"KV demotion, device block {a} -> host block {b}" if kind == "demote"
+                else f"KV warm-back, host block {a} -> device block {b}")
+
     @property
     def replays(self) -> list[Span]:
         """The plan's replay spans (those with replay_into), in plan order."""
@@ -73,7 +84,9 @@ class StepPlan:
 class StepOutput:
     """Per span of the plan: the sampled token (None: no sample or failed), an error message (None: fine),
     the returned logits (CPU fp32 [T, vocab] for spans with logits 'all'); per capture of the plan in
-    order, whether its checkpoint was stored (a non-finite state is not)."""
+    order, whether its checkpoint was stored (a non-finite state is not); per copy between the tiers (the
+    plan's demotions, promotions, then kv_tier_copies), None or why it failed, on any rank (empty when
+    none failed: the scheduler fails the requests that read what a failed copy was to write)."""
 
     tokens: list[int | None]
     errors: list[str | None]
@@ -81,3 +94,4 @@ class StepOutput:
     stored: list[bool] = field(default_factory=list)
     log_probs: list = field(default_factory=list)      # per span: the sampled token's log prob or None
     gen_logits: list = field(default_factory=list)     # per span: CPU fp32 [vocab] raw logits or None
+    copy_errors: list = field(default_factory=list)

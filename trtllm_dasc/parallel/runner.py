@@ -2,8 +2,11 @@
 ``execute(plan)`` is first broadcast to the workers; ``worker_loop`` is all a worker rank ever runs.
 
 Failure rule (no rank may wait forever on a collective another rank has left):
-- a UserError is a plan the model refuses while validating its inputs, before any collective; every rank
-  raises the same one, so every rank goes on with the next plan (rank 0 fails that step's requests);
+- a UserError is a plan the model refuses while validating its inputs, before any collective of the
+  forward; every rank raises the same one, so every rank goes on with the next plan (rank 0 fails that
+  step's requests);
+- a tier copy that one rank cannot queue fails no step: every rank sums per-copy failure flags (one
+  all-reduce in each step with copies, ModelRunner._tier_copies) and rank 0 fails the requests that read it;
 - anything else may have struck one rank halfway through the all-reduces: that rank aborts the whole MPI
   job (mpirun then stops every rank; a server reports not-ready and exits).
 """

@@ -33,6 +33,10 @@ class DeferredCopyStream:
         """Order the next copies after the compute stream's work so far (on a CPU that work is done)."""
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        # refused now what copy_ would refuse when it runs (shapes), as CUDA's copy refuses it at launch: a
+        # queued copy of plain memory then cannot fail, and the tier knows which copy failed (host_tier.py)
+        if torch.broadcast_shapes(dst.shape, src.shape) != dst.shape:
+            raise RuntimeError(f"a copy of {tuple(src.shape)} into {tuple(dst.shape)}")
         # views: the source is read when the copy runs, not now
         self.queue.append((dst, src))
         self.queued += 1

@@ -14,6 +14,12 @@ reads a slot or a store overwrites one. So a demotion overlaps the step's forwar
 capture waits at the store, after the forward), and a slot is never reused before its copy has read it.
 A promotion from a host slot a queued demotion is still writing (a hit on a checkpoint being demoted)
 reads the demoted bytes: the stream is FIFO. The host thread never reads the host tensors.
+
+A copy that cannot be queued (an ordinary exception: a bad slot id, a view or shape the copy refuses, host
+memory) is that copy's alone: ``run`` and ``run_ordered`` queue the rest and return, per copy, why it failed,
+so the engine fails only the requests that read what it was to write (engine/scheduler.py). A CUDA error is
+raised instead (``corrupts_device``). A copy that fails once queued fails the step: on a GPU that is an
+asynchronous, sticky CUDA error; the CPU reference refuses when queued what its later ``copy_`` would.
 """
 from __future__ import annotations
 
@@ -39,6 +45,16 @@ def host_slots_for(host_bytes: int, slot_bytes: int) -> int:
     if host_bytes and host_bytes < slot_bytes:
         raise PoolError(f"host cache of {host_bytes} B holds no checkpoint: one takes {slot_bytes} B")
     return host_bytes // slot_bytes
+
+
+def corrupts_device(e: BaseException) -> bool:
+    """Whether a failed copy may have broken more than its own slot: a CUDA error (an illegal address, a
+    launch failure, a device-side assert) is sticky, so every later call on the device fails and no device
+    memory can be trusted; that fails the whole step (under TP, the job). Any other exception is the copy's."""
+    accel = getattr(torch, "AcceleratorError", None)
+    if (accel is not None and isinstance(e, accel)) or isinstance(e, torch.cuda.CudaError):
+        return True
+    return "CUDA error" in str(e) or "CUDA driver error" in str(e)
 
 
 class HostTier:
@@ -71,17 +87,15 @@ class HostTier:
                 self.stream.copy(dev[d], host[h])
         self.copied["to_host" if to_host else "to_device"] += self.slot_bytes
 
-    def demote(self, pairs: list[tuple[int, int]]):
-        """Queue device slot d -> host slot h for each (d, h); returns their event."""
-        for d, h in pairs:
-            self._copy(True, d, h)
-        return self.stream.record()
-
-    def promote(self, pairs: list[tuple[int, int]]):
-        """Queue host slot h -> device slot d for each (h, d), after every copy queued before; returns their event."""
-        for h, d in pairs:
-            self._copy(False, d, h)
-        return self.stream.record()
+    def _queue(self, to_host: bool, d: int, h: int) -> str | None:
+        """Queue one copy (``_copy``); None, or why it could not be queued."""
+        try:
+            self._copy(to_host, d, h)
+        except Exception as e:  # noqa: BLE001 - a copy that cannot be queued is its own requests' failure
+            if corrupts_device(e):
+                raise
+            return f"{type(e).__name__}: {e}"
+        return None
 
     def _begin(self) -> None:
         """Before queueing a step's copies: forget the copies already done (on a GPU the table would otherwise
@@ -91,27 +105,33 @@ class HostTier:
         self.stream.seconds()
         self.stream.after_current()
 
-    def run(self, demotions, promotions) -> None:
-        """Queue one step's copies (after the compute stream's work so far); nothing waits for them here."""
+    def run(self, demotions, promotions) -> list[str | None]:
+        """Queue one step's copies (after the compute stream's work so far): device slot d -> host slot h for
+        each demotion (d, h), then host slot h -> device slot d for each promotion (h, d); nothing waits for
+        them here. Returns, per copy in that order, None or why it could not be queued."""
         if not demotions and not promotions:
-            return
+            return []
         self._begin()
-        if demotions:
-            done = self.demote(demotions)
-            self.pending.update((d, done) for d, _ in demotions)
-        if promotions:
-            done = self.promote(promotions)
-            self.pending.update((d, done) for _, d in promotions)
+        errors = []
+        # two events: a store into a demoted slot waits for the demotions alone
+        for to_host, pairs in ((True, demotions), (False, [(d, h) for h, d in promotions])):
+            if pairs:
+                errors += [self._queue(to_host, d, h) for d, h in pairs]
+                # a copy that failed halfway may have queued some tensors' rows: its slot waits for it too
+                done = self.stream.record()
+                self.pending.update((d, done) for d, _ in pairs)
+        return errors
 
-    def run_ordered(self, copies) -> None:
-        """Queue ("demote", device, host) and ("promote", host, device) copies in the given order."""
+    def run_ordered(self, copies) -> list[str | None]:
+        """Queue ("demote", device, host) and ("promote", host, device) copies in the given order; returns,
+        per copy, None or why it could not be queued."""
         if not copies:
-            return
+            return []
         self._begin()
-        for kind, a, b in copies:
-            self._copy(kind == "demote", *((a, b) if kind == "demote" else (b, a)))
+        errors = [self._queue(kind == "demote", *((a, b) if kind == "demote" else (b, a))) for kind, a, b in copies]
         done = self.stream.record()
         self.pending.update(((a if kind == "demote" else b), done) for kind, a, b in copies)
+        return errors
 
     def wait_slots(self, slots) -> None:
         """The compute stream waits for every queued copy that reads or writes one of these device slots."""
