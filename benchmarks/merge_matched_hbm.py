@@ -98,11 +98,11 @@ def main(argv=None) -> int:
             except (OSError, ValueError) as e:
                 raise UserError(f"cannot read {path}: {e}") from None
         merged = merge(runs, args.allow_mixed_commits)
+        merged["json_path"] = args.out
+        write_json(args.out, merged)
     except UserError as e:
         print(f"merge_matched_hbm: error: {e}", file=sys.stderr)
         return 2
-    merged["json_path"] = args.out
-    write_json(args.out, merged)
     report(merged, os.path.splitext(args.out)[0] + ".png",
            args.title or f"matched-HBM serving, budget {merged['budget_bytes']:,} B ({len(runs)} runs joined)")
     return 0

@@ -37,6 +37,7 @@ from clients.report import format_table, provenance, write_json
 from clients.runner import add_estimate_arguments
 from clients.workload import WorkloadConfig, build_workload
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.provenance import check_results_commit
 from trtllm_dasc.spec import DTYPES, LOAD_FORMATS, add_arm_arguments, build_placement
 
 
@@ -521,6 +522,8 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     if args.plan_only:
         return plan_summary(manifest, args.cells_dir)
     prov = provenance(argv if argv is not None else ["-m", "clients.matched_hbm", *sys.argv[1:]], args.commit)
+    # refused before any cell runs, not after them: benchmarks/results/ keeps results of a clean commit
+    check_results_commit(json_path, prov["commit"])
     store = CellStore(args.cells_dir or os.path.join(out_dir, "cells"), manifest, fresh=not args.cells_dir)
     call = new_call_id()
     store.begin_call(call, {"command": prov["command"], "commit": prov["commit"], "started": time.time(),

@@ -92,6 +92,10 @@ def provenance(argv: list[str], commit: str | None = None) -> dict:
 
 
 def write_json(path: str, result: dict) -> None:
+    """Whole or not at all; refused (UserError) inside the repository's benchmarks/results/ unless the result
+    names a clean commit (trtllm_dasc/provenance.py: check_results_commit)."""
+    from trtllm_dasc.provenance import check_results_commit
+    check_results_commit(path, result)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
