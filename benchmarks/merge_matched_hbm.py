@@ -69,6 +69,8 @@ def merge(runs: list[tuple[str, dict]], allow_mixed_commits: bool = False) -> di
                 # within-seed ratios to the dense arm of the same run (a run cut short never wrote them)
                 entry["vs_dense"] = ratios(arm, base)
             merged["arms"].append(entry)
+    from clients.targets import TARGET, verdict
+    merged["target"], merged["target_verdict"] = TARGET, verdict(merged["arms"])
     return merged
 
 
@@ -115,8 +117,13 @@ def _merge_cells(args, argv: list[str]) -> int:
     manifest, calls, cells = load_dirs(args.cells)
     commit = (calls or cells)[0].get("commit") if (calls or cells) else None
     prov = provenance(["-m", "benchmarks", "merge_matched_hbm", *argv], commit)
-    result = result_of(manifest, calls, cells, prov)
-    result["cells_dirs"] = [os.path.abspath(d) for d in args.cells]
+    # 'commit' is the cells' (the measurement's); the code that assembled them may be later: recorded too
+    from trtllm_dasc.provenance import git_commit
+    result = result_of(manifest, calls, cells, prov,
+                       {"assembled_by": {"script": "benchmarks/merge_matched_hbm.py --cells",
+                                         "commit": git_commit(os.path.dirname(os.path.abspath(__file__)))}})
+    # as given (a committed cells directory is named relative to the repository)
+    result["cells_dirs"] = list(args.cells)
     result["json_path"] = args.out
     write_json(args.out, result)
     report(result, os.path.splitext(args.out)[0] + ".png",

@@ -438,6 +438,7 @@ class _Context:
 def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, extra: dict | None = None) -> dict:
     """The result JSON of a measurement from its cells (a run, a resumed run and a merge all write this)."""
     from clients.assemble import assemble
+    from clients.targets import TARGET, verdict
     cfg = manifest["config"]
     failed = [{"spec": f["spec"], "error": f["error"]} for c in calls for f in c.get("failed_arms", [])]
     failed += [{"spec": a["key"], "error": a["failed"]} for c in calls for a in c.get("arms", []) if "failed" in a]
@@ -452,6 +453,8 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
                            "prompt ends and branch points"),
            "calls": [{k: c.get(k) for k in ("call", "command", "commit", "gpu", "started", "max_units")} for c in calls],
            **(extra or {}), **assemble(manifest, calls, cells)}
+    out["target"] = TARGET
+    out["target_verdict"] = verdict(out["arms"])
     if failed:
         out["failed_arms"] = failed
     return out
@@ -533,6 +536,9 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     call = new_call_id()
     store.begin_call(call, {"command": prov["command"], "commit": prov["commit"], "started": time.time(),
                             "gpu": (extra or {}).get("gpu"), "max_units": args.max_units, "call_keys": call_keys})
+    # the target line before anything is measured (clients/targets.py)
+    from clients.targets import TARGET_LINE
+    print(f"[matched-hbm] {TARGET_LINE}", file=sys.stderr)
     print(f"[matched-hbm] budget {budget:,} B per rank ({budget / dense_bytes:.2f} dense checkpoints of "
           f"{dense_bytes:,} B); {len(work)} prompts, prefix {wcfg.scaled(wcfg.prefix_tokens)} + question "
           f"{wcfg.scaled(wcfg.question_tokens)} tokens; cells in {store.root} (manifest {store.manifest['id']})",
@@ -556,7 +562,10 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
 
 
 def report(result: dict, plot_path: str | None, title: str) -> None:
+    from clients.targets import describe
     whole = [a for a in result["arms"] if not a.get("pending")]
+    if result.get("target_verdict"):
+        print(describe(result["target_verdict"]))
     if not result.get("complete", True):
         print(f"cells: {result['cells_done']} of {result['cells_total']} done; arms with cells to run: "
               + ", ".join(a["key"] for a in result["arms"] if a.get("pending")) or "none")

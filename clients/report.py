@@ -51,12 +51,14 @@ def summarize(blocks: list[dict]) -> dict:
 
 
 def ratios(arm: dict, base: dict) -> dict:
-    """Per seed arm / base (mean TTFT, input throughput), then the mean and std over seeds."""
+    """Per seed arm / base (mean TTFT, input throughput), then the mean and sample std over seeds; the
+    per-seed ratios themselves under 'per_seed'."""
     out = {}
     for key in ("ttft_mean_ms", "input_tokens_per_s"):
-        r = [arm["summary"]["per_seed"][s][key] / base["summary"]["per_seed"][s][key]
-             for s in arm["summary"]["per_seed"]]
-        out[key] = {"mean": statistics.fmean(r), "std": statistics.stdev(r) if len(r) > 1 else 0.0}
+        per = {s: arm["summary"]["per_seed"][s][key] / base["summary"]["per_seed"][s][key]
+               for s in arm["summary"]["per_seed"]}
+        r = list(per.values())
+        out[key] = {"mean": statistics.fmean(r), "std": statistics.stdev(r) if len(r) > 1 else 0.0, "per_seed": per}
     return out
 
 
