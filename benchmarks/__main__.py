@@ -49,7 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # the benchmark sees its own name and flags, as if it were run on its own
     sys.argv = [f"benchmarks/{name}.py", *argv[1:]]
-    runpy.run_module(f"benchmarks.{name}", run_name="__main__", alter_sys=True)
+    from trtllm_dasc.errors import UserError
+    try:
+        runpy.run_module(f"benchmarks.{name}", run_name="__main__", alter_sys=True)
+    except UserError as e:
+        # a benchmark that lets a user's error through (a refused write, benchmarks/results_io.py) says it in
+        # one line, as its own flags' errors do
+        print(f"python -m benchmarks {name}: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

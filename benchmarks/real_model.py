@@ -527,6 +527,9 @@ def main(argv=None) -> int:
             from trtllm_dasc.families.released import complete_released
             path = args.config if os.path.isfile(args.config) else os.path.join(args.config, "config.json")
             args.out = args.out.format(arch=HybridConfig.from_dict(complete_released(json.load(open(path)))[0]).arch)
+        # refused before the model is built: benchmarks/results/ keeps results of a clean commit
+        from trtllm_dasc.provenance import check_results_commit
+        check_results_commit(args.out, provenance("benchmarks/real_model.py", args.argv, args.commit)["commit"])
         work = tempfile.mkdtemp(prefix="real-model-")
         try:
             run(args, torch, work)

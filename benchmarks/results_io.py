@@ -1,5 +1,6 @@
 """What every benchmark result records and how it is written: the exact command, the commit it ran on,
-and the machine, so a figure quoted anywhere can be traced to a run."""
+and the machine, so a figure quoted anywhere can be traced to a run. A result written into benchmarks/results/
+must name a clean commit (refused otherwise); anywhere else it may name any."""
 from __future__ import annotations
 
 import json
@@ -33,6 +34,10 @@ def provenance(script: str, argv=None, commit: str | None = None) -> dict:
 
 
 def write_result(path: str, result: dict) -> None:
+    """Refused (UserError) inside the repository's benchmarks/results/ unless the result names a clean commit
+    (trtllm_dasc/provenance.py: check_results_commit)."""
+    from trtllm_dasc.provenance import check_results_commit
+    check_results_commit(path, result)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(result, f, indent=1)

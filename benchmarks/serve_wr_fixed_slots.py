@@ -343,6 +343,7 @@ def main(argv=None) -> int:
     from clients.cells import CellStore, new_call_id
     from clients.report import provenance, write_json
     from trtllm_dasc.errors import UserError
+    from trtllm_dasc.provenance import check_results_commit
     try:
         if args.merge:
             return merge(args, argv)
@@ -367,6 +368,8 @@ def main(argv=None) -> int:
             return plan_only(args, manifest)
         store = CellStore(args.cells_dir, manifest)
         prov = provenance(["-m", "benchmarks", "serve_wr_fixed_slots", *argv], args.commit)
+        # refused before any cell runs: benchmarks/results/ keeps results of a clean commit
+        check_results_commit(out, prov["commit"])
         call = new_call_id()
         store.begin_call(call, {"command": prov["command"], "commit": prov["commit"], "started": time.time(),
                                 "max_units": args.max_units})

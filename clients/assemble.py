@@ -4,7 +4,10 @@ records and summaries, within-seed ratios against the baseline), whatever calls 
 Pairing: an arm's ratio to the baseline uses, for every (phase, block, seed) cell, the baseline cell that
 the same call measured (the two ran on the same device, one after the other). The baseline's own figures
 use its earliest measurement of each cell. An arm with cells still to run, or without a baseline cell of
-its own call, gets no ratio; `pending` says how many cells it lacks.
+its own call, gets no ratio; `pending` says how many cells it lacks. Such an arm gets a partial ratio instead
+(`vs_<baseline>_partial`) over the phases that both it and the baseline completed (every block and seed, each
+pairing as above), the phases named: the same within-seed ratios, then mean and sample std over seeds, but
+of those phases only, so not the protocol's figure (its weights lie in the phases still to run).
 """
 from __future__ import annotations
 
@@ -23,6 +26,38 @@ def _sum_exchange(cells: list[dict]) -> dict | None:
     for v in out.values():
         v["ms_per_op"] = 1e3 * v["seconds"] / v["ops"] if v["ops"] else None
     return out or None
+
+
+def _pair(by: dict, key: str, base_key: str, unit: str) -> tuple[dict, dict] | None:
+    """The arm's cell of ``unit`` (its earliest) and the baseline's cell of the same call, or None."""
+    mine = by.get((key, unit))
+    if not mine:
+        return None
+    match = [c for c in by.get((base_key, unit), []) if c["call"] == mine[0]["call"]]
+    return (mine[0], match[0]) if match else None
+
+
+def _partial_ratios(manifest: dict, by: dict, key: str, base_key: str) -> dict | None:
+    """Within-seed ratios of ``key`` to the baseline over the phases both completed (every unit paired), or
+    None when no phase is."""
+    by_phase: dict[int, list[str]] = {}
+    for u in manifest["units"]:
+        by_phase.setdefault(int(u.split("-")[0][1:]), []).append(u)
+    arm_blocks, base_blocks, names, n = [], [], [], 0
+    for i, us in sorted(by_phase.items()):
+        pairs = [_pair(by, key, base_key, u) for u in us]
+        if all(pairs):
+            names.append(manifest["phases"][i]["name"])
+            n += len(us)
+            for mine, theirs in pairs:
+                arm_blocks += mine["blocks"]
+                base_blocks += theirs["blocks"]
+    if not names:
+        return None
+    return {"partial": f"phases {', '.join(names)} only ({n} of {len(manifest['units'])} units): the phases both "
+                       "arms completed, not the protocol's figure",
+            "phases": names, "units": n, "units_total": len(manifest["units"]),
+            **ratios({"summary": summarize(arm_blocks)}, {"summary": summarize(base_blocks)})}
 
 
 def assemble(manifest: dict, calls: list[dict], cells: list[dict]) -> dict:
@@ -63,6 +98,13 @@ def assemble(manifest: dict, calls: list[dict], cells: list[dict]) -> dict:
             e["unpaired_cells"] = unpaired
         else:
             e[f"vs_{base['spec']}"] = ratios(e, {"summary": summarize(paired)})
+    for e in entries:
+        if (base is None or e is base or e["target"] != "triton" or e["summary"] is None
+                or f"vs_{base['spec']}" in e):
+            continue
+        partial = _partial_ratios(manifest, by, e["key"], base_key)
+        if partial is not None:
+            e[f"vs_{base['spec']}_partial"] = partial
     for e in entries:
         if e["target"] == "in-process" and not e["pending"]:
             served = next((x for x in entries if x["spec"] == e["spec"] and x["target"] == "triton"), None)

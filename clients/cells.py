@@ -45,10 +45,6 @@ def new_call_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"
 
 
-def is_clean(commit: str | None) -> bool:
-    return bool(commit) and "+" not in commit
-
-
 def _dump(path: str, obj: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"

@@ -8,8 +8,8 @@ dasc-build, served by its own tritonserver and driven by the same streaming work
 
 --paper: the protocol as App. C.2 states it: 127 deployable dense slots (128 dense physical slots, Eq. 8),
 six phases (the dense, W=16, 64, 128, 512 capacity boundaries of dasc-nr and the full dataset), the
-dense-boundary phase replayed six times, concurrency 96, chunked prefill 8192, one output token, seeds
-42/123/7, TTFT over HTTP to the first SSE chunk of generate_stream, checkpoints at prompt ends only (the
+dense-boundary phase replayed six times, concurrency 96 (a server batch of 96), chunked prefill 8192, one output
+token, seeds 42/123/7, TTFT over HTTP to the first SSE chunk of generate_stream, checkpoints at prompt ends only (the
 paper's SGLang keeps a recurrent state only where a prefill ends; --branch-checkpoints keeps the engine's
 branch points too). Each flag it sets can still be given; the checkpoint setting is in the manifest's build
 flags and the result's "checkpoints", so cells of the two settings never merge.
@@ -37,6 +37,7 @@ from clients.report import format_table, provenance, write_json
 from clients.runner import add_estimate_arguments
 from clients.workload import WorkloadConfig, build_workload
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.provenance import check_results_commit
 from trtllm_dasc.spec import DTYPES, LOAD_FORMATS, add_arm_arguments, build_placement
 
 
@@ -50,7 +51,7 @@ def add_arguments(p) -> None:
                    "rand<W>@<seed>, each optionally +int8 / +fp8 / +int4 / +horizon[@seed] (default dense,nr16,nr16+int8)")
     p.add_argument("--paper", action="store_true", help="the paper's App. C.2 protocol: 127 dense slots, six "
                    "phases (dense, nr16, nr64, nr128, nr512 boundaries + the full dataset), dense phase x6, concurrency "
-                   "96, chunked prefill 8192, HTTP SSE, checkpoints at prompt ends only (each can still be set; "
+                   "96 (max batch 96), chunked prefill 8192, HTTP SSE, checkpoints at prompt ends only (each can still be set; "
                    "--branch-checkpoints for the engine's branch points)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--state-budget-bytes", type=int, help="the matched checkpoint budget (bytes per rank)")
@@ -101,7 +102,9 @@ def add_arguments(p) -> None:
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: cuda when available)")
     g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     add_weight_arguments(g)
-    g.add_argument("--max-batch-size", type=int, default=8)
+    g.add_argument("--max-batch-size", type=int, default=None, help="sequences the server runs at once "
+                   "(default 8; --paper 96, its concurrency: a smaller batch would queue the paper's requests "
+                   "inside the server and time the queue)")
     g.add_argument("--max-num-tokens", type=int, default=None)
     g.add_argument("--prefill-chunk", type=int, default=None, help="prefill tokens of one request per step "
                    "(default 2048; --paper 8192)")
@@ -140,7 +143,7 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 
 # the paper's App. C.2 settings (--paper); a flag the user gives wins
 PAPER = {"dense_slots": 127, "dense_repeats": 6, "full_phase": True, "prefill_chunk": 8192, "max_num_tokens": 8192,
-         "block_seed": 0}
+         "block_seed": 0, "max_batch_size": 96}
 PAPER_PHASE_ARMS = ("dense", "nr16", "nr64", "nr128", "nr512")
 
 
@@ -160,6 +163,9 @@ def paper_defaults(args) -> None:
         args.full_phase = paper
     if args.prefill_chunk is None:
         args.prefill_chunk = PAPER["prefill_chunk"] if paper else 2048
+    if args.max_batch_size is None:
+        # the paper's 96 concurrent requests all run in the server, none wait in a queue of its own
+        args.max_batch_size = PAPER["max_batch_size"] if paper else 8
     if getattr(args, "prompt_only", None) is None:
         # the paper's SGLang checkpoints where a prefill ends; the engine's branch points would let shared
         # few-shot prefixes hit for every arm (the first full-size call's dense hit 97.9% of tokens)
@@ -442,6 +448,7 @@ class _Context:
 def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, extra: dict | None = None) -> dict:
     """The result JSON of a measurement from its cells (a run, a resumed run and a merge all write this)."""
     from clients.assemble import assemble
+    from clients.targets import TARGET, verdict
     cfg = manifest["config"]
     failed = [{"spec": f["spec"], "error": f["error"]} for c in calls for f in c.get("failed_arms", [])]
     failed += [{"spec": a["key"], "error": a["failed"]} for c in calls for a in c.get("arms", []) if "failed" in a]
@@ -456,6 +463,8 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
                            "prompt ends and branch points"),
            "calls": [{k: c.get(k) for k in ("call", "command", "commit", "gpu", "started", "max_units")} for c in calls],
            **(extra or {}), **assemble(manifest, calls, cells)}
+    out["target"] = TARGET
+    out["target_verdict"] = verdict(out["arms"])
     if failed:
         out["failed_arms"] = failed
     return out
@@ -531,10 +540,15 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     if args.plan_only:
         return plan_summary(manifest, args.cells_dir)
     prov = provenance(argv if argv is not None else ["-m", "clients.matched_hbm", *sys.argv[1:]], args.commit)
+    # refused before any cell runs, not after them: benchmarks/results/ keeps results of a clean commit
+    check_results_commit(json_path, prov["commit"])
     store = CellStore(args.cells_dir or os.path.join(out_dir, "cells"), manifest, fresh=not args.cells_dir)
     call = new_call_id()
     store.begin_call(call, {"command": prov["command"], "commit": prov["commit"], "started": time.time(),
                             "gpu": (extra or {}).get("gpu"), "max_units": args.max_units, "call_keys": call_keys})
+    # the target line before anything is measured (clients/targets.py)
+    from clients.targets import TARGET_LINE
+    print(f"[matched-hbm] {TARGET_LINE}", file=sys.stderr)
     print(f"[matched-hbm] budget {budget:,} B per rank ({budget / dense_bytes:.2f} dense checkpoints of "
           f"{dense_bytes:,} B); {len(work)} prompts, prefix {wcfg.scaled(wcfg.prefix_tokens)} + question "
           f"{wcfg.scaled(wcfg.question_tokens)} tokens; cells in {store.root} (manifest {store.manifest['id']})",
@@ -558,7 +572,10 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
 
 
 def report(result: dict, plot_path: str | None, title: str) -> None:
+    from clients.targets import describe
     whole = [a for a in result["arms"] if not a.get("pending")]
+    if result.get("target_verdict"):
+        print(describe(result["target_verdict"]))
     if not result.get("complete", True):
         print(f"cells: {result['cells_done']} of {result['cells_total']} done; arms with cells to run: "
               + ", ".join(a["key"] for a in result["arms"] if a.get("pending")) or "none")

@@ -51,12 +51,14 @@ def summarize(blocks: list[dict]) -> dict:
 
 
 def ratios(arm: dict, base: dict) -> dict:
-    """Per seed arm / base (mean TTFT, input throughput), then the mean and std over seeds."""
+    """Per seed arm / base (mean TTFT, input throughput), then the mean and sample std over seeds; the
+    per-seed ratios themselves under 'per_seed'."""
     out = {}
     for key in ("ttft_mean_ms", "input_tokens_per_s"):
-        r = [arm["summary"]["per_seed"][s][key] / base["summary"]["per_seed"][s][key]
-             for s in arm["summary"]["per_seed"]]
-        out[key] = {"mean": statistics.fmean(r), "std": statistics.stdev(r) if len(r) > 1 else 0.0}
+        per = {s: arm["summary"]["per_seed"][s][key] / base["summary"]["per_seed"][s][key]
+               for s in arm["summary"]["per_seed"]}
+        r = list(per.values())
+        out[key] = {"mean": statistics.fmean(r), "std": statistics.stdev(r) if len(r) > 1 else 0.0, "per_seed": per}
     return out
 
 
@@ -92,6 +94,10 @@ def provenance(argv: list[str], commit: str | None = None) -> dict:
 
 
 def write_json(path: str, result: dict) -> None:
+    """Whole or not at all; refused (UserError) inside the repository's benchmarks/results/ unless the result
+    names a clean commit (trtllm_dasc/provenance.py: check_results_commit)."""
+    from trtllm_dasc.provenance import check_results_commit
+    check_results_commit(path, result)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

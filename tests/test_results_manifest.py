@@ -95,6 +95,42 @@ def test_the_results_readme_names_every_file_of_the_manifest():
     assert missing == []
 
 
+# a script a row cites by path (scripts/gpu/tp2.sh, benchmarks/x.py) or runs as a module (python -m benchmarks x,
+# python -m clients.matched_hbm)
+SCRIPT = re.compile(r"\b((?:scripts|benchmarks|clients|trtllm_dasc|build_scripts)/[\w./-]+\.(?:sh|py))\b")
+MODULE = re.compile(r"python -m ([\w.]+)(?: (\w+))?")
+
+
+def missing_scripts(readme: str, root: Path) -> list[str]:
+    """The scripts cited in the table rows (lines starting with '|') of a README that do not exist under root."""
+    missing = []
+    for row in (line for line in readme.splitlines() if line.startswith("|")):
+        paths = SCRIPT.findall(row)
+        for module, name in MODULE.findall(row):
+            if module == "benchmarks":
+                paths += [f"benchmarks/{name}.py"] if name else []
+            else:
+                base = module.replace(".", "/")
+                paths.append(f"{base}.py" if not (root / base / "__main__.py").exists() else f"{base}/__main__.py")
+        missing += [p for p in paths if not (root / p).exists() and p not in missing]
+    return missing
+
+
+@pytest.mark.parametrize("readme", ["README.md", "quality/README.md"])
+def test_every_script_a_results_row_cites_exists(readme):
+    assert missing_scripts((RESULTS / readme).read_text(), RESULTS.parent.parent) == []
+
+
+def test_a_row_citing_a_moved_script_is_caught():
+    root = RESULTS.parent.parent
+    rows = ("| a.json | x | `bash scripts/gpu_tp2.sh` (`python -m benchmarks no_such_bench --commit 1`) | H200 |\n"
+            "| b.json | y | `python -m clients.no_such_module` | CPU |\nnot a row: scripts/gpu_old.sh\n")
+    assert missing_scripts(rows, root) == ["scripts/gpu_tp2.sh", "benchmarks/no_such_bench.py",
+                                           "clients/no_such_module.py"]
+    assert missing_scripts("| c | `bash scripts/gpu/tp2.sh` (`python -m benchmarks tp_storage`, "
+                           "`python -m clients.matched_hbm`) |", root) == []
+
+
 # the checks themselves, on documents and directories built to be wrong in one way each
 @pytest.mark.parametrize("doc, problem", [
     ({"commit": "abc1234"}, "no command"),

@@ -18,8 +18,10 @@ FOLDERS = ("build_scripts", "clients", "plugins", "model_repo", "benchmarks")
 # layers, never one of its own layer or above. derived from the imports as they are, and the order
 # DESIGN.md draws (front ends -> engine -> model / state / cache / parallel -> plan -> config).
 LAYERS = (
-    # one-line user errors; the commit stamp of results
-    {"errors", "provenance"},
+    # one-line user errors
+    {"errors"},
+    # the commit stamp of results (refuses, as a user error, a result without a clean commit in benchmarks/results)
+    {"provenance"},
     # facts read without a model: the arm's allowed values, the families' config schemas, checkpoint files,
     # the engine directory's format; the `dasc` shell (one-line errors, names its subcommands by string)
     {"spec", "families", "checkpoint_files", "engine_dir", "cli"},

@@ -36,3 +36,33 @@ def test_runs_of_different_measurements_are_refused():
     with pytest.raises(UserError, match="budget_bytes"):
         merge_mod.merge([("a.json", _run([_arm("dense", (1, 1), (1, 1))])),
                          ("b.json", _run([_arm("dense", (1, 1), (1, 1))], budget=200))])
+
+
+def _commit(run, sha):
+    return {**run, "commit": sha}
+
+
+def test_runs_of_different_commits_are_refused_unless_allowed():
+    a = _commit(_run([_arm("dense", (100, 200), (10, 20)), _arm("nr16", (50, 150), (20, 30))]), "abc1234")
+    b = _commit(_run([_arm("dense", (400, 400), (5, 5)), _arm("wr16", (200, 100), (10, 15))]), "def5678")
+    with pytest.raises(UserError, match="different commits.*a.json: abc1234, b.json: def5678"):
+        merge_mod.merge([("a.json", a), ("b.json", b)])
+    m = merge_mod.merge([("a.json", a), ("b.json", b)], allow_mixed_commits=True)
+    assert "2 commits" in m["mixed_commits"]
+    assert [x["commit"] for x in m["arms"]] == ["abc1234", "abc1234", "def5678", "def5678"]
+    # one commit: joined, no mark needed
+    same = merge_mod.merge([("a.json", a), ("b.json", _commit(b, "abc1234"))])
+    assert "mixed_commits" not in same and all("commit" not in x for x in same["arms"])
+
+
+def test_the_cli_refuses_mixed_commits_in_one_line(tmp_path, capsys):
+    import json
+    paths = []
+    for name, sha in (("a.json", "abc1234"), ("b.json", "def5678")):
+        (tmp_path / name).write_text(json.dumps(_commit(_run([_arm("dense", (1, 2), (1, 2))]), sha)))
+        paths.append(str(tmp_path / name))
+    out = tmp_path / "merged.json"
+    assert merge_mod.main([*paths, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "different commits" in err[0] and "--allow-mixed-commits" in err[0]
+    assert not out.exists()

@@ -1,4 +1,4 @@
-"""--paper checkpoints prompt ends only (the paper's SGLang keeps a recurrent state only where a prefill ends),
+"""--paper runs the server at a batch of 96 (its concurrency) and checkpoints prompt ends only (the paper's SGLang keeps a recurrent state only where a prefill ends),
 --branch-checkpoints opts out, the setting reaches dasc-build and the manifest (so cells of the two never
 merge) and the result says which it was."""
 from __future__ import annotations
@@ -32,6 +32,16 @@ def test_paper_implies_prompt_only_and_a_given_flag_wins(flags, prompt_only):
     args = _args(*flags)
     assert args.prompt_only is prompt_only
     assert ("--prompt-only" in engine_flags(args, _Work(), [_Phase()], 1)) is prompt_only
+
+
+@pytest.mark.parametrize("flags,batch", [(["--paper"], 96), (["--paper", "--max-batch-size", "32"], 32),
+                                         (["--dense-slots", "3"], 8), (["--dense-slots", "3", "--max-batch-size", "4"], 4)])
+def test_paper_serves_its_96_concurrent_requests_in_one_batch_and_a_given_flag_wins(flags, batch):
+    # a server batch below the concurrency would queue the paper's requests inside the server, timed as TTFT
+    args = _args(*flags)
+    assert args.max_batch_size == batch
+    built = [str(f) for f in engine_flags(args, _Work(), [_Phase()], 1)]
+    assert built[built.index("--max-batch-size") + 1] == str(batch)
 
 
 class _Work:

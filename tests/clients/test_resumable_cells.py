@@ -115,7 +115,7 @@ def test_split_run_merged_equals_the_unsplit_run(runs):
     assert len(merged["calls"]) == 2 and len(whole["calls"]) == 1
     assert _requests(merged) == _requests(whole)
     # everything else but timings and provenance: phases, slots, blocks, the hit rates of the summaries
-    prov = ("command", "commit", "calls", "cells_dir", "cells_dirs", "json_path", "python", "cpus")
+    prov = ("command", "commit", "calls", "cells_dir", "cells_dirs", "json_path", "python", "cpus", "assembled_by")
     assert (_strip({k: v for k, v in merged.items() if k not in prov})
             == _strip({k: v for k, v in whole.items() if k not in prov}))
     for a in merged["arms"]:

@@ -13,10 +13,13 @@ per token holds the token's E logits in registers (E <= 1024) and writes
                   softmax probabilities renormalised), then the shared expert's (Kimi 1; Qwen
                   sigmoid(logit of its gate), the gate's row appended to the router's as row E).
 
-Ties between equal scores go to the lower expert id (group ids alike), as torch.topk does on both devices
-for the values it can tell apart; exp / sigmoid are Triton's, so a weight may differ from the reference's in
-its last bits, and the renormalising sum runs in selection order (the reference's in torch's): the tests
-compare ids exactly and weights within a few ulps.
+Ties between equal scores go to the lower expert id (group ids alike), in every place of the selection.
+torch.topk, which the reference and transformers' routers use, promises no order among equal values, and on
+the CPU it often takes a higher id: on exactly tied scores the kernel may pick another of the equally scored
+experts than the reference (the same weights, another expert), never a different score
+(tests/model/test_moe_route_ties.py). exp / sigmoid are Triton's, so a weight may differ from the
+reference's in its last bits, and the renormalising sum runs in selection order (the reference's in
+torch's): the tests compare ids exactly (untied scores) and weights within a few ulps.
 """
 from __future__ import annotations
 

@@ -1,0 +1,63 @@
+"""The matched-HBM benchmark's target line, fixed before anything is measured (issue 33 "Targets"; paper App.
+C.2): at matched state memory, dasc-nr at W_max=16 against dense on Kimi-Linear-48B cuts the mean TTFT by at
+least 42.6% and raises the input throughput by at least 68.4% (the paper's figures, at TP8; ours run at TP1).
+
+A run prints the line before its first cell and records it in its JSON beside the verdict. The figures are
+the within-seed ratios' mean over seeds (clients/report.ratios), as the paper computes them. A verdict needs
+the arm's complete ratios (`vs_dense`: every cell of the manifest, each paired with the baseline cell its own
+call measured); until then it is "not measured", and a partial ratio (`vs_dense_partial`, clients/assemble.py:
+the phases both arms completed) is shown beside the target, never judged against it: the phases the protocol
+weights are not all in it.
+"""
+from __future__ import annotations
+
+TARGET = {"arm": "nr16", "baseline": "dense", "ttft_mean_change_max": -0.426, "input_throughput_change_min": 0.684,
+          "source": "paper App. C.2, Kimi-Linear-48B-A3B at TP8 (issue 33 Targets)"}
+TARGET_LINE = ("target: dasc-nr W=16 vs dense at matched memory: mean TTFT <= -42.6%, input throughput >= +68.4% "
+               "(paper App. C.2; ratios within each seed, mean over seeds)")
+
+
+def _changes(r: dict) -> tuple[float, float]:
+    return r["ttft_mean_ms"]["mean"] - 1.0, r["input_tokens_per_s"]["mean"] - 1.0
+
+
+def verdict(arms: list[dict]) -> dict:
+    """``arms``: a result's arms (clients/assemble.py, or a merge's); the verdict against TARGET: met True /
+    False with the two changes, or None with why (and the partial changes where the arm has them)."""
+    ratio_key = f"vs_{TARGET['baseline']}"
+    arm = next((a for a in arms if a.get("spec") == TARGET["arm"] and a.get("target", "triton") == "triton"), None)
+    if arm is None:
+        return {"met": None, "why": f"no {TARGET['arm']} arm"}
+    full = arm.get(ratio_key)
+    if full is None:
+        out = {"met": None, "why": f"{TARGET['arm']} has no complete within-seed ratios to {TARGET['baseline']} "
+               "(cells still to run, or without a baseline cell of their call)"}
+        partial = arm.get(f"{ratio_key}_partial")
+        if partial:
+            ttft, thr = _changes(partial)
+            out["partial"] = {"phases": partial["phases"], "ttft_mean_change": ttft, "input_throughput_change": thr}
+        return out
+    ttft, thr = _changes(full)
+    ttft_met = ttft <= TARGET["ttft_mean_change_max"]
+    thr_met = thr >= TARGET["input_throughput_change_min"]
+    return {"met": ttft_met and thr_met, "ttft_mean_change": ttft, "ttft_met": ttft_met,
+            "input_throughput_change": thr, "input_throughput_met": thr_met}
+
+
+def describe(v: dict) -> str:
+    """The verdict in one line."""
+    if v["met"] is None:
+        line = f"target not measured: {v['why']}"
+        if "partial" in v:
+            p = v["partial"]
+            line += (f"; partial, phases {', '.join(p['phases'])} only: mean TTFT {p['ttft_mean_change']:+.1%}, "
+                     f"input throughput {p['input_throughput_change']:+.1%}")
+        return line
+    miss = []
+    if not v["ttft_met"]:
+        miss.append(f"TTFT short by {v['ttft_mean_change'] - TARGET['ttft_mean_change_max']:.1%} points")
+    if not v["input_throughput_met"]:
+        miss.append(f"throughput short by {TARGET['input_throughput_change_min'] - v['input_throughput_change']:.1%}"
+                    " points")
+    return (f"target {'met' if v['met'] else 'MISSED'}: mean TTFT {v['ttft_mean_change']:+.1%} (<= -42.6%), input "
+            f"throughput {v['input_throughput_change']:+.1%} (>= +68.4%)" + (f" ({'; '.join(miss)})" if miss else ""))
