@@ -67,6 +67,9 @@ def test_a_failing_promotion_fails_the_held_back_hit_alone(tiny_models, monkeypa
     e.sanity_check()
     assert [o.request_id for o in outs if o.error] == ["hit"]
     assert [t for o in outs if o.request_id == "dec" for t in o.token_ids] == reference_greedy(hf, OTHER, 6)
+    # counted by kind (the metric dasc_tier_copy_failures_total reads it)
+    assert e.stats()["tier_copy_failures"] == {"checkpoint_demotion": 0, "checkpoint_promotion": 1,
+                                               "kv_demotion": 0, "kv_warm_back": 0}
     monkeypatch.undo()
     # the same prompt again hits the host copy, promoted this time, and gives the uncached run's tokens
     again, uncached = greedy("again", HIT, N), greedy("uncached", HIT, N, use_cache=False)
@@ -109,6 +112,7 @@ def test_a_failing_demotion_fails_no_request_and_leaves_no_host_copy(tiny_models
         reference_greedy(hf, PROMPTS[2], 3), reference_greedy(hf, OTHER, 4)]
     e.sanity_check()
     assert len(failed) == 2 and e.stats()["host_checkpoints_cached"] == 0
+    assert e.stats()["tier_copy_failures"]["checkpoint_demotion"] == 2
     assert all((node(e, p, 12).ckpt_slot, node(e, p, 12).host_slot) == (None, None) for p in PROMPTS[:2])
     monkeypatch.undo()
     # the prefix's checkpoint is gone from both tiers: a miss, computed right
@@ -159,6 +163,8 @@ def test_a_failing_kv_warm_back_fails_its_hit_alone(tiny_models, monkeypatch):
         ("hit", "host tier copy failed (KV warm-back, hos")]
     assert [t for o in outs if o.request_id == "dec" for t in o.token_ids] == reference_greedy(hf, OTHER, 6)
     assert node(e, PROMPTS[0], 12) is None
+    kinds = e.stats()["tier_copy_failures"]
+    assert kinds["kv_warm_back"] == len(failed) and kinds["checkpoint_promotion"] == kinds["kv_demotion"] == 0
     monkeypatch.undo()
     # the prefix is recomputed, correctly
     req = greedy("again", HIT, N)
@@ -177,6 +183,7 @@ def test_a_failing_kv_demotion_fails_no_request_and_drops_the_prefix(tiny_models
         reference_greedy(hf, p, 2) for p in PROMPTS[2:]]
     e.sanity_check()
     assert failed and node(e, PROMPTS[0], 12) is None and e.stats()["host_kv_blocks_free"] == 64
+    assert e.stats()["tier_copy_failures"]["kv_demotion"] == len(failed)
     monkeypatch.undo()
     req = greedy("hit", HIT, N)
     assert e.generate([req]) == [reference_greedy(hf, HIT, N)] and req.stats.cached_tokens == 0

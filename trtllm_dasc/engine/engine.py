@@ -193,6 +193,9 @@ class Engine:
             # a failed copy fails only the requests that read what it was to write (scheduler.apply)
             log.error("step %d: host tier copies failed: %s", plan.step,
                       "; ".join(f"{plan.copy_name(i)}: {e}" for i, e in enumerate(out.copy_errors) if e))
+            for i, e in enumerate(out.copy_errors):
+                if e:
+                    self.telemetry.tier_copy_failures[plan.copy_kind(i)] += 1
         try:
             events = self.scheduler.apply(plan, owners, out)
             for s, token, error in events:

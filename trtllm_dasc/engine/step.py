@@ -63,6 +63,13 @@ class StepPlan:
     # block) for a prefix evicted to the host, ("promote", host block, device block) for one warmed back
     kv_tier_copies: list[tuple[str, int, int]] = field(default_factory=list)
 
+    def copy_kind(self, i: int) -> str:
+        """The i-th copy's kind, as the failed-copy counter labels it (telemetry.tier_copy_failures)."""
+        nd, npr = len(self.demotions), len(self.promotions)
+        if i < nd + npr:
+            return "checkpoint_demotion" if i < nd else "checkpoint_promotion"
+        return "kv_demotion" if self.kv_tier_copies[i - nd - npr][0] == "demote" else "kv_warm_back"
+
     def copy_name(self, i: int) -> str:
         """The i-th copy between the tiers (demotions, promotions, then kv_tier_copies), in words."""
         nd, npr = len(self.demotions), len(self.promotions)

@@ -17,6 +17,9 @@ class Telemetry:
     rejected_requests: int = 0       # refused at submit
     ended: dict = field(default_factory=lambda: {"cancelled": 0, "error": 0})
     kv_matched_tokens: int = 0       # prompt tokens of completed requests whose KV the cache held
+    # host-tier copies that failed (each failed only the requests reading what it was to write), by kind
+    tier_copy_failures: dict = field(default_factory=lambda: {"checkpoint_demotion": 0, "checkpoint_promotion": 0,
+                                                              "kv_demotion": 0, "kv_warm_back": 0})
     # the last step's batch (TensorRT-LLM's per-iteration stats): sequences with a span, those in prefill
     # (replays count), their tokens, and those decoding
     last_step: dict = field(default_factory=lambda: {"scheduled": 0, "context": 0, "context_tokens": 0,

@@ -82,6 +82,8 @@ LABELLED = [
     ("dasc_kv_tier_nodes_total", "prefix nodes whose KV moved between the tiers", "counter", "kind",
      lambda s: {"demoted": (s.get("kv_tier") or {}).get("demoted_nodes", 0),
                 "warmed": (s.get("kv_tier") or {}).get("warmed_nodes", 0)}),
+    ("dasc_tier_copy_failures_total", "host-tier copies that failed (each fails only the requests that read it)",
+     "counter", "kind", lambda s: dict(s.get("tier_copy_failures") or {})),
     ("dasc_host_tier_copy_bytes_total", "bytes queued on the host tier's copy stream (rank 0), by direction",
      "counter", "direction", lambda s: dict((s.get("host_tier") or {}).get("copy_bytes") or _NO_COPIES)),
     ("dasc_checkpoint_loads_total", "checkpoint loads on a hit", "counter", "policy",
