@@ -12,20 +12,21 @@ import pytest
 
 from benchmarks.results_io import write_result
 from clients.report import write_json
+from trtllm_dasc.evals.run import _write as write_quality
 from trtllm_dasc import provenance
 from trtllm_dasc.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 DIRTY = "abc1234+uncommitted changes"
-WRITERS = [write_result, write_json]
+WRITERS = [write_result, write_json, write_quality]
 
 
 def test_the_rule_guards_this_repositorys_results_directory():
     assert Path(provenance.RESULTS_DIR).resolve() == RESULTS.resolve()
 
 
-@pytest.mark.parametrize("write", WRITERS, ids=["write_result", "write_json"])
+@pytest.mark.parametrize("write", WRITERS, ids=["write_result", "write_json", "evals"])
 @pytest.mark.parametrize("doc", [{"commit": DIRTY}, {"commit": None}, {},
                                  {"commit": "abc1234-dirty"},
                                  {"runs": [{"commit": "abc1234"}, {"commit": DIRTY}]}],
@@ -43,13 +44,13 @@ def test_results_dir_refuses_a_result_without_a_clean_commit(write, doc):
         write(str(RESULTS / "quality" / ".." / "_refused_probe.json"), {"command": "python x.py", **doc})
 
 
-@pytest.mark.parametrize("write", WRITERS, ids=["write_result", "write_json"])
+@pytest.mark.parametrize("write", WRITERS, ids=["write_result", "write_json", "evals"])
 def test_elsewhere_any_commit_is_written(write, tmp_path):
     write(str(tmp_path / "r.json"), {"command": "python x.py", "commit": DIRTY})
     assert json.loads((tmp_path / "r.json").read_text())["commit"] == DIRTY
 
 
-@pytest.mark.parametrize("write", WRITERS, ids=["write_result", "write_json"])
+@pytest.mark.parametrize("write", WRITERS, ids=["write_result", "write_json", "evals"])
 def test_results_dir_takes_a_clean_commit(write, tmp_path, monkeypatch):
     # a stand-in results directory: nothing is written into the repository's own
     monkeypatch.setattr(provenance, "RESULTS_DIR", str(tmp_path / "results"))

@@ -33,7 +33,7 @@ from trtllm_dasc.evals import tasks as T
 from trtllm_dasc.evals.vocab import TaskVocab
 from trtllm_dasc.model import HybridModel
 from trtllm_dasc.plan import PlanOptions, plan_from_path
-from trtllm_dasc.provenance import git_commit
+from trtllm_dasc.provenance import check_results_commit, git_commit
 
 SIGNALS = ("H_e", "M_S", "M_R")
 
@@ -146,6 +146,7 @@ def main(argv=None) -> int:
                                    *(argv if argv is not None else sys.argv[1:])]),
               "commit": args.commit or git_commit(), "model": args.model, "prefixes": args.prefixes,
               "length": args.length, "eps": args.eps, "spearman": summary}
+    check_results_commit(args.out, result)         # benchmarks/results/ keeps results of a clean commit
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     for s in SIGNALS:

@@ -38,7 +38,7 @@ from trtllm_dasc.evals.protocol import PAPER_MASK_SEEDS, ProtocolConfig, parse_a
 from trtllm_dasc.plan.synthetic import write_tiny_model
 from trtllm_dasc.evals.report import accuracy_table
 from trtllm_dasc.evals.tasks import TASKS
-from trtllm_dasc.provenance import git_commit
+from trtllm_dasc.provenance import check_results_commit, git_commit
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
 from trtllm_dasc.evals.paper_tables import write_markdown
@@ -204,7 +204,10 @@ def _finish(result: dict, out: str, plot: str | None, resamples: int) -> None:
 
 
 def _write(path: str, result: dict) -> None:
-    """Whole or not at all: a run stopped by a time limit leaves the arms it finished, readable."""
+    """Whole or not at all: a run stopped by a time limit leaves the arms it finished, readable. Into
+    benchmarks/results/ only at a clean commit (provenance.check_results_commit)."""
+    check_results_commit(path, result)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=1, default=str)
     os.replace(path + ".tmp", path)
