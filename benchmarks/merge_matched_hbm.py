@@ -70,7 +70,7 @@ def merge(runs: list[tuple[str, dict]], allow_mixed_commits: bool = False) -> di
                 entry["vs_dense"] = ratios(arm, base)
             merged["arms"].append(entry)
     from clients.targets import TARGET, verdict
-    merged["target"], merged["target_verdict"] = TARGET, verdict(merged["arms"])
+    merged["target"], merged["target_verdict"] = TARGET, verdict(merged["arms"], merged.get("model"))
     return merged
 
 

@@ -464,7 +464,7 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
            "calls": [{k: c.get(k) for k in ("call", "command", "commit", "gpu", "started", "max_units")} for c in calls],
            **(extra or {}), **assemble(manifest, calls, cells)}
     out["target"] = TARGET
-    out["target_verdict"] = verdict(out["arms"])
+    out["target_verdict"] = verdict(out["arms"], cfg.get("model"))
     if failed:
         out["failed_arms"] = failed
     return out

@@ -17,14 +17,43 @@ TARGET_LINE = ("target: dasc-nr W=16 vs dense at matched memory: mean TTFT <= -4
                "(paper App. C.2; ratios within each seed, mean over seeds)")
 
 
+# the released model the target was measured on: a run of another model (Qwen3-Next-80B, a tiny CPU model) is
+# reported beside it but not judged by it
+TARGET_MODEL = {"model_type": "kimi_linear", "hidden_size": 2304, "num_hidden_layers": 27}
+
+
+def other_model(model_path: str | None) -> str | None:
+    """Why the target does not apply to the run's model (its config.json, or the config file itself), or None
+    when it does or the config cannot be read here (a result merged on another machine: judged as before)."""
+    import json
+    import os
+    if not model_path:
+        return None
+    path = os.path.join(model_path, "config.json") if os.path.isdir(model_path) else model_path
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return None
+    shape = {k: raw.get(k) for k in TARGET_MODEL}
+    if shape == TARGET_MODEL:
+        return None
+    return (f"the target is the paper's Kimi-Linear-48B-A3B figure; this run's model is {shape['model_type']} "
+            f"(hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers)")
+
+
 def _changes(r: dict) -> tuple[float, float]:
     return r["ttft_mean_ms"]["mean"] - 1.0, r["input_tokens_per_s"]["mean"] - 1.0
 
 
-def verdict(arms: list[dict]) -> dict:
+def verdict(arms: list[dict], model_path: str | None = None) -> dict:
     """``arms``: a result's arms (clients/assemble.py, or a merge's); the verdict against TARGET: met True /
-    False with the two changes, or None with why (and the partial changes where the arm has them)."""
+    False with the two changes, or None with why (and the partial changes where the arm has them).
+    ``model_path``: the run's model; another model than the target's is not judged (other_model)."""
     ratio_key = f"vs_{TARGET['baseline']}"
+    why_not = other_model(model_path)
+    if why_not:
+        return {"met": None, "why": why_not}
     arm = next((a for a in arms if a.get("spec") == TARGET["arm"] and a.get("target", "triton") == "triton"), None)
     if arm is None:
         return {"met": None, "why": f"no {TARGET['arm']} arm"}

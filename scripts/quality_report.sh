@@ -23,7 +23,10 @@ for arch in kda gdn; do
     [ "$RES/horizon_validation_$arch.json" -ef "$OUTDIR/horizon_validation_$arch.json" ] ||
       cp "$RES/horizon_validation_$arch.json" "$OUTDIR/"
   else
-    $PY -m trtllm_dasc.evals.horizon_validation --model "$MODELS/$arch" --out "$OUTDIR/horizon_validation_$arch.json"
+    # the committed models through the committed code: HEAD, though this script has just copied new results
+    # into the tree (which makes the checkout's own commit read "+ uncommitted changes")
+    $PY -m trtllm_dasc.evals.horizon_validation --model "$MODELS/$arch" --out "$OUTDIR/horizon_validation_$arch.json" \
+      --commit "${COMMIT:-$(git rev-parse HEAD)}"
   fi
   $PY -m trtllm_dasc.cli plan --model "$MODELS/$arch" --wmax 16,64,128,512 --plot "$OUTDIR/decay_profile_$arch.png" > "$OUTDIR/plan_$arch.txt"
 done

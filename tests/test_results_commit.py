@@ -107,3 +107,13 @@ def test_real_model_is_refused_before_the_model_is_built(capsys, monkeypatch):
     assert real_model.main(["--smoke", "--out", str(out), "--commit", DIRTY]) == 2
     err = capsys.readouterr()
     assert "refusing to write" in err.err and "ready in" not in err.out and not out.exists()
+
+
+def test_a_quality_run_into_the_results_dir_is_refused_before_it_runs(monkeypatch, capsys):
+    # evals.run computes for minutes: an unclean commit is refused up front, in one line, before any arm
+    from trtllm_dasc.evals import run as evals_run
+    monkeypatch.setattr(evals_run, "run_arm", lambda *a, **k: pytest.fail("an arm ran before the refusal"))
+    rc = evals_run.main(["--smoke", "--out", str(RESULTS / "quality" / "_refused_probe.json"), "--commit", DIRTY])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "refusing to write" in err[0]
+    assert not (RESULTS / "quality" / "_refused_probe.json").exists()

@@ -136,3 +136,15 @@ def test_the_run_prints_the_target_before_any_cell_and_records_it(tmp_path, caps
     import json
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["target"] == targets.TARGET and r["target_verdict"]["met"] is None
+
+
+def test_a_run_of_another_model_is_not_judged_by_the_kimi_target():
+    # the target is the paper's Kimi-Linear-48B-A3B figure: a Qwen3-Next-80B run (or a tiny CPU model) shows its
+    # ratios but gets no verdict; the released Kimi config (and a config that cannot be read here) does
+    data = Path(__file__).resolve().parents[1] / "data"
+    nr16 = {u: (t / 2, s / 2) for u, (t, s) in DENSE.items()}
+    arms = result_of(_manifest(), [], _cells(nr16), {"command": "c", "commit": "abc1234"})["arms"]
+    qwen = targets.verdict(arms, str(data / "qwen3-next-80b-a3b.config.json"))
+    assert qwen["met"] is None and "Kimi-Linear-48B" in qwen["why"] and "qwen3_next" in qwen["why"]
+    assert targets.verdict(arms, str(data / "kimi-linear-48b-a3b.config.json"))["met"] is True
+    assert targets.verdict(arms, "/nonexistent/config.json")["met"] is True

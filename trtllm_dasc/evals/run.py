@@ -38,6 +38,7 @@ from trtllm_dasc.evals.protocol import PAPER_MASK_SEEDS, ProtocolConfig, parse_a
 from trtllm_dasc.plan.synthetic import write_tiny_model
 from trtllm_dasc.evals.report import accuracy_table
 from trtllm_dasc.evals.tasks import TASKS
+from trtllm_dasc.errors import UserError
 from trtllm_dasc.provenance import check_results_commit, git_commit
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
@@ -133,8 +134,18 @@ def arm_list(arms: str) -> list[str]:
 
 def main(argv=None) -> int:
     args = _parse(argv)
+    try:
+        return _main(args, argv)
+    except UserError as e:          # a refused write (provenance.check_results_commit), in one line
+        print(f"evals.run: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args, argv) -> int:
     if args.merge:
         return merge(args.merge, args.out, args.plot, args.resamples)
+    # a run into benchmarks/results/ at an unclean commit is refused before it computes anything
+    check_results_commit(args.out, args.commit or git_commit())
     try:
         if args.paper and args.smoke:
             raise ValueError("--paper and --smoke are two presets: give one")
