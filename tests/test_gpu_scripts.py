@@ -1,0 +1,82 @@
+"""The device scripts (scripts/gpu/*.sh) on the CPU: a shell mistake there costs a GPU call, which a session
+has a few of. Every script parses (bash -n); and matched_cells.sh, run in a scratch copy of the scripts with
+stand-ins for the two things only the GPU machine has (nvidia-smi, and python3 with the serving stack: it
+records its arguments instead of serving), composes the call each MODEL asks for, and refuses a TP degree the
+machine's GPUs cannot hold before it starts anything."""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted((ROOT / "scripts").rglob("*.sh"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_script_parses(script):
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _stub(path: Path, body: str) -> None:
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def _matched_call(tmp_path, gpus: int, **env) -> tuple[int, str, list[str]]:
+    """Run scripts/gpu/matched_cells.sh in a scratch root; (exit code, output, the client's arguments)."""
+    root, bin_, out = tmp_path / "root", tmp_path / "bin", tmp_path / "out"
+    for d in (root / "scripts" / "gpu", root / "tests" / "data", bin_, out):
+        d.mkdir(parents=True)
+    for name in ("prelude.sh", "matched_cells.sh"):
+        shutil.copy(ROOT / "scripts" / "gpu" / name, root / "scripts" / "gpu" / name)
+    for cfg in (ROOT / "tests" / "data").glob("*.config.json"):
+        shutil.copy(cfg, root / "tests" / "data" / cfg.name)
+    log = tmp_path / "client_args"
+    _stub(bin_ / "nvidia-smi", f'case "$*" in *query-gpu*) seq 0 {gpus - 1};; esac\n')
+    # python3 - <<PY (prelude's check of the serving wheels) passes; any other call is the client: recorded
+    _stub(bin_ / "python3", f'if [ "$1" = - ]; then cat >/dev/null; exit 0; fi\nprintf "%s\\n" "$@" > {log}\n')
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out), "COMMIT": "abc1234",
+           "BLOCKS": "1", **env}
+    proc = subprocess.run(["bash", "scripts/gpu/matched_cells.sh"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    args = log.read_text().splitlines() if log.exists() else []
+    return proc.returncode, proc.stdout + proc.stderr, args
+
+
+def _flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_matched_cells_composes_the_kimi_call(tmp_path):
+    rc, output, args = _matched_call(tmp_path, gpus=1)
+    assert rc == 0, output
+    assert args[:3] == ["-m", "clients.matched_hbm", "--paper"]
+    assert _flag(args, "--model") == "tests/data/kimi-linear-48b-a3b.config.json" and _flag(args, "--tp") == "1"
+    assert _flag(args, "--arms") == "dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8"
+    assert _flag(args, "--call-arms") == "nr16" and _flag(args, "--commit") == "abc1234"
+    # the cells directory keeps the name earlier sessions' directories have (a later call resumes them)
+    assert _flag(args, "--cells-dir") == "/tmp/cells/mh_kimi48_full_b1_prompt_only_hr21.27_cabc1234"
+    assert _flag(args, "--json").endswith("/out/matched_hbm_kimi48_full.json")
+    assert (tmp_path / "out" / "cells.tgz").is_file()
+
+
+def test_matched_cells_composes_the_qwen_tp2_call(tmp_path):
+    rc, output, args = _matched_call(tmp_path, gpus=2, MODEL="qwen80", CALL_ARMS="nr16,nr16:storage")
+    assert rc == 0, output
+    assert _flag(args, "--model") == "tests/data/qwen3-next-80b-a3b.config.json" and _flag(args, "--tp") == "2"
+    assert _flag(args, "--arms").split(",")[-2:] == ["nr16:storage", "nr16:hybrid"]
+    assert _flag(args, "--call-arms") == "nr16,nr16:storage"
+    assert _flag(args, "--cells-dir") == "/tmp/cells/mh_qwen80_tp2_full_b1_prompt_only_hr21.27_cabc1234"
+
+
+def test_matched_cells_refuses_tp2_on_one_gpu_and_an_unknown_model(tmp_path):
+    rc, output, args = _matched_call(tmp_path / "a", gpus=1, MODEL="qwen80")
+    assert rc == 5 and "TP 2 needs 2 GPUs" in output and args == []
+    rc, output, args = _matched_call(tmp_path / "b", gpus=1, MODEL="llama")
+    assert rc == 2 and "MODEL must be kimi48 or qwen80" in output and args == []
