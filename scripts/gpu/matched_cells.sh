@@ -34,7 +34,9 @@
 # Bring back after each call: tar xzf $files_at/cells.tgz -C $CELLS (the name the call printed) and commit it;
 # cat $files_at/matched_kernels.tgz.part-* > .kernel_cache/matched_<n>.tgz (the kernels this call compiled,
 # ~1 MB: keep the files in the lead's checkout so the next session's first call carries them; with them a
-# 48B server was ready in 31-35 s instead of 224 s). The device's .git may be stale: COMMIT names the real
+# 48B server was ready in 31-35 s instead of 224 s); and add the autotune records in them to the shipped ones
+# (unpack the .tgz, then python -m trtllm_dasc.engine.kernel_cache collect DIR/kernels, and commit
+# trtllm_dasc/assets/autotune/ with its README's table). The device's .git may be stale: COMMIT names the real
 # commit (one for all calls of a cells directory).
 set -uo pipefail
 CALL_LIMIT=${CALL_LIMIT:-600}
