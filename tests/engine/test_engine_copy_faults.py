@@ -43,17 +43,24 @@ def served(e, n=1):
         e.generate([greedy(i, p, 1)])
 
 
+def hit_beside_a_decode(e, tier, monkeypatch):
+    """A request starts decoding, then ``tier``'s copies to the device start failing and the hit arrives: its
+    copies land in steps the decoding request shares. Returns (the two requests' outputs, the failed copies)."""
+    outs = []
+    e.submit(greedy("dec", OTHER, 6), callback=outs.append)
+    e.step()
+    failed = fault(monkeypatch, tier, to_host=False)
+    e.submit(greedy("hit", HIT, N), callback=outs.append)
+    return outs, failed
+
+
 def test_a_failing_promotion_fails_the_held_back_hit_alone(tiny_models, monkeypatch):
     """The hit is held back (a request decodes): its promotion is queued in a step where it has no span.
     That copy fails: the hit fails, the decoding request runs on with its fault-free tokens."""
     path, hf = tiny_models["gdn"]
     e = engine(path, 2, host_slots=8)
     served(e, 4)
-    outs = []
-    e.submit(greedy("dec", OTHER, 6), callback=outs.append)
-    e.step()
-    failed = fault(monkeypatch, e.runner.host_tier, to_host=False)
-    e.submit(greedy("hit", HIT, N), callback=outs.append)
+    outs, failed = hit_beside_a_decode(e, e.runner.host_tier, monkeypatch)
     e.step()
     e.sanity_check()
     assert failed and [s.rid for s in e.scheduler.running] == ["dec"]
@@ -152,11 +159,7 @@ def test_a_failing_kv_warm_back_fails_its_hit_alone(tiny_models, monkeypatch):
     e = engine(path, 8, num_kv_blocks=10, host_kv_blocks=64)
     served(e, 4)
     assert node(e, PROMPTS[0], 12).cold
-    outs = []
-    e.submit(greedy("dec", OTHER, 6), callback=outs.append)
-    e.step()
-    failed = fault(monkeypatch, e.runner.kv_tier, to_host=False)
-    e.submit(greedy("hit", HIT, N), callback=outs.append)
+    outs, failed = hit_beside_a_decode(e, e.runner.kv_tier, monkeypatch)
     e.run_until_idle()
     e.sanity_check()
     assert failed and [(o.request_id, o.error[:40]) for o in outs if o.error] == [
