@@ -7,6 +7,8 @@
     ...+horizon            horizon-aware precision, each kept unit's codec from its horizon band
                            (--precision horizon, plan/precision.py's default bands)
     ...+horizon@<seed>     its count-matched control: the same codecs per layer on random kept units
+    ...+horizon/H1/H2[/C1/C2/C3][@seed]  other bands: --precision horizon:H1,H2[:C1,C2,C3] ('/' because a
+                           comma separates arms and a colon names a placement), e.g. nr16+horizon/64/1024
     ...:<placement>        at TP, this arm's placement of the units (off, storage, hybrid) instead of the run's
                            own: `nr16:storage,nr16:hybrid` compares placements in one run
 An arm is the EngineConfig / dasc-build fields that differ between arms; everything else is shared. Its conv
@@ -27,10 +29,22 @@ def _either(names) -> str:
     return "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
 
 
-# +<codec> for every codec but the default one, or +horizon[@seed] (a precision, not a codec)
+# +<codec> for every codec but the default one, or +horizon[/bands][@seed] (a precision, not a codec)
 SPEC = re.compile(rf"(dense|({_either(POLICIES)})(\d+)|rand(\d+)@(\d+))"
-                  rf"(?:\+({_either(CODECS[1:])}|horizon(?:@\d+)?))?(?::({_either(PLACEMENTS)}))?")
-EXAMPLES = "dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8, nr16+horizon, nr16+horizon@1234, nr16:storage"
+                  rf"(?:\+({_either(CODECS[1:])}|horizon(?:/\w+)*(?:@\d+)?))?(?::({_either(PLACEMENTS)}))?")
+
+
+def _precision(suffix: str) -> str:
+    """An arm's +horizon suffix as a --precision value: horizon/64/1024/int4/int8/int8@7 ->
+    horizon:64,1024:int4,int8,int8@7 (plan/precision.py checks the bands and codecs when it plans)."""
+    base, at, seed = suffix.partition("@")
+    parts = base.split("/")[1:]
+    thresholds = [p for p in parts if p.isdigit()]
+    codecs = [p for p in parts if not p.isdigit()]
+    out = "horizon" + (":" + ",".join(thresholds) if thresholds else "") + (":" + ",".join(codecs) if codecs else "")
+    return out + (at + seed if at else "")
+EXAMPLES = ("dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8, nr16+horizon, nr16+horizon@1234, "
+            "nr16+horizon/64/1024/int4/int8/int8, nr16:storage")
 
 
 @dataclass(slots=True)
@@ -62,7 +76,8 @@ class ArmSpec:
             name = f"dasc-{self.policy} W={self.wmax}"
         name += f" + {self.codec.upper()}" if self.codec != DEFAULT_CODEC else ""
         if self.precision_kind is not None:
-            name += " + horizon" + (f" bands shuffled {self.precision.partition('@')[2]}"
+            bands = self.precision.partition("@")[0].partition(":")[2]
+            name += " + horizon" + (f" {bands}" if bands else "") + (f" bands shuffled {self.precision.partition('@')[2]}"
                                     if self.precision_kind == "shuffled" else "")
         name += f" + conv {self.conv_codec.upper()}" if self.conv_codec != DEFAULT_CONV_CODEC else ""
         return name + (f" [{self.placement}]" if self.placement else "")
@@ -108,10 +123,11 @@ def parse_arm(spec: str) -> ArmSpec:
     if m is None:
         raise UserError(f"arm {spec.strip()!r}: expected dense, {', '.join(p + '<W>' for p in POLICIES)} or "
                         f"rand<W>@<seed>, each optionally {' / '.join('+' + c for c in CODECS[1:])} / "
-                        f"+horizon[@seed] and "
+                        f"+horizon[/H1/H2[/C1/C2/C3]][@seed] and "
                         f"{' / '.join(':' + p for p in PLACEMENTS)} (e.g. {EXAMPLES})")
     suffix = m.group(6) or DEFAULT_CODEC
-    codec, precision = (DEFAULT_CODEC, suffix) if suffix.startswith("horizon") else (suffix, DEFAULT_PRECISION)
+    codec, precision = ((DEFAULT_CODEC, _precision(suffix)) if suffix.startswith("horizon")
+                        else (suffix, DEFAULT_PRECISION))
     placement = m.group(7)
     if m.group(1) == "dense":
         if precision != DEFAULT_PRECISION:
