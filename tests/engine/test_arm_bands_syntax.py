@@ -39,3 +39,13 @@ def test_bands_that_do_not_parse_are_refused_in_one_line(spec):
     with pytest.raises(UserError) as e:
         parse_precision(arm.precision, arm.wmax)
     assert "\n" not in str(e.value)
+
+
+def test_a_quality_run_takes_one_band_set_per_window(capsys):
+    # the report pairs one horizon arm per W with dense, INT8 and that arm's shuffled controls
+    from trtllm_dasc.evals import run
+    rc = run.main(["--model", "unused", "--out", "/tmp/unused.json",
+                   "--arms", "dense,nr16+horizon,nr16+horizon/64/1024/int4/int8/int8@1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "2 band sets" in err[0]
+    run._one_band_set_per_window(["nr16+horizon/64/1024", "nr16+horizon/64/1024@5", "nr64+horizon"])   # fine

@@ -74,6 +74,19 @@ def precision_arms(windows=(16, 64)) -> list[str]:
     return arms
 
 
+def _one_band_set_per_window(specs: list[str]) -> None:
+    """The report pairs one horizon arm per W_max with dense, INT8 and its shuffled controls (report.py): two
+    band sets at one W in a run would be paired with each other's controls. ValueError, one line."""
+    bands: dict[int, set] = {}
+    for arm in map(parse_arm, specs):
+        if arm.precision_kind is not None:
+            bands.setdefault(arm.wmax, set()).add(arm.precision.partition("@")[0])
+    for w, found in sorted(bands.items()):
+        if len(found) > 1:
+            raise ValueError(f"--arms: horizon arms at W={w} name {len(found)} band sets ({', '.join(sorted(found))}): "
+                             "the report pairs one set per W with its controls; run the others separately")
+
+
 # the presets' settings; explicit flags win (their argparse defaults are None)
 PRESETS = {
     "paper": dict(arms=",".join(paper_protocol_arms()), tasks="all", lengths="4096,8192", instances=30, rounds=3),
@@ -163,6 +176,7 @@ def _main(args, argv) -> int:
             arms = arms[i::n]
         for a in arms:
             parse_arm(a)
+        _one_band_set_per_window(planned)
         tasks = tuple(TASKS) if args.tasks == "all" else tuple(args.tasks.split(","))
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
