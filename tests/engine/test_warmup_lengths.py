@@ -54,10 +54,13 @@ def test_warmup_sends_two_long_prompts_together_and_one_alone(tiny_models, monke
     report = engine.warmup()
     assert report["longest_prompt"] >= 2 * 16
     cold = batches[::2]
-    # one round a lone length: on the grid, off it (the low-bucket prompt is the longest here, a repeat)
-    assert [len(b) for b in cold] == [4, 2, 1, 1]
-    # the largest batch holds two prompts of two chunks, the lone request too, in both its rounds
-    assert sum(n >= 2 * 16 for n in cold[0]) == wu.LONG_PER_ROUND and min(cold[-2][0], cold[-1][0]) >= 2 * 16
+    # one round a lone length: on the grid, off it (the low-bucket prompt is the longest here, a repeat), short
+    assert [len(b) for b in cold] == [4, 2, 1, 1, 1]
+    # the largest batch holds two prompts of two chunks, the lone request too, in its first two rounds
+    assert sum(n >= 2 * 16 for n in cold[0]) == wu.LONG_PER_ROUND and min(cold[-3][0], cold[-2][0]) >= 2 * 16
+    # and a lone short prompt, whose decode reads a single split of the paged kernel (SPLITS = 1: the H200
+    # compiled that variant inside a lone 1-token request when warm-up had decoded only long contexts)
+    assert cold[-1] == [wu.SHORT_LONE]
     # Triton compiles a kernel variant per class of an integer argument (divisible by 16 or not): every batch
     # size, a lone request included, meets prompt lengths of both classes among its rounds (a lone request
     # has one length a step, so it needs one round of each)

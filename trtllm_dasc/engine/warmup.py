@@ -34,6 +34,7 @@ from trtllm_dasc.model.fused_ops import PINNED_ROWS
 TAILS = (15, 4, 31, 0, 63, 9, 16, 2)
 DECODE = 3
 LONG_PER_ROUND = 2                  # at most 2 (_long_lengths)
+SHORT_LONE = 5                      # a lone prompt this short decodes over a single key split (round_lengths)
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -81,7 +82,10 @@ def round_lengths(b: int, buckets: list[int], longest: int, short: int) -> list[
     those calls returned date nine layer_norm_fwd_kernel compiles and its autotune record (key D = 512,
     NB = 1) inside that replay, and no other compile after warm-up."""
     if b == 1:
-        lone = _long_lengths(longest, LONG_PER_ROUND) + [_lone_low_bucket(longest)]
+        # and a short one: its decode reads fewer keys than one split of the paged decode kernel holds, the
+        # SPLITS = 1 variant (kernels/decode_attention.py), which a lone 1- or 17-token request compiled inside
+        # itself on the H200 (tests/engine/test_late_compiles_gpu.py, 12-05) while every warm-up decode was long
+        lone = _long_lengths(longest, LONG_PER_ROUND) + [_lone_low_bucket(longest), min(longest, SHORT_LONE)]
         return [[n] for n in dict.fromkeys(lone)]
     n_long = min(b, LONG_PER_ROUND) if b == buckets[-1] else 0
     return [_long_lengths(longest, n_long) + _lengths(short, b)[n_long:]]
