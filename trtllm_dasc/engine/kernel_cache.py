@@ -31,20 +31,25 @@ def records(root: Path = RECORDS) -> list[Path]:
     return sorted(root.glob(f"*/*{SUFFIX}"))
 
 
-def seed(cache_dir: str | os.PathLike, root: Path = RECORDS) -> int:
-    """Copy root's records into cache_dir where it has none at their path; returns how many were copied.
-    Each lands by an atomic rename, so a rank compiling beside this one never reads half a file."""
-    copied = 0
-    for src in records(root):
-        dst = Path(cache_dir) / src.parent.name / src.name
+def _copy_missing(src_root: Path, dst_root: Path) -> list[Path]:
+    """src_root's records copied into dst_root where it has none at their path (the new paths). Each lands by
+    an atomic rename, so a rank compiling beside this one never reads half a file."""
+    new = []
+    for src in records(src_root):
+        dst = dst_root / src.parent.name / src.name
         if dst.exists():
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
         shutil.copyfile(src, tmp)
         os.replace(tmp, dst)
-        copied += 1
-    return copied
+        new.append(dst)
+    return new
+
+
+def seed(cache_dir: str | os.PathLike, root: Path = RECORDS) -> int:
+    """Copy root's records into cache_dir where it has none; returns how many were copied."""
+    return len(_copy_missing(root, Path(cache_dir)))
 
 
 def use_kernel_cache(cfg) -> None:
@@ -65,14 +70,7 @@ def use_kernel_cache(cfg) -> None:
 
 def collect(cache_dir: str | os.PathLike, root: Path = RECORDS) -> list[Path]:
     """Copy the autotune records of a Triton cache into root (those it lacks); returns the new ones."""
-    new = []
-    for src in records(Path(cache_dir)):
-        dst = root / src.parent.name / src.name
-        if not dst.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
-            new.append(dst)
-    return new
+    return _copy_missing(Path(cache_dir), root)
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,6 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.checkpoint_files import dummy_marker
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.model import ForwardOutput, HybridModel, SeqInput
-from trtllm_dasc.model.footprint import tensor_bytes
 from trtllm_dasc.model.prefill_flops import prefill_flops
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.spec import PLAN_TO_ENGINE, plan_fields
@@ -334,11 +333,6 @@ class ModelRunner:
                       wr_window=self.replay_window)
         return report
 
-
-def _numel(root) -> int:
-    """Elements of the distinct weights reachable from root: model/footprint.py's walk (a view counts as its
-    base once: the MoE layers hold views of their expert tensors), in elements rather than bytes."""
-    return tensor_bytes(root, elements=True)
 
 
 def graphs_wanted(cfg: EngineConfig, model: HybridModel) -> bool:
