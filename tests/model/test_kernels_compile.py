@@ -189,6 +189,19 @@ def check_state_ptx(name: str, ptx: str) -> None:
     assert name != "store_units_kernel" or bars <= 6, f"{name}: {bars} bar.sync, tiles moved through shared memory"
 
 
+def check_zero_sign_select(name: str, constexprs: dict, ptx: str) -> None:
+    """The integer encodes (INT8's gather with the fma quotient, INT4's store) compare no element against 0:
+    -0 and +0 give the same integer code, so kernels._div_rows keeps the zero's sign for fp8 alone; the
+    select it costs (a setp against 0f00000000 and a selp an element, 32 each a thread in the INT8 store)
+    came with ffd6360 and the H200's INT4 Kimi store went from 85.2% to 77.4% of a same-size copy."""
+    import re
+    integer = (name == "gather_units_kernel" and constexprs.get("QUANT") == 2) or \
+        (name == "store_units_kernel" and constexprs.get("CODEC") == 2)
+    if integer:
+        n = len(re.findall(r"setp\.[a-z]+\.f32[^\n]*, 0f00000000", ptx))
+        assert n == 0, f"{name} {constexprs}: {n} per-element compares against zero (the fp8-only sign select)"
+
+
 def check_conv_divisions(divs: dict) -> None:
     """The 8-bit conv encode's quotients are the fma sequence (kernels._div_fma), not div.rn: a store launch
     with it (CONV8 3) has at most 2 more div.rn.f32 (the layer's scale, its reciprocal) than the same launch
@@ -237,6 +250,7 @@ def compile_one(job: tuple[int, frozenset]) -> str:
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", r.stdout + r.stderr)]
     regs = re.findall(r"Used (\d+) registers", r.stdout + r.stderr)
     check_state_ptx(fn.__name__, k.asm["ptx"])
+    check_zero_sign_select(fn.__name__, dict(constexprs), k.asm["ptx"])
     assert r.returncode == 0 and spills and not any(spills), (fn.__name__, constexprs, r.stderr[-2000:])
     ndiv = len(re.findall(r"\bdiv\.rn\.f32", k.asm["ptx"]))
     line = f"compiled {fn.__name__} {constexprs} {sorted(extra)} registers {regs} spill stores {spills}"

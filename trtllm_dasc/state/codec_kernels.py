@@ -75,7 +75,7 @@ def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC:
         mask = rmask[:, None] & (b < V)[None, :]
         x = tl.load(src + row[:, None] + b[None, :], mask=mask, other=0.0).to(tl.float32)
         s = _row_scale(tl.max(tl.abs(x), axis=1), 448.0)
-        out = _fp8_encode(tl.minimum(tl.maximum(_div_rows(x, s, FAST_DIV), -448.0), 448.0))
+        out = _fp8_encode(tl.minimum(tl.maximum(_div_rows(x, s, FAST_DIV, True), -448.0), 448.0))
     else:
         # one contiguous load of the whole row (V even): two stride-2 loads made the coalescer map a warp across
         # rows (module docstring). The codes are packed where they are: each shifted by 4 x its element's

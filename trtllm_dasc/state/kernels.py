@@ -40,14 +40,20 @@ def _div_fma(x, s, r):
 
 
 @triton.jit
-def _div_rows(x, s, FAST_DIV: tl.constexpr):
+def _div_rows(x, s, FAST_DIV: tl.constexpr, SIGNED_ZERO: tl.constexpr = False):
     """x [R, C] / s [R] row by row, the IEEE quotient either way: div_rn, or on a GPU (FAST_DIV) _div_fma from
-    one div_rn reciprocal a row. A zero x keeps its sign, as div_rn's: the fma sequence gives +0 for -0
-    (fma(+0, s, -0) = +0), which the fp8 code would carry (0x00 for torch's 0x80)."""
+    one div_rn reciprocal a row. SIGNED_ZERO (fp8 only): a zero x keeps its sign, as div_rn's: the fma
+    sequence gives +0 for -0 (fma(+0, s, -0) = +0), which the fp8 code would carry (0x00 for torch's 0x80).
+    The integer codecs (INT8, INT4) leave it off: -0 and +0 round to the same code 0, and the select costs a
+    compare and a select an element (32 + 32 a thread in the INT8 store), which the Kimi-Linear stores,
+    short on bytes, may not hide (H200: INT4's Kimi store at 85.2% of a same-size copy at b437fc4, before the
+    select, 77.4% at 3b91433 with it); tests/model/test_kernels_compile.py keeps it out of INT8 and INT4."""
     sb = tl.broadcast_to(s[:, None], x.shape)
     if FAST_DIV:
         rb = tl.broadcast_to(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)[:, None], x.shape)
-        return tl.where(x == 0.0, x, _div_fma(x, sb, rb))
+        if SIGNED_ZERO:
+            return tl.where(x == 0.0, x, _div_fma(x, sb, rb))
+        return _div_fma(x, sb, rb)
     return tl.math.div_rn(x, sb)
 
 
