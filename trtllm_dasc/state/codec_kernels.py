@@ -6,8 +6,9 @@ int4 V // 2; an int4 tile moves its rows' 2 * BLOCK_B values with one contiguous
 interleaves the even and odd elements in registers: two stride-2 accesses have contiguity 1 along the row, so
 Triton's coalescing put a warp's 32 lanes on 32 different rows, 32 sectors an instruction, ~10x slower on the
 H200 at be51277). The fp8
-encode / decode work on the bits (round to nearest even, like torch's cast), so the interpreter and the GPU
-give torch's codes exactly; Triton's own fp8 cast is not defined the same way in the interpreter.
+encode / decode work on the bits (round to nearest even, like torch's cast) in the interpreter, where Triton's
+own fp8 cast is not defined the same way; on a GPU the encode is the hardware's conversion (FAST_DIV), the same
+rounding (tests/state/test_codecs_fp8_int4.py checks it near every e4m3fn midpoint there).
 Quotients use div_rn (the IEEE quotient torch computes) in the interpreter; on a GPU the fma quotient
 (kernels._div_rows, FAST_DIV), proven to give div_rn's int4 and fp8 codes (tests/state/fma_quotient.py). Addresses
 are int64.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 from trtllm_dasc.state.kernels import _conv_part, _div_rows, _round_half_even, _row_scale
 from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows
@@ -52,8 +54,14 @@ def _fp8_decode(c):
 
 
 @triton.jit
-def _int4_code(y):
-    q = _round_half_even(tl.minimum(tl.maximum(y, -7.0), 7.0)).to(tl.int32)
+def _int4_code(y, GPU: tl.constexpr = False):
+    y = tl.minimum(tl.maximum(y, -7.0), 7.0)
+    if GPU:
+        # cvt.rni.s32.f32: the hardware's round to nearest even straight to an integer, one instruction for
+        # _round_half_even's two adds and the truncating conversion (no interpreter twin: libdevice)
+        q = libdevice.float2int_rn(y)
+    else:
+        q = _round_half_even(y).to(tl.int32)
     return q & 15
 
 
@@ -75,7 +83,14 @@ def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC:
         mask = rmask[:, None] & (b < V)[None, :]
         x = tl.load(src + row[:, None] + b[None, :], mask=mask, other=0.0).to(tl.float32)
         s = _row_scale(tl.max(tl.abs(x), axis=1), 448.0)
-        out = _fp8_encode(tl.minimum(tl.maximum(_div_rows(x, s, FAST_DIV, True), -448.0), 448.0))
+        y = tl.minimum(tl.maximum(_div_rows(x, s, FAST_DIV, True), -448.0), 448.0)
+        if FAST_DIV:
+            # on a GPU the hardware's conversion (sm90: cvt.rn.satfinite.e4m3x2.f32, round to nearest even like
+            # _fp8_encode and torch's cast; y is finite and within +-448): one instruction for two values where
+            # the bit arithmetic takes about fifteen an element
+            out = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        else:
+            out = _fp8_encode(y)
     else:
         # one contiguous load of the whole row (V even): two stride-2 loads made the coalescer map a warp across
         # rows (module docstring). The codes are packed where they are: each shifted by 4 x its element's
@@ -87,7 +102,7 @@ def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC:
         x = tl.load(src + row[:, None] + e[None, :], mask=mask, other=0.0).to(tl.float32)
         s = _row_scale(tl.max(tl.abs(x), axis=1), 7.0)
         y = _div_rows(x, s, FAST_DIV)
-        c = _int4_code(y)
+        c = _int4_code(y, FAST_DIV)
         c = c << ((e & 1) * 4)[None, :]
         out = tl.sum(tl.reshape(c, (x.shape[0], BLOCK_B, 2)), axis=2).to(tl.uint8)
     return out, s
