@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import libdevice
 
-from trtllm_dasc.state.kernels import _conv_part, _div_rows, _round_half_even, _row_scale
+from trtllm_dasc.state.kernels import _conv_part, _div_rows, _round_half_even, _round_to_int, _row_scale
 from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows
 
 
@@ -55,14 +54,7 @@ def _fp8_decode(c):
 
 @triton.jit
 def _int4_code(y, GPU: tl.constexpr = False):
-    y = tl.minimum(tl.maximum(y, -7.0), 7.0)
-    if GPU:
-        # cvt.rni.s32.f32: the hardware's round to nearest even straight to an integer, one instruction for
-        # _round_half_even's two adds and the truncating conversion (no interpreter twin: libdevice)
-        q = libdevice.float2int_rn(y)
-    else:
-        q = _round_half_even(y).to(tl.int32)
-    return q & 15
+    return _round_to_int(tl.minimum(tl.maximum(y, -7.0), 7.0), GPU) & 15
 
 
 @triton.jit

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows
 
@@ -19,6 +20,15 @@ def _round_half_even(x):
     # (exact for |x| < 2**22; callers clip first: 127, int4 7, fp8 subnormal codes < 8). libdevice.rint has no
     # interpreter twin.
     return (x + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _round_to_int(y, GPU: tl.constexpr):
+    """fp32 y (clipped by the caller) -> int32, round to nearest even. GPU: cvt.rni, one instruction for
+    _round_half_even's two adds and the truncating cvt.rzi that follows them (libdevice: no interpreter twin)."""
+    if GPU:
+        return libdevice.float2int_rn(y)
+    return _round_half_even(y).to(tl.int32)
 
 
 @triton.jit
@@ -59,7 +69,7 @@ def _div_rows(x, s, FAST_DIV: tl.constexpr, SIGNED_ZERO: tl.constexpr = False):
 
 @triton.jit
 def _quantize_rows(x, FAST_DIV: tl.constexpr):
-    """[BLOCK_R, BLOCK_V] fp32 tile (masked lanes 0) -> (q fp32 integral, s [BLOCK_R]); paper Eq. 10.
+    """[BLOCK_R, BLOCK_V] fp32 tile (masked lanes 0) -> (q int32 in [-127, 127], s [BLOCK_R]); paper Eq. 10.
     The quotients x / s are IEEE-rounded either way, so they equal torch's bit for bit. FAST_DIV (on a GPU):
     _div_fma, by Markstein's correction the correctly rounded quotient (a = |x| <= 127 s, all normal): the
     INT8 store, short on bytes, could not hide div_rn's ten flops an element (`python -m benchmarks
@@ -67,7 +77,7 @@ def _quantize_rows(x, FAST_DIV: tl.constexpr):
     with this). Without FAST_DIV (Triton's interpreter, whose fma rounds twice) div_rn."""
     s = _row_scale(tl.max(tl.abs(x), axis=1), 127.0)
     y = tl.minimum(tl.maximum(_div_rows(x, s, FAST_DIV), -127.0), 127.0)
-    return _round_half_even(y), s
+    return _round_to_int(y, FAST_DIV), s
 
 
 @triton.jit
@@ -132,7 +142,7 @@ def _conv8_encode_layer(src, dst, dst_scale, i_src, slot, layer, n, s_src_b, s_s
         else:
             y = tl.math.div_rn(x, sb)
         y = tl.minimum(tl.maximum(y, -127.0), 127.0)
-        tl.store(out + e, _round_half_even(y).to(tl.int8), mask=e < n_pad)
+        tl.store(out + e, _round_to_int(y, FAST_DIV).to(tl.int8), mask=e < n_pad)
     # s_dst_* are in int8 elements; the fp32 view's are a quarter of them
     tl.store(dst_scale + slot * (s_dst_b // 4) + layer * (s_dst_l // 4) + row4 - 1, s)
 
