@@ -105,12 +105,17 @@ def test_a_request_in_flight_is_active_and_its_step_is_reported(server):
     client = StreamClient(server.grpc_url)
     try:
         client.send("long", triton_inputs(grpc, [5, 6, 7], LONG, streaming=True))
-        busy = settled(server, lambda m: trt(m, "nv_trt_llm_request_metrics", "request_type", "active") == 1)
+        # the first scrape that shows a decode step: the metrics thread may first publish the request active
+        # with its prefill step as the last one (a context request, no generation request; seen on a 2-core
+        # clone), and a 3-token prompt is one prefill step, so the steps after it are generation steps
+        busy = settled(server, lambda m: trt(m, "nv_trt_llm_request_metrics", "request_type", "active") == 1
+                       and trt(m, "nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric",
+                               "generation_requests") == 1)
         client.collect(1)
     finally:
         client.close()
     assert trt(busy, "nv_trt_llm_request_metrics", "request_type", "active") == 1
-    # decoding by then (a 3-token prompt is one prefill step): one generation request per step
+    # decoding by then: one generation request per step
     assert trt(busy, "nv_trt_llm_request_metrics", "request_type", "scheduled") == 1
     assert trt(busy, "nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric",
                "generation_requests") == 1
