@@ -43,6 +43,8 @@ def _precision(suffix: str) -> str:
     codecs = [p for p in parts if not p.isdigit()]
     out = "horizon" + (":" + ",".join(thresholds) if thresholds else "") + (":" + ",".join(codecs) if codecs else "")
     return out + (at + seed if at else "")
+
+
 EXAMPLES = ("dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8, nr16+horizon, nr16+horizon@1234, "
             "nr16+horizon/64/1024/int4/int8/int8, nr16:storage")
 

@@ -334,7 +334,6 @@ class ModelRunner:
         return report
 
 
-
 def graphs_wanted(cfg: EngineConfig, model: HybridModel) -> bool:
     """Decode steps as CUDA graphs: asked for, on a GPU, with the kernel backend (its decode path reads no
     host values), on one rank (the all-reduce is not captured), with dense MLPs or MoE layers on a fused
