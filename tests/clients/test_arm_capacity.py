@@ -22,8 +22,8 @@ ARMS = ["dense", "nr16", "wr32+int8", "nr16+int4", "rand16@5", "nr16+horizon", "
 
 
 def _conv8(spec: str) -> ArmSpec:
-    a = parse_arm(spec)
-    a.conv_codec = "int8"
+    a = parse_arm(spec + "+conv-int8" if ":" not in spec else spec.replace(":", "+conv-int8:"))
+    assert a.conv_codec == "int8", spec
     return a
 
 

@@ -49,3 +49,27 @@ def test_a_quality_run_takes_one_band_set_per_window(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "2 band sets" in err[0]
     run._one_band_set_per_window(["nr16+horizon/64/1024", "nr16+horizon/64/1024@5", "nr64+horizon"])   # fine
+
+
+@pytest.mark.parametrize("spec, codec, precision, placement", [
+    ("nr16+conv-int8", "native", "uniform", None),
+    ("dense+conv-int8", "native", "uniform", None),
+    ("nr16+int8+conv-int8:hybrid", "int8", "uniform", "hybrid"),
+    ("nr16+horizon/128/1024/int4/int8/int8+conv-int8", "native", "horizon:128,1024:int4,int8,int8", None),
+])
+def test_a_conv_suffix_sets_the_conv_codec_beside_the_temporal_one(spec, codec, precision, placement):
+    # +conv-int8 is --conv-codec int8; the temporal codec, bands and placement parse as without it
+    arm = parse_arm(spec)
+    assert (arm.conv_codec, arm.codec, arm.precision, arm.placement) == ("int8", codec, precision, placement)
+    flags = arm.build_flags()
+    assert flags[flags.index("--conv-codec") + 1] == "int8"
+    assert arm.label.endswith("+ conv INT8" + (f" [{placement}]" if placement else ""))
+    without = parse_arm(spec.replace("+conv-int8", ""))
+    assert without.conv_codec == "native" and "--conv-codec" not in without.build_flags()
+
+
+@pytest.mark.parametrize("spec", ["nr16+conv-fp8", "nr16+conv-int8+int8", "nr16+conv-native"])
+def test_a_conv_suffix_out_of_place_or_unknown_is_refused_in_one_line(spec):
+    with pytest.raises(UserError) as e:
+        parse_arm(spec)
+    assert "\n" not in str(e.value) and "+conv-int8" in str(e.value)

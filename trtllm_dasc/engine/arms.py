@@ -9,10 +9,11 @@
     ...+horizon@<seed>     its count-matched control: the same codecs per layer on random kept units
     ...+horizon/H1/H2[/C1/C2/C3][@seed]  other bands: --precision horizon:H1,H2[:C1,C2,C3] ('/' because a
                            comma separates arms and a colon names a placement), e.g. nr16+horizon/64/1024
+    ...+conv-int8          the conv state in 8 bits (--conv-codec int8) beside any temporal codec or bands, e.g.
+                           nr16+horizon/128/1024/int4/int8/int8+conv-int8
     ...:<placement>        at TP, this arm's placement of the units (off, storage, hybrid) instead of the run's
                            own: `nr16:storage,nr16:hybrid` compares placements in one run
-An arm is the EngineConfig / dasc-build fields that differ between arms; everything else is shared. Its conv
-codec has no spec syntax (the protocols compare temporal codecs): an ArmSpec made in code may set one.
+An arm is the EngineConfig / dasc-build fields that differ between arms; everything else is shared.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.spec import (CODECS, DEFAULT_CODEC, DEFAULT_CONV_CODEC, DEFAULT_LAYOUT, DEFAULT_POLICY,
+from trtllm_dasc.spec import (CODECS, CONV_CODECS, DEFAULT_CODEC, DEFAULT_CONV_CODEC, DEFAULT_LAYOUT, DEFAULT_POLICY,
                               DEFAULT_PRECISION, PLACEMENTS, POLICIES, build_placement)
 
 
@@ -29,9 +30,11 @@ def _either(names) -> str:
     return "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
 
 
-# +<codec> for every codec but the default one, or +horizon[/bands][@seed] (a precision, not a codec)
+# +<codec> for every codec but the default one, or +horizon[/bands][@seed] (a precision, not a codec); then
+# +conv-<conv codec> for every conv codec but the native one
 SPEC = re.compile(rf"(dense|({_either(POLICIES)})(\d+)|rand(\d+)@(\d+))"
-                  rf"(?:\+({_either(CODECS[1:])}|horizon(?:/\w+)*(?:@\d+)?))?(?::({_either(PLACEMENTS)}))?")
+                  rf"(?:\+({_either(CODECS[1:])}|horizon(?:/\w+)*(?:@\d+)?))?"
+                  rf"(?:\+conv-({_either(CONV_CODECS[1:])}))?(?::({_either(PLACEMENTS)}))?")
 
 
 def _precision(suffix: str) -> str:
@@ -46,7 +49,7 @@ def _precision(suffix: str) -> str:
 
 
 EXAMPLES = ("dense, nr16, wr16, wr-warm16, rand16@1234, nr16+int8, nr16+horizon, nr16+horizon@1234, "
-            "nr16+horizon/64/1024/int4/int8/int8, nr16:storage")
+            "nr16+horizon/64/1024/int4/int8/int8, nr16+int8+conv-int8, nr16:storage")
 
 
 @dataclass(slots=True)
@@ -58,7 +61,7 @@ class ArmSpec:
     mask_seed: int | None = None          # set: the random selection with this seed
     placement: str | None = None          # set: this arm's TP placement (None: the run's)
     precision: str = DEFAULT_PRECISION    # or "horizon" / "horizon@<seed>" (--precision)
-    conv_codec: str = DEFAULT_CONV_CODEC  # --conv-codec (no spec syntax: set in code)
+    conv_codec: str = DEFAULT_CONV_CODEC  # --conv-codec (+conv-<codec>)
 
     @property
     def precision_kind(self) -> str | None:
@@ -125,24 +128,26 @@ def parse_arm(spec: str) -> ArmSpec:
     if m is None:
         raise UserError(f"arm {spec.strip()!r}: expected dense, {', '.join(p + '<W>' for p in POLICIES)} or "
                         f"rand<W>@<seed>, each optionally {' / '.join('+' + c for c in CODECS[1:])} / "
-                        f"+horizon[/H1/H2[/C1/C2/C3]][@seed] and "
+                        f"+horizon[/H1/H2[/C1/C2/C3]][@seed], then "
+                        f"{' / '.join('+conv-' + c for c in CONV_CODECS[1:])}, and "
                         f"{' / '.join(':' + p for p in PLACEMENTS)} (e.g. {EXAMPLES})")
     suffix = m.group(6) or DEFAULT_CODEC
     codec, precision = ((DEFAULT_CODEC, _precision(suffix)) if suffix.startswith("horizon")
                         else (suffix, DEFAULT_PRECISION))
-    placement = m.group(7)
+    conv_codec = m.group(7) or DEFAULT_CONV_CODEC
+    placement = m.group(8)
     if m.group(1) == "dense":
         if precision != DEFAULT_PRECISION:
             raise UserError(f"arm {spec.strip()!r}: dense keeps every unit at the model's precision; "
                             "+horizon is for a dasc arm (e.g. nr16+horizon)")
-        return ArmSpec(spec.strip(), codec=codec, placement=placement)
+        return ArmSpec(spec.strip(), codec=codec, placement=placement, conv_codec=conv_codec)
     if m.group(2):
         wmax, policy, seed = int(m.group(3)), m.group(2), None
     else:
         wmax, policy, seed = int(m.group(4)), DEFAULT_POLICY, int(m.group(5))
     if wmax == 0:
         raise UserError(f"arm {spec.strip()!r}: a dasc arm needs W_max >= 1 (dense is `dense`)")
-    return ArmSpec(spec.strip(), wmax, policy, codec, seed, placement, precision)
+    return ArmSpec(spec.strip(), wmax, policy, codec, seed, placement, precision, conv_codec)
 
 
 def parse_arms(text: str) -> list[ArmSpec]:

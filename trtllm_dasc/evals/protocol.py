@@ -12,7 +12,8 @@ evicted between warm and replay.
 
 Arms: `dense`; `nr<W>` / `wr<W>` / `wr-warm<W>` (dasc, that load policy; wr-warm: the replay starts from the
 checkpoint's retained units, the quality issue's candidate); `+int8` (INT8 codec); `rand<W>@<seed>` (nr with
-the count-matched random mask of that seed: the paper's control).
+the count-matched random mask of that seed: the paper's control); `+horizon...` (horizon bands);
+`+conv-int8` (the conv state in 8 bits): engine/arms.py has the full syntax.
 """
 from __future__ import annotations
 
