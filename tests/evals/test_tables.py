@@ -83,3 +83,41 @@ def test_horizon_arms_have_their_own_rows_and_comparisons():
     assert cells == ["16", f"{100 * np.mean(dense):.1f}", "0.0", f"{100 * np.mean(dense):.1f}",
                      f"{100 * np.mean(horizon):.1f}", f"{np.mean(pct):.1f} ({np.std(pct, ddof=1):.1f}, 3)"]
     assert "dasc-nr + horizon minus its bands shuffled" in text
+
+
+def test_an_8bit_conv_arm_is_paired_with_dense_and_its_native_conv_twin():
+    """+conv-int8 (issue 35's 12x point): the arm against dense and against the same spec with the native conv
+    state, paired per instance (recomputed here); it stands in for neither dense nor the horizon arm."""
+    rng = np.random.default_rng(11)
+    n = 80
+    dense = rng.integers(0, 2, n)
+    horizon = dense * (np.arange(n) >= 2)                       # loses 2 of dense's instances
+    conv = horizon * (np.arange(n) % 10 != 3)                   # and a few more with the 8-bit conv state
+    spec = "nr16+horizon/128/1024/int4/int8/int8"
+    # dense + conv-int8 after dense, the conv arm before its twin: the order that would hide a conv arm taken
+    # for dense or for the horizon arm
+    arms = [_arm("dense", dense), _arm("dense+conv-int8", np.zeros(n)), _arm("nr16+int8", dense),
+            _arm(spec + "+conv-int8", conv), _arm(spec, horizon)]
+    comp = comparisons(arms, resamples=2000)
+    assert comp["horizon_vs_dense"][16]["diff"] == np.mean(horizon - dense)   # the twin, not the conv arm
+    assert comp["conv8_vs_dense"][16]["diff"] == np.mean(conv - dense)
+    assert comp["conv8_vs_native_conv"][16]["diff"] == np.mean(conv - horizon)
+    assert comp["conv8_vs_dense"][0]["diff"] == -np.mean(dense)                # dense + conv-int8 against dense
+    result = {"model": "/x/kda", "commit": "abc", "tasks": ["t"], "lengths": [100], "instances": n, "arms": arms,
+              "comparisons": json.loads(json.dumps(comp))}
+    text = markdown(result, "kda")
+    lines = text.splitlines()
+    row = next(line for line in lines[lines.index("The 8-bit conv state (%):"):] if f"`{spec}+conv-int8`" in line)
+    assert [c.strip() for c in row.strip("|").split("|")] == [
+        "16", f"`{spec}+conv-int8`", f"{100 * np.mean(conv):.1f}", f"{100 * np.mean(horizon):.1f}"]
+    prec = next(line for line in lines[lines.index("Horizon-aware precision (%):"):] if line.startswith("| 16 |"))
+    assert prec.split("|")[2].strip() == f"{100 * np.mean(dense):.1f}"        # dense, not dense + conv-int8
+    assert "| the 8-bit conv arm minus its native-conv twin | 16 |" in text
+
+
+def test_two_conv_arms_at_one_window_are_refused_in_one_line(capsys):
+    from trtllm_dasc.evals import run
+    rc = run.main(["--model", "unused", "--out", "/tmp/unused.json",
+                   "--arms", "dense,nr16+conv-int8,nr16+int8+conv-int8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "change the conv codec" in err[0]

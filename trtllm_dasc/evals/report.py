@@ -9,6 +9,9 @@ family over the W values present:
   wr_vs_nr         dasc-wr W        minus dasc-nr W        (what the replay recovers)
   int8_vs_native   dasc-nr W + INT8 minus dasc-nr W
   wrwarm_vs_wr     dasc-wr-warm W   minus dasc-wr W        (is the warm-started replay better?)
+  horizon_vs_*     dasc-nr W + horizon bands minus dense, minus + INT8, minus its shuffled controls (issue 35)
+  conv8_vs_dense   the W arm with the 8-bit conv state (+conv-int8) minus dense
+  conv8_vs_native_conv  that arm minus the same spec without +conv-int8 (the conv codec's own cost)
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import numpy as np
 
 from trtllm_dasc.evals.protocol import parse_arm
 from trtllm_dasc.evals.stats import paired_bootstrap, holm
+from trtllm_dasc.spec import DEFAULT_CONV_CODEC
 
 
 def instance_scores(result: dict) -> dict:
@@ -56,10 +60,15 @@ def mean_scores(arms: list[dict]) -> dict:
 
 def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> dict:
     arms = {r["arm"]: (parse_arm(r["arm"]), instance_scores(r)) for r in results}
-    dense = next((s for a, s in arms.values() if a.wmax == 0 and a.codec == "native"), None)
-    by, horizon = {}, {}
-    for a, s in arms.values():
-        if a.wmax and a.precision_kind is not None:
+    dense = next((s for a, s in arms.values() if a.wmax == 0 and a.codec == "native"
+                  and a.conv_codec == DEFAULT_CONV_CODEC), None)
+    by, horizon, conv = {}, {}, {}
+    for spec, (a, s) in arms.items():
+        if a.conv_codec != DEFAULT_CONV_CODEC:
+            # the 8-bit conv state (+conv-int8): against dense and against the same arm with a native conv
+            # state, when the run has it (run.py allows one such arm per W_max)
+            conv[a.wmax] = (s, arms.get(spec.replace(f"+conv-{a.conv_codec}", ""), (None, None))[1])
+        elif a.wmax and a.precision_kind is not None:
             # horizon precision (issue 35) and its count-matched control (bands shuffled with a seed)
             if a.policy == "nr" and a.mask_seed is None:
                 horizon.setdefault((a.precision_kind, a.wmax), []).append(s)
@@ -96,6 +105,13 @@ def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> 
             out["wrwarm_vs_wr"][w] = _paired(by[("wr-warm", "native", w)][0], by[("wr", "native", w)][0], resamples, seed)
         if ("nr", "int8", w) in by:
             out["int8_vs_native"][w] = _paired(by[("nr", "int8", w)][0], nr, resamples, seed)
+    if conv:
+        out.update({"conv8_vs_dense": {}, "conv8_vs_native_conv": {}})
+        for w, (s, native) in sorted(conv.items()):
+            if dense is not None:
+                out["conv8_vs_dense"][w] = _paired(s, dense, resamples, seed)
+            if native is not None:
+                out["conv8_vs_native_conv"][w] = _paired(s, native, resamples, seed)
     for family in out.values():
         keys = [w for w, c in family.items() if c.get("n")]
         for w, ph in zip(keys, holm([family[w]["p"] for w in keys])):
@@ -130,6 +146,7 @@ def plot_accuracy(results: list[dict], path: str, title: str) -> None:
         kind += " + INT8" if a.codec == "int8" else ""
         if a.precision_kind is not None:
             kind += " + horizon bands shuffled (mean)" if a.precision_kind == "shuffled" else " + horizon"
+        kind += f" + conv {a.conv_codec.upper()}" if a.conv_codec != DEFAULT_CONV_CODEC else ""
         series.setdefault(kind, {}).setdefault(a.wmax, []).append(acc[r["arm"]]["accuracy"])
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for kind, pts in sorted(series.items()):

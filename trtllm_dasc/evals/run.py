@@ -36,9 +36,9 @@ import time
 
 from trtllm_dasc.evals.protocol import PAPER_MASK_SEEDS, ProtocolConfig, parse_arm, run_arm
 from trtllm_dasc.plan.synthetic import write_tiny_model
-from trtllm_dasc.evals.report import accuracy_table
 from trtllm_dasc.evals.tasks import TASKS
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import DEFAULT_CONV_CODEC
 from trtllm_dasc.provenance import check_results_commit, git_commit
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
@@ -75,8 +75,9 @@ def precision_arms(windows=(16, 64)) -> list[str]:
 
 
 def _one_band_set_per_window(specs: list[str]) -> None:
-    """The report pairs one horizon arm per W_max with dense, INT8 and its shuffled controls (report.py): two
-    band sets at one W in a run would be paired with each other's controls. ValueError, one line."""
+    """The report pairs one horizon arm per W_max with dense, INT8 and its shuffled controls, and one arm with
+    a changed conv codec per W_max with dense and its native-conv twin (report.py): two band sets, or two
+    conv arms, at one W in a run would be paired with each other's controls. ValueError, one line."""
     bands: dict[int, set] = {}
     for arm in map(parse_arm, specs):
         if arm.precision_kind is not None:
@@ -85,6 +86,14 @@ def _one_band_set_per_window(specs: list[str]) -> None:
         if len(found) > 1:
             raise ValueError(f"--arms: horizon arms at W={w} name {len(found)} band sets ({', '.join(sorted(found))}): "
                              "the report pairs one set per W with its controls; run the others separately")
+    conv: dict[int, list[str]] = {}
+    for arm in map(parse_arm, specs):
+        if arm.conv_codec != DEFAULT_CONV_CODEC:
+            conv.setdefault(arm.wmax, []).append(arm.spec)
+    for w, found in sorted(conv.items()):
+        if len(found) > 1:
+            raise ValueError(f"--arms: {len(found)} arms at W={w} change the conv codec ({', '.join(found)}): "
+                             "the report pairs one per W with dense and its native-conv twin; run the others separately")
 
 
 # the presets' settings; explicit flags win (their argparse defaults are None)

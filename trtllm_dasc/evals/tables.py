@@ -14,6 +14,7 @@ import numpy as np
 
 from trtllm_dasc.evals.protocol import parse_arm
 from trtllm_dasc.evals.report import accuracy_table
+from trtllm_dasc.spec import DEFAULT_CONV_CODEC
 
 # the comparison families of report.comparisons, as the tables name them
 FAMILIES = {"nr_vs_dense": "dasc-nr minus dense", "nr_vs_random": "dasc-nr minus random masks (mean of seeds)",
@@ -21,7 +22,9 @@ FAMILIES = {"nr_vs_dense": "dasc-nr minus dense", "nr_vs_random": "dasc-nr minus
             "wrwarm_vs_wr": "dasc-wr-warm minus dasc-wr",
             "horizon_vs_dense": "dasc-nr + horizon minus dense",
             "horizon_vs_int8": "dasc-nr + horizon minus dasc-nr + INT8",
-            "horizon_vs_shuffled": "dasc-nr + horizon minus its bands shuffled (mean of seeds)"}
+            "horizon_vs_shuffled": "dasc-nr + horizon minus its bands shuffled (mean of seeds)",
+            "conv8_vs_dense": "the 8-bit conv arm minus dense",
+            "conv8_vs_native_conv": "the 8-bit conv arm minus its native-conv twin"}
 
 
 def _pct(x: float | None) -> str:
@@ -30,10 +33,12 @@ def _pct(x: float | None) -> str:
 
 def _arm_cells(result: dict, kind_of) -> tuple[float | None, dict[tuple, list[float]]]:
     """(dense's accuracy, {(W_max, kind): [accuracy of each arm of that kind]}) for the dasc arms kind_of(arm)
-    names (None: not in this table)."""
+    names (None: not in this table). Arms with a changed conv codec are conv_rows' alone."""
     dense, cells = None, {}
     for spec, a in accuracy_table(result["arms"]).items():
         arm = parse_arm(spec)
+        if arm.conv_codec != DEFAULT_CONV_CODEC:
+            continue
         if arm.wmax == 0:
             dense = a["accuracy"] if arm.codec == "native" else dense
         elif (kind := kind_of(arm)) is not None:
@@ -89,6 +94,19 @@ def precision_rows(result: dict) -> list[str]:
     return rows
 
 
+def conv_rows(result: dict) -> list[str]:
+    """The arms with a changed conv codec (+conv-int8), one row each: its accuracy beside its native-conv twin's
+    (the same spec without the suffix, when the run has it); none when no arm changes it."""
+    acc = accuracy_table(result["arms"])
+    rows = []
+    for spec, a in acc.items():
+        arm = parse_arm(spec)
+        if arm.conv_codec != DEFAULT_CONV_CODEC:
+            twin = acc.get(spec.replace(f"+conv-{arm.conv_codec}", ""), {}).get("accuracy")
+            rows.append(f"| {arm.wmax} | `{spec}` | {_pct(a['accuracy'])} | {_pct(twin)} |")
+    return ["| W_max | arm | accuracy | native-conv twin |", "|---:|---|---:|---:|"] + rows if rows else []
+
+
 def comparison_rows(result: dict) -> list[str]:
     """The paired comparisons: N instances, mean difference and its 95% bootstrap CI in points, p, Holm p."""
     rows = ["| comparison | W_max | N | diff (points) | 95% CI | p | p (Holm) |", "|---|---:|---:|---:|---|---:|---:|"]
@@ -118,7 +136,10 @@ def markdown(result: dict, title: str) -> str:
     precision = precision_rows(result)
     if precision:
         precision = ["", "Horizon-aware precision (%):", ""] + precision
-    return "\n".join(head + accuracy_rows(result) + precision + tail + comparison_rows(result)) + "\n"
+    conv = conv_rows(result)
+    if conv:
+        conv = ["", "The 8-bit conv state (%):", ""] + conv
+    return "\n".join(head + accuracy_rows(result) + precision + conv + tail + comparison_rows(result)) + "\n"
 
 
 def main(argv=None) -> int:
