@@ -80,3 +80,43 @@ def test_matched_cells_refuses_tp2_on_one_gpu_and_an_unknown_model(tmp_path):
     assert rc == 5 and "TP 2 needs 2 GPUs" in output and args == []
     rc, output, args = _matched_call(tmp_path / "b", gpus=1, MODEL="llama")
     assert rc == 2 and "MODEL must be kimi48 or qwen80" in output and args == []
+
+
+@pytest.mark.skipif(shutil.which("xz") is None or shutil.which("tar") is None, reason="needs tar and xz")
+def test_a_packed_wheel_installs_as_the_wheel_it_was(tmp_path):
+    """scripts/gpu/pack_wheel.sh then the prelude's install of it (what call A does on a fresh machine): the wheel
+    pip receives has the original's members, bytes and file modes (tritonserver stays executable), and a later
+    call on the same machine does not install it again."""
+    import sys
+    import zipfile
+    root, bin_, packed = tmp_path / "root", tmp_path / "bin", tmp_path / "packed"
+    (root / "scripts" / "gpu").mkdir(parents=True)
+    bin_.mkdir()
+    shutil.copy(ROOT / "scripts" / "gpu" / "prelude.sh", root / "scripts" / "gpu" / "prelude.sh")
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    members = {"demo/__init__.py": (b"x = 1\n", 0o644), "demo/bin/server": (b"\x7fELF" + bytes(range(256)), 0o755),
+               "demo-1.0.dist-info/METADATA": (b"Name: demo\nVersion: 1.0\n", 0o644)}
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, (data, mode) in members.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o100000 | mode) << 16
+            z.writestr(info, data)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PACKED_DIR": str(packed), "INSTALL_ONLY": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "pack_wheel.sh"), str(wheel), ".whl_a"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (root / ".whl_a" / (wheel.name + ".tar.xz")).is_file()
+    # python3 is the real one but for pip, which records the wheel it was given
+    got = tmp_path / "installed"
+    _stub(bin_ / "python3", f'if [ "$1 $2" = "-m pip" ]; then cp "${{@: -1}}" {got}/; '
+                            f'basename "${{@: -1}}" >> {tmp_path}/pip_log; exit 0; fi\n'
+                            f'exec {sys.executable} "$@"\n')
+    got.mkdir()
+    for _ in range(2):
+        proc = subprocess.run(["bash", "-c", "source scripts/gpu/prelude.sh"], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "pip_log").read_text().split() == [wheel.name]   # installed once, under its own name
+    with zipfile.ZipFile(got / wheel.name) as z:
+        files = {i.filename: (z.read(i), i.external_attr >> 16 & 0o777) for i in z.infolist() if not i.is_dir()}
+    assert files == members

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# H200, call A of a fresh machine (carry [".whl_a", ".whl"]; .whl holds fla-core): stage the first part of the
-# nvidia-pytriton wheel for the serving calls (matched_cells.sh's header: calls B and C), then the codecs' GPU tests
-# and the GPU test files that build their checkpoints with transformers. Those must run before any serving call: it installs
+# H200, call A of a fresh machine (carry [".whl_a", ".whl"]: .whl_a holds nvidia-pytriton packed by
+# scripts/gpu/pack_wheel.sh, which the prelude installs; .whl holds fla-core): then the codecs' GPU tests and the
+# GPU test files that build their checkpoints with transformers. Those must run before any serving call: it installs
 # numpy 1.26 for the Triton Python stub, and transformers then no longer imports (np.long). One pytest per file,
 # each under PER_FILE_S, so one slow or hung file cannot take the call. TEST_FILES overrides the list.
 #   bash scripts/gpu/first_call.sh
-mkdir -p /tmp/stage && cp .whl_a/* /tmp/stage/ 2>/dev/null
+# The serving call that follows (matched_cells.sh's header) carries [".whl_c", ".kernel_cache"]: two calls stage a
+# fresh machine.
 SHAPED_MODEL=0
 source scripts/gpu/prelude.sh
 # whether flashinfer's JIT could build its fused MoE here (docs/performance.md: why no flashinfer arm)

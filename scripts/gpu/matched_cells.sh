@@ -9,20 +9,17 @@
 # BRANCH, HEADROOM: the default CELLS names them) until the plan says done:
 #   python -m clients.matched_hbm ...the same flags... --cells-dir $CELLS --memory-limit-bytes N --plan-only
 #
-# Wheels: no package index on the device, and nvidia-pytriton's wheel (55 MB) with the carried tree (26 MB) is
-# more than one call's 64 MiB, so a fresh machine is staged in three calls, each within ~30 s of the last while
-# the machine is warm (.gitignore has /.whl_*/). Prepare them here once:
+# Wheels: no package index on the device, and nvidia-pytriton's wheel (55 MB) with the carried tree (~30 MB) is
+# more than one call's 64 MiB; packed as an xz tar of its files (scripts/gpu/pack_wheel.sh, 34 MB) it fits, so a
+# fresh machine is staged in two calls, the second already a cells call, within ~30 s of each other while the
+# machine is warm (.gitignore has /.whl_*/). Prepare them here once:
 #   ../shared/tools/gpu-wheels /tmp/w serve numpy==1.26.4        # numpy 1.x: the Triton Python stub dies with 2
-#   mkdir -p .whl_a .whl_b .whl_c && (cd /tmp/w && split -b 28000000 nvidia_pytriton-0.7.0-*.whl pytriton.part-)
-#   mv /tmp/w/pytriton.part-aa .whl_a/ && mv /tmp/w/pytriton.part-ab .whl_b/
+#   bash scripts/gpu/pack_wheel.sh /tmp/w/nvidia_pytriton-0.7.0-*.whl .whl_a   # .whl_a: only this file
+#   mkdir -p .whl .whl_c && cp /tmp/w/fla_core-*.whl .whl/
 #   mv /tmp/w/fla_core-*.whl /tmp/w/tritonclient-*.whl /tmp/w/python_rapidjson-*.whl /tmp/w/numpy-1.26.4-*.whl .whl_c/
-#   call A  carry [".whl_a"]
-#           run:   mkdir -p /tmp/stage && cp .whl_a/* /tmp/stage/
-#   call B  carry [".whl_b"]
-#           run:   cp .whl_b/* /tmp/stage/ && cat /tmp/stage/pytriton.part-* >
-#                  /tmp/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl && python3 -m pip install -q
-#                  --no-index --no-deps --no-compile /tmp/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl
-#   call C  carry [".whl_c", ".kernel_cache"]
+#   call A  carry [".whl_a", ".whl"]  (tree + 34 + 1 MB: 65 of 67 MB)
+#           run:   bash scripts/gpu/first_call.sh   (installs nvidia-pytriton, then the GPU tests before numpy 1.26)
+#   call B  carry [".whl_c", ".kernel_cache"]
 #           run:   rm -rf .whl && cp -r .whl_c .whl && COMMIT=<sha> CALL_ARMS=nr16 BLOCKS=1 bash scripts/gpu/matched_cells.sh
 #   later calls on the same warm machine (within 30 s of the last: keep the replies short) carry nothing and
 #   run the script alone (the wheels and the cells stay there; a fresh machine starts again at call A).

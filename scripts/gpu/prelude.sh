@@ -1,6 +1,6 @@
 # Sourced by the scripts/gpu/*.sh device scripts (bash, the repository root as the working directory):
 # install the carried wheels (.whl: into the interpreter's own site-packages, where the Triton server is
-# looked up), stop there when INSTALL_ONLY=1 (a first call that carries only the big wheel), put the
+# looked up; .whl_*/*.whl.tar.xz: packed by scripts/gpu/pack_wheel.sh), stop there when INSTALL_ONLY=1 (a first call that carries only the big wheel), put the
 # repository on PYTHONPATH, fill one Triton kernel cache ($CACHE) from the carried .kernel_cache/*.tgz
 # and .kernel_cache_train/*.tgz and .kernel_cache_speed*/*.tgz (compiled kernels of earlier runs: the engine's
 # kernels/, the quality training's train_kernels/ and the speed benchmarks' big-shape fla kernels with their
@@ -10,6 +10,20 @@
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
 fi
+# packed wheels (scripts/gpu/pack_wheel.sh: NAME.whl.tar.xz in any carried .whl_*/): zipped back into NAME.whl
+# and installed, once a machine (a later call finds the folder still there and the marker beside it)
+PACKED=${PACKED_DIR:-/tmp/packed}
+for packed in .whl_*/*.whl.tar.xz; do
+  [ -f "$packed" ] || continue
+  name=$(basename "$packed" .tar.xz)
+  [ -f "$PACKED/$name.installed" ] && continue
+  files="$PACKED/${name%.whl}"
+  rm -rf "$files" && mkdir -p "$files" && tar xJf "$packed" -C "$files" || exit 3
+  (cd "$files" && python3 -m zipfile -c "$PACKED/$name" $(ls -A)) || exit 3
+  python3 -m pip install -q --no-index --no-deps --no-compile "$PACKED/$name" || exit 3
+  rm -rf "$files" "$PACKED/$name" && touch "$PACKED/$name.installed"
+  echo "prelude: installed $name from $packed"
+done
 [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
 # whole GPUs (MIG instances would add lines to nvidia-smi -L); scripts place jobs on GPU i mod $GPUS
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
