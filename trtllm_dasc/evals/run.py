@@ -93,7 +93,8 @@ def _one_band_set_per_window(specs: list[str]) -> None:
     for w, found in sorted(conv.items()):
         if len(found) > 1:
             raise ValueError(f"--arms: {len(found)} arms at W={w} change the conv codec ({', '.join(found)}): "
-                             "the report pairs one per W with dense and its native-conv twin; run the others separately")
+                             "the report pairs one per W with dense and its native-conv twin; "
+                             "run the others separately")
 
 
 # the presets' settings; explicit flags win (their argparse defaults are None)
