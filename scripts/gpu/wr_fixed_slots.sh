@@ -13,8 +13,8 @@
 # (CPU, no flags to repeat) `python -m benchmarks serve_wr_fixed_slots --merge $CELLS --out /tmp/t8.json` prints
 # the table so far and "pairs left: N; W=... seeds".
 #
-# Wheels and the call sequence: as scripts/gpu/matched_cells.sh's header (calls A and B stage nvidia-pytriton's two
-# parts; call C carries [".whl_c", ".kernel_cache"] and runs
+# Wheels and the call sequence: as scripts/gpu/matched_cells.sh's header (call A, first_call.sh, installs the packed
+# nvidia-pytriton; call B carries [".whl_c", ".kernel_cache"] and runs
 #   rm -rf .whl && cp -r .whl_c .whl && COMMIT=<sha> bash scripts/gpu/wr_fixed_slots.sh
 # later calls on the same warm machine carry nothing and run `COMMIT=<sha> bash scripts/gpu/wr_fixed_slots.sh`).
 # With no .kernel_cache/*.tgz carried the servers compile for ~4 minutes: READY_EST=300 is then assumed for a
