@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# CPU side, once: a big wheel as an xz tar of its unpacked files (WHEEL.whl -> DIR/WHEEL.whl.tar.xz); the device's
-# prelude.sh (install_packed_wheels) zips it back into WHEEL.whl and installs it. nvidia-pytriton 0.7.0's 55 MB wheel
+# CPU side, once: a big wheel as an xz tar of its unpacked files (WHEEL.whl -> DIR/WHEEL.whl.tar.xz); on the device
+# prelude.sh zips it back into WHEEL.whl and installs it. nvidia-pytriton 0.7.0's 55 MB wheel
 # packs to 34 MB (its tritonserver libraries are deflated in the wheel, xz takes a third more off), so beside the
 # ~30 MB tree it fits one call's 64 MiB: a fresh machine stages in two calls (first_call.sh's header), not three.
 #   bash scripts/gpu/pack_wheel.sh /tmp/w/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl .whl_a

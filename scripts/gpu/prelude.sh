@@ -1,12 +1,12 @@
-# Sourced by the scripts/gpu/*.sh device scripts (bash, the repository root as the working directory):
-# install the carried wheels (.whl: into the interpreter's own site-packages, where the Triton server is
-# looked up; .whl_*/*.whl.tar.xz: packed by scripts/gpu/pack_wheel.sh), stop there when INSTALL_ONLY=1 (a first call that carries only the big wheel), put the
-# repository on PYTHONPATH, fill one Triton kernel cache ($CACHE) from the carried .kernel_cache/*.tgz
-# and .kernel_cache_train/*.tgz and .kernel_cache_speed*/*.tgz (compiled kernels of earlier runs: the engine's
-# kernels/, the quality training's train_kernels/ and the speed benchmarks' big-shape fla kernels with their
-# autotune results, kept apart so a call carries only what it runs within the 64 MiB; minutes of
-# first compiles saved; a stale one is only unused) and write the Kimi-Linear-48B-shaped
-# checkpoint once per machine (SHAPED_MODEL=0: a script that does not use it). Sets GPUS (the GPU count).
+# Sourced by the scripts/gpu/*.sh device scripts (bash, the repository root as the working directory): install the
+# carried wheels (.whl: into the interpreter's own site-packages, where the Triton server is looked up;
+# .whl_*/*.whl.tar.xz: packed by scripts/gpu/pack_wheel.sh), stop there when INSTALL_ONLY=1 (a first call that
+# carries only the big wheel), put the repository on PYTHONPATH, fill one Triton kernel cache ($CACHE) from the
+# carried .kernel_cache/*.tgz and .kernel_cache_train/*.tgz and .kernel_cache_speed*/*.tgz (compiled kernels of
+# earlier runs: the engine's kernels/, the quality training's train_kernels/ and the speed benchmarks' big-shape
+# fla kernels with their autotune results, kept apart so a call carries only what it runs within the 64 MiB;
+# minutes of first compiles saved; a stale one is only unused) and write the Kimi-Linear-48B-shaped checkpoint
+# once per machine (SHAPED_MODEL=0: a script that does not use it). Sets GPUS (the GPU count).
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 3
 fi

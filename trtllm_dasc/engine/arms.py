@@ -72,6 +72,12 @@ class ArmSpec:
         return "shuffled" if "@" in self.precision else "horizon"
 
     @property
+    def native_conv_twin(self) -> str:
+        """The spec of the same arm with the native conv state (this spec less its +conv-<codec>): what the
+        quality reports pair a conv arm with."""
+        return self.spec.replace(f"+conv-{self.conv_codec}", "") if self.conv_codec != DEFAULT_CONV_CODEC else self.spec
+
+    @property
     def label(self) -> str:
         if self.wmax == 0:
             name = "dense"

@@ -63,11 +63,11 @@ def comparisons(results: list[dict], resamples: int = 10_000, seed: int = 0) -> 
     dense = next((s for a, s in arms.values() if a.wmax == 0 and a.codec == "native"
                   and a.conv_codec == DEFAULT_CONV_CODEC), None)
     by, horizon, conv = {}, {}, {}
-    for spec, (a, s) in arms.items():
+    for a, s in arms.values():
         if a.conv_codec != DEFAULT_CONV_CODEC:
             # the 8-bit conv state (+conv-int8): against dense and against the same arm with a native conv
             # state, when the run has it (run.py allows one such arm per W_max)
-            conv[a.wmax] = (s, arms.get(spec.replace(f"+conv-{a.conv_codec}", ""), (None, None))[1])
+            conv[a.wmax] = (s, arms.get(a.native_conv_twin, (None, None))[1])
         elif a.wmax and a.precision_kind is not None:
             # horizon precision (issue 35) and its count-matched control (bands shuffled with a seed)
             if a.policy == "nr" and a.mask_seed is None:

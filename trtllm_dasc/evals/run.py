@@ -75,9 +75,8 @@ def precision_arms(windows=(16, 64)) -> list[str]:
 
 
 def _one_band_set_per_window(specs: list[str]) -> None:
-    """The report pairs one horizon arm per W_max with dense, INT8 and its shuffled controls, and one arm with
-    a changed conv codec per W_max with dense and its native-conv twin (report.py): two band sets, or two
-    conv arms, at one W in a run would be paired with each other's controls. ValueError, one line."""
+    """The report pairs one horizon arm per W_max with dense, INT8 and its shuffled controls (report.py): two
+    band sets at one W in a run would be paired with each other's controls. ValueError, one line."""
     bands: dict[int, set] = {}
     for arm in map(parse_arm, specs):
         if arm.precision_kind is not None:
@@ -86,6 +85,11 @@ def _one_band_set_per_window(specs: list[str]) -> None:
         if len(found) > 1:
             raise ValueError(f"--arms: horizon arms at W={w} name {len(found)} band sets ({', '.join(sorted(found))}): "
                              "the report pairs one set per W with its controls; run the others separately")
+
+
+def _one_conv_arm_per_window(specs: list[str]) -> None:
+    """Likewise one arm with a changed conv codec per W_max, which the report pairs with dense and its
+    native-conv twin. ValueError, one line."""
     conv: dict[int, list[str]] = {}
     for arm in map(parse_arm, specs):
         if arm.conv_codec != DEFAULT_CONV_CODEC:
@@ -187,6 +191,7 @@ def _main(args, argv) -> int:
         for a in arms:
             parse_arm(a)
         _one_band_set_per_window(planned)
+        _one_conv_arm_per_window(planned)
         tasks = tuple(TASKS) if args.tasks == "all" else tuple(args.tasks.split(","))
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:

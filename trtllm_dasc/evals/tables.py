@@ -102,7 +102,7 @@ def conv_rows(result: dict) -> list[str]:
     for spec, a in acc.items():
         arm = parse_arm(spec)
         if arm.conv_codec != DEFAULT_CONV_CODEC:
-            twin = acc.get(spec.replace(f"+conv-{arm.conv_codec}", ""), {}).get("accuracy")
+            twin = acc.get(arm.native_conv_twin, {}).get("accuracy")
             rows.append(f"| {arm.wmax} | `{spec}` | {_pct(a['accuracy'])} | {_pct(twin)} |")
     return ["| W_max | arm | accuracy | native-conv twin |", "|---:|---|---:|---:|"] + rows if rows else []
 
