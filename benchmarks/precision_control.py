@@ -1,5 +1,6 @@
-"""Does the horizon order matter? Horizon bands against count-matched shuffled bands, in the state and in the
-next-token distribution after a load (issue 35: "random band assignment measurably worse").
+"""Does the horizon order matter? Horizon bands against count-matched shuffled bands after a checkpoint load.
+
+Measured in the state and in the next-token distribution (issue 35: "random band assignment measurably worse").
 
 The quality pilots could not separate the two (horizon minus shuffled within +-0.4 points on three retrieval
 tasks), so this measures the effect where it is made. For a random prefix of C tokens each arm writes the
@@ -34,11 +35,10 @@ import sys
 import numpy as np
 import torch
 
-from benchmarks.precision_error import encode_state, unit_view
+from benchmarks.precision_error import add_model_arguments, encode_state, load_model, unit_view
 from benchmarks.results_io import provenance, write_result
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 LOGIT_CHUNK = 256   # continuation tokens per forward call: bounds the [tokens, vocab] logits held at once
 
 
@@ -133,10 +133,7 @@ def median_over_prefixes(per_prefix: list[dict], metric: str, arm: str) -> list[
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=os.path.join(ROOT, "trtllm_dasc", "assets", "tiny-kimi-linear"))
-    ap.add_argument("--tiny-profile", choices=["kda", "gdn"], default=None,
-                    help="a tiny random-weight model with the paper's decay profile instead of --model")
-    ap.add_argument("--wmax", type=int, default=16)
+    add_model_arguments(ap)
     ap.add_argument("--precision", default="horizon:128,1024:int4,int8,int8",
                     help="the horizon bands (default: the 12.35x point's)")
     ap.add_argument("--seeds", type=int, default=5, help="shuffled controls, seeds 1..N")
@@ -144,16 +141,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prefixes", type=int, default=8)
     ap.add_argument("--tokens", type=int, nargs="+", default=None,
                     help="points after the load (default 0 W 4W 1024 4096)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--smoke", action="store_true", help="CPU, seconds: prefix 48, two prefixes, T = 0, W, 4W; no JSON")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/precision_control.json; "
                     "none with --smoke)")
     ap.add_argument("--commit", default=None)
     args = ap.parse_args(argv)
-    from trtllm_dasc.config import HybridConfig
     from trtllm_dasc.errors import UserError
-    from trtllm_dasc.model import HybridModel
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     if args.seeds < 1 or args.prefixes < 1:
         raise UserError("--seeds and --prefixes must be at least 1")
@@ -164,15 +157,7 @@ def main(argv=None) -> int:
         args.prefix, args.prefixes, args.tiny_profile = 48, 2, args.tiny_profile or "kda"
         args.tokens = args.tokens or [0, args.wmax, 4 * args.wmax]
     points = sorted(set(args.tokens or [0, args.wmax, 4 * args.wmax, 1024, 4096]))
-    if args.tiny_profile:
-        import tempfile
-
-        from trtllm_dasc.plan.synthetic import write_tiny_model
-        args.model = write_tiny_model(os.path.join(tempfile.mkdtemp(prefix="precision-control-"), args.tiny_profile),
-                                      args.tiny_profile, seed=0)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    model = HybridModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
-    vocab = HybridConfig.from_path(args.model).schema.network.vocab_size
+    model, vocab = load_model(args)
 
     def plan_of(precision):
         return plan_from_path(args.model, PlanOptions(wmax=args.wmax, tp=1, placement="off", precision=precision))[0]

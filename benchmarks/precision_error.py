@@ -117,42 +117,53 @@ def run_prefix(model, plan, horizons, ids: list[int], cont: list[int], points: l
     return {"errors": out, "norms": norms}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_model_arguments(ap: argparse.ArgumentParser) -> None:
+    """The flags that pick the model and where it runs (this study and precision_control share them)."""
     ap.add_argument("--model", default=os.path.join(ROOT, "trtllm_dasc", "assets", "tiny-kimi-linear"))
     ap.add_argument("--tiny-profile", choices=["kda", "gdn"], default=None,
                     help="instead of --model: a tiny random-weight model of this architecture whose decays follow "
                          "the paper's profile (plan/synthetic.write_tiny_model, seed 0), made in a temporary "
                          "directory (gdn: the Qwen3-Next profile, which no committed model carries)")
     ap.add_argument("--wmax", type=int, default=16)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+
+
+def load_model(args):
+    """(model, vocab size) for add_model_arguments' flags; --tiny-profile writes its model to a temporary
+    directory first and points args.model there."""
+    from trtllm_dasc.config import HybridConfig
+    from trtllm_dasc.model import HybridModel
+    if args.tiny_profile:
+        import tempfile
+
+        from trtllm_dasc.plan.synthetic import write_tiny_model
+        args.model = write_tiny_model(os.path.join(tempfile.mkdtemp(prefix="precision-"), args.tiny_profile),
+                                      args.tiny_profile, seed=0)
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    model = HybridModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
+    return model, HybridConfig.from_path(args.model).schema.network.vocab_size
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_arguments(ap)
     ap.add_argument("--precision", default="horizon:1024,8192:int4,int8,native")
     ap.add_argument("--prefix", type=int, default=4096)
     ap.add_argument("--prefixes", type=int, default=4)
     ap.add_argument("--tokens", type=int, nargs="+", default=None,
                     help="tokens after the load to measure at (default 0, W, 4W, 1024, 4096)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--smoke", action="store_true", help="CPU, seconds: prefix 48, one prefix, T = 0, W, 4W; no JSON")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/precision_error.json; "
                                                 "--smoke writes none unless given)")
     ap.add_argument("--commit", default=None)
     args = ap.parse_args(argv)
-    from trtllm_dasc.config import HybridConfig
-    from trtllm_dasc.model import HybridModel
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     if args.smoke:
         args.prefix, args.prefixes = 48, 1
         args.tokens = args.tokens or [0, args.wmax, 4 * args.wmax]
     points = sorted(set(args.tokens or [0, args.wmax, 4 * args.wmax, 1024, 4096]))
-    if args.tiny_profile:
-        import tempfile
-
-        from trtllm_dasc.plan.synthetic import write_tiny_model
-        args.model = write_tiny_model(os.path.join(tempfile.mkdtemp(prefix="precision-error-"), args.tiny_profile),
-                                      args.tiny_profile, seed=0)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    model = HybridModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
-    vocab = HybridConfig.from_path(args.model).schema.network.vocab_size
+    model, vocab = load_model(args)
     plan, horizons = plan_from_path(args.model, PlanOptions(wmax=args.wmax, tp=1, placement="off",
                                                             precision=args.precision))
     bands = plan.options.bands
