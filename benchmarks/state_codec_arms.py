@@ -39,7 +39,8 @@ SMOKE_MODELS = {
     "smoke-gdn": dict(arch="gdn", L=2, n=4, V=16, R=8, conv_dim=24, conv_width=3),
 }
 SMOKE_KEEP = 0.5
-# the smoke run's mixed arm: each kept unit's codec drawn from these (the default horizon bands' codecs)
+# the smoke run's mixed arm: each kept unit's codec drawn from these (int4, int8 and native: every segment kind
+# a mixed store writes, the bands of horizon:1024,8192, the default until 12-05)
 SMOKE_SEGMENTS = ("int4", "int8", "native")
 
 

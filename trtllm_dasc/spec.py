@@ -134,7 +134,7 @@ def _flags(engine: bool) -> dict:
                       help=f"checkpoint temporal codec of --precision uniform (default {DEFAULT_CODEC})"),
         "precision": dict(default=DEFAULT_PRECISION, help="uniform (every kept unit in --codec) or "
                           "horizon[:H1,H2[:c0,c1,c2]]: each kept unit's codec from its horizon band, thresholds in "
-                          "tokens (default horizon = horizon:1024,8192:int4,int8,native)"),
+                          "tokens (default horizon = horizon:128,1024:int4,int8,int8)"),
         "conv_codec": dict(default=DEFAULT_CONV_CODEC, choices=CONV_CODECS, help="checkpoint conv state codec: "
                            "native (its dtype, the paper) or int8 (one scale per layer)"),
         "layout": dict(default=DEFAULT_LAYOUT, choices=LAYOUTS,

@@ -82,5 +82,5 @@ def test_a_served_horizon_arm_has_the_slots_its_manifest_planned(horizon_run):
     assert arm["slots"] > nr16
     # the arm record says how it stores (bands spelled out), as its engine records it
     engine = json.loads((d / "out" / "engines" / "nr16+horizon" / "config.json").read_text())["engine"]
-    assert arm["precision"] == engine["precision"] == "horizon:1024,8192:int4,int8,native"
+    assert arm["precision"] == engine["precision"] == "horizon:128,1024:int4,int8,int8"
     assert "conv_codec" not in arm and engine["conv_codec"] == "native"

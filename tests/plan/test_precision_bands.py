@@ -142,3 +142,15 @@ def test_padded_and_codec_conflicts_refused():
         PlanOptions(wmax=8, precision="horizon:40,400", layout="padded")
     with pytest.raises(UserError, match="uniform"):
         PlanOptions(wmax=8, precision="horizon:40,400", codec="int8")
+
+
+@pytest.mark.parametrize("wmax,spec", [(16, "horizon:128,1024:int4,int8,int8"), (127, "horizon:128,1024:int4,int8,int8"),
+                                       (128, "horizon:1024:int8,int8"), (512, "horizon:1024:int8,int8")])
+def test_default_bands_drop_thresholds_at_or_below_wmax(wmax, spec):
+    """--precision horizon: INT4 below 128 tokens of horizon, INT8 above (chosen by the quality runs in
+    docs/quality.md); where W_max leaves the INT4 band empty it goes, rather than refusing the W_max."""
+    assert parse_precision("horizon", wmax).spec() == spec
+    assert parse_precision("horizon@7", wmax).spec() == spec + "@7"
+    assert PlanOptions(wmax=wmax, precision="horizon").precision == spec
+    with pytest.raises(UserError, match="1024 must exceed --wmax 1024"):
+        parse_precision("horizon", 1024)

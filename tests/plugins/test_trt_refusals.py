@@ -16,7 +16,7 @@ from trtllm_dasc.state.layout import StateLayout
 TINY = "trtllm_dasc/assets/tiny-kimi-linear"
 BAD = [(["--codec", "int4"], "--codec int4"), (["--codec", "fp8"], "--codec fp8"),
        (["--conv-codec", "int8"], "--conv-codec int8"),
-       (["--precision", "horizon"], "--precision horizon:1024,8192:int4,int8,native"),
+       (["--precision", "horizon"], "--precision horizon:128,1024:int4,int8,int8"),
        # all-native bands are still mixed segments, which the graphs do not lay out
        (["--precision", "horizon:64:native,native"], "--precision horizon:64:native,native")]
 

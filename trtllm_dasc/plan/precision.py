@@ -6,7 +6,7 @@ carries it to the end. So the kept units are split into horizon bands by thresho
 band i (H_i <= H < H_{i+1}, H_0 = W_max, H_{k+1} = inf) stores with codec c_i:
 
     --precision uniform                      every kept unit in --codec (the paper's arms)
-    --precision horizon                      DEFAULT_BANDS below
+    --precision horizon                      the default bands below: horizon:128,1024:int4,int8,int8
     --precision horizon:H1,H2                int4 below H1, int8 in [H1, H2), native at or above H2
     --precision horizon:H1,H2:int4,int8,native   the codecs named, one more than the thresholds
     --precision horizon...@SEED              the count-matched control: each layer keeps the same number of
@@ -28,14 +28,17 @@ from trtllm_dasc.spec import CODECS, MAX_MASK_SEED
 UNIFORM = "uniform"
 # codecs a band may use: every temporal codec (spec.CODECS, whose widths config.unit_byte_parts counts)
 BAND_CODECS = CODECS
-# the default: a unit whose horizon is under 1024 tokens forgets an int4 error (to eps) within 1024 tokens,
-# int8 up to 8192, and the few that remember longer stay exact. At W=16, TP8, on the paper-profile
-# checkpoints this gives Kimi-Linear 12.14x dense capacity (INT8: 8.07x) and Qwen3-Next 4.07x (INT8 3.75x);
-# int8 beats fp8 per byte on gaussian rows (codec_naive: 0.0065 vs 0.026 RMS-relative), so fp8 is no default.
-# Measured by `python -m benchmarks precision_capacity` (slots) and `python -m benchmarks precision_error`
-# (the error a band's codec leaves after a prefix): the error study is what should move these.
-DEFAULT_THRESHOLDS = (1024, 8192)
-DEFAULT_CODECS = ("int4", "int8", "native")
+# the default bands: INT4 only below 128 tokens of horizon, INT8 above. At W=16, TP8, on the paper-profile
+# checkpoints Kimi-Linear holds 10.21x dense capacity (12.35x with --conv-codec int8; uniform INT8 8.07x) and
+# Qwen3-Next 4.47x (INT8 3.75x) (`python -m benchmarks precision_capacity`). Chosen by the measurements, not
+# by the static decay bound: on a trained KDA an INT4 error outlives its horizon (`benchmarks precision_error`),
+# and the quality runs (docs/quality.md, 270 paired instances) found these bands -0.09 [-0.37, +0.19] points
+# from dense where the earlier default, horizon:1024,8192:int4,int8,native (12.14x), cost -1.39 [-2.87, -0.19]
+# (Holm p 0.04). int8 beats fp8 per byte (codec_naive: 0.0065 vs 0.026 RMS-relative), so fp8 is in no default.
+DEFAULT_THRESHOLDS = (128, 1024)
+DEFAULT_CODECS = ("int4", "int8", "int8")
+# two thresholds given without codecs (horizon:H1,H2) keep their documented meaning: the top band exact
+THRESHOLD_CODECS = ("int4", "int8", "native")
 MAX_THRESHOLD = 2**53
 
 
@@ -59,6 +62,17 @@ class HorizonBands:
         return list(zip(lo, [*map(float, self.thresholds), math.inf]))
 
 
+def default_bands(wmax: int | None = None, seed: int | None = None) -> HorizonBands:
+    """The default bands at this W_max: a threshold at or below W_max goes, with the codec of the band under it
+    (kept units all have horizons above W_max, so that band would be empty): at W_max 128 or 512 the default is
+    INT8 throughout. At 1024 and above nothing is left to band and check_bands refuses, naming the threshold."""
+    ths, codecs = list(DEFAULT_THRESHOLDS), list(DEFAULT_CODECS)
+    while wmax is not None and len(ths) > 1 and ths[0] <= wmax:
+        ths.pop(0)
+        codecs.pop(0)
+    return HorizonBands(tuple(ths), tuple(codecs), seed)
+
+
 def parse_precision(text: str, wmax: int | None = None) -> HorizonBands | None:
     """None for 'uniform'; the bands of a 'horizon[:H1,..[:c0,..]]' spec, normalised. Bad input: UserError."""
     s = str(text).strip()
@@ -75,7 +89,7 @@ def parse_precision(text: str, wmax: int | None = None) -> HorizonBands | None:
     if head != "horizon":
         raise UserError(f"--precision must be 'uniform' or 'horizon[:H1,H2[:codec,...]][@seed]', got {text!r}")
     if not rest:
-        bands = HorizonBands(DEFAULT_THRESHOLDS, DEFAULT_CODECS, seed)
+        bands = default_bands(wmax, seed)
     else:
         th_text, _, codec_text = rest.partition(":")
         try:
@@ -85,8 +99,8 @@ def parse_precision(text: str, wmax: int | None = None) -> HorizonBands | None:
                             f"e.g. horizon:256,4096") from None
         if codec_text:
             codecs = tuple(c.strip() for c in codec_text.split(","))
-        elif len(ths) == len(DEFAULT_THRESHOLDS):
-            codecs = DEFAULT_CODECS
+        elif len(ths) == len(THRESHOLD_CODECS) - 1:
+            codecs = THRESHOLD_CODECS
         else:
             raise UserError(f"--precision {text!r}: {len(ths)} thresholds need {len(ths) + 1} codecs after a "
                             f"second ':' (only two thresholds have default codecs)")
