@@ -35,27 +35,19 @@ import sys
 import numpy as np
 import torch
 
-from benchmarks.precision_error import add_model_arguments, encode_state, load_model, unit_view
+from benchmarks.precision_error import add_model_arguments, band_norm, encode_state, load_model, unit_codecs
 from benchmarks.results_io import provenance, write_result
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOGIT_CHUNK = 256   # continuation tokens per forward call: bounds the [tokens, vocab] logits held at once
 
 
-def unit_codecs(plan) -> list[dict]:
-    """Per layer {kept unit: codec} from a plan's band assignment (horizon or shuffled)."""
-    codecs = plan.options.bands.codecs
-    return [{u: codecs[b] for u, b in zip(kept, bands)} for kept, bands in zip(plan.retained, plan.retained_bands)]
-
-
-def kept_norm(x: torch.Tensor, plan, n_units: int) -> float:
-    """The norm of a [L, HV, K, V] state over every layer's kept units."""
-    total = 0.0
-    for layer, kept in enumerate(plan.retained):
-        if kept:
-            idx = torch.tensor(kept, dtype=torch.long, device=x.device)
-            total += float(unit_view(x[layer], n_units)[idx].double().pow(2).sum())
-    return total ** 0.5
+def kept_masks(plan, n_units: int) -> list[torch.Tensor]:
+    """Per layer, bool over its units: the kept ones (every band together)."""
+    masks = [torch.zeros(n_units, dtype=torch.bool) for _ in plan.retained]
+    for mask, kept in zip(masks, plan.retained):
+        mask[kept] = True
+    return masks
 
 
 def kl_and_flips(exact: torch.Tensor, other: torch.Tensor) -> tuple[float, float, int]:
@@ -71,6 +63,7 @@ def run_prefix(model, plan, arms: dict, ids: list[int], cont: list[int], points:
     from trtllm_dasc.model.direct import DirectRunner
     n_units = plan.config.units_per_layer
     names = list(arms)
+    kept = kept_masks(plan, n_units)
     r = DirectRunner(model, rows=1 + len(names), max_tokens=len(ids) + max(points) + 1, block_size=16)
     for row in range(1 + len(names)):
         r.run(ids, row=row, logits="none")
@@ -90,9 +83,9 @@ def run_prefix(model, plan, arms: dict, ids: list[int], cont: list[int], points:
                 acc[0], acc[1], acc[2] = acc[0] + kl, acc[1] + flips, acc[2] + n
         done = t
         s = r.state.temporal
-        norm = kept_norm(s[:, 0], plan, n_units)
+        norm = band_norm(s[:, 0], kept, n_units)
         for i, name in enumerate(names, 1):
-            state[name].append(kept_norm(s[:, i] - s[:, 0], plan, n_units) / norm if norm > 0 else float("nan"))
+            state[name].append(band_norm(s[:, i] - s[:, 0], kept, n_units) / norm if norm > 0 else float("nan"))
     window = {n: {"kl": [a[0] / a[2] if a[2] else None for a in sums[n]],
                   "flips": [a[1] / a[2] if a[2] else None for a in sums[n]]} for n in names}
     return {"state": state, **{k: {n: window[n][k] for n in names} for k in ("kl", "flips")}}

@@ -68,6 +68,12 @@ def encode_state(true: torch.Tensor, unit_codec: list[dict], n_units: int) -> to
     return out
 
 
+def unit_codecs(plan) -> list[dict]:
+    """Per layer {kept unit: its band's codec} from a plan's band assignment (horizon, or shuffled with a seed)."""
+    codecs = plan.options.bands.codecs
+    return [{u: codecs[b] for u, b in zip(kept, bands)} for kept, bands in zip(plan.retained, plan.retained_bands)]
+
+
 def band_masks(plan, n_units: int) -> list[list[torch.Tensor]]:
     """[band][layer]: bool over the layer's units, the kept units of that band."""
     nb = len(plan.options.bands.codecs)
@@ -88,8 +94,7 @@ def run_prefix(model, plan, horizons, ids: list[int], cont: list[int], points: l
     n_units = plan.config.units_per_layer
     bands = plan.options.bands
     arms = {a: ([{u: a for u in kept} for kept in plan.retained] if a in ("int8", "fp8", "int4") else
-                [{u: bands.codecs[b] for u, b in zip(kept, bb)} for kept, bb in zip(plan.retained, plan.retained_bands)]
-                if a == "horizon" else [{} for _ in plan.retained]) for a in ARMS}
+                unit_codecs(plan) if a == "horizon" else [{} for _ in plan.retained]) for a in ARMS}
     r = DirectRunner(model, rows=1 + len(ARMS), max_tokens=len(ids) + max(points) + 1, block_size=16)
     for row in range(1 + len(ARMS)):
         r.run(ids, row=row, logits="none")
