@@ -66,6 +66,18 @@ def test_matched_cells_composes_the_kimi_call(tmp_path):
     assert (tmp_path / "out" / "cells.tgz").is_file()
 
 
+def test_matched_cells_precision_arm_set_runs_in_its_own_directory(tmp_path):
+    rc, output, args = _matched_call(tmp_path, gpus=1, ARM_SET="precision", CALL_ARMS="nr16+horizon")
+    assert rc == 0, output
+    assert _flag(args, "--arms") == "dense,nr16,nr16+int8,nr16+horizon"
+    assert _flag(args, "--call-arms") == "nr16+horizon"
+    # another arm list is another manifest: it must not resume the paper set's directory
+    assert _flag(args, "--cells-dir") == "/tmp/cells/mh_kimi48_precision_full_b1_prompt_only_hr21.27_cabc1234"
+    assert _flag(args, "--json").endswith("/out/matched_hbm_kimi48_precision_full.json")
+    rc, output, args = _matched_call(tmp_path / "bad", gpus=1, ARM_SET="all")
+    assert rc == 2 and "ARM_SET must be paper or precision" in output and args == []
+
+
 def test_matched_cells_composes_the_qwen_tp2_call(tmp_path):
     rc, output, args = _matched_call(tmp_path, gpus=2, MODEL="qwen80", CALL_ARMS="nr16,nr16:storage")
     assert rc == 0, output

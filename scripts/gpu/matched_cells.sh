@@ -47,7 +47,14 @@ check_serve || exit 3
 # nvidia-h200-x2, the run's placement off and the issue's other two placements at W=16 as arms of their own;
 # its 21.27 GiB headroom is Kimi's TP1 measurement, not yet checked at TP2)
 MODEL=${MODEL:-kimi48}
-ARMS=dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8
+# ARM_SET=paper (default): the paper's eight arms; ARM_SET=precision: issue 35's serving arms, the horizon-aware
+# precision (bare +horizon: dasc-build's default bands) beside dense, nr16 and nr16+int8, in a cells directory of
+# its own (_precision in its name: another arm list is another manifest). The phases are the paper's either way.
+case "${ARM_SET:-paper}" in
+  paper) ARMS=dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8; SET_TAG= ;;
+  precision) ARMS=dense,nr16,nr16+int8,nr16+horizon; SET_TAG=_precision ;;
+  *) echo "ARM_SET must be paper or precision, got $ARM_SET"; exit 2 ;;
+esac
 case "$MODEL" in
   kimi48) CONFIG=tests/data/kimi-linear-48b-a3b.config.json; TP=${TP:-1}; TAG=kimi48 ;;
   qwen80) CONFIG=tests/data/qwen3-next-80b-a3b.config.json; TP=${TP:-2}; TAG=qwen80_tp${TP}
@@ -55,7 +62,7 @@ case "$MODEL" in
   *) echo "MODEL must be kimi48 or qwen80, got $MODEL"; exit 2 ;;
 esac
 [ "$GPUS" -ge "$TP" ] || { echo "TP $TP needs $TP GPUs, this machine has $GPUS (qwen80: kind nvidia-h200-x2)"; exit 5; }
-CELLS=${CELLS:-benchmarks/cells/mh_${TAG}_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
+CELLS=${CELLS:-benchmarks/cells/mh_${TAG}${SET_TAG}_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
 cells_work "$CELLS"            # sets WORK (prelude.sh)
 touch /tmp/matched_cells.marker
 # what is left of the call after the prelude, less the time to stop the last server and pack the results
@@ -67,7 +74,7 @@ timeout $((DEADLINE + 40)) python3 -m clients.matched_hbm --paper \
   --device cuda --dtype bfloat16 --max-batch-size 96 --memory-limit-bytes device \
   ${BLOCKS:+--blocks-per-phase "$BLOCKS"} ${HEADROOM:+--memory-headroom-gib "$HEADROOM"} \
   $([ "${BRANCH:-0}" = 1 ] && echo --branch-checkpoints) --cells-dir "$WORK" --call-deadline-s "$DEADLINE" \
-  --out /tmp/matched_cells --kernel-cache "$CACHE" --json "$OUT/matched_hbm_${TAG}_full.json" --plot none \
+  --out /tmp/matched_cells --kernel-cache "$CACHE" --json "$OUT/matched_hbm_${TAG}${SET_TAG}_full.json" --plot none \
   ${COMMIT:+--commit "$COMMIT"} "$@"
 rc=$?
 return_cells matched /tmp/matched_cells/servers /tmp/matched_cells.marker
