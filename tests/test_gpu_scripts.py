@@ -67,10 +67,10 @@ def test_matched_cells_composes_the_kimi_call(tmp_path):
 
 
 def test_matched_cells_precision_arm_set_runs_in_its_own_directory(tmp_path):
-    rc, output, args = _matched_call(tmp_path, gpus=1, ARM_SET="precision", CALL_ARMS="nr16+horizon")
+    rc, output, args = _matched_call(tmp_path, gpus=1, ARM_SET="precision", CALL_ARMS="nr16+horizon+conv-int8")
     assert rc == 0, output
-    assert _flag(args, "--arms") == "dense,nr16,nr16+int8,nr16+horizon"
-    assert _flag(args, "--call-arms") == "nr16+horizon"
+    assert _flag(args, "--arms") == "dense,nr16,nr16+int8,nr16+horizon+conv-int8"
+    assert _flag(args, "--call-arms") == "nr16+horizon+conv-int8"
     # another arm list is another manifest: it must not resume the paper set's directory
     assert _flag(args, "--cells-dir") == "/tmp/cells/mh_kimi48_precision_full_b1_prompt_only_hr21.27_cabc1234"
     assert _flag(args, "--json").endswith("/out/matched_hbm_kimi48_precision_full.json")

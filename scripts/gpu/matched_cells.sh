@@ -47,12 +47,13 @@ check_serve || exit 3
 # nvidia-h200-x2, the run's placement off and the issue's other two placements at W=16 as arms of their own;
 # its 21.27 GiB headroom is Kimi's TP1 measurement, not yet checked at TP2)
 MODEL=${MODEL:-kimi48}
-# ARM_SET=paper (default): the paper's eight arms; ARM_SET=precision: issue 35's serving arms, the horizon-aware
-# precision (bare +horizon: dasc-build's default bands) beside dense, nr16 and nr16+int8, in a cells directory of
-# its own (_precision in its name: another arm list is another manifest). The phases are the paper's either way.
+# ARM_SET=paper (default): the paper's eight arms; ARM_SET=precision: issue 35's serving arms, the 12.35x point
+# (bare +horizon, dasc-build's default bands, with the 8-bit conv state: 1,568 slots against dense's 127 at the
+# H200's memory) beside dense, nr16 and nr16+int8, in a cells directory of its own (_precision in its name:
+# another arm list is another manifest). The phases are the paper's either way.
 case "${ARM_SET:-paper}" in
   paper) ARMS=dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8; SET_TAG= ;;
-  precision) ARMS=dense,nr16,nr16+int8,nr16+horizon; SET_TAG=_precision ;;
+  precision) ARMS=dense,nr16,nr16+int8,nr16+horizon+conv-int8; SET_TAG=_precision ;;
   *) echo "ARM_SET must be paper or precision, got $ARM_SET"; exit 2 ;;
 esac
 case "$MODEL" in
