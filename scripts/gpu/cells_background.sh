@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# H200: a cells script (matched_cells.sh, wr_fixed_slots.sh) as a detached job that outlives the call which starts
+# it. The device keeps a process that began its own session (setsid) running until the machine goes back, so one
+# job can span several calls: a unit may take longer than a 10-minute call, and the servers are started once per
+# arm instead of once per arm per call. The calls that follow only wait and bring back what is done.
+#   start: BG_LIMIT=<s> COMMIT=<sha> CALL_ARMS=nr16 BLOCKS=1 bash scripts/gpu/cells_background.sh start \
+#              scripts/gpu/matched_cells.sh [WAIT_S]
+#          (BG_LIMIT becomes the job's CALL_LIMIT: its units are planned to end before it, counted from the start;
+#           keep it under the session's device time left, less a poll's transfer)
+#   poll:  bash scripts/gpu/cells_background.sh poll [WAIT_S]
+# Both wait up to WAIT_S (default 540) or until the job ends, then put every cells directory under /tmp/cells in
+# $OUT/cells_all.tgz (each under its own name: unpack it aside and copy the one you resume) and the log's tail
+# on stdout; once the job has ended, its own $OUT files (the compiled kernels, the server logs) come back too.
+# The next call must come within the machine's idle window (30 s) or the machine, and the job, are gone: the
+# cells of every finished unit are in the last poll's tarball either way.
+set -uo pipefail
+BG=${BG_DIR:-/tmp/bg}
+CELLS_ROOT=${CELLS_ROOT:-/tmp/cells}
+
+poll() {
+  local wait=${1:-540} i
+  for ((i = 0; i < wait; i++)); do [ -f "$BG/rc" ] && break; sleep 1; done
+  # the client's progress lines only; the server's own log lines are long and come back with the files
+  grep -v "^|\|^+\|^I[0-9]\|^W[0-9]" "$BG/log" 2>/dev/null | tail -n "${TAIL:-25}"
+  mkdir -p "$CELLS_ROOT"
+  tar czf "$OUT/cells_all.tgz" -C "$CELLS_ROOT" .
+  if [ -f "$BG/rc" ]; then
+    echo "cells_background: the job ended, exit code $(cat "$BG/rc")"
+    cp -r "$BG/out/." "$OUT/" 2>/dev/null
+  else
+    echo "cells_background: the job is still running ($(( $(date +%s) - $(cat "$BG/started") )) s so far): poll again within 30 s"
+  fi
+}
+
+case "${1:-}" in
+  start)
+    script=${2:?usage: cells_background.sh start SCRIPT [WAIT_S]}
+    [ -f "$script" ] || { echo "cells_background: no script $script"; exit 2; }
+    [ -n "${BG_LIMIT:-}" ] || { echo "cells_background: set BG_LIMIT (the job's seconds, under the device time left)"; exit 2; }
+    if [ -f "$BG/started" ] && [ ! -f "$BG/rc" ]; then
+      echo "cells_background: a job is already running (poll it)"; exit 2
+    fi
+    rm -rf "$BG" && mkdir -p "$BG/out"
+    date +%s > "$BG/started"
+    # its own session, so the call's end does not kill it; its $OUT is its own (the call's is emptied each call)
+    setsid nohup bash -c 'OUT="$1/out" CALL_LIMIT="$2" bash "$3"; echo $? > "$1/rc"' _ "$BG" "$BG_LIMIT" "$script" \
+      > "$BG/log" 2>&1 < /dev/null &
+    echo "cells_background: started $script (pid $!, limit $BG_LIMIT s)"
+    poll "${3:-540}" ;;
+  poll) poll "${2:-540}" ;;
+  *) echo "usage: cells_background.sh start SCRIPT [WAIT_S] | poll [WAIT_S]"; exit 2 ;;
+esac
