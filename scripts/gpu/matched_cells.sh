@@ -23,6 +23,11 @@
 #           run:   rm -rf .whl && cp -r .whl_c .whl && COMMIT=<sha> CALL_ARMS=nr16 BLOCKS=1 bash scripts/gpu/matched_cells.sh
 #   later calls on the same warm machine (within 30 s of the last: keep the replies short) carry nothing and
 #   run the script alone (the wheels and the cells stay there; a fresh machine starts again at call A).
+# A session with more device time than one call can run the cells as one job over several calls instead
+# (scripts/gpu/cells_background.sh: one server start per arm, units longer than a call):
+#   call B: rm -rf .whl && cp -r .whl_c .whl && BG_LIMIT=<s> COMMIT=<sha> CALL_ARMS=nr16 BLOCKS=1 \
+#           bash scripts/gpu/cells_background.sh start scripts/gpu/matched_cells.sh 540
+#   then:   bash scripts/gpu/cells_background.sh poll 540     (each within 30 s of the last reply)
 # One commit a cells directory: the merge refuses cells of mixed commits, and COMMIT must name the code that ran.
 # A later session resumes a directory from its commit: in the lead's checkout
 #   git checkout --detach $COMMIT && git checkout main -- $CELLS && git reset -q   (the cells, untracked, travel)
