@@ -63,24 +63,28 @@ def ratios(arm: dict, base: dict) -> dict:
 
 
 def format_table(arms: list[dict]) -> str:
-    rows = [f"{'arm':24} {'slots':>5} {'ckpt B':>9} {'mean TTFT ms':>15} {'p50 ms':>8} {'p99 ms':>8} "
+    # the name column and each phase's column as wide as their longest entry: an arm such as
+    # "dasc-nr W=16 + horizon + conv INT8" would otherwise push its row out of line
+    w = max(24, *(len(a["label"]) for a in arms))
+    rows = [f"{'arm':{w}} {'slots':>5} {'ckpt B':>9} {'mean TTFT ms':>15} {'p50 ms':>8} {'p99 ms':>8} "
             f"{'input tok/s':>15} {'hit rate':>9}"]
     for a in arms:
         s = a["summary"]["seeds"]
-        rows.append(f"{a['label']:24} {a['slots']:>5} {a['checkpoint_bytes']:>9,} "
+        rows.append(f"{a['label']:{w}} {a['slots']:>5} {a['checkpoint_bytes']:>9,} "
                     f"{s['ttft_mean_ms']['mean']:>8.1f} ±{s['ttft_mean_ms']['std']:>5.1f} "
                     f"{s['ttft_p50_ms']['mean']:>8.1f} {s['ttft_p99_ms']['mean']:>8.1f} "
                     f"{s['input_tokens_per_s']['mean']:>8.0f} ±{s['input_tokens_per_s']['std']:>5.0f} "
                     f"{s['hit_rate']['mean']:>9.1%}")
     phases = list(arms[0]["summary"]["phases"])
+    widths = [max(24, len(p)) for p in phases]
     rows.append("")
-    rows.append(f"{'hit rate | mean TTFT ms':24} " + " ".join(f"{p:>24}" for p in phases))
+    rows.append(f"{'hit rate | mean TTFT ms':{w}} " + " ".join(f"{p:>{pw}}" for p, pw in zip(phases, widths)))
     for a in arms:
         cells = []
-        for p in phases:
+        for p, pw in zip(phases, widths):
             s = a["summary"]["phases"][p]["seeds"]
-            cells.append(f"{s['hit_rate']['mean']:>13.1%} | {s['ttft_mean_ms']['mean']:>8.1f}")
-        rows.append(f"{a['label']:24} " + " ".join(cells))
+            cells.append(f"{s['hit_rate']['mean']:>{pw - 11}.1%} | {s['ttft_mean_ms']['mean']:>8.1f}")
+        rows.append(f"{a['label']:{w}} " + " ".join(cells))
     return "\n".join(rows)
 
 
