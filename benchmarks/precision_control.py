@@ -35,19 +35,12 @@ import sys
 import numpy as np
 import torch
 
-from benchmarks.precision_error import add_model_arguments, band_norm, encode_state, load_model, unit_codecs
+from benchmarks.precision_error import (add_model_arguments, band_masks, band_norm, encode_state, load_model,
+                                        unit_codecs)
 from benchmarks.results_io import provenance, write_result
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOGIT_CHUNK = 256   # continuation tokens per forward call: bounds the [tokens, vocab] logits held at once
-
-
-def kept_masks(plan, n_units: int) -> list[torch.Tensor]:
-    """Per layer, bool over its units: the kept ones (every band together)."""
-    masks = [torch.zeros(n_units, dtype=torch.bool) for _ in plan.retained]
-    for mask, kept in zip(masks, plan.retained):
-        mask[kept] = True
-    return masks
 
 
 def kl_and_flips(exact: torch.Tensor, other: torch.Tensor) -> tuple[float, float, int]:
@@ -63,7 +56,8 @@ def run_prefix(model, plan, arms: dict, ids: list[int], cont: list[int], points:
     from trtllm_dasc.model.direct import DirectRunner
     n_units = plan.config.units_per_layer
     names = list(arms)
-    kept = kept_masks(plan, n_units)
+    # per layer, every band's kept units together
+    kept = [torch.stack(layer).any(0) for layer in zip(*band_masks(plan, n_units))]
     r = DirectRunner(model, rows=1 + len(names), max_tokens=len(ids) + max(points) + 1, block_size=16)
     for row in range(1 + len(names)):
         r.run(ids, row=row, logits="none")
