@@ -40,11 +40,14 @@ case "${1:-}" in
     if [ -f "$BG/started" ] && [ ! -f "$BG/rc" ]; then
       echo "cells_background: a job is already running (poll it)"; exit 2
     fi
-    rm -rf "$BG" && mkdir -p "$BG/out"
+    rm -rf "$BG" && mkdir -p "$BG/out" "$BG/tree"
     date +%s > "$BG/started"
+    # the job runs from a snapshot of the tree: every later call copies the working tree into the repository
+    # root again, and a server the job starts after such a copy must not import half-written files
+    tar cf - --exclude=./.git . | tar xf - -C "$BG/tree" || { echo "cells_background: no snapshot of the tree"; exit 2; }
     # its own session, so the call's end does not kill it; its $OUT is its own (the call's is emptied each call)
-    setsid nohup bash -c 'OUT="$1/out" CALL_LIMIT="$2" bash "$3"; echo $? > "$1/rc"' _ "$BG" "$BG_LIMIT" "$script" \
-      > "$BG/log" 2>&1 < /dev/null &
+    setsid nohup bash -c 'cd "$1/tree" && OUT="$1/out" CALL_LIMIT="$2" bash "$3"; echo $? > "$1/rc"' _ "$BG" \
+      "$BG_LIMIT" "$script" > "$BG/log" 2>&1 < /dev/null &
     echo "cells_background: started $script (pid $!, limit $BG_LIMIT s)"
     poll "${3:-540}" ;;
   poll) poll "${2:-540}" ;;
