@@ -138,20 +138,16 @@ def test_a_packed_wheel_installs_as_the_wheel_it_was(tmp_path):
 def test_a_background_cells_job_outlives_its_call_and_each_poll_returns_the_cells_so_far(tmp_path):
     """scripts/gpu/cells_background.sh with a stand-in cells script that writes one cell, waits for a go file
     and writes another: the start call returns while the job runs (its first cell already in the tarball), the
-    job survives the call's end and runs from a snapshot of the tree (a later call's copy does not reach it),
-    and the poll after it ends brings both cells, the exit code and the job's own
-    $OUT files. The job gets the limit as CALL_LIMIT."""
+    job survives the call's end, and the poll after it ends brings both cells, the exit code and the job's own
+    $OUT files. The job gets the limit as CALL_LIMIT and runs in the caller's directory."""
     import tarfile
     import time
     bg, cells, out = tmp_path / "bg", tmp_path / "cells", tmp_path / "out"
     out.mkdir()
-    tree = tmp_path / "tree"            # the repository root the calls copy the working tree into
-    tree.mkdir()
-    (tree / "version").write_text("old\n")
-    job = tree / "job.sh"
-    job.write_text(f'mkdir -p {cells}/d && echo one > {cells}/d/c1 && echo "limit $CALL_LIMIT"\n'
+    job = tmp_path / "job.sh"
+    job.write_text(f'mkdir -p {cells}/d && echo one > {cells}/d/c1 && echo "limit $CALL_LIMIT in $PWD"\n'
                    f'while [ ! -f {tmp_path}/go ]; do sleep 0.1; done\n'
-                   f'echo "tree $(cat version)" && echo two > {cells}/d/c2 && echo kernels > "$OUT/k.part" && exit 3\n')
+                   f'echo two > {cells}/d/c2 && echo kernels > "$OUT/k.part" && exit 3\n')
     env = {**os.environ, "BG_DIR": str(bg), "CELLS_ROOT": str(cells), "OUT": str(out), "BG_LIMIT": "777"}
     script = str(ROOT / "scripts" / "gpu" / "cells_background.sh")
 
@@ -160,17 +156,15 @@ def test_a_background_cells_job_outlives_its_call_and_each_poll_returns_the_cell
             return {Path(m.name).name for m in t.getmembers() if m.isfile()}
 
     start = time.time()
-    proc = subprocess.run(["bash", script, "start", "job.sh", "2"], env=env, capture_output=True, text=True,
-                          timeout=60, cwd=tree)
+    proc = subprocess.run(["bash", script, "start", str(job), "2"], env=env, capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "still running" in proc.stdout and time.time() - start < 30
     assert cells_in_tarball() == {"c1"}
-    proc = subprocess.run(["bash", script, "start", "job.sh"], env=env, capture_output=True, text=True, timeout=60,
-                          cwd=tree)
+    proc = subprocess.run(["bash", script, "start", str(job)], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "already running" in proc.stdout
-    (tree / "version").write_text("new\n")   # a later call's copy of the tree: the job keeps its snapshot
     (tmp_path / "go").touch()
     proc = subprocess.run(["bash", script, "poll", "30"], env=env, capture_output=True, text=True, timeout=60)
-    assert "the job ended, exit code 3" in proc.stdout and "limit 777" in proc.stdout
-    assert "tree old" in proc.stdout
+    # in the caller's directory: the cells' manifest holds absolute paths, a job run elsewhere is another manifest
+    assert "the job ended, exit code 3" in proc.stdout and f"limit 777 in {os.getcwd()}" in proc.stdout
     assert cells_in_tarball() == {"c1", "c2"} and (out / "k.part").read_text() == "kernels\n"

@@ -11,6 +11,9 @@
 # Both wait up to WAIT_S (default 540) or until the job ends, then put every cells directory under /tmp/cells in
 # $OUT/cells_all.tgz (each under its own name: unpack it aside and copy the one you resume) and the log's tail
 # on stdout; once the job has ended, its own $OUT files (the compiled kernels, the server logs) come back too.
+# The job runs in the repository root itself, not in a snapshot of it: the cells' manifest records the model
+# config's absolute path, and a job run elsewhere is refused as another manifest (seen 12-05). The later calls
+# copy the same tree over it (seen 12-05: a 22-minute job over three calls, servers started between copies).
 # The next call must come within the machine's idle window (30 s) or the machine, and the job, are gone: the
 # cells of every finished unit are in the last poll's tarball either way.
 set -uo pipefail
@@ -40,14 +43,11 @@ case "${1:-}" in
     if [ -f "$BG/started" ] && [ ! -f "$BG/rc" ]; then
       echo "cells_background: a job is already running (poll it)"; exit 2
     fi
-    rm -rf "$BG" && mkdir -p "$BG/out" "$BG/tree"
+    rm -rf "$BG" && mkdir -p "$BG/out"
     date +%s > "$BG/started"
-    # the job runs from a snapshot of the tree: every later call copies the working tree into the repository
-    # root again, and a server the job starts after such a copy must not import half-written files
-    tar cf - --exclude=./.git . | tar xf - -C "$BG/tree" || { echo "cells_background: no snapshot of the tree"; exit 2; }
     # its own session, so the call's end does not kill it; its $OUT is its own (the call's is emptied each call)
-    setsid nohup bash -c 'cd "$1/tree" && OUT="$1/out" CALL_LIMIT="$2" bash "$3"; echo $? > "$1/rc"' _ "$BG" \
-      "$BG_LIMIT" "$script" > "$BG/log" 2>&1 < /dev/null &
+    setsid nohup bash -c 'OUT="$1/out" CALL_LIMIT="$2" bash "$3"; echo $? > "$1/rc"' _ "$BG" "$BG_LIMIT" "$script" \
+      > "$BG/log" 2>&1 < /dev/null &
     echo "cells_background: started $script (pid $!, limit $BG_LIMIT s)"
     poll "${3:-540}" ;;
   poll) poll "${2:-540}" ;;
