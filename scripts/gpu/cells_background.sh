@@ -13,7 +13,7 @@
 # on stdout; once the job has ended, its own $OUT files (the compiled kernels, the server logs) come back too.
 # The job runs in the repository root itself, not in a snapshot of it: the cells' manifest records the model
 # config's absolute path, and a job run elsewhere is refused as another manifest (seen 12-05). The later calls
-# copy the same tree over it (seen 12-05: a 22-minute job over three calls, servers started between copies).
+# copy the same tree over it (seen 12-05: a 17-minute job over two calls ran on through the second call's copy).
 # The next call must come within the machine's idle window (30 s) or the machine, and the job, are gone: the
 # cells of every finished unit are in the last poll's tarball either way.
 set -uo pipefail
