@@ -134,6 +134,56 @@ def test_a_packed_wheel_installs_as_the_wheel_it_was(tmp_path):
     assert files == members
 
 
+@pytest.mark.skipif(shutil.which("xz") is None or shutil.which("tar") is None, reason="needs tar and xz")
+def test_a_wheel_packed_in_parts_installs_once_the_last_part_is_carried(tmp_path):
+    """pack_wheel.sh with two folders (the tree too big for the whole packed wheel beside it): each call carries
+    one part; the call with only the first installs nothing and says what is missing, the call that brings the
+    second installs the original wheel (members, bytes, modes), and a later call does not install it again."""
+    import sys
+    import zipfile
+    root, bin_, packed = tmp_path / "root", tmp_path / "bin", tmp_path / "packed"
+    (root / "scripts" / "gpu").mkdir(parents=True)
+    bin_.mkdir()
+    shutil.copy(ROOT / "scripts" / "gpu" / "prelude.sh", root / "scripts" / "gpu" / "prelude.sh")
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    members = {"demo/__init__.py": (b"x = 1\n", 0o644),
+               "demo/bin/server": (b"\x7fELF" + os.urandom(200_000), 0o755),   # incompressible: parts of size
+               "demo-1.0.dist-info/METADATA": (b"Name: demo\nVersion: 1.0\n", 0o644)}
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, (data, mode) in members.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o100000 | mode) << 16
+            z.writestr(info, data)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PACKED_DIR": str(packed), "INSTALL_ONLY": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "pack_wheel.sh"), str(wheel), ".whl_a", ".whl_b"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    part_a = root / ".whl_a" / f"{wheel.name}.tar.xz.part-1-of-2"
+    part_b = root / ".whl_b" / f"{wheel.name}.tar.xz.part-2-of-2"
+    assert part_a.is_file() and part_b.is_file() and part_a.stat().st_size >= 100_000
+    got = tmp_path / "installed"
+    got.mkdir()
+    _stub(bin_ / "python3", f'if [ "$1 $2" = "-m pip" ]; then cp "${{@: -1}}" {got}/; '
+                            f'basename "${{@: -1}}" >> {tmp_path}/pip_log; exit 0; fi\n'
+                            f'exec {sys.executable} "$@"\n')
+    b_aside = tmp_path / part_b.name
+    shutil.move(part_b, b_aside)             # call A0 carries .whl_a only
+    proc = subprocess.run(["bash", "-c", "source scripts/gpu/prelude.sh"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 of 2 parts" in proc.stdout and not (tmp_path / "pip_log").exists()
+    shutil.rmtree(root / ".whl_a")           # call A carries .whl_b only
+    shutil.move(b_aside, part_b)
+    for _ in range(2):                       # call A, then a later call on the same machine
+        proc = subprocess.run(["bash", "-c", "source scripts/gpu/prelude.sh"], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "pip_log").read_text().split() == [wheel.name]
+    with zipfile.ZipFile(got / wheel.name) as z:
+        files = {i.filename: (z.read(i), i.external_attr >> 16 & 0o777) for i in z.infolist() if not i.is_dir()}
+    assert files == members
+
+
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
 def test_a_background_cells_job_outlives_its_call_and_each_poll_returns_the_cells_so_far(tmp_path):
     """scripts/gpu/cells_background.sh with a stand-in cells script that writes one cell, waits for a go file

@@ -4,8 +4,13 @@
 # packs to 34 MB (its tritonserver libraries are deflated in the wheel, xz takes a third more off), so beside the
 # ~30 MB tree it fits one call's 64 MiB: a fresh machine stages in two calls (first_call.sh's header), not three.
 #   bash scripts/gpu/pack_wheel.sh /tmp/w/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl .whl_a
+# Once the tree grows past ~33 MB (the committed cells and results grow it) the packed wheel no longer fits beside
+# it: name two or more folders and it is split into as many parts, WHEEL.whl.tar.xz.part-K-of-N, one a folder, each
+# carried by its own call (call A0 carry [".whl_a"], call A carry [".whl_b", ...], within 30 s); the prelude keeps
+# the parts it has seen under /tmp and installs the wheel once all N are there:
+#   bash scripts/gpu/pack_wheel.sh /tmp/w/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl .whl_a .whl_b
 set -euo pipefail
-[ $# -eq 2 ] && [ -f "$1" ] && [[ "$1" == *.whl ]] || { echo "usage: pack_wheel.sh WHEEL.whl DEST_DIR"; exit 2; }
+[ $# -ge 2 ] && [ -f "$1" ] && [[ "$1" == *.whl ]] || { echo "usage: pack_wheel.sh WHEEL.whl DEST_DIR [DEST_DIR ...]"; exit 2; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # the files with their modes (tritonserver must stay executable; zipfile's own extract drops them)
@@ -17,6 +22,21 @@ with zipfile.ZipFile(sys.argv[1]) as wheel:
         if info.external_attr >> 16 & 0o777:
             os.chmod(path, info.external_attr >> 16 & 0o777)
 PY
-mkdir -p "$2"
-tar cf - -C "$tmp" . | xz -9e -T0 > "$2/$(basename "$1").tar.xz"
-ls -l "$2/$(basename "$1").tar.xz"
+name=$(basename "$1").tar.xz
+tar cf - -C "$tmp" . | xz -9e -T0 > "$tmp.xz"
+trap 'rm -rf "$tmp" "$tmp.xz" "$tmp".part-*' EXIT
+shift
+if [ $# -eq 1 ]; then
+  mkdir -p "$1" && mv "$tmp.xz" "$1/$name" && ls -l "$1/$name"
+  exit 0
+fi
+# N parts of (nearly) equal size, part K into the K-th folder
+n=$#
+split -n "$n" -d -a 3 "$tmp.xz" "$tmp.part-"
+k=1
+for dest in "$@"; do
+  mkdir -p "$dest"
+  mv "$tmp.part-$(printf %03d $((k - 1)))" "$dest/$name.part-$k-of-$n"
+  ls -l "$dest/$name.part-$k-of-$n"
+  k=$((k + 1))
+done

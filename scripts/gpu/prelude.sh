@@ -13,7 +13,26 @@ fi
 # packed wheels (scripts/gpu/pack_wheel.sh: NAME.whl.tar.xz in any carried .whl_*/): zipped back into NAME.whl
 # and installed, once a machine (a later call finds the folder still there and the marker beside it)
 PACKED=${PACKED_DIR:-/tmp/packed}
-for packed in .whl_*/*.whl.tar.xz; do
+# a wheel packed in parts (pack_wheel.sh with several folders), each carried by its own call: the parts seen so
+# far are kept under $PACKED/parts, and the whole is installed by the call that brings the last one
+mkdir -p "$PACKED/parts"
+for part in .whl_*/*.whl.tar.xz.part-*-of-*; do
+  [ -f "$part" ] && cp "$part" "$PACKED/parts/"
+done
+for part in "$PACKED"/parts/*.whl.tar.xz.part-*-of-*; do
+  [ -f "$part" ] || continue
+  name=$(basename "$part"); n=${name##*-of-}; name=${name%.part-*-of-*}
+  # once a wheel: installed already, or joined by an earlier part of this loop
+  [ -f "$PACKED/${name%.tar.xz}.installed" ] || [ -f "$PACKED/$name" ] && continue
+  have=0
+  for ((k = 1; k <= n; k++)); do [ -f "$PACKED/parts/$name.part-$k-of-$n" ] && have=$((have + 1)); done
+  if [ "$have" -lt "$n" ]; then
+    echo "prelude: $have of $n parts of $name are here; carry the others in the next call (within 30 s)"
+    continue
+  fi
+  for ((k = 1; k <= n; k++)); do cat "$PACKED/parts/$name.part-$k-of-$n"; done > "$PACKED/$name" || exit 3
+done
+for packed in .whl_*/*.whl.tar.xz "$PACKED"/*.whl.tar.xz; do
   [ -f "$packed" ] || continue
   name=$(basename "$packed" .tar.xz)
   [ -f "$PACKED/$name.installed" ] && continue
@@ -21,7 +40,7 @@ for packed in .whl_*/*.whl.tar.xz; do
   rm -rf "$files" && mkdir -p "$files" && tar xJf "$packed" -C "$files" || exit 3
   (cd "$files" && python3 -m zipfile -c "$PACKED/$name" $(ls -A)) || exit 3
   python3 -m pip install -q --no-index --no-deps --no-compile "$PACKED/$name" || exit 3
-  rm -rf "$files" "$PACKED/$name" && touch "$PACKED/$name.installed"
+  rm -rf "$files" "$PACKED/$name" "$PACKED/$name.tar.xz" && touch "$PACKED/$name.installed"
   echo "prelude: installed $name from $packed"
 done
 [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
