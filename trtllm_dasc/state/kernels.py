@@ -213,17 +213,19 @@ def gather_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_
     """For each listed unit j (n_rows = J * R rows): read src[layer_j, src_idx[b], unit_src[j]] and write
     it at dst + dst_idx[b] * stride_dst_b + layer_j * stride_dst_l + unit_dst[j] * E. Pack/store use
     stride_dst_l = 0 (dst = slots), replay-merge dst = the active state. QUANT: int8 + one scale per row.
-    Programs past the row blocks store the conv state (_conv_part: copied, or 8-bit encoded when CONV8)."""
+    The first programs of each request store its conv state (_conv_part: copied, or 8-bit encoded when
+    CONV8), the row blocks follow: an 8-bit encode is one long program a layer (two passes over the layer's
+    conv state), and placed after the rows the last request's ran alone at the launch's end."""
     pid = tl.program_id(0)
     n_src, n_dst = request_rows(src_idx, dst_idx)
-    n_tb = tl.cdiv(n_rows, BLOCK_R)
-    if pid < n_tb:
-        _gather_rows(src, dst, dst_scale, n_src, n_dst, pid, unit_layer, unit_src, unit_dst, n_rows,
+    n_conv = tl.num_programs(0) - tl.cdiv(n_rows, BLOCK_R)
+    if pid < n_conv:
+        _conv_part(conv_src, conv_dst, conv_scale, n_src, n_dst, pid, conv_cw, conv_row4, stride_csrc_b,
+                   stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16, CONV8)
+    else:
+        _gather_rows(src, dst, dst_scale, n_src, n_dst, pid - n_conv, unit_layer, unit_src, unit_dst, n_rows,
                      stride_src_l, stride_src_n, stride_dst_b, stride_dst_l, stride_scale_b, R, V, BLOCK_R,
                      BLOCK_V, QUANT)
-    else:
-        _conv_part(conv_src, conv_dst, conv_scale, n_src, n_dst, pid - n_tb, conv_cw, conv_row4, stride_csrc_b,
-                   stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16, CONV8)
 
 
 @triton.jit
