@@ -465,6 +465,12 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
            **(extra or {}), **assemble(manifest, calls, cells)}
     out["target"] = TARGET
     out["target_verdict"] = verdict(out["arms"], cfg.get("model"))
+    if not out.get("complete", True):
+        from clients.cells_estimate import estimate
+        from clients.runner import GPU_REQUEST_ESTIMATE_S
+        have = {(c.get("arm"), c.get("unit")) for c in cells}
+        out["device_time_left"] = estimate(manifest, cells, lambda key, unit: (key, unit) in have,
+                                           GPU_REQUEST_ESTIMATE_S)
     if failed:
         out["failed_arms"] = failed
     return out
@@ -474,14 +480,18 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
     """What --plan-only prints: per phase Q, blocks used and repeats; units and cells, done and to do."""
     from clients.cells import manifest_id
     from clients.runner import plan_units
+    from clients.cells_estimate import estimate
+    from clients.runner import GPU_REQUEST_ESTIMATE_S
     done = 0
     if cells_dir and os.path.exists(os.path.join(cells_dir, "manifest.json")):
         from clients.cells import CellStore
         store = CellStore(cells_dir, manifest)
         done = sum(store.done(a["key"], u) for a in manifest["arms"] for u in manifest["units"])
         pending = len(plan_units(store, store.manifest, [a["key"] for a in manifest["arms"]], None))
+        left = estimate(store.manifest, store.cells(), store.done, GPU_REQUEST_ESTIMATE_S)
     else:
         pending = len(manifest["units"])
+        left = estimate(manifest, [], lambda key, unit: False, GPU_REQUEST_ESTIMATE_S)
     out = {"manifest_id": manifest_id(manifest), "arms": [a["key"] for a in manifest["arms"]],
            "slots": {a["key"]: a["slots"] for a in manifest["arms"]},
            "phases": [{"name": p["name"], "q": p["q"], "blocks": f"{len(p['blocks'])} of {p['blocks_in_dataset']}",
@@ -490,7 +500,9 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
            "units": len(manifest["units"]), "cells": len(manifest["units"]) * len(manifest["arms"]),
            "cells_done": done, "units_pending": pending,
            "requests_per_arm": sum(2 * p["q"] * p["repeats"] * len(p["blocks"]) for p in manifest["phases"])
-           * len(manifest["seeds"])}
+           * len(manifest["seeds"]),
+           # seconds of device time for the cells left (clients/cells_estimate.py: two schedules)
+           "device_time_left": left}
     print(json.dumps(out, indent=1))
     return {**out, "plan_only": True}
 
@@ -577,8 +589,16 @@ def report(result: dict, plot_path: str | None, title: str) -> None:
     if result.get("target_verdict"):
         print(describe(result["target_verdict"]))
     if not result.get("complete", True):
+        started = [a["key"] for a in result["arms"] if a.get("pending")]
+        # arms without a cell yet have no entry in result["arms"]: named from the manifest
+        unstarted = [k for k in result.get("manifest", {}).get("arms", []) if k not in {a["key"] for a in result["arms"]}]
         print(f"cells: {result['cells_done']} of {result['cells_total']} done; arms with cells to run: "
-              + ", ".join(a["key"] for a in result["arms"] if a.get("pending")) or "none")
+              + (", ".join(started) or "none") + (f"; not started: {', '.join(unstarted)}" if unstarted else ""))
+        if result.get("device_time_left"):
+            left = result["device_time_left"]
+            print(f"device time left: {left['shared_s'] / 3600:.1f} h with every arm of a unit in one call (the "
+                  f"baseline once a unit), {left['arm_by_arm_s'] / 3600:.1f} h one arm a call; at the measured "
+                  f"seconds a request, server starts not counted")
     if not whole:
         print(f"json: {result['json_path']}")
         return

@@ -1,0 +1,57 @@
+"""How much device time the cells not yet done will take, from the cells already measured (--plan-only).
+
+A paper-scale matrix runs over many sessions of limited device time; whoever plans them needs the remaining
+cost, not only the count of cells. Each arm's rate is its measured seconds per request (a cell's `seconds`,
+fill and replay of every block and repeat, over its requests: 2 x Q x repeats); an arm with no cell yet takes
+the mean of the measured arms' rates (or the GPU prior when nothing is measured). Server starts are not
+counted (about a minute each on a warm kernel cache).
+
+Two schedules, because the baseline is measured again beside every arm in every call (its cells pair with the
+arm's cells of the same call, clients/runner.py):
+- shared: every pending unit runs once with all its pending arms in one call, the baseline once a unit;
+- arm_by_arm: one arm a call (CALL_ARMS=nr64, then ...), the baseline again beside each arm.
+"""
+from __future__ import annotations
+
+
+def unit_requests(manifest: dict, unit: str) -> int:
+    """Requests of one arm's cell of ``unit`` ("p<phase>-b<block>-s<seed>"): fill and replay of the phase's Q
+    prompts, as often as the phase is repeated."""
+    phase = manifest["phases"][int(unit.split("-")[0][1:])]
+    return 2 * phase["q"] * phase["repeats"]
+
+
+def rates(manifest: dict, cells: list[dict], prior: float) -> tuple[dict[str, float], list[str]]:
+    """Seconds per request for each arm key: measured where it has cells, else the measured arms' mean,
+    else ``prior``; and the keys that were measured."""
+    measured = {}
+    for key in {a["key"] for a in manifest["arms"]}:
+        mine = [c for c in cells if c.get("arm") == key and c.get("seconds") is not None]
+        requests = sum(unit_requests(manifest, c["unit"]) for c in mine)
+        if requests:
+            measured[key] = sum(c["seconds"] for c in mine) / requests
+    fallback = sum(measured.values()) / len(measured) if measured else prior
+    return {a["key"]: measured.get(a["key"], fallback) for a in manifest["arms"]}, sorted(measured)
+
+
+def estimate(manifest: dict, cells: list[dict], done, prior: float) -> dict:
+    """``done(key, unit)``: whether the arm's cell of the unit exists. Seconds of device time left."""
+    rate, measured = rates(manifest, cells, prior)
+    base = manifest.get("baseline")
+    others = [a["key"] for a in manifest["arms"] if a["key"] != base] or [base]
+    shared = arm_by_arm = 0.0
+    per_arm = {}
+    for unit in manifest["units"]:
+        n = unit_requests(manifest, unit)
+        pending = [k for k in others if not done(k, unit)]
+        for k in pending:
+            per_arm[k] = per_arm.get(k, 0.0) + rate[k] * n
+        if not pending:
+            continue
+        baseline = rate[base] * n if base and base not in pending else 0.0
+        shared += baseline + sum(rate[k] * n for k in pending)
+        arm_by_arm += sum(baseline + rate[k] * n for k in pending)
+    return {"shared_s": round(shared), "arm_by_arm_s": round(arm_by_arm),
+            "per_arm_s": {k: round(v) for k, v in per_arm.items()},
+            "rate_s_per_request": {k: round(v, 4) for k, v in rate.items()}, "rates_measured": measured,
+            "excludes": "server starts (about a minute each, warm kernel cache)"}
