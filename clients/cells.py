@@ -48,8 +48,9 @@ def new_call_id() -> str:
 def _dump(path: str, obj: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
+    from clients.compact_json import dump
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
+        dump(obj, f)        # per-request lists on one line each (clients/compact_json.py)
     os.replace(tmp, path)
 
 

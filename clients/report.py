@@ -6,7 +6,6 @@ requests only; TTFT statistics are over the replay requests themselves.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -104,6 +103,7 @@ def write_json(path: str, result: dict) -> None:
     check_results_commit(path, result)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
+    from clients.compact_json import dump
     with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
+        dump(result, f)     # per-request lists on one line each (clients/compact_json.py)
     os.replace(tmp, path)
