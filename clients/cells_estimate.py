@@ -48,7 +48,8 @@ def estimate(manifest: dict, cells: list[dict], done, prior: float) -> dict:
             per_arm[k] = per_arm.get(k, 0.0) + rate[k] * n
         if not pending:
             continue
-        baseline = rate[base] * n if base and base not in pending else 0.0
+        # the baseline beside the unit's arms (never itself pending alone: it runs beside every arm)
+        baseline = rate[base] * n if base in rate and base not in others else 0.0
         shared += baseline + sum(rate[k] * n for k in pending)
         arm_by_arm += sum(baseline + rate[k] * n for k in pending)
     return {"shared_s": round(shared), "arm_by_arm_s": round(arm_by_arm),

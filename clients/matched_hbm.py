@@ -479,9 +479,8 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
 def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
     """What --plan-only prints: per phase Q, blocks used and repeats; units and cells, done and to do."""
     from clients.cells import manifest_id
-    from clients.runner import plan_units
     from clients.cells_estimate import estimate
-    from clients.runner import GPU_REQUEST_ESTIMATE_S
+    from clients.runner import GPU_REQUEST_ESTIMATE_S, plan_units
     done = 0
     if cells_dir and os.path.exists(os.path.join(cells_dir, "manifest.json")):
         from clients.cells import CellStore
