@@ -94,44 +94,68 @@ def test_matched_cells_refuses_tp2_on_one_gpu_and_an_unknown_model(tmp_path):
     assert rc == 2 and "MODEL must be kimi48 or qwen80" in output and args == []
 
 
+class _PackedWheel:
+    """A repository root holding only the prelude, a demo wheel (a binary with its executable mode among its
+    members) and a python3 on PATH that is the real one but for pip, which records the wheel it was given: what
+    pack_wheel.sh and the prelude's install need, on the CPU."""
+
+    def __init__(self, tmp_path, server_bytes: bytes):
+        import sys
+        import zipfile
+        self.tmp = tmp_path
+        self.root, bin_, packed = tmp_path / "root", tmp_path / "bin", tmp_path / "packed"
+        (self.root / "scripts" / "gpu").mkdir(parents=True)
+        bin_.mkdir()
+        shutil.copy(ROOT / "scripts" / "gpu" / "prelude.sh", self.root / "scripts" / "gpu" / "prelude.sh")
+        self.wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+        self.members = {"demo/__init__.py": (b"x = 1\n", 0o644), "demo/bin/server": (server_bytes, 0o755),
+                        "demo-1.0.dist-info/METADATA": (b"Name: demo\nVersion: 1.0\n", 0o644)}
+        with zipfile.ZipFile(self.wheel, "w", zipfile.ZIP_DEFLATED) as z:
+            for name, (data, mode) in self.members.items():
+                info = zipfile.ZipInfo(name)
+                info.external_attr = (0o100000 | mode) << 16
+                z.writestr(info, data)
+        self.env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PACKED_DIR": str(packed),
+                    "INSTALL_ONLY": "1"}
+        self.got = tmp_path / "installed"
+        self.got.mkdir()
+        self.pip_log = tmp_path / "pip_log"
+        _stub(bin_ / "python3", f'if [ "$1 $2" = "-m pip" ]; then cp "${{@: -1}}" {self.got}/; '
+                                f'basename "${{@: -1}}" >> {self.pip_log}; exit 0; fi\n'
+                                f'exec {sys.executable} "$@"\n')
+
+    def pack(self, *folders: str) -> None:
+        # the real python3 for pack_wheel.sh's own unzip (the stub is on PATH only for the prelude)
+        env = {**self.env, "PATH": os.environ["PATH"]}
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "pack_wheel.sh"), str(self.wheel), *folders],
+                              cwd=self.root, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+
+    def prelude(self) -> str:
+        proc = subprocess.run(["bash", "-c", "source scripts/gpu/prelude.sh"], cwd=self.root, env=self.env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    def installed_once_as_it_was(self) -> None:
+        import zipfile
+        assert self.pip_log.read_text().split() == [self.wheel.name]   # installed once, under its own name
+        with zipfile.ZipFile(self.got / self.wheel.name) as z:
+            files = {i.filename: (z.read(i), i.external_attr >> 16 & 0o777) for i in z.infolist() if not i.is_dir()}
+        assert files == self.members
+
+
 @pytest.mark.skipif(shutil.which("xz") is None or shutil.which("tar") is None, reason="needs tar and xz")
 def test_a_packed_wheel_installs_as_the_wheel_it_was(tmp_path):
     """scripts/gpu/pack_wheel.sh then the prelude's install of it (what call A does on a fresh machine): the wheel
     pip receives has the original's members, bytes and file modes (tritonserver stays executable), and a later
     call on the same machine does not install it again."""
-    import sys
-    import zipfile
-    root, bin_, packed = tmp_path / "root", tmp_path / "bin", tmp_path / "packed"
-    (root / "scripts" / "gpu").mkdir(parents=True)
-    bin_.mkdir()
-    shutil.copy(ROOT / "scripts" / "gpu" / "prelude.sh", root / "scripts" / "gpu" / "prelude.sh")
-    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
-    members = {"demo/__init__.py": (b"x = 1\n", 0o644), "demo/bin/server": (b"\x7fELF" + bytes(range(256)), 0o755),
-               "demo-1.0.dist-info/METADATA": (b"Name: demo\nVersion: 1.0\n", 0o644)}
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, (data, mode) in members.items():
-            info = zipfile.ZipInfo(name)
-            info.external_attr = (0o100000 | mode) << 16
-            z.writestr(info, data)
-    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PACKED_DIR": str(packed), "INSTALL_ONLY": "1"}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "pack_wheel.sh"), str(wheel), ".whl_a"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert (root / ".whl_a" / (wheel.name + ".tar.xz")).is_file()
-    # python3 is the real one but for pip, which records the wheel it was given
-    got = tmp_path / "installed"
-    _stub(bin_ / "python3", f'if [ "$1 $2" = "-m pip" ]; then cp "${{@: -1}}" {got}/; '
-                            f'basename "${{@: -1}}" >> {tmp_path}/pip_log; exit 0; fi\n'
-                            f'exec {sys.executable} "$@"\n')
-    got.mkdir()
+    w = _PackedWheel(tmp_path, b"\x7fELF" + bytes(range(256)))
+    w.pack(".whl_a")
+    assert (w.root / ".whl_a" / (w.wheel.name + ".tar.xz")).is_file()
     for _ in range(2):
-        proc = subprocess.run(["bash", "-c", "source scripts/gpu/prelude.sh"], cwd=root, env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / "pip_log").read_text().split() == [wheel.name]   # installed once, under its own name
-    with zipfile.ZipFile(got / wheel.name) as z:
-        files = {i.filename: (z.read(i), i.external_attr >> 16 & 0o777) for i in z.infolist() if not i.is_dir()}
-    assert files == members
+        w.prelude()
+    w.installed_once_as_it_was()
 
 
 @pytest.mark.skipif(shutil.which("xz") is None or shutil.which("tar") is None, reason="needs tar and xz")
@@ -139,49 +163,19 @@ def test_a_wheel_packed_in_parts_installs_once_the_last_part_is_carried(tmp_path
     """pack_wheel.sh with two folders (the tree too big for the whole packed wheel beside it): each call carries
     one part; the call with only the first installs nothing and says what is missing, the call that brings the
     second installs the original wheel (members, bytes, modes), and a later call does not install it again."""
-    import sys
-    import zipfile
-    root, bin_, packed = tmp_path / "root", tmp_path / "bin", tmp_path / "packed"
-    (root / "scripts" / "gpu").mkdir(parents=True)
-    bin_.mkdir()
-    shutil.copy(ROOT / "scripts" / "gpu" / "prelude.sh", root / "scripts" / "gpu" / "prelude.sh")
-    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
-    members = {"demo/__init__.py": (b"x = 1\n", 0o644),
-               "demo/bin/server": (b"\x7fELF" + os.urandom(200_000), 0o755),   # incompressible: parts of size
-               "demo-1.0.dist-info/METADATA": (b"Name: demo\nVersion: 1.0\n", 0o644)}
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, (data, mode) in members.items():
-            info = zipfile.ZipInfo(name)
-            info.external_attr = (0o100000 | mode) << 16
-            z.writestr(info, data)
-    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PACKED_DIR": str(packed), "INSTALL_ONLY": "1"}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "pack_wheel.sh"), str(wheel), ".whl_a", ".whl_b"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    part_a = root / ".whl_a" / f"{wheel.name}.tar.xz.part-1-of-2"
-    part_b = root / ".whl_b" / f"{wheel.name}.tar.xz.part-2-of-2"
+    w = _PackedWheel(tmp_path, b"\x7fELF" + os.urandom(200_000))    # incompressible: parts of some size
+    w.pack(".whl_a", ".whl_b")
+    part_a = w.root / ".whl_a" / f"{w.wheel.name}.tar.xz.part-1-of-2"
+    part_b = w.root / ".whl_b" / f"{w.wheel.name}.tar.xz.part-2-of-2"
     assert part_a.is_file() and part_b.is_file() and part_a.stat().st_size >= 100_000
-    got = tmp_path / "installed"
-    got.mkdir()
-    _stub(bin_ / "python3", f'if [ "$1 $2" = "-m pip" ]; then cp "${{@: -1}}" {got}/; '
-                            f'basename "${{@: -1}}" >> {tmp_path}/pip_log; exit 0; fi\n'
-                            f'exec {sys.executable} "$@"\n')
     b_aside = tmp_path / part_b.name
     shutil.move(part_b, b_aside)             # call A0 carries .whl_a only
-    proc = subprocess.run(["bash", "-c", "source scripts/gpu/prelude.sh"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "1 of 2 parts" in proc.stdout and not (tmp_path / "pip_log").exists()
-    shutil.rmtree(root / ".whl_a")           # call A carries .whl_b only
+    assert "1 of 2 parts" in w.prelude() and not w.pip_log.exists()
+    shutil.rmtree(w.root / ".whl_a")         # call A carries .whl_b only
     shutil.move(b_aside, part_b)
     for _ in range(2):                       # call A, then a later call on the same machine
-        proc = subprocess.run(["bash", "-c", "source scripts/gpu/prelude.sh"], cwd=root, env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / "pip_log").read_text().split() == [wheel.name]
-    with zipfile.ZipFile(got / wheel.name) as z:
-        files = {i.filename: (z.read(i), i.external_attr >> 16 & 0o777) for i in z.infolist() if not i.is_dir()}
-    assert files == members
+        w.prelude()
+    w.installed_once_as_it_was()
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
