@@ -39,11 +39,12 @@ def conv_first_program(n_rows, BLOCK_R: tl.constexpr):
     lin = tl.program_id(1) * n_all + tl.program_id(0)
     conv_all = n_conv * tl.num_programs(1)
     is_conv = lin < conv_all
-    # the division's divisor is never 0 on the side taken: n_conv > 0 wherever lin < conv_all
-    per = tl.where(is_conv, n_conv, n_all - n_conv)
+    # programs a request on this program's side; never 0 there (n_conv > 0 wherever lin < conv_all, and a
+    # launch has a row block wherever it has rows), the max only keeps the division defined for a launch of none
+    per = tl.maximum(tl.where(is_conv, n_conv, n_all - n_conv), 1)
     k = tl.where(is_conv, lin, lin - conv_all)
-    b = k // tl.maximum(per, 1)
-    return is_conv, b, k - b * tl.maximum(per, 1)
+    b = k // per
+    return is_conv, b, k - b * per
 
 
 @triton.jit
