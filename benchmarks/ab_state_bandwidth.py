@@ -16,9 +16,6 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-
 RUNS = ("base_1", "head_1", "head_2", "base_2")
 # the figure codec_verdicts judge (benchmarks/state_bandwidth.py): the weakest arm against a same-size copy
 FIGURE = "pct_of_same_size_copy_graph"

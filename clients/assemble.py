@@ -11,6 +11,7 @@ of those phases only, so not the protocol's figure (its weights lie in the phase
 """
 from __future__ import annotations
 
+from clients.protocol import unit_phase
 from clients.report import ratios, summarize
 
 EXCHANGE_KEYS = ("ops", "calls", "seconds", "bytes_sent")
@@ -42,7 +43,7 @@ def _partial_ratios(manifest: dict, by: dict, key: str, base_key: str) -> dict |
     None when no phase is."""
     by_phase: dict[int, list[str]] = {}
     for u in manifest["units"]:
-        by_phase.setdefault(int(u.split("-")[0][1:]), []).append(u)
+        by_phase.setdefault(unit_phase(u), []).append(u)
     arm_blocks, base_blocks, names, n = [], [], [], 0
     for i, us in sorted(by_phase.items()):
         pairs = [_pair(by, key, base_key, u) for u in us]

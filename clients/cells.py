@@ -46,12 +46,8 @@ def new_call_id() -> str:
 
 
 def _dump(path: str, obj: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    from clients.compact_json import dump
-    with open(tmp, "w") as f:
-        dump(obj, f)        # per-request lists on one line each (clients/compact_json.py)
-    os.replace(tmp, path)
+    from clients.compact_json import write
+    write(path, obj)        # atomic; per-request lists on one line each
 
 
 def _load(path: str) -> dict:

@@ -13,12 +13,7 @@ arm's cells of the same call, clients/runner.py):
 """
 from __future__ import annotations
 
-
-def unit_requests(manifest: dict, unit: str) -> int:
-    """Requests of one arm's cell of ``unit`` ("p<phase>-b<block>-s<seed>"): fill and replay of the phase's Q
-    prompts, as often as the phase is repeated."""
-    phase = manifest["phases"][int(unit.split("-")[0][1:])]
-    return 2 * phase["q"] * phase["repeats"]
+from clients.protocol import unit_requests
 
 
 def rates(manifest: dict, cells: list[dict], prior: float) -> tuple[dict[str, float], list[str]]:

@@ -5,6 +5,7 @@ call, whose 64 MiB the tree shares with the carried wheels."""
 from __future__ import annotations
 
 import json
+import os
 
 _PLAIN = (str, int, float, bool, type(None))
 
@@ -28,5 +29,10 @@ def dumps(obj, indent: int = 1, _level: int = 0) -> str:
     return json.dumps(obj)
 
 
-def dump(obj, f, indent: int = 1) -> None:
-    f.write(dumps(obj, indent))
+def write(path: str, obj) -> None:
+    """Whole or not at all: written beside ``path`` (a name of this process's own), then renamed over it."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(dumps(obj))
+    os.replace(tmp, path)

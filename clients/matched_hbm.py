@@ -480,6 +480,7 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
     """What --plan-only prints: per phase Q, blocks used and repeats; units and cells, done and to do."""
     from clients.cells import manifest_id
     from clients.cells_estimate import estimate
+    from clients.protocol import unit_requests
     from clients.runner import GPU_REQUEST_ESTIMATE_S, plan_units
     done = 0
     if cells_dir and os.path.exists(os.path.join(cells_dir, "manifest.json")):
@@ -498,8 +499,7 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
            **({"kv_cache": manifest["config"]["kv_cache"]} if "kv_cache" in manifest["config"] else {}),
            "units": len(manifest["units"]), "cells": len(manifest["units"]) * len(manifest["arms"]),
            "cells_done": done, "units_pending": pending,
-           "requests_per_arm": sum(2 * p["q"] * p["repeats"] * len(p["blocks"]) for p in manifest["phases"])
-           * len(manifest["seeds"]),
+           "requests_per_arm": sum(unit_requests(manifest, u) for u in manifest["units"]),
            # seconds of device time for the cells left (clients/cells_estimate.py: two schedules)
            "device_time_left": left}
     print(json.dumps(out, indent=1))

@@ -137,6 +137,18 @@ def unit_key(phase: int, block: int, seed: int) -> str:
     return f"p{phase}-b{block}-s{seed}"
 
 
+def unit_phase(unit: str) -> int:
+    """The phase index of a unit_key."""
+    return int(unit.split("-")[0][1:])
+
+
+def unit_requests(manifest: dict, unit: str) -> int:
+    """Requests of one arm's cell of ``unit`` in a manifest (clients.cells): fill and replay of the phase's Q
+    prompts, as often as the phase is replayed."""
+    phase = manifest["phases"][unit_phase(unit)]
+    return 2 * phase["q"] * phase["repeats"]
+
+
 def units(phases: list[Phase], cfg: ProtocolConfig) -> list[tuple[int, int, int]]:
     """Every (phase, block, seed) cell of one arm, in run order: phase, then seed, then block. ``block`` is
     the block's index in the dataset (lo // q), so a subset names the same blocks in every run."""

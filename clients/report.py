@@ -101,9 +101,5 @@ def write_json(path: str, result: dict) -> None:
     names a clean commit (trtllm_dasc/provenance.py: check_results_commit)."""
     from trtllm_dasc.provenance import check_results_commit
     check_results_commit(path, result)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    from clients.compact_json import dump
-    with open(tmp, "w") as f:
-        dump(result, f)     # per-request lists on one line each (clients/compact_json.py)
-    os.replace(tmp, path)
+    from clients.compact_json import write
+    write(path, result)     # per-request lists on one line each

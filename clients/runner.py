@@ -149,11 +149,11 @@ def run_cells(target, store, arm: dict, units: list[str], ctx, call: str, commit
     """The arm's ``units`` against ``target`` (closed afterwards); each cell written as it ends. ``gate(i, u)``:
     whether to start the i-th unit (a call's deadline; None: all of them); ``record(u, seconds)``: told of each."""
     from clients.progress import Progress
-    from clients.protocol import repeats
+    from clients.protocol import unit_requests
     phases, work, proto = ctx.phases, ctx.work, ctx.proto
     by_key = {unit_key(*u): u for u in ctx.units}
     try:
-        n = sum(2 * phases[by_key[u][0]].q * repeats(by_key[u][0], proto) for u in units)
+        n = sum(unit_requests(store.manifest, u) for u in units)
         bar = Progress(n, label)
         t0 = time.perf_counter()
         check = _check_plan(arm, target.control("stats"))
@@ -219,9 +219,8 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
     deadline = getattr(args, "call_deadline_s", None)
     budget = None
     if deadline is not None:
-        from clients.protocol import repeats
-        by_key = {unit_key(*u): u for u in ctx.units}
-        requests = lambda u: 2 * ctx.phases[by_key[u][0]].q * repeats(by_key[u][0], ctx.proto)  # noqa: E731
+        from clients.protocol import unit_requests
+        requests = lambda u: unit_requests(manifest, u)  # noqa: E731
         # the priors (GPU only: a CPU run keeps "an arm's first unit always runs")
         gpu = str(getattr(args, "device", "cpu")).startswith("cuda")
         rate = getattr(args, "request_estimate_s", None) or (GPU_REQUEST_ESTIMATE_S if gpu else None)

@@ -17,8 +17,8 @@
 #   bash scripts/gpu/pack_wheel.sh /tmp/w/nvidia_pytriton-0.7.0-*.whl .whl_a   # .whl_a: only this file
 #   mkdir -p .whl .whl_c && cp /tmp/w/fla_core-*.whl .whl/
 #   mv /tmp/w/fla_core-*.whl /tmp/w/tritonclient-*.whl /tmp/w/python_rapidjson-*.whl /tmp/w/numpy-1.26.4-*.whl .whl_c/
-#   call A  carry [".whl_a", ".whl"]  (tree + 34 + 1 MB: 65 of 67 MB; 12-05 the tree alone is 32.6 MB and only
-#           [".whl_a"] fits: the fla tests need .whl)
+#   call A  carry [".whl_a", ".whl"]  (tree + 34 + 1 MB of 67 MB: with a tree past ~32 MB only [".whl_a"] fits,
+#           and the fla tests, which need .whl, wait for a later call)
 #           run:   bash scripts/gpu/first_call.sh   (installs nvidia-pytriton, then the GPU tests before numpy 1.26)
 #   once the tree is past ~33 MB the packed wheel goes in two parts, one a call (pack_wheel.sh with two folders;
 #   or split the packed file itself: split -n 2 -d -a 3 F p- -> .whl_p1/F.part-1-of-2, .whl_p2/F.part-2-of-2):
