@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from trtllm_dasc.state.kernels import _conv_part, _div_rows, _round_half_even, _round_to_int, _row_scale
-from trtllm_dasc.state.ragged_index import conv_first_program, listed_unit_rows, request_rows, request_rows_of
+from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows
 
 
 @triton.jit
@@ -157,12 +157,12 @@ def store_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_s
                        TO_BF16: tl.constexpr = False, CONV8: tl.constexpr = 0, FAST_DIV: tl.constexpr = False):
     """Listed unit j (n_rows = J * R rows) of active row src_idx[b]: src[layer_j, n, unit_src[j]] is
     encoded into slot dst_idx[b] at position unit_dst[j]: dst [S, width, R * VB] uint8 (slot stride
-    stride_dst_b), dst_scale [S, width, R] (slot stride stride_scale_b). The same launch stores the conv state
-    (kernels._conv_part: copied, or 8-bit encoded when CONV8), every request's conv programs starting before
-    any row block (ragged_index.conv_first_program says why)."""
-    is_conv, b, pid = conv_first_program(n_rows, BLOCK_R)
-    n_src, n_dst = request_rows_of(src_idx, dst_idx, b)
-    if not is_conv:
+    stride_dst_b), dst_scale [S, width, R] (slot stride stride_scale_b). Programs past the row blocks
+    store the conv state in the same launch (kernels._conv_part: copied, or 8-bit encoded when CONV8)."""
+    pid = tl.program_id(0)
+    n_src, n_dst = request_rows(src_idx, dst_idx)
+    n_tb = tl.cdiv(n_rows, BLOCK_R)
+    if pid < n_tb:
         rmask, r, layer, u_src, u_dst = listed_unit_rows(pid, n_rows, unit_layer, unit_src, unit_dst, R, BLOCK_R)
         src_row = layer * stride_src_l + n_src * stride_src_n + u_src * (R * V) + r * V
         out, s = _encode_rows(src, src_row, rmask, V, BLOCK_B, CODEC, FAST_DIV)
@@ -171,7 +171,7 @@ def store_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_s
         tl.store(dst + dst_row[:, None] + bb[None, :], out, mask=rmask[:, None] & (bb < VB)[None, :])
         tl.store(dst_scale + n_dst * stride_scale_b + u_dst * R + r, s.to(dst_scale.dtype.element_ty), mask=rmask)
     else:
-        _conv_part(conv_src, conv_dst, conv_scale, n_src, n_dst, pid, conv_cw, conv_row4, stride_csrc_b,
+        _conv_part(conv_src, conv_dst, conv_scale, n_src, n_dst, pid - n_tb, conv_cw, conv_row4, stride_csrc_b,
                    stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16, CONV8)
 
 

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from trtllm_dasc.state.ragged_index import conv_first_program, listed_unit_rows, request_rows, request_rows_of
+from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows
 
 
 @triton.jit
@@ -213,17 +213,17 @@ def gather_units_kernel(src, dst, dst_scale, src_idx, dst_idx, unit_layer, unit_
     """For each listed unit j (n_rows = J * R rows): read src[layer_j, src_idx[b], unit_src[j]] and write
     it at dst + dst_idx[b] * stride_dst_b + layer_j * stride_dst_l + unit_dst[j] * E. Pack/store use
     stride_dst_l = 0 (dst = slots), replay-merge dst = the active state. QUANT: int8 + one scale per row.
-    Every request's conv programs start before any row block (ragged_index.conv_first_program says why); they
-    store its conv state (_conv_part: copied, or 8-bit encoded when CONV8)."""
-    is_conv, b, pid = conv_first_program(n_rows, BLOCK_R)
-    n_src, n_dst = request_rows_of(src_idx, dst_idx, b)
-    if is_conv:
-        _conv_part(conv_src, conv_dst, conv_scale, n_src, n_dst, pid, conv_cw, conv_row4, stride_csrc_b,
-                   stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16, CONV8)
-    else:
+    Programs past the row blocks store the conv state (_conv_part: copied, or 8-bit encoded when CONV8)."""
+    pid = tl.program_id(0)
+    n_src, n_dst = request_rows(src_idx, dst_idx)
+    n_tb = tl.cdiv(n_rows, BLOCK_R)
+    if pid < n_tb:
         _gather_rows(src, dst, dst_scale, n_src, n_dst, pid, unit_layer, unit_src, unit_dst, n_rows,
                      stride_src_l, stride_src_n, stride_dst_b, stride_dst_l, stride_scale_b, R, V, BLOCK_R,
                      BLOCK_V, QUANT)
+    else:
+        _conv_part(conv_src, conv_dst, conv_scale, n_src, n_dst, pid - n_tb, conv_cw, conv_row4, stride_csrc_b,
+                   stride_csrc_l, stride_cdst_b, stride_cdst_l, CONV_BLOCK, TO_BF16, CONV8)
 
 
 @triton.jit

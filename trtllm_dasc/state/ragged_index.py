@@ -18,33 +18,8 @@ import triton.language as tl
 def request_rows(src_idx, dst_idx):
     """(src_idx[b], dst_idx[b]) as int64 for this program's request b = program_id(1): the rows (or slots) of
     the source and destination pools its copy reads and writes."""
-    return request_rows_of(src_idx, dst_idx, tl.program_id(1))
-
-
-@triton.jit
-def request_rows_of(src_idx, dst_idx, b):
-    """(src_idx[b], dst_idx[b]) as int64 for request b."""
+    b = tl.program_id(1)
     return tl.load(src_idx + b).to(tl.int64), tl.load(dst_idx + b).to(tl.int64)
-
-
-@triton.jit
-def conv_first_program(n_rows, BLOCK_R: tl.constexpr):
-    """A store launch (grid: cdiv(n_rows, BLOCK_R) row blocks + n_conv conv programs, x the requests) in the
-    order its programs should start: every request's conv programs before any row block. An 8-bit conv encode
-    is one long program a layer (two passes over the layer's conv state); dispatched after the rows, the last
-    requests' ran on alone at the launch's end. Returns (is_conv, b, pid): the request and the program's index
-    among that request's conv programs or row blocks, from the launch-wide linear program id."""
-    n_all = tl.num_programs(0)
-    n_conv = n_all - tl.cdiv(n_rows, BLOCK_R)
-    lin = tl.program_id(1) * n_all + tl.program_id(0)
-    conv_all = n_conv * tl.num_programs(1)
-    is_conv = lin < conv_all
-    # programs a request on this program's side; never 0 there (n_conv > 0 wherever lin < conv_all, and a
-    # launch has a row block wherever it has rows), the max only keeps the division defined for a launch of none
-    per = tl.maximum(tl.where(is_conv, n_conv, n_all - n_conv), 1)
-    k = tl.where(is_conv, lin, lin - conv_all)
-    b = k // per
-    return is_conv, b, k - b * per
 
 
 @triton.jit
