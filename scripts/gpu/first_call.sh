@@ -13,7 +13,7 @@ source scripts/gpu/prelude.sh
 echo "nvcc: $(command -v nvcc || echo none); CUDA dirs: $(ls -d /usr/local/cuda* 2>/dev/null | tr '\n' ' ')"
 # the codecs' GPU tests first (a few seconds: each codec's codes against torch's near every rounding boundary,
 # through the hardware conversions the stores take on a GPU; the mixed layout's segments and the one-launch
-# stores against torch: the stores' program order changed at e1267ae / 2de0565), then the files that need transformers. The
+# stores against torch), then the files that need transformers. The
 # late-compile test (tests/engine/test_late_compiles_gpu.py, ~150 s, a cold kernel cache) passed at 92a133c and
 # every cells call's server log names a late compile: name it in TEST_FILES after warm-up changes
 FILES=${TEST_FILES:-"tests/state/test_codecs_fp8_int4.py tests/state/test_state_kernels.py tests/state/test_conv8.py tests/state/test_mixed_pool.py tests/state/test_state_launches.py tests/model/test_model_recurrence.py tests/model/test_decode_graphs.py"}
