@@ -8,11 +8,17 @@ its own call, gets no ratio; `pending` says how many cells it lacks. Such an arm
 (`vs_<baseline>_partial`) over the phases that both it and the baseline completed (every block and seed, each
 pairing as above), the phases named: the same within-seed ratios, then mean and sample std over seeds, but
 of those phases only, so not the protocol's figure (its weights lie in the phases still to run).
+
+A run that measures a seeded subset of each phase's blocks also gets each ratio phase-weighted
+(`phase_weighted` inside `vs_<baseline>` / `vs_<baseline>_partial`; clients/report.phase_weights says why): the
+same cells, each phase's blocks counted as often as the phase has blocks in the dataset over those measured,
+as App. C.2's every-block run weighs them. The target is judged on that figure where it exists
+(clients/targets.py); the pooled-as-measured one stays beside it.
 """
 from __future__ import annotations
 
 from clients.protocol import unit_phase
-from clients.report import ratios, summarize
+from clients.report import phase_weights, ratios, summarize, weighted_summary
 
 EXCHANGE_KEYS = ("ops", "calls", "seconds", "bytes_sent")
 
@@ -27,6 +33,19 @@ def _sum_exchange(cells: list[dict]) -> dict | None:
     for v in out.values():
         v["ms_per_op"] = 1e3 * v["seconds"] / v["ops"] if v["ops"] else None
     return out or None
+
+
+def _with_weighted(r: dict, manifest: dict, arm_blocks: list[dict], base_blocks: list[dict]) -> dict:
+    """``r`` (ratios of the pooled figures) with the phase-weighted ratios added where the run sampled blocks."""
+    weights = phase_weights(manifest["phases"])
+    if weights is None:
+        return r
+    mine, theirs = weighted_summary(arm_blocks, weights), weighted_summary(base_blocks, weights)
+    present = dict.fromkeys(b["phase"] for b in arm_blocks)
+    r["phase_weighted"] = {"weights": {p: weights[p] for p in present if p in weights},
+                           **ratios({"summary": mine}, {"summary": theirs}),
+                           "arm": mine["seeds"], "baseline": theirs["seeds"]}
+    return r
 
 
 def _pair(by: dict, key: str, base_key: str, unit: str) -> tuple[dict, dict] | None:
@@ -58,7 +77,8 @@ def _partial_ratios(manifest: dict, by: dict, key: str, base_key: str) -> dict |
     return {"partial": f"phases {', '.join(names)} only ({n} of {len(manifest['units'])} units): the phases both "
                        "arms completed, not the protocol's figure",
             "phases": names, "units": n, "units_total": len(manifest["units"]),
-            **ratios({"summary": summarize(arm_blocks)}, {"summary": summarize(base_blocks)})}
+            **_with_weighted(ratios({"summary": summarize(arm_blocks)}, {"summary": summarize(base_blocks)}),
+                             manifest, arm_blocks, base_blocks)}
 
 
 def assemble(manifest: dict, calls: list[dict], cells: list[dict]) -> dict:
@@ -98,7 +118,8 @@ def assemble(manifest: dict, calls: list[dict], cells: list[dict]) -> dict:
         if unpaired:
             e["unpaired_cells"] = unpaired
         else:
-            e[f"vs_{base['spec']}"] = ratios(e, {"summary": summarize(paired)})
+            e[f"vs_{base['spec']}"] = _with_weighted(ratios(e, {"summary": summarize(paired)}), manifest,
+                                                     e["blocks"], paired)
     for e in entries:
         if (base is None or e is base or e["target"] != "triton" or e["summary"] is None
                 or f"vs_{base['spec']}" in e):

@@ -29,9 +29,9 @@ def pooled(blocks: list[dict]) -> dict:
             "kv_block_evictions": sum(b["server"]["kv_block_evictions"] for b in blocks)}
 
 
-def _over_seeds(per_seed: dict) -> dict:
+def _over_seeds(per_seed: dict, keys=FIGURES) -> dict:
     out = {}
-    for key in FIGURES:
+    for key in keys:
         values = [f[key] for f in per_seed.values()]
         out[key] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
     return out
@@ -47,6 +47,40 @@ def summarize(blocks: list[dict]) -> dict:
         ps = by_seed([b for b in blocks if b["phase"] == name])
         phases[name] = {"per_seed": ps, "seeds": _over_seeds(ps)}
     return {"per_seed": per_seed, "seeds": _over_seeds(per_seed), "phases": phases}
+
+
+# the figures a phase-weighted summary has: a weighted percentile would need every request's weight kept
+WEIGHTED_FIGURES = ("ttft_mean_ms", "input_tokens_per_s", "hit_rate")
+
+
+def phase_weights(phases: list[dict]) -> dict[str, float] | None:
+    """Each phase's weight where a run measures a seeded subset of its blocks (``--blocks-per-phase``): the
+    blocks the phase has in the dataset over the blocks measured. App. C.2 replays every block of every phase,
+    so each phase carries about the whole dataset's requests (the dense boundary six times); one block a phase,
+    pooled as measured, would weigh each phase by its one block's Q instead (Q=150 x 6 = 900 requests against
+    the full dataset's 12,032). None when every phase runs all its blocks (pooled as measured is the figure)."""
+    w = {p["name"]: p["blocks_in_dataset"] / len(p["blocks"])
+         for p in phases if p.get("blocks_in_dataset") and p.get("blocks")}
+    return w if any(v != 1 for v in w.values()) else None
+
+
+def weighted_pooled(blocks: list[dict], weights: dict[str, float]) -> dict:
+    """``pooled``'s mean TTFT, Eq. 9 input throughput and hit rate with each block counted ``weights[phase]``
+    times: a stratified estimate of what the run would measure over every block."""
+    w = [weights.get(b["phase"], 1.0) for b in blocks]
+    requests = sum(wi * len(b["replay"]["ttft_ms"]) for wi, b in zip(w, blocks))
+    prompt = sum(wi * b["replay"]["prompt_tokens"] for wi, b in zip(w, blocks))
+    return {"requests": requests,
+            "ttft_mean_ms": sum(wi * float(np.sum(b["replay"]["ttft_ms"])) for wi, b in zip(w, blocks)) / requests,
+            "input_tokens_per_s": prompt / sum(wi * b["replay"]["seconds"] for wi, b in zip(w, blocks)),
+            "hit_rate": sum(wi * b["replay"]["cached_tokens"] for wi, b in zip(w, blocks)) / prompt}
+
+
+def weighted_summary(blocks: list[dict], weights: dict[str, float]) -> dict:
+    """``summarize``'s per-seed figures and their mean / std over seeds, phase-weighted (WEIGHTED_FIGURES)."""
+    per_seed = {s: weighted_pooled([b for b in blocks if b["seed"] == s], weights)
+                for s in dict.fromkeys(b["seed"] for b in blocks)}
+    return {"per_seed": per_seed, "seeds": _over_seeds(per_seed, WEIGHTED_FIGURES)}
 
 
 def ratios(arm: dict, base: dict) -> dict:

@@ -3,7 +3,9 @@ C.2): at matched state memory, dasc-nr at W_max=16 against dense on Kimi-Linear-
 least 42.6% and raises the input throughput by at least 68.4% (the paper's figures, at TP8; ours run at TP1).
 
 A run prints the line before its first cell and records it in its JSON beside the verdict. The figures are
-the within-seed ratios' mean over seeds (clients/report.ratios), as the paper computes them. A verdict needs
+the within-seed ratios' mean over seeds (clients/report.ratios), as the paper computes them; where a run
+measures a subset of each phase's blocks, of the phase-weighted figures (clients/report.phase_weights), the
+pooled-as-measured ones recorded beside them. A verdict needs
 the arm's complete ratios (`vs_dense`: every cell of the manifest, each paired with the baseline cell its own
 call measured); until then it is "not measured", and a partial ratio (`vs_dense_partial`, clients/assemble.py:
 the phases both arms completed) is shown beside the target, never judged against it: the phases the protocol
@@ -46,6 +48,18 @@ def _changes(r: dict) -> tuple[float, float]:
     return r["ttft_mean_ms"]["mean"] - 1.0, r["input_tokens_per_s"]["mean"] - 1.0
 
 
+def _judged(r: dict) -> tuple[float, float, dict]:
+    """The two changes the target is judged on: phase-weighted where the run sampled blocks (App. C.2 weighs
+    every phase by all its blocks; clients/report.phase_weights), else pooled as measured; and what to record
+    beside them (which figure, and the pooled one where the weighted one was used)."""
+    ttft, thr = _changes(r)
+    if "phase_weighted" not in r:
+        return ttft, thr, {"figure": "pooled"}
+    wt, wthr = _changes(r["phase_weighted"])
+    return wt, wthr, {"figure": "phase-weighted (a block subset, each phase weighted by its blocks in the dataset)",
+                      "pooled_as_measured": {"ttft_mean_change": ttft, "input_throughput_change": thr}}
+
+
 def verdict(arms: list[dict], model_path: str | None = None) -> dict:
     """``arms``: a result's arms (clients/assemble.py, or a merge's); the verdict against TARGET: met True /
     False with the two changes, or None with why (and the partial changes where the arm has them).
@@ -63,14 +77,15 @@ def verdict(arms: list[dict], model_path: str | None = None) -> dict:
                "(cells still to run, or without a baseline cell of their call)"}
         partial = arm.get(f"{ratio_key}_partial")
         if partial:
-            ttft, thr = _changes(partial)
-            out["partial"] = {"phases": partial["phases"], "ttft_mean_change": ttft, "input_throughput_change": thr}
+            ttft, thr, how = _judged(partial)
+            out["partial"] = {"phases": partial["phases"], "ttft_mean_change": ttft, "input_throughput_change": thr,
+                              **how}
         return out
-    ttft, thr = _changes(full)
+    ttft, thr, how = _judged(full)
     ttft_met = ttft <= TARGET["ttft_mean_change_max"]
     thr_met = thr >= TARGET["input_throughput_change_min"]
     return {"met": ttft_met and thr_met, "ttft_mean_change": ttft, "ttft_met": ttft_met,
-            "input_throughput_change": thr, "input_throughput_met": thr_met}
+            "input_throughput_change": thr, "input_throughput_met": thr_met, **how}
 
 
 def describe(v: dict) -> str:
@@ -80,7 +95,7 @@ def describe(v: dict) -> str:
         if "partial" in v:
             p = v["partial"]
             line += (f"; partial, phases {', '.join(p['phases'])} only: mean TTFT {p['ttft_mean_change']:+.1%}, "
-                     f"input throughput {p['input_throughput_change']:+.1%}")
+                     f"input throughput {p['input_throughput_change']:+.1%}{_pooled_note(p)}")
         return line
     miss = []
     if not v["ttft_met"]:
@@ -89,4 +104,14 @@ def describe(v: dict) -> str:
         miss.append(f"throughput short by {TARGET['input_throughput_change_min'] - v['input_throughput_change']:.1%}"
                     " points")
     return (f"target {'met' if v['met'] else 'MISSED'}: mean TTFT {v['ttft_mean_change']:+.1%} (<= -42.6%), input "
-            f"throughput {v['input_throughput_change']:+.1%} (>= +68.4%)" + (f" ({'; '.join(miss)})" if miss else ""))
+            f"throughput {v['input_throughput_change']:+.1%} (>= +68.4%)" + (f" ({'; '.join(miss)})" if miss else "")
+            + _pooled_note(v))
+
+
+def _pooled_note(v: dict) -> str:
+    """Where the figures are phase-weighted: say so, with the pooled-as-measured ones beside them."""
+    p = v.get("pooled_as_measured")
+    if not p:
+        return ""
+    return (f" [phase-weighted: each phase's sampled blocks count as all its blocks; pooled as measured: mean TTFT "
+            f"{p['ttft_mean_change']:+.1%}, input throughput {p['input_throughput_change']:+.1%}]")

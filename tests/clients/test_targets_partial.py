@@ -57,7 +57,7 @@ def test_complete_ratios_get_a_verdict_met():
     nr16 = {u: (t / 2, s / 2) for u, (t, s) in DENSE.items()}
     r = result_of(_manifest(), [], _cells(nr16), {"command": "c", "commit": "abc1234"})
     a = _nr16(r)
-    assert "vs_dense_partial" not in a
+    assert "vs_dense_partial" not in a and "phase_weighted" not in a["vs_dense"]   # every block ran: pooled is it
     assert a["vs_dense"]["ttft_mean_ms"]["per_seed"] == pytest.approx({"42": 0.5, "7": 0.5})
     assert r["target"] == targets.TARGET
     v = r["target_verdict"]
@@ -148,3 +148,42 @@ def test_a_run_of_another_model_is_not_judged_by_the_kimi_target():
     assert qwen["met"] is None and "Kimi-Linear-48B" in qwen["why"] and "qwen3_next" in qwen["why"]
     assert targets.verdict(arms, str(data / "kimi-linear-48b-a3b.config.json"))["met"] is True
     assert targets.verdict(arms, "/nonexistent/config.json")["met"] is True
+
+
+def _subset_manifest():
+    # phase 0 has 3 blocks in the dataset and the run measured 1 of them (--blocks-per-phase 1): weight 3
+    m = _manifest()
+    m["phases"] = [{**PHASES[0], "blocks_in_dataset": 3}, PHASES[1]]
+    return m
+
+
+def test_a_block_subset_is_judged_phase_weighted_with_the_pooled_figure_beside_it():
+    # nr16 halves phase 0's TTFT and replay time and matches dense in phase 1
+    nr16 = {u: ((t / 2, s / 2) if u.startswith("p0") else (t, s)) for u, (t, s) in DENSE.items()}
+    r = result_of(_subset_manifest(), [], _cells(nr16), {"command": "c", "commit": "abc1234"})
+    pw = _nr16(r)["vs_dense"]["phase_weighted"]
+    assert pw["weights"] == {"Q=4 (dense)": 3.0, "Q=8 (nr16)": 1.0}
+    # by hand, 4 requests a block, phase 0 counted 3 times. Seed 42: dense TTFT (12 x 100 + 4 x 400) / 16 = 175,
+    # nr16 (12 x 50 + 4 x 400) / 16 = 137.5; replay seconds dense 3 x 1 + 4 = 7, nr16 3 x 0.5 + 4 = 5.5.
+    # Seed 7: dense (12 x 200 + 4 x 300) / 16 = 225, nr16 (12 x 100 + 1200) / 16 = 150; seconds 9 and 6.
+    ttft, thr = [137.5 / 175, 150 / 225], [7 / 5.5, 9 / 6]
+    assert pw["ttft_mean_ms"]["per_seed"] == pytest.approx(dict(zip(SEEDS, ttft)))
+    assert pw["input_tokens_per_s"]["per_seed"] == pytest.approx(dict(zip(SEEDS, thr)))
+    assert pw["arm"]["ttft_mean_ms"]["mean"] == pytest.approx((137.5 + 150) / 2)
+    v = r["target_verdict"]
+    assert v["figure"].startswith("phase-weighted")
+    assert v["ttft_mean_change"] == pytest.approx(statistics.fmean(ttft) - 1)
+    assert v["input_throughput_change"] == pytest.approx(statistics.fmean(thr) - 1)
+    # pooled as measured (8 requests a seed): seed 42 (200 + 1600) / (400 + 1600), seed 7 (400 + 1200) / (800 + 1200)
+    assert v["pooled_as_measured"]["ttft_mean_change"] == pytest.approx((0.9 + 0.8) / 2 - 1)
+    assert v["met"] is False and "pooled as measured: mean TTFT -15.0%" in targets.describe(v)
+
+
+def test_a_partial_block_subset_is_phase_weighted_too():
+    nr16 = {"p0-b0-s42": (50, 0.5), "p0-b0-s7": (100, 1.0), "p1-b0-s42": (400, 4.0)}
+    r = result_of(_subset_manifest(), [], _cells(nr16), {"command": "c", "commit": "abc1234"})
+    p = _nr16(r)["vs_dense_partial"]
+    # one phase: its weight cancels in every ratio, so weighted equals pooled
+    assert p["phase_weighted"]["weights"] == {"Q=4 (dense)": 3.0}
+    assert p["phase_weighted"]["ttft_mean_ms"]["mean"] == pytest.approx(p["ttft_mean_ms"]["mean"])
+    assert r["target_verdict"]["partial"]["figure"].startswith("phase-weighted")
