@@ -13,7 +13,7 @@ arm's cells of the same call, clients/runner.py):
 """
 from __future__ import annotations
 
-from clients.protocol import unit_requests
+from clients.protocol import unit_phase, unit_requests
 
 
 def rates(manifest: dict, cells: list[dict], prior: float) -> tuple[dict[str, float], list[str]]:
@@ -27,6 +27,20 @@ def rates(manifest: dict, cells: list[dict], prior: float) -> tuple[dict[str, fl
             measured[key] = sum(c["seconds"] for c in mine) / requests
     fallback = sum(measured.values()) / len(measured) if measured else prior
     return {a["key"]: measured.get(a["key"], fallback) for a in manifest["arms"]}, sorted(measured)
+
+
+def phase_rates(manifest: dict, cells: list[dict]) -> dict[int, float]:
+    """The most seconds a request any arm's cell of each phase index took (fill and replay). A call's deadline
+    plans a unit no cheaper than its phase has been (clients/runner.CallBudget): the phases past every arm's
+    capacity miss and prefill, so their requests cost more than the call's earlier units (12-05: a Q=1617 dense
+    cell took 0.0686 s a request against the 0.05 prior, and its nr16 partner no longer fit)."""
+    out: dict[int, float] = {}
+    for c in cells:
+        if c.get("seconds") is None or c.get("unit") not in manifest["units"]:
+            continue
+        i = unit_phase(c["unit"])
+        out[i] = max(out.get(i, 0.0), c["seconds"] / max(1, unit_requests(manifest, c["unit"])))
+    return out
 
 
 def estimate(manifest: dict, cells: list[dict], done, prior: float) -> dict:

@@ -92,19 +92,22 @@ class CallBudget:
     """A call's wall-clock deadline (--call-deadline-s): a unit is started only when it and everything the call
     still owes for it fit before the deadline: the later arms' server starts and their cells of the units the
     baseline has measured in this call (the ratios pair cells of one call). Costs are estimated from the call's
-    own measurements: seconds per request (the most of any unit so far) times the unit's requests, and the
-    slowest server start so far. An arm's first unit has less to go on: without priors it always runs; with
-    them (``prior_rate`` seconds a request and ``prior_start`` seconds a warm server start, ``length`` the
-    call's whole deadline) it is skipped only where it does not fit what is left and a fresh call (warm starts)
-    could do it. A first call of a machine compiles every kernel (a 48B dense server was ready in 337 s) and
+    own measurements: seconds per request (the most of any unit so far, and never less than the unit's phase
+    took in the directory's earlier cells) times the unit's requests, and the slowest server start so far. An
+    arm's first unit has less to go on: without priors it always runs; with them (``prior_rate`` seconds a
+    request and ``prior_start`` seconds a warm server start, ``length`` the call's whole deadline) it is skipped
+    only where it does not fit what is left and a fresh call (warm starts) could do it. A first call of a machine compiles every kernel (a 48B dense server was ready in 337 s) and
     then ran a unit whose second arm the call's timeout killed: 200 s of device time for no cell. A unit that
     no call of this length could fit (the full-dataset phase: 24,064 requests, ~20 minutes an arm) is not
     started either: it would only be killed; ``too_long`` then holds its estimate, and the call says to give
     such units a longer deadline."""
 
     def __init__(self, deadline: float, requests, clock=time.monotonic, length: float | None = None,
-                 prior_rate: float | None = None, prior_start: float | None = None):
+                 prior_rate: float | None = None, prior_start: float | None = None, known_rate=None):
         self.deadline, self.requests, self.clock = deadline, requests, clock
+        # unit -> seconds a request its phase has taken in earlier calls (cells_estimate.phase_rates), or None:
+        # a floor under every estimate, measured or prior
+        self.known_rate = known_rate or (lambda unit: None)
         self.length, self.prior_rate, self.prior_start = length, prior_rate, prior_start
         self.rate = None            # seconds per request, the most of any unit measured in this call
         self.start_s = 0.0          # the slowest server start (ready) measured in this call
@@ -120,7 +123,7 @@ class CallBudget:
 
     def cost(self, units, rate: float | None = None) -> float:
         rate = self.rate if rate is None else rate
-        return (rate or 0.0) * sum(self.requests(u) for u in units)
+        return sum(max(rate or 0.0, self.known_rate(u) or 0.0) * self.requests(u) for u in units)
 
     def _owed(self, unit: str, later: list[list[str]], rate: float | None, start: float) -> float:
         return self.cost([unit], rate) + sum(start + self.cost(us, rate) for us in later if us)
@@ -225,8 +228,11 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
         gpu = str(getattr(args, "device", "cpu")).startswith("cuda")
         rate = getattr(args, "request_estimate_s", None) or (GPU_REQUEST_ESTIMATE_S if gpu else None)
         ready = getattr(args, "ready_estimate_s", None) or (GPU_READY_ESTIMATE_S if gpu else None)
+        from clients.cells_estimate import phase_rates
+        from clients.protocol import unit_phase
+        known = phase_rates(manifest, store.cells())
         budget = CallBudget(getattr(args, "call_t0", time.monotonic()) + deadline, requests, length=deadline,
-                            prior_rate=rate, prior_start=ready)
+                            prior_rate=rate, prior_start=ready, known_rate=lambda u: known.get(unit_phase(u)))
         # the baseline first: the arms after it measure only the units it measured in this call
         todo.sort(key=lambda t: t[0] != base)
     print(f"[matched-hbm] call {call}: {len(units)} unit(s); " +

@@ -6,7 +6,9 @@
 #   start: BG_LIMIT=<s> COMMIT=<sha> CALL_ARMS=nr16 BLOCKS=1 bash scripts/gpu/cells_background.sh start \
 #              scripts/gpu/matched_cells.sh [WAIT_S]
 #          (BG_LIMIT becomes the job's CALL_LIMIT: its units are planned to end before it, counted from the start;
-#           keep it under the session's device time left, less a poll's transfer)
+#           keep it under the session's device time left, less a poll's transfer. SCRIPT_ARGS: words added to the
+#           script's command line, e.g. SCRIPT_ARGS="--request-estimate-s 0.07" for a commit whose runner does not
+#           yet plan a unit at its phase's measured rate)
 #   poll:  bash scripts/gpu/cells_background.sh poll [WAIT_S]
 # Both wait up to WAIT_S (default 540) or until the job ends, then put every cells directory under /tmp/cells in
 # $OUT/cells_all.tgz (each under its own name: unpack it aside and copy the one you resume) and the log's tail
@@ -46,7 +48,8 @@ case "${1:-}" in
     rm -rf "$BG" && mkdir -p "$BG/out"
     date +%s > "$BG/started"
     # its own session, so the call's end does not kill it; its $OUT is its own (the call's is emptied each call)
-    setsid nohup bash -c 'OUT="$1/out" CALL_LIMIT="$2" bash "$3"; echo $? > "$1/rc"' _ "$BG" "$BG_LIMIT" "$script" \
+    setsid nohup bash -c 'OUT="$1/out" CALL_LIMIT="$2" bash "$3" $4; echo $? > "$1/rc"' _ "$BG" "$BG_LIMIT" "$script" \
+      "${SCRIPT_ARGS:-}" \
       > "$BG/log" 2>&1 < /dev/null &
     echo "cells_background: started $script (pid $!, limit $BG_LIMIT s)"
     poll "${3:-540}" ;;

@@ -224,3 +224,32 @@ def test_a_call_with_another_manifest_is_refused(runs, capsys):
     argv[argv.index("--seeds") + 1] = "7"
     assert main(argv) == 2
     assert "another manifest" in capsys.readouterr().err
+
+
+def test_a_unit_is_planned_at_its_phase_rate_from_earlier_calls():
+    """12-05 15:36: a second job with a 479 s deadline; the dense server ready at ~60 s; its first unit a Q=1617
+    one (3,234 requests an arm). At the 0.05 s prior it looked like 60 + 162 + 60 + 162 = 444 s and ran; dense
+    took 0.0686 s a request there (222 s) and nr16's partner cell no longer fit. The directory's earlier cell
+    of that phase (0.0686 s a request) now sets the floor: 60 + 222 + 60 + 222 = 564 s > 479, not started."""
+    from clients.cells_estimate import phase_rates
+    from clients.protocol import unit_phase
+    from clients.runner import CallBudget
+    manifest = {"units": ["p3-b7-s7", "p4-b4-s42", "p4-b4-s123"],
+                "phases": [{"q": 1, "repeats": 1}] * 3 + [{"q": 851, "repeats": 1}, {"q": 1617, "repeats": 1}]}
+    cells = [{"arm": "dense", "unit": "p4-b4-s42", "seconds": 221.85},     # 0.0686 s a request (2 x 1617)
+             {"arm": "nr16", "unit": "p3-b7-s7", "seconds": 85.1},         # 0.05 s a request (2 x 851)
+             {"arm": "dense", "unit": "p9-b0-s1", "seconds": 1e9}]         # not in this manifest: ignored
+    known = phase_rates(manifest, cells)
+    assert known == pytest.approx({4: 221.85 / 3234, 3: 85.1 / 1702})
+    requests = lambda u: 3234 if unit_phase(u) == 4 else 1702  # noqa: E731
+    now = [60.0]
+    args = dict(clock=lambda: now[0], length=479.0, prior_rate=0.05, prior_start=60.0)
+    unaware = CallBudget(479.0, requests, **args)
+    unaware.record_start(60.0)
+    assert unaware.fits("p4-b4-s123", [["p4-b4-s123"]], first=True)       # 444 <= 479: the 12-05 mistake
+    aware = CallBudget(479.0, requests, known_rate=lambda u: known.get(unit_phase(u)), **args)
+    aware.record_start(60.0)
+    assert not aware.fits("p4-b4-s123", [["p4-b4-s123"]], first=True)
+    # a phase faster than the call's own measured rate does not lower it: the floor only raises
+    aware.record_unit("p4-b4-s42", 0.1 * 3234)
+    assert aware.cost(["p3-b7-s7"]) == pytest.approx(0.1 * 1702)
