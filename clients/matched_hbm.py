@@ -74,6 +74,12 @@ def add_arguments(p) -> None:
                    "1; the paper and --paper: 6)")
     g.add_argument("--full-phase", action="store_true", default=None, help="end with one block of the whole dataset (the "
                    "paper's sixth phase)")
+    g.add_argument("--full-fill-last", type=int, default=None, metavar="N", help="the full-dataset phase within a "
+                   "budget: fill only the last N prompts of its fill order (what the whole fill leaves, once N overflows "
+                   "every arm's checkpoints: N >= 2 x the most slots + --concurrency; default: all, as the paper)")
+    g.add_argument("--full-replay-first", type=int, default=None, metavar="R", help="the full-dataset phase within a "
+                   "budget: replay only the seeded shuffle's first R requests, weighted as the whole replay in the "
+                   "phase-weighted figures (default: all, as the paper)")
     g.add_argument("--phase-arms", default=None, help="comma list of arms whose capacity boundaries make the "
                    "phases (default: --arms); the same list in two runs gives them the same phases, so arms "
                    "split across runs stay comparable")
@@ -210,7 +216,8 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
         raise UserError("--request-timeout and --ready-timeout must be > 0")
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,
                            blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill,
-                           dense_repeats=args.dense_repeats, full_phase=args.full_phase, block_seed=args.block_seed)
+                           dense_repeats=args.dense_repeats, full_phase=args.full_phase, block_seed=args.block_seed,
+                           full_fill_last=args.full_fill_last, full_replay_first=args.full_replay_first)
     vocab = model_config(args).schema.network.vocab_size
     work = WorkloadConfig(vocab=vocab, prompts=args.prompts, scale=args.scale, seed=args.workload_seed)
     return arms, proto, work
@@ -382,6 +389,19 @@ def step_workspace(args, work: WorkloadConfig, output_tokens: int):
     return step, workspace_of(model_config(args).schema, step, getattr(torch, args.dtype).itemsize, args.tp)
 
 
+def check_fill_tail(phases: list[Phase], most_slots: int, concurrency: int) -> None:
+    """A full-dataset fill cut to its tail leaves the cache the whole fill leaves only where the tail alone
+    overflows every arm's checkpoints (LRU: every older checkpoint is evicted first; an older prompt's KV
+    without its checkpoint cannot hit, and goes first when KV runs short): twice the most slots of any arm, and
+    the requests in flight, whose completions reorder the tail's last sends."""
+    need = 2 * most_slots + concurrency
+    for p in phases:
+        if p.fill_last is not None and p.fill_last < need:
+            raise UserError(f"--full-fill-last {p.fill_last} does not overflow every arm's checkpoints: it needs "
+                            f">= 2 x {most_slots} slots + {concurrency} in flight = {need} (or leave it out: all "
+                            f"{p.q} prompts)")
+
+
 def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, dense_bytes) -> dict:
     """Everything the figures depend on, fixed before any cell runs: the arms (with their planned slots),
     the phases with the blocks each uses, the seeds, and the engine, workload and client settings."""
@@ -406,8 +426,11 @@ def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, de
         "-> timed streaming replay -> telemetry, per phase, block and seed",
         "baseline": "dense" if any(a.spec == "dense" for a in arms) else None,
         "arms": keys,
+        # a budgeted full-dataset phase says so (absent otherwise: earlier manifests, and their cells, unchanged)
         "phases": [{"name": p.name, "q": p.q, "arms": p.arms, "repeats": repeats(i, proto),
-                    "blocks_in_dataset": nblocks[p.q], "blocks": p.blocks} for i, p in enumerate(phases)],
+                    "blocks_in_dataset": nblocks[p.q], "blocks": p.blocks,
+                    **({"fill_last": p.fill_last} if p.fill_last else {}),
+                    **({"replay_first": p.replay_first} if p.replay_first else {})} for i, p in enumerate(phases)],
         "block_selection": selection,
         "seeds": list(proto.seeds),
         "units": [unit_key(*u) for u in units(phases, proto)],
@@ -454,7 +477,8 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
     failed += [{"spec": a["key"], "error": a["failed"]} for c in calls for a in c.get("arms", []) if "failed" in a]
     out = {**prov, **cfg, "protocol": manifest["protocol"],
            "phases": [{"name": p["name"], "q": p["q"], "arms": p["arms"], "repeats": p["repeats"],
-                       "blocks": p["blocks"]} for p in manifest["phases"]],
+                       "blocks": p["blocks"], **{k: p[k] for k in ("fill_last", "replay_first") if k in p}}
+                      for p in manifest["phases"]],
            "manifest": {"id": manifest["id"], "units": len(manifest["units"]), "arms": [a["key"] for a in manifest["arms"]],
                         "block_selection": manifest["block_selection"],
                         "blocks_per_phase": {p["name"]: f"{len(p['blocks'])} of {p['blocks_in_dataset']}"
@@ -495,7 +519,8 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
     out = {"manifest_id": manifest_id(manifest), "arms": [a["key"] for a in manifest["arms"]],
            "slots": {a["key"]: a["slots"] for a in manifest["arms"]},
            "phases": [{"name": p["name"], "q": p["q"], "blocks": f"{len(p['blocks'])} of {p['blocks_in_dataset']}",
-                       "repeats": p["repeats"]} for p in manifest["phases"]],
+                       "repeats": p["repeats"], **{k: p[k] for k in ("fill_last", "replay_first") if k in p}}
+                      for p in manifest["phases"]],
            **({"kv_cache": manifest["config"]["kv_cache"]} if "kv_cache" in manifest["config"] else {}),
            "units": len(manifest["units"]), "cells": len(manifest["units"]) * len(manifest["arms"]),
            "cells_done": done, "units_pending": pending,
@@ -527,6 +552,7 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
                             f"({c['checkpoint_bytes']:,} B each, slot 0 reserved): raise it")
     work = build_workload(wcfg)
     phases = make_phases({a.spec: caps[a.spec]["slots"] for a in phase_arms}, len(work), proto)
+    check_fill_tail(phases, max(c["slots"] for c in caps.values()), args.concurrency)
     kv = size_kv(args, [*arms, *phase_arms], budget, wcfg, phases, proto.output_tokens)
     if kv is not None:
         GIB = 1 << 30

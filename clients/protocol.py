@@ -31,6 +31,15 @@ class ProtocolConfig:
     full_phase: bool = False
     # with blocks_per_phase: None picks evenly spread blocks, a seed a seeded subset (the same for every arm)
     block_seed: int | None = None
+    # the full-dataset phase within a budget (its one block is every prompt: fill and replay of 12,032 take a
+    # 48B server on one H200 ~25 minutes an arm, more than a device session): fill only the fill order's last
+    # ``full_fill_last`` prompts (after the category firsts, as the whole fill sends them), which leaves what the
+    # whole fill leaves once those prompts alone overflow every arm's cache (LRU: the older ones would all be
+    # evicted first); replay only the first ``full_replay_first`` requests of the seeded shuffle, a uniform
+    # sample of the block's prompts. None: all of them (the paper). Recorded in the manifest; the figures weigh
+    # the sampled replay as the whole one (clients/report.phase_weights).
+    full_fill_last: int | None = None
+    full_replay_first: int | None = None
 
     def __post_init__(self):
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -43,6 +52,11 @@ class ProtocolConfig:
             raise UserError(f"target fill must be in (0, 1], got {self.target_fill}")
         if self.dense_repeats < 1:
             raise UserError(f"dense repeats must be >= 1, got {self.dense_repeats}")
+        for name in ("full_fill_last", "full_replay_first"):
+            n = getattr(self, name)
+            if n is not None and (not self.full_phase or n < 1):
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1 and needs the full-dataset phase "
+                                f"(--full-phase or --paper), got {n}")
 
 
 @dataclass(slots=True)
@@ -50,6 +64,8 @@ class Phase:
     arms: list[str]          # the arms whose capacity boundary this is
     q: int                   # unique prompts per block
     blocks: list[tuple[int, int]]
+    fill_last: int | None = None       # the full-dataset phase's budget (ProtocolConfig.full_fill_last)
+    replay_first: int | None = None    # (ProtocolConfig.full_replay_first)
 
     @property
     def name(self) -> str:
@@ -64,7 +80,9 @@ def make_phases(slots: dict[str, int], prompts: int, cfg: ProtocolConfig) -> lis
     phases = [Phase(arms, q, phase_blocks(prompts, q, cfg.blocks_per_phase, cfg.block_seed))
               for q, arms in sorted(by_q.items())]
     if cfg.full_phase and (not phases or phases[-1].q < prompts):
-        phases.append(Phase(["full dataset"], prompts, [(0, prompts)]))
+        fill = cfg.full_fill_last if cfg.full_fill_last is not None and cfg.full_fill_last < prompts else None
+        replay = cfg.full_replay_first if cfg.full_replay_first is not None and cfg.full_replay_first < prompts else None
+        phases.append(Phase(["full dataset"], prompts, [(0, prompts)], fill, replay))
     return phases
 
 
@@ -74,7 +92,8 @@ def repeats(index: int, cfg: ProtocolConfig) -> int:
 
 
 def requests_per_arm(phases: list[Phase], cfg: ProtocolConfig) -> int:
-    return 2 * len(cfg.seeds) * sum(p.q * len(p.blocks) * repeats(i, cfg) for i, p in enumerate(phases))
+    return len(cfg.seeds) * sum(((p.fill_last or p.q) + (p.replay_first or p.q)) * len(p.blocks) * repeats(i, cfg)
+                                for i, p in enumerate(phases))
 
 
 def _delta(after: dict, before: dict) -> dict:
@@ -96,20 +115,36 @@ def _checked(records, what: str):
     return records
 
 
-def run_block(target, work: Workload, lo: int, hi: int, seed: int, cfg: ProtocolConfig, progress=None) -> dict:
-    """One block: flush, fill, shuffle, timed replay. Returns its figures (replay requests only)."""
+def fill_and_replay_order(cats: list, seed: int, lo: int, fill_last: int | None = None,
+                          replay_first: int | None = None) -> tuple[list[list[int]], list[int]]:
+    """A block's fill (two parts: each category's first prompt, then the rest in order) and its seeded replay
+    order, as positions in the block. ``fill_last``: only the last that many of the rest (the whole fill's
+    last sends, in the same order); ``replay_first``: the shuffle's first that many."""
+    firsts = sorted({cats.index(c) for c in cats})
+    chosen = set(firsts)
+    rest = [k for k in range(len(cats)) if k not in chosen]
+    if fill_last is not None:
+        rest = rest[-fill_last:]
+    order = np.random.default_rng([seed, lo]).permutation(len(cats))
+    if replay_first is not None:
+        order = order[:replay_first]
+    return [firsts, rest], [int(k) for k in order]
+
+
+def run_block(target, work: Workload, lo: int, hi: int, seed: int, cfg: ProtocolConfig, progress=None,
+              fill_last: int | None = None, replay_first: int | None = None) -> dict:
+    """One block: flush, fill, shuffle, timed replay. Returns its figures (replay requests only).
+    ``fill_last`` / ``replay_first``: the full-dataset phase's budget (ProtocolConfig)."""
     flushed = target.control("flush")
     prompts = [work.prompt(i) for i in range(lo, hi)]
     cats = work.categories[lo:hi]
-    firsts = sorted({cats.index(c) for c in cats})
-    rest = [k for k in range(len(prompts)) if k not in firsts]
+    parts, order = fill_and_replay_order(cats, seed, lo, fill_last, replay_first)
     fill_s = 0.0
-    for part in (firsts, rest):
+    for part in parts:
         recs, seconds = target.run([prompts[k] for k in part], cfg.output_tokens, progress)
         _checked(recs, "fill")
         fill_s += seconds
     filled = target.control("stats")
-    order = np.random.default_rng([seed, lo]).permutation(len(prompts))
     recs, seconds = target.run([prompts[k] for k in order], cfg.output_tokens, progress)
     _checked(recs, "replay")
     after = target.control("stats")
@@ -117,14 +152,14 @@ def run_block(target, work: Workload, lo: int, hi: int, seed: int, cfg: Protocol
     cached = sum(r.cached_tokens for r in recs)
     return {
         "seed": seed, "prompts": [lo, hi], "categories": sorted(set(cats)),
-        "fill": {"requests": len(prompts), "seconds": fill_s, "checkpoints_cached": filled["checkpoints_cached"],
+        "fill": {"requests": sum(map(len, parts)), "seconds": fill_s, "checkpoints_cached": filled["checkpoints_cached"],
                  "checkpoint_evictions": _delta(filled, flushed)["checkpoint_evictions"]},
         "replay": {"requests": len(recs), "seconds": seconds, "prompt_tokens": prompt_tokens, "cached_tokens": cached,
                    "hit_rate": cached / prompt_tokens, "input_tokens_per_s": prompt_tokens / seconds,
                    "replayed_tokens": sum(r.replayed_tokens for r in recs),
                    "output_tokens": sum(r.output_tokens for r in recs),
                    # per request, in replay order: prompt index, L_i, C_i, TTFT and end-to-end (ms)
-                   "order": [lo + int(k) for k in order], "prompt_len": [r.prompt_tokens for r in recs],
+                   "order": [lo + k for k in order], "prompt_len": [r.prompt_tokens for r in recs],
                    "cached": [r.cached_tokens for r in recs],
                    "ttft_ms": [round(r.ttft_s * 1e3, 3) for r in recs],
                    "e2e_ms": [round(r.e2e_s * 1e3, 3) for r in recs]},
@@ -144,9 +179,11 @@ def unit_phase(unit: str) -> int:
 
 def unit_requests(manifest: dict, unit: str) -> int:
     """Requests of one arm's cell of ``unit`` in a manifest (clients.cells): fill and replay of the phase's Q
-    prompts, as often as the phase is replayed."""
+    prompts, as often as the phase is replayed (a budgeted full-dataset phase: its fill tail and replay sample,
+    the category firsts not counted)."""
     phase = manifest["phases"][unit_phase(unit)]
-    return 2 * phase["q"] * phase["repeats"]
+    fill, replay = phase.get("fill_last") or phase["q"], phase.get("replay_first") or phase["q"]
+    return (fill + replay) * phase["repeats"]
 
 
 def units(phases: list[Phase], cfg: ProtocolConfig) -> list[tuple[int, int, int]]:
@@ -165,7 +202,7 @@ def run_cell(target, work: Workload, phases: list[Phase], unit: tuple[int, int, 
     for rep in range(repeats(i, cfg)):
         if progress is not None:
             progress.update(0, note=f"{phase.name} seed {seed}")
-        rec = run_block(target, work, lo, hi, seed, cfg, progress)
+        rec = run_block(target, work, lo, hi, seed, cfg, progress, phase.fill_last, phase.replay_first)
         out.append({"phase": phase.name, "q": phase.q, "block": b, "repeat": rep, **rec})
     return out
 
@@ -179,6 +216,6 @@ def run_protocol(target, work: Workload, phases: list[Phase], cfg: ProtocolConfi
                 for b, (lo, hi) in enumerate(phase.blocks):
                     if progress is not None:
                         progress.update(0, note=f"{phase.name} seed {seed}")
-                    rec = run_block(target, work, lo, hi, seed, cfg, progress)
+                    rec = run_block(target, work, lo, hi, seed, cfg, progress, phase.fill_last, phase.replay_first)
                     out.append({"phase": phase.name, "q": phase.q, "block": b, "repeat": rep, **rec})
     return out

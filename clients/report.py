@@ -58,8 +58,10 @@ def phase_weights(phases: list[dict]) -> dict[str, float] | None:
     blocks the phase has in the dataset over the blocks measured. App. C.2 replays every block of every phase,
     so each phase carries about the whole dataset's requests (the dense boundary six times); one block a phase,
     pooled as measured, would weigh each phase by its one block's Q instead (Q=150 x 6 = 900 requests against
-    the full dataset's 12,032). None when every phase runs all its blocks (pooled as measured is the figure)."""
-    w = {p["name"]: p["blocks_in_dataset"] / len(p["blocks"])
+    the full dataset's 12,032). A full-dataset phase replaying a sample of its one block (``replay_first``,
+    clients/protocol.ProtocolConfig) counts it as the whole replay: Q over the sample. None when every phase
+    runs all its blocks and requests (pooled as measured is the figure)."""
+    w = {p["name"]: p["blocks_in_dataset"] / len(p["blocks"]) * p["q"] / (p.get("replay_first") or p["q"])
          for p in phases if p.get("blocks_in_dataset") and p.get("blocks")}
     return w if any(v != 1 for v in w.values()) else None
 

@@ -78,6 +78,16 @@ def test_matched_cells_precision_arm_set_runs_in_its_own_directory(tmp_path):
     assert rc == 2 and "ARM_SET must be paper or precision" in output and args == []
 
 
+def test_matched_cells_full_sample_is_passed_and_named(tmp_path):
+    rc, output, args = _matched_call(tmp_path, gpus=1, FULL_SAMPLE="3300")
+    assert rc == 0, output
+    assert _flag(args, "--full-fill-last") == "3300" and _flag(args, "--full-replay-first") == "3300"
+    # a budgeted full phase is another manifest: its own directory
+    assert _flag(args, "--cells-dir") == "/tmp/cells/mh_kimi48_full_b1_fs3300_prompt_only_hr21.27_cabc1234"
+    rc, output, args = _matched_call(tmp_path / "none", gpus=1)
+    assert "--full-fill-last" not in args and "--full-replay-first" not in args
+
+
 def test_matched_cells_composes_the_qwen_tp2_call(tmp_path):
     rc, output, args = _matched_call(tmp_path, gpus=2, MODEL="qwen80", CALL_ARMS="nr16,nr16:storage")
     assert rc == 0, output

@@ -61,6 +61,11 @@ MODEL=${MODEL:-kimi48}
 # (bare +horizon, dasc-build's default bands, with the 8-bit conv state: 1,568 slots against dense's 127 at the
 # H200's memory) beside dense, nr16 and nr16+int8, in a cells directory of its own (_precision in its name:
 # another arm list is another manifest). The phases are the paper's either way.
+# FULL_SAMPLE=<N> (>= 2 x the most slots of any arm + 96: 2,844 for the paper set, 3,232 for the precision set at
+# the H200's memory): the full-dataset phase within a session (its whole fill and replay take a 48B server ~25
+# minutes an arm): fill only the last N prompts of its fill order and replay the first N of the seeded shuffle
+# (clients/protocol.ProtocolConfig: what the tail leaves is what the whole fill leaves; the replay a uniform
+# sample, weighted as the whole). Another manifest: _fs<N> in the directory's name.
 case "${ARM_SET:-paper}" in
   paper) ARMS=dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8; SET_TAG= ;;
   precision) ARMS=dense,nr16,nr16+int8,nr16+horizon+conv-int8; SET_TAG=_precision ;;
@@ -73,7 +78,7 @@ case "$MODEL" in
   *) echo "MODEL must be kimi48 or qwen80, got $MODEL"; exit 2 ;;
 esac
 [ "$GPUS" -ge "$TP" ] || { echo "TP $TP needs $TP GPUs, this machine has $GPUS (qwen80: kind nvidia-h200-x2)"; exit 5; }
-CELLS=${CELLS:-benchmarks/cells/mh_${TAG}${SET_TAG}_full_b${BLOCKS:-all}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
+CELLS=${CELLS:-benchmarks/cells/mh_${TAG}${SET_TAG}_full_b${BLOCKS:-all}${FULL_SAMPLE:+_fs$FULL_SAMPLE}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
 cells_work "$CELLS"            # sets WORK (prelude.sh)
 touch /tmp/matched_cells.marker
 # what is left of the call after the prelude, less the time to stop the last server and pack the results
@@ -84,6 +89,7 @@ timeout $((DEADLINE + 40)) python3 -m clients.matched_hbm --paper \
   --arms "$ARMS" --call-arms "${CALL_ARMS:-nr16}" \
   --device cuda --dtype bfloat16 --max-batch-size 96 --memory-limit-bytes device \
   ${BLOCKS:+--blocks-per-phase "$BLOCKS"} ${HEADROOM:+--memory-headroom-gib "$HEADROOM"} \
+  ${FULL_SAMPLE:+--full-fill-last "$FULL_SAMPLE" --full-replay-first "$FULL_SAMPLE"} \
   $([ "${BRANCH:-0}" = 1 ] && echo --branch-checkpoints) --cells-dir "$WORK" --call-deadline-s "$DEADLINE" \
   --out /tmp/matched_cells --kernel-cache "$CACHE" --json "$OUT/matched_hbm_${TAG}${SET_TAG}_full.json" --plot none \
   ${COMMIT:+--commit "$COMMIT"} "$@"

@@ -1,0 +1,103 @@
+"""The full-dataset phase within a budget (clients/protocol.ProtocolConfig.full_fill_last / full_replay_first):
+its fill cut to the last N sends of the whole fill and its replay to the seeded shuffle's first R requests.
+
+The claim that makes the cut fill sound: once the tail alone overflows every checkpoint slot, it leaves the
+cache the whole fill leaves, so the replay hits exactly as it would. Checked through the engine's own cache
+manager (cache/manager.py, no model: the hits are its bookkeeping), one request at a time, against the whole
+fill; and shown to fail when the tail is shorter than the slots. No server."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clients.protocol import ProtocolConfig, fill_and_replay_order, make_phases, unit_requests
+from clients.report import phase_weights
+from clients.workload import WorkloadConfig, build_workload
+from trtllm_dasc.cache.manager import CacheManager
+from trtllm_dasc.errors import UserError
+
+BS = 4
+
+
+def test_the_cut_fill_is_the_whole_fill_s_last_sends_and_the_replay_its_first_requests():
+    cats = ["a"] * 5 + ["b"] * 4 + ["c"] * 6
+    whole, order = fill_and_replay_order(cats, seed=7, lo=30)
+    # by hand: the category firsts (positions 0, 5, 9), then every other position in order
+    assert whole == [[0, 5, 9], [1, 2, 3, 4, 6, 7, 8, 10, 11, 12, 13, 14]]
+    assert order == list(np.random.default_rng([7, 30]).permutation(15))
+    cut, first = fill_and_replay_order(cats, seed=7, lo=30, fill_last=4, replay_first=6)
+    assert cut == [[0, 5, 9], [11, 12, 13, 14]]
+    assert first == order[:6]
+
+
+def _drive(mgr: CacheManager, prompts: list[list[int]]) -> list[int]:
+    """Each prompt as one request through the manager, in turn; the tokens each reused."""
+    cached = []
+    for p in prompts:
+        lease = mgr.admit(p, len(p) + 1)
+        assert lease is not None, "nothing runs: a request must be admitted"
+        cached.append(lease.match.ckpt_len)
+        captures = mgr.extend(lease, lease.match.ckpt_len, len(p))
+        mgr.store(lease, captures, [True] * len(captures))
+        mgr.insert(lease, p)
+        mgr.release(lease)
+        mgr.take_copies()
+    return cached
+
+
+def _replay(fill_last: int | None, slots: int = 100, blocks: int = 300, n: int = 420) -> list[int]:
+    work = build_workload(WorkloadConfig(vocab=500, prompts=n, scale=0.02))
+    prompts = [[int(t) for t in work.prompt(i)] for i in range(n)]
+    parts, order = fill_and_replay_order(work.categories, seed=42, lo=0, fill_last=fill_last)
+    mgr = CacheManager.create(BS, blocks, slots, num_rows=4, prompt_only=True)
+    for part in parts:
+        _drive(mgr, [prompts[k] for k in part])
+    cached = _drive(mgr, [prompts[k] for k in order])
+    mgr.sanity_check([])
+    return cached
+
+
+def test_a_tail_that_overflows_the_slots_leaves_the_cache_the_whole_fill_leaves():
+    whole = _replay(None)
+    # the replay does hit (a dozen of 420: past every arm's capacity, as the phase is), so there is something
+    # to compare; KV (300 blocks) runs short and evicts in both fills too
+    assert sum(c > 0 for c in whole) >= 8
+    # 2 x 100 slots + 1 in flight: the rule check_fill_tail enforces
+    assert _replay(201) == whole
+    assert _replay(300) == whole
+
+
+def test_a_tail_shorter_than_the_slots_does_not():
+    # 50 prompts cannot leave what the whole fill leaves in 100 slots: the replay's hits differ
+    assert _replay(50) != _replay(None)
+
+
+def test_the_budget_is_recorded_weighed_and_counted():
+    cfg = ProtocolConfig(seeds=(42,), full_phase=True, full_fill_last=300, full_replay_first=250)
+    phases = make_phases({"dense": 40, "nr16": 100}, 1000, cfg)
+    full = phases[-1]
+    assert (full.q, full.fill_last, full.replay_first) == (1000, 300, 250)
+    assert all(p.fill_last is None and p.replay_first is None for p in phases[:-1])
+    manifest = {"phases": [{"name": p.name, "q": p.q, "repeats": 1, "blocks_in_dataset": 1000 // p.q,
+                            "blocks": p.blocks[:1], **({"fill_last": p.fill_last, "replay_first": p.replay_first}
+                                                       if p.fill_last else {})} for p in phases]}
+    w = phase_weights(manifest["phases"])
+    # the sampled replay stands for the whole one: 1000 / 250; a bounded phase: its blocks over the one measured
+    assert w["Q=1000 (full dataset)"] == pytest.approx(4.0)
+    assert w[phases[0].name] == pytest.approx((1000 // phases[0].q) / 1)
+    assert unit_requests(manifest, f"p{len(phases) - 1}-b0-s42") == 300 + 250
+    # a budget larger than the dataset is no budget
+    big = make_phases({"dense": 40}, 1000, ProtocolConfig(seeds=(42,), full_phase=True, full_fill_last=5000))
+    assert big[-1].fill_last is None
+
+
+def test_bad_budgets_are_refused_in_one_line():
+    with pytest.raises(UserError, match="full-dataset phase"):
+        ProtocolConfig(full_fill_last=100)                       # no full phase
+    with pytest.raises(UserError, match=">= 1"):
+        ProtocolConfig(full_phase=True, full_replay_first=0)
+    from clients.matched_hbm import check_fill_tail
+    phases = make_phases({"dense": 40}, 1000, ProtocolConfig(full_phase=True, full_fill_last=150))
+    with pytest.raises(UserError, match=r"2 x 40 slots \+ 96 in flight = 176"):
+        check_fill_tail(phases, 40, 96)
+    check_fill_tail(phases, 20, 96)                              # 150 >= 136
