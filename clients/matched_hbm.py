@@ -389,6 +389,14 @@ def step_workspace(args, work: WorkloadConfig, output_tokens: int):
     return step, workspace_of(model_config(args).schema, step, getattr(torch, args.dtype).itemsize, args.tp)
 
 
+def fill_requests(work, phase: Phase) -> int:
+    """The requests of a cut full-dataset fill: its tail and the category firsts sent before it."""
+    from clients.protocol import fill_and_replay_order
+    lo, hi = phase.blocks[0]
+    parts, _ = fill_and_replay_order(work.categories[lo:hi], 0, lo, phase.fill_last)
+    return sum(map(len, parts))
+
+
 def check_fill_tail(phases: list[Phase], most_slots: int, concurrency: int) -> None:
     """A full-dataset fill cut to its tail leaves the cache the whole fill leaves only where the tail alone
     overflows every arm's checkpoints (LRU: every older checkpoint is evicted first; an older prompt's KV
@@ -429,7 +437,7 @@ def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, de
         # a budgeted full-dataset phase says so (absent otherwise: earlier manifests, and their cells, unchanged)
         "phases": [{"name": p.name, "q": p.q, "arms": p.arms, "repeats": repeats(i, proto),
                     "blocks_in_dataset": nblocks[p.q], "blocks": p.blocks,
-                    **({"fill_last": p.fill_last} if p.fill_last else {}),
+                    **({"fill_last": p.fill_last, "fill_requests": fill_requests(work, p)} if p.fill_last else {}),
                     **({"replay_first": p.replay_first} if p.replay_first else {})} for i, p in enumerate(phases)],
         "block_selection": selection,
         "seeds": list(proto.seeds),
@@ -477,7 +485,8 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
     failed += [{"spec": a["key"], "error": a["failed"]} for c in calls for a in c.get("arms", []) if "failed" in a]
     out = {**prov, **cfg, "protocol": manifest["protocol"],
            "phases": [{"name": p["name"], "q": p["q"], "arms": p["arms"], "repeats": p["repeats"],
-                       "blocks": p["blocks"], **{k: p[k] for k in ("fill_last", "replay_first") if k in p}}
+                       "blocks": p["blocks"],
+                       **{k: p[k] for k in ("fill_last", "fill_requests", "replay_first") if k in p}}
                       for p in manifest["phases"]],
            "manifest": {"id": manifest["id"], "units": len(manifest["units"]), "arms": [a["key"] for a in manifest["arms"]],
                         "block_selection": manifest["block_selection"],
@@ -519,7 +528,8 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
     out = {"manifest_id": manifest_id(manifest), "arms": [a["key"] for a in manifest["arms"]],
            "slots": {a["key"]: a["slots"] for a in manifest["arms"]},
            "phases": [{"name": p["name"], "q": p["q"], "blocks": f"{len(p['blocks'])} of {p['blocks_in_dataset']}",
-                       "repeats": p["repeats"], **{k: p[k] for k in ("fill_last", "replay_first") if k in p}}
+                       "repeats": p["repeats"],
+                       **{k: p[k] for k in ("fill_last", "fill_requests", "replay_first") if k in p}}
                       for p in manifest["phases"]],
            **({"kv_cache": manifest["config"]["kv_cache"]} if "kv_cache" in manifest["config"] else {}),
            "units": len(manifest["units"]), "cells": len(manifest["units"]) * len(manifest["arms"]),

@@ -179,10 +179,11 @@ def unit_phase(unit: str) -> int:
 
 def unit_requests(manifest: dict, unit: str) -> int:
     """Requests of one arm's cell of ``unit`` in a manifest (clients.cells): fill and replay of the phase's Q
-    prompts, as often as the phase is replayed (a budgeted full-dataset phase: its fill tail and replay sample,
-    the category firsts not counted)."""
+    prompts, as often as the phase is replayed (a budgeted full-dataset phase: its cut fill, the category firsts
+    included where the manifest counts them, and its replay sample)."""
     phase = manifest["phases"][unit_phase(unit)]
-    fill, replay = phase.get("fill_last") or phase["q"], phase.get("replay_first") or phase["q"]
+    fill = phase.get("fill_requests") or phase.get("fill_last") or phase["q"]
+    replay = phase.get("replay_first") or phase["q"]
     return (fill + replay) * phase["repeats"]
 
 

@@ -101,3 +101,11 @@ def test_bad_budgets_are_refused_in_one_line():
     with pytest.raises(UserError, match=r"2 x 40 slots \+ 96 in flight = 176"):
         check_fill_tail(phases, 40, 96)
     check_fill_tail(phases, 20, 96)                              # 150 >= 136
+
+
+def test_a_cut_fill_counts_the_category_firsts_sent_before_its_tail():
+    from clients.matched_hbm import fill_requests
+    work = build_workload(WorkloadConfig(vocab=500, prompts=60, scale=0.02))
+    full = make_phases({"dense": 3}, 60, ProtocolConfig(seeds=(42,), full_phase=True, full_fill_last=25))[-1]
+    # 14 MMLU-Pro categories, each first prompt sent before the tail (none of them in it: the tail is "the rest")
+    assert len(set(work.categories)) == 14 and fill_requests(work, full) == 14 + 25
