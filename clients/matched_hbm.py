@@ -32,7 +32,7 @@ import time
 
 from clients import arms as armlib
 from clients import kv_sizing
-from clients.protocol import Phase, ProtocolConfig, make_phases, repeats
+from clients.protocol import Phase, ProtocolConfig, make_phases, phase_budget, repeats
 from clients.report import format_table, provenance, write_json
 from clients.runner import add_estimate_arguments
 from clients.workload import WorkloadConfig, build_workload
@@ -485,9 +485,7 @@ def result_of(manifest: dict, calls: list[dict], cells: list[dict], prov: dict, 
     failed += [{"spec": a["key"], "error": a["failed"]} for c in calls for a in c.get("arms", []) if "failed" in a]
     out = {**prov, **cfg, "protocol": manifest["protocol"],
            "phases": [{"name": p["name"], "q": p["q"], "arms": p["arms"], "repeats": p["repeats"],
-                       "blocks": p["blocks"],
-                       **{k: p[k] for k in ("fill_last", "fill_requests", "replay_first") if k in p}}
-                      for p in manifest["phases"]],
+                       "blocks": p["blocks"], **phase_budget(p)} for p in manifest["phases"]],
            "manifest": {"id": manifest["id"], "units": len(manifest["units"]), "arms": [a["key"] for a in manifest["arms"]],
                         "block_selection": manifest["block_selection"],
                         "blocks_per_phase": {p["name"]: f"{len(p['blocks'])} of {p['blocks_in_dataset']}"
@@ -528,9 +526,7 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
     out = {"manifest_id": manifest_id(manifest), "arms": [a["key"] for a in manifest["arms"]],
            "slots": {a["key"]: a["slots"] for a in manifest["arms"]},
            "phases": [{"name": p["name"], "q": p["q"], "blocks": f"{len(p['blocks'])} of {p['blocks_in_dataset']}",
-                       "repeats": p["repeats"],
-                       **{k: p[k] for k in ("fill_last", "fill_requests", "replay_first") if k in p}}
-                      for p in manifest["phases"]],
+                       "repeats": p["repeats"], **phase_budget(p)} for p in manifest["phases"]],
            **({"kv_cache": manifest["config"]["kv_cache"]} if "kv_cache" in manifest["config"] else {}),
            "units": len(manifest["units"]), "cells": len(manifest["units"]) * len(manifest["arms"]),
            "cells_done": done, "units_pending": pending,

@@ -177,14 +177,22 @@ def unit_phase(unit: str) -> int:
     return int(unit.split("-")[0][1:])
 
 
+# a budgeted full-dataset phase's entries in a manifest phase (matched_hbm.make_manifest writes them, the result
+# and --plan-only show them): the fill's tail, its requests with the category firsts, the replay's sample
+BUDGET_KEYS = ("fill_last", "fill_requests", "replay_first")
+
+
+def phase_budget(phase: dict) -> dict:
+    """The BUDGET_KEYS a manifest phase has ({} for every phase run whole)."""
+    return {k: phase[k] for k in BUDGET_KEYS if k in phase}
+
+
 def unit_requests(manifest: dict, unit: str) -> int:
     """Requests of one arm's cell of ``unit`` in a manifest (clients.cells): fill and replay of the phase's Q
-    prompts, as often as the phase is replayed (a budgeted full-dataset phase: its cut fill, the category firsts
-    included where the manifest counts them, and its replay sample)."""
+    prompts, as often as the phase is replayed (a budgeted full-dataset phase: its cut fill with the category
+    firsts, and its replay sample)."""
     phase = manifest["phases"][unit_phase(unit)]
-    fill = phase.get("fill_requests") or phase.get("fill_last") or phase["q"]
-    replay = phase.get("replay_first") or phase["q"]
-    return (fill + replay) * phase["repeats"]
+    return ((phase.get("fill_requests") or phase["q"]) + (phase.get("replay_first") or phase["q"])) * phase["repeats"]
 
 
 def units(phases: list[Phase], cfg: ProtocolConfig) -> list[tuple[int, int, int]]:

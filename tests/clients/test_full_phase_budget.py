@@ -78,8 +78,10 @@ def test_the_budget_is_recorded_weighed_and_counted():
     full = phases[-1]
     assert (full.q, full.fill_last, full.replay_first) == (1000, 300, 250)
     assert all(p.fill_last is None and p.replay_first is None for p in phases[:-1])
+    # fill_requests: what make_manifest counts (the tail and the category firsts; none here, a hand manifest)
     manifest = {"phases": [{"name": p.name, "q": p.q, "repeats": 1, "blocks_in_dataset": 1000 // p.q,
-                            "blocks": p.blocks[:1], **({"fill_last": p.fill_last, "replay_first": p.replay_first}
+                            "blocks": p.blocks[:1], **({"fill_last": p.fill_last, "fill_requests": p.fill_last,
+                                                        "replay_first": p.replay_first}
                                                        if p.fill_last else {})} for p in phases]}
     w = phase_weights(manifest["phases"])
     # the sampled replay stands for the whole one: 1000 / 250; a bounded phase: its blocks over the one measured
