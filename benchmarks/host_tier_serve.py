@@ -267,7 +267,12 @@ def main(argv=None) -> int:
         # the arms of an earlier call with the same measurement (arms, parts and commit may differ)
         if all(old.get("config", {}).get(k) == v for k, v in vars(args).items() if k not in RESUMABLE):
             result = old
-    result.update(provenance("benchmarks/host_tier_serve.py", argv, commit=args.commit), torch=torch.__version__,
+    run = provenance("benchmarks/host_tier_serve.py", argv, commit=args.commit)
+    # a run split over calls: the top-level command is the last call's, so every call is listed with what it
+    # measured (the arms it ran, the copies), and every arm names the command that measured it
+    result.setdefault("calls", []).append({"command": run["command"], "commit": run["commit"],
+                                           "device": run["device"], "arms": [], "parts": args.parts})
+    result.update(run, torch=torch.__version__,
                   config=vars(args), budget_bytes=budget, slots=slots, kv_blocks=kv_blocks,
                   phases=[{"name": p.name, "q": p.q, "blocks": p.blocks} for p in phases],
                   targets={"hit_rate_ratio_min": TARGET_HIT_RATIO, "ttft": "nr16+host mean < nr16 mean",
@@ -280,10 +285,13 @@ def main(argv=None) -> int:
                 print(f"{arm}: already in {args.out}", flush=True)
                 continue
             result["arms"][arm] = serve_arm(args, arm, budget, phases, work, kv_blocks)
+            result["arms"][arm]["command"] = run["command"]
+            result["calls"][-1]["arms"].append(arm)
             result["verdict"] = verdict(result)
             write_result(args.out, result)
     if "copies" in parts:
         result["copies"] = copies(args, budget, work, kv_blocks)
+        result["copies"]["command"] = run["command"]
         print(json.dumps(result["copies"]), flush=True)
     result["verdict"] = verdict(result)
     write_result(args.out, result)

@@ -45,6 +45,20 @@ def test_smoke_records_the_protocol_and_the_tier(result):
     assert host["host_tier"]["copy_bytes"]["to_device"] >= promotions * slot["slot_bytes"] > 0
 
 
+def test_a_run_split_over_calls_names_every_call(tmp_path):
+    # two calls into one --out: the second keeps the first's arm, and the file names both commands, each beside
+    # what it measured (the top-level command alone is the last call's)
+    out = tmp_path / "r.json"
+    assert bench.main(["--smoke", "--arms", "nr16", "--parts", "serve", "--out", str(out), "--commit", "abc"]) == 0
+    assert bench.main(["--smoke", "--arms", "nr16,nr16+host", "--out", str(out), "--commit", "abc"]) == 0
+    doc = json.loads(out.read_text())
+    first, second = doc["calls"]
+    assert "--arms nr16 --parts serve" in first["command"] and first["arms"] == ["nr16"]
+    assert "--arms nr16,nr16+host --out" in second["command"] and second["arms"] == ["nr16+host"]
+    assert doc["arms"]["nr16"]["command"] == first["command"]
+    assert doc["arms"]["nr16+host"]["command"] == doc["copies"]["command"] == doc["command"] == second["command"]
+
+
 def test_smoke_measures_the_copies(result):
     c = result["copies"]
     assert c["bandwidth"]["slot_bytes"] == result["slots"]["nr16"]["slot_bytes"]
