@@ -2,7 +2,8 @@
 has a few of. Every script parses (bash -n); and matched_cells.sh, run in a scratch copy of the scripts with
 stand-ins for the two things only the GPU machine has (nvidia-smi, and python3 with the serving stack: it
 records its arguments instead of serving), composes the call each MODEL asks for, and refuses a TP degree the
-machine's GPUs cannot hold before it starts anything."""
+machine's GPUs cannot hold before it starts anything; quality_evals.sh warms the kernels in one process a model
+before its shards, and the shards get what is left of the limit."""
 from __future__ import annotations
 
 import os
@@ -225,3 +226,52 @@ def test_a_background_cells_job_outlives_its_call_and_each_poll_returns_the_cell
     assert "the job ended, exit code 3" in proc.stdout
     assert f"limit 777 in {os.getcwd()} args --request-estimate-s 0.07" in proc.stdout
     assert cells_in_tarball() == {"c1", "c2"} and (out / "k.part").read_text() == "kernels\n"
+
+
+def _quality_call(tmp_path, **env) -> tuple[int, str, list[str]]:
+    """Run scripts/gpu/quality_evals.sh in a scratch root with stand-ins (nvidia-smi: one GPU; timeout: passes
+    its limit on; python3: records the limit and its arguments, one line a call, and the warm-up calls take 2 s);
+    (exit code, output, the recorded calls in the order they started)."""
+    root, bin_, out = tmp_path / "root", tmp_path / "bin", tmp_path / "out"
+    for d in (root / "scripts" / "gpu", bin_, out, *(tmp_path / "models" / a for a in ("kda", "gdn"))):
+        d.mkdir(parents=True)
+    for a in ("kda", "gdn"):
+        (tmp_path / "models" / a / "config.json").write_text("{}")
+    for name in ("prelude.sh", "quality_evals.sh"):
+        shutil.copy(ROOT / "scripts" / "gpu" / name, root / "scripts" / "gpu" / name)
+    log = tmp_path / "calls"
+    _stub(bin_ / "nvidia-smi", 'case "$*" in *query-gpu*) echo 0;; esac\n')
+    _stub(bin_ / "timeout", 'export LIMIT_S="$1"; shift; exec "$@"\n')
+    _stub(bin_ / "python3", f'case "$*" in *"--instances 2 "*) sleep 2;; esac\n'
+                            f'printf "T=%s %s\\n" "${{LIMIT_S:-none}}" "$*" >> {log}\n')
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out), "COMMIT": "abc1234",
+           "MODELS": str(tmp_path / "models"), "EV_DIR": str(tmp_path / "ev"), "PACKED_DIR": str(tmp_path / "packed"),
+           "PROCS": "2", "ARMS": "precision", "LENGTHS": "1024,4096", "INSTANCES": "8", "EVAL_LIMIT": "460", **env}
+    proc = subprocess.run(["bash", "scripts/gpu/quality_evals.sh"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    calls = log.read_text().splitlines() if log.exists() else []
+    return proc.returncode, proc.stdout + proc.stderr, calls
+
+
+def test_quality_evals_warms_the_kernels_before_the_shards_and_gives_them_the_rest(tmp_path):
+    # 12-05: sixteen shards compiling the same kernels at once lost a cold machine's whole KDA half to the limit
+    rc, output, calls = _quality_call(tmp_path)
+    assert rc == 0, output
+    runs = [c for c in calls if "-m trtllm_dasc.evals.run --model" in c]
+    warm, shards = runs[:2], runs[2:]
+    assert len(shards) == 4 and all("--instances 2 " in c for c in warm)
+    assert {c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in warm} == {"kda.json", "gdn.json"}
+    for c in warm:   # an arm of each codec the arm sets use, at the run's lengths, under a limit of its own
+        assert c.startswith("T=300 ") and "--arms dense,nr16+int8,nr16+horizon+conv-int8 " in c
+        assert "--lengths 1024,4096 " in c and "--device cuda" in c
+    limits = {int(c.split()[0][2:]) for c in shards}
+    assert len(limits) == 1 and 460 - 10 <= limits.pop() <= 460 - 2      # the warm-up's seconds come off
+    assert all("--arms precision " in c and "--instances 8 " in c for c in shards)
+    assert "kernels warmed in" in output
+
+
+def test_quality_evals_without_warm_up_gives_the_shards_the_whole_limit(tmp_path):
+    rc, output, calls = _quality_call(tmp_path, WARM="0")
+    assert rc == 0, output
+    runs = [c for c in calls if "-m trtllm_dasc.evals.run --model" in c]
+    assert len(runs) == 4 and all(c.startswith("T=460 ") for c in runs)

@@ -10,6 +10,7 @@
 # TASKS (comma-separated, default all 13), PROCS (8), EVAL_LIMIT (seconds, 450): a shard cut by the limit keeps the arms it finished.
 # ARMS (default paper: the 37 arms) names the arms to run, e.g. the ones a cut call left out; merge the result with
 # the earlier one: python -m trtllm_dasc.evals.run --merge earlier.json new.json --out joined.json
+# WARM (1): compile the kernels in one process a model before the shards start (below: why).
 # PAPER=1: the paper's RULER protocol (evals.run --paper: 13 subtasks x 30 instances x 4k,8k, 3 replay rounds,
 # dense / nr / wr at 16-512, INT8 at 16, five random masks at every W; INSTANCES / LENGTHS / ARMS / TASKS still
 # override it), then the horizon validation of both models ($OUT/horizon_validation_{kda,gdn}.json, HV_LIMIT
@@ -24,10 +25,30 @@ for arch in kda gdn; do
   [ -f $MODELS/$arch/config.json ] || { echo "no model at $MODELS/$arch (MODELS=...)"; exit 2; }
 done
 # a warm machine keeps /tmp: never merge an earlier call's shards
-rm -rf /tmp/ev
-mkdir -p /tmp/ev
+EV=${EV_DIR:-/tmp/ev}      # the shards' results and logs (a test points it elsewhere)
+rm -rf "$EV" "${EV}_warm"
+mkdir -p "$EV"
 sleep 1; touch /tmp/kernels_before_evals   # only kernels compiled by this call go back
 P=${PROCS:-8}
+# a machine without the engine's compiled kernels: 16 processes compiling and autotuning the same kernels at once
+# took KDA's first step 316 s on 12-05 (an H100, no .kernel_cache carried), and EVAL_LIMIT cut every KDA shard
+# before its first arm ended (a second call, kernels compiled, ran the whole KDA half in 21 s). So one process a
+# model first runs two instances through an arm of each codec (native, INT8, the horizon bands with the 8-bit conv
+# state), filling $CACHE for the shards; its seconds come out of EVAL_LIMIT. WARM=0 skips it (a warm cache).
+if [ "${WARM:-1}" = 1 ]; then
+  started=$SECONDS
+  mkdir -p ${EV}_warm
+  for g in 0 1; do
+    arch=$([ $g = 0 ] && echo kda || echo gdn)
+    CUDA_VISIBLE_DEVICES=$((g % GPUS)) timeout "${WARM_LIMIT:-300}" python3 -m trtllm_dasc.evals.run \
+      --model $MODELS/$arch --arms dense,nr16+int8,nr16+horizon+conv-int8 --tasks niah_single_1 --instances 2 \
+      --lengths "${LENGTHS:-1024,2048,4096}" --device cuda --dtype bfloat16 --out ${EV}_warm/$arch.json \
+      > ${EV}_warm/$arch.log 2>&1 &
+  done
+  wait
+  echo "quality_evals: kernels warmed in $((SECONDS - started)) s"
+  EVAL_LIMIT=$(( ${EVAL_LIMIT:-450} - (SECONDS - started) ))
+fi
 for g in 0 1; do
   arch=$([ $g = 0 ] && echo kda || echo gdn)
   for i in $(seq 0 $((P - 1))); do
@@ -38,8 +59,8 @@ for g in 0 1; do
     fi
     CUDA_VISIBLE_DEVICES=$((g % GPUS)) timeout "${EVAL_LIMIT:-450}" python3 -m trtllm_dasc.evals.run --model $MODELS/$arch \
       "${preset[@]}" --shard $i/$P ${TASKS:+--tasks "$TASKS"} \
-      --device cuda --dtype bfloat16 --out /tmp/ev/${arch}_$i.json ${COMMIT:+--commit "$COMMIT"} \
-      > /tmp/ev/${arch}_$i.log 2>&1 &
+      --device cuda --dtype bfloat16 --out $EV/${arch}_$i.json ${COMMIT:+--commit "$COMMIT"} \
+      > $EV/${arch}_$i.log 2>&1 &
   done
 done
 wait
@@ -47,8 +68,8 @@ wait
 # cache): join the parts into .kernel_cache/NAME.tgz for the next call
 return_new_kernels eval_kernels kernels /tmp/kernels_before_evals
 for arch in kda gdn; do
-  grep -h "\[evals\]" /tmp/ev/${arch}_*.log | sed "s/^/$arch /" >> "$OUT/evals.log"
-  python3 -m trtllm_dasc.evals.run --merge $(ls /tmp/ev/${arch}_*.json) --out "$OUT/quality_$arch.json" \
+  grep -h "\[evals\]" $EV/${arch}_*.log | sed "s/^/$arch /" >> "$OUT/evals.log"
+  python3 -m trtllm_dasc.evals.run --merge $(ls $EV/${arch}_*.json) --out "$OUT/quality_$arch.json" \
     --plot "$OUT/quality_$arch.png" 2>&1 | tee -a "$OUT/evals.log"
 done
 if [ "${PAPER:-0}" = 1 ]; then
@@ -58,12 +79,12 @@ if [ "${PAPER:-0}" = 1 ]; then
   for arch in kda gdn; do
     OMP_NUM_THREADS=$(( ($(nproc) + 1) / 2 )) timeout "${HV_LIMIT:-300}" \
       python3 -m trtllm_dasc.evals.horizon_validation --model $MODELS/$arch \
-      --out "$OUT/horizon_validation_$arch.json" ${COMMIT:+--commit "$COMMIT"} > /tmp/ev/hv_$arch.log 2>&1 &
+      --out "$OUT/horizon_validation_$arch.json" ${COMMIT:+--commit "$COMMIT"} > $EV/hv_$arch.log 2>&1 &
   done
   wait
   hv=()
   for arch in kda gdn; do
-    sed "s/^/$arch hv /" /tmp/ev/hv_$arch.log >> "$OUT/evals.log"
+    sed "s/^/$arch hv /" $EV/hv_$arch.log >> "$OUT/evals.log"
     [ -s "$OUT/horizon_validation_$arch.json" ] && hv+=("$arch=$OUT/horizon_validation_$arch.json")
   done
   horizons=$(IFS=,; echo "${hv[*]:-}")
