@@ -92,6 +92,13 @@ def add_arguments(p) -> None:
     g.add_argument("--tensorrt", action="store_true", help="also build the checkpoint codec (store, load, "
                    "wr merge) as TensorRT engines into tensorrt/ (needs tensorrt or tensorrt-rtx; --codec native|int8, "
                    "--precision uniform and --conv-codec native only)")
+    g = p.add_argument_group("ablation (measurements only: makes the engine slower on purpose)")
+    g.add_argument("--ablation-step-delay-ms", type=float, default=0.0,
+                   help="hold each step's results this many ms more once the engine is ready, as a slower "
+                        "engine's would be (does a serving figure depend on the engine's speed?); default 0: off")
+    g.add_argument("--ablation-step-slowdown", type=float, default=1.0,
+                   help="hold each step's results (X - 1) x the step's own time more: the engine at 1/X of "
+                        "its speed; default 1: off")
     g = p.add_argument_group("serving")
     g.add_argument("--no-decoupled", action="store_true",
                    help="one response per request (for clients using plain infer; no streaming)")
@@ -118,7 +125,9 @@ def engine_options(args) -> dict:
                 memory_limit_bytes=getattr(args, "memory_limit_bytes", None),
                 host_cache_bytes=getattr(args, "host_cache_bytes", 0), eviction=getattr(args, "eviction", "lru"),
                 host_write_policy=getattr(args, "host_write_policy", DEFAULT_HOST_WRITE_POLICY),
-                host_kv_blocks=getattr(args, "host_kv_blocks", 0))
+                host_kv_blocks=getattr(args, "host_kv_blocks", 0),
+                step_delay_s=getattr(args, "ablation_step_delay_ms", 0.0) / 1000.0,
+                step_slowdown=getattr(args, "ablation_step_slowdown", 1.0))
     # the normalised spec (thresholds and codecs spelled out) is what the engine records
     opts["precision"] = EngineConfig(**opts).precision
     return opts

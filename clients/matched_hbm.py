@@ -128,6 +128,11 @@ def add_arguments(p) -> None:
                    "--memory-limit-bytes at most what fits beside the weights (clients/kv_sizing.py)")
     kv_sizing.add_memory_arguments(g)
     g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--step-delay-ms", type=float, default=0.0, help="ablation (issue 33): every arm's engine holds "
+                   "each step's results this many ms more once ready (dasc-build --ablation-step-delay-ms): does a "
+                   "figure depend on the engine's speed? In the manifest: another cells directory (default 0: off)")
+    g.add_argument("--step-slowdown", type=float, default=1.0, help="ablation: every arm's engine at 1/X of its "
+                   "speed (dasc-build --ablation-step-slowdown; default 1: off)")
     g.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
                    "(default OUT/kernels)")
     g.add_argument("--ready-timeout", type=float, default=1800.0)
@@ -214,6 +219,11 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
         raise UserError(f"--call-deadline-s must be > 0, got {args.call_deadline_s}")
     if args.request_timeout <= 0 or args.ready_timeout <= 0:
         raise UserError("--request-timeout and --ready-timeout must be > 0")
+    from trtllm_dasc.engine.config import MAX_STEP_DELAY_S, MAX_STEP_SLOWDOWN
+    if not 0 <= args.step_delay_ms <= MAX_STEP_DELAY_S * 1000:
+        raise UserError(f"--step-delay-ms must be from 0 to {MAX_STEP_DELAY_S * 1000:g}, got {args.step_delay_ms}")
+    if not 1 <= args.step_slowdown <= MAX_STEP_SLOWDOWN:
+        raise UserError(f"--step-slowdown must be from 1 to {MAX_STEP_SLOWDOWN:g}, got {args.step_slowdown}")
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,
                            blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill,
                            dense_repeats=args.dense_repeats, full_phase=args.full_phase, block_seed=args.block_seed,
@@ -314,6 +324,11 @@ def engine_flags(args, work: WorkloadConfig, phases: list[Phase], output_tokens:
         flags += ["--load-format", "dummy", "--seed", args.weights_seed]
     if sized is not None:
         flags += ["--memory-limit-bytes", sized["limit_bytes"]]
+    # the ablation knobs only when set: an unset one leaves the manifest (and every cells directory) as before
+    if getattr(args, "step_delay_ms", 0.0):
+        flags += ["--ablation-step-delay-ms", args.step_delay_ms]
+    if getattr(args, "step_slowdown", 1.0) != 1.0:
+        flags += ["--ablation-step-slowdown", args.step_slowdown]
     return [str(f) for f in flags]
 
 

@@ -89,6 +89,15 @@ def test_matched_cells_full_sample_is_passed_and_named(tmp_path):
     assert "--full-fill-last" not in args and "--full-replay-first" not in args
 
 
+def test_matched_cells_engine_speed_ablation_is_passed_and_named(tmp_path):
+    rc, output, args = _matched_call(tmp_path, gpus=1, FULL_SAMPLE="3300", STEP_DELAY_MS="40", STEP_SLOWDOWN="2")
+    assert rc == 0, output
+    assert _flag(args, "--step-delay-ms") == "40" and _flag(args, "--step-slowdown") == "2"
+    assert _flag(args, "--cells-dir") == "/tmp/cells/mh_kimi48_full_b1_fs3300_delay40_slow2_prompt_only_hr21.27_cabc1234"
+    rc, output, args = _matched_call(tmp_path / "none", gpus=1)
+    assert "--step-delay-ms" not in args and "--step-slowdown" not in args
+
+
 def test_matched_cells_composes_the_qwen_tp2_call(tmp_path):
     rc, output, args = _matched_call(tmp_path, gpus=2, MODEL="qwen80", CALL_ARMS="nr16,nr16:storage")
     assert rc == 0, output

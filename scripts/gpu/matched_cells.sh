@@ -78,7 +78,10 @@ case "$MODEL" in
   *) echo "MODEL must be kimi48 or qwen80, got $MODEL"; exit 2 ;;
 esac
 [ "$GPUS" -ge "$TP" ] || { echo "TP $TP needs $TP GPUs, this machine has $GPUS (qwen80: kind nvidia-h200-x2)"; exit 5; }
-CELLS=${CELLS:-benchmarks/cells/mh_${TAG}${SET_TAG}_full_b${BLOCKS:-all}${FULL_SAMPLE:+_fs$FULL_SAMPLE}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
+# STEP_DELAY_MS=<ms> / STEP_SLOWDOWN=<x>: the engine-speed ablation (issue 33: a missed target, the engine's speed or
+# the workload's scale?): every arm's engine held that much more a step (clients.matched_hbm --step-delay-ms /
+# --step-slowdown); another manifest, so _delay<ms> / _slow<x> in the directory's name
+CELLS=${CELLS:-benchmarks/cells/mh_${TAG}${SET_TAG}_full_b${BLOCKS:-all}${FULL_SAMPLE:+_fs$FULL_SAMPLE}${STEP_DELAY_MS:+_delay$STEP_DELAY_MS}${STEP_SLOWDOWN:+_slow$STEP_SLOWDOWN}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
 cells_work "$CELLS"            # sets WORK (prelude.sh)
 touch /tmp/matched_cells.marker
 # what is left of the call after the prelude, less the time to stop the last server and pack the results
@@ -90,6 +93,7 @@ timeout $((DEADLINE + 40)) python3 -m clients.matched_hbm --paper \
   --device cuda --dtype bfloat16 --max-batch-size 96 --memory-limit-bytes device \
   ${BLOCKS:+--blocks-per-phase "$BLOCKS"} ${HEADROOM:+--memory-headroom-gib "$HEADROOM"} \
   ${FULL_SAMPLE:+--full-fill-last "$FULL_SAMPLE" --full-replay-first "$FULL_SAMPLE"} \
+  ${STEP_DELAY_MS:+--step-delay-ms "$STEP_DELAY_MS"} ${STEP_SLOWDOWN:+--step-slowdown "$STEP_SLOWDOWN"} \
   $([ "${BRANCH:-0}" = 1 ] && echo --branch-checkpoints) --cells-dir "$WORK" --call-deadline-s "$DEADLINE" \
   --out /tmp/matched_cells --kernel-cache "$CACHE" --json "$OUT/matched_hbm_${TAG}${SET_TAG}_full.json" --plot none \
   ${COMMIT:+--commit "$COMMIT"} "$@"

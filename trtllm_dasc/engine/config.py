@@ -15,6 +15,9 @@ from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, HOST_WRITE_POLICIES
 MAX_TP = 64
 # a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)
 MAX_COUNT = 1 << 31
+# the ablation knobs' ranges: a delay of a minute a step or a hundredfold slowdown is a typo, not an ablation
+MAX_STEP_DELAY_S = 60.0
+MAX_STEP_SLOWDOWN = 100.0
 
 
 @dataclass(slots=True)
@@ -78,6 +81,11 @@ class EngineConfig:
     # a step whose runner took longer than this many seconds says on stderr what it ran (engine/slow_step.py);
     # None: $DASC_SLOW_STEP_S, else 5 s (a served engine's config is its engine directory's); 0: off
     slow_step_s: float | None = None
+    # measurement ablations only (issue 33: is a missed serving target the engine's speed or the workload's
+    # scale?): each step's results are held back step_delay_s more, and (step_slowdown - 1) x the step's own
+    # time more, as a slower engine's would be. 0 and 1: off (the defaults). Never a serving setting.
+    step_delay_s: float = 0.0
+    step_slowdown: float = 1.0
 
     def __post_init__(self):
         # lazy: torch / numpy load only when this runs (keeps importing this module light)
@@ -104,6 +112,8 @@ class EngineConfig:
                 _count(self, name, minimum=0 if name == "replay_window" else 1, cap=1 << 50)
         if self.slow_step_s is not None:
             self.slow_step_s = check_seconds("slow_step_s", self.slow_step_s)
+        self.step_delay_s = _bounded(self, "step_delay_s", 0.0, MAX_STEP_DELAY_S)
+        self.step_slowdown = _bounded(self, "step_slowdown", 1.0, MAX_STEP_SLOWDOWN)
         if not isinstance(self.prompt_only, bool):
             raise UserError(f"prompt_only must be true or false, got {self.prompt_only!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -141,3 +151,10 @@ def _count(cfg, name: str, minimum: int, cap: int = MAX_COUNT) -> None:
     if not minimum <= value <= cap:
         raise UserError(f"{name} must be an integer in [{minimum}, {cap}], got {value}")
     setattr(cfg, name, value)
+
+
+def _bounded(cfg, name: str, low: float, high: float) -> float:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise UserError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}")
+    return float(value)

@@ -25,6 +25,13 @@ from trtllm_dasc.engine.telemetry import Telemetry
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.engine.warmup import warmup
 
+
+def ablation_hold_s(delay_s: float, slowdown: float, step_s: float) -> float:
+    """How long a step's results wait under the ablation knobs (EngineConfig.step_delay_s / step_slowdown): a
+    fixed delay plus (slowdown - 1) x the step's own runner time; 0 with the defaults."""
+    return delay_s + (slowdown - 1.0) * step_s
+
+
 log = logging.getLogger("trtllm_dasc.engine")
 
 
@@ -213,13 +220,20 @@ class Engine:
         watch = compile_watch.WATCH
         t0, n0, s0 = time.perf_counter(), watch.count, watch.seconds
         try:
-            return self.runner.execute(plan)
+            out = self.runner.execute(plan)
         finally:
+            took = time.perf_counter() - t0
             compiled = None if self._compiled_base is None else (watch.count - n0, watch.seconds - s0)
             try:
-                self.slow_steps.note(plan, owners, time.perf_counter() - t0, compiled)
+                self.slow_steps.note(plan, owners, took, compiled)
             except Exception:  # noqa: BLE001 - a diagnostic must not fail the step
                 log.exception("the slow-step log failed")
+        hold = ablation_hold_s(self.cfg.step_delay_s, self.cfg.step_slowdown, took)
+        if hold > 0 and self.ready:
+            # the ablation's slower engine (EngineConfig.step_delay_s / step_slowdown): results wait, as its
+            # would; served traffic only (warm-up, before ready, runs at the engine's own speed)
+            time.sleep(hold)
+        return out
 
     def _drain_inbox(self) -> None:
         with self._cv:

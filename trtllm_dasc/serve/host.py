@@ -63,6 +63,10 @@ class EngineHost:
         self.dummy_notice = dummy_notice(found)
         if self.dummy_notice:
             log.warning("%s", self.dummy_notice)
+        if cfg.step_delay_s or cfg.step_slowdown != 1.0:
+            log.warning("ABLATION: every step is held %g ms + %g x its own time once ready (dasc-build "
+                        "--ablation-step-*): this engine is slower on purpose", cfg.step_delay_s * 1e3,
+                        cfg.step_slowdown - 1.0)
         if cfg.tp_size > 1:
             # this process (the server's Python backend stub) is rank 0 of the mpirun that `dasc serve --tp`
             # started; the other ranks are serve.worker processes beside the server
