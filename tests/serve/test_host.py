@@ -123,3 +123,21 @@ def test_a_warmed_host_says_how_long_warm_up_took(engine, capfd):
         assert f"prompts up to {h.warmup_report['longest_prompt']} tokens" in line[0]
     finally:
         h.shutdown()
+
+
+def test_an_ablation_engine_says_so_at_start_and_a_plain_one_does_not(tmp_path, caplog):
+    # dasc-build --ablation-step-*: the served engine is slower on purpose, and its log must not let that pass
+    build(tmp_path / "ckpt", "kda", seed=8)
+    said = {}
+    for name, flags in (("plain", []), ("slowed", ["--ablation-step-delay-ms", 40, "--ablation-step-slowdown", 2])):
+        engine = build_engine(tmp_path / "ckpt", tmp_path / name, "--wmax", 0, "--max-batch-size", 2, "--kv-blocks",
+                              100, "--block-size", 4, "--max-context", 128, *flags)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="trtllm_dasc"):
+            h = EngineHost(str(engine), warmup=False)
+        h.shutdown()
+        said[name] = [r.getMessage() for r in caplog.records if "ABLATION" in r.getMessage()]
+        if name == "slowed":
+            assert (h.engine.cfg.step_delay_s, h.engine.cfg.step_slowdown) == (0.04, 2.0)
+    assert said["plain"] == [] and len(said["slowed"]) == 1
+    assert "40 ms + 1 x its own time" in said["slowed"][0]
