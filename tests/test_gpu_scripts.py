@@ -198,6 +198,34 @@ def test_a_wheel_packed_in_parts_installs_once_the_last_part_is_carried(tmp_path
     w.installed_once_as_it_was()
 
 
+@pytest.mark.skipif(shutil.which("xz") is None or shutil.which("tar") is None, reason="needs tar and xz")
+def test_a_wheel_packed_with_a_big_first_part_installs_once_the_small_second_comes(tmp_path):
+    """FIRST_PART_BYTES: the first part that many bytes (a call's room beside the tree), the second the rest (small
+    enough to travel with the cells call's other wheels); the two join into the original wheel."""
+    w = _PackedWheel(tmp_path, b"\x7fELF" + os.urandom(200_000))
+    w.env["FIRST_PART_BYTES"] = "150000"
+    w.pack(".whl_a", ".whl_b")
+    part_a = w.root / ".whl_a" / f"{w.wheel.name}.tar.xz.part-1-of-2"
+    part_b = w.root / ".whl_b" / f"{w.wheel.name}.tar.xz.part-2-of-2"
+    assert part_a.stat().st_size == 150_000 and 40_000 < part_b.stat().st_size < 150_000
+    b_aside = tmp_path / part_b.name
+    shutil.move(part_b, b_aside)
+    assert "1 of 2 parts" in w.prelude() and not w.pip_log.exists()
+    shutil.rmtree(w.root / ".whl_a")
+    shutil.move(b_aside, part_b)
+    w.prelude()
+    w.installed_once_as_it_was()
+
+
+@pytest.mark.skipif(shutil.which("xz") is None or shutil.which("tar") is None, reason="needs tar and xz")
+def test_a_first_part_past_the_packed_size_is_refused(tmp_path):
+    w = _PackedWheel(tmp_path, b"\x7fELF" + os.urandom(2_000))
+    env = {**w.env, "PATH": os.environ["PATH"], "FIRST_PART_BYTES": "10000000"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "pack_wheel.sh"), str(w.wheel), ".a", ".b"],
+                          cwd=w.root, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "FIRST_PART_BYTES must be between 0 and the packed size" in proc.stdout
+
+
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
 def test_a_background_cells_job_outlives_its_call_and_each_poll_returns_the_cells_so_far(tmp_path):
     """scripts/gpu/cells_background.sh with a stand-in cells script that writes one cell, waits for a go file

@@ -24,6 +24,13 @@
 #   or split the packed file itself: split -n 2 -d -a 3 F p- -> .whl_p1/F.part-1-of-2, .whl_p2/F.part-2-of-2):
 #   call A0 carry [".whl_p1"] run INSTALL_ONLY=1 bash scripts/gpu/first_call.sh, then call A carry [".whl_p2",
 #   ".whl"] run bash scripts/gpu/first_call.sh (the prelude installs the wheel when the second part comes)
+#   two calls instead of three (the tree at ~35 MB, 12-05): a big first part and a small second, which travels with
+#   .whl_c in the first cells call (FIRST_PART_BYTES = 64 MiB less the tree's bytes less ~1 MB of growth):
+#     T=$(git ls-files -z | xargs -0 stat -c %s | awk '{s+=$1} END {print s}')
+#     FIRST_PART_BYTES=$((64 * 1048576 - T - 1000000)) bash scripts/gpu/pack_wheel.sh /tmp/w/nvidia_pytriton-*.whl .whl_q1 .whl_q2
+#   call A0 carry [".whl_q1"] run INSTALL_ONLY=1 bash scripts/gpu/first_call.sh; then, within 30 s, call B carry
+#   [".whl_q2", ".whl_c"] (".kernel_cache" too where it fits) and run its usual command: the cells script's prelude
+#   joins the parts and installs nvidia-pytriton before it checks the serving wheels
 #   call B  carry [".whl_c", ".kernel_cache"]
 #           run:   rm -rf .whl && cp -r .whl_c .whl && COMMIT=<sha> CALL_ARMS=nr16 BLOCKS=1 bash scripts/gpu/matched_cells.sh
 #   later calls on the same warm machine (within 30 s of the last: keep the replies short) carry nothing and

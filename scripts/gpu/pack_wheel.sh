@@ -9,6 +9,8 @@
 # carried by its own call (call A0 carry [".whl_a"], call A carry [".whl_b", ...], within 30 s); the prelude keeps
 # the parts it has seen under /tmp and installs the wheel once all N are there:
 #   bash scripts/gpu/pack_wheel.sh /tmp/w/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl .whl_a .whl_b
+# With the tree at ~35 MB: FIRST_PART_BYTES=$((64 * 1048576 - <tree bytes> - 500000)) and two folders: call A0 carries
+# the big first part (INSTALL_ONLY=1), the cells call carries the small second with .whl_c (matched_cells.sh's header)
 set -euo pipefail
 [ $# -ge 2 ] && [ -f "$1" ] && [[ "$1" == *.whl ]] || { echo "usage: pack_wheel.sh WHEEL.whl DEST_DIR [DEST_DIR ...]"; exit 2; }
 tmp=$(mktemp -d)
@@ -30,9 +32,20 @@ if [ $# -eq 1 ]; then
   mkdir -p "$1" && mv "$tmp.xz" "$1/$name" && ls -l "$1/$name"
   exit 0
 fi
-# N parts of (nearly) equal size, part K into the K-th folder
+# N parts of (nearly) equal size, part K into the K-th folder; FIRST_PART_BYTES=<b> with two folders: the first part
+# that many bytes, the second the rest (a call's 64 MiB less the tree for the first, so the second is small enough
+# to travel beside .whl_c in the first cells call: two calls stage a fresh machine instead of three)
 n=$#
-split -n "$n" -d -a 3 "$tmp.xz" "$tmp.part-"
+if [ -n "${FIRST_PART_BYTES:-}" ]; then
+  [ "$n" -eq 2 ] || { echo "FIRST_PART_BYTES needs exactly two folders"; exit 2; }
+  size=$(stat -c %s "$tmp.xz")
+  [ "$FIRST_PART_BYTES" -gt 0 ] && [ "$FIRST_PART_BYTES" -lt "$size" ] ||
+    { echo "FIRST_PART_BYTES must be between 0 and the packed size ($size B), got $FIRST_PART_BYTES"; exit 2; }
+  head -c "$FIRST_PART_BYTES" "$tmp.xz" > "$tmp.part-000"
+  tail -c +"$((FIRST_PART_BYTES + 1))" "$tmp.xz" > "$tmp.part-001"
+else
+  split -n "$n" -d -a 3 "$tmp.xz" "$tmp.part-"
+fi
 k=1
 for dest in "$@"; do
   mkdir -p "$dest"
