@@ -9,7 +9,7 @@
 # carried by its own call (call A0 carry [".whl_a"], call A carry [".whl_b", ...], within 30 s); the prelude keeps
 # the parts it has seen under /tmp and installs the wheel once all N are there:
 #   bash scripts/gpu/pack_wheel.sh /tmp/w/nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl .whl_a .whl_b
-# With the tree at ~35 MB: FIRST_PART_BYTES=$((64 * 1048576 - <tree bytes> - 500000)) and two folders: call A0 carries
+# With the tree at ~35 MB: FIRST_PART_BYTES=$((64 * 1048576 - <tree bytes> - 1000000)) and two folders: call A0 carries
 # the big first part (INSTALL_ONLY=1), the cells call carries the small second with .whl_c (matched_cells.sh's header)
 set -euo pipefail
 [ $# -ge 2 ] && [ -f "$1" ] && [[ "$1" == *.whl ]] || { echo "usage: pack_wheel.sh WHEEL.whl DEST_DIR [DEST_DIR ...]"; exit 2; }

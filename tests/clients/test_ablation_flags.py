@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from clients.matched_hbm import main
+from clients.matched_hbm import engine_flags, main
 from test_paper_checkpoints import PLAN, _Phase, _Work, _args
-from clients.matched_hbm import engine_flags
 
 
 def test_unset_knobs_leave_the_engine_flags_as_they_were():
