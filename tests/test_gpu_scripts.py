@@ -3,7 +3,8 @@ has a few of. Every script parses (bash -n); and matched_cells.sh, run in a scra
 stand-ins for the two things only the GPU machine has (nvidia-smi, and python3 with the serving stack: it
 records its arguments instead of serving), composes the call each MODEL asks for, and refuses a TP degree the
 machine's GPUs cannot hold before it starts anything; quality_evals.sh warms the kernels in one process a model
-before its shards, and the shards get what is left of the limit."""
+before its shards, and the shards get what is left of the limit; train_quality.sh resumes from a carried stage,
+else from the one the previous call kept on the warm machine, else stops before training."""
 from __future__ import annotations
 
 import os
@@ -312,3 +313,56 @@ def test_quality_evals_without_warm_up_gives_the_shards_the_whole_limit(tmp_path
     assert rc == 0, output
     runs = [c for c in calls if "-m trtllm_dasc.evals.run --model" in c]
     assert len(runs) == 4 and all(c.startswith("T=460 ") for c in runs)
+
+
+def _train_call(tmp_path, root: Path, **env) -> tuple[int, str, list[str]]:
+    """Run scripts/gpu/train_quality.sh in the scratch ``root`` with stand-ins: python3 -m trtllm_dasc.evals.train
+    records its arguments and writes a stage saying which --resume it started from."""
+    bin_, out, log = tmp_path / "bin", tmp_path / "out", tmp_path / "train_args"
+    for d in (root / "scripts" / "gpu", bin_):
+        d.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    for name in ("prelude.sh", "train_quality.sh"):
+        shutil.copy(ROOT / "scripts" / "gpu" / name, root / "scripts" / "gpu" / name)
+    _stub(bin_ / "nvidia-smi", 'case "$*" in *query-gpu*) echo 0;; esac\n')
+    _stub(bin_ / "python3", f"""if [ "$1" = -c ]; then echo versions; exit 0; fi
+if [ "$2" = trtllm_dasc.evals.train ]; then
+  echo "$*" >> {log}
+  stage=$(echo "$*" | sed 's/.*--stage \\([^ ]*\\).*/\\1/'); mkdir -p "$stage"
+  resume=$(echo "$*" | grep -o -- '--resume [^ ]*' || echo fresh)
+  echo "from $resume" > "$stage/train_state.pt"
+fi
+""")
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out), "TRAIN_TMP": str(tmp_path / "w"),
+           "KEPT": str(tmp_path / "kept"), "PACKED_DIR": str(tmp_path / "packed"), "QUICK": "0",
+           "VARIANTS": "kda kda", "MINUTES": "0.01", **env}
+    proc = subprocess.run(["bash", "scripts/gpu/train_quality.sh"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    calls = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return proc.returncode, proc.stdout + proc.stderr, calls
+
+
+def test_training_resumes_from_the_stage_the_previous_call_kept_on_the_warm_machine(tmp_path):
+    # a large stage (35 MB) and the tree (35 MB) do not fit one call's carry: the next call finds it on the machine
+    root = tmp_path / "root"
+    rc, output, calls = _train_call(tmp_path, root)
+    assert rc == 0, output
+    assert len(calls) == 1 and "--resume" not in calls[0] and "--size large" in calls[0]
+    assert (tmp_path / "out" / "kda_stage.pt").read_text() == "from fresh\n"       # returned as always
+    rc, output, calls = _train_call(tmp_path, root, RESUME="1")
+    assert rc == 0, output
+    assert f"--resume {tmp_path / 'kept' / 'kda_stage.pt'}" in calls[0]
+    assert "kept on this machine" in output
+    assert (tmp_path / "out" / "kda_stage.pt").read_text() == f"from --resume {tmp_path / 'kept' / 'kda_stage.pt'}\n"
+    # a carried stage is the one asked for: it wins over the kept one
+    (root / ".stage").mkdir()
+    (root / ".stage" / "kda_stage.pt").write_text("carried")
+    rc, output, calls = _train_call(tmp_path, root, RESUME="1")
+    assert rc == 0 and "--resume .stage/kda_stage.pt" in calls[0], output
+
+
+def test_training_resume_with_no_stage_anywhere_stops_before_training(tmp_path):
+    rc, output, calls = _train_call(tmp_path, tmp_path / "root", RESUME="1")
+    assert rc == 2 and calls == [] and "nor kept here" in output

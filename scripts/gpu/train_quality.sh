@@ -19,7 +19,9 @@
 # and .kernel_cache_train do not fit together, send .whl first with INSTALL_ONLY=1 and the rest (no .whl) in a
 # second call under 30 s later, while the machine is still warm with the wheels installed.
 # RESUME=1 continues each variant from .stage/NAME_stage.pt (weights + curriculum progress; a missing one stops
-# the call before training).
+# the call before training), or, where none is carried, from the stage the previous call left on this warm
+# machine ($KEPT/NAME_stage.pt, KEPT=/tmp/stage_keep): a large stage (35 MB) beside the tree (35 MB) is more than
+# a call carries, so back-to-back calls (under 30 s apart) train on without carrying it.
 # MINUTES (default 7) is each run's wall budget, compiles included. TASKS (a comma-separated list, default all)
 # narrows the training mixture, e.g. to the single-needle tasks first; the quick check uses the same tasks
 # (QUICK_LENGTH, default 2048; QUICK=0 skips it). TRAIN_ARGS go to every variant (e.g. --restart-curriculum).
@@ -36,9 +38,11 @@ set -uo pipefail
 SHAPED_MODEL=0 source scripts/gpu/prelude.sh          # wheels, PYTHONPATH, the kernel cache in $CACHE
 export PYTHONUNBUFFERED=1
 # a warm machine keeps /tmp: never return (or resume from) an earlier call's models
-rm -rf /tmp/models /tmp/stage /tmp/quick_* /tmp/train_logs
-mkdir -p /tmp/train_logs
-sleep 1; touch /tmp/kernels_before_training   # only kernels compiled from here on go back (16 MiB a file)
+W=${TRAIN_TMP:-/tmp}   # this call's models, stages and logs (a test points it elsewhere)
+rm -rf $W/models $W/stage $W/quick_* $W/train_logs
+KEPT=${KEPT:-/tmp/stage_keep}   # the last stage of each variant, for the next call on this machine (RESUME=1)
+mkdir -p $W/train_logs
+sleep 1; touch $W/kernels_before_training   # only kernels compiled from here on go back (16 MiB a file)
 python3 -c "import transformers, fla; print('transformers', transformers.__version__, 'fla', fla.__version__)" || exit 3
 IFS=';' read -ra VARIANT_LIST <<< "${VARIANTS:-kda kda;gdn gdn}"
 i=0
@@ -51,42 +55,49 @@ for variant in "${VARIANT_LIST[@]}"; do
     if [ ! -f .stage/${name}_stage.pt ] && ls .stage/${name}_stage.pt.part-* >/dev/null 2>&1; then
       cat $(ls .stage/${name}_stage.pt.part-* | sort) > .stage/${name}_stage.pt
     fi
-    [ -f .stage/${name}_stage.pt ] || { echo "RESUME=1 but no .stage/${name}_stage.pt was carried"; exit 2; }
-    resume="--resume .stage/${name}_stage.pt"
+    if [ -f .stage/${name}_stage.pt ]; then
+      resume="--resume .stage/${name}_stage.pt"
+    elif [ -f "$KEPT/${name}_stage.pt" ]; then
+      echo "variant $name: no stage carried; resuming from the one the previous call kept on this machine"
+      resume="--resume $KEPT/${name}_stage.pt"
+    else
+      echo "RESUME=1 but no .stage/${name}_stage.pt was carried, nor kept here by an earlier call"; exit 2
+    fi
   fi
   echo "variant $name: --arch $arch $args $resume (GPU $((i % GPUS)))"
   # the run keeps its own wall budget (compiles included) and saves on SIGTERM; timeout is the backstop
   CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "$(awk "BEGIN { print int(${MINUTES:-7} * 60 + 60) }")" python3 -m trtllm_dasc.evals.train \
-    --arch $arch --size "${SIZE:-large}" --stage-dtype bfloat16 --out /tmp/models/$name --stage /tmp/stage/$name \
+    --arch $arch --size "${SIZE:-large}" --stage-dtype bfloat16 --out $W/models/$name --stage $W/stage/$name \
     --minutes "${MINUTES:-7}" --device cuda --seed 0 \
-    $resume ${TASKS:+--tasks "$TASKS"} ${TRAIN_ARGS:-} $args > /tmp/train_logs/train_$name.log 2>&1 &
+    $resume ${TASKS:+--tasks "$TASKS"} ${TRAIN_ARGS:-} $args > $W/train_logs/train_$name.log 2>&1 &
   i=$((i + 1))
 done
 wait
 # the compiled kernels first: what a cut call must not lose
-return_new_kernels train_kernels train_kernels /tmp/kernels_before_training
-tar czf "$OUT/logs.tgz" -C /tmp train_logs      # now, so a call cut in the quick check keeps them
+return_new_kernels train_kernels train_kernels $W/kernels_before_training
+tar czf "$OUT/logs.tgz" -C $W train_logs      # now, so a call cut in the quick check keeps them
 i=0
 for variant in "${VARIANT_LIST[@]}"; do
   read -r name arch args <<< "$variant"
-  tail -n 3 /tmp/train_logs/train_$name.log | sed "s/^/$name: /"
-  if [ -f /tmp/stage/$name/train_state.pt ]; then
+  tail -n 3 $W/train_logs/train_$name.log | sed "s/^/$name: /"
+  if [ -f $W/stage/$name/train_state.pt ]; then
+    mkdir -p "$KEPT" && cp $W/stage/$name/train_state.pt "$KEPT/${name}_stage.pt"
     # a returned file holds at most 16 MiB: larger stages go back in 15 MiB parts
-    if [ "$(stat -c %s /tmp/stage/$name/train_state.pt)" -gt $((15 * 1024 * 1024)) ]; then
-      split -b 15m /tmp/stage/$name/train_state.pt "$OUT/${name}_stage.pt.part-"
+    if [ "$(stat -c %s $W/stage/$name/train_state.pt)" -gt $((15 * 1024 * 1024)) ]; then
+      split -b 15m $W/stage/$name/train_state.pt "$OUT/${name}_stage.pt.part-"
     else
-      cp /tmp/stage/$name/train_state.pt "$OUT/${name}_stage.pt"
+      cp $W/stage/$name/train_state.pt "$OUT/${name}_stage.pt"
     fi
   fi
-  [ -f /tmp/models/$name/config.json ] && [ "${QUICK:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${QUICK_LIMIT:-60}" \
-    python3 -m trtllm_dasc.evals.run --model /tmp/models/$name --out /tmp/quick_$name.json --arms dense,nr16 \
+  [ -f $W/models/$name/config.json ] && [ "${QUICK:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${QUICK_LIMIT:-60}" \
+    python3 -m trtllm_dasc.evals.run --model $W/models/$name --out $W/quick_$name.json --arms dense,nr16 \
     --lengths "${QUICK_LENGTH:-2048}" --instances 4 ${TASKS:+--tasks "$TASKS"} --device cuda --dtype bfloat16 \
-    --resamples 200 > /tmp/train_logs/quick_$name.log 2>&1 &
+    --resamples 200 > $W/train_logs/quick_$name.log 2>&1 &
   i=$((i + 1))
 done
 wait
 for variant in "${VARIANT_LIST[@]}"; do
   read -r name arch args <<< "$variant"
-  grep -h "\[evals\]" /tmp/train_logs/quick_$name.log | sed "s/^/$name /"
+  grep -h "\[evals\]" $W/train_logs/quick_$name.log | sed "s/^/$name /"
 done | tee "$OUT/quick.log"
-tar czf "$OUT/logs.tgz" -C /tmp train_logs      # again, with the quick checks' logs
+tar czf "$OUT/logs.tgz" -C $W train_logs      # again, with the quick checks' logs
