@@ -3,8 +3,8 @@ has a few of. Every script parses (bash -n); and matched_cells.sh, run in a scra
 stand-ins for the two things only the GPU machine has (nvidia-smi, and python3 with the serving stack: it
 records its arguments instead of serving), composes the call each MODEL asks for, and refuses a TP degree the
 machine's GPUs cannot hold before it starts anything; quality_evals.sh warms the kernels in one process a model
-before its shards, and the shards get what is left of the limit; train_quality.sh resumes from a carried stage,
-else from the one the previous call kept on the warm machine, else stops before training."""
+before its shards, and the shards get what is left of the limit; train_quality.sh resumes from the newest stage: carried (whole or in parts over two calls),
+or else the one the previous call kept on the warm machine, and stops before training when there is none."""
 from __future__ import annotations
 
 import os
@@ -315,9 +315,10 @@ def test_quality_evals_without_warm_up_gives_the_shards_the_whole_limit(tmp_path
     assert len(runs) == 4 and all(c.startswith("T=460 ") for c in runs)
 
 
-def _train_call(tmp_path, root: Path, **env) -> tuple[int, str, list[str]]:
-    """Run scripts/gpu/train_quality.sh in the scratch ``root`` with stand-ins: python3 -m trtllm_dasc.evals.train
-    records its arguments and writes a stage saying which --resume it started from."""
+def _train_call(tmp_path, root: Path, carry: dict[str, str] | None = None, **env) -> tuple[int, str, list[str]]:
+    """Run scripts/gpu/train_quality.sh in the scratch ``root`` (kept between calls, as the device keeps ignored
+    folders) with ``carry`` ({path: text}) written into it first, and stand-ins: python3 -m trtllm_dasc.evals.train
+    records its arguments and writes a stage "T[<the stage it resumed, or fresh>]"."""
     bin_, out, log = tmp_path / "bin", tmp_path / "out", tmp_path / "train_args"
     for d in (root / "scripts" / "gpu", bin_):
         d.mkdir(parents=True, exist_ok=True)
@@ -325,13 +326,16 @@ def _train_call(tmp_path, root: Path, **env) -> tuple[int, str, list[str]]:
     out.mkdir()
     for name in ("prelude.sh", "train_quality.sh"):
         shutil.copy(ROOT / "scripts" / "gpu" / name, root / "scripts" / "gpu" / name)
+    for path, text in (carry or {}).items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
     _stub(bin_ / "nvidia-smi", 'case "$*" in *query-gpu*) echo 0;; esac\n')
     _stub(bin_ / "python3", f"""if [ "$1" = -c ]; then echo versions; exit 0; fi
 if [ "$2" = trtllm_dasc.evals.train ]; then
   echo "$*" >> {log}
   stage=$(echo "$*" | sed 's/.*--stage \\([^ ]*\\).*/\\1/'); mkdir -p "$stage"
-  resume=$(echo "$*" | grep -o -- '--resume [^ ]*' || echo fresh)
-  echo "from $resume" > "$stage/train_state.pt"
+  resume=$(echo "$*" | grep -o -- '--resume [^ ]*' | cut -d' ' -f2)
+  printf 'T[%s]' "$([ -n "$resume" ] && cat "$resume" || echo fresh)" > "$stage/train_state.pt"
 fi
 """)
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out), "TRAIN_TMP": str(tmp_path / "w"),
@@ -344,23 +348,38 @@ fi
     return proc.returncode, proc.stdout + proc.stderr, calls
 
 
-def test_training_resumes_from_the_stage_the_previous_call_kept_on_the_warm_machine(tmp_path):
-    # a large stage (35 MB) and the tree (35 MB) do not fit one call's carry: the next call finds it on the machine
-    root = tmp_path / "root"
+def _returned_stage(tmp_path) -> str:
+    return (tmp_path / "out" / "kda_stage.pt").read_text()
+
+
+def test_training_resumes_from_the_newest_stage_whether_carried_or_kept_on_the_warm_machine(tmp_path):
+    # a large stage (37 MB) and the tree (35 MB) do not fit one call's carry: the next call finds it on the machine
+    root, kept = tmp_path / "root", tmp_path / "kept" / "kda_stage.pt"
     rc, output, calls = _train_call(tmp_path, root)
     assert rc == 0, output
     assert len(calls) == 1 and "--resume" not in calls[0] and "--size large" in calls[0]
-    assert (tmp_path / "out" / "kda_stage.pt").read_text() == "from fresh\n"       # returned as always
+    assert _returned_stage(tmp_path) == "T[fresh]"                          # returned as always
     rc, output, calls = _train_call(tmp_path, root, RESUME="1")
-    assert rc == 0, output
-    assert f"--resume {tmp_path / 'kept' / 'kda_stage.pt'}" in calls[0]
-    assert "kept on this machine" in output
-    assert (tmp_path / "out" / "kda_stage.pt").read_text() == f"from --resume {tmp_path / 'kept' / 'kda_stage.pt'}\n"
-    # a carried stage is the one asked for: it wins over the kept one
-    (root / ".stage").mkdir()
-    (root / ".stage" / "kda_stage.pt").write_text("carried")
+    assert rc == 0 and f"--resume {kept}" in calls[0], output
+    assert _returned_stage(tmp_path) == "T[T[fresh]]"
+    # a carried stage is the one asked for: it wins over the kept one, once
+    rc, output, calls = _train_call(tmp_path, root, {".stage/kda_stage.pt": "C"}, RESUME="1")
+    assert rc == 0 and _returned_stage(tmp_path) == "T[C]", output
+    # the device keeps the ignored .stage folder: the next call must not go back to that older stage
     rc, output, calls = _train_call(tmp_path, root, RESUME="1")
-    assert rc == 0 and "--resume .stage/kda_stage.pt" in calls[0], output
+    assert rc == 0 and _returned_stage(tmp_path) == "T[T[C]]", output
+
+
+def test_a_stage_carried_in_parts_over_two_calls_is_joined_by_the_training_call(tmp_path):
+    root = tmp_path / "root"
+    rc, output, calls = _train_call(tmp_path, root, {".stage_1/kda_stage.pt.part-aa": "P1"}, INSTALL_ONLY="1")
+    assert rc == 0 and calls == [], output                                 # staged only
+    rc, output, calls = _train_call(tmp_path, root, {".stage_2/kda_stage.pt.part-ab": "P2",
+                                                     ".stage_2/kda_stage.pt.part-ac": "P3"}, RESUME="1")
+    assert rc == 0 and "joined 3 carried parts" in output, output
+    assert _returned_stage(tmp_path) == "T[P1P2P3]"
+    rc, output, calls = _train_call(tmp_path, root, RESUME="1")           # the parts are not joined again
+    assert rc == 0 and _returned_stage(tmp_path) == "T[T[P1P2P3]]", output
 
 
 def test_training_resume_with_no_stage_anywhere_stops_before_training(tmp_path):

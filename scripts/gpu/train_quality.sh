@@ -15,13 +15,17 @@
 # Carry as .whl (the device's numpy 2.x is replaced by the serving wheels' 1.26, and huggingface-hub 2.x needs
 # httpx2): ../shared/tools/gpu-wheels .whl kernels transformers==5.24.0 huggingface-hub tokenizers "numpy>=2.1,<2.4"
 #   httpx2 httpcore2 hf-xet anyio idna truststore h11 click typing-extensions
-# A call carries at most 64 MiB and the tree alone is about 21 MB (the committed quality models): when .whl, .stage
+# A call carries at most 64 MiB and the tree alone is about 35 MB (12-05): when .whl, .stage
 # and .kernel_cache_train do not fit together, send .whl first with INSTALL_ONLY=1 and the rest (no .whl) in a
 # second call under 30 s later, while the machine is still warm with the wheels installed.
-# RESUME=1 continues each variant from .stage/NAME_stage.pt (weights + curriculum progress; a missing one stops
-# the call before training), or, where none is carried, from the stage the previous call left on this warm
-# machine ($KEPT/NAME_stage.pt, KEPT=/tmp/stage_keep): a large stage (35 MB) beside the tree (35 MB) is more than
-# a call carries, so back-to-back calls (under 30 s apart) train on without carrying it.
+# RESUME=1 continues each variant from its stage (weights + curriculum progress; none stops the call before
+# training). A call moves the stages it carries out of the tree into $KEPT (KEPT=/tmp/stage_keep), where every
+# call also leaves the stage it trained, so a warm machine's next call (under 30 s later) resumes from the newest
+# one without carrying it, and never from an older one the device's tree still held. What a call carries:
+#   .stage/NAME_stage.pt, or its parts in any .stage*/ folder (NAME_stage.pt.part-aa, -ab, ... as returned):
+#   a large stage (37 MB) and the tree (35 MB) exceed one call's carry, so a fresh machine takes them in two
+#   calls: the first carries .whl and .stage_1 (the first part(s)) with INSTALL_ONLY=1, the second .stage_2 (the
+#   rest) and trains; parts are joined, in name order, once the training call comes.
 # MINUTES (default 7) is each run's wall budget, compiles included. TASKS (a comma-separated list, default all)
 # narrows the training mixture, e.g. to the single-needle tasks first; the quick check uses the same tasks
 # (QUICK_LENGTH, default 2048; QUICK=0 skips it). TRAIN_ARGS go to every variant (e.g. --restart-curriculum).
@@ -35,12 +39,17 @@
 # (weights to resume from; `python -m trtllm_dasc.evals.train --export STAGE --out DIR` writes the bf16 model),
 # $OUT/logs.tgz (train_NAME.log, quick_NAME.log), $OUT/quick.log, $OUT/train_kernels.tgz.part-* (one or two).
 set -uo pipefail
+KEPT=${KEPT:-/tmp/stage_keep}   # the newest stage of each variant on this machine (RESUME=1)
+mkdir -p "$KEPT/parts"
+# moved, not copied: the device keeps ignored folders between calls, and a stage left in the tree would be
+# resumed again by the next call instead of the newer one this call trains
+for f in .stage*/*_stage.pt; do [ -f "$f" ] && mv "$f" "$KEPT/" && echo "stage carried: $f"; done
+for f in .stage*/*_stage.pt.part-*; do [ -f "$f" ] && mv "$f" "$KEPT/parts/" && echo "stage part carried: $f"; done
 SHAPED_MODEL=0 source scripts/gpu/prelude.sh          # wheels, PYTHONPATH, the kernel cache in $CACHE
 export PYTHONUNBUFFERED=1
 # a warm machine keeps /tmp: never return (or resume from) an earlier call's models
 W=${TRAIN_TMP:-/tmp}   # this call's models, stages and logs (a test points it elsewhere)
 rm -rf $W/models $W/stage $W/quick_* $W/train_logs
-KEPT=${KEPT:-/tmp/stage_keep}   # the last stage of each variant, for the next call on this machine (RESUME=1)
 mkdir -p $W/train_logs
 sleep 1; touch $W/kernels_before_training   # only kernels compiled from here on go back (16 MiB a file)
 python3 -c "import transformers, fla; print('transformers', transformers.__version__, 'fla', fla.__version__)" || exit 3
@@ -51,18 +60,14 @@ for variant in "${VARIANT_LIST[@]}"; do
   resume=""
   if [ "${RESUME:-0}" = 1 ]; then
     # never a silent fresh start: it would spend the call and return a stage that overwrites the good one
-    # a stage larger than a returned file comes back in parts: join them
-    if [ ! -f .stage/${name}_stage.pt ] && ls .stage/${name}_stage.pt.part-* >/dev/null 2>&1; then
-      cat $(ls .stage/${name}_stage.pt.part-* | sort) > .stage/${name}_stage.pt
+    # a stage larger than a returned file comes back, and is carried, in parts: join them (they are the newest)
+    if ls "$KEPT/parts/${name}_stage.pt.part-"* >/dev/null 2>&1; then
+      cat $(ls "$KEPT/parts/${name}_stage.pt.part-"* | sort) > "$KEPT/${name}_stage.pt" || exit 3
+      echo "variant $name: joined $(ls "$KEPT/parts/${name}_stage.pt.part-"* | wc -l) carried parts"
+      rm -f "$KEPT/parts/${name}_stage.pt.part-"*
     fi
-    if [ -f .stage/${name}_stage.pt ]; then
-      resume="--resume .stage/${name}_stage.pt"
-    elif [ -f "$KEPT/${name}_stage.pt" ]; then
-      echo "variant $name: no stage carried; resuming from the one the previous call kept on this machine"
-      resume="--resume $KEPT/${name}_stage.pt"
-    else
-      echo "RESUME=1 but no .stage/${name}_stage.pt was carried, nor kept here by an earlier call"; exit 2
-    fi
+    [ -f "$KEPT/${name}_stage.pt" ] || { echo "RESUME=1 but no stage of $name was carried, nor kept here by an earlier call"; exit 2; }
+    resume="--resume $KEPT/${name}_stage.pt"
   fi
   echo "variant $name: --arch $arch $args $resume (GPU $((i % GPUS)))"
   # the run keeps its own wall budget (compiles included) and saves on SIGTERM; timeout is the backstop
