@@ -3,8 +3,9 @@ has a few of. Every script parses (bash -n); and matched_cells.sh, run in a scra
 stand-ins for the two things only the GPU machine has (nvidia-smi, and python3 with the serving stack: it
 records its arguments instead of serving), composes the call each MODEL asks for, and refuses a TP degree the
 machine's GPUs cannot hold before it starts anything; quality_evals.sh warms the kernels in one process a model
-before its shards, and the shards get what is left of the limit; train_quality.sh resumes from the newest stage: carried (whole or in parts over two calls),
-or else the one the previous call kept on the warm machine, and stops before training when there is none."""
+before its shards, and the shards get what is left of the limit; train_quality.sh resumes from the newest stage:
+carried (whole, or in parts over two calls), or else the one the previous call kept on the warm machine, and stops
+before training when there is none."""
 from __future__ import annotations
 
 import os
