@@ -4,8 +4,9 @@ stand-ins for the two things only the GPU machine has (nvidia-smi, and python3 w
 records its arguments instead of serving), composes the call each MODEL asks for, and refuses a TP degree the
 machine's GPUs cannot hold before it starts anything; quality_evals.sh warms the kernels in one process a model
 before its shards, and the shards get what is left of the limit; train_quality.sh resumes from the newest stage:
-carried (whole, or in parts over two calls), or else the one the previous call kept on the warm machine, and stops
-before training when there is none."""
+carried (whole, or in parts over two calls), or else the one the previous call kept on the warm machine, stops
+before training when there is none, and returns a stage only while the call's returns fit (RETURN_ONLY=1 brings
+the rest back)."""
 from __future__ import annotations
 
 import os
@@ -337,6 +338,7 @@ if [ "$2" = trtllm_dasc.evals.train ]; then
   stage=$(echo "$*" | sed 's/.*--stage \\([^ ]*\\).*/\\1/'); mkdir -p "$stage"
   resume=$(echo "$*" | grep -o -- '--resume [^ ]*' | cut -d' ' -f2)
   printf 'T[%s]' "$([ -n "$resume" ] && cat "$resume" || echo fresh)" > "$stage/train_state.pt"
+  [ -n "${{STAGE_PAD:-}}" ] && head -c "$STAGE_PAD" /dev/zero >> "$stage/train_state.pt"
 fi
 """)
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out), "TRAIN_TMP": str(tmp_path / "w"),
@@ -381,6 +383,19 @@ def test_a_stage_carried_in_parts_over_two_calls_is_joined_by_the_training_call(
     assert _returned_stage(tmp_path) == "T[P1P2P3]"
     rc, output, calls = _train_call(tmp_path, root, RESUME="1")           # the parts are not joined again
     assert rc == 0 and _returned_stage(tmp_path) == "T[T[P1P2P3]]", output
+
+
+def test_a_stage_past_the_calls_return_limit_stays_kept_and_the_next_call_brings_it_back(tmp_path):
+    # 12-06: two 37 MB stages and the kernels were more than a call brings back, and parts were left out at random
+    root, out = tmp_path / "root", tmp_path / "out"
+    rc, output, calls = _train_call(tmp_path, root, VARIANTS="kda kda;gdn gdn", STAGE_PAD="100000",
+                                    RETURN_BYTES="180000")
+    assert rc == 0 and len(calls) == 2, output
+    assert (out / "kda_stage.pt").stat().st_size == 100008 and not list(out.glob("gdn_stage*"))
+    assert "gdn: stage not returned" in output and 'RETURN_ONLY=1 VARIANTS="gdn ...' in output
+    rc, output, calls = _train_call(tmp_path, root, VARIANTS="gdn gdn", RETURN_ONLY="1")
+    assert rc == 0 and calls == [], output                                  # no training, only the return
+    assert (out / "gdn_stage.pt").read_bytes() == b"T[fresh]" + bytes(100000)
 
 
 def test_training_resume_with_no_stage_anywhere_stops_before_training(tmp_path):

@@ -35,9 +35,12 @@
 # .kernel_cache_train; the quick check runs the engine, whose kernels are in .kernel_cache: carry it too when
 # QUICK=1 and the carry allows, or its first compile may not fit QUICK_LIMIT). Back-to-back
 # calls (under 30 s apart) find the machine warm with its Triton cache in /tmp.
-# Writes (a call returns at most 8 files of 16 MiB): $OUT/NAME_stage.pt (or its .part-* files) per variant
-# (weights to resume from; `python -m trtllm_dasc.evals.train --export STAGE --out DIR` writes the bf16 model),
-# $OUT/logs.tgz (train_NAME.log, quick_NAME.log), $OUT/quick.log, $OUT/train_kernels.tgz.part-* (one or two).
+# Writes (a call returns files of at most 16 MiB, 64 MiB in all: past that, files were left out, seen 12-06):
+# $OUT/train_kernels.tgz.part-* (one or two), $OUT/logs.tgz (train_NAME.log, quick_NAME.log), $OUT/quick.log,
+# then $OUT/NAME_stage.pt (or its .part-* files) per variant while the call's returns stay under RETURN_BYTES
+# (weights to resume from; `python -m trtllm_dasc.evals.train --export STAGE --out DIR` writes the bf16 model).
+# Two large stages (2 x 37 MB) do not come back in one call: the one that does not fit stays kept on the machine,
+# and the next call, under 30 s later, brings it back alone: RETURN_ONLY=1 VARIANTS="gdn gdn" (no training).
 set -uo pipefail
 KEPT=${KEPT:-/tmp/stage_keep}   # the newest stage of each variant on this machine (RESUME=1)
 mkdir -p "$KEPT/parts"
@@ -45,6 +48,26 @@ mkdir -p "$KEPT/parts"
 # resumed again by the next call instead of the newer one this call trains
 for f in .stage*/*_stage.pt; do [ -f "$f" ] && mv "$f" "$KEPT/" && echo "stage carried: $f"; done
 for f in .stage*/*_stage.pt.part-*; do [ -f "$f" ] && mv "$f" "$KEPT/parts/" && echo "stage part carried: $f"; done
+IFS=';' read -ra VARIANT_LIST <<< "${VARIANTS:-kda kda;gdn gdn}"
+# return_stage NAME: the kept stage of NAME into $OUT (15 MiB parts when larger) if the call's returns stay under
+# RETURN_BYTES with it; else it says so and leaves it kept for a RETURN_ONLY=1 call
+return_stage() {
+  local src="$KEPT/$1_stage.pt" size returned
+  [ -f "$src" ] || { echo "$1: no stage kept on this machine"; return 1; }
+  size=$(stat -c %s "$src"); returned=$(du -sb "$OUT" | cut -f1)
+  if [ $((returned + size)) -gt "${RETURN_BYTES:-62000000}" ]; then
+    echo "$1: stage not returned ($size B past what this call brings back): it stays kept on this machine;" \
+         "within 30 s: RETURN_ONLY=1 VARIANTS=\"$1 ...\" bash scripts/gpu/train_quality.sh"
+    return 1
+  fi
+  if [ "$size" -gt $((15 * 1024 * 1024)) ]; then split -b 15m "$src" "$OUT/$1_stage.pt.part-"
+  else cp "$src" "$OUT/$1_stage.pt"; fi
+  echo "$1: stage returned ($size B)"
+}
+if [ "${RETURN_ONLY:-0}" = 1 ]; then
+  for variant in "${VARIANT_LIST[@]}"; do read -r name _ <<< "$variant"; return_stage "$name"; done
+  exit 0
+fi
 SHAPED_MODEL=0 source scripts/gpu/prelude.sh          # wheels, PYTHONPATH, the kernel cache in $CACHE
 export PYTHONUNBUFFERED=1
 # a warm machine keeps /tmp: never return (or resume from) an earlier call's models
@@ -53,7 +76,6 @@ rm -rf $W/models $W/stage $W/quick_* $W/train_logs
 mkdir -p $W/train_logs
 sleep 1; touch $W/kernels_before_training   # only kernels compiled from here on go back (16 MiB a file)
 python3 -c "import transformers, fla; print('transformers', transformers.__version__, 'fla', fla.__version__)" || exit 3
-IFS=';' read -ra VARIANT_LIST <<< "${VARIANTS:-kda kda;gdn gdn}"
 i=0
 for variant in "${VARIANT_LIST[@]}"; do
   read -r name arch args <<< "$variant"
@@ -86,13 +108,7 @@ for variant in "${VARIANT_LIST[@]}"; do
   read -r name arch args <<< "$variant"
   tail -n 3 $W/train_logs/train_$name.log | sed "s/^/$name: /"
   if [ -f $W/stage/$name/train_state.pt ]; then
-    mkdir -p "$KEPT" && cp $W/stage/$name/train_state.pt "$KEPT/${name}_stage.pt"
-    # a returned file holds at most 16 MiB: larger stages go back in 15 MiB parts
-    if [ "$(stat -c %s $W/stage/$name/train_state.pt)" -gt $((15 * 1024 * 1024)) ]; then
-      split -b 15m $W/stage/$name/train_state.pt "$OUT/${name}_stage.pt.part-"
-    else
-      cp $W/stage/$name/train_state.pt "$OUT/${name}_stage.pt"
-    fi
+    cp $W/stage/$name/train_state.pt "$KEPT/${name}_stage.pt" && return_stage "$name"
   fi
   [ -f $W/models/$name/config.json ] && [ "${QUICK:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${QUICK_LIMIT:-60}" \
     python3 -m trtllm_dasc.evals.run --model $W/models/$name --out $W/quick_$name.json --arms dense,nr16 \
