@@ -9,10 +9,14 @@ before training when there is none, and returns a stage only while the call's re
 the rest back)."""
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import shutil
 import stat
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -332,12 +336,16 @@ def _train_call(tmp_path, root: Path, carry: dict[str, str] | None = None, **env
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
     _stub(bin_ / "nvidia-smi", 'case "$*" in *query-gpu*) echo 0;; esac\n')
-    _stub(bin_ / "python3", f"""if [ "$1" = -c ]; then echo versions; exit 0; fi
+    # python3 -c: the import check passes; any other (the joined stage's zip check) runs in the real interpreter
+    _stub(bin_ / "python3", f"""if [ "$1" = -c ]; then case "$2" in *transformers*) echo versions; exit 0;; esac
+  exec {sys.executable} "$@"; fi
 if [ "$2" = trtllm_dasc.evals.train ]; then
   echo "$*" >> {log}
   stage=$(echo "$*" | sed 's/.*--stage \\([^ ]*\\).*/\\1/'); mkdir -p "$stage"
   resume=$(echo "$*" | grep -o -- '--resume [^ ]*' | cut -d' ' -f2)
-  printf 'T[%s]' "$([ -n "$resume" ] && cat "$resume" || echo fresh)" > "$stage/train_state.pt"
+  if [ -n "$resume" ] && [ "$(head -c 2 "$resume")" = PK ]; then from=zip:$(md5sum < "$resume" | cut -c1-12)
+  else from=$([ -n "$resume" ] && cat "$resume" || echo fresh); fi
+  printf 'T[%s]' "$from" > "$stage/train_state.pt"
   [ -n "${{STAGE_PAD:-}}" ] && head -c "$STAGE_PAD" /dev/zero >> "$stage/train_state.pt"
 fi
 """)
@@ -373,16 +381,58 @@ def test_training_resumes_from_the_newest_stage_whether_carried_or_kept_on_the_w
     assert rc == 0 and _returned_stage(tmp_path) == "T[T[C]]", output
 
 
+def _zip_stage_parts() -> tuple[str, list[bytes]]:
+    """A stand-in stage as torch.save writes one (a zip archive): its md5 prefix and three parts of it."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", os.urandom(3000))
+    data = buf.getvalue()
+    third = len(data) // 3
+    return hashlib.md5(data).hexdigest()[:12], [data[:third], data[third:2 * third], data[2 * third:]]
+
+
+def _carry_parts(root: Path, folder: str, parts: dict[str, bytes]) -> None:
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    for suffix, data in parts.items():
+        (root / folder / f"kda_stage.pt.part-{suffix}").write_bytes(data)
+
+
 def test_a_stage_carried_in_parts_over_two_calls_is_joined_by_the_training_call(tmp_path):
     root = tmp_path / "root"
-    rc, output, calls = _train_call(tmp_path, root, {".stage_1/kda_stage.pt.part-aa": "P1"}, INSTALL_ONLY="1")
+    md5, (p1, p2, p3) = _zip_stage_parts()
+    _carry_parts(root, ".stage_1", {"aa": p1})
+    rc, output, calls = _train_call(tmp_path, root, INSTALL_ONLY="1")
     assert rc == 0 and calls == [], output                                 # staged only
-    rc, output, calls = _train_call(tmp_path, root, {".stage_2/kda_stage.pt.part-ab": "P2",
-                                                     ".stage_2/kda_stage.pt.part-ac": "P3"}, RESUME="1")
+    _carry_parts(root, ".stage_2", {"ab": p2, "ac": p3})
+    rc, output, calls = _train_call(tmp_path, root, RESUME="1")
     assert rc == 0 and "joined 3 carried parts" in output, output
-    assert _returned_stage(tmp_path) == "T[P1P2P3]"
+    assert _returned_stage(tmp_path) == f"T[zip:{md5}]"
     rc, output, calls = _train_call(tmp_path, root, RESUME="1")           # the parts are not joined again
-    assert rc == 0 and _returned_stage(tmp_path) == "T[T[P1P2P3]]", output
+    assert rc == 0 and _returned_stage(tmp_path) == f"T[T[zip:{md5}]]", output
+
+
+def test_parts_that_do_not_join_into_a_whole_stage_are_refused_and_the_kept_stage_survives(tmp_path):
+    # the machine went cold between the calls that carried them: the first part never reached this one
+    root = tmp_path / "root"
+    rc, output, calls = _train_call(tmp_path, root, VARIANTS="gdn gdn;kda kda")   # kept stages, T[fresh]
+    assert rc == 0, output
+    md5, (p1, p2, p3) = _zip_stage_parts()
+    _carry_parts(root, ".stage_2", {"ab": p2, "ac": p3})
+    rc, output, calls = _train_call(tmp_path, root, VARIANTS="gdn gdn;kda kda", RESUME="1")
+    # refused before any variant starts: gdn, whose stage is fine, would otherwise have run on unsaved
+    assert rc == 2 and calls == [] and "do not join into a whole stage" in output, output
+    assert (tmp_path / "kept" / "kda_stage.pt").read_text() == "T[fresh]"
+    _carry_parts(root, ".stage_1", {"aa": p1})                            # the missing part comes: now whole
+    rc, output, calls = _train_call(tmp_path, root, RESUME="1")
+    assert rc == 0 and _returned_stage(tmp_path) == f"T[zip:{md5}]", output
+
+
+def test_parts_carried_without_resume_or_install_only_are_refused_and_removed(tmp_path):
+    root = tmp_path / "root"
+    _carry_parts(root, ".stage_1", {"aa": b"old"})
+    rc, output, calls = _train_call(tmp_path, root)
+    assert rc == 2 and calls == [] and "refused and removed" in output, output
+    assert not list((root / ".stage_1").iterdir())
 
 
 def test_a_stage_past_the_calls_return_limit_stays_kept_and_the_next_call_brings_it_back(tmp_path):
@@ -396,6 +446,8 @@ def test_a_stage_past_the_calls_return_limit_stays_kept_and_the_next_call_brings
     rc, output, calls = _train_call(tmp_path, root, VARIANTS="gdn gdn", RETURN_ONLY="1")
     assert rc == 0 and calls == [], output                                  # no training, only the return
     assert (out / "gdn_stage.pt").read_bytes() == b"T[fresh]" + bytes(100000)
+    rc, output, calls = _train_call(tmp_path, root, VARIANTS="gdn gdn", RETURN_ONLY="1", RETURN_BYTES="1000")
+    assert rc == 4 and "gdn: stage not returned" in output, output          # a stage not brought back is an error
 
 
 def test_training_resume_with_no_stage_anywhere_stops_before_training(tmp_path):

@@ -33,6 +33,23 @@ def test_parts_join_back_into_each_file_and_each_folder_fits_its_call(tmp_path):
     assert "call 5: carry .stage_5 (500 B)\n" in proc.stdout
 
 
+def test_a_file_that_fills_its_folder_exactly_opens_no_empty_one(tmp_path):
+    (tmp_path / "a.pt").write_bytes(os.urandom(30))
+    proc = _run(tmp_path, "--first-bytes", "10", "--rest-bytes", "20", "a.pt")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.glob(".stage_*")) == [".stage_1", ".stage_2"]
+
+
+def test_empty_files_and_too_many_parts_are_refused_before_anything_is_written(tmp_path):
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "a.pt").write_bytes(b"x" * 700)
+    proc = _run(tmp_path, "--first-bytes", "1", "--rest-bytes", "1", "a.pt")
+    assert proc.returncode == 2 and "700 parts" in proc.stderr
+    proc = _run(tmp_path, "--first-bytes", "100", "--rest-bytes", "100", "a.pt", "empty.pt")
+    assert proc.returncode == 2 and "empty" in proc.stderr
+    assert not list(tmp_path.glob(".stage_*"))
+
+
 def test_a_non_empty_folder_is_refused(tmp_path):
     (tmp_path / "a.pt").write_bytes(b"x" * 10)
     (tmp_path / ".stage_1").mkdir()

@@ -26,41 +26,54 @@ def _suffixes():
         yield a + b
 
 
+def plan_parts(sizes: list[int], first_bytes: int, rest_bytes: int) -> list[tuple[int, int, int, int]]:
+    """[(folder number from 1, file index, offset, length)]: the files' bytes in order, each folder filled to its
+    room before the next begins."""
+    parts, folder, room = [], 1, first_bytes
+    for index, size in enumerate(sizes):
+        offset = 0
+        while offset < size:
+            if room == 0:
+                folder, room = folder + 1, rest_bytes
+            length = min(room, size - offset)
+            parts.append((folder, index, offset, length))
+            offset, room = offset + length, room - length
+    return parts
+
+
 def split_into_folders(files: list[str], first_bytes: int, rest_bytes: int, prefix: str) -> list[tuple[str, int]]:
-    """Write the parts; return [(folder, bytes in it)] in call order."""
+    """Write the parts; return [(folder, bytes in it)] in call order. Everything is checked before a byte is
+    written: a half-written set of folders would be carried as if it were whole."""
     if first_bytes <= 0 or rest_bytes <= 0:
         raise ValueError("--first-bytes and --rest-bytes must be positive")
     names = [os.path.basename(f) for f in files]
     if len(set(names)) != len(names):
         raise ValueError(f"two files share a name: {names}")
-    folders: list[tuple[str, int]] = []
-    room = 0
-
-    def next_folder():
-        nonlocal room
-        folder = f"{prefix}{len(folders) + 1}"
+    sizes = [os.path.getsize(f) for f in files]
+    for name, size in zip(names, sizes):
+        if size == 0:
+            raise ValueError(f"{name} is empty: nothing to carry (a stage is never empty)")
+    parts = plan_parts(sizes, first_bytes, rest_bytes)
+    for index, name in enumerate(names):
+        count = sum(1 for p in parts if p[1] == index)
+        if count > 26 * 26:
+            raise ValueError(f"{name} would take {count} parts, more than split's names aa..zz: raise the rooms")
+    folders = sorted({p[0] for p in parts})
+    for k in folders:
+        folder = f"{prefix}{k}"
         if os.path.exists(folder) and os.listdir(folder):
             raise ValueError(f"{folder} exists and is not empty: a stale part would be joined into the stage")
+    used = dict.fromkeys(folders, 0)
+    suffixes = [_suffixes() for _ in files]
+    for k, index, offset, length in parts:
+        folder = f"{prefix}{k}"
         os.makedirs(folder, exist_ok=True)
-        room = first_bytes if not folders else rest_bytes
-        folders.append((folder, 0))
-
-    next_folder()
-    for path, name in zip(files, names):
-        suffixes = _suffixes()
-        with open(path, "rb") as src:
-            while True:
-                if room == 0:
-                    next_folder()
-                chunk = src.read(room)
-                if not chunk:
-                    break
-                folder, used = folders[-1]
-                with open(os.path.join(folder, f"{name}.part-{next(suffixes)}"), "wb") as dst:
-                    dst.write(chunk)
-                folders[-1] = (folder, used + len(chunk))
-                room -= len(chunk)
-    return [(f, n) for f, n in folders if n > 0]
+        with open(files[index], "rb") as src, \
+                open(os.path.join(folder, f"{names[index]}.part-{next(suffixes[index])}"), "wb") as dst:
+            src.seek(offset)
+            dst.write(src.read(length))
+        used[k] += length
+    return [(f"{prefix}{k}", used[k]) for k in folders]
 
 
 def main(argv=None) -> int:

@@ -22,10 +22,12 @@
 # training). A call moves the stages it carries out of the tree into $KEPT (KEPT=/tmp/stage_keep), where every
 # call also leaves the stage it trained, so a warm machine's next call (under 30 s later) resumes from the newest
 # one without carrying it, and never from an older one the device's tree still held. What a call carries:
-#   .stage/NAME_stage.pt, or its parts in any .stage*/ folder (NAME_stage.pt.part-aa, -ab, ... as returned):
-#   a large stage (37 MB) and the tree (35 MB) exceed one call's carry, so a fresh machine takes them in two
-#   calls: the first carries .whl and .stage_1 (the first part(s)) with INSTALL_ONLY=1, the second .stage_2 (the
-#   rest) and trains; parts are joined, in name order, once the training call comes.
+#   .stage/NAME_stage.pt, or its parts in any .stage*/ folder (NAME_stage.pt.part-aa, -ab, ... as returned, or as
+#   scripts/gpu/split_carry.py cuts them): a large stage (37 MB) and the tree (35 MB) exceed one call's carry, so
+#   a fresh machine takes them over several calls, each with INSTALL_ONLY=1 but the last, which has RESUME=1 and
+#   trains. The training call joins the parts in name order and checks the result is a whole stage (a zip whose
+#   every member's CRC holds) before any variant starts; parts in a call with neither RESUME=1 nor INSTALL_ONLY=1
+#   are refused and removed (a later call would join them over the newer stage this one trains).
 # MINUTES (default 7) is each run's wall budget, compiles included. TASKS (a comma-separated list, default all)
 # narrows the training mixture, e.g. to the single-needle tasks first; the quick check uses the same tasks
 # (QUICK_LENGTH, default 2048; QUICK=0 skips it). TRAIN_ARGS go to every variant (e.g. --restart-curriculum).
@@ -44,11 +46,17 @@
 set -uo pipefail
 KEPT=${KEPT:-/tmp/stage_keep}   # the newest stage of each variant on this machine (RESUME=1)
 mkdir -p "$KEPT/parts"
+IFS=';' read -ra VARIANT_LIST <<< "${VARIANTS:-kda kda;gdn gdn}"
+if compgen -G ".stage*/*_stage.pt.part-*" >/dev/null && [ "${RESUME:-0}" != 1 ] && [ "${INSTALL_ONLY:-0}" != 1 ]; then
+  echo "stage parts carried ($(ls .stage*/*_stage.pt.part-* | tr '\n' ' ')) in a call with neither RESUME=1 nor" \
+       "INSTALL_ONLY=1: refused and removed (a later call would join them over a newer stage); carry them again"
+  rm -f .stage*/*_stage.pt.part-*
+  exit 2
+fi
 # moved, not copied: the device keeps ignored folders between calls, and a stage left in the tree would be
 # resumed again by the next call instead of the newer one this call trains
 for f in .stage*/*_stage.pt; do [ -f "$f" ] && mv "$f" "$KEPT/" && echo "stage carried: $f"; done
 for f in .stage*/*_stage.pt.part-*; do [ -f "$f" ] && mv "$f" "$KEPT/parts/" && echo "stage part carried: $f"; done
-IFS=';' read -ra VARIANT_LIST <<< "${VARIANTS:-kda kda;gdn gdn}"
 # return_stage NAME: the kept stage of NAME into $OUT (15 MiB parts when larger) if the call's returns stay under
 # RETURN_BYTES with it; else it says so and leaves it kept for a RETURN_ONLY=1 call
 return_stage() {
@@ -65,8 +73,9 @@ return_stage() {
   echo "$1: stage returned ($size B)"
 }
 if [ "${RETURN_ONLY:-0}" = 1 ]; then
-  for variant in "${VARIANT_LIST[@]}"; do read -r name _ <<< "$variant"; return_stage "$name"; done
-  exit 0
+  rc=0
+  for variant in "${VARIANT_LIST[@]}"; do read -r name _ <<< "$variant"; return_stage "$name" || rc=4; done
+  exit $rc
 fi
 SHAPED_MODEL=0 source scripts/gpu/prelude.sh          # wheels, PYTHONPATH, the kernel cache in $CACHE
 export PYTHONUNBUFFERED=1
@@ -76,21 +85,34 @@ rm -rf $W/models $W/stage $W/quick_* $W/train_logs
 mkdir -p $W/train_logs
 sleep 1; touch $W/kernels_before_training   # only kernels compiled from here on go back (16 MiB a file)
 python3 -c "import transformers, fla; print('transformers', transformers.__version__, 'fla', fla.__version__)" || exit 3
+# every variant's stage before any starts: a refusal after one had started would leave it running unsaved
+declare -A RESUME_FROM
+for variant in "${VARIANT_LIST[@]}"; do
+  read -r name _ <<< "$variant"
+  RESUME_FROM[$name]=""
+  [ "${RESUME:-0}" = 1 ] || continue
+  # never a silent fresh start: it would spend the call and return a stage that overwrites the good one
+  parts=$(ls "$KEPT/parts/${name}_stage.pt.part-"* 2>/dev/null | sort)
+  if [ -n "$parts" ]; then
+    # carried parts are the newest stage: joined aside, checked whole, then kept (a part missing, say the machine
+    # went cold between the calls that carried them, must not replace a good kept stage with a broken one)
+    cat $parts > "$KEPT/${name}_stage.pt.joining" || exit 3
+    if ! python3 -c "import sys, zipfile; sys.exit(zipfile.ZipFile(sys.argv[1]).testzip() is not None)" \
+        "$KEPT/${name}_stage.pt.joining" 2>/dev/null; then
+      echo "variant $name: the carried parts ($(echo $parts | xargs -n1 basename | tr '\n' ' ')) do not join into a" \
+           "whole stage (one missing?): refused before training; they stay here for a call that brings the rest"
+      rm -f "$KEPT/${name}_stage.pt.joining"; exit 2
+    fi
+    mv "$KEPT/${name}_stage.pt.joining" "$KEPT/${name}_stage.pt"
+    echo "variant $name: joined $(echo "$parts" | wc -l) carried parts"; rm -f $parts
+  fi
+  [ -f "$KEPT/${name}_stage.pt" ] || { echo "RESUME=1 but no stage of $name was carried, nor kept here by an earlier call"; exit 2; }
+  RESUME_FROM[$name]="--resume $KEPT/${name}_stage.pt"
+done
 i=0
 for variant in "${VARIANT_LIST[@]}"; do
   read -r name arch args <<< "$variant"
-  resume=""
-  if [ "${RESUME:-0}" = 1 ]; then
-    # never a silent fresh start: it would spend the call and return a stage that overwrites the good one
-    # a stage larger than a returned file comes back, and is carried, in parts: join them (they are the newest)
-    if ls "$KEPT/parts/${name}_stage.pt.part-"* >/dev/null 2>&1; then
-      cat $(ls "$KEPT/parts/${name}_stage.pt.part-"* | sort) > "$KEPT/${name}_stage.pt" || exit 3
-      echo "variant $name: joined $(ls "$KEPT/parts/${name}_stage.pt.part-"* | wc -l) carried parts"
-      rm -f "$KEPT/parts/${name}_stage.pt.part-"*
-    fi
-    [ -f "$KEPT/${name}_stage.pt" ] || { echo "RESUME=1 but no stage of $name was carried, nor kept here by an earlier call"; exit 2; }
-    resume="--resume $KEPT/${name}_stage.pt"
-  fi
+  resume=${RESUME_FROM[$name]}
   echo "variant $name: --arch $arch $args $resume (GPU $((i % GPUS)))"
   # the run keeps its own wall budget (compiles included) and saves on SIGTERM; timeout is the backstop
   CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "$(awk "BEGIN { print int(${MINUTES:-7} * 60 + 60) }")" python3 -m trtllm_dasc.evals.train \
