@@ -36,21 +36,30 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+def _device_root(tmp_path, script: str, gpus: int = 1) -> tuple[Path, Path, Path, dict]:
+    """A scratch repository root with scripts/gpu/{prelude.sh, SCRIPT} (kept between calls, as the device keeps
+    its tree), a stand-in nvidia-smi with ``gpus`` GPUs, and an empty $OUT; (root, bin, out, env)."""
+    root, bin_, out = tmp_path / "root", tmp_path / "bin", tmp_path / "out"
+    for d in (root / "scripts" / "gpu", bin_):
+        d.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    for name in ("prelude.sh", script):
+        shutil.copy(ROOT / "scripts" / "gpu" / name, root / "scripts" / "gpu" / name)
+    _stub(bin_ / "nvidia-smi", f'case "$*" in *query-gpu*) seq 0 {gpus - 1};; esac\n')
+    return root, bin_, out, {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out)}
+
+
 def _matched_call(tmp_path, gpus: int, **env) -> tuple[int, str, list[str]]:
     """Run scripts/gpu/matched_cells.sh in a scratch root; (exit code, output, the client's arguments)."""
-    root, bin_, out = tmp_path / "root", tmp_path / "bin", tmp_path / "out"
-    for d in (root / "scripts" / "gpu", root / "tests" / "data", bin_, out):
-        d.mkdir(parents=True)
-    for name in ("prelude.sh", "matched_cells.sh"):
-        shutil.copy(ROOT / "scripts" / "gpu" / name, root / "scripts" / "gpu" / name)
+    root, bin_, out, base_env = _device_root(tmp_path, "matched_cells.sh", gpus)
+    (root / "tests" / "data").mkdir(parents=True)
     for cfg in (ROOT / "tests" / "data").glob("*.config.json"):
         shutil.copy(cfg, root / "tests" / "data" / cfg.name)
     log = tmp_path / "client_args"
-    _stub(bin_ / "nvidia-smi", f'case "$*" in *query-gpu*) seq 0 {gpus - 1};; esac\n')
     # python3 - <<PY (prelude's check of the serving wheels) passes; any other call is the client: recorded
     _stub(bin_ / "python3", f'if [ "$1" = - ]; then cat >/dev/null; exit 0; fi\nprintf "%s\\n" "$@" > {log}\n')
-    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out), "COMMIT": "abc1234",
-           "BLOCKS": "1", **env}
+    env = {**base_env, "COMMIT": "abc1234", "BLOCKS": "1", **env}
     proc = subprocess.run(["bash", "scripts/gpu/matched_cells.sh"], cwd=root, env=env, capture_output=True,
                           text=True, timeout=120)
     args = log.read_text().splitlines() if log.exists() else []
@@ -276,20 +285,15 @@ def _quality_call(tmp_path, **env) -> tuple[int, str, list[str]]:
     """Run scripts/gpu/quality_evals.sh in a scratch root with stand-ins (nvidia-smi: one GPU; timeout: passes
     its limit on; python3: records the limit and its arguments, one line a call, and the warm-up calls take 2 s);
     (exit code, output, the recorded calls in the order they started)."""
-    root, bin_, out = tmp_path / "root", tmp_path / "bin", tmp_path / "out"
-    for d in (root / "scripts" / "gpu", bin_, out, *(tmp_path / "models" / a for a in ("kda", "gdn"))):
-        d.mkdir(parents=True)
+    root, bin_, out, base_env = _device_root(tmp_path, "quality_evals.sh")
     for a in ("kda", "gdn"):
+        (tmp_path / "models" / a).mkdir(parents=True)
         (tmp_path / "models" / a / "config.json").write_text("{}")
-    for name in ("prelude.sh", "quality_evals.sh"):
-        shutil.copy(ROOT / "scripts" / "gpu" / name, root / "scripts" / "gpu" / name)
     log = tmp_path / "calls"
-    _stub(bin_ / "nvidia-smi", 'case "$*" in *query-gpu*) echo 0;; esac\n')
     _stub(bin_ / "timeout", 'export LIMIT_S="$1"; shift; exec "$@"\n')
     _stub(bin_ / "python3", f'case "$*" in *"--instances 2 "*) sleep 2;; esac\n'
                             f'printf "T=%s %s\\n" "${{LIMIT_S:-none}}" "$*" >> {log}\n')
-    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out), "COMMIT": "abc1234",
-           "MODELS": str(tmp_path / "models"), "EV_DIR": str(tmp_path / "ev"), "PACKED_DIR": str(tmp_path / "packed"),
+    env = {**base_env, "COMMIT": "abc1234", "MODELS": str(tmp_path / "models"), "EV_DIR": str(tmp_path / "ev"), "PACKED_DIR": str(tmp_path / "packed"),
            "PROCS": "2", "ARMS": "precision", "LENGTHS": "1024,4096", "INSTANCES": "8", "EVAL_LIMIT": "460", **env}
     proc = subprocess.run(["bash", "scripts/gpu/quality_evals.sh"], cwd=root, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -321,21 +325,15 @@ def test_quality_evals_without_warm_up_gives_the_shards_the_whole_limit(tmp_path
     assert len(runs) == 4 and all(c.startswith("T=460 ") for c in runs)
 
 
-def _train_call(tmp_path, root: Path, carry: dict[str, str] | None = None, **env) -> tuple[int, str, list[str]]:
-    """Run scripts/gpu/train_quality.sh in the scratch ``root`` (kept between calls, as the device keeps ignored
+def _train_call(tmp_path, carry: dict[str, str] | None = None, **env) -> tuple[int, str, list[str]]:
+    """Run scripts/gpu/train_quality.sh in the scratch root (kept between calls, as the device keeps ignored
     folders) with ``carry`` ({path: text}) written into it first, and stand-ins: python3 -m trtllm_dasc.evals.train
     records its arguments and writes a stage "T[<the stage it resumed, or fresh>]"."""
-    bin_, out, log = tmp_path / "bin", tmp_path / "out", tmp_path / "train_args"
-    for d in (root / "scripts" / "gpu", bin_):
-        d.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
-    for name in ("prelude.sh", "train_quality.sh"):
-        shutil.copy(ROOT / "scripts" / "gpu" / name, root / "scripts" / "gpu" / name)
+    root, bin_, out, base_env = _device_root(tmp_path, "train_quality.sh")
+    log = tmp_path / "train_args"
     for path, text in (carry or {}).items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
-    _stub(bin_ / "nvidia-smi", 'case "$*" in *query-gpu*) echo 0;; esac\n')
     # python3 -c: the import check passes; any other (the joined stage's zip check) runs in the real interpreter
     _stub(bin_ / "python3", f"""if [ "$1" = -c ]; then case "$2" in *transformers*) echo versions; exit 0;; esac
   exec {sys.executable} "$@"; fi
@@ -349,7 +347,7 @@ if [ "$2" = trtllm_dasc.evals.train ]; then
   [ -n "${{STAGE_PAD:-}}" ] && head -c "$STAGE_PAD" /dev/zero >> "$stage/train_state.pt"
 fi
 """)
-    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out), "TRAIN_TMP": str(tmp_path / "w"),
+    env = {**base_env, "TRAIN_TMP": str(tmp_path / "w"),
            "KEPT": str(tmp_path / "kept"), "PACKED_DIR": str(tmp_path / "packed"), "QUICK": "0",
            "VARIANTS": "kda kda", "MINUTES": "0.01", **env}
     proc = subprocess.run(["bash", "scripts/gpu/train_quality.sh"], cwd=root, env=env, capture_output=True,
@@ -365,19 +363,19 @@ def _returned_stage(tmp_path) -> str:
 
 def test_training_resumes_from_the_newest_stage_whether_carried_or_kept_on_the_warm_machine(tmp_path):
     # a large stage (37 MB) and the tree (35 MB) do not fit one call's carry: the next call finds it on the machine
-    root, kept = tmp_path / "root", tmp_path / "kept" / "kda_stage.pt"
-    rc, output, calls = _train_call(tmp_path, root)
+    kept = tmp_path / "kept" / "kda_stage.pt"
+    rc, output, calls = _train_call(tmp_path)
     assert rc == 0, output
     assert len(calls) == 1 and "--resume" not in calls[0] and "--size large" in calls[0]
     assert _returned_stage(tmp_path) == "T[fresh]"                          # returned as always
-    rc, output, calls = _train_call(tmp_path, root, RESUME="1")
+    rc, output, calls = _train_call(tmp_path, RESUME="1")
     assert rc == 0 and f"--resume {kept}" in calls[0], output
     assert _returned_stage(tmp_path) == "T[T[fresh]]"
     # a carried stage is the one asked for: it wins over the kept one, once
-    rc, output, calls = _train_call(tmp_path, root, {".stage/kda_stage.pt": "C"}, RESUME="1")
+    rc, output, calls = _train_call(tmp_path, {".stage/kda_stage.pt": "C"}, RESUME="1")
     assert rc == 0 and _returned_stage(tmp_path) == "T[C]", output
     # the device keeps the ignored .stage folder: the next call must not go back to that older stage
-    rc, output, calls = _train_call(tmp_path, root, RESUME="1")
+    rc, output, calls = _train_call(tmp_path, RESUME="1")
     assert rc == 0 and _returned_stage(tmp_path) == "T[T[C]]", output
 
 
@@ -401,55 +399,55 @@ def test_a_stage_carried_in_parts_over_two_calls_is_joined_by_the_training_call(
     root = tmp_path / "root"
     md5, (p1, p2, p3) = _zip_stage_parts()
     _carry_parts(root, ".stage_1", {"aa": p1})
-    rc, output, calls = _train_call(tmp_path, root, INSTALL_ONLY="1")
+    rc, output, calls = _train_call(tmp_path, INSTALL_ONLY="1")
     assert rc == 0 and calls == [], output                                 # staged only
     _carry_parts(root, ".stage_2", {"ab": p2, "ac": p3})
-    rc, output, calls = _train_call(tmp_path, root, RESUME="1")
+    rc, output, calls = _train_call(tmp_path, RESUME="1")
     assert rc == 0 and "joined 3 carried parts" in output, output
     assert _returned_stage(tmp_path) == f"T[zip:{md5}]"
-    rc, output, calls = _train_call(tmp_path, root, RESUME="1")           # the parts are not joined again
+    rc, output, calls = _train_call(tmp_path, RESUME="1")           # the parts are not joined again
     assert rc == 0 and _returned_stage(tmp_path) == f"T[T[zip:{md5}]]", output
 
 
 def test_parts_that_do_not_join_into_a_whole_stage_are_refused_and_the_kept_stage_survives(tmp_path):
     # the machine went cold between the calls that carried them: the first part never reached this one
     root = tmp_path / "root"
-    rc, output, calls = _train_call(tmp_path, root, VARIANTS="gdn gdn;kda kda")   # kept stages, T[fresh]
+    rc, output, calls = _train_call(tmp_path, VARIANTS="gdn gdn;kda kda")   # kept stages, T[fresh]
     assert rc == 0, output
     md5, (p1, p2, p3) = _zip_stage_parts()
     _carry_parts(root, ".stage_2", {"ab": p2, "ac": p3})
-    rc, output, calls = _train_call(tmp_path, root, VARIANTS="gdn gdn;kda kda", RESUME="1")
+    rc, output, calls = _train_call(tmp_path, VARIANTS="gdn gdn;kda kda", RESUME="1")
     # refused before any variant starts: gdn, whose stage is fine, would otherwise have run on unsaved
     assert rc == 2 and calls == [] and "do not join into a whole stage" in output, output
     assert (tmp_path / "kept" / "kda_stage.pt").read_text() == "T[fresh]"
     _carry_parts(root, ".stage_1", {"aa": p1})                            # the missing part comes: now whole
-    rc, output, calls = _train_call(tmp_path, root, RESUME="1")
+    rc, output, calls = _train_call(tmp_path, RESUME="1")
     assert rc == 0 and _returned_stage(tmp_path) == f"T[zip:{md5}]", output
 
 
 def test_parts_carried_without_resume_or_install_only_are_refused_and_removed(tmp_path):
     root = tmp_path / "root"
     _carry_parts(root, ".stage_1", {"aa": b"old"})
-    rc, output, calls = _train_call(tmp_path, root)
+    rc, output, calls = _train_call(tmp_path)
     assert rc == 2 and calls == [] and "refused and removed" in output, output
     assert not list((root / ".stage_1").iterdir())
 
 
 def test_a_stage_past_the_calls_return_limit_stays_kept_and_the_next_call_brings_it_back(tmp_path):
     # 12-06: two 37 MB stages and the kernels were more than a call brings back, and parts were left out at random
-    root, out = tmp_path / "root", tmp_path / "out"
-    rc, output, calls = _train_call(tmp_path, root, VARIANTS="kda kda;gdn gdn", STAGE_PAD="100000",
+    out = tmp_path / "out"
+    rc, output, calls = _train_call(tmp_path, VARIANTS="kda kda;gdn gdn", STAGE_PAD="100000",
                                     RETURN_BYTES="180000")
     assert rc == 0 and len(calls) == 2, output
     assert (out / "kda_stage.pt").stat().st_size == 100008 and not list(out.glob("gdn_stage*"))
     assert "gdn: stage not returned" in output and 'RETURN_ONLY=1 VARIANTS="gdn ...' in output
-    rc, output, calls = _train_call(tmp_path, root, VARIANTS="gdn gdn", RETURN_ONLY="1")
+    rc, output, calls = _train_call(tmp_path, VARIANTS="gdn gdn", RETURN_ONLY="1")
     assert rc == 0 and calls == [], output                                  # no training, only the return
     assert (out / "gdn_stage.pt").read_bytes() == b"T[fresh]" + bytes(100000)
-    rc, output, calls = _train_call(tmp_path, root, VARIANTS="gdn gdn", RETURN_ONLY="1", RETURN_BYTES="1000")
+    rc, output, calls = _train_call(tmp_path, VARIANTS="gdn gdn", RETURN_ONLY="1", RETURN_BYTES="1000")
     assert rc == 4 and "gdn: stage not returned" in output, output          # a stage not brought back is an error
 
 
 def test_training_resume_with_no_stage_anywhere_stops_before_training(tmp_path):
-    rc, output, calls = _train_call(tmp_path, tmp_path / "root", RESUME="1")
+    rc, output, calls = _train_call(tmp_path, RESUME="1")
     assert rc == 2 and calls == [] and "nor kept here" in output
