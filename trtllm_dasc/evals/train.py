@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from trtllm_dasc.evals.curriculum import LengthCurriculum
+from trtllm_dasc.evals.prefetch import BatchPrefetcher
 from trtllm_dasc.plan.synthetic import synthetic_decay
 from trtllm_dasc.plan.synthetic import decay_tensors
 from trtllm_dasc.evals.mixture import TrainingMixture
@@ -45,6 +46,10 @@ from trtllm_dasc.evals.train_kernels import choose_gdn_recurrence
 
 DEFAULT_LR = 2e-3                       # TrainConfig.lr and the CLI's --lr
 MAX_SKIPPED_IN_A_ROW = 20               # non-finite gradients in a row before a run gives up
+# lr warm-up steps after a resume with fresh Adam moments (a compact stage): the weights are trained, and
+# beta2 = 0.95 makes the second moments settle within ~20 steps; a full warm-up again cost about a fifth
+# of every resumed 8-minute device call (session 27: 200 of ~1000 steps at a reduced lr)
+RESUME_WARMUP_STEPS = 25
 
 
 @dataclass(slots=True)
@@ -263,7 +268,7 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     # frozen decay tensors stay out of the optimizer: AdamW's weight decay would move them even without a gradient
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=0.01)
-    step, curve, warm_from, runs = 0, [], 0, []
+    step, curve, warm_from, warmup, runs = 0, [], 0, cfg.warmup_steps, []
     if state is not None:
         model.load_state_dict(state["model"])
         step, curve, runs = state["step"], state["curve"], list(state.get("runs", []))
@@ -279,54 +284,61 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
         if "opt" in state and frozen_before == cfg.freeze_decay:
             opt.load_state_dict(state["opt"])
         else:                           # a compact stage (weights only, or other parameter groups): fresh
-            warm_from = step            # moments, warm the lr up again
+            warm_from = step            # moments, warm the lr up again, briefly
+            warmup = min(cfg.warmup_steps, RESUME_WARMUP_STEPS)
     first_step, skipped, per_task = step, 0, TaskLosses()
     rng = np.random.default_rng([cfg.seed, step])
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
     model.train()
-    while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps) and not stop.is_set():
-        length = curriculum.length(rng)
-        batch = max(1, cfg.tokens_per_step // length)
-        tokens, mask, row_tasks = mixture.batch(batch, length, rng, with_tasks=True)
-        tokens = torch.as_tensor(tokens, device=device)
-        mask = torch.as_tensor(mask, device=device)
-        lr = cfg.lr * min(1.0, (step - warm_from + 1) / cfg.warmup_steps)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        with amp:
-            loss, answer_loss, accuracy, row_loss = loss_fn(model, tokens, mask, cfg.all_token_weight,
-                                                            with_accuracy=True)
-        if not math.isfinite(float(loss.detach())):
-            # before the update: the weights (and a stage written now) are still the last good ones
-            log(f"[train] the loss became {float(loss.detach())} at step {step + 1}; stopping with step {step}'s weights")
-            break
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if not math.isfinite(float(grad_norm)):
-            # a non-finite gradient would turn every weight into NaN through Adam (it did once, at step 1613 of
-            # a KDA run whose loss was still finite): skip the update, keep the weights
-            skipped += 1
-            log(f"[train] step {step + 1}: gradient norm {float(grad_norm)}, update skipped ({skipped} in a row)")
-            if skipped >= MAX_SKIPPED_IN_A_ROW:
-                log(f"[train] {skipped} updates in a row skipped: stopping with the last good weights")
+    # the next batch is built in a worker process while this step runs on the GPU (evals/prefetch.py); on
+    # the CPU in this process, where the step itself is the CPU
+    first_length = curriculum.length(rng)
+    with BatchPrefetcher(mixture, (cfg.seed, step), background=on_gpu) as prefetch:
+        prefetch.submit(max(1, cfg.tokens_per_step // first_length), first_length)
+        while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps) and not stop.is_set():
+            tokens, mask, row_tasks, length = prefetch.take()
+            batch = len(tokens)
+            next_length = curriculum.length(rng)
+            prefetch.submit(max(1, cfg.tokens_per_step // next_length), next_length)
+            tokens = torch.as_tensor(tokens, device=device)
+            mask = torch.as_tensor(mask, device=device)
+            lr = cfg.lr * min(1.0, (step - warm_from + 1) / warmup)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            with amp:
+                loss, answer_loss, accuracy, row_loss = loss_fn(model, tokens, mask, cfg.all_token_weight,
+                                                                with_accuracy=True)
+            if not math.isfinite(float(loss.detach())):
+                # before the update: the weights (and a stage written now) are still the last good ones
+                log(f"[train] the loss became {float(loss.detach())} at step {step + 1}; stopping with step {step}'s weights")
                 break
             opt.zero_grad(set_to_none=True)
-            continue
-        opt.step()
-        skipped = 0
-        step += 1
-        curve.append([step, length, round(float(answer_loss.detach()), 4), round(float(accuracy), 3)])
-        per_task.add(row_tasks, row_loss.tolist())
-        moved = curriculum.update(float(answer_loss.detach()))
-        if moved:
-            log(f"[train] step {step} {moved}")
-        if step % 50 == 0 or step == 1:
-            ema = "" if curriculum.ema is None else f" (EMA {curriculum.ema:.3f})"
-            log(f"[train] step {step} len {length} x{batch} answer loss {float(answer_loss.detach()):.3f}{ema} "
-                f"answer tokens right {float(accuracy):.1%} ({time.time() - t0:.0f} s)")
-        if step % 200 == 0:
-            log(f"[train] step {step} answer loss by task (last {per_task.window} rows each): {per_task.summary()}")
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if not math.isfinite(float(grad_norm)):
+                # a non-finite gradient would turn every weight into NaN through Adam (it did once, at step 1613 of
+                # a KDA run whose loss was still finite): skip the update, keep the weights
+                skipped += 1
+                log(f"[train] step {step + 1}: gradient norm {float(grad_norm)}, update skipped ({skipped} in a row)")
+                if skipped >= MAX_SKIPPED_IN_A_ROW:
+                    log(f"[train] {skipped} updates in a row skipped: stopping with the last good weights")
+                    break
+                opt.zero_grad(set_to_none=True)
+                continue
+            opt.step()
+            skipped = 0
+            step += 1
+            curve.append([step, length, round(float(answer_loss.detach()), 4), round(float(accuracy), 3)])
+            per_task.add(row_tasks, row_loss.tolist())
+            moved = curriculum.update(float(answer_loss.detach()))
+            if moved:
+                log(f"[train] step {step} {moved}")
+            if step % 50 == 0 or step == first_step + 1:     # and the first step of every run
+                ema = "" if curriculum.ema is None else f" (EMA {curriculum.ema:.3f})"
+                log(f"[train] step {step} len {length} x{batch} answer loss {float(answer_loss.detach()):.3f}{ema} "
+                    f"answer tokens right {float(accuracy):.1%} lr {lr:.3g} ({time.time() - t0:.0f} s)")
+            if step % 200 == 0:
+                log(f"[train] step {step} answer loss by task (last {per_task.window} rows each): {per_task.summary()}")
     if stop.is_set():
         log(f"[train] SIGTERM at step {step}: saving")
     model.eval()
