@@ -66,3 +66,30 @@ def test_a_resume_with_fresh_moments_warms_the_lr_up_in_25_steps(tmp_path):
         return float(re.search(r" lr ([0-9.e-]+) ", next(m for m in logs if "answer tokens right" in m)).group(1))
     assert first_lr(fresh) == pytest.approx(1e-3 / 200, rel=1e-2)
     assert first_lr(resumed) == pytest.approx(1e-3 / 25, rel=1e-2)
+
+
+def test_a_non_finite_loss_stops_the_run_with_the_last_good_weights(tmp_path, monkeypatch):
+    """The loss is read back once a step, after the backward is queued; a non-finite one must still stop the
+    run before the update: the stage then holds exactly the weights of a run that stopped one step earlier
+    (the same seeds give the same first batch; both runs on this CPU in this process)."""
+    import torch
+
+    from trtllm_dasc.evals import train as T
+    tiny = dict(vocab_size=256, hidden_size=32, groups=1, heads=2, head_dim=16, intermediate_size=64,
+                min_length=256, max_length=384, tokens_per_step=768, warmup_steps=1)
+    cfg = T.TrainConfig(arch="kda", **tiny)
+    T.train(cfg, str(tmp_path / "a"), minutes=2, device="cpu", max_steps=1, stage=str(tmp_path / "sa"),
+            log=lambda m: None)
+    real_loss_fn, calls, logs = T.loss_fn, [], []
+
+    def nan_on_the_second_step(*args, **kwargs):
+        calls.append(1)
+        loss, *rest = real_loss_fn(*args, **kwargs)
+        return (loss * float("nan") if len(calls) == 2 else loss, *rest)
+    monkeypatch.setattr(T, "loss_fn", nan_on_the_second_step)
+    meta = T.train(cfg, str(tmp_path / "b"), minutes=2, device="cpu", max_steps=3, stage=str(tmp_path / "sb"),
+                   log=logs.append)
+    assert meta["steps"] == 1 and len(calls) == 2 and any("the loss became nan" in m for m in logs)
+    good = torch.load(tmp_path / "sa" / "train_state.pt")["model"]
+    kept = torch.load(tmp_path / "sb" / "train_state.pt")["model"]
+    assert good.keys() == kept.keys() and all(torch.equal(good[k], kept[k]) for k in good)

@@ -308,18 +308,25 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             with amp:
                 loss, answer_loss, accuracy, row_loss = loss_fn(model, tokens, mask, cfg.all_token_weight,
                                                                 with_accuracy=True)
-            if not math.isfinite(float(loss.detach())):
-                # before the update: the weights (and a stage written now) are still the last good ones
-                log(f"[train] the loss became {float(loss.detach())} at step {step + 1}; stopping with step {step}'s weights")
-                break
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            if not math.isfinite(float(grad_norm)):
+            # one host sync a step, once forward, backward and the clip are all queued: a read-back between
+            # forward and backward would leave the GPU idle while the CPU queues the backward (the small models
+            # here are launch-bound)
+            values = torch.cat([torch.stack([x.detach().float().reshape(()).to(loss.device)
+                                             for x in (loss, grad_norm, answer_loss, accuracy)]),
+                                row_loss.detach().float()]).tolist()
+            (loss_value, grad_value, answer_value, accuracy_value), row_losses = values[:4], values[4:]
+            if not math.isfinite(loss_value):
+                # before the update: the weights (and a stage written now) are still the last good ones
+                log(f"[train] the loss became {loss_value} at step {step + 1}; stopping with step {step}'s weights")
+                break
+            if not math.isfinite(grad_value):
                 # a non-finite gradient would turn every weight into NaN through Adam (it did once, at step 1613 of
                 # a KDA run whose loss was still finite): skip the update, keep the weights
                 skipped += 1
-                log(f"[train] step {step + 1}: gradient norm {float(grad_norm)}, update skipped ({skipped} in a row)")
+                log(f"[train] step {step + 1}: gradient norm {grad_value}, update skipped ({skipped} in a row)")
                 if skipped >= MAX_SKIPPED_IN_A_ROW:
                     log(f"[train] {skipped} updates in a row skipped: stopping with the last good weights")
                     break
@@ -328,15 +335,15 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             opt.step()
             skipped = 0
             step += 1
-            curve.append([step, length, round(float(answer_loss.detach()), 4), round(float(accuracy), 3)])
-            per_task.add(row_tasks, row_loss.tolist())
-            moved = curriculum.update(float(answer_loss.detach()))
+            curve.append([step, length, round(answer_value, 4), round(accuracy_value, 3)])
+            per_task.add(row_tasks, row_losses)
+            moved = curriculum.update(answer_value)
             if moved:
                 log(f"[train] step {step} {moved}")
             if step % 50 == 0 or step == first_step + 1:     # and the first step of every run
                 ema = "" if curriculum.ema is None else f" (EMA {curriculum.ema:.3f})"
-                log(f"[train] step {step} len {length} x{batch} answer loss {float(answer_loss.detach()):.3f}{ema} "
-                    f"answer tokens right {float(accuracy):.1%} lr {lr:.3g} ({time.time() - t0:.0f} s)")
+                log(f"[train] step {step} len {length} x{batch} answer loss {answer_value:.3f}{ema} "
+                    f"answer tokens right {accuracy_value:.1%} lr {lr:.3g} ({time.time() - t0:.0f} s)")
             if step % 200 == 0:
                 log(f"[train] step {step} answer loss by task (last {per_task.window} rows each): {per_task.summary()}")
     if stop.is_set():
