@@ -93,3 +93,33 @@ def test_a_non_finite_loss_stops_the_run_with_the_last_good_weights(tmp_path, mo
     good = torch.load(tmp_path / "sa" / "train_state.pt")["model"]
     kept = torch.load(tmp_path / "sb" / "train_state.pt")["model"]
     assert good.keys() == kept.keys() and all(torch.equal(good[k], kept[k]) for k in good)
+
+
+def test_the_worker_outlives_sigterm_and_a_dead_worker_costs_no_batch():
+    """A device command's timeout sends SIGTERM to the whole process group: the worker must ignore it (the
+    training process stops and saves on it). A worker that dies anyway (SIGKILL) must not end the run: the
+    batch is built in the training process instead, and it is the same batch."""
+    import os
+    import signal
+    import time
+
+    with BatchPrefetcher(MIXTURE, (5, 0), background=True) as prefetch:
+        prefetch.submit(2, 256)
+        first = prefetch.take()                          # the worker is up
+        (worker,) = list(prefetch._pool._processes)
+        os.kill(worker, signal.SIGTERM)
+        time.sleep(0.5)
+        prefetch.submit(2, 320)
+        second = prefetch.take()
+        assert prefetch._pool is not None and list(prefetch._pool._processes) == [worker], "SIGTERM killed it"
+        os.kill(worker, signal.SIGSTOP)                 # so it cannot have built the next batch when it dies
+        prefetch.submit(3, 384)
+        os.kill(worker, signal.SIGKILL)
+        third = prefetch.take()
+        assert prefetch._pool is None
+        prefetch.submit(1, 256)                          # and on, in this process
+        fourth = prefetch.take()
+    for i, (got, (batch, length)) in enumerate(zip((first, second, third, fourth),
+                                                   ((2, 256), (2, 320), (3, 384), (1, 256)))):
+        want = MIXTURE.batch(batch, length, np.random.default_rng([5, 0, i]))[0]
+        assert np.array_equal(got[0], want), i
