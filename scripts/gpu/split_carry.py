@@ -63,7 +63,6 @@ def split_into_folders(files: list[str], first_bytes: int, rest_bytes: int, pref
         folder = f"{prefix}{k}"
         if os.path.exists(folder) and os.listdir(folder):
             raise ValueError(f"{folder} exists and is not empty: a stale part would be joined into the stage")
-    used = dict.fromkeys(folders, 0)
     suffixes = [_suffixes() for _ in files]
     for k, index, offset, length in parts:
         folder = f"{prefix}{k}"
@@ -72,8 +71,7 @@ def split_into_folders(files: list[str], first_bytes: int, rest_bytes: int, pref
                 open(os.path.join(folder, f"{names[index]}.part-{next(suffixes[index])}"), "wb") as dst:
             src.seek(offset)
             dst.write(src.read(length))
-        used[k] += length
-    return [(f"{prefix}{k}", used[k]) for k in folders]
+    return [(f"{prefix}{k}", sum(p[3] for p in parts if p[0] == k)) for k in folders]
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,9 @@ from trtllm_dasc.evals.prefetch import BatchPrefetcher
 from trtllm_dasc.evals.vocab import TaskVocab
 
 MIXTURE = TrainingMixture(vocab=TaskVocab(256), min_length=256, max_length=384, seed=3)
+# a model small enough for a few CPU steps a test
+TINY = dict(vocab_size=256, hidden_size=32, groups=1, heads=2, head_dim=16, intermediate_size=64, min_length=256,
+            max_length=384, tokens_per_step=768)
 
 
 @pytest.mark.parametrize("background", [True, False])
@@ -53,9 +56,7 @@ def test_a_resume_with_fresh_moments_warms_the_lr_up_in_25_steps(tmp_path):
     """A compact stage has no Adam moments: the resumed run warms the lr up again, over 25 steps (not the
     config's 200), so the first resumed step runs at lr / 25 and a fresh run's first at lr / 200."""
     from trtllm_dasc.evals.train import TrainConfig, train
-    tiny = dict(vocab_size=256, hidden_size=32, groups=1, heads=2, head_dim=16, intermediate_size=64,
-                min_length=256, max_length=384, tokens_per_step=768)
-    cfg = TrainConfig(arch="kda", **tiny, lr=1e-3, warmup_steps=200)
+    cfg = TrainConfig(arch="kda", **TINY, lr=1e-3, warmup_steps=200)
     fresh, resumed = [], []
     train(cfg, str(tmp_path / "a"), minutes=2, device="cpu", max_steps=1, stage=str(tmp_path / "s"),
           log=fresh.append)
@@ -75,9 +76,7 @@ def test_a_non_finite_loss_stops_the_run_with_the_last_good_weights(tmp_path, mo
     import torch
 
     from trtllm_dasc.evals import train as T
-    tiny = dict(vocab_size=256, hidden_size=32, groups=1, heads=2, head_dim=16, intermediate_size=64,
-                min_length=256, max_length=384, tokens_per_step=768, warmup_steps=1)
-    cfg = T.TrainConfig(arch="kda", **tiny)
+    cfg = T.TrainConfig(arch="kda", **TINY, warmup_steps=1)
     T.train(cfg, str(tmp_path / "a"), minutes=2, device="cpu", max_steps=1, stage=str(tmp_path / "sa"),
             log=lambda m: None)
     real_loss_fn, calls, logs = T.loss_fn, [], []

@@ -292,14 +292,16 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     model.train()
     # the next batch is built in a worker process while this step runs on the GPU (evals/prefetch.py); on
     # the CPU in this process, where the step itself is the CPU
-    first_length = curriculum.length(rng)
     with BatchPrefetcher(mixture, (cfg.seed, step), background=on_gpu) as prefetch:
-        prefetch.submit(max(1, cfg.tokens_per_step // first_length), first_length)
+
+        def submit_next():
+            length = curriculum.length(rng)
+            prefetch.submit(max(1, cfg.tokens_per_step // length), length)
+        submit_next()
         while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps) and not stop.is_set():
             tokens, mask, row_tasks, length = prefetch.take()
             batch = len(tokens)
-            next_length = curriculum.length(rng)
-            prefetch.submit(max(1, cfg.tokens_per_step // next_length), next_length)
+            submit_next()
             tokens = torch.as_tensor(tokens, device=device)
             mask = torch.as_tensor(mask, device=device)
             lr = cfg.lr * min(1.0, (step - warm_from + 1) / warmup)
