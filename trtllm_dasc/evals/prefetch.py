@@ -1,9 +1,10 @@
 """The next training batch, built in a child process while the GPU trains on the current one.
 
-Building a batch of the RULER-like tasks is Python and numpy work: 40-100 ms for 65,536 tokens on the
-project's 2-core CPU machine (12-06), against roughly 250 ms of GPU time per step when two models share one
-card (session 27: about 2 steps/s each). Built inside the training loop, that time is GPU idle time on every
-step. One worker process builds batch n+1 while step n runs.
+Building a batch of the RULER-like tasks is Python and numpy work: tens of milliseconds for 65,536 tokens
+(`python -m benchmarks batch_build`, benchmarks/results/batch_build.json), against a few hundred milliseconds
+of GPU time per step (session 27's training logs, on the branch quality-stages: about 2 steps/s per model, two
+models sharing one card). Built inside the training loop, that time is GPU idle time on every step.
+One worker process builds batch n+1 while step n runs.
 
 Each batch's rows come from a generator of its own, seeded by (run seed, first step of this run, draw
 index), so a batch is the same whichever process builds it and the training stream does not depend on
