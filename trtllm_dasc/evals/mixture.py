@@ -9,6 +9,7 @@ the usual shift (logits at t - 1 predict tokens[t]) the loss counts where ``loss
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +34,7 @@ def encode(instance: Instance) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class TrainingMixture:
-    """Uniform mixture of ``tasks``; each example's total length (BOS to EOS) is drawn uniformly from
+    """Mixture of ``tasks`` (uniform, or weighted per batch: ``batch(task_weights=...)``); each example's total length (BOS to EOS) is drawn uniformly from
     [min_length, max_length]. Instances come from training seeds only (>= TRAIN_SEED_BASE); ``seed``
     seeds the generator used when a call passes no ``rng``."""
     vocab: TaskVocab = field(default_factory=TaskVocab)
@@ -64,12 +65,17 @@ class TrainingMixture:
         """The fewest tokens (BOS to EOS) an example of every task of the mixture can have."""
         return max(MIN_LENGTH[t] + ANSWER_LENGTH[t] + FRAME_TOKENS for t in self.tasks)
 
-    def draw(self, rng: np.random.Generator | None = None, total_length: int | None = None) -> Instance:
-        """One training instance whose encoded example holds ``total_length`` tokens (drawn if None)."""
+    def draw(self, rng: np.random.Generator | None = None, total_length: int | None = None,
+             task_weights: Sequence[float] | None = None) -> Instance:
+        """One training instance whose encoded example holds ``total_length`` tokens (drawn if None); its
+        task is drawn uniformly, or with the probabilities ``task_weights`` (one per task of the mixture)."""
         rng = self._rng if rng is None else rng
         if total_length is None:
             total_length = int(rng.integers(self.min_length, self.max_length + 1))
-        task = self.tasks[int(rng.integers(len(self.tasks)))]
+        if task_weights is None:
+            task = self.tasks[int(rng.integers(len(self.tasks)))]
+        else:
+            task = self.tasks[int(rng.choice(len(self.tasks), p=self._check_weights(task_weights)))]
         seed = int(rng.integers(TRAIN_SEED_BASE, TRAIN_SEED_END))
         return make(task, total_length - ANSWER_LENGTH[task] - FRAME_TOKENS, seed, self.vocab)
 
@@ -77,13 +83,21 @@ class TrainingMixture:
         """(tokens int64, loss_mask bool) of one example, its length drawn in [min_length, max_length]."""
         return encode(self.draw(rng))
 
+    def _check_weights(self, task_weights: Sequence[float]) -> np.ndarray:
+        p = np.asarray(task_weights, dtype=np.float64)
+        if p.shape != (len(self.tasks),) or not np.all(np.isfinite(p)) or np.any(p < 0) or p.sum() <= 0:
+            raise UserError(f"task_weights must be {len(self.tasks)} finite non-negative numbers with a positive "
+                            f"sum (one per task: {', '.join(self.tasks)}), got {list(task_weights)}")
+        return p / p.sum()
+
     def batch(self, batch_size: int, length: int, rng: np.random.Generator | None = None,
-              with_tasks: bool = False) -> tuple[np.ndarray, ...]:
+              with_tasks: bool = False, task_weights: Sequence[float] | None = None) -> tuple[np.ndarray, ...]:
         """[batch_size, length] tokens and loss mask; each row's example length is drawn in
         [min_length, max_length] clipped to ``length``, and the row right-padded with PAD (mask False
         there). A ``length`` below min_length (a curriculum's short start) gives rows of exactly
         ``length`` tokens, as long as every task of the mixture fits. with_tasks: a third element, each
-        row's task name (for per-task training losses)."""
+        row's task name (for per-task training losses). task_weights: each row's task drawn with these
+        probabilities (``task_weights_from_losses``) instead of uniformly."""
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
         if length < self.shortest_example:
@@ -96,8 +110,23 @@ class TrainingMixture:
         shortest = min(self.min_length, longest)
         tasks = []
         for row in range(batch_size):
-            instance = self.draw(rng, int(rng.integers(shortest, longest + 1)))
+            instance = self.draw(rng, int(rng.integers(shortest, longest + 1)), task_weights)
             t, m = encode(instance)
             tokens[row, :len(t)], mask[row, :len(m)] = t, m
             tasks.append(instance.task)
         return (tokens, mask, tasks) if with_tasks else (tokens, mask)
+
+
+def task_weights_from_losses(tasks: Sequence[str], losses: Mapping[str, float], uniform_share: float = 0.5) -> tuple[float, ...]:
+    """Task probabilities for the next batch: ``uniform_share`` of the rows spread evenly over the tasks,
+    the rest in proportion to each task's recent answer loss (a task with no loss yet counts as the
+    largest). Why: drawn uniformly, the tasks a model has learned (the needles, loss near 0) take most of
+    the steps while the unlearned ones (qa, cwe at chance after 4,000 steps, session 29) get a thirteenth
+    each; the uniform share keeps the learned ones rehearsed."""
+    if not 0.0 <= uniform_share <= 1.0:
+        raise UserError(f"uniform_share must be in [0, 1], got {uniform_share}")
+    known = [max(0.0, float(losses[t])) for t in tasks if t in losses]
+    top = max(known, default=1.0)
+    raw = np.array([max(0.0, float(losses[t])) if t in losses else top for t in tasks])
+    by_loss = raw / raw.sum() if raw.sum() > 0 else np.full(len(tasks), 1.0 / len(tasks))
+    return tuple(float(x) for x in uniform_share / len(tasks) + (1.0 - uniform_share) * by_loss)

@@ -8,7 +8,8 @@ One worker process builds batch n+1 while step n runs.
 
 Each batch's rows come from a generator of its own, seeded by (run seed, first step of this run, draw
 index), so a batch is the same whichever process builds it and the training stream does not depend on
-timing. The length of batch n+1 is chosen before step n's loss is known: at a curriculum stage change the
+timing. The length of batch n+1 (and its task weights, which follow the per-task losses) is chosen
+before step n's loss is known: at a curriculum stage change the
 first batch of the new stage still has the old length. The worker ignores SIGTERM (the training process
 stops and saves on it), and if it dies anyway the run builds its batches itself: the same batches.
 """
@@ -33,15 +34,16 @@ def _ignore_stop_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def build_batch(mixture: TrainingMixture, batch_size: int, length: int, seed_words: tuple[int, ...]):
+def build_batch(mixture: TrainingMixture, batch_size: int, length: int, seed_words: tuple[int, ...],
+                task_weights: tuple[float, ...] | None = None):
     """(tokens, mask, row tasks, length) of one batch, from its own generator."""
     tokens, mask, tasks = mixture.batch(batch_size, length, np.random.default_rng(list(seed_words)),
-                                        with_tasks=True)
+                                        with_tasks=True, task_weights=task_weights)
     return tokens, mask, tasks, length
 
 
 class BatchPrefetcher:
-    """submit(batch_size, length) starts the next batch; take() waits for it. background=False builds it
+    """submit(batch_size, length[, task_weights]) starts the next batch; take() waits for it. background=False builds it
     in this process at submit time (the same batches; used on the CPU, where the step itself is the CPU)."""
 
     def __init__(self, mixture: TrainingMixture, seed_words: tuple[int, ...], background: bool = True):
@@ -52,10 +54,10 @@ class BatchPrefetcher:
                                           initializer=_ignore_stop_signals) if background else None)
         self._args = None
 
-    def submit(self, batch_size: int, length: int) -> None:
+    def submit(self, batch_size: int, length: int, task_weights: tuple[float, ...] | None = None) -> None:
         if self._pending is not None:
             raise RuntimeError("BatchPrefetcher.submit: the previous batch was not taken")
-        args = self._args = (self.mixture, batch_size, length, (*self.seed_words, self.draws))
+        args = self._args = (self.mixture, batch_size, length, (*self.seed_words, self.draws), task_weights)
         self.draws += 1
         if self._pool is not None:
             try:
