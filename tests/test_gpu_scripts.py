@@ -337,6 +337,7 @@ def _train_call(tmp_path, carry: dict[str, str] | None = None, **env) -> tuple[i
     # python3 -c: the import check passes; any other (the joined stage's zip check) runs in the real interpreter
     _stub(bin_ / "python3", f"""if [ "$1" = -c ]; then case "$2" in *transformers*) echo versions; exit 0;; esac
   exec {sys.executable} "$@"; fi
+[ "$2" = benchmarks ] && echo "$*" >> {log}
 if [ "$2" = trtllm_dasc.evals.train ]; then
   echo "$*" >> {log}
   stage=$(echo "$*" | sed 's/.*--stage \\([^ ]*\\).*/\\1/'); mkdir -p "$stage"
@@ -451,3 +452,10 @@ def test_a_stage_past_the_calls_return_limit_stays_kept_and_the_next_call_brings
 def test_training_resume_with_no_stage_anywhere_stops_before_training(tmp_path):
     rc, output, calls = _train_call(tmp_path, RESUME="1")
     assert rc == 2 and calls == [] and "nor kept here" in output
+
+
+def test_bench_only_runs_the_step_benchmark_and_trains_nothing(tmp_path):
+    rc, output, calls = _train_call(tmp_path, BENCH_ONLY="1", COMMIT="abc1234", BENCH_ARGS="--steps 3")
+    out = tmp_path / "out"
+    assert rc == 0 and calls == [f"-m benchmarks train_step --commit abc1234 --out {out}/train_step.json --steps 3"], output
+    assert not (tmp_path / "w" / "train_logs").exists()          # returned before the training's setup

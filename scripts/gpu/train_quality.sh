@@ -79,6 +79,14 @@ if [ "${RETURN_ONLY:-0}" = 1 ]; then
 fi
 SHAPED_MODEL=0 source scripts/gpu/prelude.sh          # wheels, PYTHONPATH, the kernel cache in $CACHE
 export PYTHONUNBUFFERED=1
+# BENCH_ONLY=1: no training, the step benchmark instead (benchmarks/train_step.py: the short convolution by
+# transformers' torch fallback vs fla's kernel, both models, a profile of each): a call of its own on the warm
+# machine, e.g. the one that carries .kernel_cache_train; COMMIT names the clean commit it runs (BENCH_ARGS more flags)
+if [ "${BENCH_ONLY:-0}" = 1 ]; then
+  timeout "${BENCH_LIMIT:-420}" python3 -m benchmarks train_step ${COMMIT:+--commit "$COMMIT"} \
+    --out "$OUT/train_step.json" ${BENCH_ARGS:-}
+  exit $?
+fi
 # a warm machine keeps /tmp: never return (or resume from) an earlier call's models
 W=${TRAIN_TMP:-/tmp}   # this call's models, stages and logs (a test points it elsewhere)
 rm -rf $W/models $W/stage $W/quick_* $W/train_logs

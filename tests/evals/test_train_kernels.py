@@ -50,3 +50,77 @@ def test_a_bf16_run_is_compared_with_fp32_on_the_same_rounded_inputs():
         return ref(**x)
     err = max_relative_error(in_bf16, ref, "cpu", head_dim=16, length=80, dtype=torch.bfloat16)
     assert 0 < err < 5e-2
+
+
+# --- the short convolution (choose_conv) ---------------------------------------------------------------
+
+def _fla_signature_conv(shift: int = 0):
+    """A stand-in with fla's causal_conv1d signature (x [B, T, C], weight [C, K]) written as the sum its
+    docstring defines, y[t] = silu(sum_k w[:, k] x[t - K + 1 + k]), token by token: independent of the
+    F.conv1d the torch fallback uses. ``shift`` > 0 reads that many tokens too early (a wrong kernel)."""
+    def conv(x, weight, bias=None, activation=None, **_):
+        k = weight.shape[1]
+        padded = torch.nn.functional.pad(x, (0, 0, k - 1 + shift, 0))
+        y = sum(weight[:, j] * padded[:, j:j + x.shape[1]] for j in range(k))
+        return torch.nn.functional.silu(y), None
+    return conv
+
+
+def test_the_conv_adapter_equals_transformers_torch_convolution():
+    from trtllm_dasc.evals.train_kernels import conv_max_relative_error, conv_through_fla
+    for module in (kimi, qwen):
+        err = conv_max_relative_error(conv_through_fla(_fla_signature_conv()), _torch(module.causal_conv1d_fn),
+                                      "cpu", channels=24, length=50)
+        assert err < 1e-5
+
+
+def test_the_conv_check_catches_a_shifted_kernel():
+    from trtllm_dasc.evals.train_kernels import conv_max_relative_error, conv_through_fla
+    err = conv_max_relative_error(conv_through_fla(_fla_signature_conv(shift=1)), _torch(kimi.causal_conv1d_fn),
+                                  "cpu", channels=24, length=50)
+    assert err > 1e-2
+
+
+def test_on_cpu_the_torch_convolution_trains():
+    from trtllm_dasc.evals.train_kernels import choose_conv
+    before = (kimi.causal_conv1d_fn, qwen.causal_conv1d_fn)
+    assert choose_conv("cpu", log=lambda m: None) == "torch"
+    assert (kimi.causal_conv1d_fn, qwen.causal_conv1d_fn) == before
+
+
+@pytest.mark.parametrize("arch", ["kda", "gdn"])
+def test_conv_channels_is_the_models_conv_width(arch):
+    from trtllm_dasc.evals.train import TrainConfig, build_model, conv_channels
+    cfg = TrainConfig(arch=arch, vocab_size=256, hidden_size=32, groups=1, heads=2, head_dim=16,
+                      intermediate_size=64)
+    widths = {m.conv1d.weight.shape[0] for m in build_model(cfg).modules() if hasattr(m, "conv1d")}
+    assert widths == {conv_channels(cfg)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's causal_conv1d is a CUDA (Triton) kernel: needs a GPU")
+@pytest.mark.parametrize("arch", ["kda", "gdn"])
+def test_on_a_gpu_fla_convolution_trains_the_same_model(arch):
+    """The patched model's loss and gradients against the same model through transformers' fallback, in
+    fp32 (the check inside choose_conv runs bf16, as training does)."""
+    pytest.importorskip("fla")
+    from trtllm_dasc.evals.train import TrainConfig, build_model, conv_channels, loss_fn
+    from trtllm_dasc.evals.train_kernels import choose_conv
+    cfg = TrainConfig(arch=arch, vocab_size=256, hidden_size=64, groups=1, heads=2, head_dim=32,
+                      intermediate_size=64)
+    tokens = torch.randint(1, 256, (2, 128), generator=torch.Generator().manual_seed(0)).cuda()
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, -8:] = True
+    grads = []
+    try:
+        for mode in ("torch", "auto"):
+            assert choose_conv("cuda", log=lambda m: None, channels=conv_channels(cfg), mode=mode) == \
+                ("fla" if mode == "auto" else "torch")
+            model = build_model(cfg).cuda()
+            loss, _ = loss_fn(model, tokens, mask, 0.1)
+            loss.backward()
+            grads.append([loss.detach()] + [p.grad.detach().clone() for p in model.parameters() if p.grad is not None])
+    finally:
+        choose_conv("cpu", log=lambda m: None)
+    assert len(grads[0]) == len(grads[1])
+    for a, b in zip(*grads):
+        assert float((a - b).norm() / b.norm().clamp_min(1e-12)) < 1e-3

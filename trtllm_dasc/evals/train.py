@@ -44,7 +44,7 @@ from trtllm_dasc.plan.synthetic import synthetic_decay
 from trtllm_dasc.plan.synthetic import decay_tensors
 from trtllm_dasc.evals.mixture import TrainingMixture, task_weights_from_losses
 from trtllm_dasc.evals.vocab import TaskVocab
-from trtllm_dasc.evals.train_kernels import choose_gdn_recurrence
+from trtllm_dasc.evals.train_kernels import choose_conv, choose_gdn_recurrence
 
 DEFAULT_LR = 2e-3                       # TrainConfig.lr and the CLI's --lr
 MAX_SKIPPED_IN_A_ROW = 20               # non-finite gradients in a row before a run gives up
@@ -94,6 +94,10 @@ class TrainConfig:
     # how each row's task is drawn: "uniform", or "loss": half the rows uniform, half in proportion to each
     # task's recent answer loss (mixture.task_weights_from_losses), so unlearned tasks get the steps
     task_sampling: str = "uniform"
+    # the linear-attention layers' short convolution on a GPU: "auto" runs fla's Triton causal_conv1d where
+    # it passes its check against transformers' torch fallback (evals/train_kernels.py), "torch" keeps the
+    # fallback (a depthwise F.conv1d). The CPU always runs the fallback
+    conv: str = "auto"
     seed: int = 0
 
     def check(self) -> None:
@@ -109,6 +113,8 @@ class TrainConfig:
             raise ValueError(f"--answer-weighting must be token or row, got {self.answer_weighting!r}")
         if self.task_sampling not in ("uniform", "loss"):
             raise ValueError(f"--task-sampling must be uniform or loss, got {self.task_sampling!r}")
+        if self.conv not in ("auto", "torch"):
+            raise ValueError(f"--conv must be auto or torch, got {self.conv!r}")
 
 
 # what a stage's weights fix: a --resume takes these from the stage, not from its own flags
@@ -151,6 +157,13 @@ def model_config(cfg: TrainConfig):
                            linear_value_head_dim=cfg.head_dim, linear_conv_kernel_dim=4,
                            mlp_only_layers=list(range(len(layer_types))), moe_intermediate_size=cfg.intermediate_size,
                            shared_expert_intermediate_size=cfg.intermediate_size, num_experts=1, num_experts_per_tok=1)
+
+
+def conv_channels(cfg: TrainConfig) -> int:
+    """The width of a linear-attention layer's short convolution (q, k and v side by side)."""
+    if cfg.arch == "kda":
+        return 3 * cfg.heads * cfg.head_dim
+    return 2 * (cfg.heads // 2) * cfg.head_dim + cfg.heads * cfg.head_dim
 
 
 def build_model(cfg: TrainConfig):
@@ -294,6 +307,7 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     on_gpu = device.startswith("cuda")
     recurrence = (choose_gdn_recurrence(device, log, heads=(cfg.heads // 2, cfg.heads), head_dim=cfg.head_dim)
                   if cfg.arch == "gdn" else "fla" if on_gpu else "torch")
+    conv = choose_conv(device, log, channels=conv_channels(cfg), mode=cfg.conv)
     model = build_model(cfg).to(device)
     # frozen decay tensors stay out of the optimizer: AdamW's weight decay would move them even without a gradient
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
@@ -394,7 +408,7 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     # every call that trained these weights: its command, steps and wall time (train_meta.json says how they
     # were made across resumed device calls)
     runs.append({"command": command, "device": device,
-                 "recurrence": recurrence, "steps": [first_step, step],
+                 "recurrence": recurrence, "conv": conv, "steps": [first_step, step],
                  "seconds": round(time.time() - t0, 1)})
     if stage:
         # compact: fp32 weights only (a device call returns files of at most 16 MiB; Adam's moments would
@@ -413,7 +427,7 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             state["opt"] = opt.state_dict()
         torch.save(state, os.path.join(stage, "train_state.pt"))
     meta = {"config": asdict(cfg), "steps": step, "seconds": time.time() - t0, "device": device,
-            "resumed_from": resume and os.path.abspath(resume), "recurrence": recurrence,
+            "resumed_from": resume and os.path.abspath(resume), "recurrence": recurrence, "conv": conv,
             "curriculum": curriculum.state(), "runs": runs, "task_answer_loss": per_task.means(),
             "loss_curve": curve, "command": command}
     save(model.cpu(), out, meta)
@@ -489,6 +503,9 @@ def main(argv=None) -> int:
                          "paper; on --resume a stage's drifted decay is reset to the profile first)")
     ap.add_argument("--lr", type=float, default=None, help=f"peak learning rate (AdamW; default {DEFAULT_LR})")
     ap.add_argument("--tasks", default=None, help="comma-separated training tasks (default: all of evals/tasks.py)")
+    ap.add_argument("--conv", default=None, choices=["auto", "torch"],
+                    help="short convolution on a GPU: fla's Triton kernel where it passes its check (auto, the "
+                         "default) or transformers' torch fallback")
     ap.add_argument("--answer-weighting", default=None, choices=["token", "row"],
                     help="loss weight of the answer tokens: each token alike (default) or each example alike "
                          "(--size large: row)")
@@ -522,7 +539,7 @@ def main(argv=None) -> int:
         given = {"min_length": args.min_length, "max_length": args.max_length,
                  "tokens_per_step": args.tokens_per_step, "decay_init": args.decay_init, "lr": args.lr,
                  "freeze_decay": args.freeze_decay, "answer_weighting": args.answer_weighting,
-                 "task_sampling": args.task_sampling}
+                 "task_sampling": args.task_sampling, "conv": args.conv}
         preset.update({k: v for k, v in given.items() if v is not None})
         cfg = TrainConfig(arch=args.arch, seed=args.seed, restart_curriculum=args.restart_curriculum,
                           tasks=tuple(args.tasks.split(",")) if args.tasks else None,

@@ -1,4 +1,4 @@
-"""Which recurrence kernel trains the GDN quality model on a GPU.
+"""Which kernels train the quality models on a GPU: GDN's recurrence, and both models' short convolution.
 
 fla refuses GDN's gated backward (`chunk_bwd_dqkwg` with a scalar gate) on Hopper with Triton 3.4 to 3.7.0:
 it gives wrong results there (fla issue #640), and fla's only offered way around is TileLang. KDA's
@@ -9,6 +9,12 @@ adapter is checked against transformers' torch chunked recurrence (outputs and g
 inputs of the training's shapes and dtypes (bf16 q/k/v/beta as autocast gives them, fp32 decay: Triton
 compiles per dtype, and #640 is a miscompile of that kind; the reference runs in fp32 on the same
 bf16-rounded inputs); if it disagrees, GDN trains through that torch recurrence instead (exact, slower).
+
+The short convolution (kernel 4, one filter per channel, before the q/k/v of every linear-attention layer):
+transformers calls Tri Dao's `causal_conv1d` package where it is installed and otherwise a depthwise
+`F.conv1d` (its log says "falling back to its reference PyTorch implementation ... much slower"). The
+package is not installable here; fla ships a Triton causal convolution with its own backward, which
+`choose_conv` puts in transformers' place after the same kind of check against the torch fallback.
 """
 from __future__ import annotations
 
@@ -104,3 +110,85 @@ def choose_gdn_recurrence(device: str, log=print, heads=(2, 4), head_dim: int = 
         f"({why}); training through transformers' torch chunked recurrence")
     return "torch"
 
+
+
+def conv_through_fla(conv_fn: Callable) -> Callable:
+    """A function with the signature of transformers' `causal_conv1d_fn` (x [B, C, T], weight [C, K]) that
+    runs ``conv_fn`` (fla's `causal_conv1d`, x [B, T, C], returning (y, final state)). transformers builds
+    x as the transpose of a [B, T, C] projection, so both transposes here are views, not copies."""
+    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **_):
+        y, _ = conv_fn(hidden_states.transpose(1, 2), weight=weight, bias=bias, activation=activation)
+        return y.transpose(1, 2)
+    return causal_conv1d_fn
+
+
+def conv_max_relative_error(fn, ref, device: str, channels: int = 96, length: int = 192, seed: int = 0,
+                            dtype=None) -> float:
+    """Largest relative error of ``fn`` against ``ref`` (both with transformers' causal_conv1d_fn signature,
+    SiLU activation) over the output and the gradients of x and the weight. With ``dtype`` ``fn`` gets x
+    in that dtype (as autocast gives it) and ``ref`` the same values in fp32; the weight is fp32 for both."""
+    import torch
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(2, length, channels, generator=gen)
+    if dtype is not None:
+        x = x.to(dtype).float()          # round once: both sides see the same values
+    weight = (torch.randn(channels, 4, generator=gen) * 0.5).to(device)
+    grad_out = torch.randn(2, channels, length, generator=gen).to(device)
+    results = []
+    for f, cast in ((fn, dtype), (ref, None)):
+        xi = x.to(device).to(cast or torch.float32).requires_grad_(True)
+        w = weight.clone().requires_grad_(True)
+        out = f(xi.transpose(1, 2), weight=w, bias=None, activation="silu")
+        (out.float() * grad_out).sum().backward()
+        results.append([out.detach().float(), xi.grad.float(), w.grad.float()])
+    return max(float((a - b).norm() / b.norm().clamp_min(1e-12)) for a, b in zip(*results))
+
+
+# transformers' own torch convolutions, kept before any patch (a second call must not take the adapter as
+# its reference)
+_TORCH_CONV: dict = {}
+
+
+def _transformers_conv_modules():
+    from transformers.models.kimi_linear import modeling_kimi_linear
+    from transformers.models.qwen3_next import modeling_qwen3_next
+    return modeling_kimi_linear, modeling_qwen3_next
+
+
+def choose_conv(device: str, log=print, channels: int = 96, mode: str = "auto", tolerance: float = 5e-2) -> str:
+    """Patch transformers' Kimi-Linear and Qwen3-Next short convolution for this run; returns which one
+    trains: 'fla' (fla's Triton causal_conv1d through `conv_through_fla`, where it passes the check) or
+    'torch' (transformers' fallback: on the CPU, with mode 'torch', without fla, or when the check fails).
+    ``channels`` is a linear-attention layer's conv width, so the check compiles what training runs."""
+    modules = _transformers_conv_modules()
+    for m in modules:
+        _TORCH_CONV.setdefault(m.__name__, m.causal_conv1d_fn)
+
+    def use(fn_by_module) -> None:
+        for m in modules:
+            m.causal_conv1d_fn = fn_by_module(m)
+    use(lambda m: _TORCH_CONV[m.__name__])
+    if mode == "torch" or not device.startswith("cuda"):
+        return "torch"
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d
+    except ImportError:
+        log("[train] short convolution: fla is not installed; transformers' torch fallback trains")
+        return "torch"
+    import torch
+    adapter = conv_through_fla(causal_conv1d)
+    ref = _TORCH_CONV[modules[0].__name__]
+    try:
+        err = conv_max_relative_error(adapter, getattr(ref, "__wrapped__", ref), device, channels=channels,
+                                      dtype=torch.bfloat16)
+    except Exception as e:               # a kernel that does not build here: keep the torch path
+        err, why = float("inf"), f"{type(e).__name__}: {e}"
+    else:
+        why = f"max relative error {err:.2e} against transformers' torch convolution"
+    if err <= tolerance:
+        use(lambda m: adapter)
+        log(f"[train] short convolution: fla's Triton causal_conv1d ({why})")
+        return "fla"
+    log(f"[train] short convolution: fla's causal_conv1d failed its check ({why}); transformers' torch "
+        f"fallback trains")
+    return "torch"
