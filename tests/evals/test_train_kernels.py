@@ -110,7 +110,8 @@ def test_on_a_gpu_fla_convolution_trains_the_same_model(arch):
     tokens = torch.randint(1, 256, (2, 128), generator=torch.Generator().manual_seed(0)).cuda()
     mask = torch.zeros_like(tokens, dtype=torch.bool)
     mask[:, -8:] = True
-    grads = []
+    grads, tf32 = [], torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False      # cuDNN's conv in TF32 would differ from fla's fp32 by itself
     try:
         for mode in ("torch", "auto"):
             assert choose_conv("cuda", log=lambda m: None, channels=conv_channels(cfg), mode=mode) == \
@@ -121,6 +122,7 @@ def test_on_a_gpu_fla_convolution_trains_the_same_model(arch):
             grads.append([loss.detach()] + [p.grad.detach().clone() for p in model.parameters() if p.grad is not None])
     finally:
         choose_conv("cpu", log=lambda m: None)
+        torch.backends.cudnn.allow_tf32 = tf32
     assert len(grads[0]) == len(grads[1])
     for a, b in zip(*grads):
         assert float((a - b).norm() / b.norm().clamp_min(1e-12)) < 1e-3
