@@ -52,6 +52,8 @@ MAX_SKIPPED_IN_A_ROW = 20               # non-finite gradients in a row before a
 # beta2 = 0.95 makes the second moments settle within ~20 steps; a full warm-up again cost about a fifth
 # of every resumed 8-minute device call (session 27: 200 of ~1000 steps at a reduced lr)
 RESUME_WARMUP_STEPS = 25
+# --anneal-minutes: the lr's floor at the end of the budget, as a fraction of the peak
+ANNEAL_FLOOR = 0.1
 
 
 @dataclass(slots=True)
@@ -274,23 +276,36 @@ def save(model, out: str, meta: dict) -> None:
         json.dump(meta, f, indent=1)
 
 
+def anneal_factor(remaining_s: float, window_s: float, floor: float = ANNEAL_FLOOR) -> float:
+    """The lr multiplier of a run that anneals over its last ``window_s`` seconds: 1 before the window, then
+    linear in the time left, down to ``floor`` at the end of the budget (and no lower past it)."""
+    if window_s <= 0 or remaining_s >= window_s:
+        return 1.0
+    return floor + (1.0 - floor) * max(0.0, remaining_s) / window_s
+
+
 def train(cfg: TrainConfig, out: str, minutes: float, device: str, resume: str | None = None,
           stage: str | None = None, max_steps: int | None = None, log=print, stage_optimizer: bool = False,
-          stage_dtype: str = "float32") -> dict:
+          stage_dtype: str = "float32", anneal_minutes: float = 0.0) -> dict:
     """Train for ``minutes`` of wall time counted from this call (kernel checks, compiles and the first
     step's autotuning included, so a device command's timeout of minutes + a margin never cuts the run
-    before it saves); SIGTERM ends the loop early and the run still saves."""
+    before it saves); SIGTERM ends the loop early and the run still saves. anneal_minutes: the lr falls
+    linearly over the budget's last minutes to ANNEAL_FLOOR of its peak (anneal_factor), so the saved
+    weights are a settled point to evaluate, not the constant-lr run's noisy one; a later --resume warms
+    up to the peak again."""
     t0 = time.time()
     with _sigterm_sets_event() as stop:
         return _train(cfg, out, minutes, device, resume, stage, max_steps, log, stage_optimizer, t0, stop,
-                      stage_dtype)
+                      stage_dtype, anneal_minutes)
 
 
 def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stage, max_steps, log,
-           stage_optimizer: bool, t0: float, stop, stage_dtype: str = "float32") -> dict:
+           stage_optimizer: bool, t0: float, stop, stage_dtype: str = "float32", anneal_minutes: float = 0.0) -> dict:
     import torch
 
     cfg.check()
+    if not anneal_minutes >= 0:
+        raise ValueError(f"--anneal-minutes must be >= 0, got {anneal_minutes}")
     curriculum = replace(cfg.curriculum, start=min(cfg.curriculum.start, cfg.max_length), min_length=cfg.min_length,
                          max_length=cfg.max_length)
     # built before the GPU check and the model: bad tasks or lengths fail in a second, not after compiles
@@ -352,7 +367,8 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             submit_next()
             tokens = torch.as_tensor(tokens, device=device)
             mask = torch.as_tensor(mask, device=device)
-            lr = cfg.lr * min(1.0, (step - warm_from + 1) / warmup)
+            lr = cfg.lr * min(1.0, (step - warm_from + 1) / warmup) * \
+                anneal_factor(minutes * 60 - (time.time() - t0), anneal_minutes * 60)
             for group in opt.param_groups:
                 group["lr"] = lr
             with amp:
@@ -519,6 +535,9 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", default=None, help="a --stage directory of an earlier run, or its train_state.pt")
     ap.add_argument("--restart-curriculum", action="store_true",
                     help="with --resume: run the length curriculum again from --start-length (e.g. for new --tasks)")
+    ap.add_argument("--anneal-minutes", type=float, default=0.0,
+                    help="lower the lr linearly over the budget's last minutes, to a tenth of its peak at the "
+                         "end (a run whose weights are evaluated next; default 0: constant after the warm-up)")
     ap.add_argument("--stage", default=None, help="also write fp32 weights here (to --resume from)")
     ap.add_argument("--stage-optimizer", action="store_true", help="stage Adam's moments too (3x the size)")
     ap.add_argument("--stage-dtype", default="float32", choices=["float32", "bfloat16"],
@@ -547,7 +566,7 @@ def main(argv=None) -> int:
                                                       stage_steps=args.stage_steps), **preset)
         meta = train(cfg, args.out, args.minutes, args.device, args.resume, args.stage, args.max_steps,
                      log=lambda m: print(m, file=sys.stderr, flush=True), stage_optimizer=args.stage_optimizer,
-                     stage_dtype=args.stage_dtype)
+                     stage_dtype=args.stage_dtype, anneal_minutes=args.anneal_minutes)
     except (ValueError, RuntimeError) as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2
