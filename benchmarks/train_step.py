@@ -142,9 +142,15 @@ def main(argv=None) -> int:
         ap.error("need --steps >= 1 and --warmup >= 0")
     print(f"target: {TARGET}", flush=True)
     log = lambda m: print(m, flush=True)    # noqa: E731
-    arms = [run_arm(arch, arm, lengths, args.steps, args.warmup, args.profile_length, log, args.device, args.size,
-                    args.tokens_per_step)
-            for arch in archs for arm in ARMS]
+    head = {"benchmark": "train_step", **provenance("benchmarks/train_step.py", argv, args.commit),
+            "target": TARGET, "steps": args.steps, "warmup": args.warmup}
+    arms = []
+    for arch in archs:
+        for arm in ARMS:
+            arms.append(run_arm(arch, arm, lengths, args.steps, args.warmup, args.profile_length, log, args.device,
+                                args.size, args.tokens_per_step))
+            # each arm as it ends: a device call cut by its timeout still returns the arms it finished
+            write_result(args.out, {**head, "complete": False, "arms": arms})
     speedups = {}
     for arch in archs:
         by_arm = {a["arm"]: {r["length"]: r["median_ms"] for r in a["rows"]} for a in arms if a["arch"] == arch}
@@ -154,9 +160,7 @@ def main(argv=None) -> int:
     met = all(a["conv"] == "fla" for a in arms if a["arm"] == "auto") and 4096 in lengths and \
         all(speedups[a]["4096"] >= 1.10 for a in archs)
     print(f"target {'met' if met else 'not met'}: {TARGET}", flush=True)
-    result = {"benchmark": "train_step", **provenance("benchmarks/train_step.py", argv, args.commit),
-              "target": TARGET, "target_met": met, "steps": args.steps, "warmup": args.warmup,
-              "speedup_torch_over_fla": speedups, "arms": arms}
+    result = {**head, "complete": True, "target_met": met, "speedup_torch_over_fla": speedups, "arms": arms}
     write_result(args.out, result)
     return 0
 

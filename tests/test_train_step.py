@@ -14,6 +14,7 @@ def test_a_cpu_smoke_run_records_both_arms_and_does_not_claim_the_target(tmp_pat
     result = json.loads(out.read_text())
     assert [(a["arch"], a["arm"], a["conv"]) for a in result["arms"]] == [("gdn", "torch", "torch"),
                                                                           ("gdn", "auto", "torch")]
+    assert result["complete"] is True
     assert result["target_met"] is False and set(result["speedup_torch_over_fla"]["gdn"]) == {"256"}
     profile = result["arms"][0]["profile"]
     assert profile["steps"] == 3 and profile["top"] and profile["busy_us_per_step"] > 0

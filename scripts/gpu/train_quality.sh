@@ -83,9 +83,13 @@ export PYTHONUNBUFFERED=1
 # transformers' torch fallback vs fla's kernel, both models, a profile of each): a call of its own on the warm
 # machine, e.g. the one that carries .kernel_cache_train; COMMIT names the clean commit it runs (BENCH_ARGS more flags)
 if [ "${BENCH_ONLY:-0}" = 1 ]; then
+  sleep 1; touch /tmp/kernels_before_bench
   timeout "${BENCH_LIMIT:-420}" python3 -m benchmarks train_step ${COMMIT:+--commit "$COMMIT"} \
     --out "$OUT/train_step.json" ${BENCH_ARGS:-}
-  exit $?
+  rc=$?
+  # the kernels it compiled (fla's convolution at the training's widths): join them into .kernel_cache_train/
+  return_new_kernels train_kernels train_kernels /tmp/kernels_before_bench
+  exit $rc
 fi
 # a warm machine keeps /tmp: never return (or resume from) an earlier call's models
 W=${TRAIN_TMP:-/tmp}   # this call's models, stages and logs (a test points it elsewhere)

@@ -28,10 +28,11 @@ def test_a_run_inside_its_anneal_window_starts_at_the_lr_its_remaining_time_give
     cfg = TrainConfig(arch="kda", **TINY, lr=1e-3, warmup_steps=1)
     plain, annealed = [], []
     train(cfg, str(tmp_path / "a"), minutes=2, device="cpu", max_steps=1, log=plain.append)
-    # a 4-minute window over a 2-minute budget: the first step, a second or two in, is at about 0.1 + 0.9 / 2
+    # a 4-minute window over a 2-minute budget: the first step, seconds in, is at about 0.1 + 0.9 / 2 = 0.55
+    # of the peak, and never above it (the lower bound leaves a loaded machine a minute to get there)
     train(cfg, str(tmp_path / "b"), minutes=2, device="cpu", max_steps=1, log=annealed.append, anneal_minutes=4)
     assert _first_lr(plain) == pytest.approx(1e-3)
-    assert 0.5e-3 < _first_lr(annealed) <= 0.55e-3
+    assert 0.32e-3 < _first_lr(annealed) <= 0.55e-3
 
 
 def test_a_negative_window_is_refused(tmp_path):

@@ -95,6 +95,20 @@ def test_the_answer_loss_weights_tokens_or_rows(weighting):
     assert abs(np.mean(per_row) - token_mean) > 0.05        # the two weightings differ on this batch
 
 
+def test_the_gated_loss_is_the_uniform_mixes_token_mean():
+    """Rows drawn by loss over-represent the hard tasks; the answer loss the curriculum's gate reads is
+    reweighted to a uniform draw: each row (1/K) / p(task) times its answer tokens."""
+    from trtllm_dasc.evals.train import uniform_mix_answer_loss
+    tasks = ("a", "b")
+    # rows: a (7 tokens, loss 0.1), b (1 token, loss 3.0), b (1 token, loss 2.0)
+    losses, tokens, row_tasks = [0.1, 3.0, 2.0], [7, 1, 1], ["a", "b", "b"]
+    # uniform weights: the plain token mean (0.7 + 3 + 2) / 9
+    assert uniform_mix_answer_loss(losses, tokens, row_tasks, tasks, (0.5, 0.5)) == pytest.approx(5.7 / 9)
+    # b drawn 4x as often as a (0.8 vs 0.2): a's row counts 0.5/0.2 = 2.5, b's rows 0.5/0.8 = 0.625 each
+    want = (2.5 * 7 * 0.1 + 0.625 * 3.0 + 0.625 * 2.0) / (2.5 * 7 + 0.625 + 0.625)
+    assert uniform_mix_answer_loss(losses, tokens, row_tasks, tasks, (0.2, 0.8)) == pytest.approx(want)
+
+
 def test_a_resumed_run_samples_by_the_stages_task_losses(tmp_path, monkeypatch):
     """The stage keeps each task's recent losses; a run resumed with task_sampling "loss" draws its first
     batch from them (here qa_1 has the only loss: half the rows uniform, the other half all qa_1)."""
@@ -131,3 +145,19 @@ def test_the_large_preset_balances_tasks_and_a_flag_overrides_it(monkeypatch):
         TrainConfig(answer_weighting="rows").check()
     with pytest.raises(ValueError, match="--task-sampling"):
         TrainConfig(task_sampling="adaptive").check()
+
+
+@pytest.mark.parametrize("sampling", ["uniform", "loss"])
+def test_the_curve_and_the_gate_read_the_uniform_mix_loss_when_rows_are_drawn_by_loss(tmp_path, monkeypatch,
+                                                                                      sampling):
+    from trtllm_dasc.evals import train as T
+    seen = []
+    monkeypatch.setattr(T, "uniform_mix_answer_loss", lambda *a: seen.append(a) or 123.0)
+    cfg = T.TrainConfig(arch="kda", **TINY, task_sampling=sampling)
+    meta = T.train(cfg, str(tmp_path / "m"), 5, "cpu", max_steps=1, log=lambda m: None)
+    assert (meta["loss_curve"][0][2] == 123.0) == (sampling == "loss")
+    assert (meta["curriculum"]["ema"] == 123.0) == (sampling == "loss")
+    if seen:                                           # the batch's own rows and the weights it was drawn with
+        losses, tokens, row_tasks, tasks, weights = seen[0]
+        assert len(losses) == len(tokens) == len(row_tasks) >= 1 and all(n > 0 for n in tokens)
+        assert weights == pytest.approx([1 / 13] * 13)    # no losses known yet: uniform

@@ -75,17 +75,36 @@ def test_the_conv_adapter_equals_transformers_torch_convolution():
 
 
 def test_the_conv_check_catches_a_shifted_kernel():
-    from trtllm_dasc.evals.train_kernels import conv_max_relative_error, conv_through_fla
+    import inspect
+    from trtllm_dasc.evals.train_kernels import choose_conv, conv_max_relative_error, conv_through_fla
     err = conv_max_relative_error(conv_through_fla(_fla_signature_conv(shift=1)), _torch(kimi.causal_conv1d_fn),
                                   "cpu", channels=24, length=50)
-    assert err > 1e-2
+    assert err > inspect.signature(choose_conv).parameters["tolerance"].default     # what choose_conv refuses
 
 
-def test_on_cpu_the_torch_convolution_trains():
+def test_the_conv_adapter_refuses_what_fla_would_do_differently():
+    from trtllm_dasc.evals.train_kernels import conv_through_fla
+    adapter = conv_through_fla(_fla_signature_conv())
+    x, w = torch.randn(1, 8, 10), torch.randn(8, 4)
+    with pytest.raises(ValueError, match="only SiLU"):
+        adapter(x, w, activation="gelu")
+    with pytest.raises(ValueError, match="packed sequences"):
+        adapter(x, w, activation="silu", seq_idx=torch.zeros(1, 10, dtype=torch.int32))
+    assert adapter(x, w, activation="silu", seq_idx=None).shape == x.shape    # what Qwen3-Next passes
+
+
+def test_on_cpu_the_torch_convolution_trains_even_after_a_patch():
+    """A process that patched the convolution (a GPU run) and then trains on the CPU gets transformers' own
+    function back."""
     from trtllm_dasc.evals.train_kernels import choose_conv
-    before = (kimi.causal_conv1d_fn, qwen.causal_conv1d_fn)
-    assert choose_conv("cpu", log=lambda m: None) == "torch"
-    assert (kimi.causal_conv1d_fn, qwen.causal_conv1d_fn) == before
+    choose_conv("cpu", log=lambda m: None)
+    originals = (kimi.causal_conv1d_fn, qwen.causal_conv1d_fn)
+    try:
+        kimi.causal_conv1d_fn = qwen.causal_conv1d_fn = "a GPU run's patch"
+        assert choose_conv("cpu", log=lambda m: None) == "torch"
+        assert (kimi.causal_conv1d_fn, qwen.causal_conv1d_fn) == originals
+    finally:
+        kimi.causal_conv1d_fn, qwen.causal_conv1d_fn = originals
 
 
 @pytest.mark.parametrize("arch", ["kda", "gdn"])
@@ -107,6 +126,8 @@ def test_on_a_gpu_fla_convolution_trains_the_same_model(arch):
     from trtllm_dasc.evals.train_kernels import choose_conv
     cfg = TrainConfig(arch=arch, vocab_size=256, hidden_size=64, groups=1, heads=2, head_dim=32,
                       intermediate_size=64)
+    if arch == "gdn":                    # as training does: fla's GDN backward is wrong on some Hopper setups
+        choose_gdn_recurrence("cuda", log=lambda m: None, heads=(cfg.heads // 2, cfg.heads), head_dim=cfg.head_dim)
     tokens = torch.randint(1, 256, (2, 128), generator=torch.Generator().manual_seed(0)).cuda()
     mask = torch.zeros_like(tokens, dtype=torch.bool)
     mask[:, -8:] = True

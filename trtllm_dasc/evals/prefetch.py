@@ -12,6 +12,8 @@ timing. The length of batch n+1 (and its task weights, which follow the per-task
 before step n's loss is known: at a curriculum stage change the
 first batch of the new stage still has the old length. The worker ignores SIGTERM (the training process
 stops and saves on it), and if it dies anyway the run builds its batches itself: the same batches.
+With task weights drawn from the losses (--task-sampling loss), the stream is the same for the same losses:
+losses that differ in their last bits between two GPU runs can flip a row's task, so two such runs drift apart.
 """
 from __future__ import annotations
 

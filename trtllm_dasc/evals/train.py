@@ -265,6 +265,15 @@ class TaskLosses:
         return ", ".join(f"{t} {m:.2f}" for t, m in self.means().items())
 
 
+def uniform_mix_answer_loss(row_losses, row_tokens, row_tasks, tasks, weights) -> float:
+    """The token-mean answer loss of a batch whose rows' tasks were drawn with probabilities ``weights``,
+    reweighted to a uniform draw over ``tasks``: each row counts (1 / len(tasks)) / p(its task) times, so
+    the figure means what the uniform mixture's answer loss meant (the curriculum's gate was set on it)."""
+    p = dict(zip(tasks, weights))
+    w = np.array([(1.0 / len(tasks)) / p[t] for t in row_tasks]) * np.asarray(row_tokens, dtype=np.float64)
+    return float((w * np.asarray(row_losses, dtype=np.float64)).sum() / max(w.sum(), 1e-12))
+
+
 def save(model, out: str, meta: dict) -> None:
     """bf16 weights except the decay tensors (fp32, as the released checkpoints keep them)."""
     import torch
@@ -355,15 +364,19 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     # the CPU in this process, where the step itself is the CPU
     with BatchPrefetcher(mixture, (cfg.seed, step), background=on_gpu) as prefetch:
 
+        submitted_weights = [None]           # the task weights of the batch in flight
+
         def submit_next():
             length = curriculum.length(rng)
             weights = (task_weights_from_losses(mixture.tasks, per_task.means())
                        if cfg.task_sampling == "loss" else None)
             prefetch.submit(max(1, cfg.tokens_per_step // length), length, weights)
+            submitted_weights[0] = weights
         submit_next()
         while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps) and not stop.is_set():
             tokens, mask, row_tasks, length = prefetch.take()
-            batch = len(tokens)
+            batch, batch_weights = len(tokens), submitted_weights[0]
+            row_tokens = mask[:, 1:].sum(1)
             submit_next()
             tokens = torch.as_tensor(tokens, device=device)
             mask = torch.as_tensor(mask, device=device)
@@ -385,6 +398,10 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
                                              for x in (loss, grad_norm, answer_loss, accuracy)]),
                                 row_loss.detach().float()]).tolist()
             (loss_value, grad_value, answer_value, accuracy_value), row_losses = values[:4], values[4:]
+            if batch_weights is not None:
+                # what the logs, the curve and the curriculum's gate read: the answer loss a uniform task mix
+                # would give (rows drawn by loss over-represent the hard tasks and would hold the gate shut)
+                answer_value = uniform_mix_answer_loss(row_losses, row_tokens, row_tasks, mixture.tasks, batch_weights)
             if not math.isfinite(loss_value):
                 # before the update: the weights (and a stage written now) are still the last good ones
                 log(f"[train] the loss became {loss_value} at step {step + 1}; stopping with step {step}'s weights")

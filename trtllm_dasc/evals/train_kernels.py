@@ -115,25 +115,32 @@ def choose_gdn_recurrence(device: str, log=print, heads=(2, 4), head_dim: int = 
 def conv_through_fla(conv_fn: Callable) -> Callable:
     """A function with the signature of transformers' `causal_conv1d_fn` (x [B, C, T], weight [C, K]) that
     runs ``conv_fn`` (fla's `causal_conv1d`, x [B, T, C], returning (y, final state)). transformers builds
-    x as the transpose of a [B, T, C] projection, so both transposes here are views, not copies."""
-    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **_):
+    x as the transpose of a [B, T, C] projection, so both transposes here are views, not copies. What fla
+    would silently do differently is refused: an activation other than SiLU (fla applies none), and packed
+    sequences (the training passes none; fla would need them as its own cu_seqlens)."""
+    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+        if activation not in (None, "silu", "swish"):
+            raise ValueError(f"fla's causal_conv1d applies only SiLU, not {activation!r}")
+        packed = [k for k in ("cu_seqlens", "cu_seq_lens_q", "seq_idx") if kwargs.get(k) is not None]
+        if packed:
+            raise ValueError(f"packed sequences ({', '.join(packed)}) are not passed on to fla's causal_conv1d")
         y, _ = conv_fn(hidden_states.transpose(1, 2), weight=weight, bias=bias, activation=activation)
         return y.transpose(1, 2)
     return causal_conv1d_fn
 
 
 def conv_max_relative_error(fn, ref, device: str, channels: int = 96, length: int = 192, seed: int = 0,
-                            dtype=None) -> float:
+                            dtype=None, batch: int = 2) -> float:
     """Largest relative error of ``fn`` against ``ref`` (both with transformers' causal_conv1d_fn signature,
     SiLU activation) over the output and the gradients of x and the weight. With ``dtype`` ``fn`` gets x
     in that dtype (as autocast gives it) and ``ref`` the same values in fp32; the weight is fp32 for both."""
     import torch
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(2, length, channels, generator=gen)
+    x = torch.randn(batch, length, channels, generator=gen)
     if dtype is not None:
         x = x.to(dtype).float()          # round once: both sides see the same values
     weight = (torch.randn(channels, 4, generator=gen) * 0.5).to(device)
-    grad_out = torch.randn(2, channels, length, generator=gen).to(device)
+    grad_out = torch.randn(batch, channels, length, generator=gen).to(device)
     results = []
     for f, cast in ((fn, dtype), (ref, None)):
         xi = x.to(device).to(cast or torch.float32).requires_grad_(True)
@@ -159,7 +166,9 @@ def choose_conv(device: str, log=print, channels: int = 96, mode: str = "auto", 
     """Patch transformers' Kimi-Linear and Qwen3-Next short convolution for this run; returns which one
     trains: 'fla' (fla's Triton causal_conv1d through `conv_through_fla`, where it passes the check) or
     'torch' (transformers' fallback: on the CPU, with mode 'torch', without fla, or when the check fails).
-    ``channels`` is a linear-attention layer's conv width, so the check compiles what training runs."""
+    ``channels`` is a linear-attention layer's conv width, and the check runs a 4k-token batch of the large
+    preset's shape: fla autotunes its kernel per width on the first call, so the check's shape is the one the
+    tuning sees. The patch holds for the rest of the process (a training run's)."""
     modules = _transformers_conv_modules()
     for m in modules:
         _TORCH_CONV.setdefault(m.__name__, m.causal_conv1d_fn)
@@ -180,7 +189,7 @@ def choose_conv(device: str, log=print, channels: int = 96, mode: str = "auto", 
     ref = _TORCH_CONV[modules[0].__name__]
     try:
         err = conv_max_relative_error(adapter, getattr(ref, "__wrapped__", ref), device, channels=channels,
-                                      dtype=torch.bfloat16)
+                                      length=4096, batch=16, dtype=torch.bfloat16)
     except Exception as e:               # a kernel that does not build here: keep the torch path
         err, why = float("inf"), f"{type(e).__name__}: {e}"
     else:
