@@ -37,15 +37,10 @@ TARGET = "with fla's convolution a step is at least 10% faster than with the tor
 ARMS = ("torch", "auto")          # TrainConfig.conv: transformers' fallback, fla where it passes its check
 
 
-def one_step(model, opt, tokens, mask, cfg):
-    import torch
-    from trtllm_dasc.evals.train import loss_fn
-    on_gpu = tokens.is_cuda
-    with torch.autocast("cuda" if on_gpu else "cpu", dtype=torch.bfloat16, enabled=on_gpu):
-        loss, _ = loss_fn(model, tokens, mask, cfg.all_token_weight, answer_weighting=cfg.answer_weighting)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+def one_step(model, opt, tokens, mask, cfg, amp):
+    """The trainer's step (evals/train.py forward_backward, then the update), without its one read-back."""
+    from trtllm_dasc.evals.train import forward_backward
+    forward_backward(model, opt, tokens, mask, cfg, amp)
     opt.step()
 
 
@@ -55,7 +50,7 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def profile_steps(model, opt, tokens, mask, cfg, steps: int = 3) -> dict:
+def profile_steps(model, opt, tokens, mask, cfg, amp, steps: int = 3) -> dict:
     """kernel_profile's summary of ``steps`` steps: the kernels by time with the operators that launched
     them, the device's busy time against the span, and its idle gaps (a launch-bound step shows as idle)."""
     from benchmarks.kernel_profile import kernel_trace, summarize
@@ -63,7 +58,7 @@ def profile_steps(model, opt, tokens, mask, cfg, steps: int = 3) -> dict:
     synchronize(device)
     with kernel_trace(device, attribute=True) as prof:
         for _ in range(steps):
-            one_step(model, opt, tokens, mask, cfg)
+            one_step(model, opt, tokens, mask, cfg, amp)
         synchronize(device)
     return summarize(prof, steps, device, top=25)
 
@@ -72,18 +67,15 @@ def run_arm(arch: str, arm: str, lengths, steps: int, warmup: int, profile_lengt
             device: str = "cuda", size: str = "large", tokens_per_step: int | None = None) -> dict:
     import torch
     from trtllm_dasc.evals.mixture import TrainingMixture
-    from trtllm_dasc.evals.train import SIZES, TrainConfig, build_model, conv_channels
-    from trtllm_dasc.evals.train_kernels import choose_conv, choose_gdn_recurrence
+    from trtllm_dasc.evals.train import SIZES, TrainConfig, autocast_for, build_model, build_optimizer, select_kernels
     from trtllm_dasc.evals.vocab import TaskVocab
     cfg = TrainConfig(arch=arch, **{**SIZES[size], "conv": arm})
     if tokens_per_step:
         cfg.tokens_per_step = tokens_per_step
     on_gpu = device.startswith("cuda")
-    recurrence = (choose_gdn_recurrence(device, log, heads=(cfg.heads // 2, cfg.heads), head_dim=cfg.head_dim)
-                  if arch == "gdn" else "fla" if on_gpu else "torch")
-    conv = choose_conv(device, log, channels=conv_channels(cfg), mode=arm)
+    recurrence, conv = select_kernels(cfg, device, log)
     model = build_model(cfg).to(device).train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95))
+    opt, amp = build_optimizer(model, cfg), autocast_for(device)
     mixture = TrainingMixture(vocab=TaskVocab(cfg.vocab_size), min_length=cfg.min_length, max_length=cfg.max_length)
     rows, profile_rows = [], None
     for length in lengths:
@@ -93,12 +85,12 @@ def run_arm(arch: str, arm: str, lengths, steps: int, warmup: int, profile_lengt
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()
         for _ in range(warmup):          # compiles and autotunes at this shape
-            one_step(model, opt, tokens, mask, cfg)
+            one_step(model, opt, tokens, mask, cfg, amp)
         times = []
         for _ in range(steps):
             synchronize(device)
             t = time.perf_counter()
-            one_step(model, opt, tokens, mask, cfg)
+            one_step(model, opt, tokens, mask, cfg, amp)
             synchronize(device)
             times.append(time.perf_counter() - t)
         ms = 1000 * statistics.median(times)
@@ -108,7 +100,7 @@ def run_arm(arch: str, arm: str, lengths, steps: int, warmup: int, profile_lengt
         log(f"{arch} conv={conv:5s} length {length:5d} x {batch:3d}: median {ms:7.1f} ms "
             f"({1000 / ms:.2f} steps/s), peak {rows[-1]['peak_gib']} GiB")
         if length == profile_length:
-            profile_rows = profile_steps(model, opt, tokens, mask, cfg)
+            profile_rows = profile_steps(model, opt, tokens, mask, cfg, amp)
             print_summary(f"{arch} conv={conv} at {length}", profile_rows, lines=12)
     del model, opt
     if on_gpu:

@@ -34,9 +34,9 @@ def encode(instance: Instance) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class TrainingMixture:
-    """Mixture of ``tasks`` (uniform, or weighted per batch: ``batch(task_weights=...)``); each example's total length (BOS to EOS) is drawn uniformly from
-    [min_length, max_length]. Instances come from training seeds only (>= TRAIN_SEED_BASE); ``seed``
-    seeds the generator used when a call passes no ``rng``."""
+    """Mixture of ``tasks`` (uniform, or weighted per batch: ``batch(task_weights=...)``); each example's
+    total length (BOS to EOS) is drawn uniformly from [min_length, max_length]. Instances come from
+    training seeds only (>= TRAIN_SEED_BASE); ``seed`` seeds the generator used when a call passes no ``rng``."""
     vocab: TaskVocab = field(default_factory=TaskVocab)
     min_length: int = 256
     max_length: int = 1024
@@ -117,7 +117,8 @@ class TrainingMixture:
         return (tokens, mask, tasks) if with_tasks else (tokens, mask)
 
 
-def task_weights_from_losses(tasks: Sequence[str], losses: Mapping[str, float], uniform_share: float = 0.5) -> tuple[float, ...]:
+def task_weights_from_losses(tasks: Sequence[str], losses: Mapping[str, float],
+                             uniform_share: float = 0.5) -> tuple[float, ...]:
     """Task probabilities for the next batch: ``uniform_share`` of the rows spread evenly over the tasks,
     the rest in proportion to each task's recent answer loss (a task with no loss yet counts as the
     largest). Why: drawn uniformly, the tasks a model has learned (the needles, loss near 0) take most of

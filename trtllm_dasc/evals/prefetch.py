@@ -4,13 +4,14 @@ Building a batch of the RULER-like tasks is Python and numpy work: tens of milli
 (`python -m benchmarks batch_build`, benchmarks/results/batch_build.json), against a few hundred milliseconds
 of GPU time per step (session 27's training logs, on the branch quality-stages: about 2 steps/s per model, two
 models sharing one card). Built inside the training loop, that time is GPU idle time on every step.
-One worker process builds batch n+1 while step n runs.
+One worker process builds batch n+1 while step n runs. Measured since: session 29's H100 calls ran at the
+rate session 27's did (KDA 2.1 against 2.0 steps/s): the build was not what held the steps back.
 
 Each batch's rows come from a generator of its own, seeded by (run seed, first step of this run, draw
 index), so a batch is the same whichever process builds it and the training stream does not depend on
 timing. The length of batch n+1 (and its task weights, which follow the per-task losses) is chosen
-before step n's loss is known: at a curriculum stage change the
-first batch of the new stage still has the old length. The worker ignores SIGTERM (the training process
+before step n's loss is known: at a curriculum stage change the first batch of the new stage still has
+the old length. The worker ignores SIGTERM (the training process
 stops and saves on it), and if it dies anyway the run builds its batches itself: the same batches.
 With task weights drawn from the losses (--task-sampling loss), the stream is the same for the same losses:
 losses that differ in their last bits between two GPU runs can flip a row's task, so two such runs drift apart.

@@ -91,7 +91,8 @@ class TrainConfig:
     # counts by its answer length: qa's one token is about 1.5% of the answer loss next to the needles' 100
     # and cwe's 10 (session 29: qa_1, qa_2 and cwe still at chance after ~4,000 steps). "row": every example
     # alike (the mean of its answer tokens' losses), as each counts alike in the suite's score. The logged
-    # answer loss and the curriculum's gate stay the token mean either way.
+    # answer loss and the curriculum's gate stay the token mean either way (reweighted to a uniform task mix
+    # when task_sampling is "loss": uniform_mix_answer_loss).
     answer_weighting: str = "token"
     # how each row's task is drawn: "uniform", or "loss": half the rows uniform, half in proportion to each
     # task's recent answer loss (mixture.task_weights_from_losses), so unlearned tasks get the steps
@@ -285,6 +286,42 @@ def save(model, out: str, meta: dict) -> None:
         json.dump(meta, f, indent=1)
 
 
+def select_kernels(cfg: TrainConfig, device: str, log=print) -> tuple[str, str]:
+    """Patch transformers for this device as the run trains (evals/train_kernels.py); returns the GDN
+    recurrence and the short convolution chosen."""
+    recurrence = (choose_gdn_recurrence(device, log, heads=(cfg.heads // 2, cfg.heads), head_dim=cfg.head_dim)
+                  if cfg.arch == "gdn" else "fla" if device.startswith("cuda") else "torch")
+    return recurrence, choose_conv(device, log, channels=conv_channels(cfg), mode=cfg.conv)
+
+
+def build_optimizer(model, cfg: TrainConfig):
+    # frozen decay tensors stay out of the optimizer: AdamW's weight decay would move them even without a gradient
+    import torch
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
+                             weight_decay=0.01)
+
+
+def autocast_for(device: str):
+    """bf16 autocast on a GPU (fla's kernels run in it), none on the CPU."""
+    import torch
+    return (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda")
+            else torch.autocast("cpu", enabled=False))
+
+
+def forward_backward(model, opt, tokens, mask, cfg: TrainConfig, amp):
+    """One step's work before the update: the loss (with the accuracy and each row's answer loss), its
+    gradients, clipped to norm 1. Returns (loss, grad norm, answer loss, accuracy, row losses), all on the
+    device: the caller reads them back once (the trainer) or not at all (benchmarks/train_step.py)."""
+    import torch
+    with amp:
+        loss, answer_loss, accuracy, row_loss = loss_fn(model, tokens, mask, cfg.all_token_weight,
+                                                        with_accuracy=True, answer_weighting=cfg.answer_weighting)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    return loss, grad_norm, answer_loss, accuracy, row_loss
+
+
 def anneal_factor(remaining_s: float, window_s: float, floor: float = ANNEAL_FLOOR) -> float:
     """The lr multiplier of a run that anneals over its last ``window_s`` seconds: 1 before the window, then
     linear in the time left, down to ``floor`` at the end of the budget (and no lower past it)."""
@@ -329,13 +366,9 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
         if not cfg.freeze_decay:
             cfg = replace(cfg, decay_init=state["config"]["decay_init"])
     on_gpu = device.startswith("cuda")
-    recurrence = (choose_gdn_recurrence(device, log, heads=(cfg.heads // 2, cfg.heads), head_dim=cfg.head_dim)
-                  if cfg.arch == "gdn" else "fla" if on_gpu else "torch")
-    conv = choose_conv(device, log, channels=conv_channels(cfg), mode=cfg.conv)
+    recurrence, conv = select_kernels(cfg, device, log)
     model = build_model(cfg).to(device)
-    # frozen decay tensors stay out of the optimizer: AdamW's weight decay would move them even without a gradient
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
-                            weight_decay=0.01)
+    opt = build_optimizer(model, cfg)
     step, curve, warm_from, warmup, runs = 0, [], 0, cfg.warmup_steps, []
     if state is not None:
         model.load_state_dict(state["model"])
@@ -358,42 +391,34 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     if state is not None:
         per_task.resume(state.get("task_losses", {}))
     rng = np.random.default_rng([cfg.seed, step])
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
+    amp = autocast_for(device)
     model.train()
     # the next batch is built in a worker process while this step runs on the GPU (evals/prefetch.py); on
     # the CPU in this process, where the step itself is the CPU
     with BatchPrefetcher(mixture, (cfg.seed, step), background=on_gpu) as prefetch:
 
-        submitted_weights = [None]           # the task weights of the batch in flight
-
         def submit_next():
+            """Start the next batch; returns the task weights it is drawn with (None: uniform)."""
             length = curriculum.length(rng)
             weights = (task_weights_from_losses(mixture.tasks, per_task.means())
                        if cfg.task_sampling == "loss" else None)
             prefetch.submit(max(1, cfg.tokens_per_step // length), length, weights)
-            submitted_weights[0] = weights
-        submit_next()
+            return weights
+        next_weights = submit_next()
         while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps) and not stop.is_set():
             tokens, mask, row_tasks, length = prefetch.take()
-            batch, batch_weights = len(tokens), submitted_weights[0]
-            row_tokens = mask[:, 1:].sum(1)
-            submit_next()
+            batch, row_tokens = len(tokens), mask[:, 1:].sum(1)
+            batch_weights, next_weights = next_weights, submit_next()
             tokens = torch.as_tensor(tokens, device=device)
             mask = torch.as_tensor(mask, device=device)
             lr = cfg.lr * min(1.0, (step - warm_from + 1) / warmup) * \
                 anneal_factor(minutes * 60 - (time.time() - t0), anneal_minutes * 60)
             for group in opt.param_groups:
                 group["lr"] = lr
-            with amp:
-                loss, answer_loss, accuracy, row_loss = loss_fn(model, tokens, mask, cfg.all_token_weight,
-                                                                with_accuracy=True,
-                                                                answer_weighting=cfg.answer_weighting)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            loss, grad_norm, answer_loss, accuracy, row_loss = forward_backward(model, opt, tokens, mask, cfg, amp)
             # one host sync a step, once forward, backward and the clip are all queued: a read-back between
-            # forward and backward would leave the GPU idle while the CPU queues the backward (the small models
-            # here are launch-bound)
+            # forward and backward would leave the GPU idle while the CPU queues the backward (it did not change
+            # the large models' step rate, session 29: their steps are GPU time)
             values = torch.cat([torch.stack([x.detach().float().reshape(()).to(loss.device)
                                              for x in (loss, grad_norm, answer_loss, accuracy)]),
                                 row_loss.detach().float()]).tolist()
@@ -430,10 +455,9 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
                     f"answer tokens right {accuracy_value:.1%} lr {lr:.3g} ({time.time() - t0:.0f} s)")
             if step % 200 == 0:
                 log(f"[train] step {step} answer loss by task (last {per_task.window} rows each): {per_task.summary()}")
-                if cfg.task_sampling == "loss":
-                    shares = task_weights_from_losses(mixture.tasks, per_task.means())
+                if next_weights is not None:
                     log(f"[train] step {step} next rows' task shares: "
-                        + ", ".join(f"{t} {p:.0%}" for t, p in zip(mixture.tasks, shares)))
+                        + ", ".join(f"{t} {p:.0%}" for t, p in zip(mixture.tasks, next_weights)))
     if stop.is_set():
         log(f"[train] SIGTERM at step {step}: saving")
     model.eval()

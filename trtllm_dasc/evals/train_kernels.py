@@ -55,13 +55,21 @@ def max_relative_error(fn, ref, device: str, heads=(2, 4), head_dim: int = 48, l
     base = dict(query=rand(2, length, hk, head_dim), key=rand(2, length, hk, head_dim),
                 value=rand(2, length, hv, head_dim), g=-F.softplus(rand(2, length, hv)) * 0.5,
                 beta=torch.sigmoid(rand(2, length, hv)))
+    return _error_with_grads(fn, ref, base, rand(2, length, hv, head_dim), dtype, keep_fp32={"g"},
+                             call=lambda f, x: f(**x, use_qk_l2norm_in_kernel=True)[0])
+
+
+def _error_with_grads(fn, ref, base: dict, grad_out, dtype, keep_fp32: set, call) -> float:
+    """Largest relative error of ``call(fn, inputs)`` against ``call(ref, inputs)`` over the output and the
+    gradients of every input in ``base``. With ``dtype``, the inputs not in ``keep_fp32`` are rounded to it
+    once; ``fn`` gets them in that dtype, ``ref`` the same values in fp32."""
     if dtype is not None:                # round once: both sides see the same values
-        base = {k: (v if k == "g" else v.to(dtype).float()) for k, v in base.items()}
-    grad_out = rand(2, length, hv, head_dim)
+        base = {k: (v if k in keep_fp32 else v.to(dtype).float()) for k, v in base.items()}
     results = []
     for f, cast in ((fn, dtype), (ref, None)):
-        x = {k: (v if cast is None or k == "g" else v.to(cast)).clone().requires_grad_(True) for k, v in base.items()}
-        out, _ = f(**x, use_qk_l2norm_in_kernel=True)
+        x = {k: (v if cast is None or k in keep_fp32 else v.to(cast)).clone().requires_grad_(True)
+             for k, v in base.items()}
+        out = call(f, x)
         (out.float() * grad_out).sum().backward()
         results.append([out.detach().float()] + [x[k].grad.float() for k in base])
     return max(float((a - b).norm() / b.norm().clamp_min(1e-12)) for a, b in zip(*results))
@@ -136,19 +144,13 @@ def conv_max_relative_error(fn, ref, device: str, channels: int = 96, length: in
     in that dtype (as autocast gives it) and ``ref`` the same values in fp32; the weight is fp32 for both."""
     import torch
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(batch, length, channels, generator=gen)
-    if dtype is not None:
-        x = x.to(dtype).float()          # round once: both sides see the same values
-    weight = (torch.randn(channels, 4, generator=gen) * 0.5).to(device)
+    # x as transformers holds it: [B, T, C] in memory, passed as its [B, C, T] transpose
+    base = dict(x=torch.randn(batch, length, channels, generator=gen).to(device),
+                weight=(torch.randn(channels, 4, generator=gen) * 0.5).to(device))
     grad_out = torch.randn(batch, channels, length, generator=gen).to(device)
-    results = []
-    for f, cast in ((fn, dtype), (ref, None)):
-        xi = x.to(device).to(cast or torch.float32).requires_grad_(True)
-        w = weight.clone().requires_grad_(True)
-        out = f(xi.transpose(1, 2), weight=w, bias=None, activation="silu")
-        (out.float() * grad_out).sum().backward()
-        results.append([out.detach().float(), xi.grad.float(), w.grad.float()])
-    return max(float((a - b).norm() / b.norm().clamp_min(1e-12)) for a, b in zip(*results))
+    return _error_with_grads(fn, ref, base, grad_out, dtype, keep_fp32={"weight"},
+                             call=lambda f, x: f(x["x"].transpose(1, 2), weight=x["weight"], bias=None,
+                                                 activation="silu"))
 
 
 # transformers' own torch convolutions, kept before any patch (a second call must not take the adapter as
