@@ -22,7 +22,9 @@ tokens so the embeddings of the haystack words are trained too. --size large wei
 alike (not every answer token) and draws more rows of the tasks whose loss is highest (TrainConfig's
 answer_weighting and task_sampling say why). Context lengths follow a curriculum
 from short to the target range (evals/curriculum.py): long-range retrieval is learned first on short
-haystacks, and a stage is left when its answer loss says the model retrieves there.
+haystacks, and a stage is left when its answer loss says the model retrieves there. --row-lengths bucket
+draws each row's example within 512 tokens of the batch length, so a step's tokens are examples, not a third
+padding (mixture.TrainingMixture.row_spread).
 """
 from __future__ import annotations
 
@@ -101,6 +103,10 @@ class TrainConfig:
     # it passes its check against transformers' torch fallback (evals/train_kernels.py), "torch" keeps the
     # fallback (a depthwise F.conv1d). The CPU always runs the fallback
     conv: str = "auto"
+    # each row's example length: "uniform" in [min_length, batch length], or "bucket": within one curriculum
+    # bucket (512 tokens) of the batch length, so a batch is nearly all example and not a third padding
+    # (mixture.TrainingMixture.row_spread says why; the batch length is still drawn by the curriculum)
+    row_lengths: str = "uniform"
     seed: int = 0
 
     def check(self) -> None:
@@ -118,6 +124,8 @@ class TrainConfig:
             raise ValueError(f"--task-sampling must be uniform or loss, got {self.task_sampling!r}")
         if self.conv not in ("auto", "torch"):
             raise ValueError(f"--conv must be auto or torch, got {self.conv!r}")
+        if self.row_lengths not in ("uniform", "bucket"):
+            raise ValueError(f"--row-lengths must be uniform or bucket, got {self.row_lengths!r}")
 
 
 # what a stage's weights fix: a --resume takes these from the stage, not from its own flags
@@ -356,7 +364,8 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
                          max_length=cfg.max_length)
     # built before the GPU check and the model: bad tasks or lengths fail in a second, not after compiles
     mixture = TrainingMixture(vocab=TaskVocab(cfg.vocab_size), min_length=cfg.min_length, max_length=cfg.max_length,
-                              seed=cfg.seed, **({"tasks": tuple(cfg.tasks)} if cfg.tasks else {}))
+                              seed=cfg.seed, row_spread=curriculum.bucket if cfg.row_lengths == "bucket" else None,
+                              **({"tasks": tuple(cfg.tasks)} if cfg.tasks else {}))
     state = _load_stage(resume, device) if resume else None
     if state is not None and "config" in state:
         # the stage's model shape, whatever this call's flags say (a resume continues those weights); and the
@@ -569,6 +578,9 @@ def main(argv=None) -> int:
     ap.add_argument("--task-sampling", default=None, choices=["uniform", "loss"],
                     help="each row's task: uniform (default), or half uniform and half by the tasks' recent "
                          "answer losses (--size large: loss)")
+    ap.add_argument("--row-lengths", default=None, choices=["uniform", "bucket"],
+                    help="each row's example length: uniform in [min-length, the batch length] (default), or within "
+                         "one 512-token bucket of the batch length (less padding a step)")
     ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
     ap.add_argument("--advance-loss", type=float, default=_CURRICULUM.advance_loss,
                     help="leave a curriculum stage when the answer loss EMA falls under this")
@@ -599,7 +611,7 @@ def main(argv=None) -> int:
         given = {"min_length": args.min_length, "max_length": args.max_length,
                  "tokens_per_step": args.tokens_per_step, "decay_init": args.decay_init, "lr": args.lr,
                  "freeze_decay": args.freeze_decay, "answer_weighting": args.answer_weighting,
-                 "task_sampling": args.task_sampling, "conv": args.conv}
+                 "task_sampling": args.task_sampling, "conv": args.conv, "row_lengths": args.row_lengths}
         preset.update({k: v for k, v in given.items() if v is not None})
         cfg = TrainConfig(arch=args.arch, seed=args.seed, restart_curriculum=args.restart_curriculum,
                           tasks=tuple(args.tasks.split(",")) if args.tasks else None,
