@@ -44,7 +44,7 @@ class TrainingMixture:
     seed: int = 0
     # batch(): each row's example length within this many tokens below the batch length (None: anywhere in
     # [min_length, length]). Why: a batch is as long as its longest row, so rows drawn over [1k, 8k] in an 8k
-    # batch leave 44% of its tokens as padding (35% over the final stage's lengths), computed and thrown away;
+    # batch leave 44% of its tokens as padding (34% over the final stage's lengths), computed and thrown away;
     # with the batch length itself drawn uniformly, rows near it still cover [min_length, max_length]
     row_spread: int | None = None
     _rng: np.random.Generator = field(init=False, repr=False, compare=False)
@@ -77,13 +77,17 @@ class TrainingMixture:
              task_weights: Sequence[float] | None = None) -> Instance:
         """One training instance whose encoded example holds ``total_length`` tokens (drawn if None); its
         task is drawn uniformly, or with the probabilities ``task_weights`` (one per task of the mixture)."""
-        rng = self._rng if rng is None else rng
+        return self._draw(self._rng if rng is None else rng, total_length,
+                          None if task_weights is None else self._check_weights(task_weights))
+
+    def _draw(self, rng: np.random.Generator, total_length: int | None, p: np.ndarray | None) -> Instance:
+        """draw() with the task probabilities already checked and normalised (batch() does that once)."""
         if total_length is None:
             total_length = int(rng.integers(self.min_length, self.max_length + 1))
-        if task_weights is None:
+        if p is None:
             task = self.tasks[int(rng.integers(len(self.tasks)))]
         else:
-            task = self.tasks[int(rng.choice(len(self.tasks), p=self._check_weights(task_weights)))]
+            task = self.tasks[int(rng.choice(len(self.tasks), p=p))]
         seed = int(rng.integers(TRAIN_SEED_BASE, TRAIN_SEED_END))
         return make(task, total_length - ANSWER_LENGTH[task] - FRAME_TOKENS, seed, self.vocab)
 
@@ -102,8 +106,7 @@ class TrainingMixture:
               with_tasks: bool = False, task_weights: Sequence[float] | None = None) -> tuple[np.ndarray, ...]:
         """[batch_size, length] tokens and loss mask; each row's example length is drawn in
         [min_length, max_length] clipped to ``length`` (and to its last ``row_spread`` tokens when set), and
-        the row right-padded with PAD (mask False
-        there). A ``length`` below min_length (a curriculum's short start) gives rows of exactly
+        the row right-padded with PAD (mask False there). A ``length`` below min_length (a curriculum's short start) gives rows of exactly
         ``length`` tokens, as long as every task of the mixture fits. with_tasks: a third element, each
         row's task name (for per-task training losses). task_weights: each row's task drawn with these
         probabilities (``task_weights_from_losses``) instead of uniformly."""
@@ -119,9 +122,10 @@ class TrainingMixture:
         shortest = min(self.min_length, longest)
         if self.row_spread is not None:
             shortest = max(shortest, longest - self.row_spread)
+        p = None if task_weights is None else self._check_weights(task_weights)
         tasks = []
         for row in range(batch_size):
-            instance = self.draw(rng, int(rng.integers(shortest, longest + 1)), task_weights)
+            instance = self._draw(rng, int(rng.integers(shortest, longest + 1)), p)
             t, m = encode(instance)
             tokens[row, :len(t)], mask[row, :len(m)] = t, m
             tasks.append(instance.task)

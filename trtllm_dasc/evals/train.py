@@ -58,6 +58,11 @@ RESUME_WARMUP_STEPS = 25
 ANNEAL_FLOOR = 0.1
 
 
+# TrainConfig's fields that take one of a few words: what check() accepts and the CLI offers
+CHOICES = {"arch": ("kda", "gdn"), "decay_init": ("paper", "default"), "answer_weighting": ("token", "row"),
+           "task_sampling": ("uniform", "loss"), "conv": ("auto", "torch"), "row_lengths": ("uniform", "bucket")}
+
+
 @dataclass(slots=True)
 class TrainConfig:
     arch: str = "kda"                   # kda (Kimi-Linear) | gdn (Qwen3-Next)
@@ -110,22 +115,14 @@ class TrainConfig:
     seed: int = 0
 
     def check(self) -> None:
-        if self.arch not in ("kda", "gdn"):
-            raise ValueError(f"--arch must be kda or gdn, got {self.arch!r}")
+        for name, options in CHOICES.items():
+            value = getattr(self, name)
+            if value not in options:
+                raise ValueError(f"--{name.replace('_', '-')} must be {' or '.join(options)}, got {value!r}")
         if not 64 <= self.min_length <= self.max_length:
             raise ValueError(f"need 64 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
-        if self.decay_init not in ("paper", "default"):
-            raise ValueError(f"--decay-init must be paper or default, got {self.decay_init!r}")
         if self.freeze_decay and self.decay_init != "paper":
             raise ValueError("--freeze-decay holds the decay at the paper's profile: it needs --decay-init paper")
-        if self.answer_weighting not in ("token", "row"):
-            raise ValueError(f"--answer-weighting must be token or row, got {self.answer_weighting!r}")
-        if self.task_sampling not in ("uniform", "loss"):
-            raise ValueError(f"--task-sampling must be uniform or loss, got {self.task_sampling!r}")
-        if self.conv not in ("auto", "torch"):
-            raise ValueError(f"--conv must be auto or torch, got {self.conv!r}")
-        if self.row_lengths not in ("uniform", "bucket"):
-            raise ValueError(f"--row-lengths must be uniform or bucket, got {self.row_lengths!r}")
 
 
 # what a stage's weights fix: a --resume takes these from the stage, not from its own flags
@@ -551,7 +548,7 @@ _CURRICULUM = LengthCurriculum()        # the CLI's defaults
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", default="kda", choices=["kda", "gdn"])
+    ap.add_argument("--arch", default="kda", choices=CHOICES["arch"])
     ap.add_argument("--out", required=True, help="checkpoint directory to write (save_pretrained)")
     ap.add_argument("--minutes", type=float, default=9.0, help="training time budget")
     ap.add_argument("--max-steps", type=int, default=None)
@@ -562,23 +559,23 @@ def main(argv=None) -> int:
     ap.add_argument("--min-length", type=int, default=None, help="default 1024 (--size large: 1024)")
     ap.add_argument("--max-length", type=int, default=None, help="default 4096 (--size large: 8192)")
     ap.add_argument("--tokens-per-step", type=int, default=None, help="default 32768 (--size large: 65536)")
-    ap.add_argument("--decay-init", default=None, choices=["paper", "default"],
+    ap.add_argument("--decay-init", default=None, choices=CHOICES["decay_init"],
                     help="A_log / dt_bias from the paper's profile (default), or transformers' init")
     ap.add_argument("--freeze-decay", action="store_true", default=None,
                     help="hold A_log / dt_bias at the paper's profile (out of the optimizer; needs --decay-init "
                          "paper; on --resume a stage's drifted decay is reset to the profile first)")
     ap.add_argument("--lr", type=float, default=None, help=f"peak learning rate (AdamW; default {DEFAULT_LR})")
     ap.add_argument("--tasks", default=None, help="comma-separated training tasks (default: all of evals/tasks.py)")
-    ap.add_argument("--conv", default=None, choices=["auto", "torch"],
+    ap.add_argument("--conv", default=None, choices=CHOICES["conv"],
                     help="short convolution on a GPU: fla's Triton kernel where it passes its check (auto, the "
                          "default) or transformers' torch fallback")
-    ap.add_argument("--answer-weighting", default=None, choices=["token", "row"],
+    ap.add_argument("--answer-weighting", default=None, choices=CHOICES["answer_weighting"],
                     help="loss weight of the answer tokens: each token alike (default) or each example alike "
                          "(--size large: row)")
-    ap.add_argument("--task-sampling", default=None, choices=["uniform", "loss"],
+    ap.add_argument("--task-sampling", default=None, choices=CHOICES["task_sampling"],
                     help="each row's task: uniform (default), or half uniform and half by the tasks' recent "
                          "answer losses (--size large: loss)")
-    ap.add_argument("--row-lengths", default=None, choices=["uniform", "bucket"],
+    ap.add_argument("--row-lengths", default=None, choices=CHOICES["row_lengths"],
                     help="each row's example length: uniform in [min-length, the batch length] (default), or within "
                          "one 512-token bucket of the batch length (less padding a step)")
     ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
