@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.evals.qa_drill import DRILL_TOKENS, drill_count, drilled_example
 from trtllm_dasc.evals.tasks import ANSWER_LENGTH, EVAL_SEED_LIMIT, MIN_LENGTH, TASKS, Instance, make
 from trtllm_dasc.evals.vocab import TaskVocab
 
@@ -47,6 +48,9 @@ class TrainingMixture:
     # batch leave 44% of its tokens as padding (34% over the final stage's lengths), computed and thrown away;
     # with the batch length itself drawn uniformly, rows near it still cover [min_length, max_length]
     row_spread: int | None = None
+    # qa_1 / qa_2 examples ask up to this many extra one-hop questions about their own documents before the
+    # final one, each answer a target (evals/qa_drill.py says why); 0: none, the examples evaluation sees
+    qa_drill: int = 0
     _rng: np.random.Generator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -61,6 +65,8 @@ class TrainingMixture:
         if self.row_spread is not None and (isinstance(self.row_spread, bool) or not isinstance(self.row_spread, int)
                                             or self.row_spread < 0):
             raise UserError(f"row_spread must be a non-negative integer or None, got {self.row_spread!r}")
+        if isinstance(self.qa_drill, bool) or not isinstance(self.qa_drill, int) or self.qa_drill < 0:
+            raise UserError(f"qa_drill must be a non-negative integer, got {self.qa_drill!r}")
         for t in self.tasks:
             shortest = MIN_LENGTH[t] + ANSWER_LENGTH[t] + FRAME_TOKENS
             if self.min_length < shortest:
@@ -82,18 +88,34 @@ class TrainingMixture:
 
     def _draw(self, rng: np.random.Generator, total_length: int | None, p: np.ndarray | None) -> Instance:
         """draw() with the task probabilities already checked and normalised (batch() does that once)."""
+        task, prompt_length, seed = self._choose(rng, total_length, p)
+        return make(task, prompt_length, seed, self.vocab)
+
+    def _choose(self, rng: np.random.Generator, total_length: int | None,
+                p: np.ndarray | None) -> tuple[str, int, int]:
+        """An example's task, prompt length and training seed, drawn in this order (the stream of examples
+        a mixture makes depends on it)."""
         if total_length is None:
             total_length = int(rng.integers(self.min_length, self.max_length + 1))
-        if p is None:
-            task = self.tasks[int(rng.integers(len(self.tasks)))]
-        else:
-            task = self.tasks[int(rng.choice(len(self.tasks), p=p))]
+        task = self.tasks[int(rng.integers(len(self.tasks)))] if p is None else \
+            self.tasks[int(rng.choice(len(self.tasks), p=p))]
         seed = int(rng.integers(TRAIN_SEED_BASE, TRAIN_SEED_END))
-        return make(task, total_length - ANSWER_LENGTH[task] - FRAME_TOKENS, seed, self.vocab)
+        return task, total_length - ANSWER_LENGTH[task] - FRAME_TOKENS, seed
+
+    def _example(self, rng: np.random.Generator, total_length: int | None,
+                 p: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, str]:
+        """(tokens, mask, task) of one example of ``total_length`` tokens at most: an encoded instance, or for
+        qa with qa_drill a shorter instance whose freed tokens hold drill lines (fewer when its documents
+        have fewer facts that can be drilled, so the example may end a few lines short)."""
+        task, prompt_length, seed = self._choose(rng, total_length, p)
+        lines = drill_count(task, prompt_length, self.qa_drill)
+        instance = make(task, prompt_length - lines * DRILL_TOKENS, seed, self.vocab)
+        tokens, mask = drilled_example(instance, lines, rng) if lines else encode(instance)
+        return tokens, mask, task
 
     def sample(self, rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(tokens int64, loss_mask bool) of one example, its length drawn in [min_length, max_length]."""
-        return encode(self.draw(rng))
+        return self._example(self._rng if rng is None else rng, None, None)[:2]
 
     def _check_weights(self, task_weights: Sequence[float]) -> np.ndarray:
         p = np.asarray(task_weights, dtype=np.float64)
@@ -125,10 +147,9 @@ class TrainingMixture:
         p = None if task_weights is None else self._check_weights(task_weights)
         tasks = []
         for row in range(batch_size):
-            instance = self._draw(rng, int(rng.integers(shortest, longest + 1)), p)
-            t, m = encode(instance)
+            t, m, task = self._example(rng, int(rng.integers(shortest, longest + 1)), p)
             tokens[row, :len(t)], mask[row, :len(m)] = t, m
-            tasks.append(instance.task)
+            tasks.append(task)
         return (tokens, mask, tasks) if with_tasks else (tokens, mask)
 
 

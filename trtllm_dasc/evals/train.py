@@ -112,6 +112,10 @@ class TrainConfig:
     # bucket (512 tokens) of the batch length, so a batch is nearly all example and not a third padding
     # (mixture.TrainingMixture.row_spread says why; the batch length is still drawn by the curriculum)
     row_lengths: str = "uniform"
+    # qa_1 / qa_2 training examples ask up to this many extra one-hop questions about their own documents,
+    # each answer a target (evals/qa_drill.py: qa sat at chance for 10,000 steps with one target per example);
+    # 0: the examples evaluation sees. The per-task losses of qa rows then average the drills in
+    qa_drill: int = 0
     seed: int = 0
 
     def check(self) -> None:
@@ -121,6 +125,8 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be {' or '.join(options)}, got {value!r}")
         if not 64 <= self.min_length <= self.max_length:
             raise ValueError(f"need 64 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
+        if isinstance(self.qa_drill, bool) or not isinstance(self.qa_drill, int) or self.qa_drill < 0:
+            raise ValueError(f"--qa-drill must be a non-negative integer, got {self.qa_drill!r}")
         if self.freeze_decay and self.decay_init != "paper":
             raise ValueError("--freeze-decay holds the decay at the paper's profile: it needs --decay-init paper")
 
@@ -362,6 +368,7 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
     # built before the GPU check and the model: bad tasks or lengths fail in a second, not after compiles
     mixture = TrainingMixture(vocab=TaskVocab(cfg.vocab_size), min_length=cfg.min_length, max_length=cfg.max_length,
                               seed=cfg.seed, row_spread=curriculum.bucket if cfg.row_lengths == "bucket" else None,
+                              qa_drill=cfg.qa_drill,
                               **({"tasks": tuple(cfg.tasks)} if cfg.tasks else {}))
     state = _load_stage(resume, device) if resume else None
     if state is not None and "config" in state:
@@ -578,6 +585,9 @@ def main(argv=None) -> int:
     ap.add_argument("--row-lengths", default=None, choices=CHOICES["row_lengths"],
                     help="each row's example length: uniform in [min-length, the batch length] (default), or within "
                          "one 512-token bucket of the batch length (less padding a step)")
+    ap.add_argument("--qa-drill", type=int, default=None, metavar="K",
+                    help="qa_1 / qa_2 training examples also ask up to K one-hop questions about their own "
+                         "documents, each answer a target (default 0; evaluation never drills)")
     ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
     ap.add_argument("--advance-loss", type=float, default=_CURRICULUM.advance_loss,
                     help="leave a curriculum stage when the answer loss EMA falls under this")
@@ -608,7 +618,8 @@ def main(argv=None) -> int:
         given = {"min_length": args.min_length, "max_length": args.max_length,
                  "tokens_per_step": args.tokens_per_step, "decay_init": args.decay_init, "lr": args.lr,
                  "freeze_decay": args.freeze_decay, "answer_weighting": args.answer_weighting,
-                 "task_sampling": args.task_sampling, "conv": args.conv, "row_lengths": args.row_lengths}
+                 "task_sampling": args.task_sampling, "conv": args.conv, "row_lengths": args.row_lengths,
+                 "qa_drill": args.qa_drill}
         preset.update({k: v for k, v in given.items() if v is not None})
         cfg = TrainConfig(arch=args.arch, seed=args.seed, restart_curriculum=args.restart_curriculum,
                           tasks=tuple(args.tasks.split(",")) if args.tasks else None,
