@@ -2,7 +2,7 @@
 # carried wheels (.whl: into the interpreter's own site-packages, where the Triton server is looked up;
 # .whl_*/*.whl.tar.xz: packed by scripts/gpu/pack_wheel.sh), stop there when INSTALL_ONLY=1 (a first call that
 # carries only the big wheel), put the repository on PYTHONPATH, fill one Triton kernel cache ($CACHE) from the
-# carried .kernel_cache/*.tgz and .kernel_cache_train/*.tgz and .kernel_cache_speed*/*.tgz (compiled kernels of
+# carried .kernel_cache/*.tgz and .kernel_cache_train*/*.tgz and .kernel_cache_speed*/*.tgz (compiled kernels of
 # earlier runs: the engine's kernels/, the quality training's train_kernels/ and the speed benchmarks' big-shape
 # fla kernels with their autotune results, kept apart so a call carries only what it runs within the 64 MiB;
 # minutes of first compiles saved; a stale one is only unused) and write the Kimi-Linear-48B-shaped checkpoint
@@ -57,7 +57,7 @@ fi
 export PYTHONPATH=$PWD
 CACHE=/tmp/triton_cache
 mkdir -p $CACHE
-for t in .kernel_cache/*.tgz .kernel_cache_train/*.tgz .kernel_cache_speed*/*.tgz; do
+for t in .kernel_cache/*.tgz .kernel_cache_train*/*.tgz .kernel_cache_speed*/*.tgz; do
   [ -f "$t" ] && tar xzf "$t" -C /tmp
 done
 for d in /tmp/kernels /tmp/train_kernels; do

@@ -34,7 +34,8 @@
 # Compiled kernels: .kernel_cache_train/train_kernels*.tgz is unpacked into the Triton cache when carried (the first
 # KDA step compiled and autotuned for 245 s on a bare machine), and the kernels this call compiled come back
 # as train_kernels.tgz.part-* (join them under a new name in .kernel_cache_train/ each call: they add up; carry
-# .kernel_cache_train; the quick check runs the engine, whose kernels are in .kernel_cache: carry it too when
+# .kernel_cache_train, and where it and the tree pass the 64 MiB carry, split the tarballs over .kernel_cache_train2/
+# and so on, each carried in a call of its own: every .kernel_cache_train*/ is unpacked; the quick check runs the engine, whose kernels are in .kernel_cache: carry it too when
 # QUICK=1 and the carry allows, or its first compile may not fit QUICK_LIMIT). Back-to-back
 # calls (under 30 s apart) find the machine warm with its Triton cache in /tmp.
 # Writes (a call returns files of at most 16 MiB, 64 MiB in all: past that, files were left out, seen 12-06):
