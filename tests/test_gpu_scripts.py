@@ -449,6 +449,26 @@ def test_a_stage_past_the_calls_return_limit_stays_kept_and_the_next_call_brings
     assert rc == 4 and "gdn: stage not returned" in output, output          # a stage not brought back is an error
 
 
+def test_a_forked_variant_starts_from_a_copy_of_its_sources_stage_then_keeps_its_own(tmp_path):
+    # session 31: kdaqa was to start from the kda stage that same call joined; a cp before the call found nothing
+    root = tmp_path / "root"
+    md5, (p1, p2, p3) = _zip_stage_parts()
+    _carry_parts(root, ".stage_1", {"aa": p1, "ab": p2, "ac": p3})
+    variants = "kda kda;kdadrill kda --qa-drill 16"
+    rc, output, calls = _train_call(tmp_path, VARIANTS=variants, FORK="other=gdn,kdadrill=kda", RESUME="1")
+    assert rc == 0 and "kdadrill: starts from a copy of kda's stage" in output, output
+    kept = tmp_path / "kept"
+    assert len(calls) == 2 and any(c.endswith(f"--resume {kept}/kdadrill_stage.pt --qa-drill 16") for c in calls)
+    assert (kept / "kdadrill_stage.pt").read_text() == f"T[zip:{md5}]"    # trained on from the source's weights
+    # from then on it resumes its own stage, not another copy of its source's
+    rc, output, calls = _train_call(tmp_path, VARIANTS=variants, FORK="kdadrill=kda", RESUME="1")
+    assert rc == 0 and "starts from a copy" not in output, output
+    assert (kept / "kdadrill_stage.pt").read_text() == f"T[T[zip:{md5}]]"
+    # a fork whose source has no stage either is the usual refusal, before anything trains
+    rc, output, calls = _train_call(tmp_path, VARIANTS="gdnx gdn", FORK="gdnx=gdn", RESUME="1")
+    assert rc == 2 and calls == [] and "nor kept here" in output, output
+
+
 def test_training_resume_with_no_stage_anywhere_stops_before_training(tmp_path):
     rc, output, calls = _train_call(tmp_path, RESUME="1")
     assert rc == 2 and calls == [] and "nor kept here" in output

@@ -9,7 +9,8 @@
 # 1k-8k tokens, and stage bf16 weights (--stage-dtype bfloat16). A large stage is about 35 MB, a medium one 19 MB:
 # files over 15 MiB come back split (NAME_stage.pt.part-aa, -ab, ...; RESUME=1 joins the carried parts), and a call
 # carries 64 MiB with the tree, so with SIZE=large train one variant per call (VARIANTS="kda kda", then "gdn gdn").
-# Longer training = several calls: RESUME=1 MINUTES=8 with the returned stage, repeated.
+# Longer training = several calls: RESUME=1 MINUTES=8 with the returned stage, repeated. FORK="kdadrill=kda" lets a
+# variant with no stage yet resume from a copy of another's (an experiment trained beside the main run).
 # VARIANTS: ";"-separated "NAME ARCH [train args...]", default "kda kda;gdn gdn", e.g.
 #   VARIANTS="kda kda;kda_def kda --decay-init default;gdn gdn;gdn_def gdn --decay-init default"
 # Carry as .whl (the device's numpy 2.x is replaced by the serving wheels' 1.26, and huggingface-hub 2.x needs
@@ -118,6 +119,12 @@ for variant in "${VARIANT_LIST[@]}"; do
     fi
     mv "$KEPT/${name}_stage.pt.joining" "$KEPT/${name}_stage.pt"
     echo "variant $name: joined $(echo "$parts" | wc -l) carried parts"; rm -f $parts
+  fi
+  # FORK="new=old[,new2=old2]": a variant with no stage of its own starts from a copy of another's (an experiment
+  # beside the main run, e.g. kdadrill=kda; list the source variant first, so its carried parts are joined already)
+  fork_from=$(tr ',' '\n' <<< "${FORK:-}" | sed -n "s/^$name=//p" | head -1)
+  if [ ! -f "$KEPT/${name}_stage.pt" ] && [ -n "$fork_from" ] && [ -f "$KEPT/${fork_from}_stage.pt" ]; then
+    cp "$KEPT/${fork_from}_stage.pt" "$KEPT/${name}_stage.pt" && echo "variant $name: starts from a copy of ${fork_from}'s stage"
   fi
   [ -f "$KEPT/${name}_stage.pt" ] || { echo "RESUME=1 but no stage of $name was carried, nor kept here by an earlier call"; exit 2; }
   RESUME_FROM[$name]="--resume $KEPT/${name}_stage.pt"
