@@ -82,7 +82,8 @@ class TrainingMixture:
     def draw(self, rng: np.random.Generator | None = None, total_length: int | None = None,
              task_weights: Sequence[float] | None = None) -> Instance:
         """One training instance whose encoded example holds ``total_length`` tokens (drawn if None); its
-        task is drawn uniformly, or with the probabilities ``task_weights`` (one per task of the mixture)."""
+        task is drawn uniformly, or with the probabilities ``task_weights`` (one per task of the mixture).
+        An instance has no drill lines: qa_drill shapes the examples of sample() and batch()."""
         return self._draw(self._rng if rng is None else rng, total_length,
                           None if task_weights is None else self._check_weights(task_weights))
 
