@@ -88,3 +88,31 @@ def test_bad_drill_counts_are_refused(bad):
 def test_cli_refuses_a_negative_drill(tmp_path, capsys):
     assert train.main(["--device", "cpu", "--out", str(tmp_path / "m"), "--qa-drill", "-2", "--max-steps", "1"]) == 2
     assert "--qa-drill must be a non-negative integer" in capsys.readouterr().err
+
+
+def test_the_final_answer_loss_is_the_last_questions_own():
+    """loss_fn(with_final=True): each row's loss on the token after its last ANSWER, recomputed here in float64
+    from random logits at the final answer's position found by hand (the third token from a row's end)."""
+    import torch
+    from types import SimpleNamespace
+    from trtllm_dasc.evals.train import loss_fn
+    mixture = TrainingMixture(min_length=512, max_length=512, tasks=("qa_1", "vt"), qa_drill=8)
+    tokens, mask = mixture.batch(6, 512, np.random.default_rng(4))
+    logits = np.random.default_rng(5).normal(size=(*tokens.shape, 512)).astype(np.float32)
+    model = lambda input_ids: SimpleNamespace(logits=torch.as_tensor(logits))   # noqa: E731
+    *_, rows, final = loss_fn(model, torch.as_tensor(tokens), torch.as_tensor(mask), 0.0, with_accuracy=True,
+                              with_final=True)
+    drilled_rows = 0
+    for r, t in enumerate(tokens):
+        n = int((t != V.PAD).sum())
+        # from the formats, not from the ANSWER marker: qa ends "ANSWER o EOS", vt "ANSWER x1 .. x5 EOS"
+        is_qa = t[n - 3] == V.ANSWER
+        answer_at = n - 2 if is_qa else n - 6
+        assert t[n - 1] == V.EOS and (is_qa or t[n - 7] == V.ANSWER)
+        z = logits[r, answer_at - 1].astype(np.float64)
+        want = np.log(np.exp(z - z.max()).sum()) + z.max() - z[t[answer_at]]
+        assert float(final[r]) == pytest.approx(want, rel=1e-5)
+        if is_qa:                                            # a drilled qa row: its row loss is not the final's
+            drilled_rows += 1
+            assert (t == V.QUERY).sum() > 1 and abs(float(rows[r]) - want) > 1e-3
+    assert 0 < drilled_rows < len(tokens)

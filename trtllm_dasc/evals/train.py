@@ -45,6 +45,7 @@ from trtllm_dasc.evals.prefetch import BatchPrefetcher
 from trtllm_dasc.plan.synthetic import synthetic_decay
 from trtllm_dasc.plan.synthetic import decay_tensors
 from trtllm_dasc.evals.mixture import TrainingMixture, task_weights_from_losses
+from trtllm_dasc.evals.qa_drill import QA_TASKS
 from trtllm_dasc.evals.vocab import TaskVocab
 from trtllm_dasc.evals.train_kernels import choose_conv, choose_gdn_recurrence
 
@@ -227,11 +228,15 @@ def set_profile_decay(model, cfg: TrainConfig) -> float:
 
 
 def loss_fn(model, tokens, mask, all_token_weight: float, with_accuracy: bool = False,
-            answer_weighting: str = "token"):
+            answer_weighting: str = "token", with_final: bool = False):
     """(training loss, answer loss) and, with_accuracy, the fraction of answer tokens whose argmax is right
     (teacher-forced: a cheap progress signal, not the greedy score of evals/run.py) and each row's answer
     loss [B] (for the per-task view of the log). The answer loss returned is the mean over the batch's
-    answer tokens; the training loss weights them as ``answer_weighting`` says (TrainConfig)."""
+    answer tokens; the training loss weights them as ``answer_weighting`` says (TrainConfig). with_final
+    (with with_accuracy): also each row's loss on the first token after its last ANSWER marker [B], the
+    final question's answer: the one lookup evaluation scores, which a qa row's drills would hide in its
+    row loss."""
+    import torch
     import torch.nn.functional as F
     logits = model(input_ids=tokens).logits[:, :-1].float()
     target, answer = tokens[:, 1:], mask[:, 1:]
@@ -248,7 +253,13 @@ def loss_fn(model, tokens, mask, all_token_weight: float, with_accuracy: bool = 
     if not with_accuracy:
         return loss, answer_loss
     right = (logits.detach().argmax(-1) == target) & answer
-    return loss, answer_loss, right.sum() / answer.sum().clamp_min(1), row_loss.detach()
+    if not with_final:
+        return loss, answer_loss, right.sum() / answer.sum().clamp_min(1), row_loss.detach()
+    # ce[t] is the loss of tokens[t + 1]: at the last ANSWER of the input, the final answer's first token
+    is_answer = tokens[:, :-1] == TaskVocab.ANSWER
+    last = is_answer.shape[1] - 1 - is_answer.flip(1).int().argmax(1)
+    final = ce.detach()[torch.arange(len(last), device=ce.device), last]
+    return loss, answer_loss, right.sum() / answer.sum().clamp_min(1), row_loss.detach(), final
 
 
 class TaskLosses:
@@ -321,16 +332,18 @@ def autocast_for(device: str):
 
 def forward_backward(model, opt, tokens, mask, cfg: TrainConfig, amp):
     """One step's work before the update: the loss (with the accuracy and each row's answer loss), its
-    gradients, clipped to norm 1. Returns (loss, grad norm, answer loss, accuracy, row losses), all on the
-    device: the caller reads them back once (the trainer) or not at all (benchmarks/train_step.py)."""
+    gradients, clipped to norm 1. Returns (loss, grad norm, answer loss, accuracy, row losses, final-answer
+    losses), all on the device: the caller reads them back once (the trainer) or not at all
+    (benchmarks/train_step.py)."""
     import torch
     with amp:
-        loss, answer_loss, accuracy, row_loss = loss_fn(model, tokens, mask, cfg.all_token_weight,
-                                                        with_accuracy=True, answer_weighting=cfg.answer_weighting)
+        loss, answer_loss, accuracy, row_loss, final_loss = loss_fn(
+            model, tokens, mask, cfg.all_token_weight, with_accuracy=True, answer_weighting=cfg.answer_weighting,
+            with_final=True)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    return loss, grad_norm, answer_loss, accuracy, row_loss
+    return loss, grad_norm, answer_loss, accuracy, row_loss, final_loss
 
 
 def anneal_factor(remaining_s: float, window_s: float, floor: float = ANNEAL_FLOOR) -> float:
@@ -401,6 +414,8 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             warm_from = step            # moments, warm the lr up again, briefly
             warmup = min(cfg.warmup_steps, RESUME_WARMUP_STEPS)
     first_step, skipped, per_task = step, 0, TaskLosses()
+    # qa rows with drills: their row loss averages the drills in, so the final question's own loss is kept apart
+    drilled, qa_final = (set(QA_TASKS) & set(mixture.tasks) if cfg.qa_drill else set()), TaskLosses()
     if state is not None:
         per_task.resume(state.get("task_losses", {}))
     rng = np.random.default_rng([cfg.seed, step])
@@ -428,14 +443,16 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
                 anneal_factor(minutes * 60 - (time.time() - t0), anneal_minutes * 60)
             for group in opt.param_groups:
                 group["lr"] = lr
-            loss, grad_norm, answer_loss, accuracy, row_loss = forward_backward(model, opt, tokens, mask, cfg, amp)
+            loss, grad_norm, answer_loss, accuracy, row_loss, final_loss = forward_backward(
+                model, opt, tokens, mask, cfg, amp)
             # one host sync a step, once forward, backward and the clip are all queued: a read-back between
             # forward and backward would leave the GPU idle while the CPU queues the backward (it did not change
             # the large models' step rate, session 29: their steps are GPU time)
             values = torch.cat([torch.stack([x.detach().float().reshape(()).to(loss.device)
                                              for x in (loss, grad_norm, answer_loss, accuracy)]),
-                                row_loss.detach().float()]).tolist()
-            (loss_value, grad_value, answer_value, accuracy_value), row_losses = values[:4], values[4:]
+                                row_loss.detach().float(), final_loss.float()]).tolist()
+            (loss_value, grad_value, answer_value, accuracy_value) = values[:4]
+            row_losses, final_losses = values[4:4 + batch], values[4 + batch:]
             if batch_weights is not None:
                 # what the logs, the curve and the curriculum's gate read: the answer loss a uniform task mix
                 # would give (rows drawn by loss over-represent the hard tasks and would hold the gate shut)
@@ -459,6 +476,9 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             step += 1
             curve.append([step, length, round(answer_value, 4), round(accuracy_value, 3)])
             per_task.add(row_tasks, row_losses)
+            if drilled:
+                qa_rows = [i for i, t in enumerate(row_tasks) if t in drilled]
+                qa_final.add([row_tasks[i] for i in qa_rows], [final_losses[i] for i in qa_rows])
             moved = curriculum.update(answer_value)
             if moved:
                 log(f"[train] step {step} {moved}")
@@ -468,6 +488,10 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
                     f"answer tokens right {accuracy_value:.1%} lr {lr:.3g} ({time.time() - t0:.0f} s)")
             if step % 200 == 0:
                 log(f"[train] step {step} answer loss by task (last {per_task.window} rows each): {per_task.summary()}")
+                if qa_final.means():
+                    log(f"[train] step {step} qa's final answer alone, without its drills (last {qa_final.window} "
+                        f"rows each; chance ln({mixture.vocab.num_words}) = {math.log(mixture.vocab.num_words):.2f}): "
+                        f"{qa_final.summary()}")
                 if next_weights is not None:
                     log(f"[train] step {step} next rows' task shares: "
                         + ", ".join(f"{t} {p:.0%}" for t, p in zip(mixture.tasks, next_weights)))
