@@ -5,7 +5,8 @@ the KDA model on qa alone for 610 steps left it there too, while the same model 
 its facts and query wear niah's markers (``KEY s r VAL o SEP``, ``QUERY KEY s r ANSWER``: p(answer) 0.99 on 2 of
 4 probes): the lookup exists, but not for the unmarked grammar, and one target token per 1k-token example
 gives the plateau almost no signal. A drill asks K more questions about the example's own documents, in the
-evaluation's exact query grammar, before its final question:
+evaluation's one-hop query grammar (qa_1's; a qa_2 example's drills are one-hop too, its final question two),
+before its final question:
 
     DOC (s r o SEP)* ... QUERY s1 r1 ANSWER o1 QUERY s2 r2 ANSWER o2 ... QUERY s r ANSWER -> o
 
@@ -59,7 +60,8 @@ def document_facts(prompt: tuple[int, ...]) -> list[tuple[int, int, int]]:
 
 
 def drilled_example(instance: Instance, lines: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """BOS + documents + up to ``lines`` drill lines + the final query + answer + EOS, as int64 tokens, and
+    """BOS + the prompt up to its query (the short preamble and the documents) + up to ``lines`` drill lines + the
+    final query + answer + EOS, as int64 tokens, and
     the bool mask of the targets: each drill answer, the final answer and its EOS (mixture.encode's
     convention: the mask marks the positions whose token is a target)."""
     V = TaskVocab

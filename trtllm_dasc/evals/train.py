@@ -115,7 +115,9 @@ class TrainConfig:
     row_lengths: str = "uniform"
     # qa_1 / qa_2 training examples ask up to this many extra one-hop questions about their own documents,
     # each answer a target (evals/qa_drill.py: qa sat at chance for 10,000 steps with one target per example);
-    # 0: the examples evaluation sees. The per-task losses of qa rows then average the drills in
+    # 0: the examples evaluation sees. A qa row's loss then averages its drills in, and so does what reads it: the
+    # per-task log, task_sampling "loss" (qa keeps a larger share while its drills are unlearned) and the
+    # curriculum's gate (a run resumed at its last stage has no gate left); the log adds the final answer alone
     qa_drill: int = 0
     seed: int = 0
 
