@@ -60,10 +60,9 @@ def document_facts(prompt: tuple[int, ...]) -> list[tuple[int, int, int]]:
 
 
 def drilled_example(instance: Instance, lines: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """BOS + the prompt up to its query (the short preamble and the documents) + up to ``lines`` drill lines + the
-    final query + answer + EOS, as int64 tokens, and
-    the bool mask of the targets: each drill answer, the final answer and its EOS (mixture.encode's
-    convention: the mask marks the positions whose token is a target)."""
+    """BOS + the prompt up to its query (the short preamble and the documents) + up to ``lines`` drill lines +
+    the final query + answer + EOS, as int64 tokens, and the bool mask of the targets: each drill answer, the
+    final answer and its EOS (mixture.encode's convention: the mask marks the positions whose token is a target)."""
     V = TaskVocab
     prompt = instance.prompt
     query_start = len(prompt) - 1 - prompt[::-1].index(V.QUERY)
