@@ -25,6 +25,11 @@ TRAIN_SEED_END = 2 ** 62
 FRAME_TOKENS = 2
 
 
+def is_count(value) -> bool:
+    """A non-negative int (a bool is not one, though Python counts it as an int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def encode(instance: Instance) -> tuple[np.ndarray, np.ndarray]:
     """BOS + prompt + answer + EOS as int64, and the bool mask of the answer and EOS positions."""
     tokens = np.array((TaskVocab.BOS, *instance.prompt, *instance.answer, TaskVocab.EOS), dtype=np.int64)
@@ -62,10 +67,9 @@ class TrainingMixture:
             raise UserError(f"unknown task {unknown[0]!r}; expected one of: {', '.join(TASKS)}")
         if not 0 < self.min_length <= self.max_length:
             raise UserError(f"need 0 < min_length <= max_length, got {self.min_length} and {self.max_length}")
-        if self.row_spread is not None and (isinstance(self.row_spread, bool) or not isinstance(self.row_spread, int)
-                                            or self.row_spread < 0):
+        if self.row_spread is not None and not is_count(self.row_spread):
             raise UserError(f"row_spread must be a non-negative integer or None, got {self.row_spread!r}")
-        if isinstance(self.qa_drill, bool) or not isinstance(self.qa_drill, int) or self.qa_drill < 0:
+        if not is_count(self.qa_drill):
             raise UserError(f"qa_drill must be a non-negative integer, got {self.qa_drill!r}")
         for t in self.tasks:
             shortest = MIN_LENGTH[t] + ANSWER_LENGTH[t] + FRAME_TOKENS

@@ -40,11 +40,16 @@ def drill_count(task: str, prompt_length: int, drill: int) -> int:
     return max(0, min(drill, spare // (2 * DRILL_TOKENS)))
 
 
+def query_start(prompt: tuple[int, ...]) -> int:
+    """Where a qa prompt's final question (QUERY ... ANSWER) starts: its last QUERY."""
+    return len(prompt) - 1 - prompt[::-1].index(TaskVocab.QUERY)
+
+
 def document_facts(prompt: tuple[int, ...]) -> list[tuple[int, int, int]]:
     """The (subject, relation, object) facts of a qa prompt, in order: after the first DOC, the body is
     DOC markers and 4-token facts ``s r o SEP``; the query (QUERY ... ANSWER) closes the prompt."""
     V = TaskVocab
-    end = len(prompt) - 1 - prompt[::-1].index(V.QUERY)
+    end = query_start(prompt)
     i = prompt.index(V.DOC)
     facts = []
     while i < end:
@@ -65,9 +70,9 @@ def drilled_example(instance: Instance, lines: int, rng: np.random.Generator) ->
     final answer and its EOS (mixture.encode's convention: the mask marks the positions whose token is a target)."""
     V = TaskVocab
     prompt = instance.prompt
-    query_start = len(prompt) - 1 - prompt[::-1].index(V.QUERY)
+    start = query_start(prompt)
     facts = document_facts(prompt)
-    query = prompt[query_start:]
+    query = prompt[start:]
     subject, first_relation = query[1], query[2]
     pairs = Counter((s, r) for s, r, _ in facts)
     asked = {(subject, first_relation)}
@@ -77,9 +82,9 @@ def drilled_example(instance: Instance, lines: int, rng: np.random.Generator) ->
     candidates = [f for f in facts if pairs[f[:2]] == 1 and f[:2] not in asked]
     chosen = [candidates[i] for i in rng.permutation(len(candidates))[:lines]]
     drills = [t for s, r, o in chosen for t in (V.QUERY, s, r, V.ANSWER, o)]
-    tokens = np.array((V.BOS, *prompt[:query_start], *drills, *query, *instance.answer, V.EOS), dtype=np.int64)
+    tokens = np.array((V.BOS, *prompt[:start], *drills, *query, *instance.answer, V.EOS), dtype=np.int64)
     mask = np.zeros(len(tokens), dtype=bool)
-    first_drill = 1 + query_start
+    first_drill = 1 + start
     mask[first_drill + DRILL_TOKENS - 1:first_drill + len(drills):DRILL_TOKENS] = True
     mask[len(tokens) - len(instance.answer) - 1:] = True
     return tokens, mask

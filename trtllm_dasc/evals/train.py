@@ -44,7 +44,7 @@ from trtllm_dasc.evals.curriculum import LengthCurriculum
 from trtllm_dasc.evals.prefetch import BatchPrefetcher
 from trtllm_dasc.plan.synthetic import synthetic_decay
 from trtllm_dasc.plan.synthetic import decay_tensors
-from trtllm_dasc.evals.mixture import TrainingMixture, task_weights_from_losses
+from trtllm_dasc.evals.mixture import TrainingMixture, is_count, task_weights_from_losses
 from trtllm_dasc.evals.qa_drill import QA_TASKS
 from trtllm_dasc.evals.vocab import TaskVocab
 from trtllm_dasc.evals.train_kernels import choose_conv, choose_gdn_recurrence
@@ -128,7 +128,7 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be {' or '.join(options)}, got {value!r}")
         if not 64 <= self.min_length <= self.max_length:
             raise ValueError(f"need 64 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
-        if isinstance(self.qa_drill, bool) or not isinstance(self.qa_drill, int) or self.qa_drill < 0:
+        if not is_count(self.qa_drill):
             raise ValueError(f"--qa-drill must be a non-negative integer, got {self.qa_drill!r}")
         if self.freeze_decay and self.decay_init != "paper":
             raise ValueError("--freeze-decay holds the decay at the paper's profile: it needs --decay-init paper")
