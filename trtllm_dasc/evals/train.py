@@ -47,6 +47,7 @@ from trtllm_dasc.plan.synthetic import decay_tensors
 from trtllm_dasc.evals.mixture import TrainingMixture, is_count, task_weights_from_losses
 from trtllm_dasc.evals.qa_drill import QA_TASKS
 from trtllm_dasc.evals.vocab import TaskVocab
+from trtllm_dasc.evals.safe_gate import make_kda_gates_gradient_safe
 from trtllm_dasc.evals.train_kernels import choose_conv, choose_gdn_recurrence
 
 DEFAULT_LR = 2e-3                       # TrainConfig.lr and the CLI's --lr
@@ -191,6 +192,7 @@ def build_model(cfg: TrainConfig):
     torch.manual_seed(cfg.seed)
     hf = model_config(cfg)
     model = (KimiLinearForCausalLM if cfg.arch == "kda" else Qwen3NextForCausalLM)(hf).float()
+    make_kda_gates_gradient_safe(model)     # transformers' KDA softplus has a NaN gradient past x = 88.7
     if cfg.decay_init == "default":
         return model
     set_profile_decay(model, cfg)

@@ -1,0 +1,41 @@
+"""A KDA forget gate whose gradient stays finite: training-only replacement of transformers' softplus.
+
+transformers' `KimiLinearForgetGate` (5.24.0) computes the log decay as ``-exp(A_log) * softplus(x)`` with
+``x = f_b_proj(f_a_proj(h)) + dt_bias`` and softplus written as ``where(x > 20, x, log(1 + exp(x)))``.
+Forward, the ``where`` picks ``x`` and the loss stays finite. Backward, autograd differentiates both
+branches: once any ``x`` passes 88.7, ``exp(x)`` is inf in fp32, the unused branch's gradient is
+``0 * inf / inf`` = NaN, and NaN reaches every weight upstream of that gate.
+
+It happened (session 32): the large KDA model's layer 6 reached ``x = 67`` at step 11,160 and ``x = 90`` at
+step 11,572; from there nearly every batch gave a NaN gradient norm with a finite loss, the trainer skipped
+20 updates in a row and stopped, and a resumed run stopped again after two steps
+(quality-stages: train_kda_s32_call2/3.log, diagnostics_s32/gate_preact.py). Qwen3-Next's gate uses
+``F.softplus`` and never had this.
+
+``F.softplus`` (threshold 20: ``x`` above it, ``log1p(exp(x))`` below) has the same forward up to rounding
+and a gradient that is finite everywhere (its backward is ``sigmoid(x)``, and 1 above the threshold).
+"""
+from __future__ import annotations
+
+import types
+
+
+def _safe_forward(self, hidden_states):
+    import torch
+    import torch.nn.functional as F
+    hidden_shape = (*hidden_states.shape[:2], -1, self.head_dim)
+    forget_gate = self.f_b_proj(self.f_a_proj(hidden_states))
+    x = (forget_gate.float() + self.dt_bias.float().view(1, 1, -1)).view(hidden_shape)
+    decay_rate = torch.exp(self.A_log.float())
+    return -decay_rate * F.softplus(x, beta=1.0, threshold=20.0)
+
+
+def make_kda_gates_gradient_safe(model) -> int:
+    """Give every `KimiLinearForgetGate` in ``model`` the gradient-safe softplus; returns how many. A model
+    without such gates (Qwen3-Next) is left as it is (0)."""
+    patched = 0
+    for module in model.modules():
+        if type(module).__name__ == "KimiLinearForgetGate":
+            module.forward = types.MethodType(_safe_forward, module)
+            patched += 1
+    return patched
