@@ -479,3 +479,31 @@ def test_bench_only_runs_the_step_benchmark_and_trains_nothing(tmp_path):
     out = tmp_path / "out"
     assert rc == 0 and calls == [f"-m benchmarks train_step --commit abc1234 --out {out}/train_step.json --steps 3"], output
     assert not (tmp_path / "w" / "train_logs").exists()          # returned before the training's setup
+
+
+def _lengths_call(tmp_path, eval_seconds: int = 0, **env) -> tuple[int, str, list[str]]:
+    """Run scripts/gpu/quality_lengths.sh in a scratch root whose quality_evals.sh is a stand-in that records
+    the length, limit, shard folder and $OUT it was given (one line a run) and takes ``eval_seconds``."""
+    root, bin_, out, base_env = _device_root(tmp_path, "quality_lengths.sh")
+    log = tmp_path / "runs"
+    _stub(root / "scripts" / "gpu" / "quality_evals.sh",
+          f'echo "$LENGTHS $EVAL_LIMIT $EV_DIR $OUT" >> {log}; sleep {eval_seconds}\n')
+    proc = subprocess.run(["bash", "scripts/gpu/quality_lengths.sh"], cwd=root, env={**base_env, **env},
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, proc.stdout + proc.stderr, log.read_text().splitlines() if log.exists() else []
+
+
+def test_quality_lengths_runs_each_length_apart_and_gives_the_last_one_what_is_left(tmp_path):
+    rc, output, runs = _lengths_call(tmp_path, eval_seconds=2, CALL_LIMIT="1060", MARGIN_S="60")
+    assert rc == 0, output
+    first, last = (r.split() for r in runs)
+    out = str(tmp_path / "out")
+    assert first == ["4096", "600", "/tmp/evq/4096", f"{out}/4096"]      # 60% of (1060 - 60)
+    assert last[0] == "8192" and last[2:] == ["/tmp/evq/8192", f"{out}/8192"]
+    assert 1000 - 4 <= int(last[1]) <= 1000 - 2        # all that is left: the first's 2 s, not its 600 s limit
+
+
+def test_quality_lengths_stops_when_too_little_is_left_for_a_length(tmp_path):
+    rc, output, runs = _lengths_call(tmp_path, CALL_LIMIT="150", MARGIN_S="60", LENGTH_LIST="4096 8192")
+    assert rc == 0, output
+    assert runs == [] and "54 s left for 4096 tokens: stopping" in output      # 60% of (150 - 60)
