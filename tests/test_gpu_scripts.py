@@ -291,7 +291,7 @@ def _quality_call(tmp_path, **env) -> tuple[int, str, list[str]]:
         (tmp_path / "models" / a / "config.json").write_text("{}")
     log = tmp_path / "calls"
     _stub(bin_ / "timeout", 'export LIMIT_S="$1"; shift; exec "$@"\n')
-    _stub(bin_ / "python3", f'case "$*" in *"--instances 2 "*) sleep 2;; esac\n'
+    _stub(bin_ / "python3", f'case "$*" in *"--tasks niah_single_1 "*) sleep 2;; esac\n'
                             f'printf "T=%s %s\\n" "${{LIMIT_S:-none}}" "$*" >> {log}\n')
     env = {**base_env, "COMMIT": "abc1234", "MODELS": str(tmp_path / "models"), "EV_DIR": str(tmp_path / "ev"), "PACKED_DIR": str(tmp_path / "packed"),
            "PROCS": "2", "ARMS": "precision", "LENGTHS": "1024,4096", "INSTANCES": "8", "EVAL_LIMIT": "460", **env}
@@ -307,7 +307,8 @@ def test_quality_evals_warms_the_kernels_before_the_shards_and_gives_them_the_re
     assert rc == 0, output
     runs = [c for c in calls if "-m trtllm_dasc.evals.run --model" in c]
     warm, shards = runs[:2], runs[2:]
-    assert len(shards) == 4 and all("--instances 2 " in c for c in warm)
+    # the warm-up runs the shards' instance count: the same batches, so the same autotuned kernel keys
+    assert len(shards) == 4 and all("--instances 8 " in c and "--tasks niah_single_1 " in c for c in warm)
     assert {c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in warm} == {"kda.json", "gdn.json"}
     for c in warm:   # an arm of each codec the arm sets use, at the run's lengths, under a limit of its own
         assert c.startswith("T=300 ") and "--arms dense,nr16+int8,nr16+horizon+conv-int8 " in c

@@ -35,13 +35,18 @@ P=${PROCS:-8}
 # before its first arm ended (a second call, kernels compiled, ran the whole KDA half in 21 s). So one process a
 # model first runs two instances through an arm of each codec (native, INT8, the horizon bands with the 8-bit conv
 # state), filling $CACHE for the shards; its seconds come out of EVAL_LIMIT. WARM=0 skips it (a warm cache).
+# It runs as many instances as the shards do: the engine's pools, so its batches, so the token counts that key
+# the autotuned kernels (fla's layer norm) follow the instance count. With 2 instances (until 12-06) the shards'
+# first step (14 prompts of 4096 tokens) autotuned again in 16 processes at once, and 5 of 8 GDN shards died of
+# CUDA out of memory inside the autotuner's benchmark on an H100
+warm_instances=${INSTANCES:-$([ "${PAPER:-0}" = 1 ] && echo 30 || echo 20)}
 if [ "${WARM:-1}" = 1 ]; then
   started=$SECONDS
   mkdir -p ${EV}_warm
   for g in 0 1; do
     arch=$([ $g = 0 ] && echo kda || echo gdn)
     CUDA_VISIBLE_DEVICES=$((g % GPUS)) timeout "${WARM_LIMIT:-300}" python3 -m trtllm_dasc.evals.run \
-      --model $MODELS/$arch --arms dense,nr16+int8,nr16+horizon+conv-int8 --tasks niah_single_1 --instances 2 \
+      --model $MODELS/$arch --arms dense,nr16+int8,nr16+horizon+conv-int8 --tasks niah_single_1 --instances "$warm_instances" \
       --lengths "${LENGTHS:-1024,2048,4096}" --device cuda --dtype bfloat16 --out ${EV}_warm/$arch.json \
       > ${EV}_warm/$arch.log 2>&1 &
   done

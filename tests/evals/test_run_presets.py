@@ -122,3 +122,31 @@ def test_smoke_runs_end_to_end_on_the_cpu(tmp_path):
         cells = [rec for task in arm["scores"].values() for cell in task.values() for rec in cell.values()]
         assert len(cells) == 2 * 3 and all(len(rec["rounds"]) == 3 for rec in cells)
     assert result["comparisons"]["nr_vs_dense"] and "Table 2" in (tmp_path / "smoke.md").read_text()
+
+
+def test_runs_at_other_lengths_join_into_the_run_over_every_length(fake_protocol, tmp_path, capsys):
+    """A run per length (scripts/gpu/quality_lengths.sh), each sharded, merged into one: the same result as one
+    unsharded run over both lengths (the reference: evals.run itself, run once over 128 and 160)."""
+    common = ["--model", TINY_MODEL, "--arms", "dense,nr16,rand16@1234", "--tasks", "niah_single_1,vt",
+              "--instances", "3", "--resamples", "50"]
+    assert run.main(common + ["--lengths", "128,160", "--out", str(tmp_path / "whole.json")]) == 0
+    parts = []
+    for n in (128, 160):
+        for i in range(2):
+            parts.append(str(tmp_path / f"l{n}_{i}.json"))
+            assert run.main(common + ["--lengths", str(n), "--shard", f"{i}/2", "--out", parts[-1]]) == 0
+    assert run.main(["--merge", *parts, "--out", str(tmp_path / "joined.json"), "--resamples", "50"]) == 0
+    whole, joined = (json.loads((tmp_path / f).read_text()) for f in ("whole.json", "joined.json"))
+    assert joined["lengths"] == [128, 160] and joined["missing_arms"] == []
+    assert [a["arm"] for a in joined["arms"]] == ["dense", "nr16", "rand16@1234"]
+    assert {a["arm"]: a["scores"] for a in joined["arms"]} == {a["arm"]: a["scores"] for a in whole["arms"]}
+    assert joined["accuracy"] == whole["accuracy"] and joined["comparisons"] == whole["comparisons"]
+    # a length's shard lost: its arm is missing there, and the message says at which length
+    capsys.readouterr()
+    assert run.main(["--merge", *parts[:3], "--out", str(tmp_path / "part.json"), "--resamples", "50"]) == 0
+    lost = [a["arm"] for a in json.loads(open(parts[3]).read())["arms"]]
+    assert json.loads((tmp_path / "part.json").read_text())["missing_arms"] == lost == ["nr16"]
+    assert "nr16 at 160" in capsys.readouterr().err
+    # overlapping length lists are refused in one line, never double-counted
+    assert run.main(["--merge", str(tmp_path / "whole.json"), parts[0], "--out", str(tmp_path / "x.json")]) == 2
+    assert "overlap" in capsys.readouterr().err

@@ -5,6 +5,7 @@
         [--instances 30] [--device cuda --dtype bfloat16] [--resamples 10000]
         [--shard I/N]                       (only arms I, I+N, I+2N, ... of the list: parallel processes)
     python -m trtllm_dasc.evals.run --merge part0.json part1.json ... --out results.json [--plot acc.png]
+        (the parts: shards of one run, and/or runs of the same arms at disjoint lengths: one result over all)
 
 `--paper`: the paper's RULER protocol (App. C.3) in one command: all 13 subtasks, N = 30 unique instances per
 subtask, length and arm, one warm-up pass and three measured replay rounds averaged per instance, lengths 4k and
@@ -139,7 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--commit", default=None, help="commit to record (a device's .git may be stale)")
     ap.add_argument("--shard", default=None, help="I/N: run only every N-th arm of the list, from the I-th")
     ap.add_argument("--merge", nargs="+", default=None, metavar="PART",
-                    help="join the result JSONs of shards (same model, tasks, lengths, instances) instead of running")
+                    help="join the result JSONs of shards (same model, tasks, lengths, instances), or of runs at other "
+                         "lengths (disjoint length lists: one result over every length), instead of running")
     return ap
 
 
@@ -278,11 +280,24 @@ def planned_arms(part: dict) -> list[str]:
     return [a if isinstance(a, str) else a["arm"] for a in part.get("arms", [])]
 
 
+def _join_arm(into: dict, more: dict) -> None:
+    """One arm's results at other lengths added to its results at these: the per-instance scores (keyed by
+    task, then length), the misses and the seconds."""
+    for task, by_length in more["scores"].items():
+        into["scores"].setdefault(task, {}).update(by_length)
+    into["misses"] = list(into.get("misses", [])) + list(more.get("misses", []))
+    into["round_misses"] = list(into.get("round_misses", [])) + list(more.get("round_misses", []))
+    into["seconds"] = into.get("seconds", 0.0) + more.get("seconds", 0.0)
+
+
 def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
     """Join shards' result JSONs (arms run in parallel processes) into one, with the statistics over all.
+    Parts may also be runs of the same arms at other lengths (a run per length, so a time limit costs the
+    last length only): parts with disjoint length lists are joined arm by arm into one result over every
+    length (the paper's tables span 4k / 8k / 16k); lists that overlap without being equal are refused.
     A part that cannot be read (a shard killed before its first arm finished) is skipped with a warning;
-    the arms of the run (planned_arms: what the shards were run with) that no part holds are listed in the
-    result (missing_arms) and said."""
+    the arms of the run (planned_arms: what the shards were run with) that no part holds, at any of the
+    lengths, are listed in the result (missing_arms) and said."""
     try:
         loaded, read = [], []
         for p in parts:
@@ -297,17 +312,28 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
         parts = read
         first = loaded[0]
         for p, r in zip(parts, loaded):
-            diff = [k for k in SHARED if r.get(k) != first.get(k)]
+            diff = [k for k in SHARED if k != "lengths" and r.get(k) != first.get(k)]
             if diff:
                 raise ValueError(f"{p} differs from {parts[0]} in {', '.join(diff)}")
-        arms, seen = [], {}
+        # the length groups: shards of one run share a length list; runs of other lengths must not overlap it
+        groups = sorted({tuple(r["lengths"]) for r in loaded})
+        for i, g in enumerate(groups):
+            for h in groups[i + 1:]:
+                if set(g) & set(h):
+                    raise ValueError(f"parts of lengths {list(g)} and {list(h)} overlap: join shards of one "
+                                     "length list, or runs of disjoint lengths")
+        arms, seen = {}, {}           # arm -> joined entry; (arm, lengths) -> the part that holds it
         for p, r in zip(parts, loaded):
+            g = tuple(r["lengths"])
             for a in r["arms"]:
-                if a["arm"] in seen:
-                    raise ValueError(f"arm {a['arm']} is in both {seen[a['arm']]} and {p}")
-                seen[a["arm"]] = p
-                arms.append(a)
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+                if (a["arm"], g) in seen:
+                    raise ValueError(f"arm {a['arm']} is in both {seen[a['arm'], g]} and {p}")
+                seen[a["arm"], g] = p
+                if a["arm"] in arms:
+                    _join_arm(arms[a["arm"]], a)
+                else:
+                    arms[a["arm"]] = {**a, "scores": {t: dict(v) for t, v in a["scores"].items()}}
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
         print(f"evals.run: error: --merge: {e}", file=sys.stderr)
         return 2
     # the arm set the parts were run for, recorded in each (or derived from its command): a complete
@@ -316,20 +342,24 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
     for r in loaded:
         expected += [a for a in planned_arms(r) if a not in expected]
     order = {a: i for i, a in enumerate(expected)}
-    arms.sort(key=lambda a: order.get(a["arm"], len(order)))
-    result = {**{k: first.get(k) for k in SHARED}, "commit": first.get("commit"), "arch": first.get("arch"),
-              "preset": first.get("preset"),
+    joined = sorted(arms.values(), key=lambda a: order.get(a["arm"], len(order)))
+    lengths = sorted(n for g in groups for n in g)
+    result = {**{k: first.get(k) for k in SHARED}, "lengths": lengths, "commit": first.get("commit"),
+              "arch": first.get("arch"), "preset": first.get("preset"),
               "command": "python -m trtllm_dasc.evals.run --merge " + " ".join(parts),
               # a part that is itself a merge (an earlier call's result joined with the arms a later call
               # added) contributes its own parts, so every entry is one process's command
               "parts": [q for r in loaded for q in (r.get("parts") or [
                   {"command": r.get("command"), "commit": r.get("commit"), "shard": r.get("shard"),
                    "planned_arms": planned_arms(r), "arms": [a["arm"] for a in r["arms"]]}])],
-              "planned_arms": expected, "arms": arms}
-    result["missing_arms"] = [a for a in expected if a not in seen]
+              "planned_arms": expected, "arms": joined}
+    absent = {a: [n for g in groups if (a, g) not in seen for n in g] for a in expected}
+    result["missing_arms"] = [a for a in expected if absent[a]]
     if result["missing_arms"]:
+        where = "" if len(groups) == 1 else " (" + "; ".join(
+            f"{a} at {','.join(map(str, absent[a]))}" for a in result["missing_arms"]) + ")"
         print(f"evals.run: --merge: {len(result['missing_arms'])} of the run's {len(expected)} arms are in no part: "
-              f"{', '.join(result['missing_arms'])}", file=sys.stderr)
+              f"{', '.join(result['missing_arms'])}{where}", file=sys.stderr)
     _finish(result, out, plot, resamples)
     return 0
 
