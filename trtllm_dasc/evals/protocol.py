@@ -41,12 +41,17 @@ class ProtocolConfig:
     dtype: str = "float32"
     warm: bool = True                    # False: no warm pass (a control in which every replay misses)
     rounds: int = 1                      # measured replay rounds per instance (the paper's RULER protocol: 3)
+    replay_window: int | None = None     # tokens a wr hit replays (None: the plan's, W_max): a diagnostic, e.g.
+                                         # how far back the units a W omits still matter on a task
 
     def __post_init__(self):
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
             raise ValueError(f"rounds must be a positive integer, got {self.rounds!r}")
         if self.instances < 1:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
+        if self.replay_window is not None and (isinstance(self.replay_window, bool) or
+                                               not isinstance(self.replay_window, int) or self.replay_window < 1):
+            raise ValueError(f"replay_window must be a positive integer, got {self.replay_window!r}")
 
 
 def _engine(model: str, arm: ArmSpec, cfg: ProtocolConfig, longest: int, answer_room: int):
@@ -60,6 +65,7 @@ def _engine(model: str, arm: ArmSpec, cfg: ProtocolConfig, longest: int, answer_
                                max_batch=cfg.max_batch, max_context=per_request * block, block_size=block,
                                num_kv_blocks=(cfg.instances + cfg.max_batch + 1) * per_request,
                                prompt_only=True, interval=per_request * block, prefill_chunk=4096,
+                               replay_window=cfg.replay_window,
                                # every arm keeps the whole block: the budget of a dense pool that does
                                state_budget_bytes=(cfg.instances + 2) * dense))
 

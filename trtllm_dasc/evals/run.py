@@ -4,6 +4,7 @@
         [--arms dense,nr16,wr16,nr16+int8,...|paper] [--tasks all|niah_single_1,...] [--lengths 1024,4096]
         [--instances 30] [--device cuda --dtype bfloat16] [--resamples 10000]
         [--shard I/N]                       (only arms I, I+N, I+2N, ... of the list: parallel processes)
+        [--replay-window R]                 (every wr arm's hit replays R tokens, not W_max: a diagnostic)
     python -m trtllm_dasc.evals.run --merge part0.json part1.json ... --out results.json [--plot acc.png]
         (the parts: shards of one run, and/or runs of the same arms at disjoint lengths: one result over all)
 
@@ -134,6 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--paper", action="store_true", help="the paper's RULER protocol (App. C.3), see above")
     ap.add_argument("--smoke", action="store_true", help="the --paper protocol shrunk to a minute on the CPU")
     ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--replay-window", type=int, default=None,
+                    help="tokens every wr arm's hit replays instead of its W_max (a diagnostic: how far back the "
+                         "units W omits still matter; recorded in the result, and a merge keeps runs of one window)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--resamples", type=int, default=None, help="bootstrap resamples (10,000)")
@@ -201,15 +205,18 @@ def _main(args, argv) -> int:
         lengths = tuple(int(x) for x in args.lengths.split(","))
         if args.instances < 2:
             raise ValueError("--instances must be >= 2 (the bootstrap resamples instances)")
+        if args.replay_window is not None and args.replay_window < 1:
+            raise ValueError("--replay-window must be >= 1 (tokens)")
     except ValueError as e:
         print(f"evals.run: error: {e}", file=sys.stderr)
         return 2
     cfg = ProtocolConfig(tasks=tasks, lengths=lengths, instances=args.instances, max_batch=args.max_batch,
-                         device=args.device, dtype=args.dtype, rounds=args.rounds)
+                         device=args.device, dtype=args.dtype, rounds=args.rounds, replay_window=args.replay_window)
     result = {"arch": HybridConfig.from_path(args.model).arch, "command": " ".join(["python -m trtllm_dasc.evals.run", *(argv if argv is not None else sys.argv[1:])]),
               "commit": args.commit or git_commit(), "model": os.path.abspath(args.model), "protocol":
               "strict warm/replay, prompt-end checkpoints, misses excluded (paper App. C.3)",
               "tasks": list(tasks), "lengths": list(lengths), "instances": args.instances, "rounds": args.rounds,
+              "replay_window": args.replay_window,
               "preset": "paper" if args.paper else "smoke" if args.smoke else None,
               # the arms of the whole run, every shard's: what --merge expects the parts to hold together
               "planned_arms": planned, "arms": []}
@@ -256,7 +263,7 @@ def _write(path: str, result: dict) -> None:
 
 
 # what every part of a merge must share: the same instances, scored the same way
-SHARED = ("model", "tasks", "lengths", "instances", "protocol", "rounds")
+SHARED = ("model", "tasks", "lengths", "instances", "protocol", "rounds", "replay_window")
 
 
 def planned_arms(part: dict) -> list[str]:
