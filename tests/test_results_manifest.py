@@ -3,6 +3,7 @@ the command that made it and a clean commit (a bare hash: no "+uncommitted chang
 manifest.json lists every file of the directory, no more and no less. Reads files only: no git, no torch."""
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -14,6 +15,11 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 NOT_RESULTS = {"README.md", "manifest.json"}
 SHA = re.compile(r"[0-9a-f]{7,40}")
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def load(path: Path):
+    """A result document: NAME.json, or NAME.json.gz (gzip-compressed: the quality protocol's large results)."""
+    return json.loads(gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_text())
 
 
 def values(obj, key: str) -> list:
@@ -57,10 +63,10 @@ def manifest_problems(root: Path) -> list[str]:
     problems += [f"{p} is in the directory but not in the manifest" for p in sorted(present - set(names))]
     problems += [f"{p} is in the manifest but not in the directory" for p in sorted(set(names) - present)]
     for name, e in manifest["benchmarks"].items():
-        if not (root / e["file"]).is_file() or not e["file"].endswith(".json"):
+        if not (root / e["file"]).is_file() or not e["file"].endswith((".json", ".json.gz")):
             problems.append(f"{name}: its file {e['file']} is not a JSON result here")
             continue
-        doc = json.loads((root / e["file"]).read_text())
+        doc = load(root / e["file"])
         commits = [c for c in values(doc, "commit") if isinstance(c, str)]
         for c in ([e["commit"]] if isinstance(e["commit"], str) else e["commit"]):
             if not SHA.fullmatch(c) or not any(c.startswith(r) or r.startswith(c) for r in commits if r):
@@ -75,12 +81,12 @@ def manifest_problems(root: Path) -> list[str]:
 
 
 def result_jsons():
-    return sorted(p for p in RESULTS.rglob("*.json") if p.name not in NOT_RESULTS)
+    return sorted(p for pattern in ("*.json", "*.json.gz") for p in RESULTS.rglob(pattern) if p.name not in NOT_RESULTS)
 
 
 @pytest.mark.parametrize("path", result_jsons(), ids=lambda p: p.relative_to(RESULTS).as_posix())
 def test_every_result_records_its_command_and_a_clean_commit(path):
-    assert provenance_problems(json.loads(path.read_text())) == []
+    assert provenance_problems(load(path)) == []
 
 
 def test_the_manifest_and_the_directory_agree():

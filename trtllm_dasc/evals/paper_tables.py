@@ -32,6 +32,7 @@ from trtllm_dasc.evals.protocol import parse_arm
 from trtllm_dasc.evals.report import instance_scores, mean_scores
 from trtllm_dasc.evals.stats import holm, paired_bootstrap
 from trtllm_dasc.config import HybridConfig
+from trtllm_dasc.evals.result_file import load_result
 
 PAPER_FILE = os.path.join(os.path.dirname(__file__), "paper_numbers.json")
 
@@ -252,13 +253,13 @@ def main(argv=None) -> int:
     ap.add_argument("--resamples", type=int, default=10_000)
     args = ap.parse_args(argv)
     try:
-        results = [json.load(open(p)) for p in args.results]
+        results = [load_result(p) for p in args.results]
         horizons = {}
         for item in filter(None, (args.horizons or "").split(",")):
             arch, _, path = item.partition("=")
             if arch not in ("kda", "gdn") or not path:
                 raise ValueError(f"--horizons: expected kda=FILE or gdn=FILE, got {item!r}")
-            horizons[arch] = json.load(open(path))
+            horizons[arch] = load_result(path)
         if args.resamples < 1:
             raise ValueError("--resamples must be >= 1")
         out = args.out or os.devnull

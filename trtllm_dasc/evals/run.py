@@ -45,6 +45,7 @@ from trtllm_dasc.provenance import check_results_commit, git_commit
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.evals.report import accuracy_table, comparisons, format_comparisons, plot_accuracy
 from trtllm_dasc.evals.paper_tables import write_markdown
+from trtllm_dasc.evals.result_file import load_result, write_result
 
 PAPER_WINDOWS = (16, 64, 128, 512)
 
@@ -123,7 +124,7 @@ def _smoke_model(out: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint directory (save_pretrained)")
-    ap.add_argument("--out", required=True, help="result JSON")
+    ap.add_argument("--out", required=True, help="result JSON (NAME.json.gz: gzip-compressed)")
     ap.add_argument("--plot", default=None, help="accuracy vs W_max (PNG)")
     ap.add_argument("--arms", default=None, help="comma list of arm specs, or paper (the 37-arm sweep), or precision "
                     "(dense; nr, nr+int8, nr+horizon and five shuffled-band controls at W 16 and 64)")
@@ -256,10 +257,7 @@ def _write(path: str, result: dict) -> None:
     """Whole or not at all: a run stopped by a time limit leaves the arms it finished, readable. Into
     benchmarks/results/ only at a clean commit (provenance.check_results_commit)."""
     check_results_commit(path, result)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    os.replace(path + ".tmp", path)
+    write_result(path, result)               # NAME.json.gz: compressed (evals/result_file.py: why)
 
 
 # what every part of a merge must share: the same instances, scored the same way
@@ -309,10 +307,9 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
         loaded, read = [], []
         for p in parts:
             try:
-                with open(p) as f:
-                    loaded.append(json.load(f))
+                loaded.append(load_result(p))
                 read.append(p)
-            except (OSError, json.JSONDecodeError) as e:
+            except (OSError, EOFError, json.JSONDecodeError) as e:
                 print(f"evals.run: warning: --merge: skipping {p}: {e}", file=sys.stderr)
         if not loaded:
             raise ValueError("no part could be read")

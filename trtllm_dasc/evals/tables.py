@@ -6,7 +6,6 @@ comparisons in the form of the paper's Table 5, for a quality report's README.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
@@ -14,6 +13,7 @@ import numpy as np
 
 from trtllm_dasc.evals.protocol import parse_arm
 from trtllm_dasc.evals.report import accuracy_table
+from trtllm_dasc.evals.result_file import load_result
 from trtllm_dasc.spec import DEFAULT_CONV_CODEC
 
 # the comparison families of report.comparisons, as the tables name them
@@ -150,8 +150,7 @@ def main(argv=None) -> int:
     parts = []
     for path in args.results:
         try:
-            with open(path) as f:
-                result = json.load(f)
+            result = load_result(path)
             parts.append(markdown(result, str(result.get("model", path)).rstrip("/").rsplit("/", 1)[-1]))
         except (OSError, ValueError, KeyError) as e:
             print(f"evals.tables: error: {path}: {e}", file=sys.stderr)
