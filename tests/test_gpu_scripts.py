@@ -310,13 +310,22 @@ def test_quality_evals_warms_the_kernels_before_the_shards_and_gives_them_the_re
     # the warm-up runs the shards' instance count: the same batches, so the same autotuned kernel keys
     assert len(shards) == 4 and all("--instances 8 " in c and "--tasks niah_single_1 " in c for c in warm)
     assert {c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in warm} == {"kda.json", "gdn.json"}
-    for c in warm:   # an arm of each codec the arm sets use, at the run's lengths, under a limit of its own
-        assert c.startswith("T=300 ") and "--arms dense,nr16+int8,nr16+horizon+conv-int8 " in c
+    for c in warm:   # an arm of each codec the arm sets use, at the run's lengths, under a limit of its own:
+        # WARM_LIMIT (300 s) or half the shards' limit, whichever is less
+        assert c.startswith("T=230 ") and "--arms dense,nr16+int8,nr16+horizon+conv-int8 " in c
         assert "--lengths 1024,4096 " in c and "--device cuda" in c
     limits = {int(c.split()[0][2:]) for c in shards}
     assert len(limits) == 1 and 460 - 10 <= limits.pop() <= 460 - 2      # the warm-up's seconds come off
     assert all("--arms precision " in c and "--instances 8 " in c for c in shards)
     assert "kernels warmed in" in output
+
+
+def test_quality_evals_starts_no_shard_when_the_warm_up_left_too_little(tmp_path):
+    # `timeout 0` is no limit at all, and a negative one runs nothing: either way not what the caller asked
+    rc, output, calls = _quality_call(tmp_path, EVAL_LIMIT="20")
+    runs = [c for c in calls if "-m trtllm_dasc.evals.run --model" in c]
+    assert rc == 4 and "not starting them" in output
+    assert len(runs) == 2 and all(c.startswith("T=10 ") for c in runs)      # the two warm-ups, half of 20 s
 
 
 def test_quality_evals_without_warm_up_gives_the_shards_the_whole_limit(tmp_path):
@@ -504,7 +513,14 @@ def test_quality_lengths_runs_each_length_apart_and_gives_the_last_one_what_is_l
     assert 1000 - 4 <= int(last[1]) <= 1000 - 2        # all that is left: the first's 2 s, not its 600 s limit
 
 
-def test_quality_lengths_stops_when_too_little_is_left_for_a_length(tmp_path):
+def test_quality_lengths_stops_when_too_little_is_left_for_a_length_and_says_so(tmp_path):
     rc, output, runs = _lengths_call(tmp_path, CALL_LIMIT="150", MARGIN_S="60", LENGTH_LIST="4096 8192")
-    assert rc == 0, output
     assert runs == [] and "54 s left for 4096 tokens: stopping" in output      # 60% of (150 - 60)
+    assert rc != 0 and "ran no length of 4096 8192" in output
+
+
+def test_quality_lengths_takes_commas_and_puts_the_shards_under_cells_root(tmp_path):
+    rc, output, runs = _lengths_call(tmp_path, CALL_LIMIT="1060", LENGTH_LIST="4096,8192", CELLS_ROOT="/tmp/x")
+    assert rc == 0, output
+    assert [r.split()[0] for r in runs] == ["4096", "8192"]
+    assert [r.split()[2] for r in runs] == ["/tmp/x/4096", "/tmp/x/8192"]

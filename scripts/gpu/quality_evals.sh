@@ -42,10 +42,12 @@ P=${PROCS:-8}
 warm_instances=${INSTANCES:-$([ "${PAPER:-0}" = 1 ] && echo 30 || echo 20)}
 if [ "${WARM:-1}" = 1 ]; then
   started=$SECONDS
+  # the warm-up never takes more than half the limit: the shards keep the rest
+  warm_limit=$(( ${WARM_LIMIT:-300} < ${EVAL_LIMIT:-450} / 2 ? ${WARM_LIMIT:-300} : ${EVAL_LIMIT:-450} / 2 ))
   mkdir -p ${EV}_warm
   for g in 0 1; do
     arch=$([ $g = 0 ] && echo kda || echo gdn)
-    CUDA_VISIBLE_DEVICES=$((g % GPUS)) timeout "${WARM_LIMIT:-300}" python3 -m trtllm_dasc.evals.run \
+    CUDA_VISIBLE_DEVICES=$((g % GPUS)) timeout "$warm_limit" python3 -m trtllm_dasc.evals.run \
       --model $MODELS/$arch --arms dense,nr16+int8,nr16+horizon+conv-int8 --tasks niah_single_1 --instances "$warm_instances" \
       --lengths "${LENGTHS:-1024,2048,4096}" --device cuda --dtype bfloat16 --out ${EV}_warm/$arch.json \
       > ${EV}_warm/$arch.log 2>&1 &
@@ -53,6 +55,10 @@ if [ "${WARM:-1}" = 1 ]; then
   wait
   echo "quality_evals: kernels warmed in $((SECONDS - started)) s"
   EVAL_LIMIT=$(( ${EVAL_LIMIT:-450} - (SECONDS - started) ))
+fi
+# `timeout 0` would mean no limit at all, and a negative one runs nothing: refuse a limit the shards cannot use
+if [ "${EVAL_LIMIT:-450}" -lt 30 ]; then
+  echo "quality_evals: ${EVAL_LIMIT} s left for the shards: not starting them (raise EVAL_LIMIT)"; exit 4
 fi
 for g in 0 1; do
   arch=$([ $g = 0 ] && echo kda || echo gdn)

@@ -57,3 +57,8 @@ def test_the_flag_is_recorded_and_checked_and_a_merge_keeps_one_window(tmp_path,
     assert run.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out",
                      str(tmp_path / "m.json")]) == 2
     assert "replay_window" in capsys.readouterr().err
+    # nor read as the protocol's dasc-wr by the tables
+    from trtllm_dasc.evals import paper_tables, tables
+    assert paper_tables.main([str(tmp_path / "a.json"), "--out", str(tmp_path / "t.md")]) == 2
+    assert tables.main([str(tmp_path / "a.json")]) == 2
+    assert capsys.readouterr().err.count("--replay-window 64 diagnostic") == 2

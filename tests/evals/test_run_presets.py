@@ -147,6 +147,12 @@ def test_runs_at_other_lengths_join_into_the_run_over_every_length(fake_protocol
     lost = [a["arm"] for a in json.loads(open(parts[3]).read())["arms"]]
     assert json.loads((tmp_path / "part.json").read_text())["missing_arms"] == lost == ["nr16"]
     assert "nr16 at 160" in capsys.readouterr().err
-    # overlapping length lists are refused in one line, never double-counted
+    assert json.loads((tmp_path / "part.json").read_text())["missing_at"] == {"nr16": [160]}
+    # topping that merge up with the lost shard completes it (a later call's arms), cell by cell
+    assert run.main(["--merge", str(tmp_path / "part.json"), parts[3], "--out", str(tmp_path / "full.json"),
+                     "--resamples", "50"]) == 0
+    full = json.loads((tmp_path / "full.json").read_text())
+    assert full["missing_arms"] == [] and full["accuracy"] == whole["accuracy"]
+    # a cell two parts hold (an arm at a length) is refused in one line, never counted twice
     assert run.main(["--merge", str(tmp_path / "whole.json"), parts[0], "--out", str(tmp_path / "x.json")]) == 2
-    assert "overlap" in capsys.readouterr().err
+    assert "at 128 tokens is in both" in capsys.readouterr().err

@@ -254,6 +254,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         results = [load_result(p) for p in args.results]
+        for p, r in zip(args.results, results):
+            if r.get("replay_window"):
+                # its wr arms replayed that many tokens, not W_max: they are not the paper's dasc-wr at W
+                raise ValueError(f"{p} is a --replay-window {r['replay_window']} diagnostic, not the protocol's arms")
         horizons = {}
         for item in filter(None, (args.horizons or "").split(",")):
             arch, _, path = item.partition("=")

@@ -295,21 +295,28 @@ def _join_arm(into: dict, more: dict) -> None:
     into["seconds"] = into.get("seconds", 0.0) + more.get("seconds", 0.0)
 
 
+def _lengths_held(arm: dict) -> list[int]:
+    """The lengths an arm entry holds scores for (a cell exists once an arm ran a length, even when every
+    instance missed): what a part really brings, whatever length list it declares."""
+    return sorted({int(n) for by_length in arm["scores"].values() for n in by_length})
+
+
 def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
     """Join shards' result JSONs (arms run in parallel processes) into one, with the statistics over all.
     Parts may also be runs of the same arms at other lengths (a run per length, so a time limit costs the
-    last length only): parts with disjoint length lists are joined arm by arm into one result over every
-    length (the paper's tables span 4k / 8k / 16k); lists that overlap without being equal are refused.
+    last length only), or an earlier merge topped up with what a later call ran: they are joined cell by cell,
+    a cell being one arm at one length, into one result over every length (the paper's tables span 4k / 8k /
+    16k); a cell two parts both hold is refused, never counted twice.
     A part that cannot be read (a shard killed before its first arm finished) is skipped with a warning;
-    the arms of the run (planned_arms: what the shards were run with) that no part holds, at any of the
-    lengths, are listed in the result (missing_arms) and said."""
+    the arms of the run (planned_arms: what the shards were run with) that lack a length are listed in the
+    result (missing_arms; missing_at: at which lengths) and said."""
     try:
         loaded, read = [], []
         for p in parts:
             try:
                 loaded.append(load_result(p))
                 read.append(p)
-            except (OSError, EOFError, json.JSONDecodeError) as e:
+            except (OSError, EOFError, ValueError) as e:      # ValueError: not JSON, or not UTF-8
                 print(f"evals.run: warning: --merge: skipping {p}: {e}", file=sys.stderr)
         if not loaded:
             raise ValueError("no part could be read")
@@ -319,25 +326,20 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
             diff = [k for k in SHARED if k != "lengths" and r.get(k) != first.get(k)]
             if diff:
                 raise ValueError(f"{p} differs from {parts[0]} in {', '.join(diff)}")
-        # the length groups: shards of one run share a length list; runs of other lengths must not overlap it
-        groups = sorted({tuple(r["lengths"]) for r in loaded})
-        for i, g in enumerate(groups):
-            for h in groups[i + 1:]:
-                if set(g) & set(h):
-                    raise ValueError(f"parts of lengths {list(g)} and {list(h)} overlap: join shards of one "
-                                     "length list, or runs of disjoint lengths")
-        arms, seen = {}, {}           # arm -> joined entry; (arm, lengths) -> the part that holds it
+        arms, cells = {}, {}          # arm -> joined entry; (arm, length) -> the part that holds that cell
         for p, r in zip(parts, loaded):
-            g = tuple(r["lengths"])
             for a in r["arms"]:
-                if (a["arm"], g) in seen:
-                    raise ValueError(f"arm {a['arm']} is in both {seen[a['arm'], g]} and {p}")
-                seen[a["arm"], g] = p
+                held = _lengths_held(a)
+                twice = [n for n in held if (a["arm"], n) in cells]
+                if twice:
+                    raise ValueError(f"arm {a['arm']} at {','.join(map(str, twice))} tokens is in both "
+                                     f"{cells[a['arm'], twice[0]]} and {p}")
+                cells.update({(a["arm"], n): p for n in held})
                 if a["arm"] in arms:
                     _join_arm(arms[a["arm"]], a)
                 else:
                     arms[a["arm"]] = {**a, "scores": {t: dict(v) for t, v in a["scores"].items()}}
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"evals.run: error: --merge: {e}", file=sys.stderr)
         return 2
     # the arm set the parts were run for, recorded in each (or derived from its command): a complete
@@ -347,20 +349,25 @@ def merge(parts: list[str], out: str, plot: str | None, resamples: int) -> int:
         expected += [a for a in planned_arms(r) if a not in expected]
     order = {a: i for i, a in enumerate(expected)}
     joined = sorted(arms.values(), key=lambda a: order.get(a["arm"], len(order)))
-    lengths = sorted(n for g in groups for n in g)
+    lengths = sorted({int(n) for r in loaded for n in r["lengths"]})
     result = {**{k: first.get(k) for k in SHARED}, "lengths": lengths, "commit": first.get("commit"),
+              # the code that joined the parts (the parts' commits ran them): a "commit" key, so a merge
+              # into benchmarks/results/ is refused from a tree with uncommitted changes too
+              "merged_by": {"commit": git_commit()},
               "arch": first.get("arch"), "preset": first.get("preset"),
               "command": "python -m trtllm_dasc.evals.run --merge " + " ".join(parts),
               # a part that is itself a merge (an earlier call's result joined with the arms a later call
               # added) contributes its own parts, so every entry is one process's command
               "parts": [q for r in loaded for q in (r.get("parts") or [
                   {"command": r.get("command"), "commit": r.get("commit"), "shard": r.get("shard"),
-                   "planned_arms": planned_arms(r), "arms": [a["arm"] for a in r["arms"]]}])],
+                   "lengths": r.get("lengths"), "planned_arms": planned_arms(r),
+                   "arms": [a["arm"] for a in r["arms"]]}])],
               "planned_arms": expected, "arms": joined}
-    absent = {a: [n for g in groups if (a, g) not in seen for n in g] for a in expected}
+    absent = {a: [n for n in lengths if (a, n) not in cells] for a in expected}
     result["missing_arms"] = [a for a in expected if absent[a]]
+    result["missing_at"] = {a: absent[a] for a in result["missing_arms"]}
     if result["missing_arms"]:
-        where = "" if len(groups) == 1 else " (" + "; ".join(
+        where = "" if len(lengths) == 1 else " (" + "; ".join(
             f"{a} at {','.join(map(str, absent[a]))}" for a in result["missing_arms"]) + ")"
         print(f"evals.run: --merge: {len(result['missing_arms'])} of the run's {len(expected)} arms are in no part: "
               f"{', '.join(result['missing_arms'])}{where}", file=sys.stderr)

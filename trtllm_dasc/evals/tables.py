@@ -151,8 +151,11 @@ def main(argv=None) -> int:
     for path in args.results:
         try:
             result = load_result(path)
+            if result.get("replay_window"):
+                # its wr arms replayed that many tokens, not W_max: they are not dasc-wr at W
+                raise ValueError(f"a --replay-window {result['replay_window']} diagnostic, not the protocol's arms")
             parts.append(markdown(result, str(result.get("model", path)).rstrip("/").rsplit("/", 1)[-1]))
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, EOFError, ValueError, KeyError) as e:
             print(f"evals.tables: error: {path}: {e}", file=sys.stderr)
             return 2
     text = "\n".join(parts)
