@@ -47,7 +47,7 @@ from trtllm_dasc.plan.synthetic import decay_tensors
 from trtllm_dasc.evals.mixture import TrainingMixture, is_count, task_weights_from_losses
 from trtllm_dasc.evals.qa_drill import QA_TASKS
 from trtllm_dasc.evals.vocab import TaskVocab
-from trtllm_dasc.evals.safe_gate import make_kda_gates_gradient_safe
+from trtllm_dasc.evals.safe_gate import enable_gate_anchor, make_kda_gates_gradient_safe
 from trtllm_dasc.evals.train_kernels import choose_conv, choose_gdn_recurrence
 
 DEFAULT_LR = 2e-3                       # TrainConfig.lr and the CLI's --lr
@@ -120,6 +120,10 @@ class TrainConfig:
     # per-task log, task_sampling "loss" (qa keeps a larger share while its drills are unlearned) and the
     # curriculum's gate (a run resumed at its last stage has no gate left); the log adds the final answer alone
     qa_drill: int = 0
+    # KDA only: add this times the mean squared log-ratio of each token's decay rate to the channel's static one
+    # (evals/safe_gate.py, enable_gate_anchor: why) to the loss; 0: no anchor. The decay parameters stay frozen
+    # either way; this holds the gate's data-dependent part near the profile the planner reads
+    gate_anchor: float = 0.0
     seed: int = 0
 
     def check(self) -> None:
@@ -131,6 +135,10 @@ class TrainConfig:
             raise ValueError(f"need 64 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
         if not is_count(self.qa_drill):
             raise ValueError(f"--qa-drill must be a non-negative integer, got {self.qa_drill!r}")
+        if not (isinstance(self.gate_anchor, (int, float)) and math.isfinite(self.gate_anchor) and self.gate_anchor >= 0):
+            raise ValueError(f"--gate-anchor must be a finite number >= 0, got {self.gate_anchor!r}")
+        if self.gate_anchor and self.arch != "kda":
+            raise ValueError("--gate-anchor holds KDA's data-dependent forget gate: it needs --arch kda")
         if self.freeze_decay and self.decay_init != "paper":
             raise ValueError("--freeze-decay holds the decay at the paper's profile: it needs --decay-init paper")
 
@@ -193,6 +201,8 @@ def build_model(cfg: TrainConfig):
     hf = model_config(cfg)
     model = (KimiLinearForCausalLM if cfg.arch == "kda" else Qwen3NextForCausalLM)(hf).float()
     make_kda_gates_gradient_safe(model)     # transformers' KDA softplus has a NaN gradient past x = 88.7
+    if cfg.gate_anchor:
+        model.gate_anchor_terms = enable_gate_anchor(model)
     if cfg.decay_init == "default":
         return model
     set_profile_decay(model, cfg)
@@ -340,10 +350,18 @@ def forward_backward(model, opt, tokens, mask, cfg: TrainConfig, amp):
     losses), all on the device: the caller reads them back once (the trainer) or not at all
     (benchmarks/train_step.py)."""
     import torch
+    terms = getattr(model, "gate_anchor_terms", None) if cfg.gate_anchor else None
+    if terms is not None:
+        terms.clear()
     with amp:
         loss, answer_loss, accuracy, row_loss, final_loss = loss_fn(
             model, tokens, mask, cfg.all_token_weight, with_accuracy=True, answer_weighting=cfg.answer_weighting,
             with_final=True)
+        if terms:
+            anchor = torch.stack(terms).mean()
+            loss = loss + cfg.gate_anchor * anchor
+            model.gate_anchor_last = anchor.detach()     # the log's figure, read back with the others
+            terms.clear()
     opt.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -488,8 +506,10 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
                 log(f"[train] step {step} {moved}")
             if step % 50 == 0 or step == first_step + 1:     # and the first step of every run
                 ema = "" if curriculum.ema is None else f" (EMA {curriculum.ema:.3f})"
+                anchor = getattr(model, "gate_anchor_last", None)
+                anchor = "" if anchor is None else f" gate anchor {float(anchor):.3f}"
                 log(f"[train] step {step} len {length} x{batch} answer loss {answer_value:.3f}{ema} "
-                    f"answer tokens right {accuracy_value:.1%} lr {lr:.3g} ({time.time() - t0:.0f} s)")
+                    f"answer tokens right {accuracy_value:.1%}{anchor} lr {lr:.3g} ({time.time() - t0:.0f} s)")
             if step % 200 == 0:
                 log(f"[train] step {step} answer loss by task (last {per_task.window} rows each): {per_task.summary()}")
                 if qa_final.means():
@@ -616,6 +636,10 @@ def main(argv=None) -> int:
     ap.add_argument("--qa-drill", type=int, default=None, metavar="K",
                     help="qa_1 / qa_2 training examples also ask up to K one-hop questions about their own "
                          "documents, each answer a target (default 0; evaluation never drills)")
+    ap.add_argument("--gate-anchor", type=float, default=None, metavar="LAMBDA",
+                    help="KDA: add LAMBDA x the mean squared log-ratio of each token's decay rate to its channel's "
+                         "static one to the loss, holding the data-dependent gate near the profile dasc plans "
+                         "from (default 0: none)")
     ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
     ap.add_argument("--advance-loss", type=float, default=_CURRICULUM.advance_loss,
                     help="leave a curriculum stage when the answer loss EMA falls under this")
@@ -647,7 +671,7 @@ def main(argv=None) -> int:
                  "tokens_per_step": args.tokens_per_step, "decay_init": args.decay_init, "lr": args.lr,
                  "freeze_decay": args.freeze_decay, "answer_weighting": args.answer_weighting,
                  "task_sampling": args.task_sampling, "conv": args.conv, "row_lengths": args.row_lengths,
-                 "qa_drill": args.qa_drill}
+                 "qa_drill": args.qa_drill, "gate_anchor": args.gate_anchor}
         preset.update({k: v for k, v in given.items() if v is not None})
         cfg = TrainConfig(arch=args.arch, seed=args.seed, restart_curriculum=args.restart_curriculum,
                           tasks=tuple(args.tasks.split(",")) if args.tasks else None,
