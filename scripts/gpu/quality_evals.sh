@@ -10,7 +10,8 @@
 # TASKS (comma-separated, default all 13), PROCS (8), EVAL_LIMIT (seconds, 450): a shard cut by the limit keeps the arms it finished.
 # ARMS (default paper: the 37 arms) names the arms to run, e.g. the ones a cut call left out; merge the result with
 # the earlier one: python -m trtllm_dasc.evals.run --merge earlier.json new.json --out joined.json
-# WARM (1): compile the kernels in one process a model before the shards start (below: why).
+# WARM (1): compile the kernels in one process a model before the shards start (below: why), within WARM_LIMIT
+# (300 s) or half of EVAL_LIMIT, whichever is less; under 30 s left for the shards, none starts (exit 4).
 # PAPER=1: the paper's RULER protocol (evals.run --paper: 13 subtasks x 30 instances x 4k,8k, 3 replay rounds,
 # dense / nr / wr at 16-512, INT8 at 16, five random masks at every W; INSTANCES / LENGTHS / ARMS / TASKS still
 # override it), then the horizon validation of both models ($OUT/horizon_validation_{kda,gdn}.json, HV_LIMIT
