@@ -3,12 +3,13 @@ the command that made it and a clean commit (a bare hash: no "+uncommitted chang
 manifest.json lists every file of the directory, no more and no less. Reads files only: no git, no torch."""
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from pathlib import Path
 
 import pytest
+
+from trtllm_dasc.evals.result_file import load_result
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 # the directory's own description, not results
@@ -19,7 +20,7 @@ DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 def load(path: Path):
     """A result document: NAME.json, or NAME.json.gz (gzip-compressed: the quality protocol's large results)."""
-    return json.loads(gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_text())
+    return load_result(str(path))
 
 
 def values(obj, key: str) -> list:

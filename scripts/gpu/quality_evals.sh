@@ -40,9 +40,9 @@ P=${PROCS:-8}
 # the autotuned kernels (fla's layer norm) follow the instance count. With 2 instances (until 12-06) the shards'
 # first step (14 prompts of 4096 tokens) autotuned again in 16 processes at once, and 5 of 8 GDN shards died of
 # CUDA out of memory inside the autotuner's benchmark on an H100
-warm_instances=${INSTANCES:-$([ "${PAPER:-0}" = 1 ] && echo 30 || echo 20)}
 if [ "${WARM:-1}" = 1 ]; then
   started=$SECONDS
+  warm_instances=${INSTANCES:-$([ "${PAPER:-0}" = 1 ] && echo 30 || echo 20)}
   # the warm-up never takes more than half the limit: the shards keep the rest
   warm_limit=$(( ${WARM_LIMIT:-300} < ${EVAL_LIMIT:-450} / 2 ? ${WARM_LIMIT:-300} : ${EVAL_LIMIT:-450} / 2 ))
   mkdir -p ${EV}_warm

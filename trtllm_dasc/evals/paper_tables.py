@@ -32,7 +32,7 @@ from trtllm_dasc.evals.protocol import parse_arm
 from trtllm_dasc.evals.report import instance_scores, mean_scores
 from trtllm_dasc.evals.stats import holm, paired_bootstrap
 from trtllm_dasc.config import HybridConfig
-from trtllm_dasc.evals.result_file import load_result
+from trtllm_dasc.evals.result_file import load_for_tables, load_result
 
 PAPER_FILE = os.path.join(os.path.dirname(__file__), "paper_numbers.json")
 
@@ -253,11 +253,7 @@ def main(argv=None) -> int:
     ap.add_argument("--resamples", type=int, default=10_000)
     args = ap.parse_args(argv)
     try:
-        results = [load_result(p) for p in args.results]
-        for p, r in zip(args.results, results):
-            if r.get("replay_window"):
-                # its wr arms replayed that many tokens, not W_max: they are not the paper's dasc-wr at W
-                raise ValueError(f"{p} is a --replay-window {r['replay_window']} diagnostic, not the protocol's arms")
+        results = [load_for_tables(p) for p in args.results]
         horizons = {}
         for item in filter(None, (args.horizons or "").split(",")):
             arch, _, path = item.partition("=")

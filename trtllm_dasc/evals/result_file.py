@@ -21,6 +21,15 @@ def load_result(path: str):
         return json.load(f)
 
 
+def load_for_tables(path: str):
+    """A protocol result for the tables (evals.tables, evals.paper_tables), refused (ValueError) when it is a
+    --replay-window diagnostic: its wr arms replayed that many tokens, not W_max, so they are not dasc-wr at W."""
+    result = load_result(path)
+    if result.get("replay_window"):
+        raise ValueError(f"{path} is a --replay-window {result['replay_window']} diagnostic, not the protocol's arms")
+    return result
+
+
 def write_result(path: str, result) -> None:
     """``result`` to ``path`` whole or not at all (a temporary file, then a rename): indented when plain,
     compact when compressed. gzip's header carries no time (mtime=0), so the same result gives the same bytes."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from trtllm_dasc.evals.protocol import parse_arm
 from trtllm_dasc.evals.report import accuracy_table
-from trtllm_dasc.evals.result_file import load_result
+from trtllm_dasc.evals.result_file import load_for_tables
 from trtllm_dasc.spec import DEFAULT_CONV_CODEC
 
 # the comparison families of report.comparisons, as the tables name them
@@ -150,10 +150,7 @@ def main(argv=None) -> int:
     parts = []
     for path in args.results:
         try:
-            result = load_result(path)
-            if result.get("replay_window"):
-                # its wr arms replayed that many tokens, not W_max: they are not dasc-wr at W
-                raise ValueError(f"a --replay-window {result['replay_window']} diagnostic, not the protocol's arms")
+            result = load_for_tables(path)
             parts.append(markdown(result, str(result.get("model", path)).rstrip("/").rsplit("/", 1)[-1]))
         except (OSError, EOFError, ValueError, KeyError) as e:
             print(f"evals.tables: error: {path}: {e}", file=sys.stderr)
