@@ -47,22 +47,43 @@ def _anchor_term(rate, dt_bias):
     return (torch.log(rate.clamp_min(_RATE_FLOOR)) - torch.log(static.clamp_min(_RATE_FLOOR))).square().mean()
 
 
+def _record_gdn_anchor(module, original):
+    """``module.fix_query_key_value_ordering`` that also records the anchor term of the head gates: Qwen3-Next
+    computes its log decay inline in the forward as ``-exp(A_log) * softplus(a + dt_bias)``, with ``a`` the last
+    output of this method (transformers 5.24.0), so this is the one point where ``a`` can be seen per layer."""
+    def fix_query_key_value_ordering(mixed_qkvz, mixed_ba):
+        import torch.nn.functional as F
+        out = original(mixed_qkvz, mixed_ba)
+        if module.training:
+            a = out[-1]
+            rate = F.softplus(a.float() + module.dt_bias.float(), beta=1.0, threshold=20.0)
+            module.anchor_terms.append(_anchor_term(rate, module.dt_bias.float()))
+        return out
+    return fix_query_key_value_ordering
+
+
 def enable_gate_anchor(model) -> list:
-    """Make every (gradient-safe) KDA gate of ``model`` record its anchor term (``_anchor_term``) in one shared
+    """Make every linear-attention gate of ``model`` record its anchor term (``_anchor_term``) in one shared
     list on each training-mode forward; returns the list, which the trainer sums into the loss and empties.
+    KDA's (gradient-safe) forget gates record per (token, key channel); Qwen3-Next's GatedDeltaNet records per
+    (token, head) through ``_record_gdn_anchor``.
     Issue 34: with A_log / dt_bias frozen at the paper's profile, the trained data-dependent part still kept
     channels whose static horizon is <= 16 tokens alive for ~1k tokens on cwe prompts (Table 1b: 0.27 against
     the paper's 0.86), and dasc-nr at W=16 lost 5 points; the anchor pulls the tokens' horizons toward the static
-    ones the planner reads. Needs make_kda_gates_gradient_safe first (its forward records); a model without
-    KDA gates (Qwen3-Next) is refused."""
+    ones the planner reads. GDN's gate is per head and moves less (Table 1b 0.69), but its two heads that W=16
+    omits are what decide nr16 against dense and against random masks, so it is held the same way."""
     terms: list = []
     gates = [m for m in model.modules() if type(m).__name__ == "KimiLinearForgetGate"]
-    if not gates:
-        raise ValueError("the gate anchor needs KDA forget gates (Kimi-Linear); this model has none")
+    deltanets = [m for m in model.modules() if type(m).__name__ == "Qwen3NextGatedDeltaNet"]
+    if not gates and not deltanets:
+        raise ValueError("the gate anchor needs KDA forget gates or Qwen3-Next GatedDeltaNet layers; this model has none")
     for module in gates:
         if getattr(module.forward, "__func__", None) is not _safe_forward:
             raise ValueError("the gate anchor records in the gradient-safe forward: make_kda_gates_gradient_safe first")
         module.anchor_terms = terms
+    for module in deltanets:
+        module.anchor_terms = terms
+        module.fix_query_key_value_ordering = _record_gdn_anchor(module, module.fix_query_key_value_ordering)
     return terms
 
 

@@ -120,8 +120,8 @@ class TrainConfig:
     # per-task log, task_sampling "loss" (qa keeps a larger share while its drills are unlearned) and the
     # curriculum's gate (a run resumed at its last stage has no gate left); the log adds the final answer alone
     qa_drill: int = 0
-    # KDA only: add this times the mean squared log-ratio of each token's decay rate to the channel's static one
-    # (evals/safe_gate.py, enable_gate_anchor: why) to the loss; 0: no anchor. The decay parameters stay frozen
+    # add this times the mean squared log-ratio of each token's decay rate to the static one (KDA: per key channel,
+    # GDN: per head; evals/safe_gate.py, enable_gate_anchor: why) to the loss; 0: no anchor. The decay parameters stay frozen
     # either way; this holds the gate's data-dependent part near the profile the planner reads
     gate_anchor: float = 0.0
     seed: int = 0
@@ -137,8 +137,6 @@ class TrainConfig:
             raise ValueError(f"--qa-drill must be a non-negative integer, got {self.qa_drill!r}")
         if not (isinstance(self.gate_anchor, (int, float)) and math.isfinite(self.gate_anchor) and self.gate_anchor >= 0):
             raise ValueError(f"--gate-anchor must be a finite number >= 0, got {self.gate_anchor!r}")
-        if self.gate_anchor and self.arch != "kda":
-            raise ValueError("--gate-anchor holds KDA's data-dependent forget gate: it needs --arch kda")
         if self.freeze_decay and self.decay_init != "paper":
             raise ValueError("--freeze-decay holds the decay at the paper's profile: it needs --decay-init paper")
 
@@ -637,8 +635,8 @@ def main(argv=None) -> int:
                     help="qa_1 / qa_2 training examples also ask up to K one-hop questions about their own "
                          "documents, each answer a target (default 0; evaluation never drills)")
     ap.add_argument("--gate-anchor", type=float, default=None, metavar="LAMBDA",
-                    help="KDA: add LAMBDA x the mean squared log-ratio of each token's decay rate to its channel's "
-                         "static one to the loss, holding the data-dependent gate near the profile dasc plans "
+                    help="add LAMBDA x the mean squared log-ratio of each token's decay rate to its static one (KDA: "
+                         "per key channel, GDN: per head) to the loss, holding the data-dependent gate near the profile dasc plans "
                          "from (default 0: none)")
     ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
     ap.add_argument("--advance-loss", type=float, default=_CURRICULUM.advance_loss,
