@@ -75,7 +75,7 @@ def test_an_older_triton_without_a_post_hook_counts_untimed():
 
 
 def test_specialisation_is_cut_and_other_tritons_keep_their_repr():
-    kw = _kwargs(repr_="k[num_warps=4](" + "a: i32, " * 200 + ")")
+    kw = _kwargs(repr_="k[num_warps=4](" + "a: i32, " * 400 + ")")
     kw["compile"] = {"key": "k"}                            # not 3.6's compile arguments: repr as given
     out = cw.describe(kw)
     assert out.startswith("fla.ops.kda.k[num_warps=4](a: i32") and len(out) < cw.REPR_CHARS + 60
