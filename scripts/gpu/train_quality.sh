@@ -16,6 +16,8 @@
 # Carry as .whl (the device's numpy 2.x is replaced by the serving wheels' 1.26, and huggingface-hub 2.x needs
 # httpx2): ../shared/tools/gpu-wheels .whl kernels transformers==5.24.0 huggingface-hub tokenizers "numpy>=2.1,<2.4"
 #   httpx2 httpcore2 hf-xet anyio idna truststore h11 click typing-extensions
+# On a fresh machine (no serving call before) leave the numpy wheel out: the device's own numpy 2.x serves, and the
+# other wheels (23 MB) fit beside the 36 MB tree in one call; the numpy wheel alone is 17 MB
 # A call carries at most 64 MiB and the tree alone is about 35 MB (12-05): when .whl, .stage
 # and .kernel_cache_train do not fit together, send .whl first with INSTALL_ONLY=1 and the rest (no .whl) in a
 # second call under 30 s later, while the machine is still warm with the wheels installed.
