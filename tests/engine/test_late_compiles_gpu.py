@@ -3,7 +3,8 @@ token, odd lengths off the 16-token grid, the H200 replay's 2,466-token miss, ca
 hit compile no Triton kernel (engine/compile_watch.py counts them), at two engine geometries. On the H200 a
 lone request after warm-up took 27 s on a cold kernel cache against 2 s on a warm one: fla autotuned a norm
 bucket warm-up had not reached (engine/warmup.py round_lengths). A failure lists the watch's lines: which
-kernels, which specialisations."""
+kernels, which specialisations. Then a step whose five captures each replay one token (the variant of fla's
+recurrent kernel 12-06's 48B dense server compiled inside requests) compiles nothing either."""
 from __future__ import annotations
 
 import random
@@ -13,6 +14,7 @@ import torch
 
 from engine_helpers import VOCAB, greedy, make_engine, split_wmax
 from trtllm_dasc.engine import compile_watch as cw
+from trtllm_dasc.model.recurrence.fla import CHUNK
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: Triton compiles "
@@ -56,3 +58,10 @@ def test_lone_requests_of_unusual_lengths_compile_nothing_after_warmup(tiny_mode
     # the finding first: a failed load check below must not hide which kernels compiled
     assert engine.stats()["kernels_compiled_after_warmup"] == 0, "\n".join(lines)
     assert engine.stats()["checkpoint_loads"][over["policy"]] == 1
+    # five prompts of 2 x CHUNK + 2 tokens in one step, no shared prefix: each prompt-end capture replays one
+    # token, five in one call of fla's recurrent kernel (N = 5: engine/warmup.py one_token_capture_prompts)
+    engine.flush()
+    firsts = rng.sample(range(VOCAB), 5)
+    engine.generate([greedy(("one-token captures", j), [f] + [rng.randrange(VOCAB) for _ in range(2 * CHUNK + 1)],
+                            n=new) for j, f in enumerate(firsts)])
+    assert engine.stats()["kernels_compiled_after_warmup"] == 0, "\n".join(lines)

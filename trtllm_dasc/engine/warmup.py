@@ -11,7 +11,8 @@ round_lengths):
          with checkpoint captures and stores at batch b, then decode at batch b;
   hits   b prompts extending the cold ones by 1 + {15, 4, 31, 0, ...} tokens: checkpoint loads at batch
          b (wr: replays + replay merge), short prefills of both kinds of lengths with stores, decode at batch b.
-One request per round samples (temperature, top-k, top-p). Then the cache is flushed and the counters reset.
+One request per round samples (temperature, top-k, top-p). Then batches of 1, 3 and 16 short prompts whose
+captures each replay a single token (one_token_capture_prompts), and the cache is flushed and the counters reset.
 
 Prompt lengths (prompt_lengths): the first LONG_PER_ROUND prompts of the first round (the largest batch)
 and of the last (one request) are the longest, two
@@ -30,11 +31,42 @@ import time
 from trtllm_dasc.engine.request import GenerationRequest
 from trtllm_dasc.engine.sampling import SamplingParams
 from trtllm_dasc.model.fused_ops import PINNED_ROWS
+from trtllm_dasc.model.recurrence.fla import CHUNK
 
 TAILS = (15, 4, 31, 0, 63, 9, 16, 2)
 DECODE = 3
 LONG_PER_ROUND = 2                  # at most 2 (_long_lengths)
 SHORT_LONE = 5                      # a lone prompt this short decodes over a single key split (round_lengths)
+
+
+# batch sizes of the one-token capture round (one_token_capture_prompts): Triton's three classes of an integer
+# argument, equal to 1, neither, divisible by 16
+ONE_TOKEN_CAPTURES = (1, 3, 16)
+
+
+def one_token_capture_prompts(cfg, rng, vocab: int) -> list[list[list[int]]]:
+    """Batches of cold prompts whose every capture is replayed from a chunk start as a single token.
+    A step's checkpoint captures come from fla's chunk states (model/recurrence run_recurrence,
+    _from_chunk_states): a capture p tokens into a sequence, p off the CHUNK grid, replays the p % CHUNK tokens
+    after the chunk start below it, all of a step's such replays in one varlen call; when each is one token
+    long that call has as many tokens as sequences, and the backend takes fla's recurrent kernel for it
+    (recurrence/fla.py _call), a kernel whose batch size N Triton specialises (1, divisible by 16, neither).
+    Warm-up's other prompts met it only by chance, and 12-06's 48B dense server compiled that kernel inside
+    requests 20 minutes into the matched-HBM cells (0.43 s, N neither 1 nor a multiple of 16). A prompt of
+    CHUNK + 2 tokens is captured at its last token but one (the prompt end's checkpoint, CHUNK + 1 tokens in;
+    engines with a checkpoint interval also capture its multiples, which for an interval under CHUNK + 1 puts
+    other replays in the step, so there the round reaches nothing new and costs a few short prefills)."""
+    length = CHUNK + 2
+    if length + DECODE + 1 > cfg.max_context:
+        return []
+    # distinct first tokens, and (the caller) an empty cache: no prompt shares a prefix with another, so none is
+    # also captured at a branch point, which would add replays of other lengths (or more one-token ones) to the step
+    batches = []
+    for n in ONE_TOKEN_CAPTURES:
+        if n <= min(cfg.max_batch, vocab):
+            firsts = rng.sample(range(vocab), n)
+            batches.append([[first] + [rng.randrange(vocab) for _ in range(length - 1)] for first in firsts])
+    return batches
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -123,6 +155,11 @@ def warmup(engine) -> dict:
                          for i, p in enumerate(prompts)]
                 engine.generate(batch)
                 requests += len(batch)
+    for i, prompts in enumerate(one_token_capture_prompts(cfg, rng, vocab)):
+        engine.flush()
+        engine.generate([GenerationRequest(("warmup", "one-token captures", i, j), p, DECODE, SamplingParams())
+                         for j, p in enumerate(prompts)])
+        requests += len(prompts)
     # the decode buckets the traffic above did not reach: their CUDA graphs, before the first user's step
     engine.runner.capture_graphs()
     engine.flush()
