@@ -14,25 +14,33 @@
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: keep_in_history.sh MESSAGE SRC:DEST [SRC:DEST ...]"; exit 2; }
 msg=$1; shift
+refuse() { echo "keep_in_history: $*"; exit 2; }
+case "$msg" in *$'\n'*|*'|'*) refuse "MESSAGE goes into a table row: no newline and no '|'";; esac
 root=$(git rev-parse --show-toplevel)
-pairs=()
-for pair in "$@"; do   # SRC as the caller named it, made absolute before the cd to the repository's root
-  src=${pair%%:*}; [ "$src" != "$pair" ] && [ -e "$src" ] && pair="$(realpath "$src"):${pair#*:}"; pairs+=("$pair")
-done
-set -- "${pairs[@]}"
-cd "$root"
-[ -z "$(git status --porcelain --untracked-files=no)" ] || { echo "keep_in_history: the tree has uncommitted changes; commit or stash them first"; exit 2; }
-dests=()
+# every pair checked before anything is copied: a refusal leaves the tree as it was
+srcs=(); dests=()
 for pair in "$@"; do
   src=${pair%%:*}; dest=${pair#*:}
-  [ "$src" != "$pair" ] && [ -n "$dest" ] || { echo "keep_in_history: $pair is not SRC:DEST"; exit 2; }
-  [ -f "$src" ] || { echo "keep_in_history: $src is not a file"; exit 2; }
-  case "$dest" in /*|*..*) echo "keep_in_history: DEST must be a relative path inside kept/, got $dest"; exit 2;; esac
-  if git cat-file -e "HEAD:kept/$dest" 2>/dev/null; then echo "keep_in_history: kept/$dest is in the tree already"; exit 2; fi
-  mkdir -p "kept/$(dirname "$dest")"
-  cp "$src" "kept/$dest"
-  git add -f "kept/$dest"
-  dests+=("$dest")
+  [ "$src" != "$pair" ] && [ -n "$src" ] && [ -n "$dest" ] || refuse "$pair is not SRC:DEST"
+  [ -f "$src" ] || refuse "$src is not a file"          # SRC as the caller named it, from the caller's directory
+  # DEST a plain relative path: no empty, '.' or '..' part, no glob characters (git would read them as a pattern)
+  IFS=/ read -ra parts <<< "$dest"
+  for part in "${parts[@]}"; do
+    case "$part" in ''|.|..) refuse "DEST must be a plain relative path inside kept/, got $dest";; esac
+  done
+  case "$dest" in /*|*/|*[\*\?\[]*) refuse "DEST must be a plain relative path inside kept/, got $dest";; esac
+  srcs+=("$(realpath "$src")"); dests+=("$dest")
+done
+cd "$root"
+[ -z "$(git status --porcelain --untracked-files=no)" ] || refuse "the tree has uncommitted changes; commit or stash them first"
+[ ! -e kept ] || refuse "kept/ exists in the working tree; move it away first (this script makes and removes it)"
+start=$(git rev-parse HEAD)
+# from here on a failure puts the branch and the tree back where they were
+trap 'echo "keep_in_history: failed; back to $start"; git reset -q --hard "$start"; rm -rf kept' ERR
+for i in "${!dests[@]}"; do
+  mkdir -p "kept/$(dirname "${dests[$i]}")"
+  cp "${srcs[$i]}" "kept/${dests[$i]}"
+  git add -f -- ":(literal)kept/${dests[$i]}"
 done
 git commit -q -m "kept in history (then removed from the tree): $msg"
 sha=$(git rev-parse --short=12 HEAD)
@@ -49,7 +57,8 @@ for dest in "${dests[@]}"; do
   bytes=$(git cat-file -s "$sha:kept/$dest")
   sum=$(git show "$sha:kept/$dest" | sha256sum | cut -c1-16)
   echo "| $sha | kept/$dest | $bytes | $sum | $msg |" >> "$index"
-  echo "kept: git show $sha:kept/$dest > $(basename "$dest")"
 done
 git add "$index"
 git commit -q -m "kept/ out of the tree again ($msg: in $sha, listed in $index)"
+trap - ERR
+for dest in "${dests[@]}"; do echo "kept: git show '$sha:kept/$dest' > '$(basename "$dest")'"; done

@@ -49,15 +49,34 @@ def test_a_kept_file_comes_back_from_the_indexed_commit_and_leaves_the_tree(tmp_
     assert _git(repo, "status", "--porcelain") == ""
 
 
-def test_bad_input_is_refused_before_any_commit(tmp_path):
+def test_bad_input_is_refused_before_any_commit_and_leaves_the_tree_clean(tmp_path):
     repo = _repo(tmp_path)
-    (tmp_path / "f.bin").write_bytes(b"1234")
+    ok = tmp_path / "f.bin"
+    ok.write_bytes(b"1234")
     head = _git(repo, "rev-parse", "HEAD")
-    for args in (["m"], ["m", "nocolon"], ["m", f"{tmp_path / 'missing'}:a"], ["m", f"{tmp_path / 'f.bin'}:../a"],
-                 ["m", f"{tmp_path / 'f.bin'}:/abs"]):
+    for args in (["m"], ["m", "nocolon"], ["m", f"{tmp_path / 'missing'}:a"], ["m", f"{ok}:../a"],
+                 ["m", f"{ok}:/abs"], ["m", f"{ok}:./a"], ["m", f"{ok}:d//a"], ["m", f"{ok}:d/"], ["m", f"{ok}:a*"],
+                 ["a | b", f"{ok}:a"], ["two\nlines", f"{ok}:a"],
+                 # a good pair before a bad one: nothing of the good one may be left staged
+                 ["m", f"{ok}:good.bin", f"{tmp_path / 'missing'}:b"]):
         proc = _keep(repo, *args)
         assert proc.returncode == 2 and proc.stdout.strip(), (args, proc.stdout, proc.stderr)
+        assert _git(repo, "status", "--porcelain") == "" and not (repo / "kept").exists(), args
     (repo / "README.md").write_text("changed\n")
     proc = _keep(repo, "m", f"{tmp_path / 'f.bin'}:a.bin")
     assert proc.returncode == 2 and "uncommitted" in proc.stdout
     assert _git(repo, "rev-parse", "HEAD") == head
+
+
+def test_a_failure_between_the_two_commits_puts_the_branch_back(tmp_path):
+    repo = _repo(tmp_path)
+    (tmp_path / "f.bin").write_bytes(b"abcd")
+    head = _git(repo, "rev-parse", "HEAD")
+    hook = repo / ".git" / "hooks" / "pre-commit"     # refuses the second commit (the one with the index)
+    hook.write_text("#!/bin/sh\ngit diff --cached --name-only | grep -q kept_in_history && exit 1\nexit 0\n")
+    hook.chmod(0o755)
+    proc = _keep(repo, "m", f"{tmp_path / 'f.bin'}:a.bin")
+    assert proc.returncode != 0 and "failed" in proc.stdout
+    assert "kept: git show" not in proc.stdout
+    assert _git(repo, "rev-parse", "HEAD") == head
+    assert _git(repo, "status", "--porcelain") == "" and not (repo / "kept").exists()

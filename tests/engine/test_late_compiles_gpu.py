@@ -58,8 +58,9 @@ def test_lone_requests_of_unusual_lengths_compile_nothing_after_warmup(tiny_mode
     # the finding first: a failed load check below must not hide which kernels compiled
     assert engine.stats()["kernels_compiled_after_warmup"] == 0, "\n".join(lines)
     assert engine.stats()["checkpoint_loads"][over["policy"]] == 1
-    # five prompts of 2 x CHUNK + 2 tokens in one step, no shared prefix: each prompt-end capture replays one
-    # token, five in one call of fla's recurrent kernel (N = 5: engine/warmup.py one_token_capture_prompts)
+    # five prompts of 2 x CHUNK + 2 tokens, no shared prefix: each prompt-end capture replays one token, all of a
+    # step's in one call of fla's recurrent kernel (N = 5; with max_batch 4, N = 4 then 1: engine/warmup.py
+    # one_token_capture_prompts)
     engine.flush()
     firsts = rng.sample(range(VOCAB), 5)
     engine.generate([greedy(("one-token captures", j), [f] + [rng.randrange(VOCAB) for _ in range(2 * CHUNK + 1)],

@@ -77,7 +77,8 @@ def _gdn_by_hand(layer, h):
 
 
 def test_each_gdn_layer_records_the_squared_log_ratio_of_its_head_rates():
-    model = build_model(TrainConfig(arch="gdn", gate_anchor=1.0, **TINY))
+    # four heads: two key heads, so the grouped [b | a] column layout differs from a flat one
+    model = build_model(TrainConfig(arch="gdn", gate_anchor=1.0, **{**TINY, "heads": 4}))
     layers = _deltanets(model)
     assert layers and all(layer.anchor_terms is model.gate_anchor_terms for layer in layers)
     layer = layers[0]
@@ -130,3 +131,20 @@ def test_the_anchor_is_a_finite_non_negative_weight():
             TrainConfig(arch="kda", gate_anchor=bad).check()
     TrainConfig(arch="kda", gate_anchor=0.5).check()
     TrainConfig(arch="gdn", gate_anchor=0.5).check()
+
+
+def test_enabling_twice_records_once_and_a_copy_records_into_its_own_list():
+    import copy
+    import pickle
+    model = build_model(TrainConfig(arch="gdn", gate_anchor=1.0, **TINY))
+    terms = model.gate_anchor_terms = enable_gate_anchor(model)     # build_model enabled it once already
+    tokens = torch.randint(0, 256, (1, 32))
+    with torch.no_grad():
+        model(input_ids=tokens)
+    assert len(terms) == len(_deltanets(model))
+    terms.clear()
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin(input_ids=tokens)
+    assert terms == [] and len(twin.gate_anchor_terms) == len(_deltanets(twin))
+    pickle.dumps(model)

@@ -53,9 +53,11 @@ def one_token_capture_prompts(cfg, rng, vocab: int) -> list[list[list[int]]]:
     (recurrence/fla.py _call), a kernel whose batch size N Triton specialises (1, divisible by 16, neither).
     Warm-up's other prompts met it only by chance, and 12-06's 48B dense server compiled that kernel inside
     requests 20 minutes into the matched-HBM cells (0.43 s, N neither 1 nor a multiple of 16). A prompt of
-    CHUNK + 2 tokens is captured at its last token but one (the prompt end's checkpoint, CHUNK + 1 tokens in;
-    engines with a checkpoint interval also capture its multiples, which for an interval under CHUNK + 1 puts
-    other replays in the step, so there the round reaches nothing new and costs a few short prefills)."""
+    CHUNK + 2 tokens is captured at its last token but one (the prompt end's checkpoint, CHUNK + 1 tokens in).
+    Where the round cannot reach a class it costs a few short prefills and says nothing: an interval under
+    CHUNK + 1 that does not divide CHUNK adds captures whose replays are longer (one dividing CHUNK captures on
+    chunk starts, no replay); the batch of 16 needs max_batch >= 16, room for 16 captures in one step
+    (max_step_captures) and free checkpoint slots and KV blocks for 16 short prompts."""
     length = CHUNK + 2
     if length + DECODE + 1 > cfg.max_context:
         return []

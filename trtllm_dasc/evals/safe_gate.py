@@ -47,19 +47,18 @@ def _anchor_term(rate, dt_bias):
     return (torch.log(rate.clamp_min(_RATE_FLOOR)) - torch.log(static.clamp_min(_RATE_FLOOR))).square().mean()
 
 
-def _record_gdn_anchor(module, original):
-    """``module.fix_query_key_value_ordering`` that also records the anchor term of the head gates: Qwen3-Next
-    computes its log decay inline in the forward as ``-exp(A_log) * softplus(a + dt_bias)``, with ``a`` the last
-    output of this method (transformers 5.24.0), so this is the one point where ``a`` can be seen per layer."""
-    def fix_query_key_value_ordering(mixed_qkvz, mixed_ba):
-        import torch.nn.functional as F
-        out = original(mixed_qkvz, mixed_ba)
-        if module.training:
-            a = out[-1]
-            rate = F.softplus(a.float() + module.dt_bias.float(), beta=1.0, threshold=20.0)
-            module.anchor_terms.append(_anchor_term(rate, module.dt_bias.float()))
-        return out
-    return fix_query_key_value_ordering
+def _gdn_ordering_with_anchor(self, mixed_qkvz, mixed_ba):
+    """A GatedDeltaNet's ``fix_query_key_value_ordering`` that also records the anchor term of its head gates:
+    Qwen3-Next computes its log decay inline in the forward as ``-exp(A_log) * softplus(a + dt_bias)``, with
+    ``a`` the last output of this method (transformers 5.24.0), so this is the one point where ``a`` can be seen
+    per layer. Bound to the layer (types.MethodType) as _safe_forward is: a copy of the model records into its
+    own list, and the model still pickles."""
+    import torch.nn.functional as F
+    out = type(self).fix_query_key_value_ordering(self, mixed_qkvz, mixed_ba)
+    if self.training:
+        rate = F.softplus(out[-1].float() + self.dt_bias.float(), beta=1.0, threshold=20.0)
+        self.anchor_terms.append(_anchor_term(rate, self.dt_bias.float()))
+    return out
 
 
 def enable_gate_anchor(model) -> list:
@@ -83,7 +82,8 @@ def enable_gate_anchor(model) -> list:
         module.anchor_terms = terms
     for module in deltanets:
         module.anchor_terms = terms
-        module.fix_query_key_value_ordering = _record_gdn_anchor(module, module.fix_query_key_value_ordering)
+        # bound once: a second call re-points the layer at the new list instead of wrapping the wrapper
+        module.fix_query_key_value_ordering = types.MethodType(_gdn_ordering_with_anchor, module)
     return terms
 
 
