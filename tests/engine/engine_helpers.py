@@ -9,7 +9,17 @@ from trtllm_dasc.engine.request import GenerationRequest
 from trtllm_dasc.engine.sampling import SamplingParams
 from trtllm_dasc.engine.engine import Engine
 
-__all__ = ["VOCAB", "build", "make_engine", "greedy", "reference_greedy", "split_wmax", "one_torch_thread"]
+__all__ = ["VOCAB", "build", "make_engine", "greedy", "reference_greedy", "split_wmax", "one_torch_thread",
+           "SERVED_GEOMETRIES", "warmup_watching"]
+
+# the engine geometries warm-up must cover, as pytest parameters (ids: their keys)
+SERVED_GEOMETRIES = {
+    # the matched-HBM cells' engine (clients/matched_hbm.py's build flags on the 48B: prompt ends only, a
+    # 2,801-token interval, one chunk a prompt)
+    "matched_hbm": dict(interval=2801, prefill_chunk=8192, max_num_tokens=8192, max_context=2816, prompt_only=True),
+    # the GPU tests' and real_model's: short prompts of 2 x interval + 5 tokens
+    "interval_256": dict(interval=256, prefill_chunk=2048, max_context=4096),
+}
 
 
 def make_engine(path, **over) -> Engine:
@@ -53,3 +63,18 @@ def one_torch_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def warmup_watching(engine, name: str, watch) -> None:
+    """engine.warmup() with the model's method ``name`` wrapped: ``watch(*args, **kw)`` sees each call first."""
+    model = engine.runner.model
+    method = getattr(model, name)
+
+    def watching(*args, **kw):
+        watch(*args, **kw)
+        return method(*args, **kw)
+    setattr(model, name, watching)
+    try:
+        engine.warmup()
+    finally:
+        delattr(model, name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_helpers import make_engine
+from engine_helpers import SERVED_GEOMETRIES, make_engine, warmup_watching
 
 from trtllm_dasc.model.fused_ops import PINNED_ROWS
 from trtllm_dasc.model.model import PAGED_MAX_TOKENS
@@ -22,26 +22,12 @@ from trtllm_dasc.model.model import PAGED_MAX_TOKENS
 
 def _warmup_steps(engine) -> list[list[int]]:
     """Each forward of warm-up as the token counts of its sequences."""
-    steps, model = [], engine.runner.model
-    forward = model.forward
-
-    def recording(batch, *args, **kw):
-        steps.append([len(s.token_ids) for s in batch])
-        return forward(batch, *args, **kw)
-    model.forward = recording
-    try:
-        engine.warmup()
-    finally:
-        del model.forward
+    steps = []
+    warmup_watching(engine, "forward", lambda batch, *args, **kw: steps.append([len(s.token_ids) for s in batch]))
     return steps
 
 
-@pytest.mark.parametrize("geometry", [
-    # the matched-HBM cells' engine (clients/matched_hbm.py's build flags on the 48B): the bucket it lacked
-    dict(interval=2801, prefill_chunk=8192, max_num_tokens=8192, max_context=2816, prompt_only=True),
-    # the GPU tests' and real_model's: short prompts of 2 x interval + 5 tokens
-    dict(interval=256, prefill_chunk=2048, max_context=4096),
-], ids=["matched_hbm", "interval_256"])
+@pytest.mark.parametrize("geometry", list(SERVED_GEOMETRIES.values()), ids=list(SERVED_GEOMETRIES))
 def test_warmup_runs_unpaged_prefill_steps_in_both_norm_buckets(tiny_models, geometry):
     engine = make_engine(tiny_models["kda"][0], max_batch=4, block_size=16, num_kv_blocks=2048, **geometry)
     steps = _warmup_steps(engine)

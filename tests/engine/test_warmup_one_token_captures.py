@@ -10,37 +10,26 @@ from __future__ import annotations
 
 import pytest
 
-from engine_helpers import make_engine
+from engine_helpers import SERVED_GEOMETRIES, make_engine, warmup_watching
 
 from trtllm_dasc.model.recurrence.fla import CHUNK
 
 
 def _one_token_replay_batches(engine) -> set[int]:
     """How many one-token replays each warm-up step made, for the steps whose replays were all one token."""
-    found, model = set(), engine.runner.model
-    linear = model._linear
+    found = set()
 
-    def recording(mixer, lin, h, cu, rows, state, cuts, replay, *args, **kw):
+    def watch(mixer, lin, h, cu, rows, state, cuts, replay, *args, **kw):
         if lin == 0 and cuts:
-            spans = [p % CHUNK for i, c in enumerate(cuts) for p in c
-                     if p != cu[i + 1] - cu[i] and p % CHUNK]
+            spans = [p % CHUNK for i, c in enumerate(cuts) for p in c if p != cu[i + 1] - cu[i] and p % CHUNK]
             if spans and all(n == 1 for n in spans):
                 found.add(len(spans))
-        return linear(mixer, lin, h, cu, rows, state, cuts, replay, *args, **kw)
-    model._linear = recording
-    try:
-        engine.warmup()
-    finally:
-        del model._linear
+    warmup_watching(engine, "_linear", watch)
     return found
 
 
-@pytest.mark.parametrize("geometry", [
-    # the matched-HBM cells' engine (prompt ends only, a 2,801-token interval), where the late compile was seen
-    dict(interval=2801, prefill_chunk=8192, max_num_tokens=8192, max_context=2816, prompt_only=True),
-    # the GPU tests' and real_model's
-    dict(interval=256, prefill_chunk=2048, max_context=4096),
-], ids=["matched_hbm", "interval_256"])
+# the matched-HBM geometry is where the late compile was seen
+@pytest.mark.parametrize("geometry", list(SERVED_GEOMETRIES.values()), ids=list(SERVED_GEOMETRIES))
 def test_warmup_replays_single_token_captures_at_each_batch_class(tiny_models, geometry):
     engine = make_engine(tiny_models["kda"][0], max_batch=16, block_size=16, num_kv_blocks=4096, **geometry)
     batches = _one_token_replay_batches(engine)
