@@ -207,12 +207,13 @@ def _main(args, argv) -> int:
         if args.instances < 2:
             raise ValueError("--instances must be >= 2 (the bootstrap resamples instances)")
         if args.replay_window is not None and args.replay_window < 1:
-            raise ValueError("--replay-window must be >= 1 (tokens)")
+            raise ValueError("--replay-window must be >= 1 (tokens)")   # in the flag's words; ProtocolConfig checks too
+        cfg = ProtocolConfig(tasks=tasks, lengths=lengths, instances=args.instances, max_batch=args.max_batch,
+                             device=args.device, dtype=args.dtype, rounds=args.rounds,
+                             replay_window=args.replay_window)
     except ValueError as e:
         print(f"evals.run: error: {e}", file=sys.stderr)
         return 2
-    cfg = ProtocolConfig(tasks=tasks, lengths=lengths, instances=args.instances, max_batch=args.max_batch,
-                         device=args.device, dtype=args.dtype, rounds=args.rounds, replay_window=args.replay_window)
     result = {"arch": HybridConfig.from_path(args.model).arch, "command": " ".join(["python -m trtllm_dasc.evals.run", *(argv if argv is not None else sys.argv[1:])]),
               "commit": args.commit or git_commit(), "model": os.path.abspath(args.model), "protocol":
               "strict warm/replay, prompt-end checkpoints, misses excluded (paper App. C.3)",

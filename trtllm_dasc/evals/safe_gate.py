@@ -65,7 +65,7 @@ def enable_gate_anchor(model) -> list:
     """Make every linear-attention gate of ``model`` record its anchor term (``_anchor_term``) in one shared
     list on each training-mode forward; returns the list, which the trainer sums into the loss and empties.
     KDA's (gradient-safe) forget gates record per (token, key channel); Qwen3-Next's GatedDeltaNet records per
-    (token, head) through ``_record_gdn_anchor``.
+    (token, head) through ``_gdn_ordering_with_anchor``.
     Issue 34: with A_log / dt_bias frozen at the paper's profile, the trained data-dependent part still kept
     channels whose static horizon is <= 16 tokens alive for ~1k tokens on cwe prompts (Table 1b: 0.27 against
     the paper's 0.86), and dasc-nr at W=16 lost 5 points; the anchor pulls the tokens' horizons toward the static
