@@ -16,7 +16,7 @@ from collections import deque
 
 from trtllm_dasc.engine import compile_watch
 from trtllm_dasc.engine.config import EngineConfig
-from trtllm_dasc.engine.request import GenerationRequest, RequestOutput
+from trtllm_dasc.engine.request import GenerationRequest, RequestOutput, RequestStats
 from trtllm_dasc.engine.runner import ModelRunner
 from trtllm_dasc.engine.scheduler import Scheduler
 from trtllm_dasc.engine.sequence import Sequence
@@ -97,7 +97,9 @@ class Engine:
                     raise EngineDead("the engine is shut down")
                 if req.request_id in self._seqs:
                     raise UserError(f"request_id {req.request_id!r} is already in flight")
-                req.stats.arrival_time_ns = time.time_ns()
+                # a request object may be submitted again: its figures start afresh, here, after the check
+                # above (the same object still in flight keeps its own)
+                req.stats = RequestStats(prompt_tokens=len(req.prompt), arrival_time_ns=time.time_ns())
                 seq = Sequence(req, callback)
                 self._seqs[req.request_id] = seq
                 self._inbox.append(seq)
@@ -109,9 +111,12 @@ class Engine:
     def abort(self, request_id) -> bool:
         """Cancel a request; it gets one final callback with reason 'cancelled'. False if not in flight."""
         with self._cv:
-            if request_id not in self._seqs:
+            seq = self._seqs.get(request_id)
+            if seq is None:
                 return False
-            self._aborts.append(request_id)
+            # the request itself, not its id: if it finishes before the abort is drained, a later request
+            # that reuses the id must not be cancelled by it
+            self._aborts.append(seq)
             self._cv.notify()
             return True
 
@@ -193,7 +198,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the loop
             log.exception("step %d failed", plan.step)
             self.scheduler.free_captures(plan)
-            for s in dict.fromkeys(owners + self.scheduler.joining()):
+            for s in dict.fromkeys(owners + self.scheduler.joining() + self.scheduler.prepared_by(plan)):
                 self._finish(s, "error", f"step failed: {type(e).__name__}: {e}")
             return True
         if out.copy_errors:
@@ -242,10 +247,8 @@ class Engine:
             self._aborts.clear()
             self._commands.clear()
         self.scheduler.add(new)
-        for rid in aborts:
-            seq = self._seqs.get(rid)
-            if seq is not None:
-                self._finish(seq, "cancelled")
+        for seq in aborts:
+            self._finish(seq, "cancelled")     # no-op when it has finished meanwhile
         for fn, done in commands:
             try:
                 fn()
@@ -260,9 +263,18 @@ class Engine:
             return
         done = threading.Event()
         with self._cv:
+            if self.dead:
+                raise EngineDead(f"the engine is dead: {self.dead}")
             self._commands.append((fn, done))
             self._cv.notify()
-        done.wait()
+        # a loop that dies (or is shut down) with the command queued never runs it: never wait forever
+        while not done.wait(0.2):
+            if not self._thread_alive() and not done.is_set():
+                raise EngineDead(f"the engine is dead: {self.dead}" if self.dead else "the engine loop has stopped")
+
+    def _thread_alive(self) -> bool:
+        t = self._thread
+        return t is not None and t.is_alive()
 
     def _emit(self, s: Sequence, token: int) -> None:
         st, now = s.req.stats, time.time_ns()

@@ -113,8 +113,6 @@ class GenerationRequest:
         for name in ("return_context_logits", "return_log_probs", "return_generation_logits", "use_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        # a request object may be submitted again: its figures start afresh
-        self.stats = RequestStats(prompt_tokens=len(self.prompt))
 
 
 def _hashable(x) -> bool:

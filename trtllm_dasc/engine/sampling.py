@@ -130,7 +130,16 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, history=(), ban
             x = x - params.frequency_penalty * counts
     if len(banned):
         x[list(banned)] = float("-inf")
-    return x
+    return _overflowed_share(x)
+
+
+def _overflowed_share(x: torch.Tensor) -> torch.Tensor:
+    """Processed logits where fp32 overflowed (a tiny temperature, a huge bias or penalty): one +inf makes the
+    softmax NaN everywhere (the inverse CDF then picked the last id). The tokens at +inf share the mass, the
+    rest get none: the distribution's limit as their logits grow. Unchanged when nothing overflowed; no host
+    synchronisation."""
+    inf = torch.isposinf(x)
+    return torch.where(inf.any(), torch.where(inf, 0.0, float("-inf")), x)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, token_index: int, scaled: bool = False) -> int:
@@ -144,7 +153,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, token_index: int, scale
     the temperature)."""
     if params.greedy:
         return int(torch.argmax(logits))
-    x = logits.float() if scaled else logits.float() / params.temperature
+    if scaled:
+        x = logits.float()
+    else:
+        raw = logits.float()
+        x = raw / params.temperature
+        # a temperature small enough to overflow fp32: divide the logits less their max instead (the same
+        # distribution, now in range; the greedy limit as the temperature falls). Chosen on the device.
+        x = torch.where(torch.isposinf(x).any(), (raw - raw.max()) / params.temperature, x)
     if params.top_k and params.top_k < x.numel():
         kth = torch.topk(x, params.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -162,4 +178,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, token_index: int, scale
     target = (cdf[-1] * draw_uniform(params.seed, token_index)).reshape(1)
     # the first rank whose cumulative mass exceeds the target has a probability > 0
     pos = torch.searchsorted(cdf, target, right=True).clamp_max(cdf.numel() - 1)
-    return int(order[pos])
+    # no distribution at all (NaN logits, or every token at -inf): -1, read with the token in one transfer
+    token = int(torch.where(cdf[-1] > 0, order[pos], -1))
+    if token < 0:
+        raise ValueError("the processed logits give no distribution to sample (NaN, or every token at -inf)")
+    return token

@@ -257,6 +257,14 @@ class Scheduler:
         too: their promotions' copies were part of it)."""
         return [s for s in self.running if s.joining is not None]
 
+    def prepared_by(self, plan: StepPlan) -> list[Sequence]:
+        """The running requests whose state row (or replay row) this plan resets or loads: the requests it
+        admitted, including those it left without tokens (budget, capture cap). A failure of the whole step
+        leaves their rows and KV copies unwritten, so it fails them too: kept running, they would decode from
+        another request's stale state."""
+        rows = set(plan.resets) | {dst for _, dst in plan.loads} | {dst for _, dst in plan.warm_loads}
+        return [s for s in self.running if s.row in rows or (s.replay is not None and s.replay.row in rows)]
+
     def free_captures(self, plan: StepPlan) -> None:
         """A step failed whole: the slots it was to fill were never handed to a sequence, and what each of its
         copies was to write is dropped."""
