@@ -55,8 +55,6 @@ class CacheManager:
         # per tier: admissions that reused a checkpoint found there, and the tokens they reused
         self.hits = {"device": 0, "host": 0}
         self.hit_tokens = {"device": 0, "host": 0}
-        # nodes whose KV a failed step's host KV copies left undefined, dropped once no request locks them
-        self._stale_kv: set = set()
 
     @classmethod
     def create(cls, block_size: int, num_blocks: int, num_slots: int, num_rows: int, interval: int = 256,
@@ -195,8 +193,8 @@ class CacheManager:
         self.tree.unlock(lease.match.ckpt_node)
         self.rows.free(lease.row)
         lease.row = -1
-        if self._stale_kv:
-            self._drop_stale()
+        if self.tree.stale:
+            self.tree.drop_stale()
 
     def abort(self, captures: list[tuple[int, int]]) -> None:
         """A step failed: free the slots its captures were to fill (never handed to a lease)."""
@@ -243,7 +241,7 @@ class CacheManager:
             if n.ckpt_slot in device:
                 self.tree._drop_checkpoint(n)
             if set(n.blocks) & (kv_host if n.cold else kv_device):
-                self._stale_kv.add(n)
+                self.tree.mark_stale(n)
         hurt = {}
         for lease in leases:
             if lease.match.ckpt_slot in device:
@@ -254,16 +252,8 @@ class CacheManager:
             read = next((b for t in tables for b in t if b in kv_device), None)
             if read is not None:
                 hurt[lease] = bad_kv[("device", read)]
-        self._drop_stale()
+        self.tree.drop_stale()
         return hurt
-
-    def _drop_stale(self) -> None:
-        for n in list(self._stale_kv):
-            if not self.tree.in_tree(n):
-                self._stale_kv.discard(n)
-            elif n.lock_ref == 0:
-                self.tree.drop_subtree(n)
-                self._stale_kv.discard(n)
 
     # ---- counters ------------------------------------------------------------------------------------
     def stats(self) -> dict:

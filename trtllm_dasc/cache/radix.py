@@ -62,7 +62,7 @@ from trtllm_dasc.spec import EVICTIONS, HOST_WRITE_POLICIES
 class Node:
     __slots__ = ("parent", "children", "tokens", "start", "blocks", "ckpt_slot", "lock_ref", "ckpt_lock",
                  "last_access", "ckpt_access", "kv_prev", "kv_next", "ck_prev", "ck_next", "host_slot", "host_access",
-                 "hs_prev", "hs_next", "cold")
+                 "hs_prev", "hs_next", "cold", "stale")
 
     def __init__(self, parent, tokens, start, blocks):
         self.parent, self.children = parent, {}
@@ -72,6 +72,8 @@ class Node:
         self.kv_prev = self.kv_next = self.ck_prev = self.ck_next = None
         self.host_slot, self.host_access, self.hs_prev, self.hs_next = None, 0, None, None
         self.cold = False
+        # a failed host KV copy left one of its blocks undefined (RadixCache.mark_stale): matched by nothing
+        self.stale = False
 
     @property
     def end(self) -> int:
@@ -131,6 +133,8 @@ class RadixCache:
         self.interval, self.prompt_only = interval, prompt_only
         self.root = Node(None, [], 0, [])
         self._clock = 0
+        # nodes whose KV a failed copy left undefined (mark_stale), dropped once no request locks them
+        self.stale: set[Node] = set()
         self._kv_lru = LRUList("kv_prev", "kv_next")
         self._ckpt_lru = LRUList("ck_prev", "ck_next")
         self.evictions = {"kv_nodes": 0, "kv_blocks": 0, "checkpoints": 0, "checkpoints_with_kv": 0}
@@ -140,6 +144,8 @@ class RadixCache:
         node, pos, path = self.root, 0, []
         while pos < len(tokens) and tokens[pos] in node.children:
             child = node.children[tokens[pos]]
+            if child.stale:
+                break       # its KV is undefined: the request recomputes from here
             n = _common(child.tokens, tokens, pos)
             if n < len(child.tokens):
                 child = self._split(child, child.start + n)
@@ -374,6 +380,22 @@ class RadixCache:
             node = node.parent
         return node is self.root
 
+    def mark_stale(self, node: Node) -> None:
+        """A failed copy left one of ``node``'s KV blocks undefined: from now on no match reaches it or below,
+        and it goes (with its subtree) once no request locks it (drop_stale). A request that locks it now
+        keeps running only if it does not read that block (CacheManager.copies_failed tells which do)."""
+        node.stale = True
+        self.stale.add(node)
+
+    def drop_stale(self) -> None:
+        """Drop the stale nodes no request locks any more (locks pass through a path: the subtree is free)."""
+        for n in list(self.stale):
+            if not self.in_tree(n):
+                self.stale.discard(n)
+            elif n.lock_ref == 0:
+                self.drop_subtree(n)
+                self.stale.discard(n)
+
     def drop_subtree(self, node: Node) -> None:
         """Drop an unlocked node and everything below it (KV and checkpoints, both tiers)."""
         assert node.lock_ref == 0, "drop of a locked subtree"
@@ -506,6 +528,9 @@ class RadixCache:
         # the path locks through node pass through top; node keeps its checkpoint, so its checkpoint locks
         top.lock_ref, top.last_access, top.children = node.lock_ref, node.last_access, {node.tokens[k]: node}
         top.cold = node.cold
+        if node.stale:
+            # the undefined block may be in either half: both stay unmatchable until dropped
+            self.mark_stale(top)
         node.parent.children[node.tokens[0]] = top
         # the new parent must be more recent than node yet older than everything node was older than
         self._lru_of(node).insert_after(node, top)
