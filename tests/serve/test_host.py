@@ -57,6 +57,29 @@ def test_every_path_ends_with_one_final_response(host):
     assert good.sent[-1][0]["output_ids"].shape == (1, 1, 5)
 
 
+def test_a_plain_host_refuses_a_batch_it_cannot_answer_in_one_response(engine):
+    # non-decoupled: one response a request, one sequence a response. A batch of 2 came back as its last
+    # entry alone, shape [1, 1, T], with no error (session 36's review); now it is refused in one line
+    h = EngineHost(str(engine), warmup=False, decoupled=False)
+    try:
+        batch, one = Sink(), Sink()
+        h.submit({"input_ids": np.array([[1, 2, 3, 0, 0], [4, 5, 6, 7, 8]], np.int32),
+                  "input_lengths": np.array([[3], [5]], np.int32),
+                  "request_output_len": np.array([[2], [2]], np.int32)}, "b", batch)
+        h.submit(inputs([1, 2, 3], 2), "one", one)
+        # a non-UTF-8 control word is a bad input, not an internal error
+        control = Sink()
+        h.submit({**inputs([1], 1), "cache_control": np.array([[b"\xff\xfe"]], object)}, "c", control)
+        for s in (batch, one, control):
+            assert s.done.wait(60)
+            assert [f for _, _, f in s.sent].count(True) == 1
+        assert batch.sent[-1][0] is None and "decoupled" in batch.sent[-1][1]
+        assert one.sent[-1][1] is None and one.sent[-1][0]["output_ids"].shape == (1, 1, 5)
+        assert "cache_control" in control.sent[-1][1] and "internal error" not in control.sent[-1][1]
+    finally:
+        h.shutdown()
+
+
 def test_shared_prefixes_with_no_hits_are_warned_about(host, caplog):
     rng = np.random.default_rng(0)
     shared = rng.integers(0, 90, 40).tolist()

@@ -170,7 +170,7 @@ def parse_request(inputs: dict, request_id: str, *, decoupled: bool, exclude_def
     control = inputs.get("cache_control")
     if control is not None and np.size(control):
         command = _first(np.asarray(control, dtype=object), 0)
-        command = command.decode() if isinstance(command, bytes) else str(command)
+        command = command.decode(errors="replace") if isinstance(command, bytes) else str(command)
         if command not in ("flush", "stats"):
             raise UserError(f"input 'cache_control' must be 'flush' or 'stats', got {command!r}")
         return Control(command)

@@ -128,6 +128,11 @@ class EngineHost:
     def _run(self, parsed: list[ServeRequest], triton_id: str, sink: Sink) -> None:
         if self._drain_deadline is not None:
             raise UserError(DRAINING)
+        if not self.decoupled and len(parsed) > 1:
+            # a plain request has exactly one response, and a response holds one sequence (a streamed batch
+            # answers each entry with its batch_index): refused, never answered with one entry of the batch
+            raise UserError(f"input_ids: a batch of {len(parsed)} sequences needs the decoupled model (build "
+                            "without --no-decoupled), or send one request per sequence")
         group = _Group(len(parsed), sink, self.engine.abort, lambda g: self._unregister(triton_id, g))
         # engine ids are ours: Triton ids may be empty or repeat across clients
         for sreq in parsed:
