@@ -73,3 +73,35 @@ def test_sampling_maps_to_tensorrt_llm_inputs():
     sampled = GenRequest([1], 4, top_p=0.0).triton_inputs(end_id=2)
     assert sampled["runtime_top_k"] == [0] and sampled["runtime_top_p"] == [1.0] and sampled["temperature"] == [1.0]
     assert GenRequest([1], 4, ignore_eos=True).triton_inputs(end_id=2)["end_id"] == [-1]
+
+
+def test_non_finite_numbers_are_refused_by_name():
+    # Python's json parses NaN / Infinity, and NaN passes every range check: it went on to Triton
+    from trtllm_dasc.serve.openai_protocol import common_fields
+    for bad in ("NaN", "Infinity", "-Infinity"):
+        body = json.loads('{"prompt": "hi", "temperature": %s}' % bad)
+        with pytest.raises(APIError, match="'temperature' must be a finite number"):
+            common_fields(body, chat=False)
+    assert common_fields({"prompt": "hi", "temperature": 0.5}, chat=False)["sampling"]["temperature"] == 0.5
+
+
+def test_an_upstream_error_in_a_chunked_body_keeps_its_message():
+    # Triton's generate_stream answers a refused request with a chunked JSON body: read raw, the message
+    # the client got was the chunk's size line ("4c")
+    import asyncio
+    from trtllm_dasc.serve.openai_frontend import _read_body, _upstream_error
+    error = json.dumps({"error": "input 'temperature' must be finite"}).encode()
+    wire = b"%x\r\n" % len(error) + error + b"\r\n0\r\n\r\n"
+
+    async def read(data, headers):
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        return await _read_body(reader, headers)
+
+    body = asyncio.run(read(wire, {"transfer-encoding": "chunked"}))
+    assert body == error
+    assert _upstream_error(body.decode(), 400).body()["error"]["message"] == "input 'temperature' must be finite"
+    # by Content-Length, and a cut-short chunk: what came is the message
+    assert asyncio.run(read(error + b"extra", {"content-length": str(len(error))})) == error
+    assert asyncio.run(read(wire[:20], {"transfer-encoding": "chunked"})) == error[:20 - len(b"%x\r\n" % len(error))]

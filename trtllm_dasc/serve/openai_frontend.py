@@ -66,8 +66,7 @@ class Frontend:
             except (OSError, asyncio.IncompleteReadError):
                 raise APIError("the Triton server closed the connection", None, 503, "server_error") from None
             if status != 200:
-                text = (await reader.read(MAX_BODY)).decode(errors="replace")
-                raise _upstream_error(text, status)
+                raise _upstream_error((await _read_body(reader, headers)).decode(errors="replace"), status)
             ids, emitted, text, hold = [], 0, "", max((len(s) for s in req.stop), default=1) - 1
             # echo: the prompt's text leads the first piece; its tokens' log probs lead the first entries
             lead, prompt_lps = [req.echo_text or ""], req.prompt_logprobs
@@ -410,21 +409,46 @@ async def _read_head(reader) -> tuple[int, dict]:
     return int(parts[1]), headers
 
 
-async def _sse(reader, chunked: bool):
-    """Triton's generate_stream events as dicts."""
-    buf = b""
+async def _pieces(reader, chunked: bool):
+    """A response body's bytes as they arrive, the chunked transfer encoding removed."""
     while True:
         if chunked:
             size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
             if size == 0:
                 return
-            data = await reader.readexactly(size + 2)
-            buf += data[:-2]
+            yield (await reader.readexactly(size + 2))[:-2]
         else:
             data = await reader.read(65536)
             if not data:
                 return
-            buf += data
+            yield data
+
+
+async def _read_body(reader, headers: dict) -> bytes:
+    """A whole (error) response body, at most MAX_BODY bytes: de-chunked (Triton chunks its error bodies
+    too: read raw, the message was the chunk's size line), by Content-Length, or what arrives at once."""
+    out = b""
+    try:
+        if headers.get("transfer-encoding", "") == "chunked":
+            async for data in _pieces(reader, True):
+                out += data
+                if len(out) >= MAX_BODY:
+                    break
+            return out[:MAX_BODY]
+        if headers.get("content-length", "").isdigit():
+            return await reader.readexactly(min(int(headers["content-length"]), MAX_BODY))
+        return await reader.read(MAX_BODY)
+    except asyncio.IncompleteReadError as e:       # cut short: what came is still the best message
+        return out + e.partial
+    except ValueError:                             # a malformed chunk size line
+        return out
+
+
+async def _sse(reader, chunked: bool):
+    """Triton's generate_stream events as dicts."""
+    buf = b""
+    async for data in _pieces(reader, chunked):
+        buf += data
         while b"\n\n" in buf:
             block, buf = buf.split(b"\n\n", 1)
             for line in block.split(b"\n"):

@@ -15,6 +15,7 @@ package, genai-perf / aiperf's OpenAI modes, lm-eval's local-completions) work u
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -89,8 +90,9 @@ def _number(body: dict, name: str, default, lo=None, hi=None, integer: bool = Fa
     if value is None:
         return default
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok:
-        raise APIError(f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", name)
+    # NaN and infinity parse as JSON numbers in Python and would pass the range checks below
+    if isinstance(value, bool) or not ok or not math.isfinite(value):
+        raise APIError(f"'{name}' must be {'an integer' if integer else 'a finite number'}, got {value!r}", name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise APIError(f"'{name}' must lie in [{lo}, {hi if hi is not None else 'inf'}], got {value!r}", name)
     return value
