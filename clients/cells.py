@@ -88,6 +88,10 @@ class CellStore:
     def done(self, arm: str, unit: str) -> bool:
         return bool(self.cell_files(arm, unit))
 
+    def done_in_call(self, arm: str, unit: str, call: str) -> bool:
+        """Whether ``call`` wrote this arm's cell of ``unit`` (cells are named UNIT.CALL.json)."""
+        return any(os.path.basename(f) == f"{unit}.{call}.json" for f in self.cell_files(arm, unit))
+
     def begin_call(self, call: str, record: dict) -> None:
         """Record a call before it measures; refuses a commit other than the cells already here."""
         commits = {c.get("commit") for c in self.calls()}

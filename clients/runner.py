@@ -252,9 +252,12 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
     for n, (key, us) in enumerate(todo):
         arm = arms[key]
         gate = record = started = None
+        if base_ran is not None:
+            # an arm is compared with the baseline of its own call: only the units it measured here (all of
+            # them, or fewer when its server failed or the deadline came; cells of an arm without its
+            # baseline in the same call could never be paired, and later calls would not run them again)
+            us = [u for u in us if u in base_ran]
         if budget is not None:
-            if base_ran is not None:
-                us = [u for u in us if u in base_ran]
             later = todo[n + 1:]
 
             def gate(i, u, key=key, later=later, us=us):
@@ -276,8 +279,6 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
                                 f"{arm['spec']:>10} (in-process)", gate, record)
             else:
                 res = served(arm, engines[arm["spec"]], us, store, ctx, call, commit, gate, record, started)
-            if key == base and budget is not None:
-                base_ran = set(res["ran"])
             res.pop("ran", None)
             done.append({"key": key, **res})
         except RuntimeError as e:
@@ -287,6 +288,10 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
             # one arm's failure (its server, its requests, its accounting) is recorded and the call goes on
             print(f"[matched-hbm] arm {key} failed: {e}", file=sys.stderr, flush=True)
             done.append({"key": key, "failed": str(e)})
+        finally:
+            if key == base and len(call_keys) > 1:
+                # what the baseline measured in this call, whether its server lasted or not (its cells)
+                base_ran = {u for u in us if store.done_in_call(key, u, call)}
         store.update_call(call, arms=done)
     if budget is not None:
         left = plan_units(store, manifest, call_keys, None)

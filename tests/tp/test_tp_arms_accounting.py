@@ -161,3 +161,49 @@ def test_exchange_clock_on_the_gpu_reads_events_once_the_device_passed_them():
     assert late["store"]["seconds"] > 0.01
     assert late["store"]["ms_per_op"] == pytest.approx(1e3 * late["store"]["seconds"])
     assert clock.report()["store"]["seconds"] == late["store"]["seconds"]   # counted once
+
+
+def test_an_arm_runs_only_the_units_its_own_calls_baseline_measured(kda_model, tmp_path, monkeypatch):
+    """Cells are paired within a call. A baseline (dense) server that dies under --keep-going used to leave
+    the arm's cells of that call without a partner, and later calls never ran those units again: the result
+    stayed incomplete whatever followed (session 36's review). Now the arm skips what its baseline did not
+    measure in the same call, and the next call measures both."""
+    from clients import matched_hbm
+    from trtllm_dasc.cli import _Parser
+    monkeypatch.setattr(armlib, "build_engine", lambda model, arm, out, budget, flags: out)
+    monkeypatch.setattr(armlib, "share_kernels", lambda engine, cache: None)
+    from clients import assemble, runner
+    served, fail = [], {"dense"}
+    block = {"seed": 42, "phase": "p", "replay": {"ttft_ms": [1.0], "prompt_tokens": 1, "cached_tokens": 0,
+                                                   "seconds": 1.0},
+             "server": {"prompt_tokens": 1, "cached_tokens": 0, "checkpoint_evictions": 0, "kv_block_evictions": 0}}
+
+    def fake_served(arm, engine, units, store, ctx, call, commit, gate=None, record=None, started=None):
+        served.append(arm["spec"])
+        for u in units:
+            if arm["spec"] in fail and u != units[0]:
+                raise RuntimeError(f"arm {arm['spec']}: tritonserver exited with code 139")
+            store.write(arm["key"], u, call, commit, {"blocks": [block]})
+        return {"placement": arm["placement"]}
+    monkeypatch.setattr(runner, "served", fake_served)
+    monkeypatch.setattr(assemble, "ratios", lambda entry, base: {})
+    p = _Parser(prog="matched_hbm")
+    matched_hbm.add_arguments(p)
+    cells = tmp_path / "cells"
+    argv = ["--model", kda_model, "--out", str(tmp_path), "--arms", "dense,nr16:off", "--tp", "4",
+            "--dense-slots", "4", "--scale", "0.03", "--blocks-per-phase", "1", "--device", "cpu",
+            "--dtype", "float32", "--cells-dir", str(cells), "--keep-going"]
+    matched_hbm.run(p.parse_args(argv))              # dense dies after its first unit
+    dense_cells = sorted((cells / "cells" / "dense").glob("*.json"))
+    arm_cells = sorted(f for d in (cells / "cells").iterdir() if d.name != "dense" for f in d.glob("*.json"))
+    assert len(dense_cells) == 1, dense_cells
+    # the arm measured that one unit only, beside its baseline in the same call
+    assert [f.name for f in arm_cells] == [f.name for f in dense_cells]
+    fail.clear()
+    served.clear()
+    matched_hbm.run(p.parse_args(argv))              # the rest of the units, both arms
+    assert served == ["dense", "nr16:off"]
+    dense_names = {f.name for f in (cells / "cells" / "dense").glob("*.json")}
+    arm_names = {f.name for d in (cells / "cells").iterdir() if d.name != "dense" for f in d.glob("*.json")}
+    # every arm cell has the dense cell of its unit and call: nothing left unpaired
+    assert arm_names <= dense_names and len({n.split(".")[0] for n in arm_names}) > 1
