@@ -24,8 +24,9 @@ import os
 import sys
 
 # what must agree for arms of two runs to be compared as if measured in one
+# (the transport too: gRPC and HTTP SSE measure TTFT to different events; and the model's config by its hash)
 SAME = ("model", "device", "dtype", "budget_bytes", "dense_checkpoint_bytes", "build_flags", "workload", "seeds",
-        "concurrency", "output_tokens", "target_fill", "phases")
+        "concurrency", "output_tokens", "target_fill", "phases", "transport", "model_config_sha256")
 RUN_FIELDS = ("command", "commit", "gpu", "torch", "python", "cpus")
 
 

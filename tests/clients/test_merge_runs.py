@@ -38,6 +38,15 @@ def test_runs_of_different_measurements_are_refused():
                          ("b.json", _run([_arm("dense", (1, 1), (1, 1))], budget=200))])
 
 
+def test_runs_of_another_transport_or_model_config_are_refused():
+    # gRPC and HTTP SSE measure TTFT to different events: merged, one run's label covered both
+    for key, values in (("transport", ("http", "grpc")), ("model_config_sha256", ("aaaa", "bbbb"))):
+        a, b = (_run([_arm("dense", (1, 1), (1, 1))]) for _ in range(2))
+        a[key], b[key] = values
+        with pytest.raises(UserError, match=key):
+            merge_mod.merge([("a.json", a), ("b.json", b)])
+
+
 def _commit(run, sha):
     return {**run, "commit": sha}
 
