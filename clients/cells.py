@@ -137,6 +137,9 @@ def load_dirs(dirs: list[str]) -> tuple[dict, list[dict], list[dict]]:
         if c.get("manifest_id") != manifest["id"]:
             raise UserError(f"cell {c.get('arm')}/{c.get('unit')} of call {c.get('call')} belongs to manifest "
                             f"{c.get('manifest_id')}, not {manifest['id']}")
+    # the same directory given twice, or copies of it from several machines: each call counts once (a call's
+    # id names one call; its cells are already taken once each by assemble)
+    calls = list({c.get("call"): c for c in calls}.values())
     commits = sorted({str(c.get("commit")) for c in [*calls, *cells]})
     if len(commits) > 1:
         raise UserError(f"the cells were measured at different commits ({', '.join(commits)}): one measurement, "

@@ -52,6 +52,15 @@ def test_merge_refuses_mixed_commits(tmp_path):
         load_dirs([a.root, b.root])
 
 
+def test_a_directory_given_twice_counts_each_call_once(tmp_path):
+    # the calls were listed once per directory: a merge of D D doubled calls, arm_calls and the plot's count
+    a = _store(tmp_path / "a")
+    a.begin_call("c1", {"commit": "abc"})
+    a.begin_call("c2", {"commit": "abc"})
+    a.write("dense", "p0-b0-s42", "c1", "abc", {"blocks": []})
+    assert sorted(c["call"] for c in load_dirs([a.root, a.root])[1]) == ["c1", "c2"]
+
+
 def test_a_cell_of_another_manifest_or_an_edited_manifest_is_refused(tmp_path):
     a = _store(tmp_path / "a")
     path = Path(a.write("dense", "p0-b0-s42", "c1", "abc", {"blocks": []}))
