@@ -160,7 +160,7 @@ def run_cells(target, store, arm: dict, units: list[str], ctx, call: str, commit
         bar = Progress(n, label)
         t0 = time.perf_counter()
         check = _check_plan(arm, target.control("stats"))
-        ran = []
+        ran = 0
         for i, u in enumerate(units):
             if gate is not None and not gate(i, u):
                 break
@@ -172,13 +172,13 @@ def run_cells(target, store, arm: dict, units: list[str], ctx, call: str, commit
             store.write(arm["key"], u, call, commit, {"seconds": seconds, "blocks": blocks,
                                                        "exchange": exchange_seconds(before.get("exchange"),
                                                                                      after.get("exchange"))})
-            ran.append(u)
+            ran += 1
             if record is not None:
                 record(u, seconds)
         bar.close()
     finally:
         target.close()
-    return {"plan_check": check, "protocol_s": time.perf_counter() - t0, "units": len(ran), "ran": ran}
+    return {"plan_check": check, "protocol_s": time.perf_counter() - t0, "units": ran}
 
 
 def served(arm: dict, engine: str, units: list[str], store, ctx, call: str, commit: str | None, gate=None,
@@ -279,7 +279,6 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
                                 f"{arm['spec']:>10} (in-process)", gate, record)
             else:
                 res = served(arm, engines[arm["spec"]], us, store, ctx, call, commit, gate, record, started)
-            res.pop("ran", None)
             done.append({"key": key, **res})
         except RuntimeError as e:
             if not keep_going:

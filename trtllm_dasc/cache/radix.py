@@ -62,7 +62,7 @@ from trtllm_dasc.spec import EVICTIONS, HOST_WRITE_POLICIES
 class Node:
     __slots__ = ("parent", "children", "tokens", "start", "blocks", "ckpt_slot", "lock_ref", "ckpt_lock",
                  "last_access", "ckpt_access", "kv_prev", "kv_next", "ck_prev", "ck_next", "host_slot", "host_access",
-                 "hs_prev", "hs_next", "cold", "stale")
+                 "hs_prev", "hs_next", "cold")
 
     def __init__(self, parent, tokens, start, blocks):
         self.parent, self.children = parent, {}
@@ -72,8 +72,6 @@ class Node:
         self.kv_prev = self.kv_next = self.ck_prev = self.ck_next = None
         self.host_slot, self.host_access, self.hs_prev, self.hs_next = None, 0, None, None
         self.cold = False
-        # a failed host KV copy left one of its blocks undefined (RadixCache.mark_stale): matched by nothing
-        self.stale = False
 
     @property
     def end(self) -> int:
@@ -144,7 +142,7 @@ class RadixCache:
         node, pos, path = self.root, 0, []
         while pos < len(tokens) and tokens[pos] in node.children:
             child = node.children[tokens[pos]]
-            if child.stale:
+            if child in self.stale:
                 break       # its KV is undefined: the request recomputes from here
             n = _common(child.tokens, tokens, pos)
             if n < len(child.tokens):
@@ -384,7 +382,6 @@ class RadixCache:
         """A failed copy left one of ``node``'s KV blocks undefined: from now on no match reaches it or below,
         and it goes (with its subtree) once no request locks it (drop_stale). A request that locks it now
         keeps running only if it does not read that block (CacheManager.copies_failed tells which do)."""
-        node.stale = True
         self.stale.add(node)
 
     def drop_stale(self) -> None:
@@ -528,7 +525,7 @@ class RadixCache:
         # the path locks through node pass through top; node keeps its checkpoint, so its checkpoint locks
         top.lock_ref, top.last_access, top.children = node.lock_ref, node.last_access, {node.tokens[k]: node}
         top.cold = node.cold
-        if node.stale:
+        if node in self.stale:
             # the undefined block may be in either half: both stay unmatchable until dropped
             self.mark_stale(top)
         node.parent.children[node.tokens[0]] = top

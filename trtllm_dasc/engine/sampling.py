@@ -153,14 +153,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, token_index: int, scale
     the temperature)."""
     if params.greedy:
         return int(torch.argmax(logits))
-    if scaled:
-        x = logits.float()
-    else:
-        raw = logits.float()
-        x = raw / params.temperature
-        # a temperature small enough to overflow fp32: divide the logits less their max instead (the same
-        # distribution, now in range; the greedy limit as the temperature falls). Chosen on the device.
-        x = torch.where(torch.isposinf(x).any(), (raw - raw.max()) / params.temperature, x)
+    x = logits.float()
+    if not scaled:
+        # less their max first: the same distribution (softmax ignores a shift), and never past fp32's range,
+        # however small the temperature (1e-40 overflowed: the limit, the argmax, is what comes out)
+        x = (x - x.max()) / params.temperature
     if params.top_k and params.top_k < x.numel():
         kth = torch.topk(x, params.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
