@@ -43,6 +43,20 @@ def phase_rates(manifest: dict, cells: list[dict]) -> dict[int, float]:
     return out
 
 
+def ready_prior(calls: list[dict]) -> float | None:
+    """The median seconds a server of this directory took to be ready in its earlier calls (every arm that
+    recorded ``ready_s``), or None before any. A call's deadline plans a fresh call's server starts with it
+    (clients/runner.CallBudget): the fixed 60 s prior is a 48B model on a warm kernel cache, and a model whose
+    servers take longer even warm would have a unit skipped in every call without the hint to give it a
+    longer deadline. The median, not the slowest: a call's first server may compile what the cache lacked."""
+    seconds = sorted(float(a["ready_s"]) for c in calls for a in c.get("arms") or []
+                     if isinstance(a, dict) and isinstance(a.get("ready_s"), (int, float)) and a["ready_s"] > 0)
+    if not seconds:
+        return None
+    mid = len(seconds) // 2
+    return seconds[mid] if len(seconds) % 2 else (seconds[mid - 1] + seconds[mid]) / 2
+
+
 def estimate(manifest: dict, cells: list[dict], done, prior: float) -> dict:
     """``done(key, unit)``: whether the arm's cell of the unit exists. Seconds of device time left."""
     rate, measured = rates(manifest, cells, prior)

@@ -85,7 +85,8 @@ def add_estimate_arguments(parser) -> None:
     parser.add_argument("--request-estimate-s", type=_positive_seconds, default=None, help="seconds per request assumed "
                         f"before any cell is measured (GPU {GPU_REQUEST_ESTIMATE_S})")
     parser.add_argument("--ready-estimate-s", type=_positive_seconds, default=None, help="server start assumed before one is "
-                        f"measured in this call (GPU {GPU_READY_ESTIMATE_S:.0f}: a warm kernel cache; cold ~270-340)")
+                        "measured in this call (GPU: the median ready time of the directory's earlier calls, else "
+                        f"{GPU_READY_ESTIMATE_S:.0f}: a warm kernel cache; cold ~270-340)")
 
 
 class CallBudget:
@@ -226,9 +227,12 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
         requests = lambda u: unit_requests(manifest, u)  # noqa: E731
         # the priors (GPU only: a CPU run keeps "an arm's first unit always runs")
         gpu = str(getattr(args, "device", "cpu")).startswith("cuda")
+        from clients.cells_estimate import phase_rates, ready_prior
         rate = getattr(args, "request_estimate_s", None) or (GPU_REQUEST_ESTIMATE_S if gpu else None)
-        ready = getattr(args, "ready_estimate_s", None) or (GPU_READY_ESTIMATE_S if gpu else None)
-        from clients.cells_estimate import phase_rates
+        # a warm server start: the flag, else the directory's earlier calls' median, else the fixed prior
+        ready = getattr(args, "ready_estimate_s", None) or (
+            (ready_prior([c for c in store.calls() if c.get("call") != call]) or GPU_READY_ESTIMATE_S)
+            if gpu else None)
         from clients.protocol import unit_phase
         known = phase_rates(manifest, store.cells())
         budget = CallBudget(getattr(args, "call_t0", time.monotonic()) + deadline, requests, length=deadline,

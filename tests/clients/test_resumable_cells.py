@@ -253,3 +253,56 @@ def test_a_unit_is_planned_at_its_phase_rate_from_earlier_calls():
     # a phase faster than the call's own measured rate does not lower it: the floor only raises
     aware.record_unit("p4-b4-s42", 0.1 * 3234)
     assert aware.cost(["p3-b7-s7"]) == pytest.approx(0.1 * 1702)
+
+
+def test_a_fresh_call_is_planned_with_the_directory_s_own_server_starts(tmp_path, monkeypatch):
+    """A model whose servers take 200 s to be ready even on a warm kernel cache: a unit of 3,000 requests an
+    arm at 0.05 s (150 s) fits a 537 s call by the fixed 60 s prior (60 + 150 + 60 + 150 = 420 s), so a call
+    that could not start it skipped it without saying it needs a longer deadline, every call. With the
+    directory's median ready time (205 s) a fresh call needs 205 + 150 + 205 + 150 = 710 s > 537: the hint."""
+    import json
+    import shutil
+    import types
+    from clients import runner
+    from clients.cells import CellStore
+    from clients.cells_estimate import ready_prior
+    # the recorded ready times: a median over every arm that has one (a cold 400 s first start does not set it)
+    calls = [{"call": "a", "arms": [{"key": "dense", "ready_s": 400.0}, {"key": "nr16", "ready_s": 190.0}]},
+             {"call": "b", "arms": [{"key": "dense", "ready_s": 200.0}, {"key": "nr16", "failed": "x"}]},
+             {"call": "c", "arms": [{"key": "dense", "ready_s": 210.0}]}, {"call": "d"}]
+    assert ready_prior(calls) == pytest.approx(205.0) and ready_prior(calls[:1] + calls[2:]) == pytest.approx(210.0)
+    assert ready_prior([{"call": "d"}, {"call": "e", "arms": []}]) is None
+    now = [100.0]
+    for prior, hint in ((60.0, None), (ready_prior(calls), 710.0)):
+        b = runner.CallBudget(537.0, lambda u: 3000, clock=lambda: now[0], length=537.0, prior_rate=0.05,
+                              prior_start=prior)
+        b.record_start(200.0)
+        assert not b.fits("u0", [["u0"]], first=True) and b.too_long == hint
+    # run_call plans with it: the directory's calls (the committed fs3300 directory, 67 / 27 / 23 / 22 / 23 s)
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "cells",
+                       "mh_kimi48_full_b1_fs3300_prompt_only_hr21.27_c97d5d57")
+    if not os.path.isdir(src):
+        pytest.skip("the committed fs3300 cells directory is not in this checkout")
+    root = tmp_path / "cells"
+    shutil.copytree(src, root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    store = CellStore(str(root), manifest)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(*a, **k):
+        seen.update(k)
+        raise Stop
+
+    monkeypatch.setattr(runner, "CallBudget", capture)
+    args = types.SimpleNamespace(call_deadline_s=537.0, device="cuda", request_estimate_s=None,
+                                 ready_estimate_s=None)
+    with pytest.raises(Stop):
+        runner.run_call(store, types.SimpleNamespace(args=args), "new", "97d5d57", ["dense", "nr16"], None, False)
+    assert seen["prior_start"] == pytest.approx(ready_prior(store.calls())) == pytest.approx(23.332678438999892)
+    args.ready_estimate_s = 90.0       # the flag still wins
+    with pytest.raises(Stop):
+        runner.run_call(store, types.SimpleNamespace(args=args), "new", "97d5d57", ["dense", "nr16"], None, False)
+    assert seen["prior_start"] == 90.0
