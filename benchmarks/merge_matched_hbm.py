@@ -38,6 +38,14 @@ def merge(runs: list[tuple[str, dict]], allow_mixed_commits: bool = False) -> di
     if not runs:
         raise UserError("no runs to merge")
     first_name, first = runs[0]
+    for name, r in runs:
+        if "manifest" in r:
+            # a cells measurement's result (clients/assemble.py): its ratios pair each cell with the baseline
+            # cell of the same call, weigh sampled phases and are withheld while cells are pending; joining it
+            # here would pair whatever blocks each arm has (an unfinished one's dense can hold a phase nr16
+            # lacks) and judge the target on them
+            raise UserError(f"{name} is the result of a cells measurement (manifest {r['manifest'].get('id')}): "
+                            "merge its cells directories instead (--cells DIR [DIR ...])")
     for name, r in runs[1:]:
         for key in SAME:
             if r.get(key) != first.get(key):
@@ -66,7 +74,8 @@ def merge(runs: list[tuple[str, dict]], allow_mixed_commits: bool = False) -> di
             if any(a["spec"] == arm["spec"] and a["target"] == arm["target"] for a in merged["arms"]):
                 # the same arm in two runs (each half of a split run has its own dense): both kept, told apart
                 entry["label"] = f"{arm['label']} [{name}]"
-            if base is not None and arm is not base and "vs_dense" not in entry:
+            if (base is not None and arm is not base and "vs_dense" not in entry
+                    and not arm.get("pending") and not base.get("pending") and not arm.get("unpaired_cells")):
                 # within-seed ratios to the dense arm of the same run (a run cut short never wrote them)
                 entry["vs_dense"] = ratios(arm, base)
             merged["arms"].append(entry)

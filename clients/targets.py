@@ -71,7 +71,9 @@ def verdict(arms: list[dict], model_path: str | None = None) -> dict:
     arm = next((a for a in arms if a.get("spec") == TARGET["arm"] and a.get("target", "triton") == "triton"), None)
     if arm is None:
         return {"met": None, "why": f"no {TARGET['arm']} arm"}
-    full = arm.get(ratio_key)
+    # an arm with cells still to run is never judged, whatever ratios it carries (a merge of run JSONs once
+    # computed them from the blocks it had)
+    full = arm.get(ratio_key) if not arm.get("pending") else None
     if full is None:
         out = {"met": None, "why": f"{TARGET['arm']} has no complete within-seed ratios to {TARGET['baseline']} "
                "(cells still to run, or without a baseline cell of their call)"}

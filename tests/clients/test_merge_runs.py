@@ -75,3 +75,31 @@ def test_the_cli_refuses_mixed_commits_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "different commits" in err[0] and "--allow-mixed-commits" in err[0]
     assert not out.exists()
+
+
+def test_a_cells_result_or_an_unfinished_arm_gets_no_merged_ratio_or_verdict(tmp_path, capsys):
+    """The committed fs3300 result (19 of 144 cells; nr16 9 pending, dense 8; dense has a Q=851 block of seed 42
+    that nr16 lacks) given as a run JSON: merge() used to compute nr16's vs_dense from whatever blocks each arm
+    had (seed 42: three phases over four) and judged the target met (-43.5% / +83.4%). Found by a review helper;
+    both tests fail on the old code."""
+    import json
+    import os
+    from clients.targets import verdict
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results",
+                        "matched_hbm_kimi48_full_fs3300.json")
+    with open(path) as f:
+        result = json.load(f)
+    assert result["complete"] is False
+    with pytest.raises(UserError, match="cells measurement.*--cells"):
+        merge_mod.merge([("fs3300.json", result)])
+    # an arm with pending cells, as any run JSON may carry: no ratio synthesised, and never judged
+    dense, nr = _arm("dense", (100, 200), (10, 20)), _arm("nr16", (50, 150), (20, 30))
+    for pending_arm in (dense, nr):
+        a, b = dict(dense), dict(nr)
+        (a if pending_arm is dense else b)["pending"] = 3
+        m = merge_mod.merge([("a.json", _run([a, b]))])
+        assert "vs_dense" not in m["arms"][1]
+    done = merge_mod.merge([("a.json", _run([dense, nr]))])["arms"]
+    assert "vs_dense" in done[1]
+    done[1]["pending"] = 1
+    assert verdict(done)["met"] is None

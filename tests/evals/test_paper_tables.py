@@ -208,3 +208,22 @@ fi
     paper_block = gpu.split('if [ "${PAPER:-0}" = 1 ]; then\n  #')[1]
     assert "trtllm_dasc.evals.horizon_validation" in paper_block
     assert '--horizons "$horizons"' in paper_block.split("trtllm_dasc.evals.paper_tables")[1].split("\nfi")[0]
+
+
+def test_table5_counts_only_the_native_conv_random_masks():
+    """A `rand16@s+conv-int8` arm (one conv arm per W is allowed) was counted as a sixth count-matched mask:
+    masks 6, diff 0.583 where report.comparisons gives 5 and 0.5. From a review helper."""
+    from trtllm_dasc.evals.paper_tables import tables
+    from trtllm_dasc.evals.report import comparisons
+
+    def arm(spec, score):
+        return {"arm": spec, "scores": {"niah_single_1": {"4096": {str(i): {"score": score} for i in range(6)}}},
+                "misses": []}
+    seeds = (1234, 2027, 3407, 4519, 5683)
+    arms = ([arm("dense", 1.0), arm("nr16", 1.0)] + [arm(f"rand16@{s}", 0.5) for s in seeds]
+            + [arm("rand16@1234+conv-int8", 0.0)])
+    result = {"arch": "kda", "tasks": ["niah_single_1"], "lengths": [4096], "instances": 6, "arms": arms}
+    t5 = tables(result, resamples=200)["table5"][0]
+    ref = comparisons(arms, resamples=200)["nr_vs_random"][16]
+    assert t5["masks"] == ref["masks"] == 5
+    assert t5["diff"] == pytest.approx(ref["diff"]) == pytest.approx(0.5)

@@ -121,3 +121,18 @@ def test_two_conv_arms_at_one_window_are_refused_in_one_line(capsys):
                    "--arms", "dense,nr16+conv-int8,nr16+int8+conv-int8"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "change the conv codec" in err[0]
+
+
+def test_int8_random_masks_are_not_averaged_with_the_native_ones():
+    """`rand16@s+int8` arms were put in the "random masks" cell beside the native ones (25.0 (26.4, 10) where the
+    five native masks give 50.0 (0.0, 5)); report.comparisons keeps the codecs apart. From a review helper."""
+    from trtllm_dasc.evals.tables import accuracy_rows
+
+    def arm(spec, score):
+        return {"arm": spec, "scores": {"niah_single_1": {"1024": {str(i): {"score": score} for i in range(4)}}},
+                "misses": []}
+    seeds = (1234, 2027, 3407, 4519, 5683)
+    result = {"arms": [arm("dense", 1.0), arm("nr16", 0.9), arm("nr16+int8", 0.9)]
+              + [arm(f"rand16@{s}", 0.5) for s in seeds] + [arm(f"rand16@{s}+int8", 0.0) for s in seeds]}
+    row = accuracy_rows(result)[-1]
+    assert row.endswith("| 50.0 (0.0, 5) |"), row

@@ -33,6 +33,7 @@ from trtllm_dasc.evals.report import instance_scores, mean_scores
 from trtllm_dasc.evals.stats import holm, paired_bootstrap
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.evals.result_file import load_for_tables, load_result
+from trtllm_dasc.spec import DEFAULT_CONV_CODEC
 
 PAPER_FILE = os.path.join(os.path.dirname(__file__), "paper_numbers.json")
 
@@ -86,7 +87,7 @@ def _holm_family(rows: list[dict]) -> None:
 
 def _random_mean(arms: dict, w: int) -> tuple[dict, int]:
     masks = [s for spec, s in arms.items() if (a := parse_arm(spec)).mask_seed is not None and a.wmax == w
-             and a.codec == "native" and a.precision_kind is None]
+             and a.codec == "native" and a.precision_kind is None and a.conv_codec == DEFAULT_CONV_CODEC]
     if not masks:
         return {}, 0
     return mean_scores(masks), len(masks)
@@ -94,7 +95,8 @@ def _random_mean(arms: dict, w: int) -> tuple[dict, int]:
 
 def _windows(arms: dict, policy: str) -> list[int]:
     return sorted({a.wmax for spec in arms if (a := parse_arm(spec)).wmax and a.policy == policy
-                   and a.mask_seed is None and a.codec == "native" and a.precision_kind is None})
+                   and a.mask_seed is None and a.codec == "native" and a.precision_kind is None
+                   and a.conv_codec == DEFAULT_CONV_CODEC})
 
 
 def tables(result: dict, resamples: int = 10_000, paper: dict | None = None) -> dict:

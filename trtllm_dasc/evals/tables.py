@@ -65,7 +65,9 @@ def accuracy_rows(result: dict) -> list[str]:
     def kind_of(arm):
         if arm.precision_kind is not None:
             return None                     # precision_rows
-        return "rand" if arm.mask_seed is not None else arm.policy + ("+int8" if arm.codec == "int8" else "")
+        suffix = "+int8" if arm.codec == "int8" else ""
+        # INT8 random masks are their own kind: the column shows the native masks, as report.comparisons pairs them
+        return ("rand" if arm.mask_seed is not None else arm.policy) + suffix
     dense, cells = _arm_cells(result, kind_of)
     rows = ["| W_max | dense | dasc-nr | dasc-wr | dasc-wr-warm | dasc-nr + INT8 | random masks: mean (sd, n) |",
             "|---:|---:|---:|---:|---:|---:|---:|"]
