@@ -128,6 +128,11 @@ def test_cli_json_and_table(kda_ckpt):
     ("bands:40", "uniform' or 'horizon"),
     ("horizon:40,400@x", "seed after '@'"),
     ("horizon@-3", "seed after '@'"),
+    ("horizon:1_000,2_000", "comma list of integers"),
+    ("horizon:\u0663\u0662,128", "comma list of integers"),
+    ("horizon:--40,400", "comma list of integers"),
+    ("horizon:40,400:", "nothing after the second"),
+    ("horizon:-40,400", "integers in"),
 ])
 def test_bad_specs_refused_in_one_line(kda_ckpt, spec, match):
     path, _ = kda_ckpt
@@ -154,3 +159,19 @@ def test_default_bands_drop_thresholds_at_or_below_wmax(wmax, spec):
     assert PlanOptions(wmax=wmax, precision="horizon").precision == spec
     with pytest.raises(UserError, match="1024 must exceed --wmax 1024"):
         parse_precision("horizon", 1024)
+
+
+@pytest.mark.parametrize("flags", [("--precision", "horizon:40,400:int4,int8,native"), ("--codec", "int4")])
+def test_int4_on_an_odd_value_head_dim_is_refused_by_the_plan(tmp_path, flags):
+    """dasc plan priced odd int4 rows and dasc-build wrote the engine; it then failed to start (LayoutError:
+    value_dim 15 must be even). Now the plan refuses it in one line, for bands and for the uniform codec; the
+    same model with int8 plans. From a review helper; fails on the old code."""
+    raw = tiny_config("gdn", heads=4, dk=8, dv=15)
+    rng = np.random.default_rng(5)
+    decay = {layer: (rng.uniform(-1, 1, 4).tolist(), rng.uniform(-12, 1, 4).tolist()) for layer in (0, 2)}
+    path = write_decay_checkpoint(tmp_path / "odd", raw, decay)
+    code, out, err = run_dasc("plan", "--model", path, "--wmax", "8", *flags)
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "value head dim 15 is odd" in err
+    code, out, err = run_dasc("plan", "--model", path, "--wmax", "8", "--codec", "int8")
+    assert code == 0, err

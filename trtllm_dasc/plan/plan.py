@@ -305,6 +305,12 @@ class DascPlan:
 def build_plan(cfg: HybridConfig, horizons: list[np.ndarray] | None, options: PlanOptions) -> DascPlan:
     """Select, lay out and place. ``horizons`` may be None only for W_max = 0 (keep everything)."""
     cfg.shard(options.tp)
+    used = set(options.bands.codecs) if options.bands is not None else {options.codec}
+    if "int4" in used and cfg.value_head_dim % 2:
+        # the layout and both codec paths pack two values a byte (state/layout.py): refused here, where dasc plan
+        # and dasc-build see it, not when the engine starts
+        raise UserError(f"codec int4 packs two values a byte: this model's value head dim {cfg.value_head_dim} is "
+                        "odd; choose other codecs")
     if horizons is None:
         if options.wmax != 0:
             raise UserError("--wmax > 0 needs the decay weights (A_log, dt_bias): pass a checkpoint "

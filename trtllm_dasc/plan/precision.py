@@ -91,12 +91,16 @@ def parse_precision(text: str, wmax: int | None = None) -> HorizonBands | None:
     if not rest:
         bands = default_bands(wmax, seed)
     else:
-        th_text, _, codec_text = rest.partition(":")
-        try:
-            ths = tuple(int(v) for v in th_text.split(","))
-        except ValueError:
+        th_text, colon, codec_text = rest.partition(":")
+        parts = [v.strip() for v in th_text.split(",")]
+        # ASCII digits only, as the seed: int() would also take '1_000' and other scripts' digits
+        if not all((d := p[1:] if p.startswith("-") else p).isascii() and d.isdigit() for p in parts):
             raise UserError(f"--precision {text!r}: thresholds must be a comma list of integers (tokens), "
-                            f"e.g. horizon:256,4096") from None
+                            f"e.g. horizon:256,4096")
+        ths = tuple(int(v) for v in parts)
+        if colon and not codec_text.strip():
+            raise UserError(f"--precision {text!r}: nothing after the second ':'; name one codec per band "
+                            "(horizon:H1,H2:c0,c1,c2) or leave the ':' out")
         if codec_text:
             codecs = tuple(c.strip() for c in codec_text.split(","))
         elif len(ths) == len(THRESHOLD_CODECS) - 1:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from trtllm_dasc.state.kernels import _conv_part, _div_rows, _round_half_even, _round_to_int, _row_scale
+from trtllm_dasc.state.kernels import (_conv_part, _div_rows, _round_half_even, _round_to_int, _row_amax,
+                                       _row_scale)
 from trtllm_dasc.state.ragged_index import listed_unit_rows, request_rows
 
 
@@ -74,7 +75,7 @@ def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC:
     if CODEC == 1:
         mask = rmask[:, None] & (b < V)[None, :]
         x = tl.load(src + row[:, None] + b[None, :], mask=mask, other=0.0).to(tl.float32)
-        s = _row_scale(tl.max(tl.abs(x), axis=1), 448.0)
+        s = _row_scale(_row_amax(x), 448.0)
         y = tl.minimum(tl.maximum(_div_rows(x, s, FAST_DIV, True), -448.0), 448.0)
         if FAST_DIV:
             # on a GPU the hardware's conversion (sm90: cvt.rn.satfinite.e4m3x2.f32, round to nearest even like
@@ -92,7 +93,7 @@ def _encode_rows(src, row, rmask, V: tl.constexpr, BLOCK_B: tl.constexpr, CODEC:
         e = tl.arange(0, 2 * BLOCK_B)
         mask = rmask[:, None] & (e < V)[None, :]
         x = tl.load(src + row[:, None] + e[None, :], mask=mask, other=0.0).to(tl.float32)
-        s = _row_scale(tl.max(tl.abs(x), axis=1), 7.0)
+        s = _row_scale(_row_amax(x), 7.0)
         y = _div_rows(x, s, FAST_DIV)
         c = _int4_code(y, FAST_DIV)
         c = c << ((e & 1) * 4)[None, :]

@@ -37,8 +37,16 @@ def row_bytes(codec: str, V: int) -> int:
     raise ValueError(f"codec {codec!r} is not one of {QUANT_CODECS}")
 
 
+def row_amax(xf: torch.Tensor) -> torch.Tensor:
+    """max_v |x| of each row, NaN where the row holds a NaN or an infinity: its scale is then NaN and the row
+    decodes to NaN on every backend (the kernels' _row_amax), as the native codec keeps a diverged state;
+    an infinite row's scale would otherwise be inf, whose codes (inf / inf) decode differently per backend."""
+    a = xf.abs().amax(dim=-1)
+    return torch.where(torch.isfinite(xf).all(dim=-1), a, torch.full_like(a, float("nan")))
+
+
 def _scale(xf: torch.Tensor, qmax: float) -> torch.Tensor:
-    a = torch.clamp(xf.abs().amax(dim=-1), min=SCALE_FLOOR)
+    a = torch.clamp(row_amax(xf), min=SCALE_FLOOR)
     # a tensor divisor, as naive.quantize_int8 says: torch on CUDA turns x / scalar into x * (1 / scalar)
     return a / torch.full_like(a, qmax)
 

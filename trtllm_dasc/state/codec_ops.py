@@ -26,10 +26,20 @@ def _blocks(n_rows: int, VB: int, cid: int) -> tuple[int, int]:
     return max(1, min(max(triton_ops.TILE_ELEMS // max(values, 1), 1), _pow2(n_rows))), block_b
 
 
+def fast_div_for(cid: int, is_cuda: bool, capability: tuple[int, int] | None) -> bool:
+    """int4's and fp8's quotients by the fma sequence on a GPU (codec_kernels._encode_rows; the interpreter's
+    fma rounds twice), proven to give div_rn's codes near every int4 and e4m3fn boundary (fma_quotient.py).
+    fp8's FAST_DIV also encodes with the hardware's e4m3 conversion, which Triton compiles for sm89 and newer
+    only ("type fp8e4nv not supported in this architecture" on an A100): older GPUs take the bit encode and
+    div_rn, the interpreter's path, the same codes."""
+    if not is_cuda or cid not in (CODEC_ID["int4"], CODEC_ID["fp8"]):
+        return False
+    return cid != CODEC_ID["fp8"] or capability is None or tuple(capability) >= (8, 9)
+
+
 def _fast_div(cid: int, x: torch.Tensor) -> bool:
-    # int4's and fp8's quotients by the fma sequence on a GPU (codec_kernels._encode_rows; the interpreter's
-    # fma rounds twice), proven to give div_rn's codes near every int4 and e4m3fn boundary (fma_quotient.py)
-    return cid in (CODEC_ID["int4"], CODEC_ID["fp8"]) and x.is_cuda
+    cap = torch.cuda.get_device_capability(x.device) if x.is_cuda and cid == CODEC_ID["fp8"] else None
+    return fast_div_for(cid, x.is_cuda, cap)
 
 
 def _check_codec(codec: str, V: int) -> int:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from trtllm_dasc.state.codec_naive import row_amax
+
 SCALE_FLOOR = 1e-8
 QMAX = 127.0
 
@@ -33,7 +35,8 @@ def encode(x: torch.Tensor) -> torch.Tensor:
     """x [..., L, conv_dim, width] -> int8 [..., L, conv8_row_bytes(conv_dim * width)]."""
     n = x.shape[-2] * x.shape[-1]
     xf = x.float().reshape(*x.shape[:-2], n)
-    a = torch.clamp(xf.abs().amax(dim=-1), min=SCALE_FLOOR)
+    # NaN for a layer with a NaN or an infinity (codec_naive.row_amax): the layer decodes to NaN
+    a = torch.clamp(row_amax(xf), min=SCALE_FLOOR)
     # a tensor divisor: torch on CUDA turns x / scalar into x * (1 / scalar), 1 ulp off the ieee quotient
     s = a / torch.full_like(a, QMAX)
     q = torch.clamp(torch.round(xf / s.unsqueeze(-1)), -QMAX, QMAX).to(torch.int8)

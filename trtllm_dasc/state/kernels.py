@@ -34,8 +34,26 @@ def _round_to_int(y, GPU: tl.constexpr):
 @triton.jit
 def _row_scale(a, QMAX: tl.constexpr):
     """Per-row scale of paper Eq. 10 from the row max |x| a: max(a, 1e-8) / QMAX (127 int8, 448 fp8, 7 int4).
-    div_rn: the ieee quotient, so the scales equal torch's bit for bit."""
-    return tl.math.div_rn(tl.maximum(a, 1e-8), tl.full(a.shape, QMAX, tl.float32))
+    div_rn: the ieee quotient, so the scales equal torch's bit for bit. A row max that is NaN or inf (_row_amax
+    keeps a NaN; a row holding one or an infinity) gives a NaN scale, as codec_naive.row_amax does."""
+    s = tl.math.div_rn(tl.maximum(a, 1e-8), tl.full(a.shape, QMAX, tl.float32))
+    return tl.where(a <= 3.4028234663852886e38, s, float("nan"))
+
+
+@triton.jit
+def _max_keep_nan(a, b):
+    # max.NaN.f32: one instruction, as the plain max
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _row_amax(x):
+    """max |x| of each row of a [BLOCK_R, C] tile, NaN where the row holds a NaN. tl.max drops NaN (torch's amax
+    keeps it), so a diverged state quantised to plausible finite codes on this path only and a cached
+    checkpoint of it read back as a sane state; now its scale is NaN on both paths and it decodes to NaN, as
+    the native codec keeps it. The same one reduction as tl.max: a second one (a finiteness flag) added
+    barriers to the stores (tests/model/test_kernels_compile.py)."""
+    return tl.reduce(tl.abs(x), 1, _max_keep_nan)
 
 
 @triton.jit
@@ -75,7 +93,7 @@ def _quantize_rows(x, FAST_DIV: tl.constexpr):
     INT8 store, short on bytes, could not hide div_rn's ten flops an element (`python -m benchmarks
     state_bandwidth`, Kimi W=128 at batch 64, measured on an H200: 62.0% of copy bandwidth with div_rn, 68.4%
     with this). Without FAST_DIV (Triton's interpreter, whose fma rounds twice) div_rn."""
-    s = _row_scale(tl.max(tl.abs(x), axis=1), 127.0)
+    s = _row_scale(_row_amax(x), 127.0)
     y = tl.minimum(tl.maximum(_div_rows(x, s, FAST_DIV), -127.0), 127.0)
     return _round_to_int(y, FAST_DIV), s
 
@@ -125,9 +143,11 @@ def _conv8_encode_layer(src, dst, dst_scale, i_src, slot, layer, n, s_src_b, s_s
     amax = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, n, BLOCK):
         e = start + tl.arange(0, BLOCK)
-        amax = tl.maximum(amax, tl.abs(tl.load(base + e, mask=e < n, other=0.0).to(tl.float32)))
+        x = tl.load(base + e, mask=e < n, other=0.0).to(tl.float32)
+        # NaN kept (tl.maximum drops it): a NaN or an infinity makes the layer's scale NaN, as in conv8_naive
+        amax = _max_keep_nan(amax, tl.abs(x))
     # ieee division, so the scale and the quotients equal torch's bit for bit (paper Eq. 10)
-    s = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-8), 127.0)
+    s = _row_scale(tl.reduce(amax, 0, _max_keep_nan), 127.0)
     # the correctly rounded reciprocal _div_fma needs (one division a layer)
     r = tl.math.div_rn(1.0, s)
     out = dst + slot * s_dst_b + layer * s_dst_l

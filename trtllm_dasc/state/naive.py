@@ -42,7 +42,8 @@ def quantize_int8(x: torch.Tensor, scale_dtype: torch.dtype = torch.float32) -> 
 
     Computed in fp32; round is half-to-even (torch.round)."""
     xf = x.float()
-    a = torch.clamp(xf.abs().amax(dim=-1), min=SCALE_FLOOR)
+    # NaN for a row with a NaN or an infinity (codec_naive.row_amax)
+    a = torch.clamp(codec_naive.row_amax(xf), min=SCALE_FLOOR)
     # a tensor divisor: torch on CUDA turns division by a python scalar into a multiply by its
     # reciprocal, which is 1 ulp off the ieee quotient that Eq. 10 (and the cpu, numpy, our kernels) give
     s = a / torch.full_like(a, QMAX)
