@@ -19,8 +19,12 @@ from trtllm_dasc.parallel.runner import DistributedRunner, worker_loop
 
 def join_ranks(cfg, threads_per_rank: int | None = None):
     """Collective, on every rank of the mpirun: the TP group and this rank's ModelRunner (its device,
-    shard and pool); rank 0 also gets every rank's pool report. Returns (group, runner, reports)."""
+    shard and pool); rank 0 also gets every rank's pool report. Returns (group, runner, reports).
+    A rank that cannot build its runner (a rank weight file of another rank, a device it cannot use) fails
+    every rank with one UserError naming it: alone, it left the others waiting in the gather below, and
+    mpirun, which sees no rank exit, kept the server "not ready" until its timeout (30 minutes)."""
     group = TPGroup.from_mpi(cfg.device)
+    runner, failure = None, None
     try:
         if group.size != cfg.tp_size:
             raise UserError(f"tp_size {cfg.tp_size} but mpirun started {group.size} ranks")
@@ -32,6 +36,18 @@ def join_ranks(cfg, threads_per_rank: int | None = None):
             device = f"cuda:{group.rank % torch.cuda.device_count()}"
         runner = ModelRunner(dataclasses.replace(cfg, device=device), group.rank, group.all_reduce,
                              group.all_to_all)
+    except UserError as e:
+        failure = str(e)
+    except Exception as e:  # noqa: BLE001 - reported to every rank, then raised there as one UserError
+        failure = f"{type(e).__name__}: {e}"
+    # before any collective of the runners: every rank learns whether any rank failed (the runner's build
+    # has no collective, so every rank gets here)
+    failures = group.comm.allgather(failure)
+    if any(failures):
+        group.close()
+        raise UserError("; ".join(f"TP rank {r} of {group.size} could not start: {f}"
+                                  for r, f in enumerate(failures) if f))
+    try:
         # every rank's pool as allocated (slot bytes, slots): rank 0 reports them, the planner predicts them
         reports = group.gather(runner.memory_report())
     except BaseException:

@@ -231,7 +231,13 @@ class ModelRunner:
         k_of = {(i, pos): k for k, (i, pos) in enumerate(zip(out.capture_seq, out.capture_pos))}
         order = [k_of[(i, pos)] for i, pos, _ in wanted]
         temporal, conv = out.capture_temporal, out.capture_conv
-        finite = (torch.isfinite(temporal.flatten(1)).all(1) & torch.isfinite(conv.flatten(1)).all(1)).tolist()
+        bad = ~(torch.isfinite(temporal.flatten(1)).all(1) & torch.isfinite(conv.flatten(1)).all(1))
+        if self.cfg.tp_size > 1:
+            # each rank sees only its heads' share: stored where it is finite on every rank (a rank deciding
+            # alone entered the storage all-to-all without the others, or wrote a checkpoint rank 0 never
+            # recorded); every rank runs the same plan, so every rank reaches this all-reduce
+            bad = self.model.all_reduce(bad.to(torch.int32)) > 0
+        finite = (~bad).tolist()
         stored = [finite[k] for k in order]
         for ok, (i, _, _) in zip(stored, wanted):
             if not ok:

@@ -1,0 +1,73 @@
+"""Faults that must fail cleanly at TP, on real MPI ranks (CPU, gloo), each against what TP1 does with the same
+input. Found by a review helper; both fail on the old code (the first by its timeout: mpirun never ended).
+
+- A rank that cannot start (its rank weight file written for another rank) left the other ranks waiting in
+  the pool reports' gather, and mpirun, seeing no rank exit, kept `dasc serve --tp` "not ready" for its 30
+  minute timeout. Now every rank raises one UserError naming the rank, at once.
+- A captured state that is non-finite on one rank's heads only: each rank decided alone whether to store it.
+  With the storage placement one rank entered the all-to-all without the other (a hang, then the whole
+  server aborted); with placement off rank 0 recorded a checkpoint the other rank never wrote (the next
+  request counted 39 cached tokens where TP1 refuses the checkpoint). Now the ranks agree (an all-reduce).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tp_helpers import ROOT, HERE, build_tp_model, have_mpi
+
+pytestmark = pytest.mark.skipif(have_mpi() is not None, reason=str(have_mpi()))
+
+
+def _mpirun(num_ranks: int, args: list[str], out: Path, timeout: float = 240.0):
+    from trtllm_dasc.parallel.launch import mpirun_command
+    cmd, env = mpirun_command(num_ranks, [str(HERE / "fault_job.py"), *args, "--out", str(out)])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(out.read_text())
+
+
+def test_a_rank_that_cannot_start_fails_every_rank_at_once(tmp_path):
+    model = tmp_path / "kda"
+    build_tp_model(model, "kda", seed=11)
+    engine = tmp_path / "eng"
+    r = subprocess.run([sys.executable, "-m", "build_scripts.dasc_build", "--model", str(model), "--output",
+                        str(engine), "--device", "cpu", "--tp", "2", "--wmax", "0", "--dtype", "float32"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _mpirun(2, ["start", str(engine)], tmp_path / "ok.json") == ["started", "started"]
+    # rank 1 given rank 0's weight manifest
+    shutil.copy(engine / "weights" / "rank0.json", engine / "weights" / "rank1.json")
+    seen = _mpirun(2, ["start", str(engine)], tmp_path / "bad.json", timeout=180)
+    assert len(seen) == 2
+    for s in seen:
+        assert s.startswith("UserError: TP rank 1 of 2 could not start") and "rank1.json" in s, s
+        assert "TP rank 0" not in s
+
+
+def test_a_state_non_finite_on_one_rank_is_refused_by_every_rank(tmp_path):
+    from safetensors.torch import load_file, save_file
+    model = tmp_path / "kda_inf"
+    build_tp_model(model, "kda", seed=11)
+    # the last linear layer's value head 7 (on rank 1 at TP2) overflows fp32; every weight stays finite
+    path = model / "model.safetensors"
+    t = load_file(str(path))
+    key = next(k for k in sorted(t, reverse=True) if k.endswith("self_attn.v_proj.weight"))
+    w = t[key]
+    w[56:64] = torch.sign(w[56:64]) * 3e38
+    save_file(t, str(path), metadata={"format": "pt"})
+    tp1 = _mpirun(1, ["nonfinite", str(model), "off", "--tp", "1"], tmp_path / "tp1.json")
+    assert [r["cached"] for r in tp1] == [0, 0]
+    assert all("non-finite" in (r["error"] or "") for r in tp1), tp1
+    for placement in ("off", "storage"):
+        got = _mpirun(2, ["nonfinite", str(model), placement], tmp_path / f"tp2_{placement}.json", timeout=180)
+        assert [r["cached"] for r in got] == [r["cached"] for r in tp1], (placement, got)
+        assert all("non-finite" in (r["error"] or "") for r in got), (placement, got)
