@@ -67,7 +67,7 @@ def engine_config(args) -> EngineConfig:
                         placement=args.placement, tp_size=args.tp, max_batch=args.max_batch, block_size=4, num_kv_blocks=args.kv_blocks,
                         interval=16, max_context=256, state_budget_bytes=args.budget,
                         host_cache_bytes=args.host_cache_bytes, eviction=args.eviction,
-                        host_kv_blocks=args.host_kv_blocks)
+                        host_kv_blocks=args.host_kv_blocks, precision=args.precision)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -77,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--wmax", type=int, default=0)
     ap.add_argument("--policy", default="nr")
     ap.add_argument("--codec", default="native")
+    ap.add_argument("--precision", default="uniform")
     ap.add_argument("--placement", default="off")
     ap.add_argument("--budget", type=int, default=None)
     ap.add_argument("--host-cache-bytes", type=int, default=0)

@@ -106,7 +106,8 @@ def store_units(t: torch.Tensor, rows, payload, scales, slots, unit_layer, unit_
     B, U = x.shape[:2]
     q, s = QUANTIZE[codec](x.reshape(B, U, R, V), scales.dtype)
     pos = (slots[:, None], slot_pos[None, :])
-    payload[pos] = q.reshape(B, U, -1)
+    # explicit sizes: a group of no units (a rank whose share of a codec segment is empty) has nothing to infer -1 from
+    payload[pos] = q.reshape(B, U, R * row_bytes(codec, V))
     scales[pos] = s
 
 
@@ -124,6 +125,6 @@ def load_units(payload, scales, slots, t: torch.Tensor, rows, pos_of_unit, R: in
     kl, ku = torch.nonzero(pos >= 0, as_tuple=True)
     sp = pos[kl, ku]
     B, U = slots.numel(), sp.numel()
-    q = payload[slots[:, None], sp[None, :]].reshape(B, U, R, -1)
+    q = payload[slots[:, None], sp[None, :]].reshape(B, U, R, row_bytes(codec, V))
     x = DEQUANTIZE[codec](q, scales[slots[:, None], sp[None, :]]).reshape(B, U, R * V)
     t[kl[None, :], rows[:, None], ku[None, :]] = x.to(t.dtype)
