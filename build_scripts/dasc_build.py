@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 
 from build_scripts.engine_output import check_output, staged_output
 from trtllm_dasc import engine_dir
@@ -121,6 +122,7 @@ def engine_options(args) -> dict:
                 plan_path=engine_dir.PLAN, kernel_cache_dir=engine_dir.KERNELS, tp_size=args.tp,
                 placement=build_placement(args.placement, args.tp),
                 rank_weights=engine_dir.RANK_WEIGHTS if args.tp > 1 and not dummy(args) else None,
+                rank_weights_id=uuid.uuid4().hex if args.tp > 1 and not dummy(args) else None,
                 load_format="dummy" if dummy(args) else "safetensors",
                 memory_limit_bytes=getattr(args, "memory_limit_bytes", None),
                 host_cache_bytes=getattr(args, "host_cache_bytes", 0), eviction=getattr(args, "eviction", "lru"),
@@ -293,7 +295,7 @@ def build(args) -> str:
                 print(f"[dasc-build] rank {rank + 1}/{args.tp} weights: {size / 2**20:.1f} MiB "
                       f"({time.time() - t1:.1f} s)", file=sys.stderr, flush=True)
             write_rank_weights(args.model, os.path.join(tmp, engine_dir.RANK_WEIGHTS), args.tp, plan.bundle_order,
-                               progress)
+                               progress, build_id=opts["rank_weights_id"])
         os.makedirs(os.path.join(tmp, engine_dir.KERNELS))
         if getattr(args, "tensorrt", False):
             from plugins.engines import write_codec_engines

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -145,3 +146,21 @@ def test_engine_written_before_the_format_module_reads(tmp_path):
     found = engine_dir.read(str(tmp_path / "e"))
     assert found.version == 1 and found.serving == {"decoupled": True}
     assert found.weights == {"load_format": "safetensors"}
+
+
+def test_unknown_missing_or_mistyped_engine_fields_are_one_line(tmp_path):
+    """An engine of a newer dasc that added a field without a new format version, one that lacks `model`, and
+    a `model` that is not a path: each was a TypeError traceback in `dasc serve` (EngineConfig(**engine),
+    os.path.isabs). From a review helper; fails on the old code."""
+    shutil.copytree(OLD_ENGINE, tmp_path / "e")
+    (tmp_path / "e" / "model").mkdir()
+    path = tmp_path / "e" / "config.json"
+    raw = json.loads(path.read_text())
+    engine = raw["engine"]
+    for bad, needle in (({**engine, "future_field": 1}, "future_field"),
+                        ({k: v for k, v in engine.items() if k != "model"}, "lacks engine field(s) model"),
+                        ({**engine, "model": 5}, "model must be a path")):
+        path.write_text(json.dumps({**raw, "engine": bad}))
+        with pytest.raises(UserError, match=re.escape(needle)) as e:
+            engine_config(str(tmp_path / "e"))
+        assert "\n" not in str(e.value)

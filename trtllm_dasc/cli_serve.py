@@ -26,7 +26,7 @@ from trtllm_dasc.engine_dir import is_engine_dir
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.tritonserver import start_server
-from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.engine.config import from_engine_fields
 from trtllm_dasc.serve.repository import cache_policy
 from trtllm_dasc.parallel.launch import find_mpirun
 from trtllm_dasc.serve.tritonserver import new_admin_key
@@ -102,7 +102,7 @@ def run(args) -> int:
     # lazy: torch / numpy load only when this runs (keeps importing this module light)
     from trtllm_dasc.serve.host import dummy_notice
     found = read_engine_dir(engine_dir)
-    cfg = EngineConfig(**found.engine)
+    cfg = from_engine_fields(found.engine, f"{found.path}/config.json")
     tp = cfg.tp_size
     # dasc's prefix cache is lossy unless W_max 0 with every codec native: say so before anything is served
     print(f"[dasc serve] prefix cache: {cache_policy(cfg.wmax, cfg.policy, cfg.codec, cfg.precision, cfg.conv_codec)}",

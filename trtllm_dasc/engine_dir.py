@@ -97,6 +97,8 @@ def read(path: str) -> EngineDir:
         raise UserError(f"{config} is a dasc engine of format version {version}, newer than this dasc reads "
                         f"({FORMAT_VERSION}): rebuild it with this dasc-build")
     for key in PATH_FIELDS:
+        if engine.get(key) is not None and not isinstance(engine[key], str):
+            raise UserError(f"{config}: engine field {key} must be a path, got {engine[key]!r}")
         if engine.get(key) and not os.path.isabs(engine[key]):
             engine[key] = os.path.join(path, engine[key])
     serving, weights = meta.get("serving"), meta.get("weights")

@@ -71,3 +71,42 @@ def test_a_state_non_finite_on_one_rank_is_refused_by_every_rank(tmp_path):
         got = _mpirun(2, ["nonfinite", str(model), placement], tmp_path / f"tp2_{placement}.json", timeout=180)
         assert [r["cached"] for r in got] == [r["cached"] for r in tp1], (placement, got)
         assert all("non-finite" in (r["error"] or "") for r in got), (placement, got)
+
+
+def _build_tp2(model: Path, engine: Path) -> Path:
+    r = subprocess.run([sys.executable, "-m", "build_scripts.dasc_build", "--model", str(model), "--output",
+                        str(engine), "--device", "cpu", "--tp", "2", "--wmax", "0", "--dtype", "float32"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return engine
+
+
+def test_a_rank_file_of_another_build_or_a_corrupt_one_is_refused(tmp_path):
+    """A rank's weight files copied from an engine of another model with the same shapes served mixed weights
+    without a word (tokens [36, 87, 50, 66] against [88, 64, 55, 11]); a truncated rank file raised
+    SafetensorError and a manifest that is a list an AttributeError, neither a one-line error. From a review
+    helper; fails on the old code."""
+    from trtllm_dasc.engine.config import engine_config
+    from trtllm_dasc.errors import UserError
+    from trtllm_dasc.model.rank_weights import RankWeights
+    engines = []
+    for seed in (11, 12):
+        build_tp_model(tmp_path / f"m{seed}", "kda", seed=seed)
+        engines.append(_build_tp2(tmp_path / f"m{seed}", tmp_path / f"e{seed}"))
+    a, b = engines
+    cfg = engine_config(str(a))
+    order = json.loads((a / "weights" / "rank1.json").read_text())["bundle_order"]
+    assert cfg.rank_weights_id and cfg.rank_weights_id != engine_config(str(b)).rank_weights_id
+    RankWeights(cfg.rank_weights, 1, 2, order, cfg.rank_weights_id)          # its own files: fine
+    for name in ("rank1.json", "rank1.safetensors"):
+        shutil.copy(b / "weights" / name, a / "weights" / name)
+    with pytest.raises(UserError, match="another build"):
+        RankWeights(cfg.rank_weights, 1, 2, order, cfg.rank_weights_id)
+    w = a / "weights" / "rank0.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    with pytest.raises(UserError, match="cannot be read"):
+        RankWeights(cfg.rank_weights, 0, 2, order, cfg.rank_weights_id)
+    shutil.copy(b / "weights" / "rank0.safetensors", w)
+    (a / "weights" / "rank0.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match="not a rank weight manifest"):
+        RankWeights(cfg.rank_weights, 0, 2, order, cfg.rank_weights_id)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 from trtllm_dasc import engine_dir as engine_dir_format
 from trtllm_dasc.engine.slow_step import check_seconds
@@ -57,6 +57,9 @@ class EngineConfig:
     tp_size: int = DEFAULT_TP
     placement: str = ENGINE_PLACEMENT   # the planner's TP placement of the units (spec.py: why off here)
     rank_weights: str | None = None     # per-rank weight files (dasc-build --tp); None: slice the checkpoint
+    # the build's id in every rank's weight manifest: a rank file of another engine (same shapes, other
+    # weights) is refused (model/rank_weights.py); None: an engine built before it was recorded
+    rank_weights_id: str | None = None
     # where the weights come from: safetensors (the checkpoint's files), dummy (random, made on the device at
     # load time: dasc-build --load-format dummy), auto (dummy when the checkpoint is a dummy one, else safetensors)
     load_format: str = "auto"
@@ -118,7 +121,7 @@ class EngineConfig:
             raise UserError(f"prompt_only must be true or false, got {self.prompt_only!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise UserError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
-        for name in ("kernel_cache_dir", "plan_path", "rank_weights"):
+        for name in ("kernel_cache_dir", "plan_path", "rank_weights", "rank_weights_id"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise UserError(f"{name} must be a path, got {getattr(self, name)!r}")
 
@@ -138,9 +141,25 @@ class EngineConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def from_engine_fields(engine: dict, where: str = "the engine's config.json") -> EngineConfig:
+    """EngineConfig(**engine) of an engine directory's "engine" section, with a field this dasc does not know
+    (an engine of a newer dasc that kept the format version) or one it needs but lacks refused in one UserError
+    line naming it (it was a TypeError traceback)."""
+    known = {f.name for f in fields(EngineConfig)}
+    unknown = sorted(set(engine) - known)
+    if unknown:
+        raise UserError(f"{where} has engine field(s) this dasc does not know ({', '.join(unknown)}): it was built "
+                        "by another dasc version; rebuild it with this dasc-build")
+    required = {f.name for f in fields(EngineConfig) if f.default is MISSING and f.default_factory is MISSING}
+    missing = sorted(required - set(engine))
+    if missing:
+        raise UserError(f"{where} lacks engine field(s) {', '.join(missing)}; rebuild it with dasc-build")
+    return EngineConfig(**engine)
+
+
 def engine_config(engine_dir: str) -> EngineConfig:
     """The EngineConfig an engine directory's config.json describes (paths resolved against the directory)."""
-    return EngineConfig(**engine_dir_format.read(engine_dir).engine)
+    return from_engine_fields(engine_dir_format.read(engine_dir).engine, f"{engine_dir}/config.json")
 
 
 def _count(cfg, name: str, minimum: int, cap: int = MAX_COUNT) -> None:

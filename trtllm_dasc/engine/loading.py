@@ -19,7 +19,7 @@ def weight_source(cfg: EngineConfig, model_cfg: HybridConfig, tp_rank: int, bund
         return DummyWeights(model_cfg, seed=(marker or {}).get("seed", 0), device=cfg.device)
     if cfg.rank_weights:
         # this rank's own file (dasc-build --tp): already cut, checked against the plan's bundle order
-        return RankWeights(cfg.rank_weights, tp_rank, cfg.tp_size, bundle_order)
+        return RankWeights(cfg.rank_weights, tp_rank, cfg.tp_size, bundle_order, cfg.rank_weights_id)
     return CheckpointReader(cfg.model)
 
 

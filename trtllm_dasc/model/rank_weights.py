@@ -3,8 +3,10 @@ planner's bundle order, so a rank reads its share only, never the whole checkpoi
 per-rank engines, for the same reason).
 
     weights/rank{r}.safetensors   what rank r loads, in the checkpoint's dtype, already sliced
-    weights/rank{r}.json          its manifest: tp_size, tp_rank, the bundle order, and per tensor the full
-                                  shape and a digest of the row/column indices it was cut with
+    weights/rank{r}.json          its manifest: tp_size, tp_rank, the bundle order, the build's id (the
+                                  engine's config.json records it: a rank file of another build is refused,
+                                  same shapes or not), and per tensor the full shape and a digest of the
+                                  row/column indices it was cut with
 
 The cut is made by the loaders themselves: the build runs each rank's model construction against a
 ``SliceRecorder`` (the checkpoint, cut as asked, every piece kept), and at run time ``RankWeights``
@@ -67,22 +69,30 @@ class RankWeights:
 
     sliced = True
 
-    def __init__(self, weights_dir: str, tp_rank: int, tp_size: int, bundle_order: list[list[int]]):
-        from safetensors import safe_open
+    def __init__(self, weights_dir: str, tp_rank: int, tp_size: int, bundle_order: list[list[int]],
+                 build_id: str | None = None):
+        from safetensors import SafetensorError, safe_open
         self.path, meta_path = rank_paths(weights_dir, tp_rank)
         try:
             with open(meta_path) as f:
                 meta = json.load(f)
+            # a truncated or corrupt file raises SafetensorError, neither an OSError nor a ValueError
             self._file = safe_open(self.path, framework="pt")
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, SafetensorError) as e:
             raise UserError(f"rank {tp_rank}'s weights in {weights_dir!r} cannot be read ({e}); rebuild the "
                             "engine with dasc-build") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("tensors"), dict):
+            raise UserError(f"{meta_path} is not a rank weight manifest (no tensors table): rebuild the engine "
+                            "with dasc-build")
         want = {"manifest_version": MANIFEST_VERSION, "tp_size": tp_size, "tp_rank": tp_rank,
                 "bundle_order": bundle_order}
+        if build_id is not None:
+            want["build_id"] = build_id
         for key, value in want.items():
             if meta.get(key) != value:
-                raise UserError(f"{meta_path} was written for {key}={meta.get(key)!r}, this engine needs "
-                                f"{value!r}: rebuild the engine with dasc-build")
+                what = "another build of an engine" if key == "build_id" else f"{key}={meta.get(key)!r}"
+                raise UserError(f"{meta_path} was written for {what}, this engine needs {value!r}: rebuild the "
+                                "engine with dasc-build")
         self.manifest: dict[str, dict] = meta["tensors"]
 
     def has(self, name: str) -> bool:
@@ -103,9 +113,10 @@ class RankWeights:
 
 
 def write_rank_weights(model_dir: str, weights_dir: str, tp_size: int, bundle_order: list[list[int]],
-                       progress=None) -> list[int]:
+                       progress=None, build_id: str | None = None) -> list[int]:
     """Cut the checkpoint for every rank (each rank's model construction, recorded); returns each rank's
-    file size in bytes. ``progress(rank, bytes)`` is called after each rank."""
+    file size in bytes. ``progress(rank, bytes)`` is called after each rank; ``build_id`` goes into every
+    manifest (the engine's EngineConfig.rank_weights_id)."""
     from safetensors.torch import save_file
 
     os.makedirs(weights_dir, exist_ok=True)
@@ -120,7 +131,7 @@ def write_rank_weights(model_dir: str, weights_dir: str, tp_size: int, bundle_or
         save_file(rec.tensors, path)
         with open(meta_path, "w") as f:
             json.dump({"manifest_version": MANIFEST_VERSION, "tp_size": tp_size, "tp_rank": rank,
-                       "bundle_order": bundle_order, "tensors": rec.manifest}, f)
+                       "bundle_order": bundle_order, "build_id": build_id, "tensors": rec.manifest}, f)
         sizes.append(os.path.getsize(path))
         if progress is not None:
             progress(rank, sizes[-1])

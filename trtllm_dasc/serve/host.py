@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Protocol
 
-from trtllm_dasc.engine.config import EngineConfig, engine_config  # noqa: F401 - engine_config: the callers' name
+from trtllm_dasc.engine.config import engine_config, from_engine_fields  # noqa: F401 - engine_config: the callers' name
 from trtllm_dasc.engine_dir import EngineDir
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.engine.engine import Engine, EngineDead
@@ -59,7 +59,7 @@ class EngineHost:
                  warmup: bool = True):
         self.decoupled, self.exclude_default = decoupled, exclude_input_default
         found = read_engine_dir(engine_dir)
-        cfg = EngineConfig(**found.engine)
+        cfg = from_engine_fields(found.engine, f"{found.path}/config.json")
         self.dummy_notice = dummy_notice(found)
         if self.dummy_notice:
             log.warning("%s", self.dummy_notice)
