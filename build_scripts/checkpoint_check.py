@@ -10,6 +10,7 @@ Every defect is one UserError naming the tensor.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -218,9 +219,23 @@ def _check_values(needed: list[Needed], infos: list[TensorInfo], out=None) -> No
             raise CheckpointFileError(f"cannot read {info.file}: {e.strerror or e}") from None
 
 
-def check_checkpoint(model_dir: str, dtype: str, finite: bool = True) -> dict:
+# tensors a checkpoint may hold that this runtime does not serve, by name: multi-token-prediction heads
+# (Qwen3-Next's released checkpoint has mtp.*) and rotary tables older exports saved as weights
+IGNORABLE_UNUSED = (re.compile(r"^mtp\."), re.compile(r"(^|\.)rotary_emb\.inv_freq$"))
+
+
+def unused_tensors(files: SafetensorsCheckpoint, needed) -> list[str]:
+    """The checkpoint's tensors no loader asks for and no IGNORABLE_UNUSED pattern names, sorted."""
+    asked = {n.name for n in needed}
+    return sorted(n for n in files.weight_map if n not in asked and not any(p.search(n) for p in IGNORABLE_UNUSED))
+
+
+def check_checkpoint(model_dir: str, dtype: str, finite: bool = True, allow_unused: bool = False) -> dict:
     """Refuse a checkpoint the engine cannot serve correctly (CheckpointCheckError naming the tensor);
-    returns what was checked, for the engine's metadata."""
+    returns what was checked, for the engine's metadata. A tensor nothing loads is refused too unless
+    ``allow_unused``: a config.json with fewer layers than the weights (34 tensors of a sixth layer), a trained
+    lm_head beside tie_word_embeddings, an extra bias, all built an engine that served another model than the
+    checkpoint without a word."""
     config = read_json(os.path.join(model_dir, "config.json"), CheckpointCheckError)
     files = SafetensorsCheckpoint(model_dir)
     missing = files.missing_shards()
@@ -229,9 +244,15 @@ def check_checkpoint(model_dir: str, dtype: str, finite: bool = True) -> dict:
     t0 = time.time()
     needed = needed_tensors(model_dir, files, dtype)
     infos = _check_headers(files, needed, config)
+    unused = unused_tensors(files, needed)
+    if unused and not allow_unused:
+        shown = ", ".join(repr(n) for n in unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
+        raise CheckpointCheckError(f"checkpoint {model_dir!r} holds {len(unused)} tensor(s) that no part of this "
+                                   f"model loads ({shown}): does config.json describe these weights (layer "
+                                   "count, tie_word_embeddings)? --allow-unused-tensors builds anyway")
     embed = next(n for n in needed if n.name == "model.embed_tokens.weight")
     _check_tokenizer(model_dir, embed.shape[0])
     if finite:
         _check_values(needed, infos)
     return {"tensors": len(needed), "bytes": sum(i.nbytes for i in infos), "finite_checked": finite,
-            "seconds": round(time.time() - t0, 3)}
+            "unused_tensors": len(unused), "seconds": round(time.time() - t0, 3)}

@@ -42,6 +42,8 @@ def add_arguments(p) -> None:
                    "with --load-format dummy a bare config.json or a directory holding only one")
     p.add_argument("--output", required=True, help="engine directory to create")
     p.add_argument("--force", action="store_true", help="replace an existing engine directory (only a dasc engine)")
+    p.add_argument("--allow-unused-tensors", action="store_true", help="build although the checkpoint holds "
+                   "tensors no part of the model loads (refused by default: config.json may not describe the weights)")
     p.add_argument("--skip-finite-check", action="store_true", help="do not read every weight for NaN / Inf "
                    "before building (names, shapes and dtypes are still checked; recorded in the engine)")
     g = p.add_argument_group("dasc")
@@ -219,10 +221,13 @@ def check_weights(args, is_dummy: bool) -> dict:
     if is_dummy:
         return {"skipped": "dummy weights"}
     from build_scripts.checkpoint_check import check_checkpoint
-    checked = check_checkpoint(args.model, args.dtype, finite=not getattr(args, "skip_finite_check", False))
+    checked = check_checkpoint(args.model, args.dtype, finite=not getattr(args, "skip_finite_check", False),
+                               allow_unused=getattr(args, "allow_unused_tensors", False))
     print(f"[dasc-build] checkpoint: {checked['tensors']} tensors, {checked['bytes'] / 2**20:.1f} MiB checked (names, "
           f"shapes, dtypes, vocabulary{', finite values' if checked['finite_checked'] else '; finite check skipped'}, "
-          f"{checked['seconds']:.1f} s)", file=sys.stderr)
+          f"{checked['seconds']:.1f} s)" + (f"; {checked['unused_tensors']} tensor(s) nothing loads, left out "
+                                            "(--allow-unused-tensors)" if checked["unused_tensors"] else ""),
+          file=sys.stderr)
     return checked
 
 

@@ -179,3 +179,47 @@ def test_values_are_streamed_in_chunks_with_progress_lines(tiny, tmp_path, monke
     _edit(ckpt, _poison(EMBED, float("nan"), (VOCAB - 1, 47)))
     with pytest.raises(checkpoint_check.CheckpointCheckError, match="model.embed_tokens.weight.*NaN"):
         checkpoint_check.check_checkpoint(str(ckpt), "bfloat16")
+
+
+def _add(name, like):
+    def fn(t):
+        t[name] = t[like].clone()
+    return fn
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (_add("lm_head.bias", NORM), "'lm_head.bias'"),
+    (_add("model.layers.9.post_attention_layernorm.weight", NORM), "'model.layers.9.post_attention_layernorm.weight'"),
+], ids=["extra-bias", "extra-layer"])
+def test_a_tensor_nothing_loads_is_refused_unless_allowed(tiny, tmp_path, capfd, edit, needle):
+    """A tensor no loader asks for (the weights of a layer config.json does not count, an extra bias) built an
+    engine that served another model than the checkpoint, without a word. Refused in one line naming it;
+    --allow-unused-tensors builds and records the count; an MTP head (Qwen3-Next's released mtp.*) passes.
+    From a review helper; fails on the old code."""
+    ckpt = _copy(tiny, tmp_path)
+    _edit(ckpt, edit)
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check")
+    _assert_refused(rc, err, tmp_path, needle, "1 tensor(s)", "--allow-unused-tensors")
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check", "--allow-unused-tensors")
+    assert rc == 0 and "1 tensor(s) nothing loads" in err, err
+    meta = json.loads((tmp_path / "engine" / "config.json").read_text())["checkpoint_check"]
+    assert meta["unused_tensors"] == 1
+    shutil.rmtree(tmp_path / "engine")
+    _edit(ckpt, lambda t: t.pop(needle.strip("'")))
+    _edit(ckpt, _add("mtp.fc.weight", NORM))
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check")
+    assert rc == 0, err
+
+
+def test_fewer_layers_in_config_than_in_the_weights_is_refused(tiny, tmp_path, capfd):
+    """The review helper's case: config.json cut to one layer less than the checkpoint holds."""
+    ckpt = _copy(tiny, tmp_path)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    n = cfg["num_hidden_layers"]
+    cfg["num_hidden_layers"] = n - 1
+    for key in ("layer_types", "mlp_only_layers"):
+        if isinstance(cfg.get(key), list) and len(cfg[key]) == n:
+            cfg[key] = cfg[key][:n - 1]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check")
+    _assert_refused(rc, err, tmp_path, f"'model.layers.{n - 1}.", "no part of this model loads")
