@@ -193,17 +193,33 @@ def _is_weights(name: str) -> bool:
     return name.endswith(".safetensors") or name == "model.safetensors.index.json"
 
 
+def _index_shards(src: str) -> set[str]:
+    """The shard files model.safetensors.index.json names (any file name: the runtime reads what it names)."""
+    try:
+        with open(os.path.join(src, "model.safetensors.index.json")) as f:
+            weight_map = json.load(f).get("weight_map") or {}
+        return {str(v) for v in weight_map.values() if os.path.basename(str(v)) == str(v)}
+    except (OSError, ValueError, AttributeError):
+        return set()
+
+
 def copy_model(src: str, dst: str, weights: bool = True) -> int:
-    """The checkpoint's files into dst (hard links where the file system allows: no copy of big shards);
+    """The checkpoint's files into dst: shards as hard links where the file system allows (no copy of big
+    files), the small JSON files copied (a hard-linked config.json edited in place in the source checkpoint
+    after the build changed the engine's model); every shard the index names, whatever its name.
     weights=False keeps config and tokenizer only (a TP engine has per-rank weight files instead)."""
+    shards = _index_shards(src)
     files = [f for f in sorted(os.listdir(src))
-             if (f in MODEL_FILES or f.endswith(".safetensors")) and (weights or not _is_weights(f))]
+             if (f in MODEL_FILES or f.endswith(".safetensors") or f in shards)
+             and (weights or not (_is_weights(f) or f in shards))]
     total = sum(os.path.getsize(os.path.join(src, f)) for f in files)
     os.makedirs(dst)
     done, t0 = 0, time.time()
     for f in files:
         a, b = os.path.join(src, f), os.path.join(dst, f)
         try:
+            if f in MODEL_FILES:
+                raise OSError("copied, not linked")
             os.link(a, b)
         except OSError:
             shutil.copy2(a, b)

@@ -101,11 +101,33 @@ def read(path: str) -> EngineDir:
             raise UserError(f"{config}: engine field {key} must be a path, got {engine[key]!r}")
         if engine.get(key) and not os.path.isabs(engine[key]):
             engine[key] = os.path.join(path, engine[key])
+    _check_model_config(path, engine, meta.get("model_config"))
     serving, weights = meta.get("serving"), meta.get("weights")
     return EngineDir(path=os.path.abspath(path), version=version, engine=engine,
                      serving={**DEFAULT_SERVING, **serving} if isinstance(serving, dict) else dict(DEFAULT_SERVING),
                      weights=weights if isinstance(weights, dict) else dict(DEFAULT_WEIGHTS),
                      source=meta.get("source"), meta=meta)
+
+
+def _check_model_config(path: str, engine: dict, recorded) -> None:
+    """The model's config.json must be the one the engine was built from (config.json's model_config): the
+    plan, the rank weights and the checks were made for it. An engine whose model/config.json was edited
+    (or, before the build copied it, edited in place in the source checkpoint through a hard link) served a
+    model its plan does not describe. Engines that did not record it (older builds) are not checked."""
+    model = engine.get("model")
+    if not isinstance(recorded, dict) or not isinstance(model, str):
+        return
+    file = os.path.join(model, "config.json")
+    try:
+        with open(file) as f:
+            now = json.load(f)
+    except (OSError, ValueError):
+        return          # missing or unreadable: the model loader says so in its own words
+    if now != recorded:
+        diff = sorted(k for k in set(now) | set(recorded) if now.get(k) != recorded.get(k))
+        raise UserError(f"{file} differs from the config this engine was built from (in {', '.join(diff[:5])}"
+                        f"{' ...' if len(diff) > 5 else ''}): it was edited after the build; rebuild the engine "
+                        "with dasc-build")
 
 
 def write(path: str, *, engine: dict, serving: dict, source: str, weights: dict, model_config: dict,

@@ -223,3 +223,46 @@ def test_fewer_layers_in_config_than_in_the_weights_is_refused(tiny, tmp_path, c
     (ckpt / "config.json").write_text(json.dumps(cfg))
     rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check")
     _assert_refused(rc, err, tmp_path, f"'model.layers.{n - 1}.", "no part of this model loads")
+
+
+def test_the_engine_keeps_its_config_and_refuses_an_edited_one(tiny, tmp_path, capfd):
+    """config.json was hard-linked into the engine: editing the source checkpoint's config in place after the
+    build changed the engine's model (top-k, eps), and any edit of model/config.json was served without a
+    word. Now the engine holds its own copy, and a config.json that differs from the one it was built from
+    is refused in one line naming the field. From a review helper; fails on the old code."""
+    from trtllm_dasc.engine.config import engine_config
+    from trtllm_dasc.errors import UserError
+    ckpt = _copy(tiny, tmp_path)
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check")
+    assert rc == 0, err
+    with open(ckpt / "config.json", "r+") as f:          # in place, the same inode
+        cfg = json.load(f)
+        cfg["rms_norm_eps"] = 0.5
+        f.seek(0), f.truncate(), f.write(json.dumps(cfg))
+    engine = tmp_path / "engine"
+    assert json.loads((engine / "model" / "config.json").read_text())["rms_norm_eps"] != 0.5
+    assert engine_config(str(engine)).model == str(engine / "model")
+    (engine / "model" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="rms_norm_eps.*rebuild") as e:
+        engine_config(str(engine))
+    assert "\n" not in str(e.value)
+
+
+def test_shards_the_index_names_are_copied_whatever_their_name(tiny, tmp_path, capfd):
+    """An index naming a shard "part-a.bin": the build passed its checks and wrote an engine without that file,
+    which then failed to load. From a review helper; fails on the old code."""
+    from trtllm_dasc.checkpoint_files import SafetensorsCheckpoint as Files
+    ckpt = _copy(tiny, tmp_path)
+    tensors = load_file(str(ckpt / WEIGHTS))
+    names = sorted(tensors)
+    half = len(names) // 2
+    save_file({k: tensors[k] for k in names[:half]}, str(ckpt / "part-a.bin"), metadata={"format": "pt"})
+    save_file({k: tensors[k] for k in names[half:]}, str(ckpt / "model-2.safetensors"), metadata={"format": "pt"})
+    (ckpt / WEIGHTS).unlink()
+    index = {"metadata": {}, "weight_map": {k: "part-a.bin" if i < half else "model-2.safetensors"
+                                            for i, k in enumerate(names)}}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check")
+    assert rc == 0, err
+    assert (tmp_path / "engine" / "model" / "part-a.bin").exists()
+    assert not Files(str(tmp_path / "engine" / "model")).missing_shards()
