@@ -50,8 +50,9 @@ def _rope(f: Fields, head_dim: int) -> tuple[int, float]:
 
 def _network(f: Fields, layers: int) -> NetworkSchema:
     common = common_network(f, default_eps=1e-6)
-    heads = common["num_attention_heads"]
-    head_dim = f.int("head_dim", hi=MAX_HEAD_DIM, default=common["hidden_size"] // heads)
+    # transformers' Qwen3NextConfig: head_dim 256 when config.json has none (not hidden_size // heads, which
+    # gave half-width attention on the released 80B config trimmed of it)
+    head_dim = f.int("head_dim", hi=MAX_HEAD_DIM, default=256)
     rotary_dim, theta = _rope(f, head_dim)
     experts = f.int("num_experts", lo=0, hi=MAX_EXPERTS, default=0)
     step = f.int("decoder_sparse_step", hi=MAX_LAYERS, default=1)
