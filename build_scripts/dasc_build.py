@@ -33,6 +33,7 @@ from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, HOST_WRITE_POLICIES
 DUMMY_NOTE = ("DUMMY WEIGHTS: random values made at load time (dasc-build --load-format dummy); outputs are "
               "meaningless, speeds and memory are those of the real model")
 # the checkpoint files an engine directory keeps
+MAX_QUEUE_DELAY_US = 3_600_000_000
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "model.safetensors.index.json")
 
@@ -181,8 +182,11 @@ def check_args(args) -> None:
             and not any(f.endswith(".safetensors") for f in os.listdir(args.model))):
         raise UserError(f"--model {args.model!r} holds no safetensors weights: pass --load-format dummy for "
                         "random weights of its config")
-    if args.max_queue_delay_microseconds < 0:
-        raise UserError(f"--max-queue-delay-microseconds must be >= 0, got {args.max_queue_delay_microseconds}")
+    # config.pbtxt holds it as a uint64, and past an hour it is no batching delay but a stall; a value over
+    # uint64 wrote a repository tritonserver could not parse ("Value out of range")
+    if not 0 <= args.max_queue_delay_microseconds <= MAX_QUEUE_DELAY_US:
+        raise UserError(f"--max-queue-delay-microseconds must be in [0, {MAX_QUEUE_DELAY_US}] (one hour), got "
+                        f"{args.max_queue_delay_microseconds}")
     out = os.path.abspath(args.output)
     if os.path.abspath(args.model) == out or out.startswith(os.path.abspath(args.model) + os.sep):
         raise UserError("--output must not be the checkpoint directory or inside it")

@@ -41,7 +41,9 @@ def dasc_build(*args):
     (("--tp", 3), "TP degree 3 does not divide the 2"), (("--max-batch-size", 0), "max_batch"), (("--device", "foo"), "device"),
     (("--wmax", -1), "wmax"), (("--kv-blocks", 99999999999999), "num_kv_blocks"), (("--dtype", "int4"), "--dtype"),
     (("--state-budget-bytes", 10), "budget"), (("--max-queue-delay-microseconds", -5), "max-queue-delay"),
-], ids=["tp", "batch", "device", "wmax", "kv-blocks", "dtype", "budget", "delay"])
+    # past int32 / uint64 they wrote config.pbtxt files tritonserver cannot parse (a review helper's finding)
+    (("--max-batch-size", 2**31), "max_batch"), (("--max-queue-delay-microseconds", 10**20), "max-queue-delay"),
+], ids=["tp", "batch", "device", "wmax", "kv-blocks", "dtype", "budget", "delay", "batch-int32", "delay-huge"])
 def test_bad_build_options_are_one_line(ckpt, tmp_path, flags, needle):
     proc = dasc_build("--model", ckpt, "--output", tmp_path / "e", "--device", "cpu", *flags)
     err = proc.stderr.strip()

@@ -14,7 +14,8 @@ from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, HOST_WRITE_POLICIES
 
 MAX_TP = 64
 # a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)
-MAX_COUNT = 1 << 31
+# int32's largest: max_batch_size and the other counts go into config.pbtxt as int32 (2^31 was out of range)
+MAX_COUNT = (1 << 31) - 1
 # the ablation knobs' ranges: a delay of a minute a step or a hundredfold slowdown is a typo, not an ablation
 MAX_STEP_DELAY_S = 60.0
 MAX_STEP_SLOWDOWN = 100.0
