@@ -368,9 +368,8 @@ def build(args) -> str:
             # the ensemble is a decoupled model in both modes: it streams from the engine's own (decoupled)
             # model, since --no-decoupled's tensorrt_llm is a plain forwarder that refuses streaming
             extra = text_model_values(os.path.join(tmp, engine_dir.MODEL), max_batch_size=args.max_batch_size,
-                                      core_model=ENGINE_MODEL if args.no_decoupled else "tensorrt_llm")
-            for name in ("preprocessing", "postprocessing"):
-                extra[name]["tokenizer_dir"] = "../../model"
+                                      core_model=ENGINE_MODEL if args.no_decoupled else "tensorrt_llm",
+                                      written_as="../../model")
             extra["tensorrt_llm_bls"] = {"max_batch_size": args.max_batch_size,
                                          "decoupled_mode": str(not args.no_decoupled).lower()}
         for name, model_values in extra.items():

@@ -152,3 +152,15 @@ def test_a_killed_builds_leftovers_are_cleared(ckpt, tmp_path, capfd):
     assert rc == 0, err
     _complete(out)
     assert _siblings(tmp_path) == []
+
+
+def test_an_output_path_with_a_quote_builds_the_text_models(tmp_path, capfd):
+    """The text models' config.pbtxt get tokenizer_dir "../../model", never the engine's path; the quote check
+    ran on the temporary build directory's absolute path, so an engine named with a quote was refused after
+    the plan, the checks and the copy. From a review helper; fails on the old code."""
+    asset = os.path.join(os.path.dirname(dasc_build.__file__), "..", "trtllm_dasc", "assets", "tiny-kimi-linear")
+    out = tmp_path / 'my"engine'
+    rc, err = _run(asset, out, capfd, "--wmax", 0, "--dtype", "float32")
+    assert rc == 0, err
+    for name in ("preprocessing", "postprocessing"):
+        assert 'string_value: "../../model"' in (out / "model_repo" / name / "config.pbtxt").read_text()

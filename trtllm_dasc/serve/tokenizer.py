@@ -52,8 +52,12 @@ def model_parameter(model_config: dict, key: str) -> str:
 
 def text_model_values(tokenizer_dir: str = DEFAULT_MODEL_DIR, *, max_batch_size: int = 8,
                       core_model: str = DEFAULT_CORE_MODEL, add_special_tokens: bool = True,
-                      skip_special_tokens: bool = True, instance_count: int = 1) -> dict[str, dict]:
-    """{model name: values for repository.fill_model} for preprocessing, postprocessing and ensemble."""
+                      skip_special_tokens: bool = True, instance_count: int = 1,
+                      written_as: str | None = None) -> dict[str, dict]:
+    """{model name: values for repository.fill_model} for preprocessing, postprocessing and ensemble.
+    ``written_as``: the tokenizer_dir config.pbtxt gets (dasc-build: "../../model", relative to each model's
+    directory) instead of tokenizer_dir's absolute path; only the path written is held to config.pbtxt's
+    quoting (an engine directory named with a quote was refused for the temporary path it never writes)."""
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise UserError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
     if isinstance(instance_count, bool) or not isinstance(instance_count, int) or instance_count < 1:
@@ -63,6 +67,7 @@ def text_model_values(tokenizer_dir: str = DEFAULT_MODEL_DIR, *, max_batch_size:
         raise UserError(f"core_model must be a Triton model name ([A-Za-z0-9_.-]+), got {core_model!r}")
     tokenizer_dir = os.path.abspath(tokenizer_dir)
     _tokenizer_json(tokenizer_dir)
+    tokenizer_dir = written_as if written_as is not None else tokenizer_dir
     if '"' in tokenizer_dir or "\\" in tokenizer_dir:
         raise UserError(f"tokenizer_dir {tokenizer_dir!r}: a path with quotes or backslashes cannot go into "
                         "config.pbtxt")
