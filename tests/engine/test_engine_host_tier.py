@@ -143,3 +143,27 @@ def test_a_hit_on_a_prefix_whose_kv_went_to_the_host_is_exact(tiny_models, devic
         # without host KV the prefix is gone: a miss
         _, miss_req, _, _ = serve(engine(path, 8, num_kv_blocks=10))
         assert miss_req.cached_tokens == 0
+
+
+def test_reset_stats_zeroes_the_tier_copy_bytes_with_the_copy_counts(tiny_models):
+    """reset_stats (warm-up ends with it) zeroed the cache's copy counters but not the host tier's copy bytes and
+    seconds: after warm-up the engine said 0 demotions and 324,864 B copied to the host. Now both start from zero,
+    and bytes stay copies x slot bytes. From a review helper; fails on the old code."""
+    path, _ = tiny_models["gdn"]
+    plan, _ = plan_from_path(str(path), PlanOptions(wmax=0, tp=1, placement="off"), conv_dtype="float32")
+    sb = plan.bottleneck_slot_bytes()
+    e = engine(path, 2, host_slots=8)
+
+    def copies(st):
+        return st["checkpoint_demotion_copies"] + st["checkpoint_write_through_copies"]
+    for i, p in enumerate(PROMPTS):
+        e.generate([greedy(i, p, 1)])
+    st = e.stats()
+    assert copies(st) > 0 and st["host_tier"]["copy_bytes"]["to_host"] == copies(st) * sb
+    e.reset_stats()
+    st = e.stats()
+    assert copies(st) == 0 and st["host_tier"]["copy_bytes"] == {"to_host": 0, "to_device": 0}
+    assert st["host_tier"]["copy_seconds"] == 0.0
+    e.generate([greedy(9, [(11 * 9 + k) % VOCAB for k in range(13)], 1)])
+    st = e.stats()
+    assert copies(st) > 0 and st["host_tier"]["copy_bytes"]["to_host"] == copies(st) * sb

@@ -388,6 +388,9 @@ class Engine:
         that resets between phases must still see that its first phase paid for compiles."""
         self.telemetry.reset()
         self.scheduler.manager.reset_stats()
+        reset_tiers = getattr(self.runner, "reset_tier_stats", None)
+        if reset_tiers is not None:
+            reset_tiers()
 
     def stats(self) -> dict:
         sch = self.scheduler

@@ -66,6 +66,10 @@ class DeferredCopyStream:
         """Seconds spent in copies that ran so far."""
         return self._seconds
 
+    def reset_seconds(self) -> None:
+        """Count from zero again (the engine's reset_stats: warm-up's copies are not the users')."""
+        self._seconds = 0.0
+
 
 class CudaCopyStream:
     def __init__(self, device):
@@ -117,6 +121,10 @@ class CudaCopyStream:
                 left.append((start, end))
         self._spans = left
         return self._seconds
+
+    def reset_seconds(self) -> None:
+        """Count from zero again: the spans recorded so far, finished or not, are the time before the reset."""
+        self._spans, self._seconds = [], 0.0
 
 
 def copy_stream(device):
