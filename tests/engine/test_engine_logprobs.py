@@ -101,11 +101,12 @@ def test_penalties_bias_and_min_length_are_transformers_processors(setup):
     with torch.no_grad():
         while len(want) < 6:
             x = process(ids, hf(torch.tensor(ids)[None]).logits[0, -1].float())
-            want.append(int(x.argmax()))
-            lps.append(float(torch.log_softmax(x, -1)[want[-1]]))
-            ids.append(want[-1])
-            if want[-1] == end:
-                break
+            tok = int(x.argmax())
+            if tok == end:
+                break           # TensorRT-LLM's rule: the end token stops, and is not output (nor its log prob)
+            want.append(tok)
+            lps.append(float(torch.log_softmax(x, -1)[tok]))
+            ids.append(tok)
     assert tokens == want and tokens != free[:len(tokens)]
     torch.testing.assert_close(torch.tensor([lp for e in events for lp in e.log_probs]), torch.tensor(lps),
                                rtol=1e-4, atol=1e-4)

@@ -60,7 +60,14 @@ def test_end_id_stops_a_request(tiny_models):
     (free_run,) = engine.generate([greedy(0, [3, 1, 4, 1, 5], 6)])
     stop = free_run[2]
     (out,) = engine.generate([greedy(1, [3, 1, 4, 1, 5], 6, end_id=stop)])
-    assert out == free_run[:free_run.index(stop) + 1]
+    # TensorRT-LLM's rule (NVIDIA/TensorRT-LLM#2190): generation stops at end_id, which is not in the output
+    assert out == free_run[:free_run.index(stop)]
+    # and a request whose first token is its end token: no token, finished "stop"
+    events = []
+    engine.submit(greedy(2, [3, 1, 4, 1, 5], 6, end_id=free_run[0]), events.append)
+    engine.run_until_idle()
+    assert [t for e in events for t in e.token_ids] == [] and events[-1].finished
+    assert events[-1].finish_reason == "stop" and events[-1].stats.output_tokens == 0
 
 
 @pytest.mark.parametrize("arch,arm", [("gdn", dict(wmax=16)), ("kda", dict(wmax=16, policy="wr", codec="int8"))])
