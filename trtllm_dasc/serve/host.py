@@ -84,7 +84,8 @@ class EngineHost:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._inflight: dict[object, tuple[ServeRequest, Sink]] = {}
-        self._by_triton_id: dict[str, _Group] = {}      # non-empty Triton id -> its request, while in flight
+        # non-empty Triton id -> its requests in flight, oldest first (ids may repeat across clients)
+        self._by_triton_id: dict[str, list[_Group]] = {}
         self._recent: list[tuple[int, int, int]] = []     # (prompt, matched KV, cached) per finished request
         self._groups: set[_Group] = set()                 # every Triton request in flight (for the drain)
         self._stop = threading.Event()
@@ -142,13 +143,12 @@ class EngineHost:
             # a stopped non-streaming request answers what it generated (its client saw nothing yet)
             group.partial = lambda s=parsed[0]: stopped_tensors(s)
         with self._lock:
-            # a stop names its request by id: two in flight under one id would be stopped together, so the
-            # second is refused (an empty id is "no id": never registered, never matched by a stop)
-            if triton_id and triton_id in self._by_triton_id:
-                raise UserError(f"request id {triton_id!r} is already in flight: ids must be unique among "
-                                "in-flight requests (or empty)")
+            # ids may repeat (clients that each number theirs from 0): TensorRT-LLM serves both and a stop
+            # names the latest with that id (model_instance_state.cc maps the id to the newest request); here
+            # too, and once the latest ends the one before it is the stop's again. An empty id is "no id":
+            # never registered, never matched by a stop
             if triton_id:
-                self._by_triton_id[triton_id] = group
+                self._by_triton_id.setdefault(triton_id, []).append(group)
             self._groups.add(group)
             for sreq in parsed:
                 self._inflight[sreq.gen.request_id] = (sreq, sink)
@@ -182,8 +182,11 @@ class EngineHost:
         """The request's final response is out: its id is free again (for a new request and for stops)."""
         with self._lock:
             self._groups.discard(group)
-            if self._by_triton_id.get(triton_id) is group:
-                del self._by_triton_id[triton_id]
+            groups = self._by_triton_id.get(triton_id, [])
+            if group in groups:
+                groups.remove(group)
+                if not groups:
+                    del self._by_triton_id[triton_id]
 
     def _stop_request(self, triton_id: str, sink: Sink) -> None:
         """TensorRT-LLM's `stop` input: end the in-flight request with this (non-empty) request id. The
@@ -192,7 +195,8 @@ class EngineHost:
         if not triton_id:
             raise UserError(NO_STOP_ID)
         with self._lock:
-            group = self._by_triton_id.get(triton_id)
+            groups = self._by_triton_id.get(triton_id)
+            group = groups[-1] if groups else None
         if group is not None:
             group.cancel(stopped=True)
         sink.send(None, None, True)
