@@ -364,12 +364,12 @@ def build(args) -> str:
             models = ["tensorrt_llm", "dasc_hybrid"]
         extra = {}
         if os.path.isfile(os.path.join(tmp, engine_dir.MODEL, "tokenizer.json")):
-            # text in, text out: the checkpoint's own tokenizer, found relative to each model's directory
-            # the ensemble is a decoupled model in both modes: it streams from the engine's own (decoupled)
-            # model, since --no-decoupled's tensorrt_llm is a plain forwarder that refuses streaming
+            # text in, text out: the checkpoint's own tokenizer, found relative to each model's directory.
+            # With --no-decoupled the ensemble is plain too, over the plain tensorrt_llm (TensorRT-LLM's tools
+            # call client.infer("ensemble", ...) on such a repository; a decoupled ensemble refused them)
             extra = text_model_values(os.path.join(tmp, engine_dir.MODEL), max_batch_size=args.max_batch_size,
-                                      core_model=ENGINE_MODEL if args.no_decoupled else "tensorrt_llm",
-                                      written_as="../../model")
+                                      core_model="tensorrt_llm", written_as="../../model",
+                                      decoupled=not args.no_decoupled)
             extra["tensorrt_llm_bls"] = {"max_batch_size": args.max_batch_size,
                                          "decoupled_mode": str(not args.no_decoupled).lower()}
         for name, model_values in extra.items():

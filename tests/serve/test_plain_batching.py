@@ -2,8 +2,8 @@
 clients share the engine's batch (a short request is not queued behind a long one), and TensorRT-LLM's
 stop signal by request id ends a running plain request early. One engine loads (tensorrt_llm_engine);
 tensorrt_llm and dasc_hybrid forward to it. The engine is the embedded default model's, so the text models
-are served too: the ensemble (gRPC stream, HTTP generate) and the non-decoupled tensorrt_llm_bls (plain gRPC
-infer) give transformers' greedy text with the model's own tokenizer."""
+are served too: the ensemble and tensorrt_llm_bls, both plain as TensorRT-LLM's are in this mode (plain gRPC
+infer, HTTP generate) give transformers' greedy text with the model's own tokenizer."""
 from __future__ import annotations
 
 import json
@@ -152,33 +152,31 @@ def text_inputs(**values):
     return out
 
 
-def test_ensemble_streams_text_from_a_plain_engine(server, greedy_text):
-    # the ensemble stays decoupled: a gRPC stream of text pieces, the engine's tokens one by one (before:
-    # refused, "streaming needs the decoupled model", from the plain tensorrt_llm it called)
-    events = queue.Queue()
+def test_the_ensemble_is_plain_on_a_plain_engine(server, greedy_text):
+    """As TensorRT-LLM's ensemble over a plain tensorrt_llm (decoupled_mode false): a plain infer answers with the
+    text, which its tools do (end_to_end_test.py: client.infer("ensemble", ...)); it was decoupled here, and
+    Triton refused every plain infer ("doesn't support models with decoupled transaction policy"). Streaming
+    wants the decoupled build: a stream request is refused. From a review helper; fails on the old build."""
     client = grpc.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: events.put((result, error)))
-    client.async_stream_infer("ensemble", text_inputs(text_input=TEXT, max_tokens=6, stream=True), request_id="e",
-                              enable_empty_final_response=True)
-    pieces = []
-    try:
-        while True:
-            result, error = events.get(timeout=120)
-            assert error is None, error.message()
-            text = result.as_numpy("text_output")
-            if text is not None:
-                pieces.append(text.reshape(-1)[0].decode())
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                break
-    finally:
-        client.stop_stream()
-        client.close()
-    assert len(pieces) == 6 and "".join(pieces) == greedy_text, pieces
-    # and Triton's HTTP generate endpoint, one response
+    config = client.get_model_config("ensemble", as_json=True)["config"]
+    assert not config.get("model_transaction_policy", {}).get("decoupled", False)
+    result = client.infer("ensemble", text_inputs(text_input=TEXT, max_tokens=6))
+    assert result.as_numpy("text_output").reshape(-1)[0].decode() == TEXT + greedy_text
+    # Triton's HTTP generate endpoint: one response
     body = json.dumps({"text_input": TEXT, "max_tokens": 6, "exclude_input_in_output": True}).encode()
     url = f"http://{server.http_url}/v2/models/ensemble/generate"
     with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=120) as r:
         assert json.loads(r.read())["text_output"] == greedy_text
+    # a streamed request: one error naming why
+    events = queue.Queue()
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    client.async_stream_infer("ensemble", text_inputs(text_input=TEXT, max_tokens=6, stream=True), request_id="e")
+    try:
+        result, error = events.get(timeout=120)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is not None and "decoupled" in error.message().lower(), (result, error)
 
 
 def test_plain_bls_answers_a_plain_infer(server, greedy_text):

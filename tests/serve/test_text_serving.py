@@ -104,9 +104,14 @@ def test_http_generate_refuses_unknown_keys(text_server, model):
 @pytest.mark.skipif(not E2E.is_file(), reason=f"TensorRT-LLM's example clients are not here ({E2E}): put a "
                     "scratch copy of tensorrtllm_backend's inflight_batcher_llm/client there or set DASC_TRTLLM_CLIENTS")
 @pytest.mark.parametrize("streaming", [False, True])
-def test_stock_end_to_end_client(text_server, reference, streaming):
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_stock_end_to_end_client(text_server, reference, streaming, model):
+    """Its defaults against both text models: on tensorrt_llm_bls it always sends exclude_input_in_output, which
+    our BLS did not declare until a review helper ran it ('unexpected inference input'); fails on the old
+    config.pbtxt."""
     want = reference(PROMPT, 10)
     args = [sys.executable, str(E2E), "-u", text_server.grpc_url, "-p", PROMPT, "-o", "10",
-            "--expected-outputs", json.dumps([want]), "--check-outputs"] + (["--streaming"] if streaming else [])
+            "--expected-outputs", json.dumps([want]), "--check-outputs", "--model-name", model]
+    args += ["--streaming"] if streaming else []
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=str(CLIENTS))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

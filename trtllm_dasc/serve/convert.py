@@ -22,7 +22,11 @@ from trtllm_dasc.serve.io_spec import INPUT_NAMES, SUPPORTED
 # unsupported inputs a client may still send with their neutral value (the stock client always sends some)
 NEUTRAL = {"len_penalty": 1.0, "beam_search_diversity_rate": 0.0, "runtime_top_p_decay": 1.0}
 # beam-search-only or decay-only knobs: meaningless without those features, so any value is harmless
-IGNORED = {"early_stopping", "runtime_top_p_min", "runtime_top_p_reset_ids", "draft_acceptance_threshold"}
+# accepted and without effect here; decoder_input_ids / _lengths as TensorRT-LLM treats them for a
+# decoder-only model (read for encoder models only, utils.cc): its end_to_end_test.py forwards its
+# preprocessing's DECODER_INPUT_ID to tensorrt_llm on every request
+IGNORED = {"early_stopping", "runtime_top_p_min", "runtime_top_p_reset_ids", "draft_acceptance_threshold",
+           "decoder_input_ids", "decoder_input_lengths"}
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ DEFAULT_CORE_MODEL = "tensorrt_llm"
 TEMPLATE_VARIABLES = {
     "preprocessing": ("max_batch_size", "tokenizer_dir", "add_special_tokens", "preprocessing_instance_count"),
     "postprocessing": ("max_batch_size", "tokenizer_dir", "skip_special_tokens", "postprocessing_instance_count"),
-    "ensemble": ("max_batch_size", "core_model"),
+    "ensemble": ("max_batch_size", "core_model", "decoupled_mode"),
 }
 
 _TRUE, _FALSE = ("true", "1", "t", "y", "yes"), ("false", "0", "f", "n", "no")
@@ -53,11 +53,13 @@ def model_parameter(model_config: dict, key: str) -> str:
 def text_model_values(tokenizer_dir: str = DEFAULT_MODEL_DIR, *, max_batch_size: int = 8,
                       core_model: str = DEFAULT_CORE_MODEL, add_special_tokens: bool = True,
                       skip_special_tokens: bool = True, instance_count: int = 1,
-                      written_as: str | None = None) -> dict[str, dict]:
+                      written_as: str | None = None, decoupled: bool = True) -> dict[str, dict]:
     """{model name: values for repository.fill_model} for preprocessing, postprocessing and ensemble.
     ``written_as``: the tokenizer_dir config.pbtxt gets (dasc-build: "../../model", relative to each model's
     directory) instead of tokenizer_dir's absolute path; only the path written is held to config.pbtxt's
-    quoting (an engine directory named with a quote was refused for the temporary path it never writes)."""
+    quoting (an engine directory named with a quote was refused for the temporary path it never writes).
+    ``decoupled``: the ensemble's transaction policy (a plain ensemble for plain-infer clients, as TensorRT-LLM's
+    platform ensemble is with decoupled_mode false; its core_model must then be a plain model too)."""
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise UserError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
     if isinstance(instance_count, bool) or not isinstance(instance_count, int) or instance_count < 1:
@@ -77,7 +79,8 @@ def text_model_values(tokenizer_dir: str = DEFAULT_MODEL_DIR, *, max_batch_size:
                           "preprocessing_instance_count": instance_count},
         "postprocessing": {**shared, "skip_special_tokens": str(skip_special_tokens).lower(),
                            "postprocessing_instance_count": instance_count},
-        "ensemble": {"max_batch_size": max_batch_size, "core_model": core_model},
+        "ensemble": {"max_batch_size": max_batch_size, "core_model": core_model,
+                     "decoupled_mode": str(bool(decoupled)).lower()},
     }
     return {name: {k: v[k] for k in TEMPLATE_VARIABLES[name]} for name, v in values.items()}
 
