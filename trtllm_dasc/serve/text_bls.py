@@ -159,9 +159,11 @@ class TextModel:
         """The text responses of one request, as lists of pb_utils.Tensor."""
         bls.refuse_parameters(request, self.name)
         given = {t.name(): t.as_numpy() for t in request.inputs()}
-        if given["text_input"].shape[0] != 1:
-            raise UserError(f"{self.name} takes one prompt per request (text_input has a batch of "
-                            f"{given['text_input'].shape[0]})")
+        if given["text_input"].shape[0] != 1 and not self.decoupled:
+            # a decoupled model streams a batch's sequences as the engine's responses, each with its batch_index
+            # (as TensorRT-LLM's ensemble over tensorrt_llm); a plain response holds one sequence
+            raise UserError(f"{self.name} takes one prompt per plain request (text_input has a batch of "
+                            f"{given['text_input'].shape[0]}): send them one by one, or use the decoupled build")
         for name in REFUSED:
             if name in given and not _neutral(given[name]):
                 raise UserError(f"input '{name}' is not supported by {self.name}")
