@@ -90,6 +90,14 @@ def run(args) -> int:
     for name in ("http_port", "grpc_port", "metrics_port", "openai_port"):
         if getattr(args, name, None) is not None and not 0 < getattr(args, name) < 65536:
             raise UserError(f"--{name.replace('_', '-')} must be a port number, got {getattr(args, name)}")
+    ports = [(name, getattr(args, name)) for name in ("http_port", "grpc_port", "metrics_port", "openai_port")
+             if getattr(args, name, None)]
+    for i, (name, port) in enumerate(ports):
+        # two endpoints on one port: tritonserver failed after the model load, the cause in its log alone
+        same = [other for other, p in ports[i + 1:] if p == port]
+        if same:
+            raise UserError(f"--{name.replace('_', '-')} and --{same[0].replace('_', '-')} are both {port}: give each "
+                            "endpoint its own port")
     if not 0 <= args.drain_seconds <= 3600:
         raise UserError(f"--drain-seconds must be between 0 and 3600, got {args.drain_seconds}")
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="dasc-serve-")

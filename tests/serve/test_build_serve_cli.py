@@ -43,7 +43,9 @@ def dasc_build(*args):
     (("--state-budget-bytes", 10), "budget"), (("--max-queue-delay-microseconds", -5), "max-queue-delay"),
     # past int32 / uint64 they wrote config.pbtxt files tritonserver cannot parse (a review helper's finding)
     (("--max-batch-size", 2**31), "max_batch"), (("--max-queue-delay-microseconds", 10**20), "max-queue-delay"),
-], ids=["tp", "batch", "device", "wmax", "kv-blocks", "dtype", "budget", "delay", "batch-int32", "delay-huge"])
+    # accepted and without effect on real weights before
+    (("--seed", 3), "--load-format dummy"),
+], ids=["tp", "batch", "device", "wmax", "kv-blocks", "dtype", "budget", "delay", "batch-int32", "delay-huge", "seed"])
 def test_bad_build_options_are_one_line(ckpt, tmp_path, flags, needle):
     proc = dasc_build("--model", ckpt, "--output", tmp_path / "e", "--device", "cpu", *flags)
     err = proc.stderr.strip()
@@ -127,3 +129,14 @@ def test_dasc_serve_exits_when_its_server_dies(engine, tmp_path):
         if pid != proc.pid:
             os.kill(pid, signal.SIGKILL)
     assert proc.wait(60) != 0
+
+
+def test_dasc_serve_refuses_one_port_for_two_endpoints(engine, tmp_path):
+    """--http-port and --grpc-port the same: tritonserver failed after the model load, the cause only in its
+    log ("not ready"). Now one line before anything starts. From a review helper; fails on the old code."""
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", str(engine), "--http-port",
+                           "18123", "--grpc-port", "18123", "--work-dir", str(tmp_path / "w")],
+                          capture_output=True, text=True, timeout=120)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "--http-port and --grpc-port are both 18123" in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
