@@ -18,7 +18,7 @@ as App. C.2's every-block run weighs them. The target is judged on that figure w
 from __future__ import annotations
 
 from clients.protocol import unit_phase
-from clients.report import phase_weights, ratios, summarize, weighted_summary
+from clients.report import phase_weights, ratios, sampled_strata, summarize, weighted_summary
 
 EXCHANGE_KEYS = ("ops", "calls", "seconds", "bytes_sent")
 
@@ -35,12 +35,22 @@ def _sum_exchange(cells: list[dict]) -> dict | None:
     return out or None
 
 
-def _with_weighted(r: dict, manifest: dict, arm_blocks: list[dict], base_blocks: list[dict]) -> dict:
-    """``r`` (ratios of the pooled figures) with the phase-weighted ratios added where the run sampled blocks."""
+def _head(manifest: dict, key: str) -> int | None:
+    """An arm's slots + the run's concurrency: the replay positions a sampled phase's hits can reach."""
+    arm = next((a for a in manifest["arms"] if a["key"] == key), None)
+    conc = manifest.get("config", {}).get("concurrency")
+    return None if arm is None or arm.get("slots") is None or conc is None else int(arm["slots"]) + int(conc)
+
+
+def _with_weighted(r: dict, manifest: dict, arm_blocks: list[dict], base_blocks: list[dict], key: str,
+                   base_key: str) -> dict:
+    """``r`` (ratios of the pooled figures) with the phase-weighted ratios added where the run sampled blocks
+    (a sampled full-dataset phase's requests stratified by each arm's own reach, report.sampled_strata)."""
     weights = phase_weights(manifest["phases"])
     if weights is None:
         return r
-    mine, theirs = weighted_summary(arm_blocks, weights), weighted_summary(base_blocks, weights)
+    mine = weighted_summary(arm_blocks, weights, sampled_strata(manifest["phases"], _head(manifest, key)))
+    theirs = weighted_summary(base_blocks, weights, sampled_strata(manifest["phases"], _head(manifest, base_key)))
     present = dict.fromkeys(b["phase"] for b in arm_blocks)
     r["phase_weighted"] = {"weights": {p: weights[p] for p in present if p in weights},
                            **ratios({"summary": mine}, {"summary": theirs}),
@@ -78,7 +88,7 @@ def _partial_ratios(manifest: dict, by: dict, key: str, base_key: str) -> dict |
                        "arms completed, not the protocol's figure",
             "phases": names, "units": n, "units_total": len(manifest["units"]),
             **_with_weighted(ratios({"summary": summarize(arm_blocks)}, {"summary": summarize(base_blocks)}),
-                             manifest, arm_blocks, base_blocks)}
+                             manifest, arm_blocks, base_blocks, key, base_key)}
 
 
 def assemble(manifest: dict, calls: list[dict], cells: list[dict]) -> dict:
@@ -119,7 +129,7 @@ def assemble(manifest: dict, calls: list[dict], cells: list[dict]) -> dict:
             e["unpaired_cells"] = unpaired
         else:
             e[f"vs_{base['spec']}"] = _with_weighted(ratios(e, {"summary": summarize(paired)}), manifest,
-                                                     e["blocks"], paired)
+                                                     e["blocks"], paired, e["key"], base_key)
     for e in entries:
         if (base is None or e is base or e["target"] != "triton" or e["summary"] is None
                 or f"vs_{base['spec']}" in e):

@@ -111,3 +111,39 @@ def test_a_cut_fill_counts_the_category_firsts_sent_before_its_tail():
     full = make_phases({"dense": 3}, 60, ProtocolConfig(seeds=(42,), full_phase=True, full_fill_last=25))[-1]
     # 14 MMLU-Pro categories, each first prompt sent before the tail (none of them in it: the tail is "the rest")
     assert len(set(work.categories)) == 14 and fill_requests(work, full) == 14 + 25
+
+
+def test_a_sampled_phase_weighs_its_hits_once():
+    """The sampled full-dataset phase's figures against the whole replay, through the cache manager's own
+    bookkeeping: the hits fall almost all in the first slots + in-flight positions, inside the sample, so
+    weighing the sample Q / R (the old rule) counted each of them Q / R times; the strata
+    (report.sampled_strata) count those once and let the rest stand for the whole tail. From a review helper;
+    the old rule's error here is ~100%, the strata's one late hit's worth."""
+    from clients.report import sampled_strata, weighted_pooled
+    n, slots, r = 420, 100, 200
+    work = build_workload(WorkloadConfig(vocab=500, prompts=n, scale=0.02))
+    lengths = [len(work.prompt(i)) for i in range(n)]
+    _, order = fill_and_replay_order(work.categories, seed=42, lo=0)
+    whole = _replay(None, slots=slots, n=n)
+    head = slots + 1                                   # one request in flight at a time here
+    hits = [i for i, c in enumerate(whole) if c]
+    assert len(hits) >= 8 and sum(i < head for i in hits) >= len(hits) - 1, hits
+    lens = [lengths[k] for k in order]
+    ttft = [10.0 if c else 100.0 for c in whole]      # a hit is fast, a miss slow
+    block = {"phase": "full", "seed": "42",
+             "replay": {"ttft_ms": ttft[:r], "prompt_len": lens[:r], "cached": whole[:r], "seconds": 1.0,
+                        "prompt_tokens": sum(lens[:r]), "cached_tokens": sum(whole[:r])}}
+    phases = [{"name": "full", "q": n, "replay_first": r, "blocks_in_dataset": 1, "blocks": [[0, n]]}]
+    weights = phase_weights(phases)
+    new = weighted_pooled([block], weights, sampled_strata(phases, head))
+    old = weighted_pooled([block], weights)
+    assert new["requests"] == pytest.approx(n) == old["requests"]
+    # cached tokens over the whole replay, as each rule estimates them
+    exact = sum(whole)
+    est_new = new["hit_rate"] * (sum(lens[:head]) + (n - head) / (r - head) * sum(lens[head:r]))
+    est_old = old["hit_rate"] * sum(lens[:r]) * n / r
+    assert abs(est_new - exact) < 0.2 * exact and abs(est_old - exact) > 0.8 * exact, (est_new, est_old, exact)
+    mean = float(np.mean(ttft))
+    assert abs(new["ttft_mean_ms"] - mean) < 0.3 * abs(old["ttft_mean_ms"] - mean), (new, old, mean)
+    # no strata past the sample, or without a reach: the phase weight alone
+    assert sampled_strata(phases, r) == {} and sampled_strata(phases, None) == {}
