@@ -68,6 +68,9 @@ def test_end_id_stops_a_request(tiny_models):
     engine.run_until_idle()
     assert [t for e in events for t in e.token_ids] == [] and events[-1].finished
     assert events[-1].finish_reason == "stop" and events[-1].stats.output_tokens == 0
+    # include_end_token (the OpenAI frontend's return_end_token): the end token is the last output token
+    (out,) = engine.generate([GenerationRequest(3, [3, 1, 4, 1, 5], 6, end_id=stop, include_end_token=True)])
+    assert out == free_run[:free_run.index(stop) + 1]
 
 
 @pytest.mark.parametrize("arch,arm", [("gdn", dict(wmax=16)), ("kda", dict(wmax=16, policy="wr", codec="int8"))])

@@ -140,3 +140,22 @@ def test_streamed_and_chat_logprobs(stack, hf):
     status, out = post(front, "/v1/chat/completions", {"messages": [{"role": "user", "content": text}],
                                                        "top_logprobs": 2})
     assert status == 400 and out["error"]["param"] == "top_logprobs"
+
+
+def test_a_prompt_whose_next_token_is_the_end_scores_it(stack):
+    """lm-eval's loglikelihood request on a prompt whose greedy next token is the end token: the engine leaves
+    the end token out of its output (TensorRT-LLM's rule), and the frontend returned the prompt's entries alone,
+    so lm-eval's token_logprobs[ctxlen:-1] dropped the last continuation token instead (-16.07 where the
+    continuation scores -24.76). The frontend now asks for the end token (return_end_token): one generated
+    entry, counted in usage, as vLLM. Should another CPU's bfloat16 pick another token, the request ends at
+    max_tokens with one entry just the same. From a review helper; fails on the old code here."""
+    import json
+    from pathlib import Path
+    _, front = stack
+    ids = json.loads((Path(__file__).resolve().parents[1] / "data" / "eos_prompt_tiny_kimi.json").read_text())["prompt"]
+    status, out = post(front, "/v1/completions", {"model": "tiny-kimi-linear", "prompt": [ids], "temperature": 0,
+                                                  "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True})
+    assert status == 200, out
+    choice = out["choices"][0]
+    assert len(choice["logprobs"]["token_logprobs"]) == len(ids) + 1, (choice["finish_reason"], len(ids))
+    assert choice["logprobs"]["token_logprobs"][-1] is not None and out["usage"]["completion_tokens"] == 1

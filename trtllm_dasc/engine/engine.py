@@ -280,20 +280,21 @@ class Engine:
         st, now = s.req.stats, time.time_ns()
         # the end token stops the request but is not part of its output, as TensorRT-LLM's executor returns it
         # (NVIDIA/TensorRT-LLM#2190: "stop at the endId, but not include it"): output_ids and sequence_length
-        # without it, its final event carries no token (nor a log prob or generation logits for it). Stop
-        # words stay in the output, as there.
-        end = token == s.req.end_id
-        if not end:
+        # without it, its final event carries no token (nor a log prob or generation logits for it), unless
+        # the request asks for it (include_end_token: the OpenAI frontend). Stop words stay in the output.
+        stopped = token == s.req.end_id
+        dropped = stopped and not s.req.include_end_token
+        if not dropped:
             s.output.append(token)
         st.output_tokens = len(s.output)
         st.first_token_time_ns = st.first_token_time_ns or now
         st.last_token_time_ns = now
         reason = None
-        if end or any(s.output[-len(w):] == w for w in s.req.stop_words):
+        if stopped or any(s.output[-len(w):] == w for w in s.req.stop_words):
             reason = "stop"
         elif len(s.output) >= s.req.max_new_tokens:      # validate keeps prompt + max_new <= max_context
             reason = "length"
-        out = RequestOutput(s.rid, [] if end else [token], reason is not None, reason, stats=st)
+        out = RequestOutput(s.rid, [] if dropped else [token], reason is not None, reason, stats=st)
         # the context logits on the first token's event and on the final one (TensorRT-LLM's clients read
         # them from the last response)
         if s.req.return_context_logits and (len(s.output) == 1 or reason is not None):
@@ -301,10 +302,10 @@ class Engine:
             out.context_logits = torch.cat(s.context_logits) if s.context_logits else None
         if s.req.return_log_probs:
             lp = s.step_log_prob
-            if not end:
+            if not dropped:
                 s.cum_log_prob += lp if lp is not None else 0.0
-            out.log_probs, out.cum_log_prob = ([] if end else [lp]), s.cum_log_prob
-        if s.req.return_generation_logits and s.step_gen_logits is not None and not end:
+            out.log_probs, out.cum_log_prob = ([] if dropped else [lp]), s.cum_log_prob
+        if s.req.return_generation_logits and s.step_gen_logits is not None and not dropped:
             out.generation_logits = s.step_gen_logits[None]
         s.step_log_prob = s.step_gen_logits = None
         if reason is not None:

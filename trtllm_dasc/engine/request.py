@@ -67,6 +67,8 @@ class GenerationRequest:
     # hit they cover only the positions computed, [cached_tokens, len(prompt)))
     use_cache: bool = True
     min_tokens: int = 0             # end_id is not sampled before this many output tokens
+    # the end token as the last output token (with its log prob and logits); False: left out, TensorRT-LLM's rule
+    include_end_token: bool = False
     stop_words: list = field(default_factory=list)   # token sequences ending the output (reason 'stop')
     bad_words: list = field(default_factory=list)    # token sequences never completed by a sampled token
     stats: RequestStats = field(default_factory=RequestStats)

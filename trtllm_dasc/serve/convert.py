@@ -229,6 +229,7 @@ def _parse_one(inputs, ids, b, rid, decoupled, exclude_default) -> ServeRequest:
                             end_id=None if end_id is None or end_id < 0 else end_id,
                             return_context_logits=context, use_cache=not context,
                             return_log_probs=log_probs, return_generation_logits=gen_logits,
+                            include_end_token=bool(_scalar(inputs, "return_end_token", b, bool)),
                             min_tokens=(min_length if min_tokens is None else min_tokens) or 0,
                             stop_words=_words(inputs, "stop_words_list", b),
                             bad_words=_words(inputs, "bad_words_list", b))

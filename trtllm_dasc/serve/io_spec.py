@@ -62,6 +62,10 @@ INPUTS = [
     _scalar("min_tokens", "TYPE_INT32"),
     # ours: min_tokens under TensorRT-LLM's older / executor name
     _scalar("min_length", "TYPE_INT32"),
+    # ours: the end token is output (with its log prob / logits) as the request's last token; TensorRT-LLM's
+    # rule, the default, leaves it out. The OpenAI frontend asks for it: vLLM counts and scores it (lm-eval's
+    # loglikelihood reads the generated token's log prob, and the greedy next token is often the end)
+    _scalar("return_end_token", "TYPE_BOOL"),
     _scalar("beam_search_diversity_rate", "TYPE_FP32"),
     _scalar("presence_penalty", "TYPE_FP32"),
     _scalar("frequency_penalty", "TYPE_FP32"),
@@ -141,7 +145,7 @@ SUPPORTED = {"input_ids", "input_lengths", "request_output_len", "end_id", "pad_
              "stop_words_list", "bad_words_list", "exclude_input_in_output", "return_perf_metrics",
              "return_context_logits", "num_return_sequences", "cache_control", "repetition_penalty",
              "presence_penalty", "frequency_penalty", "embedding_bias", "return_log_probs",
-             "return_generation_logits"}
+             "return_generation_logits", "return_end_token"}
 
 
 def _tensor(t: TensorSpec, is_input: bool) -> str:

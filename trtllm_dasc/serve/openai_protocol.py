@@ -65,7 +65,10 @@ class GenRequest:
         body = {"input_ids": self.prompt_ids, "input_lengths": [len(self.prompt_ids)],
                 # max_tokens 0 (echo): one token is generated for the prompt's logits and dropped
                 "request_output_len": [max(1, self.max_tokens)], "streaming": [True],
-                "end_id": [-1 if self.ignore_eos else end_id], "min_tokens": [self.min_tokens]}
+                "end_id": [-1 if self.ignore_eos else end_id], "min_tokens": [self.min_tokens],
+                # the end token counted and scored as vLLM does (usage, logprobs; lm-eval's loglikelihood reads
+                # the generated token's log prob): the engine leaves it out by default, as TensorRT-LLM
+                "return_end_token": [True]}
         if self.temperature < GREEDY_BELOW:
             # OpenAI's temperature 0 is greedy; TensorRT-LLM says so with top_k 1
             body["runtime_top_k"] = [1]
