@@ -97,3 +97,24 @@ def test_shutdown_after_cancels_is_prompt(server):
     server.stop()
     assert time.time() - t0 < 15, (time.time() - t0, server.stop_report)
     assert not server.stop_report["killed"], server.stop_report
+
+
+def test_a_non_streaming_openai_client_that_leaves_is_aborted(server, default_engine):
+    """The OpenAI frontend's non-streaming answer watched nothing while it waited: a client that timed out and
+    closed held its batch slot until max_tokens, and the request counted as completed. Now the frontend sees
+    the connection close and cancels upstream. From a review helper; fails on the old code (not cancelled)."""
+    from trtllm_dasc.serve.openai_frontend import start_frontend
+    front = start_frontend(str(default_engine), server.http_url)
+    try:
+        before = metric(server, *CANCELLED)
+        body = json.dumps({"prompt": "Hello world", "max_tokens": N, "temperature": 0, "ignore_eos": True}).encode()
+        sock = socket.create_connection(("127.0.0.1", front.port), timeout=30)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        t0 = time.time()
+        while metric(server, "dasc_running_requests") == 0 and time.time() - t0 < 30:
+            time.sleep(0.05)
+        sock.close()
+        wait_cancelled(server, before)
+    finally:
+        front.stop()

@@ -199,7 +199,7 @@ class Frontend:
             for t in tasks:
                 t.cancel()
 
-    async def completion(self, body: dict, chat: bool, send):
+    async def completion(self, body: dict, chat: bool, send, reader=None):
         fields, reqs = self.requests(body, chat)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         obj = "chat.completion" if chat else "text_completion"
@@ -230,20 +230,23 @@ class Frontend:
 
         stream = self.run_all(reqs)
         try:
-            await self._answer(stream, fields, head, usage, usage_json, choice, len(reqs), chat, send)
+            await self._answer(stream, fields, head, usage, usage_json, choice, len(reqs), chat, send, reader)
         finally:
             # a client gone mid-stream: close the upstream streams now (which cancels them in the engine)
             await stream.aclose()
 
-    async def _answer(self, stream, fields, head, usage, usage_json, choice, n_reqs, chat, send):
+    async def _answer(self, stream, fields, head, usage, usage_json, choice, n_reqs, chat, send, reader=None):
         if not fields["stream"]:
             texts, reasons, entries = [""] * n_reqs, [None] * n_reqs, [[] for _ in range(n_reqs)]
-            async for i, piece, n, cached, reason, lps in stream:
-                texts[i] += piece
-                entries[i] += lps
-                usage["completion"] += n
-                usage["cached"][i] = cached if cached is not None else usage["cached"][i]
-                reasons[i] = reason or reasons[i]
+
+            async def collect():
+                async for i, piece, n, cached, reason, lps in stream:
+                    texts[i] += piece
+                    entries[i] += lps
+                    usage["completion"] += n
+                    usage["cached"][i] = cached if cached is not None else usage["cached"][i]
+                    reasons[i] = reason or reasons[i]
+            await _unless_client_leaves(collect(), reader)
             await send(200, {**head, "choices": [choice(i, t, r, e) for i, (t, r, e) in
                                                          enumerate(zip(texts, reasons, entries))],
                              "usage": usage_json()})
@@ -279,7 +282,7 @@ class Frontend:
                 request = await _read_request(reader)
                 if request is None:
                     return
-                keep = await self.respond(writer, *request)
+                keep = await self.respond(writer, *request, reader=reader)
                 if not keep:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -290,8 +293,9 @@ class Frontend:
         finally:
             writer.close()
 
-    async def respond(self, writer, method, path, body) -> bool:
-        """Serves one request; False when the connection must close (after a stream)."""
+    async def respond(self, writer, method, path, body, reader=None) -> bool:
+        """Serves one request; False when the connection must close (after a stream). ``reader``: the
+        connection's, watched for the client leaving while a non-streaming answer is generated."""
         state = {"streamed": False}
 
         async def send(status, payload):
@@ -319,7 +323,7 @@ class Frontend:
                     payload = json.loads(body or b"null")
                 except ValueError as e:
                     raise APIError(f"the request body is not JSON ({e})", None) from None
-                await self.completion(payload, path.endswith("chat/completions"), send)
+                await self.completion(payload, path.endswith("chat/completions"), send, reader)
             elif path == "/v1/models" and method == "GET":
                 await send(200, self.models())
             elif path.startswith("/v1/models/") and method == "GET":
@@ -392,6 +396,28 @@ def _first(value):
     while isinstance(value, list):
         value = value[0] if value else None
     return value
+
+
+async def _unless_client_leaves(work, reader, poll_s: float = 0.1) -> None:
+    """Await ``work`` (a non-streaming answer being generated); if the client closes its connection first,
+    cancel it and raise ConnectionError (the caller's close of the upstream streams then cancels the requests
+    in the engine, as a streaming client's failed write does). A non-streaming client that timed out used to
+    hold its batch slot and KV until max_tokens. The reader's EOF is polled, not read: a pipelined next request
+    stays in its buffer."""
+    task = asyncio.ensure_future(work)
+    if reader is None:
+        await task
+        return
+    while not task.done():
+        await asyncio.wait({task}, timeout=poll_s)
+        if not task.done() and reader.at_eof():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            raise ConnectionError("the client closed the connection before the answer")
+    task.result()
 
 
 async def _read_head(reader) -> tuple[int, dict]:
