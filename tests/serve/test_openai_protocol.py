@@ -68,10 +68,13 @@ def test_sampling_maps_to_tensorrt_llm_inputs():
     greedy = GenRequest([1, 5], 4, temperature=0.0, seed=7).triton_inputs(end_id=2)
     assert greedy["runtime_top_k"] == [1] and "temperature" not in greedy and greedy["seed"] == [7]
     assert greedy["end_id"] == [2] and greedy["input_lengths"] == [2] and greedy["streaming"] == [True]
-    # OpenAI's defaults (temperature 1, top_p 1) sample from the whole distribution: TensorRT-LLM's
-    # top_k 0 with top_p 0 would be greedy, so top_p goes as 1
-    sampled = GenRequest([1], 4, top_p=0.0).triton_inputs(end_id=2)
+    # OpenAI's defaults (temperature 1, top_p 1) sample from the whole distribution
+    sampled = GenRequest([1], 4).triton_inputs(end_id=2)
     assert sampled["runtime_top_k"] == [0] and sampled["runtime_top_p"] == [1.0] and sampled["temperature"] == [1.0]
+    # OpenAI's top_p 0 is the smallest nucleus, the top token: greedy. It went as TensorRT-LLM's top_p 1 (its
+    # own 0 means off) and sampled the whole distribution (a review helper's finding; fails on the old code)
+    tight = GenRequest([1], 4, top_p=0.0).triton_inputs(end_id=2)
+    assert tight["runtime_top_k"] == [1] and "runtime_top_p" not in tight
     assert GenRequest([1], 4, ignore_eos=True).triton_inputs(end_id=2)["end_id"] == [-1]
 
 
@@ -105,3 +108,28 @@ def test_an_upstream_error_in_a_chunked_body_keeps_its_message():
     # by Content-Length, and a cut-short chunk: what came is the message
     assert asyncio.run(read(error + b"extra", {"content-length": str(len(error))})) == error
     assert asyncio.run(read(wire[:20], {"transfer-encoding": "chunked"})) == error[:20 - len(b"%x\r\n" % len(error))]
+
+
+def test_templates_with_loop_controls_dates_and_json_render_as_transformers(tmp_path):
+    """A template using {% continue %}, strftime_now (Llama 3's date line) and tojson of non-ASCII text: ours
+    failed to load the first ('unknown tag continue': the frontend did not start) and refused every request with
+    the second; transformers' apply_chat_template renders them. A template that does not parse is one line
+    naming it. From a review helper; fails on the old code."""
+    from transformers import AutoTokenizer
+    from trtllm_dasc.errors import UserError
+    template = ("{{ bos_token }}Today {{ strftime_now('%Y') }}{% for m in messages %}{% if m.role == 'system' %}"
+                "{% continue %}{% endif %}<{{ m.role }}>{{ m.content | tojson }}{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+    d = tmp_path / "e"
+    shutil.copytree(ASSET, d / "model", ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((d / "model" / "tokenizer_config.json").read_text())
+    (d / "model" / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    (d / "config.json").write_text(json.dumps({"engine": {"max_context": 256}, "source": str(ASSET)}))
+    tok = AutoTokenizer.from_pretrained(str(d / "model"))
+    messages = [{"role": "system", "content": "skip me"}, {"role": "user", "content": "héllo"}]
+    want = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert "héllo" in want and "skip me" not in want
+    assert Frontend(str(d), "127.0.0.1:1").template.render(messages) == (want, False)
+    (d / "model" / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{% for %}"}))
+    with pytest.raises(UserError, match="chat_template does not parse"):
+        Frontend(str(d), "127.0.0.1:1")

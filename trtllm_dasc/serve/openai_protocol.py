@@ -18,6 +18,9 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from datetime import datetime
+
+from trtllm_dasc.errors import UserError
 
 # the temperature below which a request is greedy (TensorRT-LLM's top_k 1)
 GREEDY_BELOW = 1e-5
@@ -69,8 +72,9 @@ class GenRequest:
                 # the end token counted and scored as vLLM does (usage, logprobs; lm-eval's loglikelihood reads
                 # the generated token's log prob): the engine leaves it out by default, as TensorRT-LLM
                 "return_end_token": [True]}
-        if self.temperature < GREEDY_BELOW:
-            # OpenAI's temperature 0 is greedy; TensorRT-LLM says so with top_k 1
+        if self.temperature < GREEDY_BELOW or self.top_p == 0:
+            # OpenAI's temperature 0 is greedy, and so is its top_p 0 (the smallest nucleus: the top token);
+            # TensorRT-LLM says so with top_k 1 (its own top_p 0 means "off": mapped, it sampled everything)
             body["runtime_top_k"] = [1]
         else:
             # TensorRT-LLM's top_p 0 means off (greedy with top_k 0): OpenAI's default top_p is 1
@@ -232,9 +236,20 @@ class ChatTemplate:
             except ImportError:
                 template = None
             else:
-                env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                # what transformers' apply_chat_template gives a template (utils/chat_template_utils.py): loop
+                # controls ({% break %} / {% continue %}), strftime_now (Llama 3's date line) and a tojson that
+                # keeps non-ASCII text; without them such templates failed to load or to render
+                import jinja2.ext
+                env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                                   extensions=[jinja2.ext.loopcontrols])
                 env.globals["raise_exception"] = _raise
-                self.source, self.kind = env.from_string(template), "jinja"
+                env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+                env.filters["tojson"] = _tojson
+                try:
+                    self.source, self.kind = env.from_string(template), "jinja"
+                except jinja2.TemplateSyntaxError as e:
+                    raise UserError(f"{tokenizer_dir}/tokenizer_config.json: its chat_template does not parse "
+                                    f"(line {e.lineno}: {e.message})") from None
 
     def render(self, messages) -> tuple[str, bool]:
         """(the prompt text, whether to encode it with the tokenizer's special tokens)."""
@@ -248,6 +263,10 @@ class ChatTemplate:
             raise
         except Exception as e:   # a template error is about the messages it was given
             raise APIError(f"'messages': the chat template failed ({e})", "messages") from None
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise(message):
