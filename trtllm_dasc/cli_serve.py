@@ -85,6 +85,24 @@ def engine_alive(metrics_url: str) -> bool:
     return not values or all(float(v) != 0 for v in values)
 
 
+def _check_ports_free(args) -> None:
+    """Each endpoint's port, bound and released before anything starts: a port in use made tritonserver exit
+    only after the model's warm-up (a minute or more), with the cause in its log alone."""
+    import socket
+    for name in ("http_port", "grpc_port", "metrics_port", "openai_port"):
+        port = getattr(args, name, None)
+        if not port:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # as tritonserver binds (SO_REUSEADDR: a port in TIME_WAIT is free to it)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((args.host or "0.0.0.0", port))
+            except OSError as e:
+                raise UserError(f"--{name.replace('_', '-')} {port} is in use ({e.strerror or e}): stop what holds it "
+                                f"or pass another --{name.replace('_', '-')}") from None
+
+
 def run(args) -> int:
 
     for name in ("http_port", "grpc_port", "metrics_port", "openai_port"):
@@ -129,6 +147,7 @@ def run(args) -> int:
             f.write(admin_key + "\n")
         print(f"[dasc serve] repository and shared-memory APIs restricted: header dasc-admin-key (gRPC: triton-grpc-protocol-dasc-admin-key), key in {key_path}",
               file=sys.stderr)
+    _check_ports_free(args)
     server = start_server(repo, work_dir, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, tp=(tp, engine_dir), host=args.host, admin_key=admin_key,
                           drain_seconds=args.drain_seconds)

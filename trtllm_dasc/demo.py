@@ -1,4 +1,5 @@
-"""`make run`: the paper's matched-HBM serving protocol (App. C.2) on the embedded default model.
+"""`make run`: the paper's matched-HBM serving protocol (App. C.2) on the embedded default model, with
+checkpoints at prompt ends and branch points (App. C.2's SGLang keeps prompt ends only: `--prompt-only`).
 
 Three arms at one checkpoint budget, small enough that dense holds only 6 checkpoints: dense, dasc-nr
 W_max=16 and dasc-nr W_max=16 + INT8. Each is built with dasc-build, served by its own tritonserver and
@@ -33,7 +34,13 @@ def main() -> int:
     print("=== make run: matched-HBM serving on the embedded tiny Kimi-Linear (CPU) ===")
     print("python -m clients.matched_hbm " + " ".join(a if a != MODEL else rel for a in ARGS), flush=True)
     t0 = time.perf_counter()
-    rc = matched_hbm(ARGS)
+    try:
+        rc = matched_hbm(ARGS)
+    except KeyboardInterrupt:
+        # the servers are stopped by the protocol's own cleanup on the way out; a traceback says nothing more
+        print("\nmake run: interrupted; its servers were stopped (demo_out/ holds what was measured so far: "
+              "its JSON says complete false)", file=sys.stderr)
+        return 130
     if rc:
         return rc
     out = os.path.abspath(OUT)

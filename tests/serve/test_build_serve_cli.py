@@ -140,3 +140,27 @@ def test_dasc_serve_refuses_one_port_for_two_endpoints(engine, tmp_path):
     err = proc.stderr.strip()
     assert proc.returncode == 2 and "--http-port and --grpc-port are both 18123" in err, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_dasc_serve_refuses_a_port_in_use_before_starting(engine, tmp_path):
+    """Port 8000 (or any) already taken: tritonserver exited only after the model's warm-up (61 s here), and
+    dasc serve said "exited with code 1", the cause in its log alone. Now one line before anything starts.
+    From a review helper; fails on the old code."""
+    import socket
+    import time
+    from trtllm_dasc.parallel.group import free_port
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    busy = holder.getsockname()[1]
+    try:
+        t0 = time.time()
+        proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", str(engine), "--http-port",
+                               str(free_port()), "--grpc-port", str(busy), "--metrics-port", str(free_port()),
+                               "--work-dir", str(tmp_path / "w")], capture_output=True, text=True, timeout=300)
+    finally:
+        holder.close()
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and f"--grpc-port {busy} is in use" in err, err
+    assert err.splitlines()[-1].startswith("dasc serve: error") and "Traceback" not in err
+    assert time.time() - t0 < 60
