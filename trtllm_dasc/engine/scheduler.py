@@ -120,7 +120,9 @@ class Scheduler:
         st.cached_tokens, st.checkpoint_loaded = c, True
         r = lease.replay
         if r is not None:
-            if self.cfg.policy == "wr-warm":
+            # a window reaching position 0 starts from the known zero state (exact, as wr): the warm start
+            # stands in for an unknown state inside the prefix, and the state at c put at 0 was lossy
+            if self.cfg.policy == "wr-warm" and r.start > 0:
                 plan.warm_loads.append((m.ckpt_slot, r.row))
             else:
                 plan.resets.append(r.row)
