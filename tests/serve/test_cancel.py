@@ -90,15 +90,6 @@ def test_dropped_sse_connection_aborts_in_the_engine(server):
     wait_cancelled(server, before)
 
 
-def test_shutdown_after_cancels_is_prompt(server):
-    # runs last in this module: nothing of the cancelled requests is in flight, so the drain is immediate
-    # and tritonserver unloads at once (before: it waited for in-flight inferences up to 30 s)
-    t0 = time.time()
-    server.stop()
-    assert time.time() - t0 < 15, (time.time() - t0, server.stop_report)
-    assert not server.stop_report["killed"], server.stop_report
-
-
 def test_a_non_streaming_openai_client_that_leaves_is_aborted(server, default_engine):
     """The OpenAI frontend's non-streaming answer watched nothing while it waited: a client that timed out and
     closed held its batch slot until max_tokens, and the request counted as completed. Now the frontend sees
@@ -118,3 +109,12 @@ def test_a_non_streaming_openai_client_that_leaves_is_aborted(server, default_en
         wait_cancelled(server, before)
     finally:
         front.stop()
+
+
+def test_shutdown_after_cancels_is_prompt(server):
+    # runs last in this module: nothing of the cancelled requests is in flight, so the drain is immediate
+    # and tritonserver unloads at once (before: it waited for in-flight inferences up to 30 s)
+    t0 = time.time()
+    server.stop()
+    assert time.time() - t0 < 15, (time.time() - t0, server.stop_report)
+    assert not server.stop_report["killed"], server.stop_report
