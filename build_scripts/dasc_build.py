@@ -171,6 +171,7 @@ def check_args(args) -> None:
         raise UserError(f"--tp must be a positive integer, got {args.tp!r}")
     if getattr(args, "load_format", "auto") not in LOAD_FORMATS:
         raise UserError(f"--load-format must be one of {'|'.join(LOAD_FORMATS)}, got {args.load_format!r}")
+    engine_dir.refuse_engine_as_checkpoint(args.model)
     if getattr(args, "seed", None) is not None and os.path.exists(args.model) and not dummy(args):
         # it would be accepted and do nothing: real weights have no seed
         raise UserError(f"--seed {args.seed} is for --load-format dummy (random weights); these weights are the "

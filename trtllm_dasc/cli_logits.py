@@ -83,6 +83,8 @@ def run(args) -> int:
 
     ids = parse_ids(args.ids)
     check_output_path(args.out)
+    from trtllm_dasc.engine_dir import refuse_engine_as_checkpoint
+    refuse_engine_as_checkpoint(args.model)
     if args.split is not None and not 0 < args.split < len(ids):
         raise UserError(f"--split must be in 1..{len(ids) - 1} for {len(ids)} tokens, got {args.split}")
     if args.tp < 1:

@@ -65,6 +65,14 @@ def _load(path: str) -> dict:
         return json.load(f)
 
 
+def refuse_engine_as_checkpoint(path: str, flag: str = "--model") -> None:
+    """A dasc engine directory given where a checkpoint is expected: one line saying so (its config.json has
+    no model_type, and the model's parser said "unsupported model_type None")."""
+    if is_engine_dir(path):
+        raise UserError(f"{flag} {path!r} is a dasc engine directory, not a checkpoint: pass its model/ "
+                        f"({os.path.join(path, MODEL)}) or the original checkpoint")
+
+
 def is_engine_dir(path: str) -> bool:
     """A directory written by dasc-build: its config.json carries the version marker."""
     try:

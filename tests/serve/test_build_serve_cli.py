@@ -164,3 +164,14 @@ def test_dasc_serve_refuses_a_port_in_use_before_starting(engine, tmp_path):
     assert proc.returncode == 2 and f"--grpc-port {busy} is in use" in err, err
     assert err.splitlines()[-1].startswith("dasc serve: error") and "Traceback" not in err
     assert time.time() - t0 < 60
+
+
+def test_an_engine_given_as_the_checkpoint_is_one_line(engine, tmp_path):
+    """dasc-build / dasc logits --model ENGINE: "unsupported model_type None" (the engine's config.json has none).
+    Now one line naming it and where its model is. From a review helper; fails on the old code."""
+    proc = dasc_build("--model", engine, "--output", tmp_path / "e", "--device", "cpu")
+    assert proc.returncode == 2 and "is a dasc engine directory" in proc.stderr, proc.stderr
+    assert str(engine / "model") in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", "logits", "--model", str(engine), "--ids", "1,2,3",
+                           "--out", str(tmp_path / "l.pt")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "is a dasc engine directory" in proc.stderr, proc.stderr
