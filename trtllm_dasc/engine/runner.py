@@ -330,10 +330,8 @@ class ModelRunner:
         """Zero what tier_report counts (the engine's reset_stats zeroes the cache's copy counters: the bytes and
         seconds kept counting warm-up's copies, so bytes per copy no longer matched the slot size)."""
         tiers = [t for t in (self.host_tier, self.kv_tier) if t is not None]
-        for t in tiers:
-            t.copied = {d: 0 for d in t.copied}
-        if tiers:
-            tiers[0].stream.reset_seconds()     # one stream serves both tiers
+        for i, t in enumerate(tiers):
+            t.reset_stats(stream=i == 0)        # one stream serves both tiers
 
     def stop(self) -> None:
         """Nothing to release in one process (DistributedRunner releases the other TP ranks here)."""

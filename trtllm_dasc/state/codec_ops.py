@@ -6,6 +6,8 @@ fp8 or int4, and the mixed layout (one group per codec) calls them once per grou
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from trtllm_dasc.state import codec_kernels as K
@@ -37,8 +39,14 @@ def fast_div_for(cid: int, is_cuda: bool, capability: tuple[int, int] | None) ->
     return cid != CODEC_ID["fp8"] or capability is None or tuple(capability) >= (8, 9)
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
 def _fast_div(cid: int, x: torch.Tensor) -> bool:
-    cap = torch.cuda.get_device_capability(x.device) if x.is_cuda and cid == CODEC_ID["fp8"] else None
+    # the device's capability once per device: this runs on every checkpoint store
+    cap = _capability(x.device) if x.is_cuda and cid == CODEC_ID["fp8"] else None
     return fast_div_for(cid, x.is_cuda, cap)
 
 

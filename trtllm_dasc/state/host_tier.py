@@ -78,6 +78,13 @@ class HostTier:
     def allocated_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host)
 
+    def reset_stats(self, stream: bool = True) -> None:
+        """Zero the bytes copied (and, with ``stream``, the copy stream's seconds: tiers sharing one stream
+        reset it once)."""
+        self.copied = {d: 0 for d in self.copied}
+        if stream:
+            self.stream.reset_seconds()
+
     def _copy(self, to_host: bool, d: int, h: int) -> None:
         """Queue one slot's copy between device slot d and host slot h, every mirrored tensor."""
         for dev, host in zip(self.tensors, self.host):

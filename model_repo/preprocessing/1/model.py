@@ -62,9 +62,8 @@ class TritonPythonModel:
             "OUT_END_ID": np.full((batch, 1), self.tokenizer.end_id, np.int32) if end_id is None else end_id,
             "OUT_PAD_ID": np.full((batch, 1), self.tokenizer.pad_id, np.int32) if pad_id is None else pad_id,
             # what TensorRT-LLM's preprocessing gives a decoder-only model (its clients forward them to
-            # tensorrt_llm, which ignores them there): one pad token a request, length 1
-            "DECODER_INPUT_ID": (np.full((batch, 1), self.tokenizer.pad_id, np.int32) if pad_id is None
-                                 else np.broadcast_to(np.asarray(pad_id, np.int32).reshape(-1, 1), (batch, 1))),
+            # tensorrt_llm, which ignores them there): one pad token a request (DECODER_INPUT_ID, below), length 1
             "REQUEST_DECODER_INPUT_LEN": np.ones((batch, 1), np.int32),
         }
+        out["DECODER_INPUT_ID"] = np.broadcast_to(np.asarray(out["OUT_PAD_ID"]).reshape(-1, 1), (batch, 1))
         return [pb_utils.Tensor(name, np.ascontiguousarray(value, dtype=np.int32)) for name, value in out.items()]
