@@ -156,6 +156,14 @@ def resolve_seed(args) -> int:
     return 0 if seed is None else seed
 
 
+def resolve_profile(args) -> str:
+    """The decay profile of dummy weights: the one a dummy engine's model directory records (its weights are
+    remade the same), else the current default."""
+    from trtllm_dasc.checkpoint_files import dummy_marker
+    from trtllm_dasc.plan.synthetic import profile_of_record
+    return profile_of_record(dummy_marker(args.model) if os.path.isdir(args.model) else None)
+
+
 def model_config_file(args) -> str:
     """--model's config.json (a bare file is accepted for dummy weights only)."""
     if dummy(args) and os.path.isfile(args.model):
@@ -289,7 +297,7 @@ def build(args) -> str:
     options = PlanOptions(**plan_fields(opts))
     if is_dummy:
         # the decay tensors the dummy loader will make: the planner's paper-shaped profile of this seed
-        plan, _ = plan_from_params(cfg, profile_decay_params(cfg, args.seed), options)
+        plan, _ = plan_from_params(cfg, profile_decay_params(cfg, args.seed, resolve_profile(args)), options)
     else:
         plan, _ = plan_from_path(args.model, options, cfg=cfg)
     if args.tp > 1 and plan.moved_units and args.layout != "ragged":
@@ -423,7 +431,7 @@ def check_build_memory(args, opts: dict, cfg, plan, is_dummy: bool):
     from trtllm_dasc.engine.loading import check_memory
     from trtllm_dasc.engine.runner import DENSE_SLOTS_DEFAULT
     from trtllm_dasc.model.weights import CheckpointReader, DummyWeights
-    source = DummyWeights(cfg, args.seed) if is_dummy else CheckpointReader(args.model)
+    source = DummyWeights(cfg, args.seed, profile=resolve_profile(args)) if is_dummy else CheckpointReader(args.model)
     budget = args.state_budget_bytes or (DENSE_SLOTS_DEFAULT + 1) * cfg.dense_checkpoint_bytes_per_rank(args.tp)
     return check_memory(EngineConfig(**opts), cfg, source, 0, plan.bundle_order, 2 * args.max_batch_size, budget)
 
@@ -448,7 +456,7 @@ def weights_record(args, is_dummy: bool, completed: list[str], raw: dict) -> dic
         return {"load_format": "safetensors"}
     from trtllm_dasc.families.released import released_name
     return {"load_format": "dummy", "seed": args.seed, "note": DUMMY_NOTE,
-            "decay_profile": "the planner's paper-shaped profile (trtllm_dasc/plan/synthetic.py)",
+            "decay_profile": resolve_profile(args),
             "released_shapes": released_name(raw), "completed_fields": completed}
 
 

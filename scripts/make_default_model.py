@@ -161,14 +161,15 @@ def build_model(vocab_size: int, seed: int = SEED):
     import torch
     from transformers import KimiLinearForCausalLM
 
-    from trtllm_dasc.plan.synthetic import decay_tensors, synthetic_decay
+    from trtllm_dasc.plan.synthetic import LEGACY_PROFILE, decay_tensors, synthetic_decay
 
     torch.manual_seed(seed)
     cfg = model_config(vocab_size)
     model = KimiLinearForCausalLM(cfg).float().eval()
     kda = [m for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "dt_bias")]
     per_head = cfg.linear_head_dim
-    alpha = synthetic_decay("kda", len(kda), cfg.linear_num_heads, per_head, seed)
+    # the committed model's decay (made before the profile's tails were fitted to the paper's capacities)
+    alpha = synthetic_decay("kda", len(kda), cfg.linear_num_heads, per_head, seed, LEGACY_PROFILE)
     A_log, dt_bias = decay_tensors(alpha, per_head, seed)
     with torch.no_grad():
         for m, a, d in zip(kda, A_log, dt_bias):

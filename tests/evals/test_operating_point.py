@@ -29,8 +29,9 @@ HOT_LR = 0.3
 
 def _profile_capacity(arch: str, layers: int, heads: int, per_head: int, seed: int, wmax: int) -> float:
     """C_temp = units / kept units of the paper's profile, straight from its alphas."""
+    from trtllm_dasc.evals.train import TRAINING_PROFILE
     from trtllm_dasc.plan.synthetic import synthetic_decay
-    alpha = synthetic_decay(arch, layers, heads, per_head, seed)
+    alpha = synthetic_decay(arch, layers, heads, per_head, seed, TRAINING_PROFILE)
     horizon = math.log(1e-3) / np.log(alpha)
     return alpha.size / int(np.count_nonzero(horizon > wmax))
 

@@ -8,6 +8,7 @@ from trtllm_dasc.checkpoint_files import dummy_marker
 from trtllm_dasc.model.footprint import check_fits, device_free_bytes, model_footprint
 from trtllm_dasc.model.workspace import largest_step
 from trtllm_dasc.model.weights import DummyWeights
+from trtllm_dasc.plan.synthetic import profile_of_record
 from trtllm_dasc.model.rank_weights import RankWeights
 
 
@@ -16,7 +17,9 @@ def weight_source(cfg: EngineConfig, model_cfg: HybridConfig, tp_rank: int, bund
     dummy weights made on the device (--load-format dummy; the seed from the checkpoint's dummy record)."""
     marker = dummy_marker(cfg.model)
     if cfg.load_format == "dummy" or (cfg.load_format == "auto" and marker is not None):
-        return DummyWeights(model_cfg, seed=(marker or {}).get("seed", 0), device=cfg.device)
+        # the decay profile the build planned with (an engine built before profiles had names: the legacy one)
+        return DummyWeights(model_cfg, seed=(marker or {}).get("seed", 0), device=cfg.device,
+                            profile=profile_of_record(marker))
     if cfg.rank_weights:
         # this rank's own file (dasc-build --tp): already cut, checked against the plan's bundle order
         return RankWeights(cfg.rank_weights, tp_rank, cfg.tp_size, bundle_order, cfg.rank_weights_id)

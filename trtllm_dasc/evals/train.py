@@ -42,7 +42,7 @@ import numpy as np
 
 from trtllm_dasc.evals.curriculum import LengthCurriculum
 from trtllm_dasc.evals.prefetch import BatchPrefetcher
-from trtllm_dasc.plan.synthetic import synthetic_decay
+from trtllm_dasc.plan.synthetic import LEGACY_PROFILE, synthetic_decay
 from trtllm_dasc.plan.synthetic import decay_tensors
 from trtllm_dasc.evals.mixture import TrainingMixture, is_count, task_weights_from_losses
 from trtllm_dasc.evals.qa_drill import QA_TASKS
@@ -215,11 +215,16 @@ def decay_parameters(model) -> list:
     return [p for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "dt_bias") for p in (m.A_log, m.dt_bias)]
 
 
+# issue 34's models were trained (frozen / anchored decay) on the first profile, before plan/synthetic.py's tails
+# were fitted to the paper's capacities (12-07): their stages must resume onto the decay they were trained with
+TRAINING_PROFILE = LEGACY_PROFILE
+
+
 def profile_alpha(cfg: TrainConfig):
     """The paper-shaped decay factors alpha [linear layers, units] of this config (plan/synthetic.py): what
     the planner's horizons of a decay-frozen model come from."""
     per_head = cfg.head_dim if cfg.arch == "kda" else 1
-    return synthetic_decay(cfg.arch, 3 * cfg.groups, cfg.heads, per_head, cfg.seed)
+    return synthetic_decay(cfg.arch, 3 * cfg.groups, cfg.heads, per_head, cfg.seed, TRAINING_PROFILE)
 
 
 def set_profile_decay(model, cfg: TrainConfig) -> float:

@@ -14,7 +14,7 @@ import math
 import torch
 
 from trtllm_dasc.checkpoint_files import INDEX, CheckpointFileError, SafetensorsCheckpoint
-from trtllm_dasc.plan.synthetic import profile_decay_params
+from trtllm_dasc.plan.synthetic import DEFAULT_PROFILE, profile_decay_params
 
 # safetensors dtype -> torch dtype of the same bits (bf16 and fp8 arrive from numpy as unsigned ints)
 _TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -101,7 +101,7 @@ class DummyWeights(RandomWeights):
 
     dummy = True
 
-    def __init__(self, cfg, seed: int = 0, device: str | torch.device = "cpu"):
+    def __init__(self, cfg, seed: int = 0, device: str | torch.device = "cpu", profile: str = DEFAULT_PROFILE):
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
             raise WeightError(f"dummy weights' seed must be a non-negative integer, got {seed!r}")
         super().__init__(seed=seed, device=device)
@@ -109,7 +109,7 @@ class DummyWeights(RandomWeights):
         self.offset_norm = cfg.family.norm_offset
         self.linear_prefix = cfg.family.linear_prefix
         self.decay = {}
-        for p in profile_decay_params(cfg, seed):
+        for p in profile_decay_params(cfg, seed, profile):
             self.decay[f"model.layers.{p.layer}.{cfg.family.linear_prefix}A_log"] = p.A_log
             self.decay[f"model.layers.{p.layer}.{cfg.family.linear_prefix}dt_bias"] = p.dt_bias
 

@@ -26,7 +26,7 @@ from trtllm_dasc.spec import (CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, DEFAULT_PLA
                               DEFAULT_WMAX, LAYOUTS, PLACEMENTS, CONV_CODECS, check_choice, check_selection)
 from trtllm_dasc.plan.horizons import read_decay_params
 from trtllm_dasc.plan.horizons import decay_factors, horizons_from_params
-from trtllm_dasc.plan.synthetic import profile_decay_params
+from trtllm_dasc.plan.synthetic import profile_decay_params, profile_of_record
 
 PLAN_VERSION = 1
 # the static gate logit stands for a typical input (the paper: -0.3, compared with 0); beyond +-3 softplus
@@ -364,7 +364,7 @@ def plan_from_path(path: str, options: PlanOptions, temporal_dtype: str = "float
     params = None
     if dummy_seed is not None:
         # dummy weights: the decay tensors the loader will make (plan/synthetic.py's profile)
-        params = profile_decay_params(cfg, dummy_seed)
+        params = profile_decay_params(cfg, dummy_seed, profile_of_record(dummy))
     elif os.path.isdir(path) and (options.wmax > 0 or has_weights(path)):
         params = read_decay_params(path, cfg)
     return plan_from_params(cfg, params, options)
