@@ -22,7 +22,7 @@ def rates(manifest: dict, cells: list[dict], prior: float) -> tuple[dict[str, fl
     measured = {}
     for key in {a["key"] for a in manifest["arms"]}:
         mine = [c for c in cells if c.get("arm") == key and c.get("seconds") is not None]
-        requests = sum(unit_requests(manifest, c["unit"]) for c in mine)
+        requests = sum(unit_requests(manifest, c["unit"], key) for c in mine)
         if requests:
             measured[key] = sum(c["seconds"] for c in mine) / requests
     fallback = sum(measured.values()) / len(measured) if measured else prior
@@ -39,7 +39,7 @@ def phase_rates(manifest: dict, cells: list[dict]) -> dict[int, float]:
         if c.get("seconds") is None or c.get("unit") not in manifest["units"]:
             continue
         i = unit_phase(c["unit"])
-        out[i] = max(out.get(i, 0.0), c["seconds"] / max(1, unit_requests(manifest, c["unit"])))
+        out[i] = max(out.get(i, 0.0), c["seconds"] / max(1, unit_requests(manifest, c["unit"], c.get("arm"))))
     return out
 
 
@@ -65,16 +65,16 @@ def estimate(manifest: dict, cells: list[dict], done, prior: float) -> dict:
     shared = arm_by_arm = 0.0
     per_arm = {}
     for unit in manifest["units"]:
-        n = unit_requests(manifest, unit)
+        n = {a["key"]: unit_requests(manifest, unit, a["key"]) for a in manifest["arms"]}   # per-arm fill tails
         pending = [k for k in others if not done(k, unit)]
         for k in pending:
-            per_arm[k] = per_arm.get(k, 0.0) + rate[k] * n
+            per_arm[k] = per_arm.get(k, 0.0) + rate[k] * n[k]
         if not pending:
             continue
         # the baseline beside the unit's arms (never itself pending alone: it runs beside every arm)
-        baseline = rate[base] * n if base in rate and base not in others else 0.0
-        shared += baseline + sum(rate[k] * n for k in pending)
-        arm_by_arm += sum(baseline + rate[k] * n for k in pending)
+        baseline = rate[base] * n[base] if base in rate and base not in others else 0.0
+        shared += baseline + sum(rate[k] * n[k] for k in pending)
+        arm_by_arm += sum(baseline + rate[k] * n[k] for k in pending)
     return {"shared_s": round(shared), "arm_by_arm_s": round(arm_by_arm),
             "per_arm_s": {k: round(v) for k, v in per_arm.items()},
             "rate_s_per_request": {k: round(v, 4) for k, v in rate.items()}, "rates_measured": measured,

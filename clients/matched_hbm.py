@@ -24,6 +24,7 @@ directories of one measurement. Progress goes to stderr.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -74,9 +75,10 @@ def add_arguments(p) -> None:
                    "1; the paper and --paper: 6)")
     g.add_argument("--full-phase", action="store_true", default=None, help="end with one block of the whole dataset (the "
                    "paper's sixth phase)")
-    g.add_argument("--full-fill-last", type=int, default=None, metavar="N", help="the full-dataset phase within a "
-                   "budget: fill only the last N prompts of its fill order (what the whole fill leaves, once N overflows "
-                   "every arm's checkpoints: N >= 2 x the most slots + --concurrency; default: all, as the paper)")
+    g.add_argument("--full-fill-last", type=_fill_last, default=None, metavar="N|auto", help="the full-dataset phase "
+                   "within a budget: fill only the last N prompts of its fill order (what the whole fill leaves, once N "
+                   "overflows every arm's checkpoints: N >= 2 x the most slots + --concurrency); auto: each arm its own "
+                   "tail, 2 x its slots + --concurrency (recorded per arm in the manifest); default: all, as the paper")
     g.add_argument("--full-replay-first", type=int, default=None, metavar="R", help="the full-dataset phase within a "
                    "budget: replay only the seeded shuffle's first R requests, weighted as the whole replay in the "
                    "phase-weighted figures (default: all, as the paper)")
@@ -192,6 +194,16 @@ def paper_defaults(args) -> None:
             args.phase_arms = ",".join(a if a == "dense" else a + suffix for a in PAPER_PHASE_ARMS)
 
 
+def _fill_last(text: str):
+    """--full-fill-last: a count of prompts, or auto (each arm's own tail)."""
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of prompts or auto, got {text!r}") from None
+
+
 def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
     """Every option checked before anything is built; returns the arms and the two configs."""
     paper_defaults(args)
@@ -227,7 +239,8 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,
                            blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill,
                            dense_repeats=args.dense_repeats, full_phase=args.full_phase, block_seed=args.block_seed,
-                           full_fill_last=args.full_fill_last, full_replay_first=args.full_replay_first)
+                           full_fill_last=None if args.full_fill_last == "auto" else args.full_fill_last,
+                           full_fill_per_arm=args.full_fill_last == "auto", full_replay_first=args.full_replay_first)
     vocab = model_config(args).schema.network.vocab_size
     work = WorkloadConfig(vocab=vocab, prompts=args.prompts, scale=args.scale, seed=args.workload_seed)
     return arms, proto, work
@@ -404,12 +417,22 @@ def step_workspace(args, work: WorkloadConfig, output_tokens: int):
     return step, workspace_of(model_config(args).schema, step, getattr(torch, args.dtype).itemsize, args.tp)
 
 
-def fill_requests(work, phase: Phase) -> int:
-    """The requests of a cut full-dataset fill: its tail and the category firsts sent before it."""
+def fill_requests(work, phase: Phase, fill_last: int | None = None) -> int:
+    """The requests of a cut full-dataset fill: its tail (the phase's, or ``fill_last``) and the category
+    firsts sent before it."""
     from clients.protocol import fill_and_replay_order
     lo, hi = phase.blocks[0]
-    parts, _ = fill_and_replay_order(work.categories[lo:hi], 0, lo, phase.fill_last)
+    parts, _ = fill_and_replay_order(work.categories[lo:hi], 0, lo, fill_last or phase.fill_last)
     return sum(map(len, parts))
+
+
+def per_arm_fill(work, phase: Phase, slots: dict[str, int], concurrency: int) -> dict:
+    """A phase with per-arm fill tails (--full-fill-last auto): each arm's tail and its fill's requests, for the
+    manifest (fixed before any cell runs, so every call of a directory fills the same)."""
+    from clients.protocol import full_fill_tail
+    tails = {spec: full_fill_tail(n, concurrency) for spec, n in slots.items()}
+    return {"fill_last_by_arm": tails,
+            "fill_requests_by_arm": {spec: fill_requests(work, phase, t) for spec, t in tails.items()}}
 
 
 def check_fill_tail(phases: list[Phase], most_slots: int, concurrency: int) -> None:
@@ -417,7 +440,8 @@ def check_fill_tail(phases: list[Phase], most_slots: int, concurrency: int) -> N
     overflows every arm's checkpoints (LRU: every older checkpoint is evicted first; an older prompt's KV
     without its checkpoint cannot hit, and goes first when KV runs short): twice the most slots of any arm, and
     the requests in flight, whose completions reorder the tail's last sends."""
-    need = 2 * most_slots + concurrency
+    from clients.protocol import full_fill_tail
+    need = full_fill_tail(most_slots, concurrency)
     for p in phases:
         if p.fill_last is not None and p.fill_last < need:
             raise UserError(f"--full-fill-last {p.fill_last} does not overflow every arm's checkpoints: it needs "
@@ -453,6 +477,8 @@ def make_manifest(args, arms, proto, wcfg, work, caps, phases, flags, budget, de
         "phases": [{"name": p.name, "q": p.q, "arms": p.arms, "repeats": repeats(i, proto),
                     "blocks_in_dataset": nblocks[p.q], "blocks": p.blocks,
                     **({"fill_last": p.fill_last, "fill_requests": fill_requests(work, p)} if p.fill_last else {}),
+                    **(per_arm_fill(work, p, {a.spec: caps[a.spec]["slots"] for a in arms}, args.concurrency)
+                       if p.fill_per_arm else {}),
                     **({"replay_first": p.replay_first} if p.replay_first else {})} for i, p in enumerate(phases)],
         "block_selection": selection,
         "seeds": list(proto.seeds),

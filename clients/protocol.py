@@ -40,6 +40,10 @@ class ProtocolConfig:
     # the sampled replay as the whole one (clients/report.phase_weights).
     full_fill_last: int | None = None
     full_replay_first: int | None = None
+    # --full-fill-last auto: each arm fills its own tail, 2 x its slots + the concurrency (full_fill_tail): what
+    # one fixed N must give the arm with the most slots (nr512 at the paper's 28x: 7,272 prompts) the others
+    # do not need, and the fill is most of a full-dataset cell's time
+    full_fill_per_arm: bool = False
 
     def __post_init__(self):
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -52,6 +56,9 @@ class ProtocolConfig:
             raise UserError(f"target fill must be in (0, 1], got {self.target_fill}")
         if self.dense_repeats < 1:
             raise UserError(f"dense repeats must be >= 1, got {self.dense_repeats}")
+        if self.full_fill_per_arm and (not self.full_phase or self.full_fill_last is not None):
+            raise UserError("--full-fill-last auto needs the full-dataset phase (--full-phase or --paper) and no "
+                            "fixed N beside it")
         for name in ("full_fill_last", "full_replay_first"):
             n = getattr(self, name)
             if n is not None and (not self.full_phase or n < 1):
@@ -66,6 +73,7 @@ class Phase:
     blocks: list[tuple[int, int]]
     fill_last: int | None = None       # the full-dataset phase's budget (ProtocolConfig.full_fill_last)
     replay_first: int | None = None    # (ProtocolConfig.full_replay_first)
+    fill_per_arm: bool = False         # its fill's tail is each arm's own (ProtocolConfig.full_fill_per_arm)
 
     @property
     def name(self) -> str:
@@ -82,8 +90,15 @@ def make_phases(slots: dict[str, int], prompts: int, cfg: ProtocolConfig) -> lis
     if cfg.full_phase and (not phases or phases[-1].q < prompts):
         fill = cfg.full_fill_last if cfg.full_fill_last is not None and cfg.full_fill_last < prompts else None
         replay = cfg.full_replay_first if cfg.full_replay_first is not None and cfg.full_replay_first < prompts else None
-        phases.append(Phase(["full dataset"], prompts, [(0, prompts)], fill, replay))
+        phases.append(Phase(["full dataset"], prompts, [(0, prompts)], fill, replay, cfg.full_fill_per_arm))
     return phases
+
+
+def full_fill_tail(slots: int, concurrency: int) -> int:
+    """The fill tail that leaves an arm's cache as the whole fill leaves it (LRU: every older checkpoint is
+    evicted first; an older prompt's KV without its checkpoint cannot hit, and goes first when KV runs short):
+    twice the arm's slots, and the requests in flight, whose completions reorder the tail's last sends."""
+    return 2 * slots + concurrency
 
 
 def repeats(index: int, cfg: ProtocolConfig) -> int:
@@ -179,7 +194,7 @@ def unit_phase(unit: str) -> int:
 
 # a budgeted full-dataset phase's entries in a manifest phase (matched_hbm.make_manifest writes them, the result
 # and --plan-only show them): the fill's tail, its requests with the category firsts, the replay's sample
-BUDGET_KEYS = ("fill_last", "fill_requests", "replay_first")
+BUDGET_KEYS = ("fill_last", "fill_requests", "fill_last_by_arm", "fill_requests_by_arm", "replay_first")
 
 
 def phase_budget(phase: dict) -> dict:
@@ -187,12 +202,38 @@ def phase_budget(phase: dict) -> dict:
     return {k: phase[k] for k in BUDGET_KEYS if k in phase}
 
 
-def unit_requests(manifest: dict, unit: str) -> int:
+def _arm_spec(manifest: dict, arm: str | None) -> str | None:
+    """An arm's spec from its manifest key or spec (an in-process twin's key names its arm's spec)."""
+    for a in manifest["arms"]:
+        if arm in (a["key"], a["spec"]):
+            return a["spec"]
+    return None
+
+
+def unit_fill_last(manifest: dict, unit: str, arm: str) -> int | None:
+    """The fill tail of ``arm``'s cell of ``unit`` (None: the whole fill, or the phase's fixed tail)."""
+    phase = manifest["phases"][unit_phase(unit)]
+    by_arm = phase.get("fill_last_by_arm")
+    if by_arm is None:
+        return phase.get("fill_last")
+    spec = _arm_spec(manifest, arm)
+    if spec not in by_arm:
+        raise ValueError(f"the manifest's phase {phase['name']} has no fill tail for arm {arm!r}")
+    return by_arm[spec]
+
+
+def unit_requests(manifest: dict, unit: str, arm: str | None = None) -> int:
     """Requests of one arm's cell of ``unit`` in a manifest (clients.cells): fill and replay of the phase's Q
     prompts, as often as the phase is replayed (a budgeted full-dataset phase: its cut fill with the category
-    firsts, and its replay sample)."""
+    firsts, and its replay sample). With per-arm fill tails, ``arm``'s (key or spec); no arm: the most of any."""
     phase = manifest["phases"][unit_phase(unit)]
-    return ((phase.get("fill_requests") or phase["q"]) + (phase.get("replay_first") or phase["q"])) * phase["repeats"]
+    by_arm = phase.get("fill_requests_by_arm")
+    if by_arm:
+        spec = _arm_spec(manifest, arm)
+        fill = by_arm[spec] if spec in by_arm else max(by_arm.values())
+    else:
+        fill = phase.get("fill_requests") or phase["q"]
+    return (fill + (phase.get("replay_first") or phase["q"])) * phase["repeats"]
 
 
 def units(phases: list[Phase], cfg: ProtocolConfig) -> list[tuple[int, int, int]]:
@@ -202,16 +243,20 @@ def units(phases: list[Phase], cfg: ProtocolConfig) -> list[tuple[int, int, int]
 
 
 def run_cell(target, work: Workload, phases: list[Phase], unit: tuple[int, int, int], cfg: ProtocolConfig,
-             progress=None) -> list[dict]:
-    """One cell: its block replayed repeats(phase) times, each flush -> fill -> shuffle -> timed replay."""
+             progress=None, fill_last: int | None = None) -> list[dict]:
+    """One cell: its block replayed repeats(phase) times, each flush -> fill -> shuffle -> timed replay.
+    ``fill_last``: the arm's own fill tail (a phase with per-arm tails; unit_fill_last), else the phase's."""
     i, b, seed = unit
     phase = phases[i]
+    if phase.fill_per_arm and fill_last is None:
+        raise ValueError(f"phase {phase.name} fills a tail per arm: run_cell needs the arm's fill_last")
+    fill_last = fill_last if phase.fill_per_arm else phase.fill_last
     lo, hi = b * phase.q, (b + 1) * phase.q
     out = []
     for rep in range(repeats(i, cfg)):
         if progress is not None:
             progress.update(0, note=f"{phase.name} seed {seed}")
-        rec = run_block(target, work, lo, hi, seed, cfg, progress, phase.fill_last, phase.replay_first)
+        rec = run_block(target, work, lo, hi, seed, cfg, progress, fill_last, phase.replay_first)
         out.append({"phase": phase.name, "q": phase.q, "block": b, "repeat": rep, **rec})
     return out
 

@@ -115,31 +115,38 @@ class CallBudget:
         self.stopped = None         # (arm, unit) of the first unit not started
         self.too_long = None        # seconds a fresh call would need for it, where that is over ``length``
 
-    def record_unit(self, unit: str, seconds: float) -> None:
-        r = seconds / max(1, self.requests(unit))
+    def _requests(self, unit: str, arm: str | None) -> int:
+        # ``requests(unit, arm)`` where an arm's cell has its own size (per-arm fill tails), else ``requests(unit)``
+        return self.requests(unit) if arm is None else self.requests(unit, arm)
+
+    def record_unit(self, unit: str, seconds: float, arm: str | None = None) -> None:
+        r = seconds / max(1, self._requests(unit, arm))
         self.rate = r if self.rate is None else max(self.rate, r)
 
     def record_start(self, seconds: float) -> None:
         self.start_s = max(self.start_s, seconds)
 
-    def cost(self, units, rate: float | None = None) -> float:
+    def cost(self, units, rate: float | None = None, arm: str | None = None) -> float:
         rate = self.rate if rate is None else rate
-        return sum(max(rate or 0.0, self.known_rate(u) or 0.0) * self.requests(u) for u in units)
+        return sum(max(rate or 0.0, self.known_rate(u) or 0.0) * self._requests(u, arm) for u in units)
 
-    def _owed(self, unit: str, later: list[list[str]], rate: float | None, start: float) -> float:
-        return self.cost([unit], rate) + sum(start + self.cost(us, rate) for us in later if us)
+    def _owed(self, unit: str, later: list, rate: float | None, start: float, arm: str | None) -> float:
+        # ``later``: each later arm's units, as a list, or (arm, list) where cells differ by arm
+        later = [x if isinstance(x, tuple) else (None, x) for x in later]
+        return self.cost([unit], rate, arm) + sum(start + self.cost(us, rate, a) for a, us in later if us)
 
-    def fits(self, unit: str, later: list[list[str]], first: bool) -> bool:
-        """Whether to start ``unit``; ``later``: for each arm after this one, the units it will then owe."""
+    def fits(self, unit: str, later: list, first: bool, arm: str | None = None) -> bool:
+        """Whether to start ``arm``'s ``unit``; ``later``: for each arm after this one, the units it will then
+        owe (a list, or (arm, list))."""
         if not first:
-            return self.clock() + self._owed(unit, later, None, self.start_s) <= self.deadline
+            return self.clock() + self._owed(unit, later, None, self.start_s, arm) <= self.deadline
         if None in (self.length, self.prior_rate, self.prior_start):
             return True
         rate = self.rate if self.rate is not None else self.prior_rate
-        if self.clock() + self._owed(unit, later, rate, max(self.start_s, self.prior_start)) <= self.deadline:
+        if self.clock() + self._owed(unit, later, rate, max(self.start_s, self.prior_start), arm) <= self.deadline:
             return True
         # a fresh call: its own server start, then this unit and what the later arms owe, all warm
-        fresh = self.prior_start + self._owed(unit, later, rate, self.prior_start)
+        fresh = self.prior_start + self._owed(unit, later, rate, self.prior_start, arm)
         if fresh > self.length:
             self.too_long = fresh
         return False
@@ -153,11 +160,11 @@ def run_cells(target, store, arm: dict, units: list[str], ctx, call: str, commit
     """The arm's ``units`` against ``target`` (closed afterwards); each cell written as it ends. ``gate(i, u)``:
     whether to start the i-th unit (a call's deadline; None: all of them); ``record(u, seconds)``: told of each."""
     from clients.progress import Progress
-    from clients.protocol import unit_requests
+    from clients.protocol import unit_fill_last, unit_requests
     phases, work, proto = ctx.phases, ctx.work, ctx.proto
     by_key = {unit_key(*u): u for u in ctx.units}
     try:
-        n = sum(unit_requests(store.manifest, u) for u in units)
+        n = sum(unit_requests(store.manifest, u, arm["key"]) for u in units)
         bar = Progress(n, label)
         t0 = time.perf_counter()
         check = _check_plan(arm, target.control("stats"))
@@ -167,7 +174,8 @@ def run_cells(target, store, arm: dict, units: list[str], ctx, call: str, commit
                 break
             before = target.control("stats")
             c0 = time.perf_counter()
-            blocks = run_cell(target, work, phases, by_key[u], proto, bar)
+            blocks = run_cell(target, work, phases, by_key[u], proto, bar,
+                              fill_last=unit_fill_last(store.manifest, u, arm["key"]))
             after = target.control("stats")
             seconds = time.perf_counter() - c0
             store.write(arm["key"], u, call, commit, {"seconds": seconds, "blocks": blocks,
@@ -224,7 +232,7 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
     budget = None
     if deadline is not None:
         from clients.protocol import unit_requests
-        requests = lambda u: unit_requests(manifest, u)  # noqa: E731
+        requests = lambda u, arm=None: unit_requests(manifest, u, arm)  # noqa: E731  (an arm's own fill tail)
         # the priors (GPU only: a CPU run keeps "an arm's first unit always runs")
         gpu = str(getattr(args, "device", "cpu")).startswith("cuda")
         from clients.cells_estimate import phase_rates, ready_prior
@@ -268,11 +276,12 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
                 # what the later arms then owe: their units among those this arm (the baseline) or the baseline
                 # has measured in this call, up to this one
                 upto = set(us[:i + 1]) if key == base else set(base_ran or us)
-                ok = budget.fits(u, [[x for x in lus if x in upto] for _, lus in later], i == 0)
+                ok = budget.fits(u, [(lk, [x for x in lus if x in upto]) for lk, lus in later], i == 0, key)
                 if not ok and budget.stopped is None:
                     budget.stopped = (key, u)
                 return ok
-            record, started = budget.record_unit, budget.record_start
+            record = lambda u, seconds, key=key: budget.record_unit(u, seconds, key)  # noqa: E731
+            started = budget.record_start
         if not us:
             continue
         try:

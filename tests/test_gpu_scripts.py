@@ -103,6 +103,11 @@ def test_matched_cells_full_sample_is_passed_and_named(tmp_path):
     assert _flag(args, "--cells-dir") == "/tmp/cells/mh_kimi48_full_b1_fs3300_prompt_only_hr21.27_cabc1234"
     rc, output, args = _matched_call(tmp_path / "none", gpus=1)
     assert "--full-fill-last" not in args and "--full-replay-first" not in args
+    # each arm its own fill tail: another manifest, its own directory
+    rc, output, args = _matched_call(tmp_path / "auto", gpus=1, FULL_SAMPLE="3300", FULL_FILL="auto")
+    assert rc == 0, output
+    assert _flag(args, "--full-fill-last") == "auto" and _flag(args, "--full-replay-first") == "3300"
+    assert _flag(args, "--cells-dir") == "/tmp/cells/mh_kimi48_full_b1_fs3300_ffauto_prompt_only_hr21.27_cabc1234"
 
 
 def test_matched_cells_engine_speed_ablation_is_passed_and_named(tmp_path):

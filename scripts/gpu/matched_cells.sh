@@ -73,6 +73,10 @@ MODEL=${MODEL:-kimi48}
 # minutes an arm): fill only the last N prompts of its fill order and replay the first N of the seeded shuffle
 # (clients/protocol.ProtocolConfig: what the tail leaves is what the whole fill leaves; the replay a uniform
 # sample, weighted as the whole). Another manifest: _fs<N> in the directory's name.
+# FULL_FILL=auto (with FULL_SAMPLE): each arm fills its own tail, 2 x its slots + 96, and replays the first
+# FULL_SAMPLE: with the decay profile fitted to the paper's capacities (12-07) nr512 holds ~3,590 checkpoints, so
+# one N for every arm would be >= 7,272 and dense would fill 7,272 prompts where 350 leave what the whole fill
+# leaves. Another manifest: _ff<FULL_FILL> in the directory's name.
 case "${ARM_SET:-paper}" in
   paper) ARMS=dense,nr16,nr64,nr128,nr512,wr16,wr64,nr16+int8; SET_TAG= ;;
   precision) ARMS=dense,nr16,nr16+int8,nr16+horizon+conv-int8; SET_TAG=_precision ;;
@@ -88,7 +92,7 @@ esac
 # STEP_DELAY_MS=<ms> / STEP_SLOWDOWN=<x>: the engine-speed ablation (issue 33: a missed target, the engine's speed or
 # the workload's scale?): every arm's engine held that much more a step (clients.matched_hbm --step-delay-ms /
 # --step-slowdown); another manifest, so _delay<ms> / _slow<x> in the directory's name
-CELLS=${CELLS:-benchmarks/cells/mh_${TAG}${SET_TAG}_full_b${BLOCKS:-all}${FULL_SAMPLE:+_fs$FULL_SAMPLE}${STEP_DELAY_MS:+_delay$STEP_DELAY_MS}${STEP_SLOWDOWN:+_slow$STEP_SLOWDOWN}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
+CELLS=${CELLS:-benchmarks/cells/mh_${TAG}${SET_TAG}_full_b${BLOCKS:-all}${FULL_SAMPLE:+_fs$FULL_SAMPLE}${FULL_FILL:+_ff$FULL_FILL}${STEP_DELAY_MS:+_delay$STEP_DELAY_MS}${STEP_SLOWDOWN:+_slow$STEP_SLOWDOWN}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
 cells_work "$CELLS"            # sets WORK (prelude.sh)
 touch /tmp/matched_cells.marker
 # what is left of the call after the prelude, less the time to stop the last server and pack the results
@@ -99,7 +103,7 @@ timeout $((DEADLINE + 40)) python3 -m clients.matched_hbm --paper \
   --arms "$ARMS" --call-arms "${CALL_ARMS:-nr16}" \
   --device cuda --dtype bfloat16 --max-batch-size 96 --memory-limit-bytes device \
   ${BLOCKS:+--blocks-per-phase "$BLOCKS"} ${HEADROOM:+--memory-headroom-gib "$HEADROOM"} \
-  ${FULL_SAMPLE:+--full-fill-last "$FULL_SAMPLE" --full-replay-first "$FULL_SAMPLE"} \
+  ${FULL_SAMPLE:+--full-fill-last "${FULL_FILL:-$FULL_SAMPLE}" --full-replay-first "$FULL_SAMPLE"} \
   ${STEP_DELAY_MS:+--step-delay-ms "$STEP_DELAY_MS"} ${STEP_SLOWDOWN:+--step-slowdown "$STEP_SLOWDOWN"} \
   $([ "${BRANCH:-0}" = 1 ] && echo --branch-checkpoints) --cells-dir "$WORK" --call-deadline-s "$DEADLINE" \
   --out /tmp/matched_cells --kernel-cache "$CACHE" --json "$OUT/matched_hbm_${TAG}${SET_TAG}_full.json" --plot none \

@@ -147,3 +147,47 @@ def test_a_sampled_phase_weighs_its_hits_once():
     assert abs(new["ttft_mean_ms"] - mean) < 0.3 * abs(old["ttft_mean_ms"] - mean), (new, old, mean)
     # no strata past the sample, or without a reach: the phase weight alone
     assert sampled_strata(phases, r) == {} and sampled_strata(phases, None) == {}
+
+
+def test_per_arm_tails_each_leave_what_the_whole_fill_leaves():
+    """--full-fill-last auto: each arm fills 2 x its own slots + in flight. The rule holds per arm (its own
+    slots are what the tail must overflow), and one arm's tail is not enough for an arm with more slots, so the
+    tail must be the arm's own, never the smallest."""
+    from clients.protocol import full_fill_tail
+    for slots in (30, 100):
+        assert _replay(full_fill_tail(slots, 1), slots=slots) == _replay(None, slots=slots)
+    assert _replay(full_fill_tail(30, 1), slots=100) != _replay(None, slots=100)
+
+
+def test_per_arm_tails_are_fixed_in_the_manifest_and_counted_per_arm():
+    from clients.matched_hbm import per_arm_fill
+    from clients.protocol import run_cell, unit_fill_last
+    work = build_workload(WorkloadConfig(vocab=500, prompts=1000, scale=0.02))
+    cfg = ProtocolConfig(seeds=(42,), full_phase=True, full_fill_per_arm=True, full_replay_first=250)
+    phases = make_phases({"dense": 40, "nr16": 100}, 1000, cfg)
+    full = phases[-1]
+    assert (full.fill_last, full.fill_per_arm, full.replay_first) == (None, True, 250)
+    budget = per_arm_fill(work, full, {"dense": 40, "nr16": 100, "nr512": 600}, concurrency=8)
+    # by hand: 2 x slots + 8 in flight; the fill sends the 14 category firsts before its tail; a tail past the
+    # block's other prompts (1000 - 14) is the whole fill
+    assert budget["fill_last_by_arm"] == {"dense": 88, "nr16": 208, "nr512": 1208}
+    assert budget["fill_requests_by_arm"] == {"dense": 14 + 88, "nr16": 14 + 208, "nr512": 1000}
+    manifest = {"arms": [{"key": "dense", "spec": "dense"}, {"key": "nr16", "spec": "nr16"},
+                         {"key": "nr16@in-process", "spec": "nr16"}, {"key": "nr512", "spec": "nr512"}],
+                "phases": [{"name": p.name, "q": p.q, "repeats": 1, "blocks_in_dataset": 1000 // p.q,
+                            "blocks": p.blocks[:1]} for p in phases[:-1]]
+                + [{"name": full.name, "q": 1000, "repeats": 1, "blocks_in_dataset": 1, "blocks": [[0, 1000]],
+                    "replay_first": 250, **budget}]}
+    unit = f"p{len(phases) - 1}-b0-s42"
+    assert unit_requests(manifest, unit, "dense") == 102 + 250
+    assert unit_requests(manifest, unit, "nr16@in-process") == 222 + 250      # the twin fills as its arm
+    assert unit_requests(manifest, unit) == 1000 + 250                         # no arm: the most of any
+    assert unit_fill_last(manifest, unit, "nr16") == 208
+    assert unit_fill_last(manifest, "p0-b0-s42", "nr16") is None               # a phase run whole
+    with pytest.raises(ValueError, match="no fill tail for arm 'wr16'"):
+        unit_fill_last(manifest, unit, "wr16")
+    # a cell of a per-arm phase without the arm's tail is refused before anything is sent
+    with pytest.raises(ValueError, match="needs the arm's fill_last"):
+        run_cell(None, work, phases, (len(phases) - 1, 0, 42), cfg)
+    with pytest.raises(UserError, match="no fixed N beside it"):
+        ProtocolConfig(full_phase=True, full_fill_per_arm=True, full_fill_last=300)
