@@ -64,12 +64,12 @@ check_serve || exit 3
 # nvidia-h200-x2, the run's placement off and the issue's other two placements at W=16 as arms of their own;
 # its 21.27 GiB headroom is Kimi's TP1 measurement, not yet checked at TP2)
 MODEL=${MODEL:-kimi48}
-# ARM_SET=paper (default): the paper's eight arms; ARM_SET=precision: issue 35's serving arms, the 12.35x point
-# (bare +horizon, dasc-build's default bands, with the 8-bit conv state: 1,568 slots against dense's 127 at the
-# H200's memory) beside dense, nr16 and nr16+int8, in a cells directory of its own (_precision in its name:
-# another arm list is another manifest). The phases are the paper's either way.
-# FULL_SAMPLE=<N> (>= 2 x the most slots of any arm + 96: 2,844 for the paper set, 3,232 for the precision set at
-# the H200's memory): the full-dataset phase within a session (its whole fill and replay take a 48B server ~25
+# ARM_SET=paper (default): the paper's eight arms; ARM_SET=precision: issue 35's serving arms, the 13.09x point
+# (bare +horizon, dasc-build's default bands, with the 8-bit conv state: 1,663 slots against dense's 127 at the
+# H200's memory; 12.35x / 1,568 with the first decay profile) beside dense, nr16 and nr16+int8, in a cells
+# directory of its own (_precision in its name: another arm list is another manifest). The phases are the paper's.
+# FULL_SAMPLE=<N> (>= 2 x the most slots of any arm + 96: 7,272 for the paper set, 3,422 for the precision set at
+# the H200's memory; 2,844 / 3,232 with the first decay profile): the full-dataset phase within a session (its whole fill and replay take a 48B server ~25
 # minutes an arm): fill only the last N prompts of its fill order and replay the first N of the seeded shuffle
 # (clients/protocol.ProtocolConfig: what the tail leaves is what the whole fill leaves; the replay a uniform
 # sample, weighted as the whole). Another manifest: _fs<N> in the directory's name.

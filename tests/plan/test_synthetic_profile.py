@@ -63,14 +63,13 @@ def test_default_profile_tail_recomputed_from_tensors(arch, kept_past_512, synth
     assert low < np.mean(horizon > 512) < high
 
 
-def test_legacy_profile_kept_for_what_was_built_from_it():
-    """The first profile (quartiles only) still gives its own capacities, and a dummy record names which."""
-    from trtllm_dasc.plan.plan import plan_from_params
-    from trtllm_dasc.plan.synthetic import (DEFAULT_PROFILE, KIMI_48B, LEGACY_PROFILE, profile_decay_params,
-                                            profile_of_record)
-    cfg = HybridConfig.from_dict(dict(KIMI_48B))
-    legacy, _ = plan_from_params(cfg, profile_decay_params(cfg, 0, LEGACY_PROFILE),
-                                 PlanOptions(wmax=512, tp=8, placement="hybrid"))
+def test_legacy_profile_kept_for_what_was_built_from_it(tmp_path):
+    """The first profile (quartiles only) still gives its own capacities (`dasc synth --profile`), and a dummy
+    record names which."""
+    from trtllm_dasc.cli import main
+    from trtllm_dasc.plan.synthetic import DEFAULT_PROFILE, LEGACY_PROFILE, profile_of_record
+    assert main(["synth", "--arch", "kda", "--out", str(tmp_path / "old"), "--profile", LEGACY_PROFILE]) == 0
+    legacy, _ = plan_from_path(str(tmp_path / "old"), PlanOptions(wmax=512, tp=8, placement="hybrid"))
     assert legacy.report()["compression_ckpt"] == pytest.approx(10.74, abs=0.01)   # docs/performance.md, 12-07
     assert profile_of_record(None) == DEFAULT_PROFILE
     assert profile_of_record({"seed": 0}) == LEGACY_PROFILE

@@ -29,8 +29,9 @@ UNIFORM = "uniform"
 # codecs a band may use: every temporal codec (spec.CODECS, whose widths config.unit_byte_parts counts)
 BAND_CODECS = CODECS
 # the default bands: INT4 only below 128 tokens of horizon, INT8 above. At W=16, TP8, on the paper-profile
-# checkpoints Kimi-Linear holds 10.21x dense capacity (12.35x with --conv-codec int8; uniform INT8 8.07x) and
-# Qwen3-Next 4.47x (INT8 3.75x) (`python -m benchmarks precision_capacity`). Chosen by the measurements, not
+# checkpoints Kimi-Linear holds 10.72x dense capacity (13.09x with --conv-codec int8; uniform INT8 8.17x) and
+# Qwen3-Next 4.66x (INT8 4.02x) (`python -m benchmarks precision_capacity`; with the first decay profile, before
+# its tails were fitted to the paper's capacities on 12-07: 10.21x, 12.35x, 8.07x and 4.47x, 3.75x). Chosen by the measurements, not
 # by the static decay bound: on a trained KDA an INT4 error outlives its horizon (`benchmarks precision_error`),
 # and the quality runs (docs/quality.md, 270 paired instances) found these bands -0.09 [-0.37, +0.19] points
 # from dense where the earlier default, horizon:1024,8192:int4,int8,native (12.14x), cost -1.39 [-2.87, -0.19]

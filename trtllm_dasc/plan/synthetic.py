@@ -180,7 +180,8 @@ def _prepare_out_dir(out_dir: str, force: bool) -> None:
         raise UserError(f"--out {out_dir}: cannot write there: {e.strerror or e}") from None
 
 
-def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2, force: bool = False) -> str:
+def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2, force: bool = False,
+                     profile: str = DEFAULT_PROFILE) -> str:
     """Write config.json + decay-only safetensors (sharded with an index when shards > 1)."""
     from safetensors.numpy import save_file
 
@@ -189,6 +190,7 @@ def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2, fo
         raise UserError(f"--arch must be kda or gdn, got {arch!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
         raise UserError(f"--seed must be a non-negative integer, got {seed!r}")
+    check_profile(profile)
     raw = dict(MODELS[arch])
     cfg = HybridConfig.from_dict(raw)
     fam = cfg.family
@@ -196,7 +198,7 @@ def write_checkpoint(out_dir: str, arch: str, seed: int = 0, shards: int = 2, fo
         raise UserError(f"--shards must be in 1..{2 * cfg.num_linear_layers} (one per decay tensor at most), "
                         f"got {shards!r}")
     tensors = {}
-    for p in profile_decay_params(cfg, seed):
+    for p in profile_decay_params(cfg, seed, profile):
         prefix = f"model.layers.{p.layer}.{fam.linear_prefix}"
         tensors[prefix + "A_log"] = p.A_log.astype(np.float32).reshape(fam.a_log_view)
         tensors[prefix + "dt_bias"] = p.dt_bias.astype(np.float32)
@@ -230,12 +232,15 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="output directory (created)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shards", type=int, default=2, help="safetensors shards (1 writes model.safetensors)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES),
+                   help=f"decay profile (default {DEFAULT_PROFILE}: fitted to the paper's capacities; "
+                        f"{LEGACY_PROFILE}: the first one, what engines built before 12-07 hold)")
     p.add_argument("--force", action="store_true",
                    help="replace a checkpoint already in --out (its config.json and safetensors files)")
 
 
 def run(args) -> int:
-    out = write_checkpoint(args.out, args.arch, args.seed, args.shards, force=args.force)
+    out = write_checkpoint(args.out, args.arch, args.seed, args.shards, force=args.force, profile=args.profile)
     print(f"wrote synthetic {args.arch} decay checkpoint to {out}")
     return 0
 
