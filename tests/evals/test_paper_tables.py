@@ -227,3 +227,28 @@ def test_table5_counts_only_the_native_conv_random_masks():
     ref = comparisons(arms, resamples=200)["nr_vs_random"][16]
     assert t5["masks"] == ref["masks"] == 5
     assert t5["diff"] == pytest.approx(ref["diff"]) == pytest.approx(0.5)
+
+
+def _one_task_arm(spec, scores):
+    return {"arm": spec, "misses": [], "scores": {"cwe": {"4096": {str(i): {"score": s} for i, s in enumerate(scores)}}}}
+
+
+def test_table2_columns_are_over_the_instances_the_difference_pairs():
+    """An instance one arm lacks: the dense / nr16 columns were each arm's own mean while the difference beside
+    them paired only the common instances (a review helper's case: columns 30.6 points apart next to a
+    difference of -29.3). By hand: dense scores 1 on instances 0-2 and 0 on 3; nr16 lacks instance 3."""
+    result = {"arch": "kda", "tasks": ["cwe"], "lengths": [4096], "instances": 4,
+              "arms": [_one_task_arm("dense", [1.0, 1.0, 1.0, 0.0]), _one_task_arm("nr16", [1.0, 0.0, 1.0])]}
+    row = tables(result, resamples=200)["table2"][0]
+    assert row["nr16_minus_dense_n"] == 3
+    assert (row["dense"], row["nr16"]) == pytest.approx((1.0, 2 / 3))
+    assert row["nr16"] - row["dense"] == pytest.approx(row["nr16_minus_dense_diff"])
+
+
+def test_int8_rows_leave_the_conv_codec_and_horizon_arms_out():
+    """`nr16+int8+conv-int8` was compared with nr16 as "INT8's effect", the conv codec's effect mixed in and the
+    Holm family enlarged (from a review helper)."""
+    result = {"arch": "kda", "tasks": ["cwe"], "lengths": [4096], "instances": 6,
+              "arms": [_one_task_arm("dense", [1.0] * 6), _one_task_arm("nr16", [1.0] * 6),
+                       _one_task_arm("nr16+int8", [1.0] * 6), _one_task_arm("nr16+int8+conv-int8", [0.0] * 6)]}
+    assert [r["arm"] for r in tables(result, resamples=200)["int8"]] == ["nr16+int8"]

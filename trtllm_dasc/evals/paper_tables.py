@@ -119,7 +119,10 @@ def tables(result: dict, resamples: int = 10_000, paper: dict | None = None) -> 
         for task in tasks + ["Avg"]:
             keep = (lambda k, n=n: k[1] == n) if task == "Avg" else (lambda k, n=n, t=task: k[1] == n and k[0] == t)
             col = "Avg" if task == "Avg" else column.get(task)
-            t2.append({"length": n, "task": task, "dense": _mean(dense, keep), "nr16": _mean(nr16, keep),
+            # the columns over the instances both arms scored, as the difference beside them (an instance one
+            # arm lacks would make the columns disagree with the paired difference in the same row)
+            both = (lambda k, keep=keep: keep(k) and k in dense and k in nr16)
+            t2.append({"length": n, "task": task, "dense": _mean(dense, both), "nr16": _mean(nr16, both),
                        "paper_dense": paper_cell("dense", n, col), "paper_nr16": paper_cell("nr16", n, col),
                        **{f"nr16_minus_dense_{k}": v for k, v in _pair(nr16, dense, keep, resamples).items()}})
     sweep = []
@@ -154,7 +157,9 @@ def tables(result: dict, resamples: int = 10_000, paper: dict | None = None) -> 
     gaps = [r["nr16+int8"] - r["nr16"] for r in paper["table4"]["rows"].values()]
     for spec in arms:
         a = parse_arm(spec)
-        if a.codec != "int8" or a.mask_seed is not None or f"{a.policy}{a.wmax}" not in arms:
+        # INT8's own effect: the conv codec and horizon precision are other comparisons (report.comparisons)
+        if (a.codec != "int8" or a.mask_seed is not None or a.conv_codec != DEFAULT_CONV_CODEC
+                or a.precision_kind is not None or f"{a.policy}{a.wmax}" not in arms):
             continue
         for n in lengths:
             int8.append({"arm": spec, "length": n,

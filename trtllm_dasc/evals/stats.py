@@ -39,12 +39,13 @@ def instance_means(scores: Mapping[Hashable, Sequence[float]]) -> dict[Hashable,
 
 def paired_differences(a: Mapping[Hashable, float], b: Mapping[Hashable, float]
                        ) -> tuple[list[Hashable], np.ndarray]:
-    """Per-instance differences a - b over the ids both arms scored, in a's order.
+    """Per-instance differences a - b over the ids both arms scored, in sorted id order (the bootstrap's draws
+    index them: the same scores in another dict order must give the same p).
 
     Ids present in only one arm cannot be paired; they are dropped and a UserWarning says how many
     (and which, for the first few), so a missing instance never passes unnoticed.
     """
-    ids = [instance_id for instance_id in a if instance_id in b]
+    ids = sorted((instance_id for instance_id in a if instance_id in b), key=repr)
     only_a = [instance_id for instance_id in a if instance_id not in b]
     only_b = [instance_id for instance_id in b if instance_id not in a]
     if only_a or only_b:
@@ -97,9 +98,10 @@ def paired_bootstrap(diffs: Sequence[float] | np.ndarray, resamples: int = 10_00
       discrete (0/1 accuracy), so resamples that sit exactly on the boundary are common; ">=" is
       taken with a tolerance of 1e-9 * max|d| so that rounding in the means cannot decide such ties.
 
-    n == 1 or identical differences: every m_b equals the mean, so the CI collapses to it; p is 1.0
-    when that mean is 0 and the minimum 1 / (1 + resamples) otherwise -- the bootstrap then sees no
-    spread at all, so such a p-value says nothing about noise and n must be read alongside it.
+    n == 1: one instance says nothing about noise: the CI collapses to the difference and p is 1.0 (a
+    cell brought down to one instance by misses is never marked significant). Identical differences
+    over n >= 2: every m_b equals the mean, so the CI collapses to it; p is 1.0 when that mean is 0
+    and the minimum 1 / (1 + resamples) otherwise (n instances that all moved the same way).
     """
     diffs = np.asarray(diffs, dtype=float).ravel()
     n = diffs.size
@@ -126,7 +128,7 @@ def paired_bootstrap(diffs: Sequence[float] | np.ndarray, resamples: int = 10_00
     # far above the rounding of a mean of n values (~ n * 1e-16 * max|d|), far below any real gap
     tie_tolerance = 1e-9 * float(np.abs(diffs).max())
     extreme = int(np.count_nonzero(np.abs(boot_means - mean_diff) >= abs(mean_diff) - tie_tolerance))
-    p_value = (1 + extreme) / (1 + resamples)
+    p_value = (1 + extreme) / (1 + resamples) if n > 1 else 1.0
     return PairedResult(n=n, mean_diff=mean_diff, ci_low=float(ci_low), ci_high=float(ci_high),
                         p_value=p_value)
 
