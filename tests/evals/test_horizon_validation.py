@@ -52,6 +52,9 @@ def test_correlations_on_hand_made_observations():
     assert out["H_e"]["median"] == pytest.approx(1.0) and out["H_e"]["pairs"] == 2
     assert out["M_S"]["pairs"] == 1 and out["M_S"]["median"] == pytest.approx(-1.0)
     assert out["M_R"]["median"] == pytest.approx(0.8)            # ranks 1,3,2,4 against 1,2,3,4
+    # the per-pair rhos behind each summary (so a result file can be audited): the flat layer's M_S has none
+    assert [p[:2] for p in out["M_S"]["rhos"]] == [[0, 0], [0, 1]] and out["M_S"]["rhos"][1][2] is None
+    assert out["M_R"]["rhos"][0] == [0, 0, pytest.approx(0.8)]
     with pytest.raises(ValueError, match="observed layers"):
         correlate([hs], [[ob, flat]], eps)
 

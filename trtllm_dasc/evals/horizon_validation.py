@@ -90,13 +90,16 @@ def observe(model, prompts: list[list[int]]) -> list[list[LayerObservation]]:
 
 def correlate(static: list[np.ndarray], observations: list[list[LayerObservation]], eps: float = 1e-3) -> dict:
     """Spearman rho(H_s, signal) per (prefix, layer), then median and IQR per signal. A layer whose static
-    horizons are all equal (or infinite everywhere) gives no correlation and is skipped, and counted."""
+    horizons are all equal (or infinite everywhere) gives no correlation and is skipped, and counted. Each
+    signal's per-pair rhos are kept too (``rhos``: [prefix, layer, rho] rows), so the summary can be
+    recomputed from the result file alone."""
     rhos = {s: [] for s in SIGNALS}
+    pairs = {s: [] for s in SIGNALS}
     skipped = 0
-    for per_layer in observations:
+    for prefix, per_layer in enumerate(observations):
         if len(per_layer) != len(static):
             raise ValueError(f"{len(per_layer)} observed layers for {len(static)} static horizon lists")
-        for hs, ob in zip(static, per_layer):
+        for layer, (hs, ob) in enumerate(zip(static, per_layer)):
             # ranks only: an infinite H_s (a unit that never decays) ranks above every finite one
             hs_rank = np.where(np.isinf(hs), np.finfo(np.float64).max, hs)
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -108,10 +111,11 @@ def correlate(static: list[np.ndarray], observations: list[list[LayerObservation
                 continue
             for s in SIGNALS:
                 rhos[s].append(got[s])
+                pairs[s].append([prefix, layer, None if math.isnan(got[s]) else got[s]])
     summary = {}
     for s in SIGNALS:
         med, q1, q3 = median_iqr(rhos[s])
-        summary[s] = {"median": med, "iqr": [q1, q3], "pairs": int(np.sum(~np.isnan(rhos[s])))}
+        summary[s] = {"median": med, "iqr": [q1, q3], "pairs": int(np.sum(~np.isnan(rhos[s]))), "rhos": pairs[s]}
     summary["skipped_pairs"] = skipped
     return summary
 
