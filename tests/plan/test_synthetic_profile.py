@@ -76,5 +76,5 @@ def test_legacy_profile_kept_for_what_was_built_from_it(tmp_path):
     assert profile_of_record({"seed": 0, "decay_profile":
                               "the planner's paper-shaped profile (trtllm_dasc/plan/synthetic.py)"}) == LEGACY_PROFILE
     assert profile_of_record({"seed": 0, "decay_profile": LEGACY_PROFILE}) == LEGACY_PROFILE
-    with pytest.raises(UserError, match="decay profile must be one of"):
+    with pytest.raises(UserError, match="names decay profile 'flat': it must be one of"):
         profile_of_record({"seed": 0, "decay_profile": "flat"})

@@ -83,7 +83,12 @@ def profile_of_record(record: dict | None) -> str:
     if record is None:
         return DEFAULT_PROFILE
     name = record.get("decay_profile", _UNNAMED_RECORD)
-    return LEGACY_PROFILE if name == _UNNAMED_RECORD else check_profile(name)
+    if name == _UNNAMED_RECORD:
+        return LEGACY_PROFILE
+    if not isinstance(name, str) or name not in PROFILES:
+        raise UserError(f"the dummy-weights record (dummy_weights.json) names decay profile {name!r}: it must be "
+                        f"one of {', '.join(PROFILES)}")
+    return name
 
 
 # shapes of the released models (../shared/reference), embedded so a fresh clone needs nothing else
