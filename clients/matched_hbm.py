@@ -236,6 +236,12 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
         raise UserError(f"--step-delay-ms must be from 0 to {MAX_STEP_DELAY_S * 1000:g}, got {args.step_delay_ms}")
     if not 1 <= args.step_slowdown <= MAX_STEP_SLOWDOWN:
         raise UserError(f"--step-slowdown must be from 1 to {MAX_STEP_SLOWDOWN:g}, got {args.step_slowdown}")
+    if args.full_fill_last is not None and not args.prompt_only:
+        # the cut fill leaves what the whole fill leaves only where checkpoints sit at prompt ends: the engine's
+        # branch points of shared prefixes, stored by older prompts the cut fill never sends, still hit
+        # (a review helper: cached replay tokens 280 cut against 351 whole for dense)
+        raise UserError("--full-fill-last cuts the full phase's fill, which is exact with prompt-end checkpoints "
+                        "only (--prompt-only, the --paper default): leave out --branch-checkpoints")
     proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,
                            blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill,
                            dense_repeats=args.dense_repeats, full_phase=args.full_phase, block_seed=args.block_seed,
@@ -571,7 +577,9 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
            **({"kv_cache": manifest["config"]["kv_cache"]} if "kv_cache" in manifest["config"] else {}),
            "units": len(manifest["units"]), "cells": len(manifest["units"]) * len(manifest["arms"]),
            "cells_done": done, "units_pending": pending,
-           "requests_per_arm": sum(unit_requests(manifest, u) for u in manifest["units"]),
+           "requests_per_arm": sum(unit_requests(manifest, u) for u in manifest["units"]),   # the most of any arm
+           "requests_by_arm": {a["key"]: sum(unit_requests(manifest, u, a["key"]) for u in manifest["units"])
+                               for a in manifest["arms"]},
            # seconds of device time for the cells left (clients/cells_estimate.py: two schedules)
            "device_time_left": left}
     print(json.dumps(out, indent=1))

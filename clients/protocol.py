@@ -107,6 +107,7 @@ def repeats(index: int, cfg: ProtocolConfig) -> int:
 
 
 def requests_per_arm(phases: list[Phase], cfg: ProtocolConfig) -> int:
+    """Requests of one arm over every unit; a phase with per-arm fill tails counts its whole fill (the most)."""
     return len(cfg.seeds) * sum(((p.fill_last or p.q) + (p.replay_first or p.q)) * len(p.blocks) * repeats(i, cfg)
                                 for i, p in enumerate(phases))
 
@@ -263,6 +264,8 @@ def run_cell(target, work: Workload, phases: list[Phase], unit: tuple[int, int, 
 
 def run_protocol(target, work: Workload, phases: list[Phase], cfg: ProtocolConfig, progress=None) -> list[dict]:
     """Every phase, seed and block against one target; a list of block records."""
+    if any(p.fill_per_arm for p in phases):
+        raise ValueError("a phase fills a tail per arm: run it by cells (run_cell with the arm's fill_last)")
     out = []
     for i, phase in enumerate(phases):
         for seed in cfg.seeds:

@@ -108,6 +108,9 @@ def test_matched_cells_full_sample_is_passed_and_named(tmp_path):
     assert rc == 0, output
     assert _flag(args, "--full-fill-last") == "auto" and _flag(args, "--full-replay-first") == "3300"
     assert _flag(args, "--cells-dir") == "/tmp/cells/mh_kimi48_full_b1_fs3300_ffauto_prompt_only_hr21.27_cabc1234"
+    # alone it would name a directory _ffauto whose phase runs whole (from a review helper)
+    rc, output, args = _matched_call(tmp_path / "alone", gpus=1, FULL_FILL="auto")
+    assert rc == 2 and "FULL_FILL=auto needs FULL_SAMPLE" in output and args == []
 
 
 def test_matched_cells_engine_speed_ablation_is_passed_and_named(tmp_path):

@@ -92,6 +92,9 @@ esac
 # STEP_DELAY_MS=<ms> / STEP_SLOWDOWN=<x>: the engine-speed ablation (issue 33: a missed target, the engine's speed or
 # the workload's scale?): every arm's engine held that much more a step (clients.matched_hbm --step-delay-ms /
 # --step-slowdown); another manifest, so _delay<ms> / _slow<x> in the directory's name
+if [ -n "${FULL_FILL:-}" ] && [ -z "${FULL_SAMPLE:-}" ]; then
+  echo "FULL_FILL=$FULL_FILL needs FULL_SAMPLE (the replay sample): without it the phase runs whole"; exit 2
+fi
 CELLS=${CELLS:-benchmarks/cells/mh_${TAG}${SET_TAG}_full_b${BLOCKS:-all}${FULL_SAMPLE:+_fs$FULL_SAMPLE}${FULL_FILL:+_ff$FULL_FILL}${STEP_DELAY_MS:+_delay$STEP_DELAY_MS}${STEP_SLOWDOWN:+_slow$STEP_SLOWDOWN}_$([ "${BRANCH:-0}" = 1 ] && echo branch || echo prompt_only)_hr${HEADROOM:-21.27}_c${COMMIT:-HEAD}}
 cells_work "$CELLS"            # sets WORK (prelude.sh)
 touch /tmp/matched_cells.marker

@@ -191,3 +191,18 @@ def test_per_arm_tails_are_fixed_in_the_manifest_and_counted_per_arm():
         run_cell(None, work, phases, (len(phases) - 1, 0, 42), cfg)
     with pytest.raises(UserError, match="no fixed N beside it"):
         ProtocolConfig(full_phase=True, full_fill_per_arm=True, full_fill_last=300)
+    from clients.protocol import run_protocol
+    with pytest.raises(ValueError, match="run it by cells"):
+        run_protocol(None, work, phases, cfg)
+
+
+def test_a_cut_fill_needs_prompt_end_checkpoints(capsys):
+    """Branch checkpoints of shared prefixes stored by prompts the cut fill never sends would hit in a whole
+    fill's replay (a review helper: 351 cached replay tokens whole against 280 cut): refused in one line."""
+    from clients.matched_hbm import main
+    args = ["--model", "tests/data/kimi-linear-48b-a3b.config.json", "--load-format", "dummy", "--arms", "dense",
+            "--full-phase", "--full-fill-last", "auto", "--full-replay-first", "100", "--plan-only",
+            "--dense-slots", "4", "--prompts", "400", "--scale", "0.02", "--device", "cpu"]
+    assert main([*args, "--branch-checkpoints"]) == 2
+    assert "exact with prompt-end checkpoints only" in capsys.readouterr().err
+    assert main([*args, "--prompt-only"]) == 0
