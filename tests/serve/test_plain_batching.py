@@ -69,6 +69,33 @@ def test_plain_output_holds_prompt_and_tokens(server):
     assert len(ids) == 5
 
 
+def test_a_plain_batch_is_refused_not_cut_to_one_sequence(server):
+    """The plain forwarder kept only the engine model's last response: a batch of two came back as entry 1
+    alone, no error (a review helper). TensorRT-LLM answers every entry; a plain response holds one, so ours
+    refuses in one line, as docs/design.md says."""
+    client = grpc.InferenceServerClient(server.grpc_url)
+    values = {"input_ids": np.array([[1, 2, 3], [4, 5, 0]], np.int32),
+              "input_lengths": np.array([[3], [2]], np.int32), "request_output_len": np.array([[2], [2]], np.int32)}
+    inputs = []
+    for name, arr in values.items():
+        inputs.append(grpc.InferInput(name, list(arr.shape), _triton_dtype(arr)))
+        inputs[-1].set_data_from_numpy(arr)
+    with pytest.raises(Exception, match="a batch of 2 sequences needs the decoupled model"):
+        client.infer("tensorrt_llm", inputs)
+
+
+def test_an_output_past_the_context_is_cut_to_fit_as_tensorrt_llm_does(server):
+    """A prompt that fits with request_output_len past the max context (512): TensorRT-LLM's
+    LlmRequest::validate lowers the output length with a warning rather than refusing; so does ours."""
+    prompt = [11, 42, 7] * 168                                   # 504 tokens: 8 left of the context
+    client = grpc.InferenceServerClient(server.grpc_url)
+    result = client.infer("tensorrt_llm", triton_inputs(grpc, prompt, 100))
+    ids = result.as_numpy("output_ids").reshape(-1).tolist()
+    assert ids[:len(prompt)] == prompt and len(ids) == 512
+    with pytest.raises(Exception, match="exceeds the max context"):           # no room at all: still refused
+        client.infer("tensorrt_llm", triton_inputs(grpc, [11] * 512, 4))
+
+
 def test_short_plain_request_is_not_queued_behind_a_long_one(server):
     long_t, long_box = run_in_thread(plain, server, 400)
     # the long request is generating when the short one arrives

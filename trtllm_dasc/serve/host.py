@@ -54,6 +54,20 @@ def dummy_notice(engine_dir: str | EngineDir) -> str | None:
             + (f", {w['released_shapes']} shapes" if w.get("released_shapes") else "") + ")")
 
 
+def _cap_output_len(gen, max_context: int) -> None:
+    """TensorRT-LLM's rule (LlmRequest::validate): a prompt that fits leaves its request_output_len cut to the
+    context left, with a warning, rather than refused (clients that send a large max_tokens are served); a
+    prompt that fills the context, or bad values, are left to the engine's one-line refusals."""
+    try:
+        prompt, asked = len(gen.prompt), int(gen.max_new_tokens)
+    except (TypeError, ValueError):
+        return
+    if 0 < prompt < max_context and asked > max_context - prompt:
+        log.warning("request_output_len %d with a prompt of %d tokens exceeds the max context of %d: changed to %d",
+                    asked, prompt, max_context, max_context - prompt)
+        gen.max_new_tokens = max_context - prompt
+
+
 class EngineHost:
     def __init__(self, engine_dir: str, *, decoupled: bool = True, exclude_input_default: bool = False,
                  warmup: bool = True):
@@ -134,6 +148,8 @@ class EngineHost:
             # answers each entry with its batch_index): refused, never answered with one entry of the batch
             raise UserError(f"input_ids: a batch of {len(parsed)} sequences needs the decoupled model (build "
                             "without --no-decoupled), or send one request per sequence")
+        for sreq in parsed:
+            _cap_output_len(sreq.gen, self.engine.cfg.max_context)
         group = _Group(len(parsed), sink, self.engine.abort, lambda g: self._unregister(triton_id, g))
         # engine ids are ours: Triton ids may be empty or repeat across clients
         for sreq in parsed:

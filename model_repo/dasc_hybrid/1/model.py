@@ -79,6 +79,11 @@ class TritonPythonModel:
                 if t.name() == "streaming" and t.as_numpy().any():
                     raise UserError("input 'streaming': streaming needs the decoupled model "
                                     "(build without --no-decoupled)")
+                if t.name() == "input_ids" and t.as_numpy().ndim > 1 and t.as_numpy().shape[0] > 1:
+                    # one response holds one sequence: the engine model answers each entry of a batch on its
+                    # own (batch_index), and only its last answer would come back here
+                    raise UserError(f"input_ids: a batch of {t.as_numpy().shape[0]} sequences needs the decoupled "
+                                    "model (build without --no-decoupled), or send one request per sequence")
             # a stop names the request to end: forwarded with its id unchanged
             is_stop = _is_stop(inputs)
             rid = request.request_id() if is_stop else bls.forward_id(request.request_id(), self.name)
