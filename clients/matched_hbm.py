@@ -586,6 +586,15 @@ def plan_summary(manifest: dict, cells_dir: str | None) -> dict:
     return {**out, "plan_only": True}
 
 
+def gpu_name(device: str) -> str | None:
+    """The card a call ran on (every call's record names it: cells of one directory may come from several
+    machines, and ratios pair cells of one call), None on the CPU."""
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
 def run(args, argv=None, extra: dict | None = None) -> dict:
     """One call: the cells of --arms not yet done in the cells directory (all of them without --cells-dir),
     then the result of every cell there, written to the JSON. ``argv``: the command to record (default:
@@ -637,7 +646,8 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     store = CellStore(args.cells_dir or os.path.join(out_dir, "cells"), manifest, fresh=not args.cells_dir)
     call = new_call_id()
     store.begin_call(call, {"command": prov["command"], "commit": prov["commit"], "started": time.time(),
-                            "gpu": (extra or {}).get("gpu"), "max_units": args.max_units, "call_keys": call_keys})
+                            "gpu": (extra or {}).get("gpu") or gpu_name(args.device), "max_units": args.max_units,
+                            "call_keys": call_keys})
     # the target line before anything is measured (clients/targets.py)
     from clients.targets import TARGET_LINE
     print(f"[matched-hbm] {TARGET_LINE}", file=sys.stderr)

@@ -206,3 +206,14 @@ def test_a_cut_fill_needs_prompt_end_checkpoints(capsys):
     assert main([*args, "--branch-checkpoints"]) == 2
     assert "exact with prompt-end checkpoints only" in capsys.readouterr().err
     assert main([*args, "--prompt-only"]) == 0
+
+
+def test_a_call_names_its_card_on_a_gpu_only(monkeypatch):
+    """calls[].gpu was null in every call of the 48B directories (a review helper): only the benchmarks'
+    wrappers passed it."""
+    import torch
+    from clients.matched_hbm import gpu_name
+    assert gpu_name("cpu") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert gpu_name("cuda") == "NVIDIA H200" and gpu_name("cuda:0") == "NVIDIA H200"
