@@ -289,6 +289,19 @@ def test_a_background_cells_job_outlives_its_call_and_each_poll_returns_the_cell
     assert cells_in_tarball() == {"c1", "c2"} and (out / "k.part").read_text() == "kernels\n"
 
 
+def test_a_poll_on_a_machine_without_the_job_says_so_at_once(tmp_path):
+    """A poll that came late gets a fresh machine: it waited its whole limit (540 s of device time) for a job
+    that is not there (a review helper). Now it says so and stops."""
+    import time
+    env = {**os.environ, "BG_DIR": str(tmp_path / "bg"), "CELLS_ROOT": str(tmp_path / "cells"),
+           "OUT": str(tmp_path / "out")}
+    (tmp_path / "out").mkdir()
+    start = time.time()
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "cells_background.sh"), "poll", "20"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and "no job on this machine" in proc.stdout and time.time() - start < 5
+
+
 def _quality_call(tmp_path, **env) -> tuple[int, str, list[str]]:
     """Run scripts/gpu/quality_evals.sh in a scratch root with stand-ins (nvidia-smi: one GPU; timeout: passes
     its limit on; python3: records the limit and its arguments, one line a call, and the warm-up calls take 2 s);
@@ -426,6 +439,12 @@ def test_a_stage_carried_in_parts_over_two_calls_is_joined_by_the_training_call(
     assert _returned_stage(tmp_path) == f"T[zip:{md5}]"
     rc, output, calls = _train_call(tmp_path, RESUME="1")           # the parts are not joined again
     assert rc == 0 and _returned_stage(tmp_path) == f"T[T[zip:{md5}]]", output
+    # a staging folder carried again (the last carry list repeated): its parts were joined already, so they are
+    # dropped; they stayed unjoinable and refused every later RESUME call (a review helper)
+    _carry_parts(root, ".stage_2", {"ab": p2, "ac": p3})
+    rc, output, calls = _train_call(tmp_path, RESUME="1")
+    assert rc == 0 and "already joined: ignored" in output, output
+    assert _returned_stage(tmp_path) == f"T[T[T[zip:{md5}]]]"
 
 
 def test_parts_that_do_not_join_into_a_whole_stage_are_refused_and_the_kept_stage_survives(tmp_path):

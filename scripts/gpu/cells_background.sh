@@ -24,11 +24,13 @@ CELLS_ROOT=${CELLS_ROOT:-/tmp/cells}
 
 poll() {
   local wait=${1:-540} i
+  # a fresh machine (the last call came more than 30 s late): no job to wait for; say so at once
+  [ -f "$BG/started" ] || { echo "cells_background: no job on this machine (it went cold): the cells since the last poll are lost; start again"; exit 3; }
   for ((i = 0; i < wait; i++)); do [ -f "$BG/rc" ] && break; sleep 1; done
   # the client's progress lines only; the server's own log lines are long and come back with the files
   grep -v "^|\|^+\|^I[0-9]\|^W[0-9]" "$BG/log" 2>/dev/null | tail -n "${TAIL:-25}"
   mkdir -p "$CELLS_ROOT"
-  tar czf "$OUT/cells_all.tgz" -C "$CELLS_ROOT" .
+  tar czf "$OUT/cells_all.tgz" --exclude="*.tmp[0-9]*" -C "$CELLS_ROOT" .
   if [ -f "$BG/rc" ]; then
     echo "cells_background: the job ended, exit code $(cat "$BG/rc")"
     cp -r "$BG/out/." "$OUT/" 2>/dev/null

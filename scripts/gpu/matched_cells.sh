@@ -45,7 +45,8 @@
 #   git checkout --detach $COMMIT && git checkout main -- $CELLS && git reset -q   (the cells, untracked, travel)
 # run the calls and bring the cells back there; then copy $CELLS aside, `git checkout main`, copy it back and
 # commit it on main. Code may change on main meanwhile: the cells measure $COMMIT's code.
-# Bring back after each call: tar xzf $files_at/cells.tgz -C $CELLS (the name the call printed) and commit it;
+# Bring back after each call: tar xzf $files_at/cells.tgz -C $CELLS (the name the call printed) and commit it
+# (cells_background.sh's polls return cells_all.tgz instead, rooted one level up: tar xzf ... -C benchmarks/cells);
 # cat $files_at/matched_kernels.tgz.part-* > .kernel_cache/matched_<n>.tgz (the kernels this call compiled,
 # ~1 MB: keep the files in the lead's checkout so the next session's first call carries them; with them a
 # 48B server was ready in 31-35 s instead of 224 s); and add the autotune records in them to the shipped ones

@@ -43,7 +43,15 @@ for packed in .whl_*/*.whl.tar.xz "$PACKED"/*.whl.tar.xz; do
   rm -rf "$files" "$PACKED/$name" "$PACKED/$name.tar.xz" && touch "$PACKED/$name.installed"
   echo "prelude: installed $name from $packed"
 done
-[ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
+CACHE=/tmp/triton_cache
+mkdir -p $CACHE
+for t in .kernel_cache/*.tgz .kernel_cache_train*/*.tgz .kernel_cache_speed*/*.tgz; do
+  [ -f "$t" ] && tar xzf "$t" -C /tmp
+done
+for d in /tmp/kernels /tmp/train_kernels; do
+  [ -d $d ] && cp -rn $d/. $CACHE/ 2>/dev/null
+done
+[ "${INSTALL_ONLY:-0}" = 1 ] && { echo "prelude: kernel cache $(find $CACHE -type f | wc -l) files"; exit 0; }
 # whole GPUs (MIG instances would add lines to nvidia-smi -L); scripts place jobs on GPU i mod $GPUS
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 [ "$GPUS" -ge 1 ] || { echo "no GPU visible to nvidia-smi"; exit 5; }
@@ -55,14 +63,6 @@ if [ -n "$left" ]; then
   kill -9 $left 2>/dev/null; sleep 3
 fi
 export PYTHONPATH=$PWD
-CACHE=/tmp/triton_cache
-mkdir -p $CACHE
-for t in .kernel_cache/*.tgz .kernel_cache_train*/*.tgz .kernel_cache_speed*/*.tgz; do
-  [ -f "$t" ] && tar xzf "$t" -C /tmp
-done
-for d in /tmp/kernels /tmp/train_kernels; do
-  [ -d $d ] && cp -rn $d/. $CACHE/ 2>/dev/null
-done
 export TRITON_CACHE_DIR=$CACHE
 # return_new_kernels NAME DIR MARKER: the kernels compiled into $CACHE since MARKER's mtime, as DIR/ inside
 # $OUT/NAME.tgz.part-* (parts of 15 MB: a returned file's limit is 16 MiB; `cat` joins them into one .tgz
@@ -100,7 +100,7 @@ cells_work() {
 # compiled since MARKER (NAME_kernels.tgz.part-*) and every arm's server log under SERVERS/<arm>/, named by its
 # arm (one name for all would keep only the last server's)
 return_cells() {
-  tar czf "$OUT/cells.tgz" -C "$WORK" .
+  tar czf "$OUT/cells.tgz" --exclude="*.tmp[0-9]*" -C "$WORK" .
   return_new_kernels "$1_kernels" kernels "$3"
   ls -l "$OUT/$1_kernels.tgz.part-"* 2>/dev/null || echo "$1: no new kernels"
   echo "$1: cells dir ${CELLS:-$WORK}"

@@ -60,7 +60,15 @@ fi
 # moved, not copied: the device keeps ignored folders between calls, and a stage left in the tree would be
 # resumed again by the next call instead of the newer one this call trains
 for f in .stage*/*_stage.pt; do [ -f "$f" ] && mv "$f" "$KEPT/" && echo "stage carried: $f"; done
-for f in .stage*/*_stage.pt.part-*; do [ -f "$f" ] && mv "$f" "$KEPT/parts/" && echo "stage part carried: $f"; done
+for f in .stage*/*_stage.pt.part-*; do
+  [ -f "$f" ] || continue
+  # a part this machine already joined (a staging folder carried again): dropped, or it would stay unjoinable
+  # and refuse every later RESUME call, or join over the newer stage trained since
+  if grep -qx "$(md5sum < "$f" | cut -d' ' -f1)" "$KEPT/parts/joined.md5" 2>/dev/null; then
+    rm -f "$f"; echo "stage part carried again, already joined: ignored: $f"; continue
+  fi
+  mv "$f" "$KEPT/parts/" && echo "stage part carried: $f"
+done
 # return_stage NAME: the kept stage of NAME into $OUT (15 MiB parts when larger) if the call's returns stay under
 # RETURN_BYTES with it; else it says so and leaves it kept for a RETURN_ONLY=1 call
 return_stage() {
@@ -120,7 +128,7 @@ for variant in "${VARIANT_LIST[@]}"; do
       rm -f "$KEPT/${name}_stage.pt.joining"; exit 2
     fi
     mv "$KEPT/${name}_stage.pt.joining" "$KEPT/${name}_stage.pt"
-    echo "variant $name: joined $(echo "$parts" | wc -l) carried parts"; rm -f $parts
+    echo "variant $name: joined $(echo "$parts" | wc -l) carried parts"; md5sum $parts | cut -d' ' -f1 >> "$KEPT/parts/joined.md5"; rm -f $parts
   fi
   # FORK="new=old[,new2=old2]": a variant with no stage of its own starts from a copy of another's (an experiment
   # beside the main run, e.g. kdadrill=kda; list the source variant first, so its carried parts are joined already)
