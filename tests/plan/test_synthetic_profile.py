@@ -8,16 +8,22 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.plan.horizons import decay_factors, read_decay_params
 
 
-@pytest.mark.parametrize("arch,median,q1,q3", [("kda", 0.471, 0.170, 0.774), ("gdn", 0.969, 0.894, 0.997)])
-def test_pooled_decay_quartiles(arch, median, q1, q3, synthetic_kda, synthetic_gdn):
-    path = synthetic_kda if arch == "kda" else synthetic_gdn
+def _stored_alphas(path: str, arch: str) -> np.ndarray:
+    """Every unit's decay factor recomputed independently from the stored tensors:
+    alpha = exp(-exp(A_log) softplus(-0.3 + dt_bias))."""
     cfg = HybridConfig.from_path(path)
-    # recomputed independently from the stored tensors: alpha = exp(-exp(A_log) softplus(-0.3 + dt_bias))
     alphas = []
     for p in read_decay_params(path, cfg):
         rate = np.exp(p.A_log) if arch == "gdn" else np.repeat(np.exp(p.A_log), cfg.key_head_dim)
         alphas.append(np.exp(-rate * np.log1p(np.exp(-0.3 + p.dt_bias))))
-    alphas = np.concatenate(alphas)
+    return np.concatenate(alphas)
+
+
+@pytest.mark.parametrize("arch,median,q1,q3", [("kda", 0.471, 0.170, 0.774), ("gdn", 0.969, 0.894, 0.997)])
+def test_pooled_decay_quartiles(arch, median, q1, q3, synthetic_kda, synthetic_gdn):
+    path = synthetic_kda if arch == "kda" else synthetic_gdn
+    cfg = HybridConfig.from_path(path)
+    alphas = _stored_alphas(path, arch)
     assert np.allclose(alphas, decay_factors(read_decay_params(path, cfg), cfg))
     got = np.quantile(alphas, [0.25, 0.5, 0.75])
     assert got == pytest.approx([q1, median, q3], abs=2e-3)
@@ -52,13 +58,7 @@ def test_default_profile_tail_recomputed_from_tensors(arch, kept_past_512, synth
     """The pooled share of units whose horizon ln(1e-3) / ln(alpha) exceeds 512 tokens, from the stored tensors
     alone: ~0.18% of KDA channels (the paper's 28.04x with the bf16 conv state; the first profile kept 6.1%)
     and ~39% of GDN heads (its 2.48x)."""
-    path = synthetic_kda if arch == "kda" else synthetic_gdn
-    cfg = HybridConfig.from_path(path)
-    alphas = []
-    for p in read_decay_params(path, cfg):
-        rate = np.exp(p.A_log) if arch == "gdn" else np.repeat(np.exp(p.A_log), cfg.key_head_dim)
-        alphas.append(np.exp(-rate * np.log1p(np.exp(-0.3 + p.dt_bias))))
-    horizon = np.log(1e-3) / np.log(np.concatenate(alphas))
+    horizon = np.log(1e-3) / np.log(_stored_alphas(synthetic_kda if arch == "kda" else synthetic_gdn, arch))
     low, high = kept_past_512
     assert low < np.mean(horizon > 512) < high
 
