@@ -10,6 +10,9 @@ the arm's complete ratios (`vs_dense`: every cell of the manifest, each paired w
 call measured); until then it is "not measured", and a partial ratio (`vs_dense_partial`, clients/assemble.py:
 the phases both arms completed) is shown beside the target, never judged against it: the phases the protocol
 weights are not all in it.
+The judged figure became the phase-weighted one at 34b4daf (12-05), after the 3b91433 directory's first cells
+had been seen (a review of 12-07): that directory is a record, never judged; the judged run is a directory
+started after the rule (from 12-07 the one with the fitted decay profile, benchmarks/results/README.md).
 """
 from __future__ import annotations
 
