@@ -116,6 +116,11 @@ def test_chat_with_the_plain_template(stack):
     assert status == 200 and events[-1] == "[DONE]"
     assert events[0]["object"] == "chat.completion.chunk" and events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == want
+    # include_usage: every chunk but the usage one has usage null, the role chunk too (OpenAI's reference; the
+    # role chunk had no usage key: a review helper)
+    status, events = post(front, "/v1/chat/completions", {"messages": messages, "max_tokens": N, "temperature": 0,
+                                                          "stream": True, "stream_options": {"include_usage": True}})
+    assert status == 200 and all(e["usage"] is None for e in events[:-2]) and events[-2]["usage"]
 
 
 def test_models_lists_the_model(stack):
@@ -132,7 +137,7 @@ def test_models_lists_the_model(stack):
     ("n", {"n": 2}), ("logprobs", {"logprobs": 21}), ("logprobs", {"logprobs": "1"}), ("temperature", {"temperature": "hot"}),
     ("temperature", {"temperature": 3}), ("top_p", {"top_p": 1.5}), ("max_tokens", {"max_tokens": 0}),
     ("max_tokens", {"max_tokens": 5000}), ("prompt", {"prompt": {"a": 1}}), ("prompt", {"prompt": [10**9]}),
-    ("stop", {"stop": 5}), ("stream", {"stream": "yes"}), ("seed", {"seed": -1}), ("echo", {"echo": "yes"}),
+    ("stop", {"stop": 5}), ("stream", {"stream": "yes"}), ("seed", {"seed": 2**64}), ("echo", {"echo": "yes"}),
 ])
 def test_bad_fields_are_400_naming_the_field(stack, field, body):
     _, front = stack

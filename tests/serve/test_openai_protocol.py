@@ -34,7 +34,8 @@ def engine_dir(tmp_path_factory):
 def test_chat_template_equals_transformers(engine_dir):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(engine_dir / "model"))
-    flat = [MESSAGES[0], {"role": "user", "content": "Name a planet."}]
+    # text parts join with a newline, as vLLM's chat_utils joins them
+    flat = [MESSAGES[0], {"role": "user", "content": "Name a \nplanet."}]
     want_text = tok.apply_chat_template(flat, tokenize=False, add_generation_prompt=True)
     want_ids = tok.apply_chat_template(flat, tokenize=True, add_generation_prompt=True)
     want_ids = list(want_ids["input_ids"] if hasattr(want_ids, "keys") else want_ids)
@@ -76,6 +77,27 @@ def test_sampling_maps_to_tensorrt_llm_inputs():
     tight = GenRequest([1], 4, top_p=0.0).triton_inputs(end_id=2)
     assert tight["runtime_top_k"] == [1] and "runtime_top_p" not in tight
     assert GenRequest([1], 4, ignore_eos=True).triton_inputs(end_id=2)["end_id"] == [-1]
+
+
+def test_no_seed_samples_afresh_and_vllms_extensions_are_served_or_refused():
+    """A review helper's findings against OpenAI / vLLM: without a seed every sampled request had the engine's
+    seed 0, so the same sample; repetition_penalty, min_p, stop_token_ids and response_format were silently
+    ignored; top_k -1 and negative int64 seeds (vLLM's) were refused."""
+    from trtllm_dasc.serve.openai_protocol import common_fields
+    seeds = {GenRequest([1], 4).triton_inputs(end_id=2)["seed"][0] for _ in range(4)}
+    assert len(seeds) == 4                                            # a fresh seed each request
+    assert "seed" not in GenRequest([1], 4, temperature=0.0).triton_inputs(end_id=2)   # greedy needs none
+    assert GenRequest([1], 4, seed=9).triton_inputs(end_id=2)["seed"] == [9]
+    fields = common_fields({"prompt": "hi", "repetition_penalty": 1.3, "top_k": -1, "seed": -5}, chat=False)
+    s = fields["sampling"]
+    assert (s["repetition_penalty"], s["top_k"], s["seed"]) == (1.3, 0, 2**64 - 5)
+    assert GenRequest([1], 4, repetition_penalty=1.3).triton_inputs(end_id=2)["repetition_penalty"] == [1.3]
+    assert "repetition_penalty" not in GenRequest([1], 4).triton_inputs(end_id=2)
+    for name, value in (("min_p", 0.1), ("stop_token_ids", [5]), ("response_format", {"type": "json_object"})):
+        with pytest.raises(APIError) as e:
+            common_fields({"prompt": "hi", name: value}, chat=False)
+        assert e.value.param == name
+    common_fields({"prompt": "hi", "min_p": 0, "stop_token_ids": [], "response_format": {"type": "text"}}, chat=True)
 
 
 def test_non_finite_numbers_are_refused_by_name():

@@ -257,7 +257,9 @@ class Frontend:
         if chat:
             for i in range(n_reqs):
                 await events({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                   "logprobs": None, "finish_reason": None}]})
+                                                   "logprobs": None, "finish_reason": None}],
+                              # include_usage: every chunk but the last has usage null (OpenAI's reference)
+                              **({"usage": None} if fields["include_usage"] else {})})
         item = first
         while item is not None:
             i, piece, n, cached, reason, lps = item

@@ -5,11 +5,13 @@ Field handling follows what OpenAI's API and vLLM / trtllm-serve accept, so stoc
 package, genai-perf / aiperf's OpenAI modes, lm-eval's local-completions) work unchanged:
 - supported: model, prompt (str, list of str, token ids, list of token-id lists), messages, max_tokens
   (chat: also max_completion_tokens), temperature, top_p, top_k (extension), min_tokens and ignore_eos
-  (extensions, as vLLM), stop (str or list), stream, stream_options.include_usage, seed, n / best_of = 1,
+  (extensions, as vLLM), repetition_penalty (vLLM's), stop (str or list), stream, stream_options.include_usage,
+  seed (any int64, wrapped to the engine's uint64; absent: a fresh random one per sampled request), n / best_of = 1,
   logprobs (completions: the top-N count; chat: a bool with top_logprobs), echo (completions, with
   max_tokens 0 allowed: lm-eval's loglikelihood requests are echo + logprobs + max_tokens 1).
 - refused with a 400 naming the field: n > 1, best_of > 1, echo on chat, a non-empty logit_bias, suffix,
-  non-zero penalties, tools.
+  non-zero presence / frequency penalties, tools, and vLLM's min_p, stop_token_ids and a response_format other
+  than text (they would change the output: never ignored).
 - other fields (user, metadata, ...) are ignored, as vLLM does, so tools sending extras still work.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -54,6 +57,7 @@ class GenRequest:
     top_k: int = 0
     min_tokens: int = 0
     seed: int | None = None
+    repetition_penalty: float = 1.0
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     # log probs: None = not asked; N = each token's log prob and its top-N alternatives (from the raw
@@ -82,6 +86,13 @@ class GenRequest:
                         runtime_top_p=[self.top_p if self.top_p > 0 else 1.0])
         if self.seed is not None:
             body["seed"] = [self.seed]
+        elif "runtime_top_k" not in body or body["runtime_top_k"] != [1]:
+            # no seed: a fresh sample each request (OpenAI's seed is the opt-in to repeatable sampling, vLLM's
+            # default is random); the engine's own default, seed 0 as TensorRT-LLM's, gave every request the
+            # same sample
+            body["seed"] = [secrets.randbits(63)]
+        if self.repetition_penalty != 1.0:
+            body["repetition_penalty"] = [self.repetition_penalty]
         if self.logprobs is not None:
             # the raw logits give both the chosen token's log prob and its alternatives, from one array
             # (lm-eval's is_greedy compares them for equality)
@@ -137,22 +148,32 @@ def common_fields(body: dict, chat: bool) -> dict:
     _refuse(body, "presence_penalty", (None, 0, 0.0), "is not supported (only 0)")
     _refuse(body, "frequency_penalty", (None, 0, 0.0), "is not supported (only 0)")
     _refuse(body, "tools", (None, []), "is not supported")
+    # vLLM's sampling extensions that change the output: served (repetition_penalty) or refused, never ignored
+    _refuse(body, "min_p", (None, 0, 0.0), "is not supported (only 0)")
+    _refuse(body, "stop_token_ids", (None, []), "is not supported")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise APIError(f"'response_format' = {fmt!r} is not supported (only {{'type': 'text'}})", "response_format")
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise APIError(f"'stream' must be a boolean, got {stream!r}", "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise APIError("'stream_options' must be an object", "stream_options")
-    seed = _number(body, "seed", None, 0, 2**64 - 1, integer=True)
+    # vLLM takes any int64; the engine's seed is a uint64: a negative one wraps, as C's cast would
+    seed = _number(body, "seed", None, -(2**63), 2**64 - 1, integer=True)
+    seed = None if seed is None else seed % 2**64
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise APIError(f"'ignore_eos' must be a boolean, got {ignore_eos!r}", "ignore_eos")
     return {"stream": bool(stream), "include_usage": bool(options.get("include_usage")), "echo": echo,
             "sampling": {"temperature": float(_number(body, "temperature", 1.0, 0, 2)),
                          "top_p": float(_number(body, "top_p", 1.0, 0, 1)),
-                         "top_k": _number(body, "top_k", 0, 0, None, integer=True) or 0,
+                         # -1 and 0 both mean every token (vLLM's and TensorRT-LLM's "off")
+                         "top_k": max(0, _number(body, "top_k", 0, -1, None, integer=True) or 0),
                          "min_tokens": _number(body, "min_tokens", 0, 0, None, integer=True),
                          "seed": seed, "ignore_eos": ignore_eos, "stop": _stop(body),
+                         "repetition_penalty": float(_number(body, "repetition_penalty", 1.0, 1e-6, 100)),
                          "logprobs": logprobs, "prompt_logprobs": echo and logprobs is not None}}
 
 
@@ -288,7 +309,7 @@ def _messages(messages) -> list[dict]:
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise APIError(f"'messages[{i}].content': only text parts are supported", f"messages[{i}].content")
                 texts.append(part["text"])
-            content = "".join(texts)
+            content = "\n".join(texts)      # as vLLM joins text parts
         if content is None:
             content = ""
         if not isinstance(content, str):
