@@ -33,6 +33,7 @@ from trtllm_dasc.serve.tritonserver import new_admin_key
 from trtllm_dasc.serve.load_errors import start_failure
 
 POLL_S = 1.0
+STALE_S = 30.0     # metrics not refreshed this long: the model's stub is gone
 
 
 def add_arguments(p) -> None:
@@ -82,6 +83,12 @@ def engine_alive(metrics_url: str) -> bool:
     except OSError:
         return True          # the server being gone is noticed through its process
     values = [line.rsplit(" ", 1)[-1] for line in text.splitlines() if line.startswith("dasc_engine_alive")]
+    # the gauges outlive the model's stub (a killed stub leaves its last values, dasc_engine_alive 1): the
+    # refresh timestamp (set twice a second by the stub's metrics thread) going stale says it is gone
+    stamps = [float(line.rsplit(" ", 1)[-1]) for line in text.splitlines()
+              if line.startswith("nv_trt_llm_general_metrics") and 'general_type="timestamp"' in line]
+    if stamps and time.time() - max(stamps) / 1e6 > STALE_S:
+        return False
     return not values or all(float(v) != 0 for v in values)
 
 

@@ -42,7 +42,11 @@ def join_ranks(cfg, threads_per_rank: int | None = None):
         failure = f"{type(e).__name__}: {e}"
     # before any collective of the runners: every rank learns whether any rank failed (the runner's build
     # has no collective, so every rank gets here)
-    failures = group.comm.allgather(failure)
+    import socket
+    gathered = group.comm.allgather((failure, os.getpid(), socket.gethostname()))
+    failures = [f for f, _, _ in gathered]
+    # rank 0's pid, for the workers' watchdog (worker): only where it shares this rank's host (/proc is local)
+    group.root_pid = gathered[0][1] if gathered[0][2] == socket.gethostname() else None
     if any(failures):
         group.close()
         raise UserError("; ".join(f"TP rank {r} of {group.size} could not start: {f}"
@@ -65,10 +69,32 @@ def rank0_engine(cfg, group, runner, reports):
 
 def worker(cfg, group, runner) -> int:
     """A worker rank's whole life: execute rank 0's plans until it stops; returns the steps run."""
+    import threading
+    done = threading.Event()
+    if getattr(group, "root_pid", None):
+        threading.Thread(target=_watch_root, args=(group.root_pid, done), daemon=True).start()
     try:
         return worker_loop(runner, group)
     finally:
+        done.set()
         group.close()
+
+
+def _watch_root(pid: int, done, every_s: float = 1.0) -> None:
+    """Rank 0 (the Triton model's stub) dead without a stop: this worker would wait in MPI's broadcast
+    forever (a spinning core) and mpirun, which watches tritonserver, never ends the job. Exit instead:
+    mpirun then stops every rank, the server with them."""
+    import sys
+    import time
+    while not done.wait(every_s):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "X"
+        if state in ("Z", "X") and not done.is_set():
+            print(f"dasc tp worker: rank 0 (pid {pid}) died; ending the job", file=sys.stderr, flush=True)
+            os._exit(1)
 
 
 def start_rank(cfg, threads_per_rank: int | None = None):

@@ -187,7 +187,11 @@ class EngineMetrics:
 
     def _loop(self) -> None:
         while not self._stop.wait(INTERVAL_S):
-            self.update()
+            # never ends on an error: `dasc serve` takes a refresh timestamp that stops for a dead engine
+            try:
+                self.update()
+            except Exception as e:  # noqa: BLE001
+                print(f"[dasc metrics] update failed: {type(e).__name__}: {e}", flush=True)
 
     def stop(self) -> None:
         self._stop.set()
