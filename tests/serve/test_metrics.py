@@ -145,7 +145,8 @@ BASE = {"input_ids": np.array([[1, 2, 3]], np.int32), "input_lengths": np.array(
 @pytest.mark.parametrize("rid,change", [
     ("bad-top-p", {"runtime_top_p": np.array([[2.0]], np.float32)}),
     ("bad-length", {"input_lengths": np.array([[7]], np.int32)}),
-    ("too-long", {"request_output_len": np.array([[1000]], np.int32)}),
+    # a token outside the vocabulary (an output past the context is now cut to fit, as TensorRT-LLM does)
+    ("out-of-vocab", {"input_ids": np.array([[1, 2, 10**6]], np.int32)}),
     ("", {"stop": np.array([[True]], np.bool_)}),           # a stop without a request id is refused
 ], ids=["bad-input", "length-mismatch", "engine-refuses", "stop-without-id"])
 def test_every_refused_request_counts_as_an_error(server, rid, change):
