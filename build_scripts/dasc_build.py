@@ -185,6 +185,8 @@ def check_args(args) -> None:
         raise UserError(f"--seed {args.seed} is for --load-format dummy (random weights); these weights are the "
                         "checkpoint's")
     seed = args.seed = resolve_seed(args)
+    # read once here, as the seed: the plan, the memory check and the weights record all use it
+    args.decay_profile = resolve_profile(args)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
         raise UserError(f"--seed must be a non-negative integer, got {seed!r}")
     if not os.path.isfile(model_config_file(args)):
@@ -297,7 +299,7 @@ def build(args) -> str:
     options = PlanOptions(**plan_fields(opts))
     if is_dummy:
         # the decay tensors the dummy loader will make: the planner's paper-shaped profile of this seed
-        plan, _ = plan_from_params(cfg, profile_decay_params(cfg, args.seed, resolve_profile(args)), options)
+        plan, _ = plan_from_params(cfg, profile_decay_params(cfg, args.seed, args.decay_profile), options)
     else:
         plan, _ = plan_from_path(args.model, options, cfg=cfg)
     if args.tp > 1 and plan.moved_units and args.layout != "ragged":
@@ -431,7 +433,7 @@ def check_build_memory(args, opts: dict, cfg, plan, is_dummy: bool):
     from trtllm_dasc.engine.loading import check_memory
     from trtllm_dasc.engine.runner import DENSE_SLOTS_DEFAULT
     from trtllm_dasc.model.weights import CheckpointReader, DummyWeights
-    source = DummyWeights(cfg, args.seed, profile=resolve_profile(args)) if is_dummy else CheckpointReader(args.model)
+    source = DummyWeights(cfg, args.seed, profile=args.decay_profile) if is_dummy else CheckpointReader(args.model)
     budget = args.state_budget_bytes or (DENSE_SLOTS_DEFAULT + 1) * cfg.dense_checkpoint_bytes_per_rank(args.tp)
     return check_memory(EngineConfig(**opts), cfg, source, 0, plan.bundle_order, 2 * args.max_batch_size, budget)
 
@@ -456,7 +458,7 @@ def weights_record(args, is_dummy: bool, completed: list[str], raw: dict) -> dic
         return {"load_format": "safetensors"}
     from trtllm_dasc.families.released import released_name
     return {"load_format": "dummy", "seed": args.seed, "note": DUMMY_NOTE,
-            "decay_profile": resolve_profile(args),
+            "decay_profile": args.decay_profile,
             "released_shapes": released_name(raw), "completed_fields": completed}
 
 

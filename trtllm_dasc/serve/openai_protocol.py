@@ -76,7 +76,8 @@ class GenRequest:
                 # the end token counted and scored as vLLM does (usage, logprobs; lm-eval's loglikelihood reads
                 # the generated token's log prob): the engine leaves it out by default, as TensorRT-LLM
                 "return_end_token": [True]}
-        if self.temperature < GREEDY_BELOW or self.top_p == 0:
+        greedy = self.temperature < GREEDY_BELOW or self.top_p == 0
+        if greedy:
             # OpenAI's temperature 0 is greedy, and so is its top_p 0 (the smallest nucleus: the top token);
             # TensorRT-LLM says so with top_k 1 (its own top_p 0 means "off": mapped, it sampled everything)
             body["runtime_top_k"] = [1]
@@ -86,7 +87,7 @@ class GenRequest:
                         runtime_top_p=[self.top_p if self.top_p > 0 else 1.0])
         if self.seed is not None:
             body["seed"] = [self.seed]
-        elif "runtime_top_k" not in body or body["runtime_top_k"] != [1]:
+        elif not greedy:
             # no seed: a fresh sample each request (OpenAI's seed is the opt-in to repeatable sampling, vLLM's
             # default is random); the engine's own default, seed 0 as TensorRT-LLM's, gave every request the
             # same sample
