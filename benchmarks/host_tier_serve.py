@@ -144,7 +144,8 @@ def serve_arm(args, arm, budget, phases, work, kv_blocks) -> dict:
                     after = engine.stats()
                     rec["phase"], rec["q"] = phase.name, phase.q
                     rec["tier"] = {k: after.get(k, 0) - before.get(k, 0) for k in
-                                   ("checkpoint_promotions", "checkpoint_demotions", "checkpoint_host_evictions")}
+                                   ("checkpoint_promotions", "checkpoint_demotions", "checkpoint_host_evictions",
+                                    "checkpoints_dropped")}
                     rec["tier"]["hits"] = {t: after["checkpoint_hits"][t] - before["checkpoint_hits"][t]
                                            for t in after["checkpoint_hits"]}
                     blocks.append({**summary(rec), "tier": rec["tier"]})

@@ -118,6 +118,8 @@ def _delta(after: dict, before: dict) -> dict:
     d = {k: after[k] - before[k] for k in ("requests", "prompt_tokens", "cached_tokens", "replayed_tokens")}
     d["hit_rate"] = d["cached_tokens"] / d["prompt_tokens"] if d["prompt_tokens"] else 0.0
     d["checkpoint_evictions"] = ck(after) - ck(before)
+    # device evictions above (a demotion included); here checkpoints gone from every tier, each once
+    d["checkpoints_dropped"] = after.get("checkpoints_dropped", 0) - before.get("checkpoints_dropped", 0)
     d["kv_block_evictions"] = after["evictions"]["kv_blocks"] - before["evictions"]["kv_blocks"]
     d["checkpoint_loads"] = {k: after["checkpoint_loads"][k] - before["checkpoint_loads"][k]
                              for k in after["checkpoint_loads"]}

@@ -261,7 +261,8 @@ class CacheManager:
         return {"evictions": dict(self.tree.evictions), "checkpoint_slots": self.slots.capacity,
                 "checkpoint_slots_free": self.slots.num_free, "checkpoints_cached": self.tree.num_checkpoints(),
                 "kv_blocks": self.blocks.num_blocks, "kv_blocks_free": self.blocks.num_free,
-                "state_rows": self.rows.capacity, "state_rows_free": self.rows.num_free, **self.tier_stats()}
+                "state_rows": self.rows.capacity, "state_rows_free": self.rows.num_free,
+                "checkpoints_dropped": self.tree.dropped["checkpoints"], **self.tier_stats()}
 
     def tier_stats(self) -> dict:
         """The host tier's counters (zeros and empty pools with the tier off)."""
@@ -280,7 +281,8 @@ class CacheManager:
 
     def reset_stats(self) -> None:
         """Zero the eviction and tier counters (after warm-up)."""
-        for counters in (self.tree.evictions, self.tree.tier, self.tree.kv_tier, self.hits, self.hit_tokens):
+        for counters in (self.tree.evictions, self.tree.dropped, self.tree.tier, self.tree.kv_tier, self.hits,
+                         self.hit_tokens):
             for kind in counters:
                 counters[kind] = 0
 

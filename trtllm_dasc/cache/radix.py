@@ -136,6 +136,10 @@ class RadixCache:
         self._kv_lru = LRUList("kv_prev", "kv_next")
         self._ckpt_lru = LRUList("ck_prev", "ck_next")
         self.evictions = {"kv_nodes": 0, "kv_blocks": 0, "checkpoints": 0, "checkpoints_with_kv": 0}
+        # checkpoints gone from every tier (evicted, flushed, lost with their KV, or left undefined by a failed
+        # copy). The per-tier counters above count copies (a demoted checkpoint is a device eviction, later a
+        # host one); this counts each checkpoint once, where its last copy goes (_drop_checkpoint, _drop_host)
+        self.dropped = {"checkpoints": 0}
 
     # ---- lookup ------------------------------------------------------------------------------------
     def match(self, tokens: list[int]) -> MatchResult:
@@ -316,6 +320,12 @@ class RadixCache:
         self.host_slots.free(node.host_slot)
         node.host_slot = None
         self._host_lru.remove(node)
+        self._note_gone(node)
+
+    def _note_gone(self, node: Node) -> None:
+        """Count a checkpoint whose last copy just went (called after each copy's drop, so exactly once)."""
+        if node.ckpt_slot is None and node.host_slot is None:
+            self.dropped["checkpoints"] += 1
 
     def promote(self, node: Node) -> int | None:
         """Give a host-only checkpoint a device slot (queueing the copy host -> device); the host copy
@@ -444,6 +454,7 @@ class RadixCache:
         self.slots.free(node.ckpt_slot)
         node.ckpt_slot = None
         self._ckpt_lru.remove(node)
+        self._note_gone(node)
 
     # ---- insertion ---------------------------------------------------------------------------------
     def insert(self, tokens: list[int], block_table: list[int], checkpoints: dict[int, int]) -> list[int]:
@@ -544,6 +555,8 @@ class RadixCache:
             pass
         for n in [n for n in self._host_lru if n.ckpt_lock == 0]:
             self._drop_host(n)
+            # the host tier dropped it: a host eviction like any other (dasc_host_evictions_total)
+            self.tier["host_evictions"] += 1
         while self._evict_kv_leaf(demote=False):
             pass
         while self._evict_cold_leaf():

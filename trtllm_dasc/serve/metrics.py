@@ -37,6 +37,10 @@ FAMILIES = [
      lambda s: s.get("checkpoint_promotions", 0)),
     ("dasc_checkpoint_demotions_total", "device checkpoint evictions kept in the host tier", "counter",
      lambda s: s.get("checkpoint_demotions", 0)),
+    # checkpoints that left the cache for good, each once (the per-tier eviction series count copies: a
+    # demoted checkpoint is a device eviction and later a host one)
+    ("dasc_checkpoints_dropped_total", "cached checkpoints gone from every tier (evicted, flushed, lost with "
+     "their KV, or a failed copy's)", "counter", lambda s: s.get("checkpoints_dropped", 0)),
     # the copy stream's seconds on finished copies (checkpoints and KV blocks share one stream; rank 0)
     ("dasc_host_tier_copy_seconds_total", "seconds the host tier's copy stream spent copying (rank 0)", "counter",
      lambda s: (s.get("host_tier") or {}).get("copy_seconds", 0.0)),
