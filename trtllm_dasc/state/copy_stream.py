@@ -15,6 +15,7 @@ reference's wall time in its copies.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -80,6 +81,10 @@ class CudaCopyStream:
         self._spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._mark = None
         self._seconds = 0.0
+        # seconds() runs on the engine loop (HostTier._begin) and on the metrics thread (Engine.stats): without
+        # it both could add the same finished span, or one drop a span the loop recorded meanwhile
+        # (parallel/exchange_clock.py guards its events the same way)
+        self._lock = threading.Lock()
 
     def after_current(self) -> None:
         # a demotion reads a slot the compute stream's earlier stores filled
@@ -97,7 +102,8 @@ class CudaCopyStream:
         event.record(self.stream)
         if self._mark is not None:
             # the next record's span starts here (demote then promote in one batch: no second count)
-            self._spans.append((self._mark, event))
+            with self._lock:
+                self._spans.append((self._mark, event))
             self._mark = event
         return event
 
@@ -113,18 +119,20 @@ class CudaCopyStream:
 
     def seconds(self) -> float:
         """Seconds of the copies finished so far (spans still running are read on a later call)."""
-        left = []
-        for start, end in self._spans:
-            if end.query():
-                self._seconds += start.elapsed_time(end) / 1e3
-            else:
-                left.append((start, end))
-        self._spans = left
-        return self._seconds
+        with self._lock:
+            left = []
+            for start, end in self._spans:
+                if end.query():
+                    self._seconds += start.elapsed_time(end) / 1e3
+                else:
+                    left.append((start, end))
+            self._spans = left
+            return self._seconds
 
     def reset_seconds(self) -> None:
         """Count from zero again: the spans recorded so far, finished or not, are the time before the reset."""
-        self._spans, self._seconds = [], 0.0
+        with self._lock:
+            self._spans, self._seconds = [], 0.0
 
 
 def copy_stream(device):
