@@ -8,7 +8,7 @@ ensemble's preprocessing loads, same special tokens) and streams from the core m
 (reported as usage.prompt_tokens_details.cached_tokens). Text is detokenized incrementally (a piece that
 ends inside a UTF-8 character waits for the next token); stop strings are matched on the text, held back
 until they cannot start a stop string, and end the request by closing its upstream stream, which cancels
-it in the engine. Request validation and chat templates live in openai_protocol.py.
+it in the engine. Request validation lives in openai_protocol.py, chat templates in openai_chat.py.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ import uuid
 
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.serve.openai_chat import ChatTemplate, chat_options
 from trtllm_dasc.serve.openai_protocol import (
-    COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, ChatTemplate, GenRequest, common_fields, max_tokens, prompts)
+    COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, GenRequest, common_fields, max_tokens, prompts)
 from trtllm_dasc.serve.repository import streaming_model
 from trtllm_dasc.serve.tokenizer import TextTokenizer
 
@@ -160,7 +161,8 @@ class Frontend:
         fields = common_fields(body, chat)
         self.check_model(body)
         if chat:
-            text, special = self.template.render(body.get("messages"))
+            add, cont = chat_options(body)
+            text, special = self.template.render(body.get("messages"), add, cont)
             ids_list = [self.tok.encode(text, add_special_tokens=special)]
         else:
             ids_list = prompts(body, self.tok)

@@ -1,5 +1,6 @@
 """The OpenAI request side of the frontend (openai_frontend.py): validation of /v1/completions and
-/v1/chat/completions bodies into one `GenRequest` per prompt, OpenAI-style errors, and chat templates.
+/v1/chat/completions bodies into one `GenRequest` per prompt and OpenAI-style errors (chat templates:
+openai_chat.py).
 
 Field handling follows what OpenAI's API and vLLM / trtllm-serve accept, so stock clients (the `openai`
 package, genai-perf / aiperf's OpenAI modes, lm-eval's local-completions) work unchanged:
@@ -8,7 +9,8 @@ package, genai-perf / aiperf's OpenAI modes, lm-eval's local-completions) work u
   (extensions, as vLLM), repetition_penalty (vLLM's), stop (str or list), stream, stream_options.include_usage,
   seed (any int64, wrapped to the engine's uint64; absent: a fresh random one per sampled request), n / best_of = 1,
   logprobs (completions: the top-N count; chat: a bool with top_logprobs), echo (completions, with
-  max_tokens 0 allowed: lm-eval's loglikelihood requests are echo + logprobs + max_tokens 1).
+  max_tokens 0 allowed: lm-eval's loglikelihood requests are echo + logprobs + max_tokens 1); chat's
+  add_generation_prompt and continue_final_message (vLLM's; openai_chat.py).
 - refused with a 400 naming the field: n > 1, best_of > 1, echo on chat, a non-empty logit_bias, suffix,
   non-zero presence / frequency penalties, tools, and vLLM's min_p, stop_token_ids and a response_format other
   than text (they would change the output: never ignored).
@@ -16,23 +18,15 @@ package, genai-perf / aiperf's OpenAI modes, lm-eval's local-completions) work u
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime
-
-from trtllm_dasc.errors import UserError
 
 # the temperature below which a request is greedy (TensorRT-LLM's top_k 1)
 GREEDY_BELOW = 1e-5
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # the most alternatives a token's top_logprobs may list (OpenAI's chat limit; vLLM's default)
 MAX_TOP_LOGPROBS = 20
-# used when tokenizer_config.json has no chat_template: one "role: content" line per message, then the
-# assistant's turn; encoded with the tokenizer's special tokens (BOS) like a plain prompt
-FALLBACK_TEMPLATE = "plain"
 
 
 class APIError(Exception):
@@ -231,90 +225,3 @@ def _ids(ids: list, tok) -> list[int]:
     if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < tok.vocab_size for i in ids):
         raise APIError(f"'prompt': token ids must be integers in [0, {tok.vocab_size})", "prompt")
     return list(ids)
-
-
-class ChatTemplate:
-    """tokenizer_config.json's chat_template rendered with jinja2 (as transformers' apply_chat_template,
-    the template adds BOS itself), else the plain fallback (FALLBACK_TEMPLATE above)."""
-
-    def __init__(self, tokenizer_dir: str):
-        self.source, self.kind, self.special = None, FALLBACK_TEMPLATE, {}
-        try:
-            with open(os.path.join(tokenizer_dir, "tokenizer_config.json")) as f:
-                config = json.load(f)
-        except (OSError, ValueError):
-            config = {}
-        template = config.get("chat_template")
-        if isinstance(template, list):    # [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default")
-        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
-            value = config.get(key)
-            self.special[key] = value.get("content") if isinstance(value, dict) else value
-        if isinstance(template, str):
-            try:
-                import jinja2
-                import jinja2.sandbox
-            except ImportError:
-                template = None
-            else:
-                # what transformers' apply_chat_template gives a template (utils/chat_template_utils.py): loop
-                # controls ({% break %} / {% continue %}), strftime_now (Llama 3's date line) and a tojson that
-                # keeps non-ASCII text; without them such templates failed to load or to render
-                import jinja2.ext
-                env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                                   extensions=[jinja2.ext.loopcontrols])
-                env.globals["raise_exception"] = _raise
-                env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-                env.filters["tojson"] = _tojson
-                try:
-                    self.source, self.kind = env.from_string(template), "jinja"
-                except jinja2.TemplateSyntaxError as e:
-                    raise UserError(f"{tokenizer_dir}/tokenizer_config.json: its chat_template does not parse "
-                                    f"(line {e.lineno}: {e.message})") from None
-
-    def render(self, messages) -> tuple[str, bool]:
-        """(the prompt text, whether to encode it with the tokenizer's special tokens)."""
-        messages = _messages(messages)
-        if self.source is None:
-            lines = [f"{m['role']}: {m['content']}" for m in messages]
-            return "\n".join(lines + ["assistant:"]), True
-        try:
-            return self.source.render(messages=messages, add_generation_prompt=True, **self.special), False
-        except APIError:
-            raise
-        except Exception as e:   # a template error is about the messages it was given
-            raise APIError(f"'messages': the chat template failed ({e})", "messages") from None
-
-
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise(message):
-    raise APIError(f"'messages': {message}", "messages")
-
-
-def _messages(messages) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise APIError("'messages' must be a non-empty list of {role, content} objects", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise APIError(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}].role")
-        content = m.get("content")
-        if isinstance(content, list):
-            # the parts form: only text parts can be served by a text model
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise APIError(f"'messages[{i}].content': only text parts are supported", f"messages[{i}].content")
-                texts.append(part["text"])
-            content = "\n".join(texts)      # as vLLM joins text parts
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise APIError(f"'messages[{i}].content' must be a string or a list of text parts",
-                           f"messages[{i}].content")
-        out.append({**m, "content": content})
-    return out
