@@ -25,6 +25,7 @@ from trtllm_dasc.serve.openai_chat import ChatTemplate, chat_options
 from trtllm_dasc.serve.openai_protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, GenRequest, common_fields, max_tokens, prompts)
 from trtllm_dasc.serve.repository import streaming_model
+from trtllm_dasc.serve.token_bytes import TokenBytes
 from trtllm_dasc.serve.tokenizer import TextTokenizer
 
 # the Triton model names a client may also put in 'model' (Triton's OpenAI frontend lists those)
@@ -42,6 +43,7 @@ class Frontend:
         self.core_model = streaming_model(found.serving["decoupled"])
         tok_dir = found.model_dir
         self.tok = TextTokenizer(tok_dir)
+        self.token_bytes = TokenBytes(self.tok.tok)
         self.template = ChatTemplate(tok_dir)
         self.name = name or os.path.basename(os.path.normpath(found.source or engine_dir))
         self.created = int(os.path.getmtime(found.config_path))
@@ -142,10 +144,10 @@ class Frontend:
         return out, offset
 
     def chat_logprobs(self, entries: list) -> dict:
-        """OpenAI's chat form: content = [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]."""
+        """OpenAI's chat form: content = [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}];
+        bytes are the token's own (a byte token's raw byte, not its text's U+FFFD: token_bytes.py)."""
         def one(t, v):
-            text = self.token_text(t)
-            return {"token": text, "logprob": v, "bytes": list(text.encode())}
+            return {"token": self.token_text(t), "logprob": v, "bytes": list(self.token_bytes(t))}
         return {"content": [{**one(t, lp), "top_logprobs": [one(a, v) for a, v in top or []]}
                             for t, lp, top in entries]}
 
