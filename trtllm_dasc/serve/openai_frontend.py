@@ -8,7 +8,8 @@ ensemble's preprocessing loads, same special tokens) and streams from the core m
 (reported as usage.prompt_tokens_details.cached_tokens). Text is detokenized incrementally (a piece that
 ends inside a UTF-8 character waits for the next token); stop strings are matched on the text, held back
 until they cannot start a stop string, and end the request by closing its upstream stream, which cancels
-it in the engine. Request validation lives in openai_protocol.py, chat templates in openai_chat.py.
+it in the engine. Request validation lives in openai_protocol.py, chat templates in openai_chat.py, reading
+HTTP requests (Content-Length or chunked bodies) in openai_http.py.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import uuid
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.openai_chat import ChatTemplate, chat_options
+from trtllm_dasc.serve.openai_http import MAX_BODY, read_request, refuse, response
 from trtllm_dasc.serve.openai_protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, GenRequest, common_fields, max_tokens, prompts)
 from trtllm_dasc.serve.repository import streaming_model
@@ -30,9 +32,6 @@ from trtllm_dasc.serve.tokenizer import TextTokenizer
 
 # the Triton model names a client may also put in 'model' (Triton's OpenAI frontend lists those)
 ALIASES = ("ensemble", "tensorrt_llm", "dasc_hybrid")
-MAX_BODY = 64 << 20
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
-           500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 class Frontend:
@@ -49,6 +48,8 @@ class Frontend:
         self.created = int(os.path.getmtime(found.config_path))
         host, _, port = triton_http.rpartition(":")
         self.upstream = (host.strip("[]"), int(port))
+        # the largest request body taken (a larger one is a 413)
+        self.max_body = MAX_BODY
 
     # --- upstream: the core model's generate_stream --------------------------------------------------------
     async def generate(self, req: GenRequest):
@@ -285,11 +286,15 @@ class Frontend:
     async def handle(self, reader, writer):
         try:
             while True:
-                request = await _read_request(reader)
+                try:
+                    request = await read_request(reader, writer, self.max_body)
+                except APIError as e:   # a body too large or malformed: answered, then the connection closes
+                    await refuse(reader, writer, e)
+                    return
                 if request is None:
                     return
-                keep = await self.respond(writer, *request, reader=reader)
-                if not keep:
+                keep = await self.respond(writer, request.method, request.path, request.body, reader=reader)
+                if not keep or request.close:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -306,9 +311,7 @@ class Frontend:
 
         async def send(status, payload):
             if payload is not None:
-                data = json.dumps(payload).encode()
-                writer.write(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                writer.write(response(status, payload))
                 await writer.drain()
                 return None
             state["streamed"] = True
@@ -486,27 +489,6 @@ async def _sse(reader, chunked: bool):
             for line in block.split(b"\n"):
                 if line.startswith(b"data:"):
                     yield json.loads(line[5:])
-
-
-async def _read_request(reader):
-    line = await reader.readline()
-    if not line:
-        return None
-    parts = line.decode("latin-1").split()
-    if len(parts) != 3:
-        raise ConnectionError("not an HTTP request")
-    length = 0
-    while True:
-        h = await reader.readline()
-        if h in (b"\r\n", b"\n", b""):
-            break
-        k, _, v = h.decode("latin-1").partition(":")
-        if k.strip().lower() == "content-length":
-            length = int(v.strip())
-    if length > MAX_BODY:
-        raise ConnectionError("request body too large")
-    body = await reader.readexactly(length) if length else b""
-    return parts[0].upper(), parts[1], body
 
 
 class FrontendThread:

@@ -1,0 +1,144 @@
+"""The OpenAI frontend's side of HTTP/1.1 (stdlib asyncio): reading a request, its body by Content-Length or
+in the chunked transfer coding (RFC 9112 7.1: what clients send for a streamed body, e.g. curl with
+`-H "Transfer-Encoding: chunked"`, http.client with an iterable body, httpx with a generator), and answering
+a request whose body cannot be read.
+
+A body past the frontend's limit is a 413, a malformed one a 400, another transfer coding a 501, each with
+OpenAI's error JSON. The body was then not read to its end, and its rest cannot be told from a next request,
+so the connection closes after the answer.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass
+
+from trtllm_dasc.serve.openai_protocol import APIError
+
+MAX_BODY = 64 << 20
+REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+           413: "Payload Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable"}
+# a chunk size is hex digits, then optional ";extensions" (ignored); 16 digits already pass any limit
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+# after refusing a body: how long the client may go on sending it before the connection closes
+LINGER_S = 1.0
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    body: bytes
+    # the connection closes after the answer (a request with both Transfer-Encoding and Content-Length)
+    close: bool = False
+
+
+def response(status: int, payload: dict, close: bool = False) -> bytes:
+    """A whole JSON response."""
+    data = json.dumps(payload).encode()
+    return (f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n" + ("Connection: close\r\n" if close else "") + "\r\n").encode() + data
+
+
+async def read_request(reader, writer=None, limit: int = MAX_BODY) -> Request | None:
+    """The next request on the connection (None: the client closed it). A body that cannot be read raises
+    APIError (413, 400 or 501); ``writer`` answers a client's `Expect: 100-continue` before its body is read."""
+    line = await reader.readline()
+    if not line:
+        return None
+    parts = line.decode("latin-1").split()
+    if len(parts) != 3:
+        raise ConnectionError("not an HTTP request")
+    headers: dict[str, list[str]] = {}
+    while True:
+        h = await reader.readline()
+        if h in (b"\r\n", b"\n", b""):
+            break
+        k, _, v = h.decode("latin-1").partition(":")
+        headers.setdefault(k.strip().lower(), []).append(v.strip())
+    method, path = parts[0].upper(), parts[1]
+    codings = [c.strip().lower() for v in headers.get("transfer-encoding", []) for c in v.split(",") if c.strip()]
+    if codings:
+        if codings != ["chunked"]:
+            raise APIError(f"the request's Transfer-Encoding {', '.join(codings)!r} is not supported (only chunked)",
+                           None, 501)
+        await _continue(headers, writer)
+        body = await _chunked(reader, limit)
+        # RFC 9112 6.3: Transfer-Encoding overrides a Content-Length, and the connection closes after the answer
+        return Request(method, path, body, close="content-length" in headers)
+    length = _content_length(headers.get("content-length", []), limit)
+    if length:
+        await _continue(headers, writer)
+    return Request(method, path, await reader.readexactly(length) if length else b"")
+
+
+def _too_large(size: str, limit: int) -> APIError:
+    return APIError(f"the request body has {size} bytes; this server takes at most {limit}", None, 413)
+
+
+def _content_length(values: list[str], limit: int) -> int:
+    if not values:
+        return 0
+    # one value, or repeats of the same one (RFC 9112 6.3); anything else is a 400 (it raised out of the handler)
+    if len(set(values)) != 1 or not re.fullmatch(r"[0-9]{1,20}", values[0]):
+        raise APIError(f"the request's Content-Length {', '.join(values)!r} is not a byte count", None)
+    length = int(values[0])
+    if length > limit:
+        raise _too_large(str(length), limit)
+    return length
+
+
+async def _continue(headers: dict, writer) -> None:
+    # curl asks before sending a large or chunked body (Expect: 100-continue) and waits a second for this
+    if writer is not None and any(v.lower() == "100-continue" for v in headers.get("expect", [])):
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+
+
+async def _line(reader) -> bytes:
+    try:
+        line = await reader.readline()
+    except ValueError:        # longer than the reader's buffer (64 KiB)
+        raise APIError("a line of the chunked request body is too long", None) from None
+    if not line.endswith(b"\n"):
+        raise asyncio.IncompleteReadError(line, None)      # the client left mid-body
+    return line
+
+
+async def _chunked(reader, limit: int) -> bytes:
+    """A chunked body, de-chunked: size line, data, CRLF, ..., a zero size line, trailer fields (ignored)."""
+    body = bytearray()
+    while True:
+        size = (await _line(reader)).split(b";", 1)[0].strip()
+        if not _CHUNK_SIZE.fullmatch(size):
+            raise APIError(f"the chunked request body has a malformed chunk size line {size[:32]!r}", None)
+        n = int(size, 16)
+        if n == 0:
+            break
+        if len(body) + n > limit:
+            raise _too_large(f"more than {limit}", limit)
+        body += await reader.readexactly(n)
+        if await _line(reader) not in (b"\r\n", b"\n"):
+            raise APIError("a chunk of the request body is longer than its size line says", None)
+    while await _line(reader) not in (b"\r\n", b"\n"):
+        pass
+    return bytes(body)
+
+
+async def refuse(reader, writer, error: APIError) -> None:
+    """Answer a request whose body was not read, then close: the client's rest of the body is read and dropped
+    for up to LINGER_S first, since closing a socket with unread data resets it, and a client still sending
+    would see the reset instead of the answer (nginx's lingering close)."""
+    loop = asyncio.get_running_loop()
+    try:
+        writer.write(response(error.status, error.body(), close=True))
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        end = loop.time() + LINGER_S
+        while loop.time() < end and await asyncio.wait_for(reader.read(1 << 16), end - loop.time()):
+            pass
+    except (OSError, TimeoutError, asyncio.IncompleteReadError):
+        pass
