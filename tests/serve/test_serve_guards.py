@@ -165,3 +165,86 @@ def test_repository_and_shared_memory_apis_want_the_admin_key(server):
     finally:
         g.close()
         h.close()
+
+
+def _forwarded_inputs(grpc, model, n):
+    """A streamed request of n tokens to a forwarding model: token ids (dasc_hybrid) or text (the text models)."""
+    if model == "dasc_hybrid":
+        return triton_inputs(grpc, PROMPT, n, streaming=True)
+    values = {"text_input": np.array([["The quick brown fox"]], object), "max_tokens": np.array([[n]], np.int32),
+              "stream": np.array([[True]], bool)}
+    out = []
+    for name, arr in values.items():
+        x = grpc.InferInput(name, list(arr.shape), {np.dtype(object): "BYTES", np.dtype(np.int32): "INT32",
+                                                     np.dtype(bool): "BOOL"}[arr.dtype])
+        x.set_data_from_numpy(arr)
+        out.append(x)
+    return out
+
+
+@pytest.mark.parametrize("model", ["dasc_hybrid", "ensemble", "tensorrt_llm_bls"])
+def test_a_cancel_through_a_forwarding_model_spares_another_client_with_the_same_id(server, model):
+    """The forwarding models (dasc_hybrid, the ensemble, tensorrt_llm_bls) pass a client's cancellation to the
+    engine as a stop naming the forwarded request's id, which was the client's own: with two clients in flight
+    under one id, the first client's cancel stopped the second's request (the newest under that id) after a
+    token or two, and the first one's ran on. From a review helper; fails on the old code."""
+    import tritonclient.grpc as grpc
+    n = 120
+    solo = Stream(server.grpc_url)
+    try:
+        solo.client.async_stream_infer(model, _forwarded_inputs(grpc, model, n), request_id="solo",
+                                       enable_empty_final_response=True)
+        whole = _rest(solo, model, 0)
+    finally:
+        solo.close()
+    assert whole[1] in (None, "length") and whole[0] > 10, whole
+    a, b = Stream(server.grpc_url), Stream(server.grpc_url)
+    try:
+        a.client.async_stream_infer(model, _forwarded_inputs(grpc, model, n), request_id="twin",
+                                    enable_empty_final_response=True)
+        a.events.get(timeout=120)
+        b.client.async_stream_infer(model, _forwarded_inputs(grpc, model, n), request_id="twin",
+                                    enable_empty_final_response=True)
+        b.events.get(timeout=120)
+        a.client.stop_stream(cancel_requests=True)
+        # b's request runs to its end, as the same request alone did (greedy: the same responses)
+        assert _rest(b, model, 1) == whole
+    finally:
+        a.client.close()
+        b.close()
+
+
+def _rest(stream, model, seen):
+    """(responses with output in all, the finish_reason given) once the stream's request has ended."""
+    responses, reason = seen, None
+    while True:
+        result, error = stream.events.get(timeout=120)
+        assert error is None, error.message()
+        out = result.as_numpy("output_ids") if model == "dasc_hybrid" else result.as_numpy("text_output")
+        responses += out is not None
+        if result.as_numpy("finish_reason") is not None:
+            reason = result.as_numpy("finish_reason").reshape(-1)[0].decode()
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            return responses, reason
+
+
+def test_an_explicit_stop_still_reaches_a_request_made_through_dasc_hybrid(server):
+    """A stop names a request by the client's id, whichever model the request went through (TensorRT-LLM's
+    rule): one sent to dasc_hybrid or to tensorrt_llm ends the request a client made through dasc_hybrid."""
+    import tritonclient.grpc as grpc
+    for via in ("dasc_hybrid", "tensorrt_llm"):
+        a, d = Stream(server.grpc_url), Stream(server.grpc_url)
+        try:
+            a.client.async_stream_infer("dasc_hybrid", triton_inputs(grpc, PROMPT, N, streaming=True),
+                                        request_id="job-3", enable_empty_final_response=True)
+            got = first_token(a)
+            d.client.async_stream_infer(via, triton_inputs(grpc, [0], 0, input_lengths=np.array([[0]], np.int32),
+                                                          stop=True), request_id="job-3",
+                                        enable_empty_final_response=True)
+            _, _, final, _, error = d.next()
+            assert error is None and final, error
+            tokens, params = drain(a, got)
+            assert len(tokens) < N and params.get("finish_reason") in (None, "cancelled"), (via, len(tokens), params)
+        finally:
+            a.close()
+            d.close()

@@ -22,9 +22,23 @@ from trtllm_dasc.errors import UserError
 POLL_S = 0.05
 
 
+# a forwarded request's id: the client's id, this mark, a unique suffix. tensorrt_llm answers a stop naming the
+# client's id for it too (TensorRT-LLM's rule: a stop names a request by the id its client gave), and the
+# cancellation watch's stop names the whole id, so it ends this request only, never another client's under
+# the same id (the newest with that id, which the client's id alone named)
+FORWARD_MARK = "#dasc-fwd-"
+
+
 def forward_id(request_id: str, prefix: str) -> str:
-    """The id a forwarded request carries: the client's, or a unique one (an empty id matches no stop)."""
-    return request_id or f"{prefix}-{uuid.uuid4().hex}"
+    """The id a forwarded request carries: the client's with a unique suffix (FORWARD_MARK), or a unique one
+    (an empty id matches no stop)."""
+    return f"{request_id}{FORWARD_MARK}{uuid.uuid4().hex}" if request_id else f"{prefix}-{uuid.uuid4().hex}"
+
+
+def client_id(request_id: str) -> str:
+    """The id the client gave a forwarded request (forward_id's inverse); any other id unchanged."""
+    base, mark, _ = request_id.rpartition(FORWARD_MARK)
+    return base if mark and base else request_id
 
 
 def send_stop(pb_utils, target: str, request_id: str, decoupled: bool = True) -> None:

@@ -21,6 +21,7 @@ from trtllm_dasc.engine_dir import EngineDir
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.engine.engine import Engine, EngineDead
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.serve.bls import client_id
 from trtllm_dasc.serve.drain import DRAIN_ENV, mark_drained, read_drain_request
 from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, parse_request,
                                       response_tensors, stats_tensor, stopped_tensors)
@@ -163,8 +164,10 @@ class EngineHost:
             # names the latest with that id (model_instance_state.cc maps the id to the newest request); here
             # too, and once the latest ends the one before it is the stop's again. An empty id is "no id":
             # never registered, never matched by a stop
-            if triton_id:
-                self._by_triton_id.setdefault(triton_id, []).append(group)
+            # a request a forwarding model made (bls.forward_id) under its client's id too: a stop naming either
+            # finds it, and the forwarder's cancellation (the whole id) finds it alone
+            for key in _stop_keys(triton_id):
+                self._by_triton_id.setdefault(key, []).append(group)
             self._groups.add(group)
             for sreq in parsed:
                 self._inflight[sreq.gen.request_id] = (sreq, sink)
@@ -198,11 +201,12 @@ class EngineHost:
         """The request's final response is out: its id is free again (for a new request and for stops)."""
         with self._lock:
             self._groups.discard(group)
-            groups = self._by_triton_id.get(triton_id, [])
-            if group in groups:
-                groups.remove(group)
-                if not groups:
-                    del self._by_triton_id[triton_id]
+            for key in _stop_keys(triton_id):
+                groups = self._by_triton_id.get(key, [])
+                if group in groups:
+                    groups.remove(group)
+                    if not groups:
+                        del self._by_triton_id[key]
 
     def _stop_request(self, triton_id: str, sink: Sink) -> None:
         """TensorRT-LLM's `stop` input: end the in-flight request with this (non-empty) request id. The
@@ -293,6 +297,14 @@ class EngineHost:
         """Finish what is running (Triton's finalize), then stop."""
         self._stop.set()
         self.engine.shutdown(drain=True, timeout=timeout)
+
+
+def _stop_keys(triton_id: str) -> list[str]:
+    """The ids a stop may name a request by: its own (none when empty) and, for a forwarded one, its client's."""
+    if not triton_id:
+        return []
+    base = client_id(triton_id)
+    return [triton_id] if base == triton_id else [triton_id, base]
 
 
 class _Group:
