@@ -237,3 +237,48 @@ def test_log_probs_generation_and_context_logits_over_grpc_and_http(dense):
     with urllib.request.urlopen(req, timeout=120) as r:
         answer = json.loads(r.read())
     np.testing.assert_allclose(np.ravel(answer["output_log_probs"]), lps.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_with_one_bad_sequence_is_refused_before_any_of_it_runs(dense):
+    """A request of two sequences whose second cannot run (its prompt past the max context) is refused in one
+    line, and none of it reaches the engine: its first sequence was queued (and could run a step) before the
+    second was checked, then aborted, so one refused request also counted as a cancellation. From a review
+    helper; fails on the old code (cancelled went up by one)."""
+    server, _ = dense
+    import time
+    import tritonclient.grpc as grpc
+    values = {"input_ids": np.ones((2, 300), np.int32), "input_lengths": np.array([[4], [300]], np.int32),
+              "request_output_len": np.array([[100], [2]], np.int32), "streaming": np.array([[True], [True]], bool)}
+    inputs = []
+    for name, arr in values.items():
+        x = grpc.InferInput(name, list(arr.shape), "BOOL" if arr.dtype == bool else "INT32")
+        x.set_data_from_numpy(arr)
+        inputs.append(x)
+    before = cache_stats(server)
+    client = StreamClient(server.grpc_url)
+    try:
+        client.send("half-bad", inputs)
+        result, err = client.events.get(timeout=60)
+    finally:
+        client.close()
+    assert err is not None and "max context" in err.message(), (err, result)
+    # an abort of a queued first sequence would end it within a step or two
+    time.sleep(1.5)
+    after = cache_stats(server)
+    assert after["rejected"] - before["rejected"] == 1
+    assert after["ended"]["cancelled"] == before["ended"]["cancelled"], \
+        "the refused request's first sequence was queued and then aborted"
+    assert after["prompt_tokens"] == before["prompt_tokens"] and after["inflight"] == 0
+
+
+def cache_stats(server) -> dict:
+    """The model's stats (cache_control 'stats': the engine's and the serving layer's counters, read now)."""
+    import tritonclient.grpc as grpc
+    client = StreamClient(server.grpc_url)
+    try:
+        client.send("stats", triton_inputs(grpc, [1], 1, cache_control=np.array([["stats"]], dtype=object)))
+        result, error = client.events.get(timeout=60)
+    finally:
+        client.close()
+    assert error is None, error
+    return json.loads(result.as_numpy("cache_stats").reshape(-1)[0])

@@ -80,16 +80,29 @@ class Engine:
         return self.scheduler.cache
 
     # ---- submission (any thread) ----------------------------------------------------------------------
+    def check(self, req: GenerationRequest) -> None:
+        """submit's checks of a request alone (UserError naming the field, counted as a refusal), nothing
+        queued: a caller submitting several requests as one (a Triton request's batch) checks them all before
+        queuing any."""
+        try:
+            self._check(req)
+        except UserError:
+            self.telemetry.rejected_requests += 1
+            raise
+
+    def _check(self, req: GenerationRequest) -> None:
+        if not isinstance(req, GenerationRequest):
+            raise UserError(f"submit takes a GenerationRequest, got {type(req).__name__}")
+        req.validate(self.vocab_size, self.cfg.max_context)
+        self.scheduler.check_fits(len(req.prompt), req.max_new_tokens)
+
     def submit(self, req: GenerationRequest, callback=None) -> None:
         """Queue a request; ``callback(RequestOutput)`` is called from the engine's thread. Bad input raises
         UserError here, before anything is allocated."""
         try:
-            if not isinstance(req, GenerationRequest):
-                raise UserError(f"submit takes a GenerationRequest, got {type(req).__name__}")
             if callback is not None and not callable(callback):
                 raise UserError("callback must be callable")
-            req.validate(self.vocab_size, self.cfg.max_context)
-            self.scheduler.check_fits(len(req.prompt), req.max_new_tokens)
+            self._check(req)
             with self._cv:
                 if self.dead:
                     raise EngineDead(f"the engine is dead: {self.dead}")

@@ -151,6 +151,10 @@ class EngineHost:
                             "without --no-decoupled), or send one request per sequence")
         for sreq in parsed:
             _cap_output_len(sreq.gen, self.engine.cfg.max_context)
+        # every sequence checked before any is queued: a batch with one bad entry is refused whole, none of it
+        # run (its first entries were queued, then aborted: a refused request that also counted as cancelled)
+        for sreq in parsed:
+            self.engine.check(sreq.gen)
         group = _Group(len(parsed), sink, self.engine.abort, lambda g: self._unregister(triton_id, g))
         # engine ids are ours: Triton ids may be empty or repeat across clients
         for sreq in parsed:
