@@ -38,7 +38,11 @@ MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
                "special_tokens_map.json", "model.safetensors.index.json")
 
 
-def add_arguments(p) -> None:
+def add_arguments(p, groups=None) -> None:
+    """The build options on `p`; their sections (dasc, weights, runtime, ...) on `groups` (default `p`): a caller
+    that puts the first options in an argument group passes its parser, since argparse's help leaves out a group
+    made inside a group."""
+    groups = p if groups is None else groups
     p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (config.json + safetensors); "
                    "with --load-format dummy a bare config.json or a directory holding only one")
     p.add_argument("--output", required=True, help="engine directory to create")
@@ -47,7 +51,7 @@ def add_arguments(p) -> None:
                    "tensors no part of the model loads (refused by default: config.json may not describe the weights)")
     p.add_argument("--skip-finite-check", action="store_true", help="do not read every weight for NaN / Inf "
                    "before building (names, shapes and dtypes are still checked; recorded in the engine)")
-    g = p.add_argument_group("dasc")
+    g = groups.add_argument_group("dasc")
     add_arm_arguments(g, ("wmax", "selection", "mask_seed", "policy", "codec", "precision", "conv_codec", "layout", "tp", "placement"))
     g.add_argument("--state-budget-bytes", type=int, default=None,
                    help="checkpoint pool bytes per rank (default: 64 dense checkpoints' worth)")
@@ -65,7 +69,7 @@ def add_arguments(p) -> None:
                    help="host KV blocks per rank (pinned on a GPU, --block-size tokens each): a cached prefix "
                         "evicted from the device KV moves there with its checkpoint instead of being dropped, "
                         "and a hit copies it back (default 0: off)")
-    g = p.add_argument_group("weights")
+    g = groups.add_argument_group("weights")
     g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
                    help="safetensors: the checkpoint's weights; dummy: random weights of the config's full size, "
                         "made on each rank's device at load time (nothing but the config is written; the decay "
@@ -76,9 +80,9 @@ def add_arguments(p) -> None:
     g.add_argument("--memory-limit-bytes", type=int, default=None,
                    help="device memory one rank may take (weights + KV cache + state rows + checkpoint pool); "
                         "checked at build and before loading (default: the device's free memory at load time)")
-    g = p.add_argument_group("runtime")
-    g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    g.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N")
+    g = groups.add_argument_group("runtime")
+    g.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="model dtype (default bfloat16)")
+    g.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N (default cuda)")
     g.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="kernel backend: fla (recurrence, mixers and decode attention in GPU kernels), "
                         "fla-unfused (fla's recurrence only), torch (the reference), auto (fla on a GPU)")
@@ -96,14 +100,14 @@ def add_arguments(p) -> None:
     g.add_argument("--tensorrt", action="store_true", help="also build the checkpoint codec (store, load, "
                    "wr merge) as TensorRT engines into tensorrt/ (needs tensorrt or tensorrt-rtx; --codec native|int8, "
                    "--precision uniform and --conv-codec native only)")
-    g = p.add_argument_group("ablation (measurements only: makes the engine slower on purpose)")
+    g = groups.add_argument_group("ablation (measurements only: makes the engine slower on purpose)")
     g.add_argument("--ablation-step-delay-ms", type=float, default=0.0,
                    help="hold each step's results this many ms more once the engine is ready, as a slower "
                         "engine's would be (does a serving figure depend on the engine's speed?); default 0: off")
     g.add_argument("--ablation-step-slowdown", type=float, default=1.0,
                    help="hold each step's results (X - 1) x the step's own time more: the engine at 1/X of "
                         "its speed; default 1: off")
-    g = p.add_argument_group("serving")
+    g = groups.add_argument_group("serving")
     g.add_argument("--no-decoupled", action="store_true",
                    help="one response per request (for clients using plain infer; no streaming)")
     g.add_argument("--exclude-input-in-output", action="store_true",

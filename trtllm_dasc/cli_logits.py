@@ -27,8 +27,9 @@ def add_arguments(p) -> None:
                                                 "float32 [T, vocab]")
     p.add_argument("--split", type=int, default=None,
                    help="prefill K tokens, store the state at K in the checkpoint pool, load it back, continue")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="model dtype (default float32; the logits are written float32 either way)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="kernel backend (dasc-build --help says what each runs)")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")

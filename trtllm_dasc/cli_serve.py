@@ -38,9 +38,9 @@ STALE_S = 30.0     # metrics not refreshed this long: the model's stub is gone
 
 def add_arguments(p) -> None:
     from build_scripts.dasc_build import add_arguments as build_arguments
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--http-port", type=int, default=8000, help="tritonserver's HTTP port (default 8000)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="tritonserver's gRPC port (default 8001)")
+    p.add_argument("--metrics-port", type=int, default=8002, help="tritonserver's Prometheus metrics port (default 8002)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address the HTTP, gRPC and metrics endpoints listen on (default 127.0.0.1, this machine "
                         "only; 0.0.0.0 for every interface). TP ranks talk over loopback whatever this says")
@@ -59,7 +59,7 @@ def add_arguments(p) -> None:
     p.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for the warm-up")
     # the build options, for a checkpoint given as --model (ignored for an engine directory)
     build = p.add_argument_group("build (when --model is a checkpoint)")
-    build_arguments(build)
+    build_arguments(build, p)
     for action in build._group_actions:
         if action.dest == "output":
             action.required, action.default = False, None

@@ -31,8 +31,10 @@ def add_arguments(p) -> None:
                    help="per-rank checkpoint memory budget: reports dense_slots and slots = floor(B/b) - 1")
     p.add_argument("--a", type=float, default=DEFAULT_A, help=f"static gate logit (default {DEFAULT_A})")
     p.add_argument("--eps", type=float, default=DEFAULT_EPS, help=f"horizon threshold (default {DEFAULT_EPS})")
-    p.add_argument("--temporal-dtype", default="float32", choices=DTYPES)
-    p.add_argument("--conv-dtype", default="bfloat16", choices=DTYPES)
+    p.add_argument("--temporal-dtype", default="float32", choices=DTYPES,
+                   help="dtype of the recurrent state in a checkpoint (default float32)")
+    p.add_argument("--conv-dtype", default="bfloat16", choices=DTYPES,
+                   help="dtype of the short-conv state in a checkpoint (default bfloat16)")
     add_arm_arguments(p, ("selection", "mask_seed"))
     p.add_argument("--json", action="store_true", help="print one JSON object (needs a single --wmax)")
     p.add_argument("--plot", metavar="FILE.png", help="draw per-layer horizon profiles and capacity vs W_max")

@@ -235,8 +235,8 @@ def add_arguments(p) -> None:
     p.add_argument("--arch", required=True, choices=["kda", "gdn"],
                    help="kda: Kimi-Linear-48B shapes; gdn: Qwen3-Next-80B shapes")
     p.add_argument("--out", required=True, help="output directory (created)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shards", type=int, default=2, help="safetensors shards (1 writes model.safetensors)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the decay profile's draw (default 0)")
+    p.add_argument("--shards", type=int, default=2, help="safetensors shards (1 writes model.safetensors; default 2)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES),
                    help=f"decay profile (default {DEFAULT_PROFILE}: fitted to the paper's capacities; "
                         f"{LEGACY_PROFILE}: the first one, what engines built before 12-07 hold)")

@@ -1,0 +1,37 @@
+"""Every option of `dasc` (each subcommand) and `dasc-build` is described in its --help: argparse leaves
+out an argument group made inside another group (dasc serve's build options were missing from its help),
+and an option added without help= shows no text (the ports, the dtypes)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+import pytest
+
+from trtllm_dasc.cli import SUBCOMMANDS, _Parser
+
+
+def _parser(name: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=f"dasc {name}")
+    importlib.import_module(SUBCOMMANDS[name][0]).add_arguments(p)
+    return p
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_every_option_is_in_help_with_text(name):
+    p = _parser(name)
+    text = p.format_help()
+    body = text.split("\n\n", 1)[1]            # past the usage block, which names every option either way
+    for action in p._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        flag = action.option_strings[-1]
+        assert f"  {flag}" in body or f", {flag}" in body, f"dasc {name} --help does not describe {flag}"
+        assert action.help, f"dasc {name}: {flag} has no help text"
+
+
+def test_serve_help_describes_build_options():
+    text = _parser("serve").format_help()
+    for flag in ("--wmax", "--policy", "--codec", "--state-budget-bytes", "--device", "--max-batch-size"):
+        assert f"\n  {flag}" in text, flag
+    assert "(default 8000)" in text
