@@ -35,3 +35,12 @@ def test_serve_help_describes_build_options():
     for flag in ("--wmax", "--policy", "--codec", "--state-budget-bytes", "--device", "--max-batch-size"):
         assert f"\n  {flag}" in text, flag
     assert "(default 8000)" in text
+
+
+@pytest.mark.parametrize("name", ["plan", "build", "logits", "serve"])
+def test_precision_help_names_the_real_default(name):
+    p = _parser(name)
+    for action in p._actions:
+        if "--precision" in action.option_strings:
+            # the default is uniform; "default horizon = ..." read as if horizon were the default
+            assert f"default {action.default}" in action.help, action.help

@@ -134,9 +134,9 @@ def _flags(engine: bool) -> dict:
                       help=f"checkpoint temporal codec of --precision uniform (default {DEFAULT_CODEC})"),
         "precision": dict(default=DEFAULT_PRECISION, help="uniform (every kept unit in --codec) or "
                           "horizon[:H1,H2[:c0,c1,c2]]: each kept unit's codec from its horizon band, thresholds in "
-                          "tokens (default horizon = horizon:128,1024:int4,int8,int8)"),
+                          f"tokens (default {DEFAULT_PRECISION}; a bare horizon means horizon:128,1024:int4,int8,int8)"),
         "conv_codec": dict(default=DEFAULT_CONV_CODEC, choices=CONV_CODECS, help="checkpoint conv state codec: "
-                           "native (its dtype, the paper) or int8 (one scale per layer)"),
+                           f"native (its dtype, the paper) or int8 (one scale per layer); default {DEFAULT_CONV_CODEC}"),
         "layout": dict(default=DEFAULT_LAYOUT, choices=LAYOUTS,
                        help=f"checkpoint temporal slot layout (default {DEFAULT_LAYOUT})"),
         "tp": dict(type=int, default=DEFAULT_TP, help=f"tensor-parallel degree (default {DEFAULT_TP})"),
