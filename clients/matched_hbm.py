@@ -62,11 +62,11 @@ def add_arguments(p) -> None:
     g.add_argument("--prompts", type=int, default=12032, help="dataset size (MMLU-Pro test: 12032)")
     g.add_argument("--scale", type=float, default=1.0, help="multiplies the prefix (1500-2500) and question "
                    "(100-300) token lengths")
-    g.add_argument("--workload-seed", type=int, default=0)
+    g.add_argument("--workload-seed", type=int, default=0, help="seed of the synthetic prompt set (default 0)")
     g = p.add_argument_group("protocol")
     g.add_argument("--seeds", default="42,123,7", help="request-order seeds")
-    g.add_argument("--concurrency", type=int, default=96)
-    g.add_argument("--output-tokens", type=int, default=1)
+    g.add_argument("--concurrency", type=int, default=96, help="requests in flight at once (default 96, the paper's)")
+    g.add_argument("--output-tokens", type=int, default=1, help="tokens generated per request (default 1)")
     g.add_argument("--blocks-per-phase", type=int, default=None, help="an evenly spread subset of each phase's "
                    "blocks (default: all of them, as the paper)")
     g.add_argument("--block-seed", type=int, default=None, help="with --blocks-per-phase: a seeded sample of each "
@@ -88,7 +88,7 @@ def add_arguments(p) -> None:
     g.add_argument("--target-fill", type=float, default=0.85, help="Q(W) = ceil(N(W) / target fill)")
     g.add_argument("--inprocess", default=None, metavar="ARM", help="also run this arm in-process through "
                    "Engine (no Triton): the serving overhead")
-    g.add_argument("--request-timeout", type=float, default=600.0)
+    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take (default 600)")
     g.add_argument("--transport", choices=["http", "grpc"], default="http", help="http (default, the paper's): "
                    "POST generate_stream, TTFT to the first SSE chunk; grpc: tritonclient stream, TTFT to the first "
                    "response")
@@ -108,12 +108,13 @@ def add_arguments(p) -> None:
                    "what is done in --cells-dir) and exit: nothing is built or started")
     g = p.add_argument_group("engine (passed to dasc-build)")
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: cuda when available)")
-    g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    g.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="model dtype (default bfloat16)")
     add_weight_arguments(g)
     g.add_argument("--max-batch-size", type=int, default=None, help="sequences the server runs at once "
                    "(default 8; --paper 96, its concurrency: a smaller batch would queue the paper's requests "
                    "inside the server and time the queue)")
-    g.add_argument("--max-num-tokens", type=int, default=None)
+    g.add_argument("--max-num-tokens", type=int, default=None, help="tokens of one engine step, all requests "
+                   "(default: uncapped; --paper 8192)")
     g.add_argument("--prefill-chunk", type=int, default=None, help="prefill tokens of one request per step "
                    "(default 2048; --paper 8192)")
     g.add_argument("--interval", type=int, default=None, help="checkpoint interval (default: longer than any "
@@ -129,7 +130,7 @@ def add_arguments(p) -> None:
                    "prompt of the largest boundary block at its longest + the running requests), with "
                    "--memory-limit-bytes at most what fits beside the weights (clients/kv_sizing.py)")
     kv_sizing.add_memory_arguments(g)
-    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     g.add_argument("--step-delay-ms", type=float, default=0.0, help="ablation (issue 33): every arm's engine holds "
                    "each step's results this many ms more once ready (dasc-build --ablation-step-delay-ms): does a "
                    "figure depend on the engine's speed? In the manifest: another cells directory (default 0: off)")
@@ -137,7 +138,8 @@ def add_arguments(p) -> None:
                    "speed (dasc-build --ablation-step-slowdown; default 1: off)")
     g.add_argument("--kernel-cache", default=None, help="compiled-kernel cache shared by the arms "
                    "(default OUT/kernels)")
-    g.add_argument("--ready-timeout", type=float, default=1800.0)
+    g.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds a server may take to become "
+                   "ready (default 1800)")
     add_arm_arguments(g, ("tp", "placement"))
     g.add_argument("--torch-threads", type=int, default=None, help="the server's OMP_NUM_THREADS (default: "
                    "torch's choice; 1 on a small shared CPU)")

@@ -44,3 +44,12 @@ def test_precision_help_names_the_real_default(name):
         if "--precision" in action.option_strings:
             # the default is uniform; "default horizon = ..." read as if horizon were the default
             assert f"default {action.default}" in action.help, action.help
+
+
+def test_matched_hbm_options_have_help():
+    import clients.matched_hbm as mh
+    p = argparse.ArgumentParser(prog="python -m clients.matched_hbm")
+    mh.add_arguments(p)
+    for action in p._actions:
+        if action.option_strings and action.help != argparse.SUPPRESS:
+            assert action.help, f"clients.matched_hbm: {action.option_strings[-1]} has no help text"
