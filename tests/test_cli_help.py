@@ -53,3 +53,10 @@ def test_matched_hbm_options_have_help():
     for action in p._actions:
         if action.option_strings and action.help != argparse.SUPPRESS:
             assert action.help, f"clients.matched_hbm: {action.option_strings[-1]} has no help text"
+
+
+def test_evals_run_options_have_help():
+    from trtllm_dasc.evals.run import _parser as evals_parser
+    for action in evals_parser()._actions:
+        if action.option_strings and action.help != argparse.SUPPRESS:
+            assert action.help, f"trtllm_dasc.evals.run: {action.option_strings[-1]} has no help text"

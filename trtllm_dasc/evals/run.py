@@ -128,19 +128,19 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--plot", default=None, help="accuracy vs W_max (PNG)")
     ap.add_argument("--arms", default=None, help="comma list of arm specs, or paper (the 37-arm sweep), or precision "
                     "(dense; nr, nr+int8, nr+horizon and five shuffled-band controls at W 16 and 64)")
-    ap.add_argument("--tasks", default=None)
+    ap.add_argument("--tasks", default=None, help="all (the 13 RULER subtasks, the default) or a comma list")
     ap.add_argument("--lengths", default=None, help="default 1024,2048,4096 (--paper: 4096,8192)")
     ap.add_argument("--instances", type=int, default=None, help="unique instances per task and length (30)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="measured replay rounds per instance, averaged (default 1; --paper: 3)")
     ap.add_argument("--paper", action="store_true", help="the paper's RULER protocol (App. C.3), see above")
     ap.add_argument("--smoke", action="store_true", help="the --paper protocol shrunk to a minute on the CPU")
-    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--max-batch", type=int, default=16, help="requests the engine runs at once (default 16)")
     ap.add_argument("--replay-window", type=int, default=None,
                     help="tokens every wr arm's hit replays instead of its W_max (a diagnostic: how far back the "
                          "units W omits still matter; recorded in the result, and a merge keeps runs of one window)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype (default float32)")
     ap.add_argument("--resamples", type=int, default=None, help="bootstrap resamples (10,000)")
     ap.add_argument("--commit", default=None, help="commit to record (a device's .git may be stale)")
     ap.add_argument("--shard", default=None, help="I/N: run only every N-th arm of the list, from the I-th")
