@@ -14,6 +14,7 @@ parameter (over HTTP generate: a JSON key that is no input of the model) is refu
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 
@@ -185,6 +186,14 @@ class TextModel:
         else:
             responses = [pb_utils.InferenceRequest(model_name=self.core, inputs=inputs, requested_output_names=[],
                                                    request_id=rid).exec()]
+        # the stream's cancellation watch polls the caller's sender: it stops (close) before an error leaves
+        # here, since the caller then sends its final response, after which the sender must not be asked
+        # anything (the raised error's traceback would keep this frame, and the stream open, meanwhile)
+        with contextlib.closing(responses) if hasattr(responses, "close") else contextlib.nullcontext():
+            yield from self._texts(responses)
+
+    def _texts(self, responses):
+        """tensorrt_llm's responses -> text responses (postprocessing per token response)."""
         for response in responses:
             if response.has_error():
                 raise UserError(response.error().message())

@@ -9,6 +9,7 @@ config.pbtxt is tensorrt_llm's filled one under this name (dasc-build writes it:
 trtllm_dasc.serve.repository.add_alias). A client's cancellation reaches the engine as a stop for the
 forwarded request (trtllm_dasc.serve.bls).
 """
+import contextlib
 import json
 import threading
 
@@ -109,12 +110,20 @@ class TritonPythonModel:
             # a stop names the request to end: its id goes on unchanged (an empty one is refused there)
             is_stop = _is_stop(inputs)
             rid = request.request_id() if is_stop else bls.forward_id(request.request_id(), self.name)
-            for response in bls.stream(pb_utils, self.target, inputs, self.outputs, rid,
-                                       cancelled=None if is_stop else sender.is_cancelled):
-                if response.has_error():
-                    sender.send(pb_utils.InferenceResponse(error=response.error()), flags=final)
-                    return
-                sender.send(pb_utils.InferenceResponse(response.output_tensors()))
+            error = None
+            # closing: the stream's cancellation watch polls sender.is_cancelled() and must stop before the
+            # final response (a sender asked anything after it reads freed memory); leaving the loop on an
+            # error would keep the watch running until this frame is gone
+            with contextlib.closing(bls.stream(pb_utils, self.target, inputs, self.outputs, rid,
+                                               cancelled=None if is_stop else sender.is_cancelled)) as responses:
+                for response in responses:
+                    if response.has_error():
+                        error = response.error()
+                        break
+                    sender.send(pb_utils.InferenceResponse(response.output_tensors()))
+            if error is not None:
+                sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+                return
             sender.send(flags=final)
         except Exception as e:  # noqa: BLE001 - the request fails in one line, the model keeps serving
             text = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
