@@ -133,3 +133,15 @@ def test_the_table_matches_tensorrt_llms_names_dtypes_and_dims():
                 "first_token_time_ns": ("TYPE_INT64", (1,)), "last_token_time_ns": ("TYPE_INT64", (1,))}
     for name, want in expected.items():
         assert spec[name] == want, name
+
+
+def test_a_bad_sequence_of_a_batch_is_named():
+    """One error answers a whole request: with several sequences it says which one is wrong (a reviewer could
+    not tell from "input 'input_lengths' = 0 disagrees with ..." which entry of a batch it meant); a single
+    sequence's error stays as it was."""
+    batch = {"input_ids": np.array([[5, 6, 7, 8], [5, 6, 7, 8]], np.int32), "input_lengths": np.array([[4], [0]], np.int32),
+             "request_output_len": np.array([[3], [3]], np.int32)}
+    with pytest.raises(UserError, match=r"^sequence 1 of the batch of 2: input 'input_lengths' = 0 disagrees"):
+        parse_request(batch, "id", decoupled=True)
+    with pytest.raises(UserError, match=r"^input 'input_lengths' = 0 disagrees"):
+        parse_request(req(input_lengths=[0]), "id", decoupled=True)

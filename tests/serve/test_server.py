@@ -262,6 +262,7 @@ def test_a_batch_with_one_bad_sequence_is_refused_before_any_of_it_runs(dense):
     finally:
         client.close()
     assert err is not None and "max context" in err.message(), (err, result)
+    assert "sequence 1 of the batch of 2" in err.message(), err.message()
     # an abort of a queued first sequence would end it within a step or two
     time.sleep(1.5)
     after = cache_stats(server)

@@ -9,6 +9,7 @@ a non-streaming output holds the prompt too unless exclude_input_in_output; word
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 
@@ -191,9 +192,21 @@ def parse_request(inputs: dict, request_id: str, *, decoupled: bool, exclude_def
         raise UserError(f"input 'input_ids' must be INT32, got {ids.dtype}")
     out = []
     for b in range(ids.shape[0]):
-        out.append(_parse_one(inputs, ids, b, f"{request_id}#{b}" if ids.shape[0] > 1 else request_id,
-                              decoupled, exclude_default))
+        with naming_entry(b, ids.shape[0]):
+            out.append(_parse_one(inputs, ids, b, f"{request_id}#{b}" if ids.shape[0] > 1 else request_id,
+                                  decoupled, exclude_default))
     return out
+
+
+@contextlib.contextmanager
+def naming_entry(b: int, batch: int):
+    """A refusal of one sequence of a batch says which one (the client sees one error for the whole request)."""
+    try:
+        yield
+    except UserError as e:
+        if batch == 1:
+            raise
+        raise UserError(f"sequence {b} of the batch of {batch}: {e}") from None
 
 
 def _parse_one(inputs, ids, b, rid, decoupled, exclude_default) -> ServeRequest:

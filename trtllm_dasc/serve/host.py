@@ -23,8 +23,8 @@ from trtllm_dasc.engine.engine import Engine, EngineDead
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.bls import client_id
 from trtllm_dasc.serve.drain import DRAIN_ENV, mark_drained, read_drain_request
-from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, parse_request,
-                                      response_tensors, stats_tensor, stopped_tensors)
+from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, naming_entry,
+                                      parse_request, response_tensors, stats_tensor, stopped_tensors)
 from trtllm_dasc.engine.ranks import start_rank
 
 log = logging.getLogger("trtllm_dasc.serve")
@@ -153,8 +153,9 @@ class EngineHost:
             _cap_output_len(sreq.gen, self.engine.cfg.max_context)
         # every sequence checked before any is queued: a batch with one bad entry is refused whole, none of it
         # run (its first entries were queued, then aborted: a refused request that also counted as cancelled)
-        for sreq in parsed:
-            self.engine.check(sreq.gen)
+        for b, sreq in enumerate(parsed):
+            with naming_entry(b, len(parsed)):
+                self.engine.check(sreq.gen)
         group = _Group(len(parsed), sink, self.engine.abort, lambda g: self._unregister(triton_id, g))
         # engine ids are ours: Triton ids may be empty or repeat across clients
         for sreq in parsed:
