@@ -12,6 +12,8 @@ requests, each turn's prompt extends the previous turn's, so it reuses the check
 previous prompt), ``--concurrency`` conversations in flight, their turns taken round-robin in a seeded
 order: a conversation's next turn comes after ~concurrency other turns, the reuse distance the slots must
 cover. Lengths scaled by ``--scale`` (the bookkeeping is per block: lengths only set the token weights).
+Openings: ``--opening-shape`` uniform (the default here: the shape the committed result and issue 36's verdict
+used) or lognormal (Table 8's default since its fit to the paper's replay tokens per hit).
 
 Arms, at equal checkpoint memory: dense checkpoints in ``--device-slots`` slots, and dasc-compressed ones in
 device-slots x ``--compression`` slots (the checkpoint is that many times smaller: 2.59x for Kimi-Linear at
@@ -115,11 +117,15 @@ def main(argv=None) -> int:
                                                                "ends only, the paper's protocol)")
     ap.add_argument("--write-policies", default="write-back,write-through",
                     help="host write policies to run for every host arm (write-back,write-through)")
+    ap.add_argument("--opening-shape", choices=("uniform", "lognormal"), default="uniform",
+                    help="openings (clients/multiturn.py): uniform (default: the shape of the committed result) or "
+                    "lognormal (Table 8's default)")
     ap.add_argument("--seeds", default="42,123,7", help="request-order seeds (42,123,7)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "host_tier_sim.json"))
     ap.add_argument("--commit", default=None, help="commit to record (default: this checkout's HEAD)")
     args = ap.parse_args(argv)
-    cfg = MultiTurnConfig(vocab=32000, conversations=args.conversations, turns=args.turns, scale=args.scale)
+    cfg = MultiTurnConfig(vocab=32000, conversations=args.conversations, turns=args.turns, scale=args.scale,
+                          opening_shape=args.opening_shape)
     seeds = [int(s) for s in args.seeds.split(",")]
     policies = [p for p in args.write_policies.split(",") if p]
     if not policies or any(p not in HOST_WRITE_POLICIES for p in policies) or "write-back" not in policies:
@@ -158,7 +164,8 @@ def main(argv=None) -> int:
     result = {"benchmark": "host_tier_sim", **provenance("benchmarks/host_tier_sim.py", argv, args.commit),
               "workload": {"conversations": args.conversations, "turns": args.turns, "concurrency": args.concurrency,
                            "scale": args.scale, "seeds": seeds, "prompt_only": args.interval is None,
-                           "interval": args.interval, "write_policies": policies},
+                           "interval": args.interval, "write_policies": policies,
+                           "opening_shape": args.opening_shape},
               "device_slots_dense": args.device_slots, "compression": args.compression,
               "host_factor": args.host_factor, "target": f"dasc with a host tier of {args.host_factor:g}x its GPU "
               f"budget: token hit rate >= {TARGET_RATIO:g}x the GPU-only arm's", "arms": arms, "verdict": verdict}

@@ -2,7 +2,8 @@
 
 Every arm has the same number of checkpoint slots (899: its budget is 900 of its own checkpoints, slot 0
 reserved), so capacity plays no part; dasc-nr and dasc-wr at W_max in {16, 64, 128, 512, 1024} serve the same
-multi-turn workload (200 conversations, 1,051 requests, clients/multiturn.py) in five request orders (seeds
+multi-turn workload (200 conversations, 1,051 requests, clients/multiturn.py; --opening-shape: lognormal openings
+fitted to Table 8's replay tokens per hit, or uniform, the first shape) in five request orders (seeds
 paired across arms). Per W and seed: dTTFT = mean TTFT(wr) - mean TTFT(nr) and the cost per hit
 dTTFT x 1051 / N_hit. Target (written before the measurement): at most a tenth of the paper's cost per hit
 at every W_max (paper: 67.0 / 85.5 / 108.4 / 249.3 / 426.0 ms).
@@ -15,7 +16,7 @@ that the estimate (clients/fixed_slots.py) says cannot end in time, and the call
 
     python -m benchmarks serve_wr_fixed_slots --model tests/data/kimi-linear-48b-a3b.config.json \\
         --load-format dummy --seed 0 --memory-limit-bytes device --cells-dir DIR --call-deadline-s 520 \\
-        [--wmax 16,64] [--max-units 2] [--kernel-cache DIR] [--commit SHA] [--out RESULT.json]
+        [--wmax 16,64] [--max-units 2] [--opening-shape uniform] [--kernel-cache DIR] [--commit SHA] [--out RESULT.json]
     python -m benchmarks serve_wr_fixed_slots --cells-dir DIR ...the same flags... --plan-only   # what is left
     python -m benchmarks serve_wr_fixed_slots --merge DIR [DIR ...] --out RESULT.json     # cells of one measurement
     python -m benchmarks serve_wr_fixed_slots --smoke --cells-dir /tmp/wrfs   # CPU, the embedded tiny model
@@ -72,6 +73,11 @@ def parse(argv):
     ap.add_argument("--concurrency", type=int, default=None)
     ap.add_argument("--max-batch-size", type=int, default=None, help="the engine's batch (GPU 32, smoke 4)")
     ap.add_argument("--transport", choices=["http", "grpc"], default="http")
+    # clients.multiturn.OPENING_SHAPES (not imported here: --help stays light)
+    ap.add_argument("--opening-shape", choices=("lognormal", "uniform"), default="lognormal",
+                    help="the conversations' openings: lognormal (default; fitted to Table 8's replay tokens per "
+                    "hit, clients/multiturn.py) or uniform (the first shape, 1,500-2,500 tokens; its cells "
+                    "directories resume with it)")
     add_weight_arguments(ap)
     add_memory_arguments(ap)
     ap.add_argument("--call-deadline-s", type=float, default=None, help="wall-clock seconds this call may take (from "
@@ -105,9 +111,9 @@ def manifest_of(args, mode: dict, cfg, caps: dict, flags: list[str], kv: dict | 
                        "concurrency": mode["concurrency"], "transport": args.transport,
                        "torch_threads": mode["torch_threads"], **weights_record(args),
                        **({"kv_cache": kv} if kv and kv.get("fit") is not None else {}),
-                       "workload": {"conversations": cfg.conversations, "turns": cfg.turns, "scale": cfg.scale,
-                                    "seed": cfg.seed, "opening": cfg.scaled(cfg.opening_tokens),
-                                    "reply": cfg.scaled(cfg.reply_tokens), "user": cfg.scaled(cfg.user_tokens)}}}
+                       # the workload's shape and parameters are part of the manifest's identity: cells of the
+                       # first (uniform) shape keep their id and never mix with the lognormal shape's
+                       "workload": cfg.record()}}
 
 
 def table(manifest: dict, cells: list[dict]) -> dict:
@@ -192,7 +198,7 @@ def setup(args, mode: dict):
     check_weights(args)
     model_cfg = model_config(args)
     cfg = MultiTurnConfig(vocab=model_cfg.schema.network.vocab_size, conversations=mode["conversations"],
-                          turns=mode["turns"], scale=mode["scale"])
+                          turns=mode["turns"], scale=mode["scale"], opening_shape=args.opening_shape)
     mb = mode["max_batch_size"]
     for name, v in (("--slots", args.slots), ("--max-batch-size", mb), ("--concurrency", mode["concurrency"]),
                     ("--max-units", args.max_units or 1)):

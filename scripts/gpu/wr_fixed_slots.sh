@@ -6,9 +6,13 @@
 # nothing starts that the estimate says cannot end before the call's deadline, and the cells and the newly
 # compiled kernels come back in $OUT. KV is sized by --memory-limit-bytes device (clients/fixed_slots.py): the
 # device less the measured 21.27 GiB headroom beside the engine's count, which holds the largest step's tensors
-# (model/workspace.py); batch 32 (the 32 clients of the closed loop all run) leaves 49,416 KV blocks beside W=16's
-# pool (plan-only, the H200's 150,109,880,320 B). If W=16's server dies of memory, start a new measurement with
+# (model/workspace.py); batch 32 (the 32 clients of the closed loop all run): every conversation's longest prompt
+# fits beside W=16's pool, 72,616 KV blocks (49,416 with OPENING=uniform; plan-only, the H200's 150,109,880,320 B,
+# room for 231,642). If W=16's server dies of memory, start a new measurement with
 # a larger HEADROOM (another manifest: the cells dir names it).
+# OPENING (default lognormal: openings fitted to Table 8's replay tokens per hit, clients/multiturn.py) or
+# OPENING=uniform (the first shape, 1,500-2,500-token openings): its cells dir ends in _uniform, and the
+# manifest's workload record tells the two shapes apart, so their cells never mix.
 # Repeat the call (same COMMIT, MAX_BATCH, HEADROOM: the default CELLS names them) until no pair is left; here
 # (CPU, no flags to repeat) `python -m benchmarks serve_wr_fixed_slots --merge $CELLS --out /tmp/t8.json` prints
 # the table so far and "pairs left: N; W=... seeds".
@@ -30,9 +34,10 @@ source scripts/gpu/prelude.sh
 check_serve || exit 3
 MAX_BATCH=${MAX_BATCH:-32}
 HEADROOM=${HEADROOM:-21.27}
+OPENING=${OPENING:-lognormal}
 # the settings that make a different manifest are in the name (the merge refuses mixed commits: the commit too).
 # Tracked (benchmarks/cells/): the tree carries them to every call and a later session resumes them
-CELLS=${CELLS:-benchmarks/cells/wr_fixed_kimi48_full_b${MAX_BATCH}_hr${HEADROOM}_c${COMMIT:-HEAD}}
+CELLS=${CELLS:-benchmarks/cells/wr_fixed_kimi48_full_b${MAX_BATCH}_hr${HEADROOM}_c${COMMIT:-HEAD}$([ "$OPENING" = lognormal ] || echo "_$OPENING")}
 cells_work "$CELLS"            # sets WORK (prelude.sh)
 touch /tmp/wr_fixed.marker
 if [ -z "${READY_EST:-}" ] && ! compgen -G ".kernel_cache/*.tgz" >/dev/null && [ ! -f /tmp/wr_fixed.warm ]; then
@@ -44,6 +49,7 @@ echo "wr_fixed_slots: deadline ${DEADLINE} s, W order ${WMAX:-64,128,512,1024,16
 timeout $((DEADLINE + 40)) python3 -m benchmarks serve_wr_fixed_slots \
   --model tests/data/kimi-linear-48b-a3b.config.json --load-format dummy --seed 0 \
   --memory-limit-bytes device --memory-headroom-gib "$HEADROOM" --max-batch-size "$MAX_BATCH" \
+  --opening-shape "$OPENING" \
   --wmax "${WMAX:-64,128,512,1024,16}" --cells-dir "$WORK" --call-deadline-s "$DEADLINE" \
   ${READY_EST:+--ready-estimate-s "$READY_EST"} --work /tmp/wr_fixed --kernel-cache "$CACHE" \
   --out "$OUT/wr_fixed_slots_kimi48_full.json" ${COMMIT:+--commit "$COMMIT"} "$@"
