@@ -164,3 +164,28 @@ def test_an_ablation_engine_says_so_at_start_and_a_plain_one_does_not(tmp_path, 
             assert (h.engine.cfg.step_delay_s, h.engine.cfg.step_slowdown) == (0.04, 2.0)
     assert said["plain"] == [] and len(said["slowed"]) == 1
     assert "40 ms + 1 x its own time" in said["slowed"][0]
+
+
+def test_a_stop_naming_the_clients_id_finds_a_request_forwarded_twice(host):
+    """A forwarding model whose core is itself a forwarder (tensorrt_llm_bls with tensorrt_llm_model_name
+    dasc_hybrid) forwards under the client's id plus two suffixes: a stop naming the client's id (TensorRT-LLM's
+    rule) and one naming the first forwarder's id (its cancellation watch, passed on unchanged by dasc_hybrid)
+    both still find it; a client's own id that merely holds the mark is no forwarded id. Before, only the last
+    suffix was taken off, so the client's stop found nothing and the request ran to its end."""
+    import uuid
+    from trtllm_dasc.serve.bls import forward_id
+    for stop_by in ("client", "first-forwarder"):
+        first = forward_id("job-7", "tensorrt_llm_bls")
+        twice = forward_id(first, "dasc_hybrid")
+        run, stop = Sink(), Sink()
+        host.submit(inputs([1, 2, 3], 200), twice, run)
+        host.submit({**inputs([1], 1), "stop": np.array([True])}, "job-7" if stop_by == "client" else first, stop)
+        assert run.done.wait(120) and stop.done.wait(60)
+        final = run.sent[-1][0]
+        assert final["finish_reason"].reshape(-1)[0] == b"cancelled", stop_by
+        assert final["output_ids"].shape[-1] < 3 + 200, stop_by
+    # an id of the client's own that holds the mark (not followed by a forwarder's uuid): one id, no stop key more
+    from trtllm_dasc.serve.host import _stop_keys
+    assert _stop_keys("a#dasc-fwd-b") == ["a#dasc-fwd-b"]
+    u = uuid.uuid4().hex
+    assert _stop_keys(f"a#dasc-fwd-b#dasc-fwd-{u}") == [f"a#dasc-fwd-b#dasc-fwd-{u}", "a#dasc-fwd-b"]

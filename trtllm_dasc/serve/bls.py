@@ -12,6 +12,7 @@ model_repo/tensorrt_llm_bls (preprocessing -> tensorrt_llm -> postprocessing).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 
@@ -35,10 +36,24 @@ def forward_id(request_id: str, prefix: str) -> str:
     return f"{request_id}{FORWARD_MARK}{uuid.uuid4().hex}" if request_id else f"{prefix}-{uuid.uuid4().hex}"
 
 
+# the suffix forward_id adds (its uuid4 hex): a client's own id that merely holds the mark is no forwarded id
+_SUFFIX = re.compile(re.escape(FORWARD_MARK) + r"[0-9a-f]{32}\Z")
+
+
+def forwarded_ids(request_id: str) -> list[str]:
+    """The ids a forwarded request was known by, its own first: a forwarder whose core is itself a forwarder
+    (tensorrt_llm_bls over dasc_hybrid) adds a suffix each, and a stop naming any of them (the client's, or
+    an outer forwarder's cancellation, passed on unchanged) must find it."""
+    ids = [request_id]
+    while (m := _SUFFIX.search(ids[-1])) is not None and m.start() > 0:
+        ids.append(ids[-1][:m.start()])
+    return ids
+
+
 def client_id(request_id: str) -> str:
-    """The id the client gave a forwarded request (forward_id's inverse); any other id unchanged."""
-    base, mark, _ = request_id.rpartition(FORWARD_MARK)
-    return base if mark and base else request_id
+    """The id the client gave a forwarded request (forward_id's inverse, however many times it was
+    forwarded); any other id unchanged."""
+    return forwarded_ids(request_id)[-1]
 
 
 def send_stop(pb_utils, target: str, request_id: str, decoupled: bool = True) -> None:

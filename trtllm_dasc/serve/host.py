@@ -21,7 +21,7 @@ from trtllm_dasc.engine_dir import EngineDir
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.engine.engine import Engine, EngineDead
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.serve.bls import client_id
+from trtllm_dasc.serve.bls import forwarded_ids
 from trtllm_dasc.serve.drain import DRAIN_ENV, mark_drained, read_drain_request
 from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, naming_entry,
                                       parse_request, response_tensors, stats_tensor, stopped_tensors)
@@ -305,11 +305,9 @@ class EngineHost:
 
 
 def _stop_keys(triton_id: str) -> list[str]:
-    """The ids a stop may name a request by: its own (none when empty) and, for a forwarded one, its client's."""
-    if not triton_id:
-        return []
-    base = client_id(triton_id)
-    return [triton_id] if base == triton_id else [triton_id, base]
+    """The ids a stop may name a request by: its own (none when empty) and, for a forwarded one, its client's
+    and every forwarder's between (bls.forwarded_ids)."""
+    return forwarded_ids(triton_id) if triton_id else []
 
 
 class _Group:
