@@ -189,3 +189,34 @@ def test_a_stop_naming_the_clients_id_finds_a_request_forwarded_twice(host):
     assert _stop_keys("a#dasc-fwd-b") == ["a#dasc-fwd-b"]
     u = uuid.uuid4().hex
     assert _stop_keys(f"a#dasc-fwd-b#dasc-fwd-{u}") == [f"a#dasc-fwd-b#dasc-fwd-{u}", "a#dasc-fwd-b"]
+
+
+def test_a_batch_is_queued_whole_or_not_at_all(engine):
+    """The engine's state may change between the host's check of a batch and its queueing (a shutdown, the
+    engine's death): the batch is then refused whole, never left half-queued (its first sequence ran, was
+    aborted and counted as a cancellation beside the refusal)."""
+    h = EngineHost(str(engine), warmup=False)
+    try:
+        eng, calls = h.engine, []
+        real = eng._check
+
+        def check(req):
+            calls.append(req)
+            if len(calls) == 4:
+                # after the host's two checks, while the batch is being queued: the engine shuts down
+                eng._closed = True
+            real(req)
+        eng._check = check
+        before = eng.telemetry.snapshot()
+        batch = Sink()
+        h.submit({"input_ids": np.array([[1, 2, 3], [4, 5, 6]], np.int32), "input_lengths": np.array([[3], [3]], np.int32),
+                  "request_output_len": np.array([[50], [50]], np.int32)}, "b", batch)
+        assert batch.done.wait(60)
+        assert [f for _, _, f in batch.sent].count(True) == 1 and "shut down" in batch.sent[-1][1]
+        time.sleep(1.0)
+        after = eng.telemetry.snapshot()
+        assert after["ended"] == before["ended"] and after["requests"] == before["requests"], (before, after)
+        assert not eng._seqs and not eng.has_work() and h.stats()["rejected"] == 1
+        eng._closed = False
+    finally:
+        h.shutdown()

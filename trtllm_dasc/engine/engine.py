@@ -99,23 +99,33 @@ class Engine:
     def submit(self, req: GenerationRequest, callback=None) -> None:
         """Queue a request; ``callback(RequestOutput)`` is called from the engine's thread. Bad input raises
         UserError here, before anything is allocated."""
+        self.submit_all([(req, callback)])
+
+    def submit_all(self, items: list) -> None:
+        """Queue several (request, callback) pairs as one (a Triton request's batch): every one is checked,
+        then all are queued under one lock, or none is (a shutdown or the engine's death between the checks
+        of a caller and the queueing refuses the whole batch, never leaves its first entries running)."""
         try:
-            if callback is not None and not callable(callback):
-                raise UserError("callback must be callable")
-            self._check(req)
+            for req, callback in items:
+                if callback is not None and not callable(callback):
+                    raise UserError("callback must be callable")
+                self._check(req)
+            ids = [req.request_id for req, _ in items]
             with self._cv:
                 if self.dead:
                     raise EngineDead(f"the engine is dead: {self.dead}")
                 if self._closed:
                     raise EngineDead("the engine is shut down")
-                if req.request_id in self._seqs:
-                    raise UserError(f"request_id {req.request_id!r} is already in flight")
-                # a request object may be submitted again: its figures start afresh, here, after the check
-                # above (the same object still in flight keeps its own)
-                req.stats = RequestStats(prompt_tokens=len(req.prompt), arrival_time_ns=time.time_ns())
-                seq = Sequence(req, callback)
-                self._seqs[req.request_id] = seq
-                self._inbox.append(seq)
+                for i, rid in enumerate(ids):
+                    if rid in self._seqs or rid in ids[:i]:
+                        raise UserError(f"request_id {rid!r} is already in flight")
+                for req, callback in items:
+                    # a request object may be submitted again: its figures start afresh, here, after the check
+                    # above (the same object still in flight keeps its own)
+                    req.stats = RequestStats(prompt_tokens=len(req.prompt), arrival_time_ns=time.time_ns())
+                    seq = Sequence(req, callback)
+                    self._seqs[req.request_id] = seq
+                    self._inbox.append(seq)
                 self._cv.notify()
         except UserError:
             self.telemetry.rejected_requests += 1

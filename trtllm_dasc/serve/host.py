@@ -176,17 +176,17 @@ class EngineHost:
             self._groups.add(group)
             for sreq in parsed:
                 self._inflight[sreq.gen.request_id] = (sreq, sink)
-        for sreq in parsed:
-            try:
-                self.engine.submit(sreq.gen, lambda out, s=sreq: self._event(s, group, out))
-            except (UserError, EngineDead) as e:
-                # a dead or shut-down engine refuses like bad input: one line, nothing left registered
-                with self._lock:
-                    self.rejected += 1
-                    for rid in group.rids:
-                        self._inflight.pop(rid, None)
-                group.fail(str(e))
-                return
+        try:
+            # all or none: the engine may shut down or die after the checks above, and a batch half queued would
+            # run its first entries, then abort them (a refusal counted as a cancellation too)
+            self.engine.submit_all([(sreq.gen, lambda out, s=sreq: self._event(s, group, out)) for sreq in parsed])
+        except (UserError, EngineDead) as e:
+            # a dead or shut-down engine refuses like bad input: one line, nothing left registered
+            with self._lock:
+                self.rejected += 1
+                for rid in group.rids:
+                    self._inflight.pop(rid, None)
+            group.fail(str(e))
 
     def _event(self, sreq: ServeRequest, group: "_Group", out) -> None:
         if out.finished:
