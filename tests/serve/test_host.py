@@ -220,3 +220,34 @@ def test_a_batch_is_queued_whole_or_not_at_all(engine):
         eng._closed = False
     finally:
         h.shutdown()
+
+
+def test_a_request_queued_as_the_engine_dies_gets_its_final_response(engine):
+    """The engine's death (its loop thread) and a submit (a Triton thread) race: the death marked the engine
+    dead and listed the requests to fail without the engine's lock, so a request queued in between (it saw
+    the engine alive) was in neither list and never answered: its client waited forever."""
+    h = EngineHost(str(engine), warmup=False)
+    eng = h.engine
+    try:
+        # the loop stopped: the death below stands for the loop's own (a step's failure)
+        with eng._cv:
+            eng._stop, eng._drain = True, False
+            eng._cv.notify()
+        eng._thread.join(30)
+        eng._thread = None
+
+        class Seqs(dict):
+            def __setitem__(self, key, value):
+                # the submit holds the engine's lock here, past its check that the engine lives
+                dying = threading.Thread(target=eng._die, args=("a step failed",))
+                dying.start()
+                dying.join(0.5)
+                super().__setitem__(key, value)
+        eng._seqs = Seqs(eng._seqs)
+        sink = Sink()
+        h.submit(inputs([1, 2, 3], 2), "x", sink)
+        assert sink.done.wait(10), "never answered"
+        assert [f for _, _, f in sink.sent].count(True) == 1 and "dead" in sink.sent[-1][1]
+    finally:
+        eng._seqs = dict(eng._seqs)
+        h.shutdown()

@@ -363,9 +363,13 @@ class Engine:
 
     def _die(self, why: str) -> None:
         """Stop serving: every in-flight request gets a final error; the bookkeeping is left as found."""
-        self.dead = why
-        self.ready = False
-        for seq in list(self._seqs.values()):
+        # under the lock submit checks and queues under: a request is queued before this (and failed below) or
+        # refused as dead, never queued unseen in between (it would wait for an answer forever)
+        with self._cv:
+            self.dead = why
+            self.ready = False
+            seqs = list(self._seqs.values())
+        for seq in seqs:
             seq.finish_reason = "error"
             self.telemetry.ended["error"] += 1
             with self._cv:
