@@ -147,12 +147,7 @@ def test_dasc_hybrid_stops_its_watch_before_the_final_error(monkeypatch, fast_wa
     sender = RecordingSender()
     request = Request([Tensor("input_ids", [[5, 6]]), Tensor("input_lengths", [2]),
                        Tensor("request_output_len", [4])], sender)
-    model.threads.add(threading.current_thread())
-    model._stream(request)
-    assert sender.final_sent
-    (response, flags), = sender.responses
-    assert flags == FINAL and response.has_error() and "refused" in response.error().message()
-    assert sender.asked_after_final == 0
+    stream_and_check(model, request, sender)
 
 
 def test_text_model_stops_its_watch_before_the_final_error(monkeypatch, fast_watch):
@@ -164,6 +159,11 @@ def test_text_model_stops_its_watch_before_the_final_error(monkeypatch, fast_wat
     sender = RecordingSender()
     request = Request([Tensor("text_input", np.array([["hello"]], dtype=object)),
                        Tensor("max_tokens", np.array([[4]], np.int32))], sender)
+    stream_and_check(model, request, sender)
+
+
+def stream_and_check(model, request, sender):
+    """Run the model's stream thread body here; one final error response, and no question after it."""
     model.threads.add(threading.current_thread())
     model._stream(request)
     assert sender.final_sent

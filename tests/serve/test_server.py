@@ -96,13 +96,8 @@ def test_exclude_input_perf_metrics_and_end_id(dense):
     import tritonclient.grpc as grpc
     p = prompts(2, 1)[0]
     ref = hf_greedy(hf, p, 5)
-    client = StreamClient(server.grpc_url)
-    try:
-        client.send("x", triton_inputs(grpc, p, 5, exclude_input_in_output=True, return_perf_metrics=True,
-                                       end_id=ref[2]))
-        result, error = client.events.get(timeout=120)
-    finally:
-        client.close()
+    inputs = triton_inputs(grpc, p, 5, exclude_input_in_output=True, return_perf_metrics=True, end_id=ref[2])
+    result, error = first_event(server, "x", inputs, timeout=120)
     assert error is None
     # stopped at end_id, which is not output (TensorRT-LLM's rule), no prompt
     assert result.as_numpy("output_ids").reshape(-1).tolist() == ref[:2]
@@ -142,12 +137,7 @@ def test_bad_requests_are_errors_naming_the_input(dense, change, needle):
                                                       np.float32: "FP32"}[arr.dtype.type])
         i.set_data_from_numpy(arr)
         inputs.append(i)
-    client = StreamClient(server.grpc_url)
-    try:
-        client.send("bad", inputs)
-        result, error = client.events.get(timeout=60)
-    finally:
-        client.close()
+    result, error = first_event(server, "bad", inputs)
     assert error is not None and needle in error.message(), (error, result)
     assert server.proc.poll() is None
 
@@ -155,13 +145,8 @@ def test_bad_requests_are_errors_naming_the_input(dense, change, needle):
 def test_cache_control_flush_and_stats(dense):
     server, _ = dense
     import tritonclient.grpc as grpc
-    client = StreamClient(server.grpc_url)
     control = np.array([["flush"]], dtype=object)
-    try:
-        client.send("flush", triton_inputs(grpc, [1], 1, cache_control=control))
-        result, error = client.events.get(timeout=60)
-    finally:
-        client.close()
+    result, error = first_event(server, "flush", triton_inputs(grpc, [1], 1, cache_control=control))
     assert error is None
     stats = json.loads(result.as_numpy("cache_stats").reshape(-1)[0])
     assert stats["checkpoints_cached"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks"]
@@ -255,12 +240,7 @@ def test_a_batch_with_one_bad_sequence_is_refused_before_any_of_it_runs(dense):
         x.set_data_from_numpy(arr)
         inputs.append(x)
     before = cache_stats(server)
-    client = StreamClient(server.grpc_url)
-    try:
-        client.send("half-bad", inputs)
-        result, err = client.events.get(timeout=60)
-    finally:
-        client.close()
+    result, err = first_event(server, "half-bad", inputs)
     assert err is not None and "max context" in err.message(), (err, result)
     assert "sequence 1 of the batch of 2" in err.message(), err.message()
     # an abort of a queued first sequence would end it within a step or two
@@ -275,11 +255,17 @@ def test_a_batch_with_one_bad_sequence_is_refused_before_any_of_it_runs(dense):
 def cache_stats(server) -> dict:
     """The model's stats (cache_control 'stats': the engine's and the serving layer's counters, read now)."""
     import tritonclient.grpc as grpc
-    client = StreamClient(server.grpc_url)
-    try:
-        client.send("stats", triton_inputs(grpc, [1], 1, cache_control=np.array([["stats"]], dtype=object)))
-        result, error = client.events.get(timeout=60)
-    finally:
-        client.close()
+    control = np.array([["stats"]], dtype=object)
+    result, error = first_event(server, "stats", triton_inputs(grpc, [1], 1, cache_control=control))
     assert error is None, error
     return json.loads(result.as_numpy("cache_stats").reshape(-1)[0])
+
+
+def first_event(server, request_id, inputs, timeout=60):
+    """Send one request over a gRPC stream and return its first event (result, error)."""
+    client = StreamClient(server.grpc_url)
+    try:
+        client.send(request_id, inputs)
+        return client.events.get(timeout=timeout)
+    finally:
+        client.close()
