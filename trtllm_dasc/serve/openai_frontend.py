@@ -23,7 +23,7 @@ import uuid
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.openai_chat import ChatTemplate, chat_options
-from trtllm_dasc.serve.openai_http import MAX_BODY, read_request, refuse, response
+from trtllm_dasc.serve.openai_http import MAX_BODY, MAX_HEAD, read_request, refuse, response
 from trtllm_dasc.serve.openai_protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, GenRequest, common_fields, max_tokens, prompts)
 from trtllm_dasc.serve.repository import streaming_model
@@ -50,6 +50,8 @@ class Frontend:
         self.upstream = (host.strip("[]"), int(port))
         # the largest request body taken (a larger one is a 413)
         self.max_body = MAX_BODY
+        # the largest request head taken (a larger one is a 431)
+        self.max_head = MAX_HEAD
 
     # --- upstream: the core model's generate_stream --------------------------------------------------------
     async def generate(self, req: GenRequest):
@@ -287,8 +289,8 @@ class Frontend:
         try:
             while True:
                 try:
-                    request = await read_request(reader, writer, self.max_body)
-                except APIError as e:   # a body too large or malformed: answered, then the connection closes
+                    request = await read_request(reader, writer, self.max_body, self.max_head)
+                except APIError as e:   # a head or body too large or malformed: answered, then the connection closes
                     await refuse(reader, writer, e)
                     return
                 if request is None:

@@ -5,7 +5,8 @@ a request whose body cannot be read.
 
 A body past the frontend's limit is a 413, a malformed one a 400, another transfer coding a 501, each with
 OpenAI's error JSON. The body was then not read to its end, and its rest cannot be told from a next request,
-so the connection closes after the answer.
+so the connection closes after the answer. A request head (request line and header fields) past MAX_HEAD, or
+one line of it past the reader's buffer, is a 431 the same way (h11's, uvicorn's answer to an oversize head).
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from dataclasses import dataclass
 from trtllm_dasc.serve.openai_protocol import APIError
 
 MAX_BODY = 64 << 20
+# the largest request head (request line + header fields, in bytes); one line is also bounded by the reader's
+# buffer (asyncio.start_server's limit, 64 KiB)
+MAX_HEAD = 64 << 10
 REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           413: "Payload Too Large", 500: "Internal Server Error", 501: "Not Implemented",
-           503: "Service Unavailable"}
+           413: "Payload Too Large", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+           501: "Not Implemented", 503: "Service Unavailable"}
 # a chunk size is hex digits, then optional ";extensions" (ignored); 16 digits already pass any limit
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 # after refusing a body: how long the client may go on sending it before the connection closes
@@ -42,10 +46,12 @@ def response(status: int, payload: dict, close: bool = False) -> bytes:
             f"Content-Length: {len(data)}\r\n" + ("Connection: close\r\n" if close else "") + "\r\n").encode() + data
 
 
-async def read_request(reader, writer=None, limit: int = MAX_BODY) -> Request | None:
-    """The next request on the connection (None: the client closed it). A body that cannot be read raises
-    APIError (413, 400 or 501); ``writer`` answers a client's `Expect: 100-continue` before its body is read."""
-    line = await reader.readline()
+async def read_request(reader, writer=None, limit: int = MAX_BODY, head_limit: int = MAX_HEAD) -> Request | None:
+    """The next request on the connection (None: the client closed it). A head past ``head_limit`` raises
+    APIError 431, a body that cannot be read APIError (413, 400 or 501); ``writer`` answers a client's
+    `Expect: 100-continue` before its body is read."""
+    seen = [0]
+    line = await _head_line(reader, seen, head_limit)
     if not line:
         return None
     parts = line.decode("latin-1").split()
@@ -53,7 +59,7 @@ async def read_request(reader, writer=None, limit: int = MAX_BODY) -> Request | 
         raise ConnectionError("not an HTTP request")
     headers: dict[str, list[str]] = {}
     while True:
-        h = await reader.readline()
+        h = await _head_line(reader, seen, head_limit)
         if h in (b"\r\n", b"\n", b""):
             break
         k, _, v = h.decode("latin-1").partition(":")
@@ -72,6 +78,24 @@ async def read_request(reader, writer=None, limit: int = MAX_BODY) -> Request | 
     if length:
         await _continue(headers, writer)
     return Request(method, path, await reader.readexactly(length) if length else b"")
+
+
+async def _head_line(reader, seen: list[int], limit: int) -> bytes:
+    """One line of the request head; ``seen[0]`` counts the head's bytes so far. A line past the reader's
+    buffer raised ValueError out of the handler, and the connection dropped with no answer."""
+    try:
+        line = await reader.readline()
+    except ValueError:        # longer than the reader's buffer (64 KiB): readline dropped what it held
+        raise _head_too_large(limit) from None
+    seen[0] += len(line)
+    if seen[0] > limit:
+        raise _head_too_large(limit)
+    return line
+
+
+def _head_too_large(limit: int) -> APIError:
+    return APIError(f"the request's header fields are too large; this server takes at most {limit} bytes of "
+                    "request line and headers", None, 431)
 
 
 def _too_large(size: str, limit: int) -> APIError:
