@@ -23,7 +23,7 @@ import uuid
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.openai_chat import ChatTemplate, chat_options
-from trtllm_dasc.serve.openai_http import MAX_BODY, MAX_HEAD, read_request, refuse, response
+from trtllm_dasc.serve.openai_http import MAX_BODY, MAX_HEAD, linger, read_request, refuse, response
 from trtllm_dasc.serve.openai_protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, GenRequest, common_fields, max_tokens, prompts)
 from trtllm_dasc.serve.repository import streaming_model
@@ -295,8 +295,12 @@ class Frontend:
                     return
                 if request is None:
                     return
-                keep = await self.respond(writer, request.method, request.path, request.body, reader=reader)
-                if not keep or request.close:
+                keep = await self.respond(writer, request.method, request.path, request.body, reader=reader,
+                                          close=request.close)
+                if request.close:
+                    await linger(reader, writer)
+                    return
+                if not keep:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -306,14 +310,16 @@ class Frontend:
         finally:
             writer.close()
 
-    async def respond(self, writer, method, path, body, reader=None) -> bool:
+    async def respond(self, writer, method, path, body, reader=None, close: bool = False) -> bool:
         """Serves one request; False when the connection must close (after a stream). ``reader``: the
-        connection's, watched for the client leaving while a non-streaming answer is generated."""
+        connection's, watched for the client leaving while a non-streaming answer is generated. ``close``: the
+        connection closes after this answer, so it says `Connection: close` (a client reading to the end of a
+        kept connection would otherwise see a reset or wait for a next answer that never comes)."""
         state = {"streamed": False}
 
         async def send(status, payload):
             if payload is not None:
-                writer.write(response(status, payload))
+                writer.write(response(status, payload, close))
                 await writer.drain()
                 return None
             state["streamed"] = True

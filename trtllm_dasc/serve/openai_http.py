@@ -35,7 +35,8 @@ class Request:
     method: str
     path: str
     body: bytes
-    # the connection closes after the answer (a request with both Transfer-Encoding and Content-Length)
+    # the connection closes after the answer, which then says `Connection: close` (RFC 9112 9.6): a request with
+    # both Transfer-Encoding and Content-Length, a client's `Connection: close`, HTTP/1.0 without keep-alive
     close: bool = False
 
 
@@ -65,6 +66,9 @@ async def read_request(reader, writer=None, limit: int = MAX_BODY, head_limit: i
         k, _, v = h.decode("latin-1").partition(":")
         headers.setdefault(k.strip().lower(), []).append(v.strip())
     method, path = parts[0].upper(), parts[1]
+    tokens = {t.strip().lower() for v in headers.get("connection", []) for t in v.split(",")}
+    # RFC 9112 9.3: HTTP/1.1 persists unless the client says close; HTTP/1.0 only with keep-alive
+    close = "close" in tokens or (parts[2].upper() == "HTTP/1.0" and "keep-alive" not in tokens)
     codings = [c.strip().lower() for v in headers.get("transfer-encoding", []) for c in v.split(",") if c.strip()]
     if codings:
         if codings != ["chunked"]:
@@ -73,11 +77,11 @@ async def read_request(reader, writer=None, limit: int = MAX_BODY, head_limit: i
         await _continue(headers, writer)
         body = await _chunked(reader, limit)
         # RFC 9112 6.3: Transfer-Encoding overrides a Content-Length, and the connection closes after the answer
-        return Request(method, path, body, close="content-length" in headers)
+        return Request(method, path, body, close=close or "content-length" in headers)
     length = _content_length(headers.get("content-length", []), limit)
     if length:
         await _continue(headers, writer)
-    return Request(method, path, await reader.readexactly(length) if length else b"")
+    return Request(method, path, await reader.readexactly(length) if length else b"", close)
 
 
 async def _head_line(reader, seen: list[int], limit: int) -> bytes:
@@ -152,13 +156,21 @@ async def _chunked(reader, limit: int) -> bytes:
 
 
 async def refuse(reader, writer, error: APIError) -> None:
-    """Answer a request whose body was not read, then close: the client's rest of the body is read and dropped
-    for up to LINGER_S first, since closing a socket with unread data resets it, and a client still sending
-    would see the reset instead of the answer (nginx's lingering close)."""
-    loop = asyncio.get_running_loop()
+    """Answer a request whose head or body was not read to its end, then close (lingering: see linger)."""
     try:
         writer.write(response(error.status, error.body(), close=True))
         await writer.drain()
+    except OSError:
+        return
+    await linger(reader, writer)
+
+
+async def linger(reader, writer) -> None:
+    """Before closing a connection that the client may still be sending on (the rest of a refused body, a
+    pipelined next request): its data is read and dropped for up to LINGER_S, since closing a socket with
+    unread data resets it, and the client would see the reset instead of the answer (nginx's lingering close)."""
+    loop = asyncio.get_running_loop()
+    try:
         if writer.can_write_eof():
             writer.write_eof()
         end = loop.time() + LINGER_S
