@@ -1,8 +1,9 @@
 """vLLM's chat options on /v1/chat/completions: add_generation_prompt (default true) and continue_final_message
-(default false: true leaves the assistant's last message open, no end-of-turn, so the model continues it).
+(default false: true leaves the last message open, no end-of-turn, so the model continues it).
 The reference is transformers' apply_chat_template with the same two flags (what vLLM calls); both true is a
 400, as vLLM's request validator refuses it. Before, the frontend ignored both (always a generation prompt):
-a prefilled assistant message was closed and a new turn opened after it."""
+a prefilled assistant message was closed and a new turn opened after it. The last message may have any role,
+as in vLLM and transformers (neither checks it); the frontend used to refuse a non-assistant one with a 400."""
 from __future__ import annotations
 
 import json
@@ -18,6 +19,8 @@ from trtllm_dasc.serve.openai_protocol import APIError
 # a template that trims each message: the continued text then loses its trailing space (transformers' rule)
 TRIMMED = CHATML.replace("{{ m['content'] }}", "{{ m['content'] | trim }}")
 PREFILL = [{"role": "user", "content": "Name a planet."}, {"role": "assistant", "content": "The closest one is "}]
+# a continued message of another role: the user's half-written question, after a system message
+USER_LAST = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name the planet that "}]
 
 
 def engine_with(tmp_path, template):
@@ -50,6 +53,13 @@ def test_chat_options_render_as_transformers(tmp_path, template):
     # the defaults are vLLM's: a generation prompt
     _, (req,) = front.requests({"messages": PREFILL}, chat=True)
     assert tok.decode(req.prompt_ids).endswith("<|im_end|>\n<|im_start|>assistant\n")
+    # a last message of any role is continued as transformers continues it (a user's, a system's)
+    for messages in (USER_LAST, USER_LAST[:1]):
+        want = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False,
+                                       continue_final_message=True)
+        _, (req,) = front.requests({"messages": messages, "add_generation_prompt": False,
+                                    "continue_final_message": True}, chat=True)
+        assert tok.decode(req.prompt_ids) == want and not want.endswith("<|im_end|>\n"), messages
 
 
 def test_chat_options_are_validated_as_vllm(tmp_path):
@@ -62,11 +72,14 @@ def test_chat_options_are_validated_as_vllm(tmp_path):
         with pytest.raises(APIError) as e:
             front.requests({"messages": PREFILL, **extra}, chat=True)
         assert e.value.status == 400 and e.value.param == param, extra
-    # only the assistant's message can be continued
-    with pytest.raises(APIError) as e:
-        front.requests({"messages": PREFILL[:1], "add_generation_prompt": False, "continue_final_message": True},
+    # a last message of any role can be continued (vLLM and transformers check no role); both flags stay a 400
+    for role in ("user", "system", "developer"):      # (this template refuses a tool message at all)
+        messages = [*PREFILL[:1], {"role": role, "content": "half a "}] if role != "user" else PREFILL[:1]
+        front.requests({"messages": messages, "add_generation_prompt": False, "continue_final_message": True},
                        chat=True)
-    assert e.value.status == 400 and e.value.param == "messages" and "assistant" in e.value.message
+        with pytest.raises(APIError) as e:
+            front.requests({"messages": messages, "continue_final_message": True}, chat=True)
+        assert e.value.status == 400 and e.value.param == "continue_final_message", role
 
 
 def test_continue_final_message_on_the_server(stack):
@@ -80,6 +93,10 @@ def test_continue_final_message_on_the_server(stack):
     want = ensemble(server, "user: Name a planet.\nassistant: The closest one is ", N)
     assert out["choices"][0]["message"] == {"role": "assistant", "content": want}
     status, out = post(front, "/v1/chat/completions", {**body, "messages": PREFILL[:1], "add_generation_prompt": False})
+    assert status == 200 and out["choices"][0]["message"]["content"] == ensemble(server, "user: Name a planet.", N)
+    # the user's own last message continued: the same prompt (the fallback's line is unended either way)
+    status, out = post(front, "/v1/chat/completions", {**body, "messages": PREFILL[:1], "add_generation_prompt": False,
+                                                       "continue_final_message": True})
     assert status == 200 and out["choices"][0]["message"]["content"] == ensemble(server, "user: Name a planet.", N)
     status, out = post(front, "/v1/chat/completions", {**body, "continue_final_message": True})
     assert status == 400 and out["error"]["param"] == "continue_final_message"

@@ -1,8 +1,9 @@
 """Chat templates of the OpenAI frontend: /v1/chat/completions' messages rendered into the prompt text, as
 transformers' apply_chat_template (what vLLM calls) renders them, with vLLM's two chat options:
 - add_generation_prompt (default true): the template's assistant header follows the messages;
-- continue_final_message (default false): the last message, the assistant's, is left open (no end-of-turn)
-  so the model continues it (prefill). Both true is a 400, as vLLM refuses it.
+- continue_final_message (default false): the last message, whatever its role, is left open (no end-of-turn)
+  so the model continues it (prefill). Neither vLLM nor transformers' apply_chat_template asks that message to
+  be the assistant's (a user's or a system's is continued the same way). Both true is a 400, as vLLM refuses it.
 """
 from __future__ import annotations
 
@@ -78,10 +79,8 @@ class ChatTemplate:
     def render(self, messages, add_generation_prompt: bool = True,
                continue_final_message: bool = False) -> tuple[str, bool]:
         """(the prompt text, whether to encode it with the tokenizer's special tokens)."""
+        # any last role may be continued (vLLM, transformers): a refusal here was a 400 they would serve
         messages = _messages(messages)
-        if continue_final_message and messages[-1]["role"] != "assistant":
-            raise APIError("'continue_final_message' needs the last message to be the assistant's, got role "
-                           f"{messages[-1]['role']!r}", "messages")
         if self.source is None:
             lines = [f"{m['role']}: {m['content']}" for m in messages]
             # the fallback's end-of-turn is the newline: a continued message is the last line, unended
