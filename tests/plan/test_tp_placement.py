@@ -159,3 +159,25 @@ def test_transfer_unit_lists_are_exact(synthetic_kda, layout):
         # per-layer balance: every layer reserves the widest balanced layer's width
         kept = plan.report()["retained_per_layer"]
         assert widths[0] == len(kept) * max(math.ceil(k / 8) for k in kept)
+
+
+@pytest.mark.parametrize("placement", ["off", "hybrid"])
+@pytest.mark.parametrize("edit, needle", [
+    (lambda row, n: row + [n + 40], "out of range"),
+    (lambda row, n: [-1] + row, "out of range"),
+    (lambda row, n: row + row[-1:], "sorted unit ids without repeats"),
+    (lambda row, n: row[::-1], "sorted unit ids without repeats"),
+    (lambda row, n: row[:1] + [str(row[1])] + row[2:], "integer"),
+])
+def test_plan_json_with_bad_unit_ids_is_one_line(synthetic_kda, placement, edit, needle):
+    """An edited (or corrupt) plan.json naming a unit past the layer's units made the engine's load fail with
+    `KeyError: 333` (placement hybrid / storage's bundle lookup) and a repeated or unsorted id was served as if
+    valid; from a review reproduction (an engine's plan.json edited, then served). Fails on the old code."""
+    from trtllm_dasc.errors import UserError
+    plan, _ = plan_from_path(synthetic_kda, PlanOptions(wmax=64, tp=2, placement=placement))
+    d = json.loads(json.dumps(plan.to_dict()))
+    layer = next(i for i, row in enumerate(d["retained_units"]) if len(row) >= 2)
+    d["retained_units"][layer] = edit(d["retained_units"][layer], plan.config.units_per_layer)
+    with pytest.raises(UserError, match=needle) as info:
+        DascPlan.from_dict(d)
+    assert f"layer {layer}" in str(info.value) and "\n" not in str(info.value)

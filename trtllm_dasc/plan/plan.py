@@ -110,6 +110,16 @@ class DascPlan:
         shard = cfg.shard(opt.tp)   # raises on a TP degree that does not divide the heads
         if len(self.retained) != cfg.num_linear_layers or len(self.bundle_order) != cfg.num_linear_layers:
             raise UserError("plan lists do not match the number of linear layers")
+        # a plan.json read back (an engine's, edited or corrupt) is checked here: an id past the layer's units
+        # failed the engine's load with a bare KeyError, a repeated or unsorted one was served
+        for l, kept in enumerate(self.retained):
+            if not isinstance(kept, list) or any(isinstance(u, bool) or not isinstance(u, int) for u in kept):
+                raise UserError(f"plan's retained units of linear layer {l} must be a list of integer unit ids")
+            if kept and not (min(kept) >= 0 and max(kept) < cfg.units_per_layer):
+                raise UserError(f"plan's retained units of linear layer {l} hold ids out of range "
+                                f"0..{cfg.units_per_layer - 1}")
+            if any(a >= b for a, b in zip(kept, kept[1:])):
+                raise UserError(f"plan's retained units of linear layer {l} must be sorted unit ids without repeats")
         for order in self.bundle_order:
             if sorted(order) != list(range(cfg.num_bundles)):
                 raise UserError("bundle_order must be a permutation of whole bundles in every layer")
