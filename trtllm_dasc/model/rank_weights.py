@@ -117,6 +117,7 @@ def write_rank_weights(model_dir: str, weights_dir: str, tp_size: int, bundle_or
     """Cut the checkpoint for every rank (each rank's model construction, recorded); returns each rank's
     file size in bytes. ``progress(rank, bytes)`` is called after each rank; ``build_id`` goes into every
     manifest (the engine's EngineConfig.rank_weights_id)."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     os.makedirs(weights_dir, exist_ok=True)
@@ -128,7 +129,11 @@ def write_rank_weights(model_dir: str, weights_dir: str, tp_size: int, bundle_or
         HybridModel.from_source(cfg, rec, dtype="bfloat16", device="cpu", tp_rank=rank, tp_size=tp_size,
                                 bundle_order=bundle_order, backend="torch")
         path, meta_path = rank_paths(weights_dir, rank)
-        save_file(rec.tensors, path)
+        try:
+            save_file(rec.tensors, path)
+        except SafetensorError as e:
+            # a full disk or a failing write: safetensors raises its own error, neither an OSError nor one line
+            raise UserError(f"cannot write rank {rank}'s weights {path}: {e}") from None
         with open(meta_path, "w") as f:
             json.dump({"manifest_version": MANIFEST_VERSION, "tp_size": tp_size, "tp_rank": rank,
                        "bundle_order": bundle_order, "build_id": build_id, "tensors": rec.manifest}, f)
