@@ -2,7 +2,8 @@
 planner's bundle order, so a rank reads its share only, never the whole checkpoint (TensorRT-LLM's
 per-rank engines, for the same reason).
 
-    weights/rank{r}.safetensors   what rank r loads, in the checkpoint's dtype, already sliced
+    weights/rank{r}.safetensors   what rank r loads, in the checkpoint's dtype, already sliced; its safetensors
+                                  metadata records tp_rank and build_id (checked against the manifest)
     weights/rank{r}.json          its manifest: tp_size, tp_rank, the bundle order, the build's id (the
                                   engine's config.json records it: a rank file of another build is refused,
                                   same shapes or not), and per tensor the full shape and a digest of the
@@ -93,6 +94,13 @@ class RankWeights:
                 what = "another build of an engine" if key == "build_id" else f"{key}={meta.get(key)!r}"
                 raise UserError(f"{meta_path} was written for {what}, this engine needs {value!r}: rebuild the "
                                 "engine with dasc-build")
+        # the file's own record (files written since it was added): another rank's or build's file beside
+        # this manifest was served as this rank's weights
+        stamp = self._file.metadata() or {}
+        for key, value in (("tp_rank", tp_rank), ("build_id", meta.get("build_id"))):
+            if key in stamp and stamp[key] != str(value):
+                raise UserError(f"{self.path} was written as {key} {stamp[key]}, its manifest {meta_path} says "
+                                f"{value}: the files were mixed up after the build; rebuild the engine with dasc-build")
         self.manifest: dict[str, dict] = meta["tensors"]
 
     def has(self, name: str) -> bool:
@@ -109,7 +117,24 @@ class RankWeights:
         if entry != asked:
             raise WeightError(f"tensor {name!r} in {self.path} was cut for another layout than this engine asks "
                               "for: rebuild the engine")
-        return self._file.get_tensor(name)
+        from safetensors import SafetensorError
+        try:
+            t = self._file.get_tensor(name)
+        except SafetensorError as e:
+            raise WeightError(f"{self.path} cannot give tensor {name!r} its manifest lists ({e}): the file was "
+                              "changed after the build; rebuild the engine") from None
+        # the file itself, not only its manifest: a tensor of another shape was loaded as it was (an lm_head
+        # one row short served), an integer one cast silently
+        cut = list(shape)
+        if rows is not None:
+            cut[0] = len(rows)
+        if cols is not None:
+            cut[1] = len(cols)
+        if list(t.shape) != cut or not t.is_floating_point():
+            raise WeightError(f"tensor {name!r} in {self.path} is {str(t.dtype).removeprefix('torch.')} "
+                              f"{list(t.shape)}, this engine expects a float tensor of shape {cut}: the file was "
+                              "changed after the build; rebuild the engine")
+        return t
 
 
 def write_rank_weights(model_dir: str, weights_dir: str, tp_size: int, bundle_order: list[list[int]],
@@ -130,7 +155,7 @@ def write_rank_weights(model_dir: str, weights_dir: str, tp_size: int, bundle_or
                                 bundle_order=bundle_order, backend="torch")
         path, meta_path = rank_paths(weights_dir, rank)
         try:
-            save_file(rec.tensors, path)
+            save_file(rec.tensors, path, metadata={"tp_rank": str(rank), "build_id": str(build_id)})
         except SafetensorError as e:
             # a full disk or a failing write: safetensors raises its own error, neither an OSError nor one line
             raise UserError(f"cannot write rank {rank}'s weights {path}: {e}") from None
