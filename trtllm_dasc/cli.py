@@ -54,6 +54,11 @@ def _execute(prog: str, run, args) -> int:
         if os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
             print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C: the command's finally blocks have run (dasc-build removed its half-built directory, the output
+        # is as it was); a traceback says nothing more. 130 as the shell's 128 + SIGINT
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # the reader (head, a closed pipe) went away: not an error of ours
         sys.stderr.close()
