@@ -6,7 +6,8 @@
   marker `dasc serve` recognises engines by), never a directory of anything else, a file or a link;
 - a lock file beside the output (``.NAME.dasc-build.lock``, flock'ed, removed when done) refuses a second
   build of the same output while one runs;
-- an OS error (a read-only or virtual file system, a full disk) is one UserError line.
+- an OS error (a read-only or virtual file system, a full disk) is one UserError line, naming the file being
+  written as inside the output (never the temporary directory, nor the checkpoint file it was copied from).
 """
 from __future__ import annotations
 
@@ -58,8 +59,21 @@ def check_output(output: str, force: bool) -> None:
         raise UserError(f"--output: cannot write in {parent!r}: {e.strerror or e}") from None
 
 
-def os_error_line(e: OSError, doing: str) -> UserError:
-    where = f" ({e.filename})" if e.filename else ""
+def _as_published(path: str, tmp: str | None, out: str | None) -> str:
+    """A path inside the building directory ``tmp`` as it will be once published: inside ``out``."""
+    if tmp and out and (path == tmp or path.startswith(tmp + os.sep)):
+        return out + path[len(tmp):]
+    return path
+
+
+def os_error_line(e: OSError, doing: str, tmp: str | None = None, out: str | None = None) -> UserError:
+    """One line naming the file the error is about: of an error's two paths (shutil's copy gives the source
+    and the destination, the source first) the one being written in the building directory ``tmp``, named
+    as inside ``out`` (the directory the user asked for), never the checkpoint read or the temporary name."""
+    names = [os.fsdecode(f) for f in (e.filename, e.filename2) if f is not None]
+    inside = [f for f in names if _as_published(f, tmp, out) != f]
+    name = (inside or names or [None])[0]
+    where = f" ({_as_published(name, tmp, out)})" if name else ""
     return UserError(f"{doing}: {e.strerror or e}{where}")
 
 
@@ -172,7 +186,12 @@ def staged_output(output: str, force: bool):
             publish(tmp, out)
             tmp = None
     except OSError as e:
-        raise os_error_line(e, f"cannot build {output!r}") from None
+        raise os_error_line(e, f"cannot build {output!r}", tmp, out) from None
+    except UserError as e:
+        # a writer's own one line (a rank's weights file) names the file as it will be: inside the output
+        if tmp is not None and tmp in str(e):
+            e.args = (str(e).replace(tmp, out),)
+        raise
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

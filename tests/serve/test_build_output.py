@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ import pytest
 from build_scripts import dasc_build
 from build_scripts.engine_output import OutputLock
 from serve_helpers import build
+from tp_helpers import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +142,66 @@ def test_os_error_mid_build_is_one_line_and_keeps_the_old_engine(ckpt, tmp_path,
     monkeypatch.setattr(dasc_build, "copy_model", full_disk)
     _one_error(*_run(ckpt, out, capfd, "--wmax", 16, "--force"), "No space left on device", "model.safetensors")
     assert _complete(out)["engine"]["wmax"] == 0 and _siblings(tmp_path) == []
+
+
+def _can_mount_tmpfs(where) -> str | None:
+    """None when `unshare -rm` can mount a tmpfs here (root, or user namespaces allowed), else why not."""
+    if shutil.which("unshare") is None:
+        return "no unshare"
+    where.mkdir(exist_ok=True)
+    r = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    return None if r.returncode == 0 else f"cannot mount a tmpfs: {r.stderr.strip()}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_full_disk_names_the_file_in_the_output_directory(tmp_path, tp):
+    """A build on a full disk (a 200 KiB tmpfs): at TP1 the one line named the checkpoint's file the model was
+    copied from ("No space left on device (/path/to/ckpt/model.safetensors)"), at TP2 the rank file in the
+    temporary .engine.building-PID-XXXX directory. Both name the file inside --output now; nothing is left
+    behind. From a review's reproduction; fails on the code before the fix."""
+    from tp_helpers import build_tp_model
+    disk = tmp_path / "disk"
+    why = _can_mount_tmpfs(disk)
+    if why:
+        pytest.skip(why)
+    ckpt = tmp_path / "ckpt"
+    build_tp_model(ckpt, "gdn", seed=3)
+    out = disk / "engine"
+    build_cmd = [sys.executable, "-m", "build_scripts.dasc_build", "--model", str(ckpt), "--output", str(out),
+                 "--device", "cpu", "--tp", str(tp), "--wmax", "0"]
+    # the tmpfs lives in its own mount namespace: the build, then what it left there, from inside it
+    script = (f"mount -t tmpfs -o size=200k tmpfs {disk} && {subprocess.list2cmdline(build_cmd)}; rc=$?; "
+              f"ls -A {disk} >&2; exit $rc")
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(errors) == 1, r.stderr
+    written = f"{out}/model/model.safetensors" if tp == 1 else f"{out}/weights/rank"
+    assert "no space left on device" in errors[0].lower() and written in errors[0], errors[0]
+    assert ".building" not in errors[0] and str(ckpt) not in errors[0], errors[0]
+    # nothing left on the disk: no engine, no building directory, no lock file (ls printed nothing after it)
+    assert r.stderr.rstrip().endswith(errors[0]), r.stderr
+
+
+def test_a_failed_copy_names_the_file_written_not_the_checkpoints(ckpt, tmp_path, capfd, monkeypatch):
+    """Without a tmpfs: the copy of the weights fails as shutil's does on a full disk (the OSError carries the
+    source as filename, the destination as filename2); the line named the source."""
+    out = tmp_path / "engine"
+
+    def cross_device(src, dst):
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), src, None, dst)
+
+    def full_disk(src, dst):
+        if str(src).endswith(".safetensors"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), src, None, dst)
+        return shutil.copyfile(src, dst)
+    monkeypatch.setattr(dasc_build.os, "link", cross_device)
+    monkeypatch.setattr(dasc_build.shutil, "copy2", full_disk)
+    rc, err = _run(ckpt, out, capfd, "--wmax", 0)
+    monkeypatch.undo()
+    _one_error(rc, err, "No space left on device", f"({out}/model/model.safetensors)")
+    assert str(ckpt) not in err and not out.exists() and _siblings(tmp_path) == []
 
 
 def test_a_killed_builds_leftovers_are_cleared(ckpt, tmp_path, capfd):

@@ -40,6 +40,8 @@ def test_rank_weights_that_cannot_be_written_are_one_line(tp_model, tmp_path):
     errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(errors) == 1, r.stderr
     assert "rank 0" in errors[0] and "rank0.safetensors" in errors[0], errors[0]
+    # the file as the user will look for it: in --output, not the temporary .engine.building-PID-XXXX
+    assert f"{out}/weights/rank0.safetensors" in errors[0] and ".building" not in errors[0], errors[0]
     assert not out.exists() and not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 

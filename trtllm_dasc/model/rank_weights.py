@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import torch
 
@@ -158,7 +159,9 @@ def write_rank_weights(model_dir: str, weights_dir: str, tp_size: int, bundle_or
             save_file(rec.tensors, path, metadata={"tp_rank": str(rank), "build_id": str(build_id)})
         except SafetensorError as e:
             # a full disk or a failing write: safetensors raises its own error, neither an OSError nor one line
-            raise UserError(f"cannot write rank {rank}'s weights {path}: {e}") from None
+            code = re.search(r"\(os error (\d+)\)", str(e))
+            why = os.strerror(int(code.group(1))) if code else str(e)
+            raise UserError(f"cannot write rank {rank}'s weights {path}: {why}") from None
         with open(meta_path, "w") as f:
             json.dump({"manifest_version": MANIFEST_VERSION, "tp_size": tp_size, "tp_rank": rank,
                        "bundle_order": bundle_order, "build_id": build_id, "tensors": rec.manifest}, f)
