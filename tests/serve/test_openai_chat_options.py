@@ -6,6 +6,7 @@ a prefilled assistant message was closed and a new turn opened after it. The las
 as in vLLM and transformers (neither checks it); the frontend used to refuse a non-assistant one with a 400."""
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 
@@ -100,3 +101,50 @@ def test_continue_final_message_on_the_server(stack):
     assert status == 200 and out["choices"][0]["message"]["content"] == ensemble(server, "user: Name a planet.", N)
     status, out = post(front, "/v1/chat/completions", {**body, "continue_final_message": True})
     assert status == 400 and out["error"]["param"] == "continue_final_message"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["message", "stream"])
+def test_the_reply_role_is_the_last_messages_without_a_generation_prompt(tmp_path, stream):
+    """vLLM labels the reply with get_chat_request_role: "assistant" after a generation prompt, else the last
+    message's role (the turn the model writes on). The frontend always said "assistant": a continued user
+    message came back as the assistant's. Non-streamed: message.role; streamed: the first chunk's delta.role.
+    Upstream is replaced by two pieces, no server needed. From a review; fails on the code before the fix."""
+    front = Frontend(str(engine_with(tmp_path, CHATML)), "127.0.0.1:1")
+
+    async def upstream(reqs):
+        # (choice index, piece, new tokens, cached, finish_reason, logprobs), as Frontend.run_all yields them
+        yield 0, "Jup", 1, 0, None, []
+        yield 0, "iter", 1, None, "stop", []
+    front.run_all = upstream
+
+    def answer(body) -> list[dict]:
+        sent = []
+
+        async def send(status, payload):
+            assert status == 200, payload
+            if payload is not None:
+                sent.append(payload)
+                return None
+
+            async def event(obj):
+                if obj is not None:
+                    sent.append(obj)
+            return event
+        asyncio.run(front.completion({**body, "stream": stream, "max_tokens": 2}, True, send))
+        return sent
+
+    cases = [({"messages": USER_LAST, "add_generation_prompt": False, "continue_final_message": True}, "user"),
+             ({"messages": USER_LAST[:1], "add_generation_prompt": False}, "system"),
+             ({"messages": PREFILL, "add_generation_prompt": False, "continue_final_message": True}, "assistant"),
+             ({"messages": USER_LAST}, "assistant"), ({"messages": USER_LAST, "add_generation_prompt": True}, "assistant")]
+    for body, role in cases:
+        sent = answer(body)
+        if stream:
+            first, *rest = sent
+            assert first["choices"][0]["delta"] == {"role": role, "content": ""}, (body, first)
+            # later chunks carry content only, as before
+            assert all("role" not in c["delta"] for e in rest for c in e["choices"]), rest
+            assert "".join(c["delta"].get("content", "") for e in rest for c in e["choices"]) == "Jupiter"
+        else:
+            (out,) = sent
+            assert out["choices"][0]["message"] == {"role": role, "content": "Jupiter"}, (body, out)

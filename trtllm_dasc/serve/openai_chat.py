@@ -1,6 +1,8 @@
 """Chat templates of the OpenAI frontend: /v1/chat/completions' messages rendered into the prompt text, as
 transformers' apply_chat_template (what vLLM calls) renders them, with vLLM's two chat options:
-- add_generation_prompt (default true): the template's assistant header follows the messages;
+- add_generation_prompt (default true): the template's assistant header follows the messages; false: the
+  reply's role (message.role, a stream's first delta.role) is the last message's, as vLLM's
+  get_chat_request_role labels it;
 - continue_final_message (default false): the last message, whatever its role, is left open (no end-of-turn)
   so the model continues it (prefill). Neither vLLM nor transformers' apply_chat_template asks that message to
   be the assistant's (a user's or a system's is continued the same way). Both true is a 400, as vLLM refuses it.

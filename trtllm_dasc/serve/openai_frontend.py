@@ -168,6 +168,9 @@ class Frontend:
         if chat:
             add, cont = chat_options(body)
             text, special = self.template.render(body.get("messages"), add, cont)
+            # the reply's role, as vLLM's get_chat_request_role: the assistant's after a generation prompt,
+            # else the last message's (the turn the model writes on; messages were checked by render)
+            fields["role"] = "assistant" if add else body["messages"][-1]["role"]
             ids_list = [self.tok.encode(text, add_special_tokens=special)]
         else:
             ids_list = prompts(body, self.tok)
@@ -231,7 +234,7 @@ class Frontend:
                     lp, offsets[i] = self.completion_logprobs(entries, offsets[i])
             if chat:
                 key = "delta" if fields["stream"] else "message"
-                msg = {"content": piece} if fields["stream"] else {"role": "assistant", "content": piece}
+                msg = {"content": piece} if fields["stream"] else {"role": fields["role"], "content": piece}
                 return {"index": i, key: msg, "logprobs": lp, "finish_reason": reason}
             return {"index": i, "text": piece, "logprobs": lp, "finish_reason": reason}
 
@@ -263,7 +266,7 @@ class Frontend:
         events = await send(200, None)
         if chat:
             for i in range(n_reqs):
-                await events({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                await events({**head, "choices": [{"index": i, "delta": {"role": fields["role"], "content": ""},
                                                    "logprobs": None, "finish_reason": None}],
                               # include_usage: every chunk but the last has usage null (OpenAI's reference)
                               **({"usage": None} if fields["include_usage"] else {})})
