@@ -211,6 +211,12 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
     paper_defaults(args)
     check_weights(args)
     arms = armlib.parse_arms(args.arms)
+    if not arms:
+        # an empty list ("", ",") left run() with no capacity to take the phases from: a ValueError traceback
+        raise UserError(f"--arms names no arm, got {args.arms!r} (e.g. dense,nr16)")
+    # --phase-arms "" is the default (--arms); a list that names no arm (",") is refused as --arms is
+    if args.phase_arms and not armlib.parse_arms(args.phase_arms):
+        raise UserError(f"--phase-arms names no arm, got {args.phase_arms!r} (leave it out for --arms)")
     if args.inprocess in ("", "none"):
         args.inprocess = None
     if args.inprocess is not None and args.inprocess not in {a.spec for a in arms}:

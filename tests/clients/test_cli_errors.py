@@ -15,6 +15,9 @@ GOOD = ["--model", MODEL, "--dense-slots", "4"]
 CASES = {
     "unknown arm": (["--arms", "dense,xx16"], "--arms"),
     "arm twice": (["--arms", "dense,nr16,nr16"], "--arms"),
+    "no arm": (["--arms", ","], "--arms"),
+    "empty arms": (["--arms", ""], "--arms"),
+    "no phase arm": (["--phase-arms", ","], "--phase-arms"),
     "dasc with W 0": (["--arms", "nr0"], "--arms"),
     "no budget": (["--model", MODEL], "--state-budget-bytes"),
     "two budgets": (["--state-budget-bytes", "100000"], "--state-budget-bytes"),
