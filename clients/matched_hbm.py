@@ -250,7 +250,14 @@ def check(args) -> tuple[list, ProtocolConfig, WorkloadConfig]:
         # (a review helper: cached replay tokens 280 cut against 351 whole for dense)
         raise UserError("--full-fill-last cuts the full phase's fill, which is exact with prompt-end checkpoints "
                         "only (--prompt-only, the --paper default): leave out --branch-checkpoints")
-    proto = ProtocolConfig(seeds=_ints(args.seeds, "--seeds"), output_tokens=args.output_tokens,
+    seeds = _ints(args.seeds, "--seeds")
+    # numpy's seeded generators (request order, prompt set, block sample) take no negative seed: a request-order
+    # seed failed with a ValueError traceback only once the first arm's server was serving
+    for name, values in (("--seeds", seeds), ("--workload-seed", (args.workload_seed,)),
+                         ("--block-seed", () if args.block_seed is None else (args.block_seed,))):
+        if any(v < 0 for v in values):
+            raise UserError(f"{name} must be non-negative integers, got {min(values)}")
+    proto = ProtocolConfig(seeds=seeds, output_tokens=args.output_tokens,
                            blocks_per_phase=args.blocks_per_phase, target_fill=args.target_fill,
                            dense_repeats=args.dense_repeats, full_phase=args.full_phase, block_seed=args.block_seed,
                            full_fill_last=None if args.full_fill_last == "auto" else args.full_fill_last,

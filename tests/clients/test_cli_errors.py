@@ -24,6 +24,10 @@ CASES = {
     "not a checkpoint": (["--model", ROOT], "--model"),
     "bad seeds": (["--seeds", "42,x"], "--seeds"),
     "repeated seeds": (["--seeds", "42,42"], "seeds"),
+    # numpy's seeded generators take no negative seed: a request-order seed failed after the server was up
+    "negative seed": (["--seeds", "42,-1"], "--seeds"),
+    "negative workload seed": (["--workload-seed", "-1"], "--workload-seed"),
+    "negative block seed": (["--blocks-per-phase", "1", "--block-seed", "-2"], "--block-seed"),
     "zero concurrency": (["--concurrency", "0"], "--concurrency"),
     "zero dense slots": (["--dense-slots", "0"], "--dense-slots"),
     "zero scale": (["--scale", "0"], "scale"),
