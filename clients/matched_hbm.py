@@ -658,6 +658,13 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     prov = provenance(argv if argv is not None else ["-m", "clients.matched_hbm", *sys.argv[1:]], args.commit)
     # refused before any cell runs, not after them: benchmarks/results/ keeps results of a clean commit
     check_results_commit(json_path, prov["commit"])
+    # where the results go, checked before anything is built: --out or --cells-dir under a file was a
+    # NotADirectoryError traceback, an unwritable --json one after the whole measurement
+    _writable_dir(out_dir, "--out")
+    _writable_dir(args.cells_dir or os.path.join(out_dir, "cells"), "--cells-dir" if args.cells_dir else "--out")
+    _writable_dir(os.path.dirname(os.path.abspath(json_path)), "--json" if args.json else "--out")
+    if os.path.isdir(json_path):
+        raise UserError(f"--json {json_path!r} is a directory: name the result file")
     store = CellStore(args.cells_dir or os.path.join(out_dir, "cells"), manifest, fresh=not args.cells_dir)
     call = new_call_id()
     store.begin_call(call, {"command": prov["command"], "commit": prov["commit"], "started": time.time(),
@@ -686,6 +693,16 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
         write_json(json_path, result)
     result["json_path"] = json_path
     return result
+
+
+def _writable_dir(path: str, flag: str) -> None:
+    """``path`` made (if missing) and writable, else a UserError naming ``flag``."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{flag}: cannot make the directory {path!r} ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{flag}: the directory {path!r} is not writable")
 
 
 def report(result: dict, plot_path: str | None, title: str) -> None:

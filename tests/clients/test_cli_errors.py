@@ -61,3 +61,20 @@ def test_bad_option_is_one_line_and_exit_2(name, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("matched_hbm: error:") and needle in lines[0], proc.stderr
     assert proc.stdout == "" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", ["--out", "--cells-dir", "--json"])
+def test_unwritable_output_is_one_line_before_anything_runs(flag, tmp_path):
+    # a path under a regular file cannot be created (root ignores permission bits; this holds for everyone)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    bad = str(blocker / ("r.json" if flag == "--json" else "d"))
+    argv = [*GOOD, "--arms", "dense", "--scale", "0.03", "--blocks-per-phase", "1", "--seeds", "42",
+            "--device", "cpu", "--out", bad if flag == "--out" else str(tmp_path / "out"), *([flag, bad] if flag != "--out" else [])]
+    proc = subprocess.run([sys.executable, "-m", "clients.matched_hbm", *argv], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("matched_hbm: error:") and flag in lines[0], proc.stderr
+    # refused before the engines: nothing built
+    assert not (tmp_path / "out" / "engines").exists()
