@@ -33,6 +33,7 @@ import time
 
 from clients import arms as armlib
 from clients import kv_sizing
+from clients import runner
 from clients.protocol import Phase, ProtocolConfig, make_phases, phase_budget, repeats
 from clients.report import format_table, provenance, write_json
 from clients.runner import add_estimate_arguments
@@ -684,15 +685,28 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
                                                 + (f" x{r}" if (r := repeats(i, proto)) > 1 else "")
                                                 for i, p in enumerate(phases)), file=sys.stderr)
     from clients import runner
+    failed = None
     try:
         runner.run_call(store, _Context(args, work, phases, proto, out_dir), call, prov["commit"], call_keys,
                         args.max_units, args.keep_going)
+    except runner.ArmFailed as e:
+        failed = e
     finally:
         result = result_of(store.manifest, store.calls(), store.cells(), prov, extra)
         result["cells_dir"] = store.root
         write_json(json_path, result)
     result["json_path"] = json_path
+    if failed is not None:
+        # without --keep-going a failed arm (a server gone mid-cell) ends the call: one line, not a traceback
+        raise runner.ArmFailed(failure_line(result, failed)) from None
     return result
+
+
+def failure_line(result: dict, error: Exception) -> str:
+    """The one line of a call stopped by a failed arm: what failed, what is kept and how to go on."""
+    cells = result.get("cells_dir")
+    return (f"{error}; {result.get('cells_done', 0)} of {result.get('cells_total', '?')} cells done, kept in "
+            f"{cells} (the same command with --cells-dir {cells} runs the rest; --keep-going runs the other arms)")
 
 
 def _writable_dir(path: str, flag: str) -> None:
@@ -761,6 +775,9 @@ def drive(prog: str, flags: list[str], argv: list[str], extra: dict, title) -> i
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except runner.ArmFailed as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
     report(result, os.path.splitext(args.json)[0] + ".png", title(result))
     return 1 if result.get("failed_arms") else 0
 
@@ -769,7 +786,12 @@ def main(argv=None) -> int:
     from trtllm_dasc.cli import run_command
 
     def command(args):
-        result = run(args, ["-m", "clients.matched_hbm", *(sys.argv[1:] if argv is None else argv)])
+        try:
+            result = run(args, ["-m", "clients.matched_hbm", *(sys.argv[1:] if argv is None else argv)])
+        except runner.ArmFailed as e:
+            # exit 1 as an arm failed under --keep-going: the options were fine, the measurement failed
+            print(f"matched_hbm: error: {e}", file=sys.stderr)
+            return 1
         if result.get("plan_only"):
             return 0
         plot = None if args.plot == "none" else (args.plot or os.path.join(os.path.abspath(args.out), "matched_hbm.png"))

@@ -33,6 +33,11 @@ def exchange_seconds(before: dict | None, after: dict | None) -> dict | None:
     return out
 
 
+class ArmFailed(RuntimeError):
+    """An arm of a call failed (its server, its requests, its slots against the plan) without --keep-going:
+    the call stops; the cells done so far stay in the cells directory. The drivers print it as one line."""
+
+
 def plan_units(store, manifest: dict, call_keys: list[str], max_units: int | None) -> list[str]:
     """The units this call measures (see the module docstring)."""
     base = manifest.get("baseline")
@@ -296,7 +301,7 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
         except RuntimeError as e:
             if not keep_going:
                 store.update_call(call, arms=done, failed_arms=[{"key": key, "spec": arm["spec"], "error": str(e)}])
-                raise
+                raise ArmFailed(str(e)) from e
             # one arm's failure (its server, its requests, its accounting) is recorded and the call goes on
             print(f"[matched-hbm] arm {key} failed: {e}", file=sys.stderr, flush=True)
             done.append({"key": key, "failed": str(e)})
