@@ -29,6 +29,9 @@ CASES = {
     "negative workload seed": (["--workload-seed", "-1"], "--workload-seed"),
     "negative block seed": (["--blocks-per-phase", "1", "--block-seed", "-2"], "--block-seed"),
     "zero concurrency": (["--concurrency", "0"], "--concurrency"),
+    # nan compares false with everything: "<= 0" let it through, and every request would have had no deadline
+    "nan request timeout": (["--request-timeout", "nan"], "--request-timeout"),
+    "nan ready timeout": (["--ready-timeout", "nan"], "--ready-timeout"),
     "zero dense slots": (["--dense-slots", "0"], "--dense-slots"),
     "zero scale": (["--scale", "0"], "scale"),
     "fill above 1": (["--target-fill", "1.5"], "target fill"),

@@ -187,3 +187,17 @@ def test_a_partial_block_subset_is_phase_weighted_too():
     assert p["phase_weighted"]["weights"] == {"Q=4 (dense)": 3.0}
     assert p["phase_weighted"]["ttft_mean_ms"]["mean"] == pytest.approx(p["ttft_mean_ms"]["mean"])
     assert r["target_verdict"]["partial"]["figure"].startswith("phase-weighted")
+
+
+def test_an_earlier_calls_failure_is_history_once_every_cell_is_done():
+    """A call whose arm failed (a server died) and a later call that ran its cells: the measurement is whole,
+    so failed_arms (which makes the exit code 1 and says cells are missing) no longer lists the failure; it
+    stays as recovered_failures. While cells are missing it is failed_arms, as before."""
+    calls = [{"call": "c1", "failed_arms": [{"key": "nr16", "spec": "nr16", "error": "server died"}]}, {"call": "c2"}]
+    nr16 = {u: (t / 2, s / 2) for u, (t, s) in DENSE.items()}
+    whole = result_of(_manifest(), calls, _cells(nr16, call="c2"), {"command": "c", "commit": "abc1234"})
+    assert whole["complete"] and "failed_arms" not in whole
+    assert whole["recovered_failures"] == [{"spec": "nr16", "error": "server died"}]
+    part = result_of(_manifest(), calls[:1], _cells({}), {"command": "c", "commit": "abc1234"})
+    assert not part["complete"] and part["failed_arms"] == [{"spec": "nr16", "error": "server died"}]
+    assert "recovered_failures" not in part
