@@ -37,7 +37,7 @@ import sys
 import numpy as np
 
 from benchmarks.results_io import provenance, write_result
-from clients.multiturn import MultiTurnConfig
+from clients.multiturn import OPENING_SHAPES, MultiTurnConfig
 from trtllm_dasc.cache.manager import CacheManager
 from trtllm_dasc.spec import HOST_WRITE_POLICIES
 
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
                                                                "ends only, the paper's protocol)")
     ap.add_argument("--write-policies", default="write-back,write-through",
                     help="host write policies to run for every host arm (write-back,write-through)")
-    ap.add_argument("--opening-shape", choices=("uniform", "lognormal"), default="uniform",
+    ap.add_argument("--opening-shape", choices=OPENING_SHAPES, default="uniform",
                     help="openings (clients/multiturn.py): uniform (default: the shape of the committed result) or "
                     "lognormal (Table 8's default)")
     ap.add_argument("--seeds", default="42,123,7", help="request-order seeds (42,123,7)")

@@ -689,7 +689,6 @@ def run(args, argv=None, extra: dict | None = None) -> dict:
     print("[matched-hbm] phases: " + "; ".join(f"{p.name}: {len(p.blocks)} of {len(work) // p.q} block(s)"
                                                 + (f" x{r}" if (r := repeats(i, proto)) > 1 else "")
                                                 for i, p in enumerate(phases)), file=sys.stderr)
-    from clients import runner
     failed = None
     try:
         runner.run_call(store, _Context(args, work, phases, proto, out_dir), call, prov["commit"], call_keys,

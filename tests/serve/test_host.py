@@ -202,8 +202,8 @@ def test_a_batch_is_queued_whole_or_not_at_all(engine):
 
         def check(req):
             calls.append(req)
-            if len(calls) == 4:
-                # after the host's two checks, while the batch is being queued: the engine shuts down
+            if len(calls) == 2:
+                # at the batch's last check, before it is queued: the engine shuts down
                 eng._closed = True
             real(req)
         eng._check = check

@@ -237,7 +237,7 @@ class CacheManager:
         kv_host, kv_device = ({b for (tier, b) in bad_kv if tier == t} for t in ("host", "device"))
         for n in list(self.tree._nodes()):
             if n.host_slot in host:
-                self.tree._drop_host(n)
+                self.tree._drop_host(n, evicted=False)
             if n.ckpt_slot in device:
                 self.tree._drop_checkpoint(n)
             if set(n.blocks) & (kv_host if n.cold else kv_device):

@@ -313,10 +313,13 @@ class RadixCache:
             if victim is None:
                 return None
             self._drop_host(victim)
-            self.tier["host_evictions"] += 1
         return slot
 
-    def _drop_host(self, node: Node) -> None:
+    def _drop_host(self, node: Node, evicted: bool = True) -> None:
+        """Free a checkpoint's host copy. ``evicted``: the host tier's choice (LRU, its KV gone, a flush), a host
+        eviction (dasc_host_evictions_total); a copy a failed transfer left undefined is no eviction."""
+        if evicted:
+            self.tier["host_evictions"] += 1
         self.host_slots.free(node.host_slot)
         node.host_slot = None
         self._host_lru.remove(node)
@@ -442,7 +445,6 @@ class RadixCache:
             self.evictions["checkpoints_with_kv"] += 1
         if victim.host_slot is not None:
             self._drop_host(victim)
-            self.tier["host_evictions"] += 1
         self._pool_of(victim).decref(victim.blocks)
         del victim.parent.children[victim.tokens[0]]
         self._lru_of(victim).remove(victim)
@@ -555,8 +557,6 @@ class RadixCache:
             pass
         for n in [n for n in self._host_lru if n.ckpt_lock == 0]:
             self._drop_host(n)
-            # the host tier dropped it: a host eviction like any other (dasc_host_evictions_total)
-            self.tier["host_evictions"] += 1
         while self._evict_kv_leaf(demote=False):
             pass
         while self._evict_cold_leaf():

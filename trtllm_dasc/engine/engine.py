@@ -22,7 +22,7 @@ from trtllm_dasc.engine.scheduler import Scheduler
 from trtllm_dasc.engine.sequence import Sequence
 from trtllm_dasc.engine.slow_step import SlowStepLog, threshold
 from trtllm_dasc.engine.telemetry import Telemetry
-from trtllm_dasc.errors import UserError
+from trtllm_dasc.errors import UserError, naming_entry
 from trtllm_dasc.engine.warmup import warmup
 
 
@@ -80,16 +80,6 @@ class Engine:
         return self.scheduler.cache
 
     # ---- submission (any thread) ----------------------------------------------------------------------
-    def check(self, req: GenerationRequest) -> None:
-        """submit's checks of a request alone (UserError naming the field, counted as a refusal), nothing
-        queued: a caller submitting several requests as one (a Triton request's batch) checks them all before
-        queuing any."""
-        try:
-            self._check(req)
-        except UserError:
-            self.telemetry.rejected_requests += 1
-            raise
-
     def _check(self, req: GenerationRequest) -> None:
         if not isinstance(req, GenerationRequest):
             raise UserError(f"submit takes a GenerationRequest, got {type(req).__name__}")
@@ -103,13 +93,15 @@ class Engine:
 
     def submit_all(self, items: list) -> None:
         """Queue several (request, callback) pairs as one (a Triton request's batch): every one is checked,
-        then all are queued under one lock, or none is (a shutdown or the engine's death between the checks
-        of a caller and the queueing refuses the whole batch, never leaves its first entries running)."""
+        then all are queued under one lock, or none is: a batch with one bad entry (its error names it), or a
+        shutdown or the engine's death meanwhile, refuses the whole batch, never leaves its first entries running
+        (they ran a step, were aborted, and one refused request also counted as a cancellation)."""
         try:
-            for req, callback in items:
-                if callback is not None and not callable(callback):
-                    raise UserError("callback must be callable")
-                self._check(req)
+            for i, (req, callback) in enumerate(items):
+                with naming_entry(i, len(items)):
+                    if callback is not None and not callable(callback):
+                        raise UserError("callback must be callable")
+                    self._check(req)
             ids = [req.request_id for req, _ in items]
             with self._cv:
                 if self.dead:

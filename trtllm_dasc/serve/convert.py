@@ -9,7 +9,6 @@ a non-streaming output holds the prompt too unless exclude_input_in_output; word
 """
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass, field
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from trtllm_dasc.engine.request import GenerationRequest, RequestOutput
 from trtllm_dasc.engine.sampling import SamplingParams
-from trtllm_dasc.errors import UserError
+from trtllm_dasc.errors import UserError, naming_entry
 from trtllm_dasc.serve.io_spec import INPUT_NAMES, SUPPORTED
 
 # unsupported inputs a client may still send with their neutral value (the stock client always sends some)
@@ -196,17 +195,6 @@ def parse_request(inputs: dict, request_id: str, *, decoupled: bool, exclude_def
             out.append(_parse_one(inputs, ids, b, f"{request_id}#{b}" if ids.shape[0] > 1 else request_id,
                                   decoupled, exclude_default))
     return out
-
-
-@contextlib.contextmanager
-def naming_entry(b: int, batch: int):
-    """A refusal of one sequence of a batch says which one (the client sees one error for the whole request)."""
-    try:
-        yield
-    except UserError as e:
-        if batch == 1:
-            raise
-        raise UserError(f"sequence {b} of the batch of {batch}: {e}") from None
 
 
 def _parse_one(inputs, ids, b, rid, decoupled, exclude_default) -> ServeRequest:

@@ -23,8 +23,8 @@ from trtllm_dasc.engine.engine import Engine, EngineDead
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.bls import forwarded_ids
 from trtllm_dasc.serve.drain import DRAIN_ENV, mark_drained, read_drain_request
-from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, naming_entry,
-                                      parse_request, response_tensors, stats_tensor, stopped_tensors)
+from trtllm_dasc.serve.convert import (Control, ServeRequest, cancelled_tensors, finish_tensor, parse_request,
+                                      response_tensors, stats_tensor, stopped_tensors)
 from trtllm_dasc.engine.ranks import start_rank
 
 log = logging.getLogger("trtllm_dasc.serve")
@@ -151,11 +151,6 @@ class EngineHost:
                             "without --no-decoupled), or send one request per sequence")
         for sreq in parsed:
             _cap_output_len(sreq.gen, self.engine.cfg.max_context)
-        # every sequence checked before any is queued: a batch with one bad entry is refused whole, none of it
-        # run (its first entries were queued, then aborted: a refused request that also counted as cancelled)
-        for b, sreq in enumerate(parsed):
-            with naming_entry(b, len(parsed)):
-                self.engine.check(sreq.gen)
         group = _Group(len(parsed), sink, self.engine.abort, lambda g: self._unregister(triton_id, g))
         # engine ids are ours: Triton ids may be empty or repeat across clients
         for sreq in parsed:
@@ -177,8 +172,7 @@ class EngineHost:
             for sreq in parsed:
                 self._inflight[sreq.gen.request_id] = (sreq, sink)
         try:
-            # all or none: the engine may shut down or die after the checks above, and a batch half queued would
-            # run its first entries, then abort them (a refusal counted as a cancellation too)
+            # the whole batch or none of it (Engine.submit_all): a bad entry, a shutdown or the engine's death
             self.engine.submit_all([(sreq.gen, lambda out, s=sreq: self._event(s, group, out)) for sreq in parsed])
         except (UserError, EngineDead) as e:
             # a dead or shut-down engine refuses like bad input: one line, nothing left registered

@@ -150,7 +150,8 @@ class Frontend:
         """OpenAI's chat form: content = [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}];
         bytes are the token's own (a byte token's raw byte, not its text's U+FFFD: token_bytes.py)."""
         def one(t, v):
-            return {"token": self.token_text(t), "logprob": v, "bytes": list(self.token_bytes(t))}
+            text = self.token_text(t)
+            return {"token": text, "logprob": v, "bytes": list(self.token_bytes(t, text))}
         return {"content": [{**one(t, lp), "top_logprobs": [one(a, v) for a, v in top or []]}
                             for t, lp, top in entries]}
 

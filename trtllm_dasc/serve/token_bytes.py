@@ -48,8 +48,10 @@ class TokenBytes:
         # added tokens (<|eos|>, ...) are written as they are, never byte-encoded
         self.added = set(tokenizer.get_added_tokens_decoder())
 
-    def __call__(self, token: int) -> bytes:
-        text = self.tok.decode([int(token)], skip_special_tokens=False)
+    def __call__(self, token: int, text: str | None = None) -> bytes:
+        """``text``: the token decoded alone, when the caller has it (the log prob's `token` field)."""
+        if text is None:
+            text = self.tok.decode([int(token)], skip_special_tokens=False)
         if "\ufffd" not in text or token in self.added:
             return text.encode("utf-8")
         piece = self.tok.id_to_token(int(token)) or ""
