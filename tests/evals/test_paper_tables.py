@@ -252,3 +252,29 @@ def test_int8_rows_leave_the_conv_codec_and_horizon_arms_out():
               "arms": [_one_task_arm("dense", [1.0] * 6), _one_task_arm("nr16", [1.0] * 6),
                        _one_task_arm("nr16+int8", [1.0] * 6), _one_task_arm("nr16+int8+conv-int8", [0.0] * 6)]}
     assert [r["arm"] for r in tables(result, resamples=200)["int8"]] == ["nr16+int8"]
+
+
+def test_the_subtask_average_is_the_mean_of_the_subtask_means_as_the_papers_avg():
+    """The paper's Avg column is the mean of its subtask columns. Ours pooled the instances, so a subtask that lost
+    instances to misses weighed less: Avg 0.833 / 0.500 / -0.333 where the subtask means give 0.75 / 0.375 /
+    -0.375. By hand: cwe has 4 instances, vt 2 (the others missed); dense cwe 1,1,1,1 vt 1,0; nr16 cwe 1,1,1,0
+    vt 0,0; wr16 cwe 1,1,1,1 vt 1,0."""
+    def arm(spec, cwe, vt):
+        return {"arm": spec, "misses": [], "scores": {
+            "cwe": {"4096": {str(i): {"score": s} for i, s in enumerate(cwe)}},
+            "vt": {"4096": {str(i): {"score": s} for i, s in enumerate(vt)}}}}
+    result = {"arch": "kda", "tasks": ["cwe", "vt"], "lengths": [4096], "instances": 4,
+              "arms": [arm("dense", [1.0] * 4, [1.0, 0.0]), arm("nr16", [1.0, 1.0, 1.0, 0.0], [0.0, 0.0]),
+                       arm("wr16", [1.0] * 4, [1.0, 0.0])]}
+    t = tables(result, resamples=500)
+    avg = next(r for r in t["table2"] if r["task"] == "Avg")
+    assert (avg["dense"], avg["nr16"]) == pytest.approx((0.75, 0.375))
+    assert avg["nr16_minus_dense_diff"] == pytest.approx(-0.375) and avg["nr16_minus_dense_n"] == 6
+    lo, hi = avg["nr16_minus_dense_ci"]
+    assert lo <= -0.375 <= hi
+    # a subtask's own row is its plain mean and difference
+    vt = next(r for r in t["table2"] if r["task"] == "vt")
+    assert (vt["dense"], vt["nr16"], vt["nr16_minus_dense_diff"]) == pytest.approx((0.5, 0.0, -0.5))
+    sweep = {r["arm"]: r["ours"] for r in t["sweep"]}
+    assert sweep["nr16"] == pytest.approx(0.375) and sweep["wr16"] == pytest.approx(0.75)
+    assert t["wr_vs_nr"][0]["diff"] == pytest.approx(0.375) and t["wr_vs_nr"][0]["n"] == 6

@@ -3,7 +3,8 @@
     python -m trtllm_dasc.evals.paper_tables quality_kda.json quality_gdn.json [--horizons kda=hv_kda.json,gdn=...]
                                              [--out tables.md] [--json tables.json] [--resamples 10000]
 
-  Table 2    dense vs dasc-nr at W=16 per subtask and length (and the length's average), the paired difference
+  Table 2    dense vs dasc-nr at W=16 per subtask and length (and the length's subtask average, as the paper's
+             Avg: the mean of the subtask means), the paired difference
              nr - dense with its 95% bootstrap interval over the cell's unique instances; the paper's Table 2 /
              Tables 6-7 (RULER, App. D) beside it.
   Sweep      dasc-nr and dasc-wr average accuracy at every W and length, beside the paper's Tables 6-7 averages.
@@ -25,6 +26,7 @@ import json
 import math
 import os
 import sys
+from collections import Counter
 
 import numpy as np
 
@@ -65,16 +67,28 @@ def _arms(result: dict) -> dict:
 
 
 def _mean(scores: dict, keep=lambda k: True) -> float:
-    v = [s for k, s in scores.items() if keep(k)]
-    return float(np.mean(v)) if v else math.nan
+    """The mean over the subtasks of each subtask's mean (instances ``keep`` selects): the paper's Avg column
+    averages its subtask columns, so a subtask that lost instances to misses must not weigh less (a pooled mean
+    over instances would). One subtask: its plain mean."""
+    by_task: dict[str, list[float]] = {}
+    for k, s in scores.items():
+        if keep(k):
+            by_task.setdefault(k[0], []).append(s)
+    return float(np.mean([np.mean(v) for v in by_task.values()])) if by_task else math.nan
 
 
-def _pair(a: dict, b: dict, keep, resamples: int, seed: int = 0) -> dict:
-    """Paired a - b over the instances both scored (and ``keep`` selects): n, diff, 95% CI, p."""
+def _pair(a: dict, b: dict, keep, resamples: int, seed: int = 0, by_task: bool = False) -> dict:
+    """Paired a - b over the instances both scored (and ``keep`` selects): n, diff, 95% CI, p. ``by_task``: the
+    difference of two subtask averages (_mean), as beside the paper's Avg: each instance's difference is weighted
+    n / (tasks * its subtask's n), so the weighted mean is the mean of the subtasks' mean differences (the
+    weights are all 1 when every subtask has the same number of instances); instances are still resampled."""
     ids = sorted(k for k in a.keys() & b.keys() if keep(k))
     if not ids:
         return {"n": 0}
     d = np.array([a[i] - b[i] for i in ids], dtype=float)
+    if by_task:
+        count = Counter(i[0] for i in ids)
+        d *= np.array([len(ids) / (len(count) * count[i[0]]) for i in ids])
     r = paired_bootstrap(d, resamples=resamples, seed=seed)
     return {"n": r.n, "diff": r.mean_diff, "ci": [r.ci_low, r.ci_high], "p": r.p_value}
 
@@ -122,9 +136,10 @@ def tables(result: dict, resamples: int = 10_000, paper: dict | None = None) -> 
             # the columns over the instances both arms scored, as the difference beside them (an instance one
             # arm lacks would make the columns disagree with the paired difference in the same row)
             both = (lambda k, keep=keep: keep(k) and k in dense and k in nr16)
+            pair = _pair(nr16, dense, keep, resamples, by_task=True)
             t2.append({"length": n, "task": task, "dense": _mean(dense, both), "nr16": _mean(nr16, both),
                        "paper_dense": paper_cell("dense", n, col), "paper_nr16": paper_cell("nr16", n, col),
-                       **{f"nr16_minus_dense_{k}": v for k, v in _pair(nr16, dense, keep, resamples).items()}})
+                       **{f"nr16_minus_dense_{k}": v for k, v in pair.items()}})
     sweep = []
     for policy in ("nr", "wr"):
         for w in _windows(arms, policy):
@@ -149,8 +164,9 @@ def tables(result: dict, resamples: int = 10_000, paper: dict | None = None) -> 
             continue
         for n in lengths:
             a, b = paper_cell(f"wr{w}", n, "Avg"), paper_cell(f"nr{w}", n, "Avg")
+            # beside the paper's difference of two subtask averages: the same on ours
             wr.append({"wmax": w, "length": n, **_pair(arms[f"wr{w}"], arms[f"nr{w}"], lambda k, n=n: k[1] == n,
-                                                          resamples),
+                                                          resamples, by_task=True),
                        "paper_avg_diff": None if a is None or b is None else round(a - b, 4)})
     _holm_family(wr)
     int8 = []
