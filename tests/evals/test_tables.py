@@ -136,3 +136,15 @@ def test_int8_random_masks_are_not_averaged_with_the_native_ones():
               + [arm(f"rand16@{s}", 0.5) for s in seeds] + [arm(f"rand16@{s}+int8", 0.0) for s in seeds]}
     row = accuracy_rows(result)[-1]
     assert row.endswith("| 50.0 (0.0, 5) |"), row
+
+
+def test_the_header_counts_replays_not_instances():
+    """With three replay rounds an instance is three replays: the header said "4 replays scored, 0 misses" for two
+    arms of two instances each, where 11 replays loaded and 1 missed (instance 1 of nr16 kept 2 of its rounds)."""
+    def arm(spec, rounds, round_misses):
+        cell = {str(i): {"score": float(np.mean(r)), "rounds": r} for i, r in enumerate(rounds)}
+        return {"arm": spec, "misses": [], "round_misses": round_misses, "scores": {"t": {"100": cell}}}
+    result = {"model": "/x/kda", "commit": "abc", "tasks": ["t"], "lengths": [100], "instances": 2, "rounds": 3,
+              "arms": [arm("dense", [[1.0] * 3, [0.0] * 3], []),
+                       arm("nr16", [[1.0] * 3, [1.0, 0.0]], [["t", 100, 1, 2]])]}
+    assert "11 replays scored, 1 misses excluded" in markdown(result, "kda")

@@ -122,10 +122,20 @@ def comparison_rows(result: dict) -> list[str]:
     return rows
 
 
+def _replays(arm: dict) -> tuple[int, int]:
+    """(replays scored, replays that missed) of one arm entry. With rounds > 1 an instance is several replays:
+    its "rounds" list holds the ones that loaded, "round_misses" every one that did not (files without them: one
+    replay an instance, and its misses)."""
+    scored = sum(len(v.get("rounds", [v["score"]])) for by_len in arm["scores"].values()
+                 for cell in by_len.values() for v in cell.values())
+    return scored, len(arm["round_misses"] if "round_misses" in arm else arm["misses"])
+
+
 def markdown(result: dict, title: str) -> str:
     acc = accuracy_table(result["arms"])
-    misses = sum(a["misses"] for a in acc.values())
-    scored = sum(a["scored"] for a in acc.values())
+    # replays, not instances (accuracy_table's "scored"): the paper's protocol replays each instance 3 times
+    counts = [_replays(arm) for arm in result["arms"]]
+    scored, misses = sum(c[0] for c in counts), sum(c[1] for c in counts)
     head = [f"### {title}", "",
             f"{len(result['tasks'])} tasks x lengths {', '.join(map(str, result['lengths']))} x "
             f"{result['instances']} instances per arm; {len(acc)} arms; {scored} replays scored, {misses} misses "
