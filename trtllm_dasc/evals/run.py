@@ -229,9 +229,9 @@ def _main(args, argv) -> int:
         r = run_arm(args.model, parse_arm(spec), cfg)
         result["arms"].append(r)
         acc = accuracy_table([r])[spec]
-        print(f"[evals] {i + 1}/{len(arms)} {spec:16} accuracy {acc['accuracy']:.3f} over {acc['scored']} replays, "
-              f"{acc['misses']} misses ({r['seconds']:.0f} s, {time.time() - t0:.0f} s total)", file=sys.stderr,
-              flush=True)
+        print(f"[evals] {i + 1}/{len(arms)} {spec:16} accuracy {acc['accuracy']:.3f} over {acc['scored']} instances "
+              f"(each the mean of its rounds), {acc['misses']} missed ({r['seconds']:.0f} s, "
+              f"{time.time() - t0:.0f} s total)", file=sys.stderr, flush=True)
         result["accuracy"] = accuracy_table(result["arms"])
         _write(args.out, result)
     _finish(result, args.out, args.plot, args.resamples)
