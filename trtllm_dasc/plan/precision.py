@@ -82,10 +82,10 @@ def parse_precision(text: str, wmax: int | None = None) -> HorizonBands | None:
     s, at, seed_text = s.partition("@")
     seed = None
     if at:
-        if not (seed_text.isascii() and seed_text.isdigit()) or int(seed_text) > MAX_MASK_SEED:
+        seed = _int_upto(seed_text, MAX_MASK_SEED) if seed_text.isascii() and seed_text.isdigit() else None
+        if seed is None or seed > MAX_MASK_SEED:
             raise UserError(f"--precision {text!r}: the control's seed after '@' must be an integer in "
                             f"[0, 2^63 - 1], e.g. horizon@1234")
-        seed = int(seed_text)
     head, _, rest = s.partition(":")
     if head != "horizon":
         raise UserError(f"--precision must be 'uniform' or 'horizon[:H1,H2[:codec,...]][@seed]', got {text!r}")
@@ -98,7 +98,9 @@ def parse_precision(text: str, wmax: int | None = None) -> HorizonBands | None:
         if not all((d := p[1:] if p.startswith("-") else p).isascii() and d.isdigit() for p in parts):
             raise UserError(f"--precision {text!r}: thresholds must be a comma list of integers (tokens), "
                             f"e.g. horizon:256,4096")
-        ths = tuple(int(v) for v in parts)
+        ths = tuple(_int_upto(v, MAX_THRESHOLD) for v in parts)
+        if None in ths:
+            raise UserError(f"--precision {text!r}: thresholds must be integers in [1, 2^53] tokens")
         if colon and not codec_text.strip():
             raise UserError(f"--precision {text!r}: nothing after the second ':'; name one codec per band "
                             "(horizon:H1,H2:c0,c1,c2) or leave the ':' out")
@@ -112,6 +114,15 @@ def parse_precision(text: str, wmax: int | None = None) -> HorizonBands | None:
         bands = HorizonBands(ths, codecs, seed)
     check_bands(bands, wmax, text)
     return bands
+
+
+def _int_upto(text: str, limit: int) -> int | None:
+    """A checked '[-]digits' string as an int; None when it has more digits than ``limit`` (out of range anyway).
+    int() alone raises a ValueError past python's 4300 digits (sys.int_max_str_digits, leading zeros counted):
+    a traceback where every other bad number is refused in one line."""
+    sign, digits = ("-", text[1:]) if text.startswith("-") else ("", text)
+    digits = digits.lstrip("0") or "0"
+    return None if len(digits) > len(str(limit)) else int(sign + digits)
 
 
 def check_bands(bands: HorizonBands, wmax: int | None, text: str = "") -> None:
