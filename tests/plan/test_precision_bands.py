@@ -116,6 +116,9 @@ def test_cli_json_and_table(kda_ckpt):
     assert r["slots"] == 100000 // r["bottleneck_slot_bytes"] - 1
     code, out, err = run_dasc("plan", "--model", path, "--wmax", "8", "--tp", "2", "--precision", "horizon:40,400")
     assert code == 0 and "band" in out and "int4" in out and "[40, 400)" in out
+    # band 0 is open at W_max: a unit whose horizon equals W_max is omitted, not stored in it
+    assert "(8, 40)" in out and "[8, 40)" not in out
+    assert [b["horizon_from_inclusive"] for b in r["bands"]] == [False, True, True]
 
 
 @pytest.mark.parametrize("spec,match", [

@@ -41,7 +41,8 @@ def band_report(plan) -> list[dict]:
     out = []
     for i, ((lo, hi), codec) in enumerate(zip(bands.ranges(plan.options.wmax), bands.codecs)):
         n = sum(units[i])
-        out.append({"band": i, "codec": codec, "horizon_from": lo, "horizon_below": None if hi == float("inf") else hi,
+        out.append({"band": i, "codec": codec, "horizon_from": lo, "horizon_from_inclusive": i > 0,
+                    "horizon_below": None if hi == float("inf") else hi,
                     "units": n, "units_per_rank": units[i], "unit_bytes": cfg.unit_bytes(codec),
                     "temporal_bytes": n * cfg.unit_bytes(codec)})
     return out

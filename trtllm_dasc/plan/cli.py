@@ -156,7 +156,9 @@ def format_bands(r: dict) -> str:
              f"{r['compression_ckpt']:.2f}x dense", head, "-" * len(head)]
     for b in r["bands"]:
         hi = "inf" if b["horizon_below"] is None else f"{b['horizon_below']:g}"
-        lines.append(f"{b['band']:>4} {'[' + format(b['horizon_from'], 'g') + ', ' + hi + ')':>17} {b['codec']:>6} "
+        # band 0 starts above W_max (a unit whose horizon equals W_max is omitted); later bands include their start
+        opening = "[" if b.get("horizon_from_inclusive", True) else "("
+        lines.append(f"{b['band']:>4} {opening + format(b['horizon_from'], 'g') + ', ' + hi + ')':>17} {b['codec']:>6} "
                      f"{b['units']:>7} {b['unit_bytes']:>6} {b['temporal_bytes']:>12,} "
                      f"{b['temporal_bytes'] / total:>6.1%}")
     return "\n".join(lines)
