@@ -233,6 +233,10 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
     todo = [(k, arm_units(store, manifest, k, units)) for k in call_keys]
     todo = [(k, us) for k, us in todo if us]
     base = manifest.get("baseline")
+    # the baseline first, deadline or not: the arms after it measure only the units it measured in this call.
+    # An arm measured before it and then killed (a call's time limit) kept cells with no baseline cell of their
+    # call; the next call skips those units (the arm has them), so their baseline cells were never measured
+    todo.sort(key=lambda t: t[0] != base)
     deadline = getattr(args, "call_deadline_s", None)
     budget = None
     if deadline is not None:
@@ -250,8 +254,6 @@ def run_call(store, ctx, call: str, commit: str | None, call_keys: list[str], ma
         known = phase_rates(manifest, store.cells())
         budget = CallBudget(getattr(args, "call_t0", time.monotonic()) + deadline, requests, length=deadline,
                             prior_rate=rate, prior_start=ready, known_rate=lambda u: known.get(unit_phase(u)))
-        # the baseline first: the arms after it measure only the units it measured in this call
-        todo.sort(key=lambda t: t[0] != base)
     print(f"[matched-hbm] call {call}: {len(units)} unit(s); " +
           ", ".join(f"{k} {len(us)}" for k, us in todo) + f" cell(s); {sum(1 for _ in manifest['units'])} units in "
           "the manifest", file=sys.stderr, flush=True)
