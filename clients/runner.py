@@ -117,6 +117,7 @@ class CallBudget:
         self.length, self.prior_rate, self.prior_start = length, prior_rate, prior_start
         self.rate = None            # seconds per request, the most of any unit measured in this call
         self.start_s = 0.0          # the slowest server start (ready) measured in this call
+        self.setup_s = None         # seconds from the call's start to its first server start (planning, builds)
         self.stopped = None         # (arm, unit) of the first unit not started
         self.too_long = None        # seconds a fresh call would need for it, where that is over ``length``
 
@@ -129,6 +130,9 @@ class CallBudget:
         self.rate = r if self.rate is None else max(self.rate, r)
 
     def record_start(self, seconds: float) -> None:
+        if self.setup_s is None and self.length is not None:
+            # what came before the call's first server start, a fresh call spends too
+            self.setup_s = max(0.0, self.clock() - seconds - (self.deadline - self.length))
         self.start_s = max(self.start_s, seconds)
 
     def cost(self, units, rate: float | None = None, arm: str | None = None) -> float:
@@ -150,8 +154,10 @@ class CallBudget:
         rate = self.rate if self.rate is not None else self.prior_rate
         if self.clock() + self._owed(unit, later, rate, max(self.start_s, self.prior_start), arm) <= self.deadline:
             return True
-        # a fresh call: its own server start, then this unit and what the later arms owe, all warm
-        fresh = self.prior_start + self._owed(unit, later, rate, self.prior_start, arm)
+        # a fresh call: its setup (as this call's), its own server start, then this unit and what the later arms
+        # owe, all warm. Without the setup a unit that fits only a call with none was skipped by every call as
+        # one a fresh call could do, never flagged as needing a longer deadline
+        fresh = (self.setup_s or 0.0) + self.prior_start + self._owed(unit, later, rate, self.prior_start, arm)
         if fresh > self.length:
             self.too_long = fresh
         return False

@@ -306,3 +306,17 @@ def test_a_fresh_call_is_planned_with_the_directory_s_own_server_starts(tmp_path
     with pytest.raises(Stop):
         runner.run_call(store, types.SimpleNamespace(args=args), "new", "97d5d57", ["dense", "nr16"], None, False)
     assert seen["prior_start"] == 90.0
+
+
+def test_a_fresh_call_s_estimate_counts_the_call_s_setup_before_its_first_server():
+    """A fresh call spends its setup (planning, engine builds) before its first server starts: a first unit that
+    fits a warm server's start but not that setup was skipped by every call as one 'a fresh call could do', never
+    flagged as needing a longer deadline (reproduced on the CPU: a 40 s deadline, 21-30 s of setup and start,
+    three calls in a row stopped before the same unit, none said why)."""
+    from clients.runner import CallBudget
+    now = [95.0]
+    b = CallBudget(480.0, lambda u: 3400, clock=lambda: now[0], length=480.0, prior_rate=0.05, prior_start=60.0)
+    b.record_start(55.0)                  # a warm start, under the prior, begun after 40 s of setup
+    # 170 s a unit per arm: now 95 + 170 + 60 + 170 = 495 > 480; a fresh call: 40 of setup + 60 + 400 = 500 > 480,
+    # as this (fresh, warm) call shows: no call of this length does it
+    assert not b.fits("u0", [["u0"]], first=True) and b.too_long == 500.0
