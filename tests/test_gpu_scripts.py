@@ -302,6 +302,69 @@ def test_a_poll_on_a_machine_without_the_job_says_so_at_once(tmp_path):
     assert proc.returncode == 3 and "no job on this machine" in proc.stdout and time.time() - start < 5
 
 
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
+def test_a_poll_killed_while_it_packs_leaves_no_truncated_tarball(tmp_path):
+    """A poll killed at the call's limit while tar writes $OUT/cells_all.tgz: what is under $OUT still comes back,
+    and a truncated tarball unpacks its last cell half-written (tar leaves the partial file), which the next call
+    counts as done and the merge cannot read. The tarball must be whole or absent: real tar, SIGKILL mid-write."""
+    import signal
+    import tarfile
+    import time
+    bg, cells, out = tmp_path / "bg", tmp_path / "cells", tmp_path / "out"
+    (bg / "out").mkdir(parents=True)
+    out.mkdir()
+    (bg / "started").write_text("0\n")
+    (bg / "rc").write_text("0\n")              # the job ended: the poll packs at once
+    (cells / "d" / "cells" / "dense").mkdir(parents=True)
+    # incompressible bytes, so that packing them takes seconds
+    (cells / "d" / "cells" / "dense" / "p0-b0-s42.c.json").write_bytes(os.urandom(40_000_000))
+    env = {**os.environ, "BG_DIR": str(bg), "CELLS_ROOT": str(cells), "OUT": str(out)}
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "gpu" / "cells_background.sh"), "poll", "1"], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.time() + 60
+    while not any(f.stat().st_size > 0 for f in out.glob("cells_all*")) and proc.poll() is None:
+        assert time.time() < end
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    tarball = out / "cells_all.tgz"
+    if tarball.exists():
+        with tarfile.open(tarball) as t:        # whole: every member reads to its end
+            assert [m.size for m in t.getmembers() if m.isfile()] == [40_000_000]
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
+def test_a_cells_call_killed_while_it_packs_leaves_no_truncated_tarball(tmp_path):
+    """matched_cells.sh killed at the call's limit while it packs $OUT/cells.tgz (prelude.sh return_cells): as
+    for a poll, the tarball that comes back must be whole or absent. The stand-in client writes an incompressible
+    cell into its --cells-dir (under /tmp/cells, as on the device), so that packing it takes seconds."""
+    import signal
+    import tarfile
+    import time
+    root, bin_, out, base_env = _device_root(tmp_path, "matched_cells.sh")
+    (root / "tests" / "data").mkdir(parents=True)
+    _stub(bin_ / "python3", 'if [ "$1" = - ]; then cat >/dev/null; exit 0; fi\n'
+                            'while [ "$1" != --cells-dir ]; do shift; done\n'
+                            'mkdir -p "$2/cells/dense" && head -c 40000000 /dev/urandom > "$2/cells/dense/p0-b0-s42.c.json"\n')
+    cells = f"benchmarks/cells/test_killed_pack_{os.getpid()}_{time.time_ns()}"
+    env = {**base_env, "COMMIT": "abc1234", "BLOCKS": "1", "CELLS": cells, "PACKED_DIR": str(tmp_path / "packed")}
+    try:
+        proc = subprocess.Popen(["bash", "scripts/gpu/matched_cells.sh"], cwd=root, env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        end = time.time() + 60
+        while not any(f.stat().st_size > 0 for f in out.glob("cells.tgz*")) and proc.poll() is None:
+            assert time.time() < end
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        shutil.rmtree(Path("/tmp/cells") / Path(cells).name, ignore_errors=True)
+    tarball = out / "cells.tgz"
+    if tarball.exists():
+        with tarfile.open(tarball) as t:        # whole: every member reads to its end
+            assert [m.size for m in t.getmembers() if m.isfile()] == [40_000_000]
+
+
 def _quality_call(tmp_path, **env) -> tuple[int, str, list[str]]:
     """Run scripts/gpu/quality_evals.sh in a scratch root with stand-ins (nvidia-smi: one GPU; timeout: passes
     its limit on; python3: records the limit and its arguments, one line a call, and the warm-up calls take 2 s);

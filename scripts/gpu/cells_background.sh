@@ -30,7 +30,11 @@ poll() {
   # the client's progress lines only; the server's own log lines are long and come back with the files
   grep -v "^|\|^+\|^I[0-9]\|^W[0-9]" "$BG/log" 2>/dev/null | tail -n "${TAIL:-25}"
   mkdir -p "$CELLS_ROOT"
-  tar czf "$OUT/cells_all.tgz" --exclude="*.tmp[0-9]*" -C "$CELLS_ROOT" .
+  # packed under another name, then renamed: a poll killed mid-tar (the call's limit) brings back what is under
+  # $OUT, and a truncated cells_all.tgz unpacks its last cell half-written. tar's 1 is a whole archive with a
+  # file the running job replaced as it read (a cell's atomic write): kept
+  tar czf "$OUT/cells_all.tgz.partial" --exclude="*.tmp[0-9]*" -C "$CELLS_ROOT" .
+  [ $? -le 1 ] && mv "$OUT/cells_all.tgz.partial" "$OUT/cells_all.tgz"
   if [ -f "$BG/rc" ]; then
     echo "cells_background: the job ended, exit code $(cat "$BG/rc")"
     cp -r "$BG/out/." "$OUT/" 2>/dev/null

@@ -100,7 +100,10 @@ cells_work() {
 # compiled since MARKER (NAME_kernels.tgz.part-*) and every arm's server log under SERVERS/<arm>/, named by its
 # arm (one name for all would keep only the last server's)
 return_cells() {
-  tar czf "$OUT/cells.tgz" --exclude="*.tmp[0-9]*" -C "$WORK" .
+  # packed under another name, then renamed: a call killed mid-tar brings back what is under $OUT, and a
+  # truncated cells.tgz unpacks its last cell half-written (tar's 1: a file replaced as it read, still whole)
+  tar czf "$OUT/cells.tgz.partial" --exclude="*.tmp[0-9]*" -C "$WORK" .
+  [ $? -le 1 ] && mv "$OUT/cells.tgz.partial" "$OUT/cells.tgz"
   return_new_kernels "$1_kernels" kernels "$3"
   ls -l "$OUT/$1_kernels.tgz.part-"* 2>/dev/null || echo "$1: no new kernels"
   echo "$1: cells dir ${CELLS:-$WORK}"
