@@ -76,6 +76,11 @@ class CellStore:
             if old.get("id") != self.manifest["id"]:
                 raise UserError(f"{self.root} holds the cells of another manifest (they differ in "
                                 f"{first_difference(old, self.manifest)!r}): use a new --cells-dir")
+        elif glob.glob(os.path.join(glob.escape(self.root), "cells", "*", "*.json")):
+            # cells without their manifest (it was deleted, or only cells/ was copied) would count as done for
+            # this one, whatever they measured
+            raise UserError(f"{self.root} holds cells but no manifest ({MANIFEST}): they cannot be checked against "
+                            "this measurement's (use a new --cells-dir, or bring back the manifest they were run with)")
         else:
             _dump(path, self.manifest)
 

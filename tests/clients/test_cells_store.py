@@ -128,3 +128,17 @@ def test_paper_mode_sets_app_c2(tmp_path):
     # a budget subset under --paper is a seeded sample
     args = p.parse_args(["--model", model, "--paper", "--blocks-per-phase", "3"])
     assert check(args)[1].block_seed == 0
+
+
+def test_cells_without_their_manifest_are_refused(tmp_path):
+    # a directory whose manifest.json was deleted (or only its cells/ copied) took the manifest of the call that
+    # opened it, and counted the cells there as done for it whatever they measured: units were skipped, and
+    # only the merge found out
+    a = _store(tmp_path)
+    a.write("nr16", "p0-b0-s42", "c1", "abc", {"blocks": []})
+    (tmp_path / "manifest.json").unlink()
+    with pytest.raises(UserError, match="no manifest"):
+        _store(tmp_path, config={"budget_bytes": 200})
+    assert not (tmp_path / "manifest.json").exists()
+    # a fresh store (no --cells-dir: OUT/cells emptied first) still starts over
+    assert not CellStore(str(tmp_path), MANIFEST, fresh=True).done("nr16", "p0-b0-s42")
