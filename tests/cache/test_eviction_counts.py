@@ -113,3 +113,27 @@ def test_random_traffic_conserves_checkpoints():
             m.sanity_check([])
             assert kept == cached(m) + m.stats()["checkpoints_dropped"], (policy, i)
         assert m.stats()["checkpoints_dropped"] > 20
+
+
+def test_a_capture_where_the_host_tier_holds_the_checkpoint_is_no_new_one():
+    """Two requests of one prompt run together (both miss): the first's checkpoint is demoted to make room for
+    the second's capture at the same position, so that capture lands on a node the host tier already holds.
+    It becomes the node's device copy (a free promotion), not a second checkpoint: kept once, counted once."""
+    m = make(slots=1, host=2)
+    first, second = m.admit(A, len(A)), m.admit(A, len(A))
+    caps = m.extend(first, 0, len(A))
+    m.store(first, caps, [True] * len(caps))
+    assert m.insert(first, A) == 1
+    m.release(first)
+    # the second's capture takes the only device slot: the first's checkpoint goes to the host
+    caps = m.extend(second, 0, len(A))
+    m.take_copies()
+    m.store(second, caps, [True] * len(caps))
+    assert m.insert(second, A) == 0
+    m.release(second)
+    m.sanity_check([])
+    (node,) = [n for n in m.tree._nodes() if n.host_slot is not None]
+    assert node.ckpt_slot is not None            # in both tiers: the capture kept as its device copy
+    assert cached(m) == 1 and m.stats()["checkpoints_dropped"] == 0
+    m.evict()
+    assert m.stats()["checkpoints_dropped"] == 1

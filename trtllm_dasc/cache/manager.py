@@ -168,9 +168,9 @@ class CacheManager:
                 self.slots.free(slot)
 
     def insert(self, lease: Lease, prompt: list[int]) -> int:
-        """Give the tree a prefilled prompt and its captured checkpoints; returns how many it kept."""
-        duplicates = self.tree.insert(prompt, lease.table, lease.captured)
-        kept = len(lease.captured) - len(duplicates)
+        """Give the tree a prefilled prompt and its captured checkpoints; returns how many it kept (new to
+        the cache: a capture that became the device copy of a host-only checkpoint is none)."""
+        kept = self.tree.insert(prompt, lease.table, lease.captured)
         lease.captured = {}
         return kept
 

@@ -459,11 +459,13 @@ class RadixCache:
         self._note_gone(node)
 
     # ---- insertion ---------------------------------------------------------------------------------
-    def insert(self, tokens: list[int], block_table: list[int], checkpoints: dict[int, int]) -> list[int]:
+    def insert(self, tokens: list[int], block_table: list[int], checkpoints: dict[int, int]) -> int:
         """Give the tree a finished prefill: ``block_table`` covers every position of ``tokens`` with valid
         KV; ``checkpoints`` maps position -> slot (the state after that many tokens). The tree takes its
         own block references (the request keeps and later releases its own) and takes ownership of the
-        slots; a slot whose position already has a checkpoint is freed. Returns those freed slots."""
+        slots; a slot whose position already has a device checkpoint is freed, one whose position has a
+        host-only checkpoint becomes that checkpoint's device copy. Returns how many checkpoints are new to
+        the tree (in neither tier before)."""
         if len(block_table) * self.bs < len(tokens):
             raise ValueError("block_table does not cover the tokens")
         for p in checkpoints:
@@ -490,15 +492,17 @@ class RadixCache:
             path.append(child)
             node, pos = child, pos + n
         self._touch_kv(path)
-        duplicates, stored = [], []
+        new, stored = 0, []
         for p, slot in sorted(checkpoints.items()):
             at = self._boundary(node, p)
             if at.ckpt_slot is None:
+                # a host-only checkpoint here (a concurrent request's, demoted since) gains a device copy
+                # for free: the same checkpoint, not a new one (checkpoints_dropped counts it once)
+                new += at.host_slot is None
                 at.ckpt_slot = slot
                 stored.append(at)
             else:
                 self.slots.free(slot)
-                duplicates.append(slot)
         # deepest first, like the KV path: a shallower checkpoint serves every prompt the deeper one
         # serves, so it ends up the more recent one
         for at in reversed(stored):
@@ -506,7 +510,7 @@ class RadixCache:
         if self.write_policy == "write-through" and self.host_slots is not None:
             for at in reversed(stored):
                 self._write_through(at)
-        return duplicates
+        return new
 
     def _write_through(self, node: Node) -> None:
         """Queue the host copy of a checkpoint just stored (its device slot was filled by an earlier step's
