@@ -131,3 +131,27 @@ def test_the_step_capture_cap_defers_a_capture_to_the_next_step(tiny_models):
     assert first == [(10, [9]), (8, [])] and second == [(1, []), (2, [9])]
     assert a.stats.checkpoints_stored == b.stats.checkpoints_stored == 1
     assert max(sum(len(s.captures) for s in plan.spans) for plan in plans) == 1
+
+
+def test_hits_whose_replays_pass_the_step_budget_wait(tiny_models):
+    """A wr replay runs whole in its admission step, and three hits admitted at once ran 24 replay tokens (and
+    a prefill token) in a step capped at 20: max_num_tokens, the step size the memory check and warm-up count.
+    From a review helper; fails on the old code. Prompt ends only: each 10-token base's checkpoint is at 9, so
+    each hit (12 tokens) replays [1, 9) and prefills 3 tokens."""
+    from engine_helpers import split_wmax
+    path = tiny_models["gdn"][0]
+    engine = make_engine(path, wmax=split_wmax(path), policy="wr", replay_window=8, max_num_tokens=20,
+                         prefill_chunk=16, prompt_only=True)
+    bases = [[10 * i + j for j in range(1, 11)] for i in range(3)]
+    engine.generate([greedy(i, b, 1) for i, b in enumerate(bases)])
+    plans = spy_plans(engine)
+    hits = [greedy(("hit", i), b + [90, 91], 2) for i, b in enumerate(bases)]
+    outs = engine.generate(hits)
+    engine.sanity_check()
+    assert [len(o) for o in outs] == [2, 2, 2] and all(h.stats.replayed_tokens == 8 for h in hits)
+    seen = [[(len(s.token_ids), s.replay_into is not None) for s in plan.spans] for plan in plans]
+    # by hand: step 1 admits two hits (16 replay tokens; the third's 8 would pass 20), the 4 tokens left go to
+    # the first's 3-token prefill and 1 of the second's; step 2: the third's replay, a decode, the rest
+    assert seen[0] == [(8, True), (8, True), (3, False), (1, False)]
+    assert seen[1] == [(8, True), (1, False), (2, False), (3, False)]
+    assert all(sum(n for n, _ in step) <= 20 for step in seen), seen

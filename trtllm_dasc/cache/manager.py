@@ -72,12 +72,16 @@ class CacheManager:
 
     # ---- admission -----------------------------------------------------------------------------------
     def admit(self, prompt: list[int], end_len: int, use_cache: bool = True, replay_window: int = 0,
-              idle: bool = False) -> Lease | None:
-        """Reserve a request's rows, KV blocks and prefix lock; None when it must wait (nothing held)."""
+              idle: bool = False, max_replay: float = float("inf")) -> Lease | None:
+        """Reserve a request's rows, KV blocks and prefix lock; None when it must wait (nothing held).
+        ``max_replay``: a hit whose replay would run more tokens than this waits (the step's token budget
+        left: a replay runs whole in the step that admits it)."""
         bs, tree = self.bs, self.tree
         m = tree.match(prompt) if use_cache else tree.miss()
         c = m.ckpt_len
         replay_start = max(0, c - replay_window) if (replay_window and c) else None
+        if replay_start is not None and c - replay_start > max_replay:
+            return None
         if self.rows.num_free < 1 + (replay_start is not None):
             return None
         # only the reused prefix is pinned: the cached KV beyond the checkpoint gets recomputed

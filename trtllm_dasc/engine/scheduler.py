@@ -88,15 +88,25 @@ class Scheduler:
             raise UserError(f"input_ids: the request needs {worst} KV blocks, the cache has {self.cfg.num_kv_blocks}")
 
     def _admit(self, plan: StepPlan) -> None:
+        # a replay runs whole in its admission step, beside the decode tokens and the replays admitted before
+        # it: a hit whose replay would take the step past max_num_tokens waits (several hits admitted at once
+        # ran steps of 4x the cap the memory check and warm-up sized for). With nothing running it is admitted
+        # (a window longer than the cap could run no other way); the queue is FIFO, so it waits for no longer
+        forced = sum(not s.in_prefill for s in self.running) + sum(
+            s.replay.end - s.replay.start for s in self.running if s.replay is not None)
         while self.waiting and len(self.running) < self.cfg.max_batch:
             seq = self.waiting[0]
+            room = (float("inf") if self.cfg.max_num_tokens is None or not self.running
+                    else self.cfg.max_num_tokens - forced)
             lease = self.manager.admit(seq.prompt, seq.end_len, seq.req.use_cache, self.replay_window,
-                                       idle=not self.running)
+                                       idle=not self.running, max_replay=room)
             if lease is None:
                 return
             self.waiting.popleft()
             self._start(seq, lease, plan)
             self.running.append(seq)
+            if lease.replay is not None:
+                forced += lease.replay.end - lease.replay.start
 
     def _start(self, seq: Sequence, lease, plan: StepPlan) -> None:
         bs, m, st = self.cfg.block_size, lease.match, seq.req.stats
