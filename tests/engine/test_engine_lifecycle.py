@@ -1,6 +1,7 @@
 """Engine lifecycle and admission edge cases found in review: a hit that pins its own prefix, shutdown with
-a timeout, submit after shutdown, flush from another thread, an empty generate, a resubmitted request, a
-warm-up in a small cache, and a scheduling failure (the engine reports itself dead, never hangs)."""
+a timeout, submit after shutdown, flush from another thread, an empty generate, a generate with a bad request,
+a resubmitted request, a warm-up in a small cache, and a scheduling failure (the engine reports itself dead,
+never hangs)."""
 import random
 import threading
 import time
@@ -81,6 +82,21 @@ def test_generate_nothing_returns_at_once(tiny_models):
     engine.start()
     assert engine.generate([]) == []
     engine.shutdown()
+
+
+def test_generate_with_a_bad_request_queues_none_of_its_batch(tiny_models):
+    """generate submitted its requests one by one: a bad one raised, the good ones before it stayed queued (run
+    by whatever stepped next, their outputs lost), and a retry of the batch without the bad one was refused
+    ("request_id 1 is already in flight"). From a review helper; fails on the old code."""
+    from trtllm_dasc.engine.request import GenerationRequest
+    from trtllm_dasc.errors import UserError
+    path, hf = tiny_models["gdn"]
+    engine = make_engine(path)
+    with pytest.raises(UserError, match="prompt is empty"):
+        engine.generate([greedy(1, [1, 2, 3], 2), GenerationRequest(2, [], 2)])
+    assert not engine.has_work()
+    assert engine.generate([greedy(1, [1, 2, 3], 2)]) == [reference_greedy(hf, [1, 2, 3], 2)]
+    engine.sanity_check()
 
 
 def test_a_resubmitted_request_starts_with_fresh_stats(tiny_models):

@@ -384,8 +384,9 @@ class Engine:
                 ends[key] = out
                 if len(ends) == len(requests):
                     done.set()
-        for r in requests:
-            self.submit(r, lambda out, key=id(r): collect(out, key))
+        # one batch: a bad request refuses them all (submitted one by one, those before it stayed queued, and
+        # a retry of the batch was refused as already in flight)
+        self.submit_all([(r, lambda out, key=id(r): collect(out, key)) for r in requests])
         if self._thread is None:
             self.run_until_idle()
         else:
