@@ -73,3 +73,24 @@ def test_warmup_sends_two_long_prompts_together_and_one_alone(tiny_models, monke
         by_size.setdefault(len(lengths), set()).update(n % 16 == 0 for n in lengths)
     assert by_size == {4: {True, False}, 2: {True, False}, 1: {True, False}}
     assert engine.ready and engine.stats()["kv_blocks_free"] == engine.cfg.num_kv_blocks
+
+
+def test_moe_warmup_reaches_the_largest_uncapped_step(tiny_models, monkeypatch):
+    """Without max_num_tokens a step runs every running request's prefill chunk: 4 prompts of 12 tokens ran
+    48 tokens in one step, while the fused MoE kernels were warmed for steps up to max_context (16) only; on a
+    GPU a default-built Qwen-80B engine (8 x 2048-token chunks, a 4,096 context) compiled the 128-row tiles
+    inside its first big batch. warm_moe is a no-op on a CPU: its argument is what is checked, against the
+    steps the engine ran. From a review helper; fails on the old code."""
+    from trtllm_dasc.model.model import HybridModel
+    from engine_helpers import greedy
+    warmed = []
+    real = HybridModel.warm_moe
+    monkeypatch.setattr(HybridModel, "warm_moe", lambda self, n: warmed.append(n) or real(self, n))
+    engine = make_engine(tiny_models["gdn"][0], max_batch=4, prefill_chunk=16, max_context=16)
+    steps = []
+    inner = engine.runner.execute
+    monkeypatch.setattr(engine.runner, "execute",
+                        lambda plan, *a, **kw: steps.append(sum(len(s.token_ids) for s in plan.spans))
+                        or inner(plan, *a, **kw))
+    engine.generate([greedy(i, [i + 1] * 12, 4) for i in range(4)])
+    assert max(steps) == 48 and warmed == [64]   # largest_step: 4 requests x a 16-token chunk

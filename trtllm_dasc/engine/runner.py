@@ -30,6 +30,7 @@ from trtllm_dasc.checkpoint_files import dummy_marker
 from trtllm_dasc.config import HybridConfig
 from trtllm_dasc.model import ForwardOutput, HybridModel, SeqInput
 from trtllm_dasc.model.prefill_flops import prefill_flops
+from trtllm_dasc.model.workspace import largest_step
 from trtllm_dasc.plan import PlanOptions, plan_from_path
 from trtllm_dasc.spec import PLAN_TO_ENGINE, plan_fields
 from trtllm_dasc.state import StateLayout
@@ -75,8 +76,10 @@ class ModelRunner:
         # every rank (a TP worker runs its own runner) before the engine can report ready; nothing on a CPU
         # or when no step reaches CUDNN_MIN_TOKENS
         self.model.warm_long_prefill(min(cfg.prefill_chunk, cfg.max_context, cfg.max_num_tokens or cfg.max_context))
-        # and the fused MoE kernels' tile configs for every step size up to the step's token cap (model.warm_moe)
-        self.model.warm_moe(cfg.max_num_tokens or cfg.max_context)
+        # and the fused MoE kernels' tile configs for every step size up to the largest step (model.warm_moe):
+        # uncapped, the running requests' chunks together, past max_context (a Qwen-80B engine of the default
+        # 8 x 2048-token chunks in a 4,096 context met the 128-row tiles, from 6,554 tokens a step, unwarmed)
+        self.model.warm_moe(largest_step(cfg).tokens)
         self.model.all_reduce = all_reduce
         # plain, storage-balanced (the all-to-all) or one per codec segment (horizon precision)
         self.pool = checkpoint_pool(self.plan, self.budget, tp_rank, all_to_all, device=cfg.device)
