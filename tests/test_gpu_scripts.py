@@ -614,3 +614,36 @@ def test_quality_lengths_takes_commas_and_puts_the_shards_under_cells_root(tmp_p
     assert rc == 0, output
     assert [r.split()[0] for r in runs] == ["4096", "8192"]
     assert [r.split()[2] for r in runs] == ["/tmp/x/4096", "/tmp/x/8192"]
+
+
+def test_wr_fixed_slots_cold_call_can_start_its_first_w(tmp_path):
+    """wr_fixed_slots.sh on a machine with no .kernel_cache carried (a cold kernel cache): the deadline and start
+    estimate it passes must let the driver's own gate (clients/fixed_slots.UnitDeadline, built as
+    serve_wr_fixed_slots.run_call builds it) start the first W, whose nr server then compiles the kernels and
+    measures the start the seeds are gated on. It passed --ready-estimate-s 300, charged to both of a W's servers:
+    735 s owed against a deadline of at most 540, so a cold call started nothing, and then marked the machine
+    warm (/tmp/wr_fixed.warm) for the next call, whose server found the kernel cache as cold as before."""
+    import time
+    from benchmarks import serve_wr_fixed_slots as mod
+    from clients.fixed_slots import UnitDeadline
+    # the old script's marker, left on this machine by an earlier run: it would hide the cold path
+    Path("/tmp/wr_fixed.warm").unlink(missing_ok=True)
+    root, bin_, out, base_env = _device_root(tmp_path, "wr_fixed_slots.sh")
+    log = tmp_path / "client_args"
+    _stub(bin_ / "python3", f'if [ "$1" = - ]; then cat >/dev/null; exit 0; fi\nprintf "%s\\n" "$@" > {log}\n')
+    cells = f"benchmarks/cells/test_wr_cold_{os.getpid()}_{time.time_ns()}"
+    env = {**base_env, "COMMIT": "abc1234", "CELLS": cells, "PACKED_DIR": str(tmp_path / "packed")}
+    try:
+        proc = subprocess.run(["bash", "scripts/gpu/wr_fixed_slots.sh"], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        shutil.rmtree(Path("/tmp/cells") / Path(cells).name, ignore_errors=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    args = log.read_text().splitlines()[2:]           # past "-m benchmarks"
+    assert args[0] == "serve_wr_fixed_slots"
+    a, mode = mod.parse(args[1:]), mod.GPU
+    gate = UnitDeadline(a.call_deadline_s, mode["turns"], {}, a.request_estimate_s or mode["request_s"],
+                        a.ready_estimate_s or mode["ready_s"], mode["build_s"], clock=lambda: 0.0)
+    first = int(a.wmax.split(",")[0])
+    assert 0 < a.call_deadline_s <= 540
+    assert gate.fits_w(first, mode["seeds"][0]), (a.call_deadline_s, a.ready_estimate_s)

@@ -21,8 +21,10 @@
 # nvidia-pytriton; call B carries [".whl_c", ".kernel_cache"] and runs
 #   rm -rf .whl && cp -r .whl_c .whl && COMMIT=<sha> bash scripts/gpu/wr_fixed_slots.sh
 # later calls on the same warm machine carry nothing and run `COMMIT=<sha> bash scripts/gpu/wr_fixed_slots.sh`).
-# With no .kernel_cache/*.tgz carried the servers compile for ~4 minutes: READY_EST=300 is then assumed for a
-# server start until one is measured (set it yourself to override).
+# With no .kernel_cache/*.tgz carried the servers compile for ~4 minutes: that call spends itself compiling (its
+# first nr server starts, the measured start then gates the seeds, and its kernels come back). READY_EST=<s> sets
+# the start assumed until one is measured; no cold default: 300 s for each of a W's two servers was 735 s owed
+# against a deadline of at most 540, so a cold call started nothing, compiled nothing, and was wasted.
 # Bring back after each call: tar xzf $files_at/cells.tgz -C $CELLS (the name the call printed) and commit it;
 # cat $files_at/wr_fixed_kernels.tgz.part-* > .kernel_cache/wr_fixed_<n>.tgz (the kernels this call compiled);
 # the result JSON wr_fixed_slots_kimi48_full.json holds every W whose five pairs are done. The device's .git may
@@ -40,9 +42,6 @@ OPENING=${OPENING:-lognormal}
 CELLS=${CELLS:-benchmarks/cells/wr_fixed_kimi48_full_b${MAX_BATCH}_hr${HEADROOM}_c${COMMIT:-HEAD}$([ "$OPENING" = lognormal ] || echo "_$OPENING")}
 cells_work "$CELLS"            # sets WORK (prelude.sh)
 touch /tmp/wr_fixed.marker
-if [ -z "${READY_EST:-}" ] && ! compgen -G ".kernel_cache/*.tgz" >/dev/null && [ ! -f /tmp/wr_fixed.warm ]; then
-  READY_EST=300
-fi
 # what is left of the call after the prelude, less the time to stop the last server and pack the results
 DEADLINE=$((CALL_LIMIT - ${MARGIN:-60} - SECONDS))
 echo "wr_fixed_slots: deadline ${DEADLINE} s, W order ${WMAX:-64,128,512,1024,16}, cells in $CELLS"
@@ -54,7 +53,5 @@ timeout $((DEADLINE + 40)) python3 -m benchmarks serve_wr_fixed_slots \
   ${READY_EST:+--ready-estimate-s "$READY_EST"} --work /tmp/wr_fixed --kernel-cache "$CACHE" \
   --out "$OUT/wr_fixed_slots_kimi48_full.json" ${COMMIT:+--commit "$COMMIT"} "$@"
 rc=$?
-# a later call on this machine finds its kernel cache warm
-touch /tmp/wr_fixed.warm
 return_cells wr_fixed /tmp/wr_fixed/servers /tmp/wr_fixed.marker
 exit $rc
