@@ -266,3 +266,32 @@ def test_shards_the_index_names_are_copied_whatever_their_name(tiny, tmp_path, c
     assert rc == 0, err
     assert (tmp_path / "engine" / "model" / "part-a.bin").exists()
     assert not Files(str(tmp_path / "engine" / "model")).missing_shards()
+
+
+@pytest.mark.parametrize("edit", [
+    {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}},
+    {"rope_scaling": {"type": "linear", "factor": 2.0}},
+    {"rope_scaling": {"rope_type": "default", "rope_theta": 1e6}},
+], ids=["yarn", "linear", "theta"])
+def test_rope_scaling_beside_rope_parameters_is_read(tiny, tmp_path, capfd, edit):
+    """transformers merges a config's rope_scaling into its rope_parameters (YaRN then applies), but the parser
+    read rope_scaling only when rope_parameters was absent or empty: a YaRN or linear rope_scaling added to a
+    transformers-5 config.json (which writes rope_parameters) built an engine serving plain RoPE, other logits
+    than transformers', without a word. Now both objects are read: another rope type, or a theta that disagrees,
+    is refused in one line. From a review helper; fails on the old code."""
+    ckpt = _copy(tiny, tmp_path)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["rope_parameters"]["rope_type"] == "default"
+    cfg.update(edit)
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check")
+    _assert_refused(rc, err, tmp_path, "rope_scaling")
+
+
+def test_a_default_rope_scaling_beside_rope_parameters_builds(tiny, tmp_path, capfd):
+    ckpt = _copy(tiny, tmp_path)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "default", "rope_theta": cfg["rope_parameters"]["rope_theta"]}
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check")
+    assert rc == 0, err

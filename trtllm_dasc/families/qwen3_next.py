@@ -33,17 +33,22 @@ def parse(raw: dict) -> ModelSchema:
 
 
 def _rope(f: Fields, head_dim: int) -> tuple[int, float]:
-    """(rotary dim, theta). A value given both in the rope object and at the top level must agree."""
-    rope = f.obj("rope_parameters")
-    if rope is None or not rope.raw:
-        rope = f.obj("rope_scaling") or Fields({}, f.where + " rope_parameters")
-    rope.choice("rope_type", "type", choices=("default",), default="default")
+    """(rotary dim, theta). A value given in more than one place (rope_parameters, rope_scaling, the top
+    level) must agree."""
+    # transformers merges a legacy rope_scaling into rope_parameters (a YaRN rope_scaling beside a default
+    # rope_parameters runs YaRN there): both are read, never one in place of the other
+    ropes = [r for r in (f.obj("rope_parameters"), f.obj("rope_scaling")) if r is not None and r.raw]
+    for rope in ropes:
+        rope.choice("rope_type", "type", choices=("default",), default="default")
     out = []
     for name, default, hi in (("rope_theta", 10000.0, float("inf")), ("partial_rotary_factor", 0.25, 1.0)):
-        nested, top = rope.float(name, lo=0.0, hi=hi, default=None), f.float(name, lo=0.0, hi=hi, default=None)
-        if nested is not None and top is not None and nested != top:
-            raise ConfigError(f"{f.where} field '{name}' ({top:g}) disagrees with {rope.where}.{name} ({nested:g})")
-        out.append(next((v for v in (nested, top) if v is not None), default))
+        given = [(f"{r.where}.{name}", r.float(name, lo=0.0, hi=hi, default=None)) for r in ropes]
+        given = [(w, v) for w, v in [*given, (f"{f.where} field '{name}'", f.float(name, lo=0.0, hi=hi, default=None))]
+                 if v is not None]
+        for where, value in given[1:]:
+            if value != given[0][1]:
+                raise ConfigError(f"{where} ({value:g}) disagrees with {given[0][0]} ({given[0][1]:g})")
+        out.append(given[0][1] if given else default)
     theta, factor = out
     return int(head_dim * factor), theta
 
