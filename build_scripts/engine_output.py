@@ -3,7 +3,8 @@
 - a reader never sees half an engine: the engine is built in ``.NAME.building-XXXX`` beside the output and
   renamed over it (an atomic exchange with an old engine where the kernel offers renameat2);
 - ``--force`` replaces an engine directory only (its config.json carries ``dasc_engine_version``, the
-  marker `dasc serve` recognises engines by), never a directory of anything else, a file or a link;
+  marker `dasc serve` recognises engines by), never a directory of anything else, a file or a link; checked
+  when the build begins and again as it publishes (a directory made at the output meanwhile is left alone);
 - a lock file beside the output (``.NAME.dasc-build.lock``, flock'ed, removed when done) refuses a second
   build of the same output while one runs;
 - an OS error (a read-only or virtual file system, a full disk) is one UserError line, naming the file being
@@ -139,20 +140,39 @@ def _sibling(out: str, kind: str) -> str:
     return path
 
 
-def publish(tmp: str, out: str) -> None:
+def _replaceable(path: str, force: bool) -> bool:
+    """Whether the directory ``path`` may be replaced: empty, or with --force a dasc engine."""
+    return not os.listdir(path) or (force and is_engine_dir(path))
+
+
+def _appeared(output: str) -> UserError:
+    return UserError(f"--output {output!r} appeared during the build, and is not an engine --force may replace: "
+                     "left as it was, the new engine not kept; remove it or choose another --output")
+
+
+def publish(tmp: str, out: str, force: bool, output: str) -> None:
     """Move the complete engine ``tmp`` to ``out``: a plain rename onto a missing or empty directory, an
-    exchange with an old engine (then removed)."""
+    exchange with an old engine (then removed). What stands at ``out`` was checked before the build's work;
+    a directory made there since (a user's mkdir and copy during a long build) is refused and left as it was,
+    checked again after the exchange, so even one made in between is swapped back, never removed."""
     parent = os.path.dirname(out)
     if os.path.isdir(out) and os.listdir(out):
+        if not _replaceable(out, force):
+            raise _appeared(output)
         if _exchange(tmp, out):
+            if not _replaceable(tmp, force):
+                _exchange(tmp, out)
+                raise _appeared(output)
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             # two renames: the old engine steps aside (and comes back if the new one cannot move in)
             old = _sibling(out, "replaced")
             os.rename(out, old)
             try:
+                if not _replaceable(old, force):
+                    raise _appeared(output)
                 os.rename(tmp, out)
-            except OSError:
+            except (OSError, UserError):
                 os.rename(old, out)
                 raise
             shutil.rmtree(old, ignore_errors=True)
@@ -183,7 +203,7 @@ def staged_output(output: str, force: bool):
                 shutil.rmtree(stale, ignore_errors=True)
             tmp = _sibling(out, "building")
             yield tmp
-            publish(tmp, out)
+            publish(tmp, out, force, output)
             tmp = None
     except OSError as e:
         raise os_error_line(e, f"cannot build {output!r}", tmp, out) from None

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -226,3 +227,29 @@ def test_an_output_path_with_a_quote_builds_the_text_models(tmp_path, capfd):
     assert rc == 0, err
     for name in ("preprocessing", "postprocessing"):
         assert 'string_value: "../../model"' in (out / "model_repo" / name / "config.pbtxt").read_text()
+
+
+@pytest.mark.parametrize("renameat2", [True, False], ids=["exchange", "two-renames"])
+@pytest.mark.parametrize("force", [False, True])
+def test_a_directory_made_at_the_output_during_the_build_is_never_replaced(tmp_path, monkeypatch, force, renameat2):
+    """The output was checked when the build began and again under its lock, both before the build's minutes of
+    work; publish then exchanged the new engine with whatever stood at the output and deleted it. A directory of
+    the user's made there meanwhile (mkdir + copy while a long build runs) was removed, without --force too.
+    Now publish refuses in one line and leaves it as it was, whatever --force says (--force replaces engines
+    only); the new engine is not kept. Both ways of publishing: the atomic exchange, and the two renames of a
+    kernel without renameat2. From a review helper; fails on the old code."""
+    from build_scripts import engine_output
+    from build_scripts.engine_output import staged_output
+    if not renameat2:
+        monkeypatch.setattr(engine_output, "_exchange", lambda a, b: False)
+    from trtllm_dasc.errors import UserError
+    out = tmp_path / "engine"
+    with pytest.raises(UserError, match="appeared during the build") as info:
+        with staged_output(str(out), force) as tmp:
+            (Path(tmp) / "config.json").write_text(json.dumps({"dasc_engine_version": 1, "engine": {}}))
+            # the user's directory, made after the checks and before the build ends
+            out.mkdir()
+            (out / "notes.txt").write_text("mine")
+    assert "\n" not in str(info.value)
+    assert sorted(os.listdir(out)) == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    assert _siblings(tmp_path) == []
