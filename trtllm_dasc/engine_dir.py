@@ -111,10 +111,38 @@ def read(path: str) -> EngineDir:
             engine[key] = os.path.join(path, engine[key])
     _check_model_config(path, engine, meta.get("model_config"))
     serving, weights = meta.get("serving"), meta.get("weights")
+    _check_dummy_record(engine, weights)
     return EngineDir(path=os.path.abspath(path), version=version, engine=engine,
                      serving={**DEFAULT_SERVING, **serving} if isinstance(serving, dict) else dict(DEFAULT_SERVING),
                      weights=weights if isinstance(weights, dict) else dict(DEFAULT_WEIGHTS),
                      source=meta.get("source"), meta=meta)
+
+
+# model/dummy_weights.json (checkpoint_files.DUMMY_MARKER; named here, as this module imports nothing of the package)
+DUMMY_RECORD = "dummy_weights.json"
+
+
+def _check_dummy_record(engine: dict, weights) -> None:
+    """A dummy engine's model/dummy_weights.json must be the weights record its config.json holds: the loader
+    makes the weights (decay tensors included) from that file's seed and profile, and the plan was made for
+    the recorded ones, so a file deleted or edited after the build served other weights than the plan's."""
+    model = engine.get("model")
+    if not isinstance(weights, dict) or weights.get("load_format") != "dummy" or not isinstance(model, str):
+        return
+    file = os.path.join(model, DUMMY_RECORD)
+    try:
+        with open(file) as f:
+            now = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{file} is missing: this engine was built with dummy weights (seed "
+                        f"{weights.get('seed')}) and makes them from that file; rebuild it with dasc-build") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{file} cannot be read ({e}); rebuild the engine with dasc-build") from None
+    if now != weights:
+        diff = (sorted(k for k in set(now) | set(weights) if now.get(k) != weights.get(k)) if isinstance(now, dict)
+                else ["the whole file"])
+        raise UserError(f"{file} differs from the weights record this engine was built with (in "
+                        f"{', '.join(diff[:5])}): it was edited after the build; rebuild the engine with dasc-build")
 
 
 def _check_model_config(path: str, engine: dict, recorded) -> None:

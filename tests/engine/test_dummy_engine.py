@@ -80,6 +80,24 @@ def test_dummy_engine_serves_the_same_tokens_for_the_same_seed(tmp_path):
     assert a == b and a != c and len(a) == 4
 
 
+def test_a_dummy_record_edited_or_deleted_after_the_build_is_refused(tmp_path):
+    """The loader makes the weights from model/dummy_weights.json's seed; the plan was made for the build's
+    seed. Edited (another seed) or deleted (the loader's seed 0), the engine served other decay weights than its
+    plan's, silently; it is refused in one line, naming the file."""
+    model = tiny_checkpoint(tmp_path)
+    assert build(model, tmp_path / "e", "--seed", 3, "--wmax", 4) == 0
+    record = tmp_path / "e" / "model" / "dummy_weights.json"
+    whole = json.loads(record.read_text())
+    record.write_text(json.dumps({**whole, "seed": 9}))
+    with pytest.raises(UserError, match=r"dummy_weights.json differs .*\(in seed\)"):
+        engine_config(str(tmp_path / "e"))
+    record.unlink()
+    with pytest.raises(UserError, match="dummy_weights.json is missing.*seed 3"):
+        engine_config(str(tmp_path / "e"))
+    record.write_text(json.dumps(whole, indent=4))          # the same record, written another way: accepted
+    assert engine_config(str(tmp_path / "e")).load_format == "dummy"
+
+
 def test_a_model_that_does_not_fit_is_refused_with_what_it_needs_and_has(tmp_path, capsys):
     model = tiny_checkpoint(tmp_path)
     assert build(model, tmp_path / "e") == 0
