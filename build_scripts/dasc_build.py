@@ -310,6 +310,12 @@ def build(args) -> str:
         raise UserError(f"--placement {args.placement} moves checkpoint units between ranks, which the run time "
                         "does for the ragged layout only: use --layout ragged or --placement off")
     footprint = check_build_memory(args, opts, cfg, plan, is_dummy)
+    trained = model_config.get("max_position_embeddings")
+    if isinstance(trained, int) and not isinstance(trained, bool) and args.max_context > trained:
+        # a warning, not a refusal: a user may extend the context on purpose (NoPE attention, a RoPE the model
+        # extrapolates), but positions past the trained length give outputs nobody measured
+        print(f"[dasc-build] warning: --max-context {args.max_context} exceeds the model's max_position_embeddings "
+              f"{trained}: positions past it were not trained", file=sys.stderr)
     report = plan.report(args.state_budget_bytes)
     kept = sum(map(len, plan.retained)) / (plan.config.units_per_layer * plan.config.num_linear_layers)
     print(f"[dasc-build] plan: W_max {args.wmax}, {kept:.1%} of the units kept, {report['bottleneck_slot_bytes']:,} B "

@@ -295,3 +295,15 @@ def test_a_default_rope_scaling_beside_rope_parameters_builds(tiny, tmp_path, ca
     (ckpt / "config.json").write_text(json.dumps(cfg))
     rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check")
     assert rc == 0, err
+
+
+def test_a_context_past_the_trained_positions_is_built_with_a_warning(tiny, tmp_path, capfd):
+    """--max-context above config.json's max_position_embeddings built without a word (vLLM refuses it by
+    default): it builds, and says so in one warning line; at or below it, no warning."""
+    ckpt = _copy(tiny, tmp_path)
+    trained = json.loads((ckpt / "config.json").read_text())["max_position_embeddings"]
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check", "--max-context", str(trained))
+    assert rc == 0 and "max_position_embeddings" not in err, err
+    rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check", "--max-context", str(trained + 1), "--force")
+    warnings = [line for line in err.splitlines() if "max_position_embeddings" in line]
+    assert rc == 0 and len(warnings) == 1 and f"--max-context {trained + 1}" in warnings[0], err
