@@ -23,6 +23,23 @@ def _argv(d: Path, arms: str) -> list[str]:
             "--cells-dir", str(d / "cells"), "--json", str(d / "r.json")]
 
 
+def _kill_left_servers(under: Path) -> None:
+    """SIGKILL the processes whose command line names ``under``: the killed call's tritonservers. They run in
+    sessions of their own (serve/tritonserver.py: a client's Ctrl-C must not cut their drain short), so the
+    call's killpg leaves them running, as a device call's end does (there scripts/gpu/prelude.sh ends them)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if str(under) in cmdline and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def _kill_after_first_cell(argv: list[str], arm_dir: Path, timeout: float = 300) -> None:
     """Run the call in its own session and SIGKILL all of it once ``arm_dir`` holds a cell."""
     proc = subprocess.Popen([sys.executable, "-m", "clients.matched_hbm", *argv], cwd=ROOT, start_new_session=True,
@@ -36,6 +53,8 @@ def _kill_after_first_cell(argv: list[str], arm_dir: Path, timeout: float = 300)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        # and its servers, before the resumed call starts its own (as the next device call's prelude does)
+        _kill_left_servers(Path(argv[argv.index("--out") + 1]))
 
 
 def test_a_call_killed_after_an_arm_s_cell_resumes_to_a_paired_complete_run(tmp_path):
@@ -44,8 +63,11 @@ def test_a_call_killed_after_an_arm_s_cell_resumes_to_a_paired_complete_run(tmp_
     # unit (the arm had it) and the baseline's cell of it was never measured: never complete, no ratio
     from clients.matched_hbm import main
     argv = _argv(tmp_path, "nr16+int8,dense")
-    _kill_after_first_cell(argv, tmp_path / "cells" / "cells" / "nr16+int8")
-    assert main(argv) == 0
+    try:
+        _kill_after_first_cell(argv, tmp_path / "cells" / "cells" / "nr16+int8")
+        assert main(argv) == 0
+    finally:
+        _kill_left_servers(tmp_path)
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["complete"] and (res["cells_done"], res["cells_total"]) == (4, 4)
     arm = next(a for a in res["arms"] if a["key"] == "nr16+int8")
