@@ -96,6 +96,8 @@ def run(args) -> int:
         find_mpirun()
         # what every rank would refuse, refused once here (one line, not T lines and mpirun's report)
         HybridConfig.from_path(args.model).shard(args.tp)
+        from trtllm_dasc.parallel.group import check_device
+        check_device(args.device)
         code = relaunch(args.tp, _argv(args))
         return code if code in (0, 2) else 1
     logits = engine_logits(args, ids)

@@ -110,3 +110,24 @@ def test_a_rank_file_of_another_build_or_a_corrupt_one_is_refused(tmp_path):
     (a / "weights" / "rank0.json").write_text("[1, 2]")
     with pytest.raises(UserError, match="not a rank weight manifest"):
         RankWeights(cfg.rank_weights, 0, 2, order, cfg.rank_weights_id)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA sees no device")
+def test_a_cuda_engine_on_a_machine_without_cuda_is_one_line_at_tp(tmp_path):
+    """TP1 refuses a CUDA device where there is none in one line; at TP each rank picked its GPU as
+    rank % device_count() and every rank died of ZeroDivisionError (a traceback each, then mpirun's report),
+    in `dasc logits --tp` and in a server's ranks alike. From a review helper; fails on the old code."""
+    model = tmp_path / "kda"
+    build_tp_model(model, "kda", seed=11)
+    r = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", "logits", "--model", str(model), "--ids", "1,2,3",
+                        "--out", str(tmp_path / "x.npy"), "--tp", "2", "--device", "cuda"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["dasc logits: error: device cuda requested but CUDA is not available"]
+    # the ranks themselves (as the Triton model and serve.worker start them from an engine directory)
+    engine = _build_tp2(model, tmp_path / "eng")
+    cfg = json.loads((engine / "config.json").read_text())
+    cfg["engine"]["device"] = "cuda"
+    (engine / "config.json").write_text(json.dumps(cfg))
+    seen = _mpirun(2, ["start", str(engine)], tmp_path / "cuda.json", timeout=120)
+    assert seen == ["UserError: device cuda requested but CUDA is not available"] * 2, seen

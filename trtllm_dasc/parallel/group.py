@@ -50,6 +50,15 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def check_device(device: str) -> None:
+    """Refuse a CUDA device where CUDA sees none, in the words TP1's ModelRunner uses: each rank picks its GPU
+    as rank % device_count(), which raised ZeroDivisionError on every rank (a traceback per rank and mpirun's
+    report, not one line). Every rank of the host sees the same devices, so every rank refuses alike."""
+    import torch
+    if device.startswith("cuda") and torch.cuda.device_count() == 0:
+        raise UserError(f"device {device} requested but CUDA is not available")
+
+
 def mpi_world():
     """MPI's world communicator (imported here: mpi4py is only needed by TP runs)."""
     try:
@@ -73,6 +82,7 @@ class TPGroup:
 
         import torch
         import torch.distributed as dist
+        check_device(device)        # before the rendezvous: no rank waits in it for one that refused
         comm = mpi_world()
         rank, size = comm.Get_rank(), comm.Get_size()
         timeout = datetime.timedelta(seconds=timeout_s)
