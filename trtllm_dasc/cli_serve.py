@@ -28,7 +28,7 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.serve.tritonserver import start_server
 from trtllm_dasc.engine.config import from_engine_fields
 from trtllm_dasc.serve.repository import cache_policy
-from trtllm_dasc.parallel.launch import find_mpirun
+from trtllm_dasc.parallel.launch import find_mpirun, rank_that_ended
 from trtllm_dasc.serve.tritonserver import new_admin_key
 from trtllm_dasc.serve.load_errors import start_failure
 
@@ -179,7 +179,10 @@ def run(args) -> int:
             print(f"[dasc serve] OpenAI API: http://{server.connect_host}:{openai.port}/v1", flush=True)
         while stop["signal"] is None:
             if server.proc.poll() is not None:
-                print(f"[dasc serve] tritonserver exited with code {server.proc.returncode}", file=sys.stderr)
+                # at TP mpirun ends the server when any rank dies: its report (in the server log) names the rank
+                rank = rank_that_ended(server.log()) if tp > 1 else None
+                print(f"[dasc serve] tritonserver exited with code {server.proc.returncode}"
+                      + (f": {rank}; see {server.log_path}" if rank else ""), file=sys.stderr)
                 return server.proc.returncode or 1
             if not engine_alive(server.metrics_url):
                 print("[dasc serve] the engine died; stopping the server (see its log)", file=sys.stderr)

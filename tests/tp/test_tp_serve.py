@@ -128,3 +128,33 @@ def test_tp_build_writes_per_rank_weights(model, tmp_path):
     wrong = [list(reversed(row)) for row in meta["bundle_order"]]
     with pytest.raises(UserError, match="rebuild the engine"):
         RankWeights(str(engine_dir / "weights"), 1, 4, wrong)
+
+
+def test_dasc_serve_names_the_rank_that_took_the_server_down(model, tmp_path):
+    """A worker rank killed under `dasc serve --tp 2`: mpirun ends the server at once, and dasc serve's line
+    said only 'tritonserver exited with code 137' (tritonserver itself killed, as by the OOM killer?); the
+    rank that died was named in mpirun's report inside the server log alone. From a review helper; fails on
+    the old code."""
+    from trtllm_dasc.serve.tritonserver import free_port
+    engine_dir = build_engine(model, tmp_path / "engine", "--tp", 2, "--wmax", 0, "--max-batch-size", 2,
+                              "--kv-blocks", 100, "--block-size", 4, "--max-context", 64)
+    ports = [free_port() for _ in range(3)]
+    cmd = [sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", engine_dir, "--http-port", ports[0],
+           "--grpc-port", ports[1], "--metrics-port", ports[2], "--work-dir", tmp_path / "work"]
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "ready:" not in line:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, proc.stderr.read()
+        workers = subprocess.run(["pgrep", "-f", f"^{sys.executable} -m trtllm_dasc.serve.worker --engine {engine_dir}"],
+                                 capture_output=True, text=True).stdout.split()
+        assert len(workers) == 1
+        subprocess.run(["kill", "-9", workers[0]])
+        assert proc.wait(30) != 0
+        err = proc.stderr.read()
+        assert f"TP rank 1 (pid {workers[0]}) was killed by signal 9" in err, err[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)

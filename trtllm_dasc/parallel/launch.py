@@ -87,3 +87,20 @@ def mpirun_command(num_ranks: int, argv: list[str]) -> tuple[list[str], dict]:
     env = mpi_environment(num_ranks)
     cmd = [find_mpirun(), *MPIRUN_FLAGS, "-np", str(num_ranks), *pinned_paths(env), sys.executable, *argv]
     return cmd, env
+
+
+def rank_that_ended(report: str) -> str | None:
+    """Which rank ended an mpirun job, from mpirun's own report (Open MPI 4's "mpirun noticed ...", 5's
+    "prterun ..."), e.g. 'TP rank 1 (pid 4242) was killed by signal 9 (Killed)'; None when the text has no
+    such report. A server whose worker died otherwise said only that tritonserver exited with 137."""
+    import re
+    m = re.search(r"noticed that process rank (\d+) with PID (\d+) on node \S+ exited on\s+signal (\d+)"
+                  r"(?: \(([^)]*)\))?", report)
+    if m:
+        rank, pid, sig, name = m.groups()
+        return f"TP rank {rank} (pid {pid}) was killed by signal {sig}" + (f" ({name})" if name else "")
+    m = re.search(r"exited with non-zero status.*?Process name:\s*\[[^\]]*,(\d+)\]\s*Exit code:\s*(\d+)", report,
+                  re.S)
+    if m:
+        return f"TP rank {m.group(1)} exited with code {m.group(2)}"
+    return None
