@@ -59,15 +59,27 @@ def add_arguments(p) -> None:
     p.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for the warm-up")
     # the build options, for a checkpoint given as --model (ignored for an engine directory)
     build = p.add_argument_group("build (when --model is a checkpoint)")
+    before = len(p._actions)
     build_arguments(build, p)
     for action in build._group_actions:
         if action.dest == "output":
             action.required, action.default = False, None
             action.help = "engine directory to build into (default: WORK_DIR/engine)"
+    # which build options a user changed, to say they are ignored when --model is an engine directory
+    # (its sections are groups of `p`, so they are the actions added since `before`)
+    p.set_defaults(build_defaults={a.dest: a.default for a in p._actions[before:]
+                                   if a.dest not in ("output", "model", "help")})
 
 
 def engine_dir_for(args, work_dir: str) -> str:
     if is_engine_dir(args.model):
+        defaults = getattr(args, "build_defaults", {})
+        changed = [d for d, default in defaults.items() if getattr(args, d, default) != default]
+        if changed:
+            # the engine serves as it was built (its own TP, W_max, ...): a --tp 4 given here changed nothing
+            flags = ", ".join("--" + d.replace("_", "-") for d in changed)
+            print(f"[dasc serve] warning: {args.model} is an engine directory: the build options {flags} are "
+                  "ignored (it serves as built; rebuild it with dasc-build to change them)", file=sys.stderr)
         return os.path.abspath(args.model)
     from build_scripts.dasc_build import build
     args.output = args.output or os.path.join(work_dir, "engine")

@@ -175,3 +175,21 @@ def test_an_engine_given_as_the_checkpoint_is_one_line(engine, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", "logits", "--model", str(engine), "--ids", "1,2,3",
                            "--out", str(tmp_path / "l.pt")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "is a dasc engine directory" in proc.stderr, proc.stderr
+
+
+def test_build_options_given_with_an_engine_directory_are_named_as_ignored(tmp_path, capsys):
+    """dasc serve --model ENGINE_DIR --tp 4 served the engine at its built TP without a word: the build options
+    a user changed are named in one warning line; none changed, no warning."""
+    import argparse
+    from trtllm_dasc.cli_serve import add_arguments, engine_dir_for
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "config.json").write_text('{"dasc_engine_version": 1}')
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert engine_dir_for(p.parse_args(["--model", str(engine)]), str(tmp_path)) == str(engine)
+    assert "warning" not in capsys.readouterr().err
+    assert engine_dir_for(p.parse_args(["--model", str(engine), "--tp", "4", "--wmax", "64"]), str(tmp_path)) \
+        == str(engine)
+    err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(err) == 1 and ("--tp, --wmax are ignored" in err[0] or "--wmax, --tp are ignored" in err[0]), err
