@@ -39,6 +39,23 @@ def serve(engine_dir, work_dir, tp: int = 1, **server_options):
     return server
 
 
+def start_dasc_serve(engine_dir, work_dir, *flags) -> tuple[subprocess.Popen, list[int]]:
+    """`dasc serve --model ENGINE_DIR` as a user runs it, on three free ports, read until it prints "ready:"
+    (its stdout and stderr are pipes: the caller reads what it says). Returns the process and the HTTP, gRPC
+    and metrics ports; the caller ends the process."""
+    from trtllm_dasc.serve.tritonserver import free_port
+    ports = [free_port() for _ in range(3)]
+    cmd = [sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", engine_dir, "--http-port", ports[0],
+           "--grpc-port", ports[1], "--metrics-port", ports[2], "--work-dir", work_dir, *flags]
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = ""
+    while "ready:" not in line:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise AssertionError(f"dasc serve exited with {proc.returncode} before ready: {proc.stderr.read()}")
+    return proc, ports
+
+
 def hf_greedy(hf, prompt, n) -> list[int]:
     """transformers' own generate, greedy: the independent reference."""
     with torch.no_grad():

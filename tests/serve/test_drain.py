@@ -10,12 +10,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from serve_helpers import Stream
-from trtllm_dasc.serve.tritonserver import free_port
+from serve_helpers import Stream, start_dasc_serve
 
 PROMPT = [5, 17, 29, 41, 53, 65, 77]
 # far more than the drain leaves time for (a few hundred tokens a second here)
@@ -47,16 +45,9 @@ def server_processes(work: Path) -> dict[int, list[str]]:
 def test_sigterm_drains_in_flight_streams_and_leaves_nothing(tmp_path, default_engine):
     # the session's default engine (tests/serve/conftest.py), served here by a dasc serve of its own
     engine = default_engine
-    ports = [free_port() for _ in range(3)]
     work = tmp_path / "work"
-    cmd = [sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", engine, "--http-port", ports[0],
-           "--grpc-port", ports[1], "--metrics-port", ports[2], "--work-dir", work, "--drain-seconds", DRAIN]
-    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, ports = start_dasc_serve(engine, work, "--drain-seconds", DRAIN)
     try:
-        line = ""
-        while "ready:" not in line:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, proc.stderr.read()
         # the stubs' regions, from their command lines (the Python backend passes each its region's name)
         stubs = [argv for argv in server_processes(work).values() if argv[0].endswith("triton_python_backend_stub")]
         regions = [a for argv in stubs for a in argv if a.startswith("triton_python_backend_shm_region_")]

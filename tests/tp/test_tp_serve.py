@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_helpers import StreamClient, build_engine, serve, triton_inputs
+from serve_helpers import StreamClient, build_engine, serve, start_dasc_serve, triton_inputs
 from tp_helpers import build_tp_model, have_mpi
 
 pytestmark = pytest.mark.skipif(have_mpi() is not None, reason=f"no MPI here: {have_mpi()}")
@@ -135,18 +135,10 @@ def test_dasc_serve_names_the_rank_that_took_the_server_down(model, tmp_path):
     said only 'tritonserver exited with code 137' (tritonserver itself killed, as by the OOM killer?); the
     rank that died was named in mpirun's report inside the server log alone. From a review helper; fails on
     the old code."""
-    from trtllm_dasc.serve.tritonserver import free_port
     engine_dir = build_engine(model, tmp_path / "engine", "--tp", 2, "--wmax", 0, "--max-batch-size", 2,
                               "--kv-blocks", 100, "--block-size", 4, "--max-context", 64)
-    ports = [free_port() for _ in range(3)]
-    cmd = [sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", engine_dir, "--http-port", ports[0],
-           "--grpc-port", ports[1], "--metrics-port", ports[2], "--work-dir", tmp_path / "work"]
-    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, _ = start_dasc_serve(engine_dir, tmp_path / "work")
     try:
-        line = ""
-        while "ready:" not in line:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, proc.stderr.read()
         workers = subprocess.run(["pgrep", "-f", f"^{sys.executable} -m trtllm_dasc.serve.worker --engine {engine_dir}"],
                                  capture_output=True, text=True).stdout.split()
         assert len(workers) == 1
