@@ -17,7 +17,8 @@ save_pretrained (bf16; decay tensors fp32, as the released checkpoints), which o
 needs more than one 10-minute device command stages its fp32 weights with --stage (Adam's moments too with
 --stage-optimizer) and continues with --resume. On Hopper with Triton 3.4-3.7.0, fla refuses GDN's gated
 backward (fla #640); GDN then trains through fla's KDA kernel (evals/train_kernels.py).
-Loss: next-token cross-entropy on the answer tokens (what the tasks score), plus a small weight on all
+Loss: next-token cross-entropy on the answer tokens (what the tasks score; the answers of the set-scored
+tasks vt, cwe and fwe in any order, as they are scored: --set-order), plus a small weight on all
 tokens so the embeddings of the haystack words are trained too. --size large weights every example
 alike (not every answer token) and draws more rows of the tasks whose loss is highest (TrainConfig's
 answer_weighting and task_sampling say why). Context lengths follow a curriculum
@@ -46,6 +47,7 @@ from trtllm_dasc.plan.synthetic import LEGACY_PROFILE, synthetic_decay
 from trtllm_dasc.plan.synthetic import decay_tensors
 from trtllm_dasc.evals.mixture import TrainingMixture, is_count, task_weights_from_losses
 from trtllm_dasc.evals.qa_drill import QA_TASKS
+from trtllm_dasc.evals.tasks import SCORING
 from trtllm_dasc.evals.vocab import TaskVocab
 from trtllm_dasc.evals.safe_gate import enable_gate_anchor, make_kda_gates_gradient_safe
 from trtllm_dasc.evals.train_kernels import choose_conv, choose_gdn_recurrence
@@ -62,7 +64,8 @@ ANNEAL_FLOOR = 0.1
 
 # TrainConfig's fields that take one of a few words: what check() accepts and the CLI offers
 CHOICES = {"arch": ("kda", "gdn"), "decay_init": ("paper", "default"), "answer_weighting": ("token", "row"),
-           "task_sampling": ("uniform", "loss"), "conv": ("auto", "torch"), "row_lengths": ("uniform", "bucket")}
+           "task_sampling": ("uniform", "loss"), "conv": ("auto", "torch"), "row_lengths": ("uniform", "bucket"),
+           "set_order": ("any", "target")}
 
 
 @dataclass(slots=True)
@@ -124,6 +127,14 @@ class TrainConfig:
     # GDN: per head; evals/safe_gate.py, enable_gate_anchor: why) to the loss; 0: no anchor. The decay parameters stay frozen
     # either way; this holds the gate's data-dependent part near the profile the planner reads
     gate_anchor: float = 0.0
+    # the answers of the set-scored tasks (tasks.SCORING "set": vt, cwe, fwe; the scorer takes their items in any
+    # order). "any": the loss at each item is -log of the probability of any item not yet given (loss_fn), so
+    # every order the scorer accepts costs nothing; "target": cross-entropy on the generator's order. Why: cwe's
+    # ten words are all equally frequent, so its target order is where each first appeared (all within the list's
+    # first ~130 tokens, at every length), which the scorer ignores and a model whose decay is held at the profile
+    # can hardly recall; on session 39's KDA stage it was most of cwe's answer loss "stuck at 2.3" (CPU, 12 cwe
+    # prompts of 2k: 2.13 in the target order, 0.45 in any order, greedy set score 0.88)
+    set_order: str = "any"
     seed: int = 0
 
     def check(self) -> None:
@@ -245,19 +256,24 @@ def set_profile_decay(model, cfg: TrainConfig) -> float:
 
 
 def loss_fn(model, tokens, mask, all_token_weight: float, with_accuracy: bool = False,
-            answer_weighting: str = "token", with_final: bool = False):
+            answer_weighting: str = "token", with_final: bool = False, set_rows=None):
     """(training loss, answer loss) and, with_accuracy, the fraction of answer tokens whose argmax is right
     (teacher-forced: a cheap progress signal, not the greedy score of evals/run.py) and each row's answer
     loss [B] (for the per-task view of the log). The answer loss returned is the mean over the batch's
     answer tokens; the training loss weights them as ``answer_weighting`` says (TrainConfig). with_final
     (with with_accuracy): also each row's loss on the first token after its last ANSWER marker [B], the
     final question's answer: the one lookup evaluation scores, which a qa row's drills would hide in its
-    row loss."""
+    row loss. set_rows (bool [B], optional): rows whose answer items (every answer token but the closing
+    EOS) are a set, scored in any order (set_answer_loss); their accuracy counts an argmax on any item not
+    yet given as right."""
     import torch
     import torch.nn.functional as F
     logits = model(input_ids=tokens).logits[:, :-1].float()
     target, answer = tokens[:, 1:], mask[:, 1:]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view_as(target)
+    set_hits = None
+    if set_rows is not None:
+        ce, set_hits = set_answer_loss(logits, target, answer & set_rows.view(-1, 1), ce)
     real = target != 0
     answer_loss = (ce * answer).sum() / answer.sum().clamp_min(1)
     row_loss = (ce * answer).sum(1) / answer.sum(1).clamp_min(1)
@@ -270,6 +286,9 @@ def loss_fn(model, tokens, mask, all_token_weight: float, with_accuracy: bool = 
     if not with_accuracy:
         return loss, answer_loss
     right = (logits.detach().argmax(-1) == target) & answer
+    if set_hits is not None:
+        b, t, hit = set_hits
+        right[b, t] = hit
     if not with_final:
         return loss, answer_loss, right.sum() / answer.sum().clamp_min(1), row_loss.detach()
     # ce[t] is the loss of tokens[t + 1]: at the last ANSWER of the input, the final answer's first token
@@ -277,6 +296,27 @@ def loss_fn(model, tokens, mask, all_token_weight: float, with_accuracy: bool = 
     last = is_answer.shape[1] - 1 - is_answer.flip(1).int().argmax(1)
     final = ce.detach()[torch.arange(len(last), device=ce.device), last]
     return loss, answer_loss, right.sum() / answer.sum().clamp_min(1), row_loss.detach(), final
+
+
+def set_answer_loss(logits, target, answer, ce):
+    """``ce`` [B, T] with the answer items at ``answer`` (bool [B, T]; the closing EOS left out here) scored as a
+    set: at the i-th item of a row, -log of the probability of any of its items from the i-th on (those not yet
+    given). Also (rows, positions, argmax on such an item) of those items, for the accuracy."""
+    import torch
+    items = answer & (target != TaskVocab.EOS)
+    b, t = items.nonzero(as_tuple=True)                 # row-major: each row's items in answer order
+    if len(b) == 0:
+        return ce, None
+    k = (items.cumsum(1) - 1)[b, t]                     # each item's place in its row's answer
+    width = int(k.max()) + 1
+    row_items = torch.full((items.shape[0], width), -1, dtype=target.dtype, device=target.device)
+    row_items[b, k] = target[b, t]
+    mine = row_items[b]                                 # [N, width]: the items of each item's row
+    open_ = (torch.arange(width, device=k.device).view(1, -1) >= k.view(-1, 1)) & (mine >= 0)
+    logp = torch.log_softmax(logits[b, t], -1)
+    picked = logp.gather(1, mine.clamp_min(0)).masked_fill(~open_, float("-inf"))
+    hit = ((mine == logits[b, t].detach().argmax(-1, keepdim=True)) & open_).any(1)
+    return ce.index_put((b, t), -torch.logsumexp(picked, 1)), (b, t, hit)
 
 
 class TaskLosses:
@@ -347,10 +387,10 @@ def autocast_for(device: str):
             else torch.autocast("cpu", enabled=False))
 
 
-def forward_backward(model, opt, tokens, mask, cfg: TrainConfig, amp):
+def forward_backward(model, opt, tokens, mask, cfg: TrainConfig, amp, set_rows=None):
     """One step's work before the update: the loss (with the accuracy and each row's answer loss), its
-    gradients, clipped to norm 1. Returns (loss, grad norm, answer loss, accuracy, row losses, final-answer
-    losses), all on the device: the caller reads them back once (the trainer) or not at all
+    gradients, clipped to norm 1. set_rows: as loss_fn's. Returns (loss, grad norm, answer loss, accuracy, row
+    losses, final-answer losses), all on the device: the caller reads them back once (the trainer) or not at all
     (benchmarks/train_step.py)."""
     import torch
     terms = getattr(model, "gate_anchor_terms", None) if cfg.gate_anchor else None
@@ -359,7 +399,7 @@ def forward_backward(model, opt, tokens, mask, cfg: TrainConfig, amp):
     with amp:
         loss, answer_loss, accuracy, row_loss, final_loss = loss_fn(
             model, tokens, mask, cfg.all_token_weight, with_accuracy=True, answer_weighting=cfg.answer_weighting,
-            with_final=True)
+            with_final=True, set_rows=set_rows)
         if terms:
             anchor = torch.stack(terms).mean()
             loss = loss + cfg.gate_anchor * anchor
@@ -464,12 +504,14 @@ def _train(cfg: TrainConfig, out: str, minutes: float, device: str, resume, stag
             batch_weights, next_weights = next_weights, submit_next()
             tokens = torch.as_tensor(tokens, device=device)
             mask = torch.as_tensor(mask, device=device)
+            set_rows = None if cfg.set_order == "target" else \
+                torch.tensor([SCORING[t] == "set" for t in row_tasks], device=device)
             lr = cfg.lr * min(1.0, (step - warm_from + 1) / warmup) * \
                 anneal_factor(minutes * 60 - (time.time() - t0), anneal_minutes * 60)
             for group in opt.param_groups:
                 group["lr"] = lr
             loss, grad_norm, answer_loss, accuracy, row_loss, final_loss = forward_backward(
-                model, opt, tokens, mask, cfg, amp)
+                model, opt, tokens, mask, cfg, amp, set_rows)
             # one host sync a step, once forward, backward and the clip are all queued: a read-back between
             # forward and backward would leave the GPU idle while the CPU queues the backward (it did not change
             # the large models' step rate, session 29: their steps are GPU time)
@@ -643,6 +685,9 @@ def main(argv=None) -> int:
                     help="add LAMBDA x the mean squared log-ratio of each token's decay rate to its static one (KDA: "
                          "per key channel, GDN: per head) to the loss, holding the data-dependent gate near the profile dasc plans "
                          "from (default 0: none)")
+    ap.add_argument("--set-order", default=None, choices=CHOICES["set_order"],
+                    help="the answers of vt, cwe and fwe (scored as sets): trained in any order (default), or in the "
+                         "generator's order (target; cwe's is the words' first appearance)")
     ap.add_argument("--start-length", type=int, default=_CURRICULUM.start, help="the curriculum's first batch length")
     ap.add_argument("--advance-loss", type=float, default=_CURRICULUM.advance_loss,
                     help="leave a curriculum stage when the answer loss EMA falls under this")
@@ -674,7 +719,7 @@ def main(argv=None) -> int:
                  "tokens_per_step": args.tokens_per_step, "decay_init": args.decay_init, "lr": args.lr,
                  "freeze_decay": args.freeze_decay, "answer_weighting": args.answer_weighting,
                  "task_sampling": args.task_sampling, "conv": args.conv, "row_lengths": args.row_lengths,
-                 "qa_drill": args.qa_drill, "gate_anchor": args.gate_anchor}
+                 "qa_drill": args.qa_drill, "gate_anchor": args.gate_anchor, "set_order": args.set_order}
         preset.update({k: v for k, v in given.items() if v is not None})
         cfg = TrainConfig(arch=args.arch, seed=args.seed, restart_curriculum=args.restart_curriculum,
                           tasks=tuple(args.tasks.split(",")) if args.tasks else None,
