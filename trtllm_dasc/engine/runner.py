@@ -36,6 +36,7 @@ from trtllm_dasc.spec import PLAN_TO_ENGINE, plan_fields
 from trtllm_dasc.state import StateLayout
 from trtllm_dasc.model.decode_graphs import capturable
 from trtllm_dasc.plan import DascPlan
+from trtllm_dasc.parallel.group import check_device
 from trtllm_dasc.parallel.storage import exchanges
 from trtllm_dasc.model.decode_graphs import DecodeGraphs
 from trtllm_dasc.state.host_tier import HostTier, host_slots_for
@@ -50,8 +51,7 @@ class ModelRunner:
 
     def __init__(self, cfg: EngineConfig, tp_rank: int = 0, all_reduce=None, all_to_all=None):
         self.cfg, self.tp_rank = cfg, tp_rank
-        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-            raise UserError(f"device {cfg.device} requested but CUDA is not available")
+        check_device(cfg.device)
         if not 0 <= tp_rank < cfg.tp_size:
             raise UserError(f"tp_rank {tp_rank} is outside 0..{cfg.tp_size - 1}")
         if cfg.tp_size > 1 and all_reduce is None:

@@ -51,11 +51,11 @@ def _ephemeral_low() -> int:
 
 
 def check_device(device: str) -> None:
-    """Refuse a CUDA device where CUDA sees none, in the words TP1's ModelRunner uses: each rank picks its GPU
-    as rank % device_count(), which raised ZeroDivisionError on every rank (a traceback per rank and mpirun's
-    report, not one line). Every rank of the host sees the same devices, so every rank refuses alike."""
+    """Refuse a CUDA device where CUDA sees none, in one line: ModelRunner's check, and at TP each rank's
+    before it picks its GPU as rank % device_count() (which raised ZeroDivisionError on every rank: a traceback
+    per rank and mpirun's report). Every rank of the host sees the same devices, so every rank refuses alike."""
     import torch
-    if device.startswith("cuda") and torch.cuda.device_count() == 0:
+    if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device {device} requested but CUDA is not available")
 
 
