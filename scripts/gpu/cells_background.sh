@@ -38,6 +38,8 @@ poll() {
   if [ -f "$BG/rc" ]; then
     echo "cells_background: the job ended, exit code $(cat "$BG/rc")"
     cp -r "$BG/out/." "$OUT/" 2>/dev/null
+    # the call's own exit code is the job's: a failed job read as a call that passed (rc 0) until 12-07
+    return "$(cat "$BG/rc")"
   else
     echo "cells_background: the job is still running ($(( $(date +%s) - $(cat "$BG/started") )) s so far): poll again within 30 s"
   fi
@@ -58,7 +60,7 @@ case "${1:-}" in
       "${SCRIPT_ARGS:-}" \
       > "$BG/log" 2>&1 < /dev/null &
     echo "cells_background: started $script (pid $!, limit $BG_LIMIT s)"
-    poll "${3:-540}" ;;
-  poll) poll "${2:-540}" ;;
+    poll "${3:-540}"; exit $? ;;
+  poll) poll "${2:-540}"; exit $? ;;
   *) echo "usage: cells_background.sh start SCRIPT [WAIT_S] | poll [WAIT_S]"; exit 2 ;;
 esac
