@@ -71,3 +71,16 @@ def test_bf16_close_to_transformers_bf16(tiny, arch):
     ref = hf_logits(copy.deepcopy(hf).to(torch.bfloat16), ids)
     out = HybridModel.from_pretrained(path, dtype="bfloat16").prefill(ids)
     assert_logits_close(out, ref, rel=0.1)
+
+
+@pytest.mark.parametrize("arch", ["gdn", "kda"])
+def test_tie_word_embeddings_as_transformers_reads_it(tmp_path, arch):
+    """tie_word_embeddings=true: Qwen3NextForCausalLM ties lm_head to the embedding; KimiLinearForCausalLM
+    declares no tied weights, so its lm_head stays its own weight whatever the config says (our runtime tied it
+    for both until 12-07, and a Kimi checkpoint with the flag set gave other logits than transformers')."""
+    from hybrid_tiny import build
+    hf = build(tmp_path, arch, seed=5, tie_word_embeddings=True)
+    tied = hf.lm_head.weight.data_ptr() == hf.get_input_embeddings().weight.data_ptr()
+    assert tied == (arch == "gdn")
+    ids = _ids(30, 4)
+    assert_logits_close(HybridModel.from_pretrained(str(tmp_path)).prefill(ids), hf_logits(hf, ids))

@@ -68,6 +68,9 @@ def _network(f: Fields, layers: int) -> NetworkSchema:
     if not f.bool("mla_use_nope", default=True):
         raise ConfigError("kimi_linear with mla_use_nope=false (RoPE in MLA) is not supported")
     common = common_network(f, default_eps=1e-5)
+    # transformers' KimiLinearForCausalLM declares no tied weights (_tied_weights_keys = {}): its lm_head is
+    # always its own weight, whatever tie_word_embeddings says, so ours is too (tying it gave other logits)
+    common["tie_word_embeddings"] = False
     if f.present("mlp_layer_types"):
         kinds = f.choice_list("mlp_layer_types", choices=("dense", "sparse"), length=layers)
     else:
