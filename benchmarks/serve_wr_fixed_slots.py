@@ -210,20 +210,22 @@ def setup(args, mode: dict):
     limit = args.memory_limit_bytes
     per_request = cfg.max_prompt_tokens() + 1
     blocks = math.ceil(per_request / 16)
-    caps = {}
+    caps, window = {}, 0
     for w in mode["wmax"]:
         for p in ("nr", "wr"):
             arm = armlib.parse_arms(f"{p}{w}")[0]
-            one = armlib.capacity(args.model, arm, 10 ** 15, mode["dtype"],
-                                  dummy_seed=args.weights_seed)["checkpoint_bytes"]
+            planned = armlib.capacity(args.model, arm, 10 ** 15, mode["dtype"], dummy_seed=args.weights_seed)
+            one = planned["checkpoint_bytes"]
+            if p == "wr":
+                window = max(window, min(planned["wr_window"], blocks * 16))
             # 899 slots for every arm: its budget is 900 of its own checkpoints (slot 0 reserved, Eq. 8)
             caps[arm.spec] = {"checkpoint_bytes": one, "budget_bytes": (args.slots + 1) * one, "slots": args.slots}
     import torch
     # the engine's largest step: in its own memory check, so in the count the KV cache is sized beside
-    # (the flags below: prompt-end checkpoints, no capture cap)
+    # (the flags below: prompt-end checkpoints, no capture cap; the wr arms' replay spans)
     from trtllm_dasc.model.workspace import step_shape, workspace_of
     step = step_shape(max_num_tokens=mode["max_num_tokens"], max_batch=mb, prefill_chunk=mode["prefill_chunk"],
-                      max_context=blocks * 16, interval=per_request, prompt_only=True)
+                      max_context=blocks * 16, interval=per_request, prompt_only=True, replay_window=window)
     workspace = workspace_of(model_cfg.schema, step, getattr(torch, mode["dtype"]).itemsize)
     # KV for the conversations (every one's longest prompt when it fits; else the live ones'): KV never decides
     # a hit; a checkpoint at each prompt end. One block count for every arm, sized beside the largest pool

@@ -441,11 +441,14 @@ def check_build_memory(args, opts: dict, cfg, plan, is_dummy: bool):
         return None
     from trtllm_dasc.engine.config import EngineConfig
     from trtllm_dasc.engine.loading import check_memory
-    from trtllm_dasc.engine.runner import DENSE_SLOTS_DEFAULT
+    from trtllm_dasc.engine.runner import DENSE_SLOTS_DEFAULT, replay_window
     from trtllm_dasc.model.weights import CheckpointReader, DummyWeights
     source = DummyWeights(cfg, args.seed, profile=args.decay_profile) if is_dummy else CheckpointReader(args.model)
     budget = args.state_budget_bytes or (DENSE_SLOTS_DEFAULT + 1) * cfg.dense_checkpoint_bytes_per_rank(args.tp)
-    return check_memory(EngineConfig(**opts), cfg, source, 0, plan.bundle_order, 2 * args.max_batch_size, budget)
+    engine_cfg = EngineConfig(**opts)
+    # the runner's own check, with its replay spans (a wr engine's step is larger: model/workspace.py)
+    return check_memory(engine_cfg, cfg, source, 0, plan.bundle_order, 2 * args.max_batch_size, budget,
+                        replay_window(engine_cfg, plan.replay_window))
 
 
 def write_dummy_model(args, dst: str, model_config: dict, completed: list[str], raw: dict) -> None:

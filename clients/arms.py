@@ -38,7 +38,9 @@ def capacity(model: str, arm: Arm, budget: int, dtype: str, tp: int = 1, placeme
                              dummy_seed=dummy_seed)
     r = plan.report(budget)
     return {"slots": r["slots"], "dense_slots": r["dense_slots"], "checkpoint_bytes": r["bottleneck_slot_bytes"],
-            "compression_ckpt": r["compression_ckpt"]}
+            "compression_ckpt": r["compression_ckpt"],
+            # what a hit of a wr arm replays (the engine caps it at its max_context): its step's extra tokens
+            "wr_window": r["wr_window"]}
 
 
 def build_engine(model: str, arm: Arm, out: str, budget: int, flags: list[str]) -> str:

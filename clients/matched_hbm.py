@@ -388,19 +388,23 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
     # the engine's own count includes its largest step's tensors (model/workspace.py): the device limit leaves
     # out only the headroom, and the fixed bytes below carry the step
     device = limit == "device"
-    step, workspace = step_workspace(args, work, output_tokens)
     if device:
         limit = kv_sizing.device_limit(args.device, args.memory_headroom_gib)
     from trtllm_dasc.model.weights import CheckpointReader, DummyWeights
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     cfg = model_config(args)
     source = DummyWeights(cfg, args.weights_seed) if args.dummy else CheckpointReader(args.model)
+    plans = [plan_from_path(args.model, PlanOptions(**a.plan_fields(args.tp, args.placement)),
+                            conv_dtype=args.dtype, dummy_seed=args.weights_seed)[0] for a in arms]
+    # the largest step of any arm's engine: a wr arm's replays add spans (model/workspace.py step_shape)
+    context = math.ceil((work.max_prompt_tokens + output_tokens) / args.block_size) * args.block_size
+    window = max([min(p.replay_window, context) for a, p in zip(arms, plans) if a.policy in ("wr", "wr-warm")],
+                 default=0)
+    step, workspace = step_workspace(args, work, output_tokens, window)
     fixed, per_block, seen = 0, 0, set()
     # every arm's engine holds the same weights, rows and pool; its plan's bundle order can change how the
     # weights are cut at TP > 1, so the largest count of the arms' distinct orders
-    for a in arms:
-        plan, _ = plan_from_path(args.model, PlanOptions(**a.plan_fields(args.tp, args.placement)),
-                                 conv_dtype=args.dtype, dummy_seed=args.weights_seed)
+    for plan in plans:
         order = repr(plan.bundle_order)
         if order in seen:
             continue
@@ -424,11 +428,12 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
     return kv
 
 
-def step_workspace(args, work: WorkloadConfig, output_tokens: int):
+def step_workspace(args, work: WorkloadConfig, output_tokens: int, replay_window: int = 0):
     """(the engine's largest step, its transient tensors: model/workspace.py) for the flags engine_flags passes:
     --max-num-tokens tokens (uncapped: every running request's prefill chunk) over --max-batch-size sequences,
     and as many captures as the scheduler can take in one step (natural_captures: the engine is not capped, so
-    a burst of hits that all end in one step is not held back and the measurement sees the engine as served)."""
+    a burst of hits that all end in one step is not held back and the measurement sees the engine as served),
+    with the replay spans of a wr arm's `replay_window` (engine/runner.replay_window)."""
     import torch
     from trtllm_dasc.model.workspace import step_shape, workspace_of
     context = math.ceil((work.max_prompt_tokens + output_tokens) / args.block_size) * args.block_size
@@ -436,7 +441,7 @@ def step_workspace(args, work: WorkloadConfig, output_tokens: int):
     step = step_shape(max_num_tokens=args.max_num_tokens, max_batch=args.max_batch_size,
                       prefill_chunk=args.prefill_chunk, max_context=context,
                       interval=args.interval or work.max_prompt_tokens + output_tokens,
-                      prompt_only=bool(args.prompt_only))
+                      prompt_only=bool(args.prompt_only), replay_window=replay_window)
     return step, workspace_of(model_config(args).schema, step, getattr(torch, args.dtype).itemsize, args.tp)
 
 

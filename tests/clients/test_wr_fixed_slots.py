@@ -189,7 +189,8 @@ def test_bad_memory_flags_are_refused_as_matched_hbm_refuses_them(flags, needle,
 
 def test_kv_cache_is_what_fits_and_dasc_build_agrees(run, tmp_path, capsys):
     """Between the live conversations' need and the whole workload's, the KV blocks are the most that fit: the
-    engine's own build check (dasc-build --memory-limit-bytes) takes that many blocks and refuses one more."""
+    engine's own build check (dasc-build --memory-limit-bytes) takes that many blocks and refuses one more. Built
+    as the wr arm: the same slots as nr's, and its replay spans make its step the largest of the arms'."""
     from build_scripts import dasc_build
     mod = _driver()
 
@@ -208,7 +209,7 @@ def test_kv_cache_is_what_fits_and_dasc_build_agrees(run, tmp_path, capsys):
         f[f.index("--kv-blocks") + 1] = str(blocks)
         return dasc_build.main(["--model", TINY_CONFIG, "--output", str(tmp_path / f"e{blocks}"), "--force",
                                 "--state-budget-bytes", str(900 * p["checkpoint_bytes"]["nr16"]), *f, "--wmax", "16",
-                                "--policy", "nr"])
+                                "--policy", "wr"])
     assert build(20) == 0
     capsys.readouterr()
     assert build(21) != 0 and "memory" in capsys.readouterr().err.lower()

@@ -94,3 +94,31 @@ def test_moe_warmup_reaches_the_largest_uncapped_step(tiny_models, monkeypatch):
                         or inner(plan, *a, **kw))
     engine.generate([greedy(i, [i + 1] * 12, 4) for i in range(4)])
     assert max(steps) == 48 and warmed == [64]   # largest_step: 4 requests x a 16-token chunk
+
+
+def test_the_step_bound_holds_the_replays_of_an_uncapped_wr_engine(tiny_models, monkeypatch):
+    """dasc-wr, no max_num_tokens: four hits admitted together each replay a window as a span of its own beside
+    their first chunk. The steps the engine runs (counted from its plans, the independent reference) stay within
+    model/workspace.py's largest step, which the memory check and the MoE warm-up size for; the bound of
+    prefill chunks alone (before 12-07) is below them. From the closing list of session 40; fails on the old code."""
+    from trtllm_dasc.model.model import HybridModel
+    from trtllm_dasc.model.workspace import largest_step
+    from engine_helpers import greedy
+    warmed = []
+    real = HybridModel.warm_moe
+    monkeypatch.setattr(HybridModel, "warm_moe", lambda self, n: warmed.append(n) or real(self, n))
+    # every unit omitted: a hit replays a window of 6 tokens (the replay_window override)
+    engine = make_engine(tiny_models["gdn"][0], max_batch=4, prefill_chunk=16, max_context=64, wmax=10 ** 6,
+                         policy="wr", replay_window=6)
+    prefixes = [[3 + i] * 20 for i in range(4)]
+    engine.generate([greedy(i, p, 1) for i, p in enumerate(prefixes)])     # the checkpoints the hits load
+    steps = []
+    inner = engine.runner.execute
+    monkeypatch.setattr(engine.runner, "execute",
+                        lambda plan, *a, **kw: steps.append((sum(len(s.token_ids) for s in plan.spans),
+                                                             len(plan.spans))) or inner(plan, *a, **kw))
+    engine.generate([greedy(10 + i, p + [50 + i] * 14, 1) for i, p in enumerate(prefixes)])
+    bound = largest_step(engine.cfg, engine.runner.replay_window)
+    tokens, spans = max(steps)
+    assert engine.runner.replay_window == 6 and tokens > 4 * 16          # past the chunks-only bound
+    assert tokens <= bound.tokens and max(n for _, n in steps) <= bound.seqs and warmed == [bound.tokens]

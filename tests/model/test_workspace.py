@@ -62,3 +62,8 @@ def test_the_largest_step_of_an_engine_config():
     # the scheduler's cap
     assert largest_step(cfg(max_step_captures=6)).captures == 6
     assert largest_step(cfg(prompt_only=True, max_step_captures=50)).captures == 8
+    # dasc-wr's replays (engine/scheduler.py _admit): uncapped, a span of W more tokens beside each request's
+    # chunk; capped, within the cap, but a window past it is admitted alone with one prefill token
+    assert largest_step(cfg(), replay_window=6) == StepShape(tokens=16384 + 8 * 6, seqs=16, captures=88, context=4096)
+    assert largest_step(cfg(max_num_tokens=5), replay_window=9).tokens == 10
+    assert largest_step(cfg(max_num_tokens=50), replay_window=9).tokens == 50

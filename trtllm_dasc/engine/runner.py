@@ -65,9 +65,10 @@ class ModelRunner:
         dense = self.plan.config.dense_checkpoint_bytes_per_rank(cfg.tp_size)
         self.budget = (DENSE_SLOTS_DEFAULT + 1) * dense if cfg.state_budget_bytes is None else cfg.state_budget_bytes
         self.num_rows = 2 * cfg.max_batch
+        self.replay_window = replay_window(cfg, self.plan.replay_window)
         # refused before a byte is loaded when it cannot fit (model/footprint.py)
         self.footprint = check_memory(cfg, model_cfg, source, tp_rank, self.plan.bundle_order, self.num_rows,
-                                      self.budget)
+                                      self.budget, self.replay_window)
         self.model = HybridModel.from_source(model_cfg, source, dtype=cfg.dtype, device=cfg.device,
                                              backend=cfg.backend, tp_rank=tp_rank, tp_size=cfg.tp_size,
                                              bundle_order=self.plan.bundle_order)
@@ -79,7 +80,7 @@ class ModelRunner:
         # and the fused MoE kernels' tile configs for every step size up to the largest step (model.warm_moe):
         # uncapped, the running requests' chunks together, past max_context (a Qwen-80B engine of the default
         # 8 x 2048-token chunks in a 4,096 context met the 128-row tiles, from 6,554 tokens a step, unwarmed)
-        self.model.warm_moe(largest_step(cfg).tokens)
+        self.model.warm_moe(largest_step(cfg, self.replay_window).tokens)
         self.model.all_reduce = all_reduce
         # plain, storage-balanced (the all-to-all) or one per codec segment (horizon precision)
         self.pool = checkpoint_pool(self.plan, self.budget, tp_rank, all_to_all, device=cfg.device)
@@ -109,7 +110,6 @@ class ModelRunner:
             self.kv_tier = HostTier(None, cfg.host_kv_blocks, cfg.device,
                                     stream=self.host_tier.stream if self.host_tier else None,
                                     tensors=[t for layer in self.kv.pools for t in layer])
-        self.replay_window = replay_window(cfg, self.plan.replay_window)
         # the replay merge's tables: per linear layer, the local units this rank's checkpoints keep
         self.merge_tables = [self._one_layer_layout(kept) for kept in self.plan.local_retained(tp_rank)]
 

@@ -30,23 +30,34 @@ def natural_captures(tokens: int, seqs: int, interval: int, prompt_only: bool) -
 
 
 def step_shape(*, max_num_tokens: int | None, max_batch: int, prefill_chunk: int, max_context: int,
-               interval: int, prompt_only: bool, max_step_captures: int | None = None) -> StepShape:
+               interval: int, prompt_only: bool, max_step_captures: int | None = None,
+               replay_window: int = 0) -> StepShape:
     """An engine's largest step from its config's fields: max_num_tokens tokens (uncapped: every running
     request's prefill chunk), max_batch sequences, the captures the scheduler can take in one step (its
     max_step_captures cap when set: the scheduler defers a chunk's capture past it to the next step), a
-    context of max_context. Clients that size an engine pass the fields they build it with."""
-    tokens = max_num_tokens or max_batch * min(prefill_chunk, max_context)
-    captures = natural_captures(tokens, max_batch, interval, prompt_only)
-    return StepShape(tokens=tokens, seqs=max_batch,
+    context of max_context. Clients that size an engine pass the fields they build it with.
+
+    replay_window (dasc-wr's W, engine/runner.replay_window; 0 for nr and dense): a hit's replay runs whole in
+    its admission step as a span of its own beside the request's first chunk (engine/scheduler.py). Uncapped,
+    every running request may carry one: max_batch more spans of W more tokens (a bound that left them out was
+    below the step an uncapped wr engine runs). Capped, replays count against max_num_tokens, except one
+    admitted alone with a window past the cap: W tokens and one prefill token. Replays capture nothing."""
+    chunks = max_num_tokens or max_batch * min(prefill_chunk, max_context)
+    captures = natural_captures(chunks, max_batch, interval, prompt_only)
+    if max_num_tokens:
+        tokens = max(max_num_tokens, replay_window + 1) if replay_window else max_num_tokens
+    else:
+        tokens = chunks + max_batch * replay_window
+    return StepShape(tokens=tokens, seqs=max_batch * (2 if replay_window else 1),
                      captures=captures if max_step_captures is None else min(max_step_captures, captures),
                      context=max_context)
 
 
-def largest_step(cfg) -> StepShape:
-    """step_shape of an EngineConfig."""
+def largest_step(cfg, replay_window: int = 0) -> StepShape:
+    """step_shape of an EngineConfig (replay_window: the runner's, engine/runner.replay_window)."""
     return step_shape(max_num_tokens=cfg.max_num_tokens, max_batch=cfg.max_batch, prefill_chunk=cfg.prefill_chunk,
                       max_context=cfg.max_context, interval=cfg.interval, prompt_only=cfg.prompt_only,
-                      max_step_captures=cfg.max_step_captures)
+                      max_step_captures=cfg.max_step_captures, replay_window=replay_window)
 
 
 def workspace_of(schema, step: StepShape, dtype_bytes: int, tp: int = 1) -> dict:
