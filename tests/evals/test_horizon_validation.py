@@ -87,3 +87,21 @@ def test_cli_writes_the_table_on_task_prompts(tmp_path, capsys):
     assert r["prefixes"] == 3 and r["spearman"]["H_e"]["pairs"] == 3 * 3      # 3 prefixes x 3 linear layers
     assert "rho(H_s, H_e)" in capsys.readouterr().out
     assert main(["--model", str(path), "--out", str(out), "--prefixes", "0"]) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: fla's fused mixer runs on a GPU only")
+def test_observations_on_the_fla_backend_equal_the_reference(tiny):
+    """A GPU model runs fla's fused mixer, which hands the recurrence the raw gate with A_log / dt_bias: the
+    observations (decays, state norms, readouts) equal those of the same weights through the CPU reference."""
+    from trtllm_dasc.model import HybridModel
+    from trtllm_dasc.model.recurrence import fla as fla_backend
+    if not fla_backend.available("cuda")[0]:
+        pytest.skip(f"fla unavailable: {fla_backend.available('cuda')[1]}")
+    arch, path = tiny
+    prompt = torch.randint(3, 90, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+    (ref,) = observe(HybridModel.from_pretrained(path), [prompt])
+    (gpu,) = observe(HybridModel.from_pretrained(path, device="cuda", backend="fla"), [prompt])
+    for a, b in zip(ref, gpu):
+        for name in ("g_mean", "state_norm", "readout"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert np.abs(x - y).max() <= 2e-3 * np.abs(x).max(), name

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from trtllm_dasc.model import linear_attn
 from trtllm_dasc.model.direct import DirectRunner
 from trtllm_dasc.evals.stats import median_iqr, spearman
@@ -51,9 +52,10 @@ def _recording(records: list):
     """Wrap the linear layers' recurrence call; each call appends (kind, g, q_last, final state)."""
     inner = linear_attn.run_recurrence
 
-    def recorded(backend, kind, q, k, v, g, beta, h0, cu_seqlens, cuts=None):
-        o, ht, hb = inner(backend, kind, q, k, v, g, beta, h0, cu_seqlens, cuts)
-        records.append((kind, g[0].detach().float().cpu(), q[0, -1].detach().float().cpu(), ht[0].detach().float().cpu()))
+    def recorded(backend, kind, q, k, v, g, beta, h0, cu_seqlens, cuts=None, **gate):
+        o, ht, hb = inner(backend, kind, q, k, v, g, beta, h0, cu_seqlens, cuts, **gate)
+        records.append((kind, _log_decay(g[0], gate).cpu(), q[0, -1].detach().float().cpu(),
+                        ht[0].detach().float().cpu()))
         return o, ht, hb
 
     linear_attn.run_recurrence = recorded
@@ -61,6 +63,20 @@ def _recording(records: list):
         yield
     finally:
         linear_attn.run_recurrence = inner
+
+
+def _log_decay(g: torch.Tensor, gate: dict) -> torch.Tensor:
+    """The per-token log-decay the recurrence applied. fla's fused mixer (recurrence/fla.py) passes the raw
+    gate projection with A_log / dt_bias and lets the kernel compute -exp(A_log) * softplus(g + dt_bias); the
+    wrapper took no gate arguments (a TypeError on a GPU model) and would have recorded the raw projection."""
+    g = g.detach().float()
+    if "A_log" not in gate:
+        return g
+    A = gate["A_log"].detach().float().exp()
+    dt = gate["dt_bias"].detach().float()
+    if g.dim() == 3:                                    # kda: [T, H, K], A_log [H], dt_bias [H*K]
+        return -A[:, None] * F.softplus(g + dt.view(g.shape[1:]))
+    return -A * F.softplus(g + dt)                      # gdn: [T, HV]
 
 
 def _observe_layer(kind: str, g: torch.Tensor, q_last: torch.Tensor, state: torch.Tensor) -> LayerObservation:
