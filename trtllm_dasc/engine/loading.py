@@ -29,8 +29,8 @@ def weight_source(cfg: EngineConfig, model_cfg: HybridConfig, tp_rank: int, bund
 def check_memory(cfg: EngineConfig, model_cfg: HybridConfig, source, tp_rank: int, bundle_order, num_rows: int,
                  budget: int, replay_window: int = 0):
     """This rank's footprint (weights, KV cache, state rows, checkpoint pool and the largest step's transient
-    tensors, with dasc-wr's replay spans of `replay_window` tokens), refused in one line when it exceeds cfg.memory_limit_bytes or the device's free memory
-    (model/footprint.py)."""
+    tensors, with dasc-wr's replay spans of `replay_window` tokens), refused in one line when it exceeds
+    cfg.memory_limit_bytes or the device's free memory (model/footprint.py)."""
     # the CUDA-graph padding row and block are at most one more each
     need = model_footprint(model_cfg, source, dtype=cfg.dtype, tp_rank=tp_rank, tp_size=cfg.tp_size,
                            bundle_order=bundle_order, state_rows=num_rows + 1, kv_blocks=cfg.num_kv_blocks + 1,
