@@ -12,12 +12,13 @@ from trtllm_dasc.model.workspace import StepShape, largest_step, step_workspace_
 MODEL = Path(__file__).resolve().parents[2] / "trtllm_dasc" / "assets" / "tiny-kimi-linear"
 
 
-def tiny_hand_count(T, N, C, ctx):
+def tiny_hand_count(T, N, C, ctx, R=0):
     """tiny-kimi-linear in fp32: D 128, vocabulary 3072, 5 KDA layers of 4 heads x 32 x 32, 4 experts top-2 of
-    width 64 + one shared of 64, a dense MLP of 256, MLA 4 heads (nope 32, rope 16, v 32, latent 64)."""
+    width 64 + one shared of 64, a dense MLP of 256, MLA 4 heads (nope 32, rope 16, v 32, latent 64). R replay
+    spans: sequences of fla's forward (their chunk-start and final states), no logits row."""
     b, state = 4, 4 * 32 * 32 * 4
     resident = 2 * T * 128 * b + 2 * C * 5 * state + N * 3072 * (b + 4)
-    linear = 10 * T * 128 * b + 2 * T * 128 * 4 + 2 * T * 4 * 64 * 4 + (-(-T // 64) + N) * state + N * state
+    linear = 10 * T * 128 * b + 2 * T * 128 * 4 + 2 * T * 4 * 64 * 4 + (-(-T // 64) + N + R) * state + (N + R) * state
     moe = T * 4 * 4 + T * 2 * (64 + 128) * b + T * 128 * b + T * (3 * 64 + 128) * b
     dense = 3 * T * 256 * b
     attention = T * 4 * 48 * b + 2 * T * 80 * b + T * 4 * 32 * b + ctx * 4 * (64 + 2 * 48) * b
@@ -31,6 +32,8 @@ def test_tiny_workspace_is_a_hand_count():
     for T, N, C, ctx in ((100, 3, 5, 200), (4096, 8, 0, 4096)):
         assert step_workspace_bytes(schema, tokens=T, seqs=N, captures=C, context=ctx, dtype_bytes=4) \
             == tiny_hand_count(T, N, C, ctx)
+    assert step_workspace_bytes(schema, tokens=100, seqs=3, captures=5, context=200, dtype_bytes=4, replay_spans=3) \
+        == tiny_hand_count(100, 3, 5, 200, R=3)
 
 
 def test_the_footprint_counts_the_workspace_of_its_step():
@@ -64,6 +67,7 @@ def test_the_largest_step_of_an_engine_config():
     assert largest_step(cfg(prompt_only=True, max_step_captures=50)).captures == 8
     # dasc-wr's replays (engine/scheduler.py _admit): uncapped, a span of W more tokens beside each request's
     # chunk; capped, within the cap, but a window past it is admitted alone with one prefill token
-    assert largest_step(cfg(), replay_window=6) == StepShape(tokens=16384 + 8 * 6, seqs=16, captures=88, context=4096)
+    assert largest_step(cfg(), replay_window=6) == StepShape(tokens=16384 + 8 * 6, seqs=8, captures=88, context=4096,
+                                                             replay_spans=8)
     assert largest_step(cfg(max_num_tokens=5), replay_window=9).tokens == 10
     assert largest_step(cfg(max_num_tokens=50), replay_window=9).tokens == 50

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class StepShape:
     tokens: int     # tokens of the step's forward, all sequences
-    seqs: int       # sequences in it
+    seqs: int       # sequences in it that sample (one logits row each)
     captures: int   # checkpoints it captures
     context: int    # the longest context one sequence attends to
+    replay_spans: int = 0   # dasc-wr replays beside them: sequences of the forward that sample nothing
 
 
 def natural_captures(tokens: int, seqs: int, interval: int, prompt_only: bool) -> int:
@@ -48,9 +49,9 @@ def step_shape(*, max_num_tokens: int | None, max_batch: int, prefill_chunk: int
         tokens = max(max_num_tokens, replay_window + 1) if replay_window else max_num_tokens
     else:
         tokens = chunks + max_batch * replay_window
-    return StepShape(tokens=tokens, seqs=max_batch * (2 if replay_window else 1),
+    return StepShape(tokens=tokens, seqs=max_batch,
                      captures=captures if max_step_captures is None else min(max_step_captures, captures),
-                     context=max_context)
+                     context=max_context, replay_spans=max_batch if replay_window else 0)
 
 
 def largest_step(cfg, replay_window: int = 0) -> StepShape:
@@ -63,11 +64,11 @@ def largest_step(cfg, replay_window: int = 0) -> StepShape:
 def workspace_of(schema, step: StepShape, dtype_bytes: int, tp: int = 1) -> dict:
     """step_workspace_bytes of a StepShape."""
     return step_workspace_bytes(schema, tokens=step.tokens, seqs=step.seqs, captures=step.captures,
-                                context=step.context, dtype_bytes=dtype_bytes, tp=tp)
+                                context=step.context, dtype_bytes=dtype_bytes, tp=tp, replay_spans=step.replay_spans)
 
 
 def step_workspace_bytes(schema, *, tokens: int, seqs: int, captures: int, context: int, dtype_bytes: int,
-                         tp: int = 1) -> dict:
+                         tp: int = 1, replay_spans: int = 0) -> dict:
     """The largest transient tensors of one step of `tokens` tokens over `seqs` sequences, `captures` of them
     taking a checkpoint, each attending to at most `context` tokens (one rank at TP `tp`; schema: a
     ModelSchema). The footprint's `workspace` (model/footprint.py, at the engine's largest_step): the largest
@@ -78,7 +79,8 @@ def step_workspace_bytes(schema, *, tokens: int, seqs: int, captures: int, conte
       linear     a KDA / GDN layer: q, k, v, the gate projection, the output, fla's w, u, qg, kg and v_new
                  (ten [T, H*K] in the dtype), the log decay and its cumsum (fp32 [T, HV*K]), the two
                  intra-chunk matrices (fp32 [T, HV, 64]), the fp32 state at every chunk start
-                 ([T/64 + N, HV, K, V]) and the final states ([N, HV, K, V])
+                 ([T/64 + N', HV, K, V]) and the final states ([N', HV, K, V]); N' = N + `replay_spans`
+                 (a replay is a sequence of the forward, but samples no logits row)
       moe        the router logits (fp32 [T, E]), the grouped GEMMs' h [T*k, I] and y [T*k, D] (moe/kernel.py),
                  the combined output [T, D], the shared expert's gate_up, activation and output
       dense_mlp  gate_up [T, 2I] and the activation [T, I]
@@ -93,8 +95,9 @@ def step_workspace_bytes(schema, *, tokens: int, seqs: int, captures: int, conte
     n_linear = schema.layer_types.count("linear_attention")
     state = HV * K * V * 4
     resident = 2 * T * D * b + 2 * captures * n_linear * state + N * n.vocab_size * (b + 4)
+    spans = N + replay_spans
     linear = (10 * T * max(Hk * K, HV * V) * b + 2 * T * HV * K * 4 + 2 * T * HV * 64 * 4
-              + (-(-T // 64) + N) * state + N * state)
+              + (-(-T // 64) + spans) * state + spans * state)
     parts = {"resident": resident, "linear": linear}
     if "moe" in n.mlp_types:
         I, Ish = n.moe_intermediate_size // tp, n.shared_intermediate_size // tp
