@@ -26,7 +26,8 @@ run: $(STAMP)
 
 # two workers, one test file each at a time (--dist loadfile keeps a file's module fixtures, its servers, in
 # one process): on the 2-core CI machine the servers' start-up waits and the model runs overlap. A plain
-# `pytest` (one file, a GPU machine without xdist) runs serially as before. TEST_WORKERS=0: serial.
+# `pytest` (one file, a GPU machine without xdist) runs serially as before. TEST_WORKERS=0: serial. Every test
+# process runs one OpenMP thread (tests/conftest.py says why).
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
