@@ -155,3 +155,44 @@ def test_hits_whose_replays_pass_the_step_budget_wait(tiny_models):
     assert seen[0] == [(8, True), (8, True), (3, False), (1, False)]
     assert seen[1] == [(8, True), (1, False), (2, False), (3, False)]
     assert all(sum(n for n, _ in step) <= 20 for step in seen), seen
+
+
+def test_a_host_hit_that_joins_a_step_later_stays_within_the_step_bound(tiny_models):
+    """A host-tier hit beside a decode is admitted in one step (its promotion's copy runs there) and replays in
+    the next (`joining`); its replay was fitted to the budget of the admission step, but the next step also
+    decodes the requests whose prefill ended in the admission step. Capped at W + 1 = 9 (largest_step: 9): step
+    k decodes d and prefills p (5 tokens, its end), admitting the hit; step k+1 replays the hit's 8 and decodes
+    d and p: 10 tokens, past the bound the memory check and the MoE warm-up count."""
+    from engine_helpers import split_wmax
+    from trtllm_dasc.model.workspace import largest_step
+    from trtllm_dasc.plan import PlanOptions, plan_from_path
+    path = tiny_models["gdn"][0]
+    w = split_wmax(path)
+    plan, _ = plan_from_path(str(path), PlanOptions(wmax=w, tp=1, placement="off"), conv_dtype="float32")
+    sb = plan.bottleneck_slot_bytes()
+    engine = make_engine(path, wmax=w, policy="wr", replay_window=8, max_num_tokens=9, prefill_chunk=16,
+                         prompt_only=True, state_budget_bytes=3 * sb, host_cache_bytes=8 * sb)
+    bases = [[(7 * k + 3 * i + 1) % 50 for i in range(13)] for k in range(4)]
+    for i, b in enumerate(bases):
+        engine.generate([greedy(i, b, 1)])             # two device slots: bases[0]'s checkpoint goes to the host
+    bound = largest_step(engine.cfg, engine.runner.replay_window)
+    assert bound.tokens == 9
+    d = greedy("d", [60, 61, 62], 12)
+    engine.submit(d)
+    while not (engine.scheduler.running and not engine.scheduler.running[0].in_prefill):
+        engine.step()
+    plans = spy_plans(engine)
+    hit = greedy("hit", bases[0] + [5, 9], 2)
+    engine.submit(greedy("p", [70, 71, 72, 73, 74], 4))
+    outs = []
+    engine.submit(hit, callback=outs.append)
+    engine.run_until_idle()
+    engine.sanity_check()
+    assert engine.stats()["checkpoint_hits"]["host"] == 1 and hit.stats.replayed_tokens == 8
+    sizes = [sum(len(s.token_ids) for s in p.spans) for p in plans]
+    assert max(sizes) <= bound.tokens, sizes
+    # held back a step longer, the hit gives what the same hit gives alone
+    alone = make_engine(path, wmax=w, policy="wr", replay_window=8, prefill_chunk=16, prompt_only=True)
+    for i, b in enumerate(bases):
+        alone.generate([greedy(i, b, 1)])
+    assert [t for o in outs for t in o.token_ids] == alone.generate([greedy("hit", bases[0] + [5, 9], 2)])[0]

@@ -87,7 +87,11 @@ class Scheduler:
         if worst > self.cfg.num_kv_blocks:
             raise UserError(f"input_ids: the request needs {worst} KV blocks, the cache has {self.cfg.num_kv_blocks}")
 
-    def _admit(self, plan: StepPlan) -> None:
+    def _admit(self, plan: StepPlan, held: bool = False) -> None:
+        if held:
+            # a host-tier hit waits to join (schedule): nothing new until it has, so the decodes it waits
+            # for only finish
+            return
         # a replay runs whole in its admission step, beside the decode tokens and the replays admitted before
         # it: a hit whose replay would take the step past max_num_tokens waits (several hits admitted at once
         # ran steps of 4x the cap the memory check and warm-up sized for). With nothing running it is admitted
@@ -142,14 +146,27 @@ class Scheduler:
     def schedule(self) -> tuple[StepPlan, list[Sequence]] | None:
         """The next step's plan and, per span, its sequence (None when there is nothing to run)."""
         plan = StepPlan(self.steps, [])
-        # the host-tier hits held back last step join now
+        # the host-tier hits held back join now, their replays within the step's budget: the replay was fitted
+        # to its admission step's budget, but this step also decodes the requests whose prefill ended there
+        # (a step past max_num_tokens, the bound of model/workspace.py largest_step). One that does not fit
+        # waits for the decodes to end (_admit takes nothing new meanwhile); with none, it fits (admitted
+        # beside a decode, its replay is below the cap)
+        room = float("inf") if self.cfg.max_num_tokens is None else self.cfg.max_num_tokens - sum(
+            not s.in_prefill for s in self.running) - sum(
+            s.replay.end - s.replay.start for s in self.running if s.replay is not None and s.joining is None)
+        held = False
         for s in self.running:
             if s.joining is not None:
+                n = 0 if s.replay is None else s.replay.end - s.replay.start
+                if n > room:
+                    held = True
+                    continue
+                room -= n
                 plan.resets += s.joining.resets
                 plan.loads += s.joining.loads
                 plan.warm_loads += s.joining.warm_loads
                 s.joining = None
-        self._admit(plan)
+        self._admit(plan, held)
         if not self.running:
             if self.waiting:
                 raise RuntimeError("no request can be admitted: the KV cache is pinned")
@@ -267,7 +284,7 @@ class Scheduler:
     def joining(self) -> list[Sequence]:
         """The host-tier hits held back in the last step planned (a failure of the whole step fails them
         too: their promotions' copies were part of it)."""
-        return [s for s in self.running if s.joining is not None]
+        return [s for s in self.running if s.joining is not None and s.joining.step == self.steps - 1]
 
     def prepared_by(self, plan: StepPlan) -> list[Sequence]:
         """The running requests whose state row (or replay row) this plan resets or loads: the requests it
