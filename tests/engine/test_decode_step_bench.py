@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 from benchmarks import decode_step as bench
@@ -31,7 +32,15 @@ def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("decode_step") / "result.json"
     argv = ["--smoke", "--out", str(out), "--batches", ",".join(map(str, BATCHES)), "--context", "20",
             "--reps", "3", "--warmup", "1", "--commit", "c0ffee"]
-    assert bench.main(argv) == 0
+    # the suite runs on one OpenMP thread (tests/conftest.py): from 2, the smoke's own 1 is its doing, and
+    # main() gives the caller's count back
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert bench.main(argv) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
     return json.loads(out.read_text())
 
 
