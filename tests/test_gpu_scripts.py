@@ -255,7 +255,7 @@ def test_a_background_cells_job_outlives_its_call_and_each_poll_returns_the_cell
     """scripts/gpu/cells_background.sh with a stand-in cells script that writes one cell, waits for a go file
     and writes another: the start call returns while the job runs (its first cell already in the tarball), the
     job survives the call's end, and the poll after it ends brings both cells, the exit code and the job's own
-    $OUT files, and exits with the job's code. The job gets the limit as CALL_LIMIT and SCRIPT_ARGS as arguments, and runs in the caller's
+    $OUT files, and fails (1) as the job did. The job gets the limit as CALL_LIMIT and SCRIPT_ARGS as arguments, and runs in the caller's
     directory."""
     import tarfile
     import time
@@ -284,7 +284,7 @@ def test_a_background_cells_job_outlives_its_call_and_each_poll_returns_the_cell
     (tmp_path / "go").touch()
     proc = subprocess.run(["bash", script, "poll", "30"], env=env, capture_output=True, text=True, timeout=60)
     # in the caller's directory: the cells' manifest holds absolute paths, a job run elsewhere is another manifest
-    assert "the job ended, exit code 3" in proc.stdout and proc.returncode == 3
+    assert "the job ended, exit code 3" in proc.stdout and proc.returncode == 1
     assert f"limit 777 in {os.getcwd()} args --request-estimate-s 0.07" in proc.stdout
     assert cells_in_tarball() == {"c1", "c2"} and (out / "k.part").read_text() == "kernels\n"
 

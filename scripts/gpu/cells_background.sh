@@ -38,8 +38,9 @@ poll() {
   if [ -f "$BG/rc" ]; then
     echo "cells_background: the job ended, exit code $(cat "$BG/rc")"
     cp -r "$BG/out/." "$OUT/" 2>/dev/null
-    # the call's own exit code is the job's: a failed job read as a call that passed (rc 0) until 12-07
-    return "$(cat "$BG/rc")"
+    # a failed job fails the call (it read as a call that passed, rc 0, until 12-07): 1, whatever the job's
+    # code (printed above), which could otherwise read as this script's own 3 or the device's 124
+    [ "$(cat "$BG/rc")" = 0 ] || return 1
   else
     echo "cells_background: the job is still running ($(( $(date +%s) - $(cat "$BG/started") )) s so far): poll again within 30 s"
   fi
@@ -56,7 +57,9 @@ case "${1:-}" in
     rm -rf "$BG" && mkdir -p "$BG/out"
     date +%s > "$BG/started"
     # its own session, so the call's end does not kill it; its $OUT is its own (the call's is emptied each call)
-    setsid nohup bash -c 'OUT="$1/out" CALL_LIMIT="$2" bash "$3" $4; echo $? > "$1/rc"' _ "$BG" "$BG_LIMIT" "$script" \
+    # rc written under another name, then renamed: a poll reading it as it is created saw it empty
+    setsid nohup bash -c 'OUT="$1/out" CALL_LIMIT="$2" bash "$3" $4; echo $? > "$1/rc.tmp"; mv "$1/rc.tmp" "$1/rc"' \
+      _ "$BG" "$BG_LIMIT" "$script" \
       "${SCRIPT_ARGS:-}" \
       > "$BG/log" 2>&1 < /dev/null &
     echo "cells_background: started $script (pid $!, limit $BG_LIMIT s)"
