@@ -45,7 +45,9 @@ def dasc_build(*args):
     (("--max-batch-size", 2**31), "max_batch"), (("--max-queue-delay-microseconds", 10**20), "max-queue-delay"),
     # accepted and without effect on real weights before
     (("--seed", 3), "--load-format dummy"),
-], ids=["tp", "batch", "device", "wmax", "kv-blocks", "dtype", "budget", "delay", "batch-int32", "delay-huge", "seed"])
+    (("--tp-timeout-s", 0), "tp_timeout_s"), (("--tp-timeout-s", "nan"), "tp_timeout_s"),
+], ids=["tp", "batch", "device", "wmax", "kv-blocks", "dtype", "budget", "delay", "batch-int32", "delay-huge", "seed",
+        "tp-timeout-zero", "tp-timeout-nan"])
 def test_bad_build_options_are_one_line(ckpt, tmp_path, flags, needle):
     proc = dasc_build("--model", ckpt, "--output", tmp_path / "e", "--device", "cpu", *flags)
     err = proc.stderr.strip()
@@ -193,3 +195,14 @@ def test_build_options_given_with_an_engine_directory_are_named_as_ignored(tmp_p
         == str(engine)
     err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(err) == 1 and ("--tp, --wmax are ignored" in err[0] or "--wmax, --tp are ignored" in err[0]), err
+
+
+def test_the_tp_timeout_is_the_engines(ckpt, tmp_path):
+    """dasc-build --tp-timeout-s lands in the engine's config (ranks.join_ranks gives it to the TP group:
+    tests/tp/test_tp_faults.py shows a hung rank ending the job after it); without the flag, 600 s."""
+    from trtllm_dasc.engine.config import engine_config
+    for flags, expect in (([], 600.0), (["--tp-timeout-s", 30], 30.0)):
+        out = tmp_path / f"e{len(flags)}"
+        proc = dasc_build("--model", ckpt, "--output", out, "--device", "cpu", "--wmax", 0, *flags)
+        assert proc.returncode == 0, proc.stderr
+        assert engine_config(str(out)).tp_timeout_s == expect

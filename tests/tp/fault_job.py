@@ -6,6 +6,8 @@ MODE start ENGINE_DIR: join the ranks from an engine directory (start_rank, as `
     records the error each rank got (rank 0 gathers them), or that it started.
 MODE nonfinite MODEL PLACEMENT: one prompt whose state overflows on some heads (the test's checkpoint), then
     the same prompt extended: each request's tokens, error and cached tokens.
+MODE hang MODEL: rank 1 hangs in its first step (sleeps 600 s) under a TP timeout of 3 s; rank 0 submits one
+    request. Nothing is written: the job must end by MPI's abort, long before the hung rank would wake.
 """
 from __future__ import annotations
 
@@ -64,9 +66,29 @@ def _nonfinite(model: str, placement: str, tp: int):
     return run_ranks(cfg, job)
 
 
+def _hang(model: str, tp: int):
+    import time
+    from trtllm_dasc.engine.config import EngineConfig
+    from trtllm_dasc.engine.request import GenerationRequest
+    from trtllm_dasc.engine.runner import ModelRunner
+    from trtllm_dasc.parallel.group import mpi_world
+    if mpi_world().Get_rank() == 1:
+        ModelRunner.execute = lambda self, plan, sample_tokens=True: time.sleep(600)
+    cfg = EngineConfig(model=model, tp_size=tp, wmax=0, policy="nr", max_batch=2, block_size=4, num_kv_blocks=200,
+                       interval=16, max_context=256, tp_timeout_s=3)
+
+    def job(engine):
+        print(f"hang job: submitting at {time.time():.3f}", file=sys.stderr, flush=True)
+        engine.submit(GenerationRequest("a", PROMPT, 3), lambda o: None)
+        engine.run_until_idle()
+        return ["not aborted"]
+    from trtllm_dasc.engine.ranks import run_ranks
+    return run_ranks(cfg, job)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("start", "nonfinite"))
+    ap.add_argument("mode", choices=("start", "nonfinite", "hang"))
     ap.add_argument("path")
     ap.add_argument("placement", nargs="?", default="off")
     ap.add_argument("--tp", type=int, default=2)
@@ -75,6 +97,8 @@ def main() -> None:
     if args.mode == "start":
         from trtllm_dasc.parallel.group import mpi_world
         result = mpi_world().gather(_start(args.path), root=0)      # a list on rank 0, None elsewhere
+    elif args.mode == "hang":
+        result = _hang(args.path, args.tp)
     else:
         result = _nonfinite(args.path, args.placement, args.tp)     # None on the worker ranks
     if result is not None:

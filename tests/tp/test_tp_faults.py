@@ -131,3 +131,30 @@ def test_a_cuda_engine_on_a_machine_without_cuda_is_one_line_at_tp(tmp_path):
     (engine / "config.json").write_text(json.dumps(cfg))
     seen = _mpirun(2, ["start", str(engine)], tmp_path / "cuda.json", timeout=120)
     assert seen == ["UserError: device cuda requested but CUDA is not available"] * 2, seen
+
+
+def test_a_hung_rank_ends_the_job_after_the_tp_timeout(tmp_path):
+    """A worker rank hung inside a step (here: asleep for 600 s in its first one) held rank 0 in the step's
+    all-reduce for the TP group's fixed 600-s timeout, the server's requests stalled all that time. The
+    timeout is the engine's tp_timeout_s (dasc-build --tp-timeout-s): at 3 s, rank 0's collective fails, it
+    aborts every rank, and mpirun ends long before the hung rank would have woken."""
+    import time
+    from trtllm_dasc.parallel.launch import mpirun_command
+    model = tmp_path / "kda"
+    build_tp_model(model, "kda", seed=11)
+    cmd, env = mpirun_command(2, [str(HERE / "fault_job.py"), "hang", str(model), "--out", str(tmp_path / "o.json")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        # the ranks run under MPI's daemon, outside mpirun's process group: by the job's own path
+        subprocess.run(["pkill", "-9", "-f", str(tmp_path)], check=False)
+        raise AssertionError("the job outlived its TP timeout: rank 0 waited for the hung rank") from None
+    ended = time.time()
+    assert proc.returncode != 0 and not (tmp_path / "o.json").exists(), out[-2000:] + err[-4000:]
+    assert "step failed; aborting every rank" in err, err[-4000:]
+    submitted = float(err.split("hang job: submitting at ")[1].split()[0])
+    assert ended - submitted < 120, ended - submitted       # the hung rank sleeps 600 s

@@ -13,6 +13,8 @@ from trtllm_dasc.spec import (BACKENDS, CODECS, CONV_CODECS, DEFAULT_CODEC, DEFA
 from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, HOST_WRITE_POLICIES
 
 MAX_TP = 64
+# the TP group's collective timeout: long enough for one rank to compile a kernel the others already have
+TP_TIMEOUT_S_DEFAULT = 600.0
 # a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)
 # int32's largest: max_batch_size and the other counts go into config.pbtxt as int32 (2^31 was out of range)
 MAX_COUNT = (1 << 31) - 1
@@ -57,6 +59,9 @@ class EngineConfig:
     # tensor parallelism (parallel/): T ranks under one mpirun, rank 0 schedules; the budget is per rank
     tp_size: int = DEFAULT_TP
     placement: str = ENGINE_PLACEMENT   # the planner's TP placement of the units (spec.py: why off here)
+    # how long a rank waits in a collective for the others (the TP group's timeout): a rank hung in a step
+    # holds every other one that long, then the step fails and every rank aborts (parallel/runner.py)
+    tp_timeout_s: float = TP_TIMEOUT_S_DEFAULT
     rank_weights: str | None = None     # per-rank weight files (dasc-build --tp); None: slice the checkpoint
     # the build's id in every rank's weight manifest: a rank file of another engine (same shapes, other
     # weights) is refused (model/rank_weights.py); None: an engine built before it was recorded
@@ -116,6 +121,7 @@ class EngineConfig:
                 _count(self, name, minimum=0 if name == "replay_window" else 1, cap=1 << 50)
         if self.slow_step_s is not None:
             self.slow_step_s = check_seconds("slow_step_s", self.slow_step_s)
+        self.tp_timeout_s = _bounded(self, "tp_timeout_s", 1.0, 86400.0)
         self.step_delay_s = _bounded(self, "step_delay_s", 0.0, MAX_STEP_DELAY_S)
         self.step_slowdown = _bounded(self, "step_slowdown", 1.0, MAX_STEP_SLOWDOWN)
         if not isinstance(self.prompt_only, bool):

@@ -23,7 +23,7 @@ def join_ranks(cfg, threads_per_rank: int | None = None):
     A rank that cannot build its runner (a rank weight file of another rank, a device it cannot use) fails
     every rank with one UserError naming it: alone, it left the others waiting in the gather below, and
     mpirun, which sees no rank exit, kept the server "not ready" until its timeout (30 minutes)."""
-    group = TPGroup.from_mpi(cfg.device)
+    group = TPGroup.from_mpi(cfg.device, timeout_s=cfg.tp_timeout_s)
     runner, failure = None, None
     try:
         if group.size != cfg.tp_size:
