@@ -194,6 +194,7 @@ def setup(args, mode: dict):
     from clients import fixed_slots
     from clients.matched_hbm import check_weights, model_config
     from clients.multiturn import MultiTurnConfig
+    from trtllm_dasc.engine.config import replay_tokens
     from trtllm_dasc.errors import UserError
     check_weights(args)
     model_cfg = model_config(args)
@@ -216,8 +217,7 @@ def setup(args, mode: dict):
             arm = armlib.parse_arms(f"{p}{w}")[0]
             planned = armlib.capacity(args.model, arm, 10 ** 15, mode["dtype"], dummy_seed=args.weights_seed)
             one = planned["checkpoint_bytes"]
-            if p == "wr":
-                window = max(window, min(planned["wr_window"], blocks * 16))
+            window = max(window, replay_tokens(arm.policy, planned["wr_window"], blocks * 16))
             # 899 slots for every arm: its budget is 900 of its own checkpoints (slot 0 reserved, Eq. 8)
             caps[arm.spec] = {"checkpoint_bytes": one, "budget_bytes": (args.slots + 1) * one, "slots": args.slots}
     import torch

@@ -28,7 +28,7 @@ from trtllm_dasc import engine_dir
 from trtllm_dasc.errors import UserError
 from trtllm_dasc.spec import (BACKENDS, DEFAULT_EVICTION, DTYPES, EVICTIONS, LOAD_FORMATS, add_arm_arguments,
                               build_placement, plan_fields)
-from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, HOST_WRITE_POLICIES
+from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, DEFAULT_TP_TIMEOUT_S, HOST_WRITE_POLICIES
 
 DUMMY_NOTE = ("DUMMY WEIGHTS: random values made at load time (dasc-build --load-format dummy); outputs are "
               "meaningless, speeds and memory are those of the real model")
@@ -97,9 +97,9 @@ def add_arguments(p, groups=None) -> None:
     g.add_argument("--max-step-captures", type=int, default=None, help="checkpoints one step captures (default: "
                    "as many as its chunks meet); a chunk past it stops before the capture, the next step takes it. "
                    "Bounds the step's tensors in the memory check")
-    g.add_argument("--tp-timeout-s", type=float, default=None, help="how long a TP rank waits in a collective "
-                   "for the others before the step fails and every rank aborts (a hung rank holds the server that "
-                   "long; default 600)")
+    g.add_argument("--tp-timeout-s", type=float, default=DEFAULT_TP_TIMEOUT_S, help="how long a TP rank waits in "
+                   "a collective for the others before the step fails and every rank aborts (a hung rank holds the "
+                   "server that long; default %(default)g)")
     g.add_argument("--tensorrt", action="store_true", help="also build the checkpoint codec (store, load, "
                    "wr merge) as TensorRT engines into tensorrt/ (needs tensorrt or tensorrt-rtx; --codec native|int8, "
                    "--precision uniform and --conv-codec native only)")
@@ -129,7 +129,7 @@ def engine_options(args) -> dict:
                 max_context=args.max_context, block_size=args.block_size, num_kv_blocks=args.kv_blocks,
                 interval=args.interval, prefill_chunk=args.prefill_chunk, prompt_only=args.prompt_only,
                 max_step_captures=getattr(args, "max_step_captures", None),
-                **({"tp_timeout_s": args.tp_timeout_s} if getattr(args, "tp_timeout_s", None) is not None else {}),
+                tp_timeout_s=getattr(args, "tp_timeout_s", DEFAULT_TP_TIMEOUT_S),
                 plan_path=engine_dir.PLAN, kernel_cache_dir=engine_dir.KERNELS, tp_size=args.tp,
                 placement=build_placement(args.placement, args.tp),
                 rank_weights=engine_dir.RANK_WEIGHTS if args.tp > 1 and not dummy(args) else None,

@@ -391,6 +391,7 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
     if device:
         limit = kv_sizing.device_limit(args.device, args.memory_headroom_gib)
     from trtllm_dasc.model.weights import CheckpointReader, DummyWeights
+    from trtllm_dasc.engine.config import replay_tokens
     from trtllm_dasc.plan import PlanOptions, plan_from_path
     cfg = model_config(args)
     source = DummyWeights(cfg, args.weights_seed) if args.dummy else CheckpointReader(args.model)
@@ -398,8 +399,7 @@ def size_kv(args, arms, budget: int, work: WorkloadConfig, phases: list[Phase], 
                             conv_dtype=args.dtype, dummy_seed=args.weights_seed)[0] for a in arms]
     # the largest step of any arm's engine: a wr arm's replays add spans (model/workspace.py step_shape)
     context = math.ceil((work.max_prompt_tokens + output_tokens) / args.block_size) * args.block_size
-    window = max([min(p.replay_window, context) for a, p in zip(arms, plans) if a.policy in ("wr", "wr-warm")],
-                 default=0)
+    window = max(replay_tokens(a.policy, p.replay_window, context) for a, p in zip(arms, plans))
     step, workspace = step_workspace(args, work, output_tokens, window)
     fixed, per_block, seen = 0, 0, set()
     # every arm's engine holds the same weights, rows and pool; its plan's bundle order can change how the

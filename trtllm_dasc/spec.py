@@ -70,6 +70,8 @@ DEFAULT_LAYOUT = "ragged"
 DEFAULT_POLICY = "nr"
 DEFAULT_SELECTION = "decay"
 DEFAULT_TP = 1
+# the TP group's collective timeout (seconds): long enough for one rank to compile a kernel the others already have
+DEFAULT_TP_TIMEOUT_S = 600.0
 # planning and building (see the module docstring)
 DEFAULT_WMAX = 16
 DEFAULT_PLACEMENT = "hybrid"

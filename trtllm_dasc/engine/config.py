@@ -10,11 +10,11 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.spec import (BACKENDS, CODECS, CONV_CODECS, DEFAULT_CODEC, DEFAULT_EVICTION, DEFAULT_LAYOUT, DEFAULT_POLICY, DEFAULT_SELECTION,
                               DEFAULT_TP, DTYPES, ENGINE_PLACEMENT, EVICTIONS, ENGINE_WMAX, LAYOUTS, LOAD_FORMATS, PLACEMENTS,
                               POLICIES, check_choice, check_selection)
-from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, HOST_WRITE_POLICIES
+from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, DEFAULT_TP_TIMEOUT_S, HOST_WRITE_POLICIES
 
 MAX_TP = 64
-# the TP group's collective timeout: long enough for one rank to compile a kernel the others already have
-TP_TIMEOUT_S_DEFAULT = 600.0
+# the load policies whose hits replay the last W cached tokens
+REPLAYING_POLICIES = ("wr", "wr-warm")
 # a sanity cap on every count (a typo of 10 extra digits must not try to allocate the world)
 # int32's largest: max_batch_size and the other counts go into config.pbtxt as int32 (2^31 was out of range)
 MAX_COUNT = (1 << 31) - 1
@@ -61,7 +61,7 @@ class EngineConfig:
     placement: str = ENGINE_PLACEMENT   # the planner's TP placement of the units (spec.py: why off here)
     # how long a rank waits in a collective for the others (the TP group's timeout): a rank hung in a step
     # holds every other one that long, then the step fails and every rank aborts (parallel/runner.py)
-    tp_timeout_s: float = TP_TIMEOUT_S_DEFAULT
+    tp_timeout_s: float = DEFAULT_TP_TIMEOUT_S
     rank_weights: str | None = None     # per-rank weight files (dasc-build --tp); None: slice the checkpoint
     # the build's id in every rank's weight manifest: a rank file of another engine (same shapes, other
     # weights) is refused (model/rank_weights.py); None: an engine built before it was recorded
@@ -135,7 +135,7 @@ class EngineConfig:
     @property
     def replays(self) -> bool:
         """Whether a hit replays the last W cached tokens (wr and wr-warm)."""
-        return self.policy in ("wr", "wr-warm")
+        return self.policy in REPLAYING_POLICIES
 
     @property
     def arm(self) -> str:
@@ -184,3 +184,13 @@ def _bounded(cfg, name: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
         raise UserError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}")
     return float(value)
+
+
+def replay_tokens(policy: str, plan_window: int, max_context: int, override: int | None = None) -> int:
+    """The tokens a hit replays: the plan's window (paper Sec. 4.2) unless overridden (EngineConfig.replay_window),
+    never past max_context (a replay never reaches further back than a prompt can be long); 0 when nothing is
+    omitted (dense) or the policy does not replay (nr). The runner's, and what the clients that size an engine's
+    largest step (model/workspace.py) count for a wr arm."""
+    if policy not in REPLAYING_POLICIES or not plan_window:
+        return 0
+    return min(plan_window if override is None else override, max_context)

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from trtllm_dasc.engine.config import EngineConfig
+from trtllm_dasc.engine.config import EngineConfig, replay_tokens
 from trtllm_dasc.engine.kernel_cache import use_kernel_cache
 from trtllm_dasc.engine.loading import check_memory, weight_source
 from trtllm_dasc.engine.pools import checkpoint_pool
@@ -383,10 +383,5 @@ def engine_plan(cfg: EngineConfig):
 
 
 def replay_window(cfg: EngineConfig, plan_window: int) -> int:
-    """The tokens a wr hit replays: the plan's window (paper Sec. 4.2) unless the config overrides it;
-    0 when nothing is omitted (dense) or the policy is nr."""
-    if not cfg.replays or not plan_window:
-        return 0
-    window = plan_window if cfg.replay_window is None else cfg.replay_window
-    # a replay never reaches further back than a prompt can be long
-    return min(window, cfg.max_context)
+    """The tokens a wr hit of this engine replays (engine/config.py replay_tokens)."""
+    return replay_tokens(cfg.policy, plan_window, cfg.max_context, cfg.replay_window)

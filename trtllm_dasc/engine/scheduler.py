@@ -87,17 +87,18 @@ class Scheduler:
         if worst > self.cfg.num_kv_blocks:
             raise UserError(f"input_ids: the request needs {worst} KV blocks, the cache has {self.cfg.num_kv_blocks}")
 
-    def _admit(self, plan: StepPlan, held: bool = False) -> None:
-        if held:
-            # a host-tier hit waits to join (schedule): nothing new until it has, so the decodes it waits
-            # for only finish
-            return
+    def _forced_tokens(self) -> int:
+        """The tokens the running requests take from the next step whatever its budget: a decode token each
+        and the replays that run in it (the host-tier hits still waiting to join run theirs later)."""
+        return sum(not s.in_prefill for s in self.running) + sum(
+            s.replay.end - s.replay.start for s in self.running if s.replay is not None and s.joining is None)
+
+    def _admit(self, plan: StepPlan) -> None:
         # a replay runs whole in its admission step, beside the decode tokens and the replays admitted before
         # it: a hit whose replay would take the step past max_num_tokens waits (several hits admitted at once
         # ran steps of 4x the cap the memory check and warm-up sized for). With nothing running it is admitted
         # (a window longer than the cap could run no other way); the queue is FIFO, so it waits for no longer
-        forced = sum(not s.in_prefill for s in self.running) + sum(
-            s.replay.end - s.replay.start for s in self.running if s.replay is not None)
+        forced = self._forced_tokens()
         while self.waiting and len(self.running) < self.cfg.max_batch:
             seq = self.waiting[0]
             room = (float("inf") if self.cfg.max_num_tokens is None or not self.running
@@ -151,9 +152,7 @@ class Scheduler:
         # (a step past max_num_tokens, the bound of model/workspace.py largest_step). One that does not fit
         # waits for the decodes to end (_admit takes nothing new meanwhile); with none, it fits (admitted
         # beside a decode, its replay is below the cap)
-        room = float("inf") if self.cfg.max_num_tokens is None else self.cfg.max_num_tokens - sum(
-            not s.in_prefill for s in self.running) - sum(
-            s.replay.end - s.replay.start for s in self.running if s.replay is not None and s.joining is None)
+        room = float("inf") if self.cfg.max_num_tokens is None else self.cfg.max_num_tokens - self._forced_tokens()
         held = False
         for s in self.running:
             if s.joining is not None:
@@ -166,7 +165,8 @@ class Scheduler:
                 plan.loads += s.joining.loads
                 plan.warm_loads += s.joining.warm_loads
                 s.joining = None
-        self._admit(plan, held)
+        if not held:        # while a hit waits to join, nothing new: the decodes it waits for only finish
+            self._admit(plan)
         if not self.running:
             if self.waiting:
                 raise RuntimeError("no request can be admitted: the KV cache is pinned")

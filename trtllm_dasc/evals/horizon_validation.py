@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from trtllm_dasc.model import linear_attn
 from trtllm_dasc.model.direct import DirectRunner
 from trtllm_dasc.evals.stats import median_iqr, spearman
@@ -66,17 +65,13 @@ def _recording(records: list):
 
 
 def _log_decay(g: torch.Tensor, gate: dict) -> torch.Tensor:
-    """The per-token log-decay the recurrence applied. fla's fused mixer (recurrence/fla.py) passes the raw
-    gate projection with A_log / dt_bias and lets the kernel compute -exp(A_log) * softplus(g + dt_bias); the
-    wrapper took no gate arguments (a TypeError on a GPU model) and would have recorded the raw projection."""
+    """The per-token log decay the recurrence applied. fla's fused mixer (recurrence/fla.py) passes the raw
+    gate projection with A_log / dt_bias and computes the decay in its kernel; the wrapper took no gate
+    arguments (a TypeError on a GPU model) and would have recorded the raw projection."""
     g = g.detach().float()
     if "A_log" not in gate:
         return g
-    A = gate["A_log"].detach().float().exp()
-    dt = gate["dt_bias"].detach().float()
-    if g.dim() == 3:                                    # kda: [T, H, K], A_log [H], dt_bias [H*K]
-        return -A[:, None] * F.softplus(g + dt.view(g.shape[1:]))
-    return -A * F.softplus(g + dt)                      # gdn: [T, HV]
+    return linear_attn.log_decay(g, gate["A_log"].detach().float(), gate["dt_bias"].detach().float())
 
 
 def _observe_layer(kind: str, g: torch.Tensor, q_last: torch.Tensor, state: torch.Tensor) -> LayerObservation:

@@ -28,6 +28,14 @@ class MixerOut:
     conv_b: torch.Tensor    # [n_cuts, C, W-1] captured conv states
 
 
+def log_decay(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """The per-token log decay, -exp(A_log) * softplus(raw + dt_bias) in fp32 (transformers' formula), from the
+    raw gate projection: GDN raw [T, HV], A_log and dt_bias [HV]; KDA raw [T, H, K], A_log [H], dt_bias
+    [H*K]. fla's fused mixer takes the same three and computes it in its kernel (recurrence/fla.py)."""
+    A = A_log.exp().view(-1, *[1] * (raw.dim() - 2))
+    return -A * F.softplus(raw.float() + dt_bias.view(raw.shape[1:]))
+
+
 def _conv_parts(x, weight, conv0, cu_seqlens, cuts, parts: list[int], fused: bool, head_dim: int):
     """The short conv with its output cut into `parts` channels (q, k, v): (outputs, state, captures,
     normalized). Fused: a prefill takes our conv kernels (model/kernels/conv.py), which also l2-normalise
@@ -86,7 +94,7 @@ class GDNLayer:
             g, beta, gate = a, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True,
                                    "qk_normalized": normed}
         else:
-            g = -self.w["A_log"].exp() * F.softplus(a.float() + self.w["dt_bias"])
+            g = log_decay(a, self.w["A_log"], self.w["dt_bias"])
             beta, gate = torch.sigmoid(b), {}
         o, ht, hb = run_recurrence(backend, "gdn", q.reshape(1, T, H, K), k.reshape(1, T, H, K),
                                    v.reshape(1, T, HV, V), g[None], beta[None], h0, cu_seqlens, cuts, **gate)
@@ -147,7 +155,7 @@ class KDALayer:
             g, beta, gate = raw_gate, b, {"A_log": self.w["A_log"], "dt_bias": self.w["dt_bias"], "beta_logits": True,
                                           "qk_normalized": normed}
         else:
-            g = -self.w["A_log"].exp()[:, None] * F.softplus(raw_gate.float() + self.w["dt_bias"].view(H, K))
+            g = log_decay(raw_gate, self.w["A_log"], self.w["dt_bias"])
             beta, gate = torch.sigmoid(b), {}
         if in_place is not None:
             states, _, rows = in_place

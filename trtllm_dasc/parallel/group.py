@@ -11,6 +11,7 @@ import socket
 from dataclasses import dataclass
 
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.spec import DEFAULT_TP_TIMEOUT_S
 
 
 _HANDED_OUT: set[int] = set()
@@ -76,7 +77,7 @@ class TPGroup:
     backend: str            # torch.distributed backend: gloo | nccl
 
     @classmethod
-    def from_mpi(cls, device: str = "cpu", timeout_s: float = 600.0) -> "TPGroup":
+    def from_mpi(cls, device: str = "cpu", timeout_s: float = DEFAULT_TP_TIMEOUT_S) -> "TPGroup":
         """Join the ranks of the current ``mpirun``; every rank calls this once, collectively."""
         import datetime
 
