@@ -29,6 +29,7 @@ from trtllm_dasc.errors import UserError
 from trtllm_dasc.spec import (BACKENDS, DEFAULT_EVICTION, DTYPES, EVICTIONS, LOAD_FORMATS, add_arm_arguments,
                               build_placement, plan_fields)
 from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, DEFAULT_TP_TIMEOUT_S, HOST_WRITE_POLICIES
+from trtllm_dasc.spec import DEFAULT_OUT_OF_VOCAB_INPUTS, OUT_OF_VOCAB_INPUTS
 
 DUMMY_NOTE = ("DUMMY WEIGHTS: random values made at load time (dasc-build --load-format dummy); outputs are "
               "meaningless, speeds and memory are those of the real model")
@@ -116,6 +117,10 @@ def add_arguments(p, groups=None) -> None:
     g.add_argument("--exclude-input-in-output", action="store_true",
                    help="default for requests that do not say: outputs hold only generated tokens")
     g.add_argument("--max-queue-delay-microseconds", type=int, default=0, help="Triton dynamic batching delay")
+    g.add_argument("--out-of-vocab-inputs", default=DEFAULT_OUT_OF_VOCAB_INPUTS, choices=OUT_OF_VOCAB_INPUTS,
+                   help="a prompt token id outside the vocabulary: zero (embedded as a zero vector, as "
+                        "TensorRT-LLM's lookup does; its benchmark_core_model.py sends random ids) or refuse "
+                        "(the request fails naming the id); default %(default)s")
 
 
 def engine_options(args) -> dict:
@@ -130,6 +135,7 @@ def engine_options(args) -> dict:
                 interval=args.interval, prefill_chunk=args.prefill_chunk, prompt_only=args.prompt_only,
                 max_step_captures=getattr(args, "max_step_captures", None),
                 tp_timeout_s=getattr(args, "tp_timeout_s", DEFAULT_TP_TIMEOUT_S),
+                out_of_vocab_inputs=getattr(args, "out_of_vocab_inputs", DEFAULT_OUT_OF_VOCAB_INPUTS),
                 plan_path=engine_dir.PLAN, kernel_cache_dir=engine_dir.KERNELS, tp_size=args.tp,
                 placement=build_placement(args.placement, args.tp),
                 rank_weights=engine_dir.RANK_WEIGHTS if args.tp > 1 and not dummy(args) else None,

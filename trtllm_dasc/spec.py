@@ -72,12 +72,18 @@ DEFAULT_SELECTION = "decay"
 DEFAULT_TP = 1
 # the TP group's collective timeout (seconds): long enough for one rank to compile a kernel the others already have
 DEFAULT_TP_TIMEOUT_S = 600.0
+# prompt token ids outside the vocabulary: embedded as zeros, as TensorRT-LLM's embedding lookup writes them
+# (its tools/inflight_batcher_llm/benchmark_core_model.py sends random ids in [0, 2^31)): what a built, served
+# engine does by default; or refused, naming the id: an engine made directly (ENGINE_OUT_OF_VOCAB_INPUTS below)
+OUT_OF_VOCAB_INPUTS = ("zero", "refuse")
+DEFAULT_OUT_OF_VOCAB_INPUTS = "zero"
 # planning and building (see the module docstring)
 DEFAULT_WMAX = 16
 DEFAULT_PLACEMENT = "hybrid"
 # an engine made directly (EngineConfig, dasc logits)
 ENGINE_WMAX = 0
 ENGINE_PLACEMENT = "off"
+ENGINE_OUT_OF_VOCAB_INPUTS = "refuse"
 # the random selection's seed feeds numpy's SeedSequence, which takes any non-negative integer; we keep
 # it to what a JSON reader of any language holds exactly
 MAX_MASK_SEED = 2**63 - 1

@@ -145,8 +145,9 @@ BASE = {"input_ids": np.array([[1, 2, 3]], np.int32), "input_lengths": np.array(
 @pytest.mark.parametrize("rid,change", [
     ("bad-top-p", {"runtime_top_p": np.array([[2.0]], np.float32)}),
     ("bad-length", {"input_lengths": np.array([[7]], np.int32)}),
-    # a token outside the vocabulary (an output past the context is now cut to fit, as TensorRT-LLM does)
-    ("out-of-vocab", {"input_ids": np.array([[1, 2, 10**6]], np.int32)}),
+    # an end id outside the vocabulary (an output past the context is now cut to fit, as TensorRT-LLM does, and
+    # a prompt id outside it is embedded as zeros, as it does: test_an_out_of_vocab_prompt_is_served_...)
+    ("out-of-vocab", {"end_id": np.array([[10**6]], np.int32)}),
     ("", {"stop": np.array([[True]], np.bool_)}),           # a stop without a request id is refused
 ], ids=["bad-input", "length-mismatch", "engine-refuses", "stop-without-id"])
 def test_every_refused_request_counts_as_an_error(server, rid, change):
@@ -156,6 +157,24 @@ def test_every_refused_request_counts_as_an_error(server, rid, change):
     after = settled(server, lambda m: m[ERROR] > before)
     assert after[ERROR] == before + 1
     assert after[("dasc_requests_rejected_total", frozenset())] >= 1
+    assert server.proc.poll() is None
+
+
+def test_an_out_of_vocab_prompt_is_served_and_counts_no_error(server):
+    """Prompt ids outside the vocabulary, up to INT32's largest (TensorRT-LLM's benchmark_core_model.py sends
+    random ids in [0, 2^31)), are embedded as zeros, as TensorRT-LLM's lookup does (dasc-build's default
+    --out-of-vocab-inputs zero; the engine tests compare the logits with transformers'); no error."""
+    import tritonclient.grpc as grpc
+    before = settled(server, lambda m: True)[ERROR]
+    client = StreamClient(server.grpc_url)
+    try:
+        client.send("oov", triton_inputs(grpc, [1, 10**6, 2**31 - 1, 5], 3, streaming=True))
+        out = client.collect(1)
+    finally:
+        client.close()
+    (r,) = out.values()
+    assert not r["error"] and len(r["tokens"]) == 3, r
+    assert settled(server, lambda m: True)[ERROR] == before
     assert server.proc.poll() is None
 
 

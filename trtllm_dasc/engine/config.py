@@ -11,6 +11,7 @@ from trtllm_dasc.spec import (BACKENDS, CODECS, CONV_CODECS, DEFAULT_CODEC, DEFA
                               DEFAULT_TP, DTYPES, ENGINE_PLACEMENT, EVICTIONS, ENGINE_WMAX, LAYOUTS, LOAD_FORMATS, PLACEMENTS,
                               POLICIES, check_choice, check_selection)
 from trtllm_dasc.spec import DEFAULT_HOST_WRITE_POLICY, DEFAULT_TP_TIMEOUT_S, HOST_WRITE_POLICIES
+from trtllm_dasc.spec import ENGINE_OUT_OF_VOCAB_INPUTS, OUT_OF_VOCAB_INPUTS
 
 MAX_TP = 64
 # the load policies whose hits replay the last W cached tokens
@@ -62,6 +63,10 @@ class EngineConfig:
     # how long a rank waits in a collective for the others (the TP group's timeout): a rank hung in a step
     # holds every other one that long, then the step fails and every rank aborts (parallel/runner.py)
     tp_timeout_s: float = DEFAULT_TP_TIMEOUT_S
+    # a prompt token id outside [0, vocab): "zero" embeds it as a zero vector (TensorRT-LLM's lookup does, and
+    # its benchmark tool sends such ids: a built engine's default, dasc-build --out-of-vocab-inputs), "refuse"
+    # fails the request naming the id
+    out_of_vocab_inputs: str = ENGINE_OUT_OF_VOCAB_INPUTS
     rank_weights: str | None = None     # per-rank weight files (dasc-build --tp); None: slice the checkpoint
     # the build's id in every rank's weight manifest: a rank file of another engine (same shapes, other
     # weights) is refused (model/rank_weights.py); None: an engine built before it was recorded
@@ -106,7 +111,8 @@ class EngineConfig:
             raise UserError(f"model must be a checkpoint directory path, got {self.model!r}")
         for name, allowed in (("policy", POLICIES), ("codec", CODECS), ("conv_codec", CONV_CODECS), ("layout", LAYOUTS), ("dtype", DTYPES),
                               ("backend", BACKENDS), ("placement", PLACEMENTS), ("load_format", LOAD_FORMATS),
-                              ("eviction", EVICTIONS), ("host_write_policy", HOST_WRITE_POLICIES)):
+                              ("eviction", EVICTIONS), ("host_write_policy", HOST_WRITE_POLICIES),
+                              ("out_of_vocab_inputs", OUT_OF_VOCAB_INPUTS)):
             check_choice(name, getattr(self, name), allowed)
         for name in ("max_batch", "max_context", "block_size", "num_kv_blocks", "interval", "prefill_chunk"):
             _count(self, name, minimum=1)

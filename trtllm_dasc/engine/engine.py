@@ -83,7 +83,7 @@ class Engine:
     def _check(self, req: GenerationRequest) -> None:
         if not isinstance(req, GenerationRequest):
             raise UserError(f"submit takes a GenerationRequest, got {type(req).__name__}")
-        req.validate(self.vocab_size, self.cfg.max_context)
+        req.validate(self.vocab_size, self.cfg.max_context, self.cfg.out_of_vocab_inputs)
         self.scheduler.check_fits(len(req.prompt), req.max_new_tokens)
 
     def submit(self, req: GenerationRequest, callback=None) -> None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from trtllm_dasc.engine.sampling import SamplingParams, _integer
 from trtllm_dasc.errors import UserError
 
+INT32_LIMIT = 1 << 31   # TensorRT-LLM's token ids are INT32
+
 FINISH_REASONS = ("length", "stop", "cancelled", "error")
 
 
@@ -73,9 +75,11 @@ class GenerationRequest:
     bad_words: list = field(default_factory=list)    # token sequences never completed by a sampled token
     stats: RequestStats = field(default_factory=RequestStats)
 
-    def validate(self, vocab_size: int, max_context: int) -> None:
+    def validate(self, vocab_size: int, max_context: int, out_of_vocab_inputs: str = "refuse") -> None:
         """Raise UserError naming the field; called before any allocation. Normalises numpy/torch ints and
-        sequences to Python ints and lists."""
+        sequences to Python ints and lists. out_of_vocab_inputs (EngineConfig's): "refuse" a prompt id outside
+        [0, vocab_size), or "zero": keep it (the model embeds it as zeros, as TensorRT-LLM does) if it is a
+        32-bit id (TensorRT-LLM's input_ids are INT32; the penalties, the cache and the echo take it as is)."""
         if self.request_id is None or isinstance(self.request_id, bool) or not _hashable(self.request_id):
             raise UserError(f"request_id must be a string, an integer or a tuple of them, got {self.request_id!r}")
         self.prompt = _token_list(self.prompt)
@@ -84,9 +88,14 @@ class GenerationRequest:
         self.max_new_tokens = _integer("request_output_len", self.max_new_tokens)
         if self.max_new_tokens <= 0:
             raise UserError(f"request_output_len must be a positive integer, got {self.max_new_tokens!r}")
-        bad = next((t for t in self.prompt if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise UserError(f"input_ids: token id {bad} is outside the vocabulary [0, {vocab_size})")
+        if out_of_vocab_inputs == "zero":
+            bad = next((t for t in self.prompt if not -INT32_LIMIT <= t < INT32_LIMIT), None)
+            if bad is not None:
+                raise UserError(f"input_ids: token id {bad} is not a 32-bit integer")
+        else:
+            bad = next((t for t in self.prompt if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise UserError(f"input_ids: token id {bad} is outside the vocabulary [0, {vocab_size})")
         if len(self.prompt) + self.max_new_tokens > max_context:
             raise UserError(f"input_ids: prompt of {len(self.prompt)} tokens + request_output_len "
                             f"{self.max_new_tokens} exceeds the max context of {max_context} tokens")

@@ -72,6 +72,7 @@ class ModelRunner:
         self.model = HybridModel.from_source(model_cfg, source, dtype=cfg.dtype, device=cfg.device,
                                              backend=cfg.backend, tp_rank=tp_rank, tp_size=cfg.tp_size,
                                              bundle_order=self.plan.bundle_order)
+        self.model.zero_out_of_vocab = cfg.out_of_vocab_inputs == "zero"
         self.dummy_weights = getattr(source, "dummy", False)
         # cuDNN's long-prefill attention graphs for the lengths a step can reach (model/attention.py), on
         # every rank (a TP worker runs its own runner) before the engine can report ready; nothing on a CPU

@@ -119,7 +119,11 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, history=(), ban
     if params.temperature > 0.0 and params.temperature != 1.0:
         x = x / params.temperature
     if params.penalized and len(history):
-        counts = torch.bincount(torch.as_tensor(list(history), device=x.device), minlength=x.numel())[:x.numel()]
+        h = torch.as_tensor(list(history), dtype=torch.long)
+        # prompt ids outside the vocabulary (embedded as zeros, EngineConfig.out_of_vocab_inputs) have no logit
+        # to penalise; a count of 2^31 bins would be 16 GB
+        h = h[(h >= 0) & (h < x.numel())].to(x.device)
+        counts = torch.bincount(h, minlength=x.numel())[:x.numel()]
         seen = counts > 0
         if params.repetition_penalty != 1.0:
             r = params.repetition_penalty

@@ -111,6 +111,9 @@ class HybridModel:
         # wr replays): None = with the kernel backend on a GPU (fla: fused mixers too); True / False force it
         # (tests run it on the CPU in Triton's interpreter)
         self.paged_attention: bool | None = None
+        # a token id outside [0, vocab) in a forward: refused (False), or embedded as a zero vector (True), as
+        # TensorRT-LLM's embedding lookup writes it (the engine's out_of_vocab_inputs = "zero")
+        self.zero_out_of_vocab = False
 
     def _use_paged_attention(self, ids: list) -> bool:
         if self.cfg.num_linear_layers == len(self.layers) or any(t.numel() > PAGED_MAX_TOKENS for t in ids):
@@ -231,7 +234,7 @@ class HybridModel:
             if t.numel() == 0:
                 raise UserError(f"sequence {i} has no tokens")
             lo, hi = torch.aminmax(t)
-            if lo < 0 or hi >= self.spec.vocab_size:
+            if (lo < 0 or hi >= self.spec.vocab_size) and not self.zero_out_of_vocab:
                 raise UserError(f"token ids of sequence {i} must be in 0..{self.spec.vocab_size - 1}")
             if not 0 <= s.row < state.num_rows:
                 raise UserError(f"row {s.row} of sequence {i} is outside 0..{state.num_rows - 1}")
@@ -335,8 +338,19 @@ class HybridModel:
         # memory may wait for the queue, and after the layers that is the whole forward (the H200 sat idle
         # ~0.8 ms at the end of a 16k prefill: `python -m benchmarks model_prefill --arch kda --profile`, its gaps)
         sel = torch.cat(picks).to(dev) if picks else None
-        x = self.w["embed"][torch.cat(ids).to(dev)]
+        x = self._embed(torch.cat(ids))
         return x, cu, cuts, rows, attn_batch, sel, out
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embedded tokens of host ids [T]; an id outside the vocabulary (let through by _prepare only
+        under zero_out_of_vocab) is a zero vector, as TensorRT-LLM's lookup kernel writes it. The check runs
+        on the host copy: an in-vocabulary batch pays nothing on the device."""
+        table = self.w["embed"]
+        inside = (ids >= 0) & (ids < table.shape[0])
+        if bool(inside.all()):
+            return table[ids.to(self.device)]
+        x = table[torch.where(inside, ids, 0).to(self.device)]
+        return x * inside.to(self.device, x.dtype)[:, None]
 
     def _fused(self) -> bool:
         """fla's kernels for the work between the mixers too (the residual add + norm, SwiGLU): with the
