@@ -85,3 +85,18 @@ def test_numpy_2_is_refused_before_the_server_starts():
     check_stub_numpy("1.26.4")
     with pytest.raises(UserError, match=r"numpy 2\.1\.0 is installed, .*needs numpy<2"):
         check_stub_numpy("2.1.0")
+
+
+def test_an_engine_whose_config_json_was_edited_after_the_build_is_refused(ckpt, tmp_path):
+    """config.json edited from nr to wr: the engine would replay on hits (what config.json says) while every
+    response's dasc_policy (baked into config.pbtxt at the build) still said dasc-nr. The model refuses to
+    load, naming both (from a review helper)."""
+    import json
+    engine = build_engine(ckpt, tmp_path / "engine", "--wmax", 16, "--max-batch-size", 2, "--kv-blocks", 64,
+                          "--max-context", 128)
+    path = engine / "config.json" if hasattr(engine, "joinpath") else f"{engine}/config.json"
+    meta = json.loads(open(path).read())
+    assert meta["engine"]["policy"] == "nr"
+    meta["engine"]["policy"] = "wr"
+    open(path, "w").write(json.dumps(meta))
+    _assert_says(_serve(engine, tmp_path), "dasc-wr", "dasc_policy 'dasc-nr", "edited after its build")

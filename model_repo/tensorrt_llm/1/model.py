@@ -91,16 +91,24 @@ class TritonPythonModel:
             # relative to this model's directory (an engine directory holds its own repository)
             engine_dir = os.path.join(args["model_repository"], engine_dir)
         exclude = _param(config, "exclude_input_in_output", "false").lower() == "true"
-        self.host = EngineHost(os.path.normpath(engine_dir), decoupled=self.decoupled,
-                               exclude_input_default=exclude)
-        # TensorRT-LLM's nv_trt_llm_* series carry the model's name and version as its backend sets them
-        self.metrics = EngineMetrics(pb_utils, self.host, model=args["model_name"], version=args["model_version"])
         # how a cached prefix is restored (lossy unless W_max 0 and the native codec), on every response
         # whose config declares dasc_policy (an engine directory built before it does not)
         self.extra = {}
         if any(o["name"] == "dasc_policy" for o in config.get("output", [])):
-            policy = _param(config, "dasc_policy") or _policy(os.path.normpath(engine_dir))
+            # the engine runs what its config.json says; the build wrote the same line into config.pbtxt, where
+            # Triton's model config shows it. They differ only when one was edited after the build: a response
+            # would then name a policy the engine does not run, so the model refuses to load (before the engine
+            # loads and warms up)
+            policy, baked = _policy(os.path.normpath(engine_dir)), _param(config, "dasc_policy")
+            if baked and baked != policy:
+                raise UserError(f"the engine's config.json serves '{policy}' but this model's config.pbtxt says "
+                                f"dasc_policy '{baked}': the engine directory was edited after its build; "
+                                "rebuild it with dasc-build")
             self.extra["dasc_policy"] = np.array([[policy.encode()]], dtype=object)
+        self.host = EngineHost(os.path.normpath(engine_dir), decoupled=self.decoupled,
+                               exclude_input_default=exclude)
+        # TensorRT-LLM's nv_trt_llm_* series carry the model's name and version as its backend sets them
+        self.metrics = EngineMetrics(pb_utils, self.host, model=args["model_name"], version=args["model_version"])
 
     def execute(self, requests):
         sinks = []
