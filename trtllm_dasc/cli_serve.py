@@ -15,6 +15,8 @@ The exit code is then 0 (also after a kill past the bound, which the log line sa
 """
 from __future__ import annotations
 
+import errno
+import math
 import os
 import signal
 import sys
@@ -112,14 +114,24 @@ def _check_ports_free(args) -> None:
         port = getattr(args, name, None)
         if not port:
             continue
+        flag = "--" + name.replace("_", "-")
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             # as tritonserver binds (SO_REUSEADDR: a port in TIME_WAIT is free to it)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((args.host or "0.0.0.0", port))
+            except socket.gaierror as e:
+                raise UserError(f"--host {args.host} is not an address ({e.strerror or e})") from None
             except OSError as e:
-                raise UserError(f"--{name.replace('_', '-')} {port} is in use ({e.strerror or e}): stop what holds it "
-                                f"or pass another --{name.replace('_', '-')}") from None
+                # only a port in use is the port's fault: an address not on this machine or a privileged port
+                # failed the same bind (and was reported as "in use")
+                if e.errno == errno.EADDRINUSE:
+                    raise UserError(f"{flag} {port} is in use ({e.strerror}): stop what holds it or pass another "
+                                    f"{flag}") from None
+                if e.errno == errno.EADDRNOTAVAIL:
+                    raise UserError(f"--host {args.host} is not an address of this machine ({e.strerror}): give one "
+                                    "of its own, 127.0.0.1 or 0.0.0.0") from None
+                raise UserError(f"cannot listen on {args.host}:{port} ({flag}): {e.strerror or e}") from None
 
 
 def run(args) -> int:
@@ -137,10 +149,22 @@ def run(args) -> int:
                             "endpoint its own port")
     if not 0 <= args.drain_seconds <= 3600:
         raise UserError(f"--drain-seconds must be between 0 and 3600, got {args.drain_seconds}")
+    if not (math.isfinite(args.ready_timeout) and args.ready_timeout > 0):
+        raise UserError(f"--ready-timeout must be a positive number of seconds, got {args.ready_timeout}")
+    if not os.path.exists(args.model):
+        raise UserError(f"--model {args.model} does not exist (an engine directory or a checkpoint directory)")
+    # an address or a port that cannot be used is said now, not after a build of minutes (and again below)
+    _check_ports_free(args)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="dasc-serve-")
-    os.makedirs(work_dir, exist_ok=True)
+    try:
+        os.makedirs(work_dir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--work-dir {work_dir} cannot be made a directory ({e.strerror or e})") from None
     engine_dir = engine_dir_for(args, work_dir)
     repo = os.path.join(engine_dir, "model_repo")
+    if not os.path.isdir(repo):
+        raise UserError(f"{engine_dir} has no model_repo/ (the engine directory is incomplete): rebuild it with "
+                        "dasc-build")
     stop = {"signal": None}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, f: stop.update(signal=s))

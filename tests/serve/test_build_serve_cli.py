@@ -168,6 +168,56 @@ def test_dasc_serve_refuses_a_port_in_use_before_starting(engine, tmp_path):
     assert time.time() - t0 < 60
 
 
+def _serve_refused(args, tmp_path, *, work_dir=True):
+    """dasc serve with args that must be refused before anything starts: (exit code, stderr)."""
+    from trtllm_dasc.parallel.group import free_port
+    cmd = [sys.executable, "-m", "trtllm_dasc.cli", "serve", *map(str, args)]
+    if "--http-port" not in args:
+        cmd += ["--http-port", str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
+    if work_dir:
+        cmd += ["--work-dir", str(tmp_path / "w")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    err = proc.stderr.strip()
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("dasc serve: error"), err
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("host,says", [
+    ("nonexistent.invalid", "--host nonexistent.invalid is not an address"),
+    ("192.0.2.55", "--host 192.0.2.55 is not an address of this machine"),   # TEST-NET-1: never local
+])
+def test_dasc_serve_blames_a_bad_host_not_the_port(engine, tmp_path, host, says):
+    """An unresolvable or foreign --host was reported as "--http-port N is in use", the port being free.
+    From a review helper; fails on the old code."""
+    rc, err = _serve_refused(["--model", engine, "--host", host], tmp_path)
+    assert rc == 2 and says in err and "in use" not in err, err
+
+
+def test_dasc_serve_refuses_a_work_dir_that_cannot_be_one(engine, tmp_path):
+    """A file as --work-dir (or one under a file) ended in FileExistsError's traceback. From a review helper."""
+    (tmp_path / "f").write_text("x")
+    for bad in (tmp_path / "f", tmp_path / "f" / "sub"):
+        rc, err = _serve_refused(["--model", engine, "--work-dir", bad], tmp_path, work_dir=False)
+        assert rc == 2 and f"--work-dir {bad} cannot be made a directory" in err, err
+
+
+def test_dasc_serve_refuses_a_missing_model_a_bad_ready_timeout_and_an_engine_without_its_repository(engine,
+                                                                                                    tmp_path):
+    """--model that does not exist printed "is a checkpoint: building" first; --ready-timeout -5 started the
+    server and then said "not ready after -5.0 s"; an engine without model_repo/ said only "tritonserver
+    exited with code 1". Each now one line before anything starts. From a review helper."""
+    rc, err = _serve_refused(["--model", tmp_path / "nothing"], tmp_path)
+    assert rc == 2 and "does not exist" in err and "building" not in err, err
+    for bad in ("-5", "0", "nan", "inf"):
+        rc, err = _serve_refused(["--model", engine, "--ready-timeout", bad], tmp_path)
+        assert rc == 2 and "--ready-timeout must be a positive number" in err, err
+    partial = tmp_path / "partial"
+    shutil.copytree(engine, partial, symlinks=True)
+    shutil.rmtree(partial / "model_repo")
+    rc, err = _serve_refused(["--model", partial], tmp_path)
+    assert rc == 2 and "has no model_repo/" in err, err
+
+
 def test_an_engine_given_as_the_checkpoint_is_one_line(engine, tmp_path):
     """dasc-build / dasc logits --model ENGINE: "unsupported model_type None" (the engine's config.json has none).
     Now one line naming it and where its model is. From a review helper; fails on the old code."""
