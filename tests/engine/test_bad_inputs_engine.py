@@ -20,6 +20,10 @@ CONFIG_ROWS = [
     ("replay-window-negative", dict(replay_window=-1), "replay_window"),
     ("wmax-string", dict(wmax="16"), "wmax"),
     ("policy-unknown", dict(policy="xr"), "policy"),
+    # fla's kernels on the cpu: dasc-build wrote an engine that no machine could serve (from a review helper)
+    ("fla-on-cpu", dict(backend="fla", device="cpu"), "need a CUDA device"),
+    ("fla-unfused-on-cpu", dict(backend="fla-unfused", device="cpu"), "need a CUDA device"),
+    ("out-of-vocab-unknown", dict(out_of_vocab_inputs="clamp"), "out_of_vocab_inputs"),
     ("codec-unknown", dict(codec="fp4"), "codec"),
     ("layout-unknown", dict(layout="dense"), "layout"),
     ("dtype-unknown", dict(dtype="int4"), "dtype"),

@@ -307,3 +307,11 @@ def test_a_context_past_the_trained_positions_is_built_with_a_warning(tiny, tmp_
     rc, err = _build(ckpt, tmp_path, capfd, "--skip-finite-check", "--max-context", str(trained + 1), "--force")
     warnings = [line for line in err.splitlines() if "max_position_embeddings" in line]
     assert rc == 0 and len(warnings) == 1 and f"--max-context {trained + 1}" in warnings[0], err
+
+
+@pytest.mark.parametrize("backend", ["fla", "fla-unfused"])
+def test_fla_on_the_cpu_is_refused_before_anything_is_written(tiny, tmp_path, capfd, backend):
+    """--device cpu --backend fla built an engine (exit 0) that `dasc serve` could never load ("fla's Triton
+    kernels need a CUDA device"). From a review helper; fails on the old code."""
+    rc, err = _build(_copy(tiny, tmp_path), tmp_path, capfd, "--backend", backend)
+    _assert_refused(rc, err, tmp_path, f"backend {backend}", "need a CUDA device")

@@ -134,6 +134,10 @@ class EngineConfig:
             raise UserError(f"prompt_only must be true or false, got {self.prompt_only!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise UserError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.device == "cpu" and self.backend in ("fla", "fla-unfused"):
+            # said here, so dasc-build refuses it before writing an engine no machine can serve
+            raise UserError(f"backend {self.backend} runs fla's Triton kernels, which need a CUDA device, and device "
+                            "is cpu: use backend auto or torch on the cpu")
         for name in ("kernel_cache_dir", "plan_path", "rank_weights", "rank_weights_id"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise UserError(f"{name} must be a path, got {getattr(self, name)!r}")
