@@ -198,6 +198,16 @@ def _nan_a_log(ck):
     save_file(tensors, str(ck / "model.safetensors"), metadata={"format": "pt"})
 
 
+def _snan_a_log(ck):
+    """A signalling NaN's bits (numpy's cast to float64 warned about it, two lines before the error)."""
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(str(ck / "model.safetensors"))
+    a = tensors["model.layers.1.self_attn.A_log"]
+    assert a.dtype == np.float32
+    a.view(np.uint32)[..., 2, :] = 0x7FA00000
+    save_file(tensors, str(ck / "model.safetensors"), metadata={"format": "pt"})
+
+
 def _grow_header_tensor(ck):
     """Edit one header entry so the tensor claims more bytes than the file holds."""
     path = ck / "model.safetensors"
@@ -236,6 +246,7 @@ FILE_ROWS = [
     ("header-overruns-file", _grow_header_tensor, ["model.safetensors", "truncated"], True),
     ("nan-in-data", _noise_in_data, ["holds NaN or Inf"], False),
     ("nan-a-log", _nan_a_log, ["model.layers.1.self_attn.A_log", "NaN or Inf"], True),
+    ("snan-a-log", _snan_a_log, ["model.layers.1.self_attn.A_log", "NaN or Inf"], True),
     ("index-weight-map-list", _index({"weight_map": [["a", "b"]]}), ["model.safetensors.index.json", "weight_map"],
      True),
     ("index-not-object", _index([1, 2]), ["model.safetensors.index.json", "weight_map"], True),
@@ -284,6 +295,7 @@ CLI_ROWS = [
     ("tp-huge", ["plan", "--model", "{kda}", "--wmax", "0", "--tp", "1000000"], ["TP degree 1000000"]),
     ("plot-missing-dir", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", "{tmp}/no/such/dir/p.png"],
      ["--plot", "no/such/dir", "does not exist"]),
+    ("plot-empty", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", ""], ["--plot", "empty"]),
     ("plot-unwritable", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", "/proc/p.png"],
      ["--plot", "/proc/p.png"]),
     ("plot-format", ["plan", "--model", "{kda}", "--wmax", "16", "--plot", "{tmp}/p.nosuchformat"],

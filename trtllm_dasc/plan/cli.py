@@ -91,6 +91,8 @@ def run(args) -> int:
     wmaxes = parse_wmax_list(args.wmax)
     if args.json and len(wmaxes) != 1:
         raise UserError("--json prints one plan: give a single --wmax")
+    if args.plot == "":
+        raise UserError("--plot is empty: give the image file to write (FILE.png), or leave --plot out")
     if args.plot:
         check_output_file(args.plot, "--plot")
         check_plot_format(args.plot)
