@@ -43,6 +43,46 @@ def test_sigterm_leaves_through_finally_with_143(tmp_path):
     assert marker.read_text() == "cleaned up"
 
 
+IMPORTING = textwrap.dedent("""
+    import sys
+    from trtllm_dasc.cli import run_command
+
+    def add(p):
+        p.add_argument("dir")
+
+    def run(args):
+        sys.path.insert(0, args.dir)
+        try:
+            import signalled_while_imported   # noqa: F401  (SIGTERMs itself, then finishes importing)
+            open(args.dir + "/after-import", "w").write("ran on")
+        finally:
+            open(args.dir + "/marker", "w").write("cleaned up")
+
+    sys.exit(run_command("importer", "imports", add, run))
+""")
+MODULE = textwrap.dedent("""
+    import os, signal, time
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)
+    open(os.path.join(os.path.dirname(__file__), "imported"), "w").write("whole")
+""")
+
+
+def test_sigterm_inside_an_import_waits_for_the_import_then_leaves_through_finally(tmp_path):
+    """A SIGTERM that lands inside an import (torch's, whose C++ calls back into Python through pybind11)
+    raised SystemExit there: in Python run from C++ that aborted dasc-build (SIGABRT, 80 lines of C++
+    unwinding; from a review helper, about one start in 20-60). Now the signal waits until the import has
+    finished, then leaves through the finally blocks as any SIGTERM does (exit 143); on the old code the import
+    is cut short (no "imported" file)."""
+    (tmp_path / "signalled_while_imported.py").write_text(MODULE)
+    proc = subprocess.run([sys.executable, "-c", IMPORTING, str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert (tmp_path / "imported").read_text() == "whole"
+    assert (tmp_path / "marker").read_text() == "cleaned up"
+    assert proc.stderr == ""
+
+
 def test_a_command_run_in_process_leaves_the_callers_sigterm_as_it_found_it():
     from trtllm_dasc.cli import run_command
     seen = []

@@ -40,15 +40,44 @@ def _exit_through_finally_on_sigterm():
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return False
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    _DEFERRED_SIGTERM.clear()
+    signal.signal(signal.SIGTERM, _sigterm_to_system_exit)
     return True
+
+
+def _sigterm_to_system_exit(signum, frame):
+    """SystemExit(143), unless the signal came inside an import: there the handler may run in Python called
+    from an extension's C++ (torch's import, through pybind11), where an exception aborts the process (SIGABRT
+    and 80 lines of C++ unwinding, seen at dasc-build's start). The signal is sent again 50 ms later, until it
+    lands outside the import (a command that ends before it does still exits 143: _execute)."""
+    if _inside_import(frame):
+        _DEFERRED_SIGTERM.append(signum)
+        again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
+        again.daemon = True
+        again.start()
+        return
+    _DEFERRED_SIGTERM.clear()
+    sys.exit(128 + signal.SIGTERM)
+
+
+_DEFERRED_SIGTERM: list = []   # a SIGTERM held back by an import, not yet delivered
+
+
+def _inside_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _execute(prog: str, run, args) -> int:
     """Run a command; a UserError is one line on stderr and exit code 2, never a traceback."""
     installed = _exit_through_finally_on_sigterm()
     try:
-        return run(args) or 0
+        rc = run(args) or 0
+        # a SIGTERM held back by an import whose resend had not come when the command ended
+        return 128 + signal.SIGTERM if installed and _DEFERRED_SIGTERM else rc
     except UserError as e:
         # under mpirun every rank meets the same bad input: rank 0 alone says so
         if os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
