@@ -363,6 +363,7 @@ def build(args) -> str:
                                 args.interval)
         with open(os.path.join(tmp, engine_dir.PLAN), "w") as f:
             json.dump({**plan.to_dict(), **{k: v for k, v in report.items() if k not in plan.to_dict()}}, f, indent=1)
+        opts["plan_digest"] = plan.digest()
         serving = {"decoupled": not args.no_decoupled, "exclude_input_in_output": args.exclude_input_in_output,
                    "max_batch_size": args.max_batch_size,
                    "max_queue_delay_microseconds": args.max_queue_delay_microseconds}

@@ -117,3 +117,25 @@ def test_a_quantised_dense_engine_says_its_cache_is_approximate(ckpt, tmp_path, 
     policy = pbtxt[pbtxt.index('key: "dasc_policy"'):].split("string_value:", 1)[1].split("\n", 1)[0]
     assert ("cached prefixes are exact" in policy) == exact, policy
     assert ("cached prefixes are approximate" in policy) != exact, policy
+
+
+def test_a_plan_json_edited_after_the_build_is_refused_at_load(ckpt, tmp_path):
+    """plan.json's retained units replaced by every unit (valid ids, the build's options): the engine served it
+    silently (an nr hit became lossless, capacity changed). The build records the plan's digest, so the edit is
+    refused in one line; the plan as built loads. From a review helper; fails on the old code."""
+    from trtllm_dasc.engine.config import EngineConfig
+    from trtllm_dasc.engine.runner import engine_plan
+    out = build_engine(ckpt, tmp_path / "e", "--wmax", "16")
+    meta = json.loads((out / "config.json").read_text())
+    opts = dict(meta["engine"], model=str(out / "model"), plan_path=str(out / "plan.json"),
+                kernel_cache_dir=str(out / "kernels"))
+    built = engine_plan(EngineConfig(**opts))
+    plan = json.loads((out / "plan.json").read_text())
+    n = built.config.units_per_layer
+    assert any(len(row) < n for row in plan["retained_units"])          # the build omits some units
+    plan["retained_units"] = [list(range(n)) for _ in plan["retained_units"]]
+    plan.pop("retained_bands", None)
+    (out / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(UserError, match="not the plan this engine was built with") as e:
+        engine_plan(EngineConfig(**opts))
+    assert "\n" not in str(e.value)

@@ -71,6 +71,9 @@ class EngineConfig:
     # the build's id in every rank's weight manifest: a rank file of another engine (same shapes, other
     # weights) is refused (model/rank_weights.py); None: an engine built before it was recorded
     rank_weights_id: str | None = None
+    # sha256 of the plan dasc-build wrote to plan.json (DascPlan.digest): an edited plan.json is refused at
+    # load; None: an engine built before it was recorded, or a plan made at start
+    plan_digest: str | None = None
     # where the weights come from: safetensors (the checkpoint's files), dummy (random, made on the device at
     # load time: dasc-build --load-format dummy), auto (dummy when the checkpoint is a dummy one, else safetensors)
     load_format: str = "auto"
@@ -138,7 +141,7 @@ class EngineConfig:
             # said here, so dasc-build refuses it before writing an engine no machine can serve
             raise UserError(f"backend {self.backend} runs fla's Triton kernels, which need a CUDA device, and device "
                             "is cpu: use backend auto or torch on the cpu")
-        for name in ("kernel_cache_dir", "plan_path", "rank_weights", "rank_weights_id"):
+        for name in ("kernel_cache_dir", "plan_path", "rank_weights", "rank_weights_id", "plan_digest"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise UserError(f"{name} must be a path, got {getattr(self, name)!r}")
 

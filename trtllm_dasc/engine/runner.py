@@ -380,6 +380,10 @@ def engine_plan(cfg: EngineConfig):
     model = HybridConfig.from_path(cfg.model, conv_dtype=cfg.dtype).to_dict()
     if plan.config.to_dict() != model:
         raise UserError(f"plan {cfg.plan_path!r} was made for another model or dtype than {cfg.model!r}")
+    if cfg.plan_digest is not None and plan.digest() != cfg.plan_digest:
+        # its options and model check out, but not its units: another selection served under the build's name
+        raise UserError(f"plan {cfg.plan_path!r} is not the plan this engine was built with (edited after the "
+                        "build): rebuild the engine with dasc-build")
     return plan
 
 

@@ -6,6 +6,8 @@ versioned); everything derived is recomputed on load from the decisions it store
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -294,6 +296,13 @@ class DascPlan:
                 "decay_summary": self.decay_summary,
                 **({"retained_bands": self.retained_bands} if self.retained_bands is not None else {}),
                 "storage_transfers": [t.to_dict() for t in self.storage.transfers] if self.storage else []}
+
+    def digest(self) -> str:
+        """sha256 of the plan's content (to_dict as canonical JSON): dasc-build records it in the engine's
+        config, so a plan.json edited after the build (another selection under the same options, served
+        silently) is refused at load (engine/runner.py engine_plan). JSON round-trips every value exactly."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @classmethod
     def from_dict(cls, d: dict) -> "DascPlan":
