@@ -120,6 +120,29 @@ def test_text_to_ids_equals_tokenizers(text_server, ref):
     assert given.as_numpy("OUT_END_ID").tolist() == [[-1]] and given.as_numpy("OUT_PAD_ID").tolist() == [[7]]
 
 
+def test_embedding_bias_as_trtllms_preprocessing_makes_it(text_server, ref):
+    """EMBEDDING_BIAS_WORDS / _WEIGHTS -> EMBEDDING_BIAS [batch, vocab], each word's weight at each of its
+    tokens (TensorRT-LLM's preprocessing; its tensorrt_llm_bls always asks for the output, which was an
+    unknown output here: from a review helper). Recomputed from tokenizers' own encoding."""
+    def enc(w):
+        return ref.encode(w, add_special_tokens=False).ids
+    words = _text([["the passage", " why"], [" why", ""]])
+    weights = np.array([[1.5, -2.0], [0.25, 4.0]], np.float32)
+    got = _pre(text_server, PROMPTS, EMBEDDING_BIAS_WORDS=words, EMBEDDING_BIAS_WEIGHTS=weights) \
+        .as_numpy("EMBEDDING_BIAS")
+    want = np.zeros((2, ref.get_vocab_size()), np.float32)
+    for b, (row_words, row_weights) in enumerate([(["the passage", " why"], [1.5, -2.0]), ([" why", ""], [0.25, 4.0])]):
+        for w, x in zip(row_words, row_weights):
+            for t in enc(w):
+                want[b, t] += x
+    assert got.dtype == np.float32 and got.tolist() == want.tolist() and want.any()
+    # without both inputs: [batch, 0], as TensorRT-LLM answers
+    assert _pre(text_server, PROMPTS).as_numpy("EMBEDDING_BIAS").shape == (2, 0)
+    assert _pre(text_server, PROMPTS, EMBEDDING_BIAS_WORDS=words).as_numpy("EMBEDDING_BIAS").shape == (2, 0)
+    with pytest.raises(Exception, match="same length"):
+        _pre(text_server, PROMPTS, EMBEDDING_BIAS_WORDS=words, EMBEDDING_BIAS_WEIGHTS=weights[:, :1])
+
+
 def test_word_lists_trtllm_format(text_server, ref):
     def enc(w):
         return ref.encode(w, add_special_tokens=False).ids

@@ -1,8 +1,11 @@
-"""preprocessing: prompt text -> token ids, stop/bad words -> TensorRT-LLM's [2, N] word lists.
+"""preprocessing: prompt text -> token ids, stop/bad words -> TensorRT-LLM's [2, N] word lists, embedding-bias
+words and weights -> a vocabulary-sized bias row.
 
 Same I/O and semantics as TensorRT-LLM's preprocessing model (text inputs only): END_ID / PAD_ID default
-to the tokenizer's EOS / PAD; a batch of prompts is right-padded with PAD to the longest. A bad request
-gets a Triton error naming the field; the other requests of the batch are served.
+to the tokenizer's EOS / PAD; a batch of prompts is right-padded with PAD to the longest; EMBEDDING_BIAS is
+[batch, vocab] with each word's weight added at each of its tokens, or [batch, 0] unless both the words and
+the weights are given. A bad request gets a Triton error naming the field; the other requests of the batch
+are served.
 """
 import json
 import os
@@ -66,4 +69,30 @@ class TritonPythonModel:
             "REQUEST_DECODER_INPUT_LEN": np.ones((batch, 1), np.int32),
         }
         out["DECODER_INPUT_ID"] = np.broadcast_to(np.asarray(out["OUT_PAD_ID"]).reshape(-1, 1), (batch, 1))
-        return [pb_utils.Tensor(name, np.ascontiguousarray(value, dtype=np.int32)) for name, value in out.items()]
+        tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value, dtype=np.int32)) for name, value in out.items()]
+        bias = self._embedding_bias(_optional(request, "EMBEDDING_BIAS_WORDS"),
+                                    _optional(request, "EMBEDDING_BIAS_WEIGHTS"), batch)
+        return tensors + [pb_utils.Tensor("EMBEDDING_BIAS", bias)]
+
+    def _embedding_bias(self, words, weights, batch: int) -> np.ndarray:
+        """TensorRT-LLM's rule (its preprocessing _get_embedding_bias): [batch, 0] unless both are given, else
+        per request a vocabulary row with each word's weight added at each token of the word. Words are
+        encoded as stop / bad words are, without special tokens (TensorRT-LLM's adds them too, so a BOS
+        tokenizer biased its BOS with every word); a word that encodes to nothing adds nothing."""
+        if words is None or weights is None:
+            return np.zeros((batch, 0), np.float32)
+        if words.shape[0] != batch or weights.shape[0] != batch:
+            raise UserError(f"EMBEDDING_BIAS_WORDS / _WEIGHTS: a row for each of the {batch} prompts, got "
+                            f"{words.shape[0]} and {weights.shape[0]}")
+        bias = np.zeros((batch, self.tokenizer.vocab_size), np.float32)
+        for b in range(batch):
+            row_words, row_weights = words[b].reshape(-1), weights[b].reshape(-1).astype(np.float32)
+            if row_words.size != row_weights.size:
+                raise UserError(f"EMBEDDING_BIAS_WORDS ({row_words.size}) and EMBEDDING_BIAS_WEIGHTS "
+                                f"({row_weights.size}) must have the same length")
+            if not np.isfinite(row_weights).all():
+                raise UserError("EMBEDDING_BIAS_WEIGHTS must be finite")
+            for word, weight in zip(row_words, row_weights):
+                for token in self.tokenizer.encode(as_text(word, "EMBEDDING_BIAS_WORDS"), False):
+                    bias[b, token] += weight
+        return bias
