@@ -251,3 +251,26 @@ def test_a_request_queued_as_the_engine_dies_gets_its_final_response(engine):
     finally:
         eng._seqs = dict(eng._seqs)
         h.shutdown()
+
+
+def test_each_sequence_of_a_batch_ends_with_its_own_finish_reason(host):
+    """A batch of two: sequence 0 ends on its end id, sequence 1 runs to its length. The stopped one's last
+    response said nothing and the final one (batch_index 1, a 'length' end) said 'stop' ("stop wins").
+    From a review helper; fails on the old code."""
+    alone = Sink()
+    host.submit(inputs([1, 2, 3], 3), "alone", alone)
+    assert alone.done.wait(60)
+    first = int(alone.sent[-1][0]["output_ids"].reshape(-1)[3])      # greedy's first token after [1, 2, 3]
+    batch = Sink()
+    host.submit({"input_ids": np.array([[1, 2, 3, 0], [4, 5, 6, 7]], np.int32),
+                 "input_lengths": np.array([[3], [4]], np.int32),
+                 "request_output_len": np.array([[3], [3]], np.int32),
+                 "end_id": np.array([[first], [-1]], np.int32),
+                 "streaming": np.array([[True], [True]])}, "batch", batch)
+    assert batch.done.wait(60)
+    ends = {}
+    for tensors, error, final in batch.sent:
+        assert error is None
+        if tensors is not None and "finish_reason" in tensors:
+            ends[int(tensors["batch_index"].reshape(-1)[0])] = tensors["finish_reason"].reshape(-1)[0]
+    assert {i: (r.decode() if isinstance(r, bytes) else r) for i, r in ends.items()} == {0: "stop", 1: "length"}

@@ -305,14 +305,14 @@ def _stop_keys(triton_id: str) -> list[str]:
 
 
 class _Group:
-    """The responses of one Triton request (several engine requests when its batch dimension is > 1): the
-    final flag goes on the last response of the last sequence, with finish_reason; an error, a
-    cancellation or a stop ends it once. ``on_done(group)`` runs after its final response."""
+    """The responses of one Triton request (several engine requests when its batch dimension is > 1): each
+    sequence's last response carries its own finish_reason (and its batch_index), the final flag goes on the
+    last response of the last sequence; an error, a cancellation or a stop ends it once. ``on_done(group)``
+    runs after its final response."""
 
     def __init__(self, n: int, sink: Sink, abort, on_done=None):
         self.left, self.sink, self.done, self.abort, self.on_done = n, sink, False, abort, on_done
         self.rids: list = []
-        self.reasons: set = set()
         # the tensors a stop request's final response carries (None: no tokens)
         self.partial = None
         self.lock = threading.Lock()
@@ -323,12 +323,11 @@ class _Group:
                 return
             if finished:
                 self.left -= 1
-                self.reasons.add(reason)
+                # this sequence's own reason: a batch's final response said "stop" for a sequence that ran to
+                # its length once another had stopped, and the stopped one's last response said nothing
+                tensors = {**(tensors or {}), **finish_tensor(reason if reason == "stop" else "length")}
             final = self.left == 0
             self.done = final
-            if final:
-                # "stop" (end id or a stop word) wins over "length" when the sequences differ
-                tensors = {**(tensors or {}), **finish_tensor("stop" if "stop" in self.reasons else "length")}
             if tensors is not None:
                 self.sink.send(tensors, None, final)
         if final:
