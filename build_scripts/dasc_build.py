@@ -123,6 +123,20 @@ def add_arguments(p, groups=None) -> None:
                         "(the request fails naming the id); default %(default)s")
 
 
+def warn_replay_cap(opts: dict, plan_window: int) -> None:
+    """A step cap that cannot hold a wr hit's replay beside the other requests' decode tokens: such a hit runs
+    only once those decodes have ended, and the FIFO queue behind it waits too (engine/scheduler.py: a replay
+    runs whole in its admission step; a held host-tier hit the same). A warning, not a refusal: a small cap
+    may be deliberate."""
+    from trtllm_dasc.engine.config import replay_tokens
+    window = replay_tokens(opts["policy"], plan_window, opts["max_context"], opts.get("replay_window"))
+    cap, batch = opts.get("max_num_tokens"), opts["max_batch"]
+    if window and cap is not None and cap < batch - 1 + window:
+        print(f"[dasc-build] warning: --max-num-tokens {cap} is less than --max-batch-size {batch} - 1 decode tokens "
+              f"+ the {window}-token replay window: a cached hit waits for the running decodes to end (and the queue "
+              f"behind it too); give --max-num-tokens >= {batch - 1 + window}", file=sys.stderr)
+
+
 def engine_options(args) -> dict:
     """The EngineConfig fields, validated now (EngineConfig checks types and ranges)."""
     from trtllm_dasc.engine.config import EngineConfig
@@ -320,6 +334,7 @@ def build(args) -> str:
         raise UserError(f"--placement {args.placement} moves checkpoint units between ranks, which the run time "
                         "does for the ragged layout only: use --layout ragged or --placement off")
     footprint = check_build_memory(args, opts, cfg, plan, is_dummy)
+    warn_replay_cap(opts, plan.replay_window)
     trained = model_config.get("max_position_embeddings")
     if isinstance(trained, int) and not isinstance(trained, bool) and args.max_context > trained:
         # a warning, not a refusal: a user may extend the context on purpose (NoPE attention, a RoPE the model

@@ -315,3 +315,22 @@ def test_fla_on_the_cpu_is_refused_before_anything_is_written(tiny, tmp_path, ca
     kernels need a CUDA device"). From a review helper; fails on the old code."""
     rc, err = _build(_copy(tiny, tmp_path), tmp_path, capfd, "--backend", backend)
     _assert_refused(rc, err, tmp_path, f"backend {backend}", "need a CUDA device")
+
+
+def test_a_step_cap_that_cannot_hold_a_replay_beside_the_decodes_is_warned(tiny, tmp_path, capfd):
+    """--max-num-tokens below (max batch - 1) decode tokens + the wr window: a hit's replay runs whole in its
+    admission step, so it (and the queue behind it) waits until every running decode has ended. dasc-build
+    says so; at a cap that holds it, nothing."""
+    ck = _copy(tiny, tmp_path)
+    rc, err = _build(ck, tmp_path, capfd, "--policy", "wr", "--wmax", "64", "--max-batch-size", "4")
+    assert rc == 0 and "warning: --max-num-tokens" not in err, err
+    window = json.loads((tmp_path / "engine" / "plan.json").read_text())["wr_window"]
+    assert window > 4
+    for cap, warned in ((3 + window - 1, True), (3 + window, False)):
+        rc, err = _build(ck, tmp_path, capfd, "--policy", "wr", "--wmax", "64", "--max-batch-size", "4",
+                         "--max-num-tokens", str(cap), "--force")
+        assert rc == 0 and ("warning: --max-num-tokens" in err) == warned, err
+        assert not warned or f"give --max-num-tokens >= {3 + window}" in err
+    # nr replays nothing: no warning at any cap
+    rc, err = _build(ck, tmp_path, capfd, "--wmax", "64", "--max-batch-size", "4", "--max-num-tokens", "4", "--force")
+    assert rc == 0 and "warning: --max-num-tokens" not in err, err
