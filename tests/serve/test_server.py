@@ -113,8 +113,9 @@ BAD = [
     ("lengths-disagree", dict(input_lengths=np.array([[99]], np.int32)), "input_lengths"),
     ("zero-output", dict(request_output_len=np.array([[0]], np.int32)), "request_output_len"),
     ("negative-output", dict(request_output_len=np.array([[-3]], np.int32)), "request_output_len"),
-    ("id-outside-vocab", dict(input_ids=np.array([[1, VOCAB + 5]], np.int32), input_lengths=np.array([[2]], np.int32)),
-     "input_ids"),
+    # a prompt id outside the vocabulary is served (zeros, as TensorRT-LLM embeds it: tests/engine/
+    # test_out_of_vocab.py); an end id outside it is refused
+    ("end-id-outside-vocab", dict(end_id=np.array([[VOCAB + 5]], np.int32)), "end_id"),
     ("beam-4", dict(beam_width=np.array([[4]], np.int32)), "beam_width"),
     ("lora", dict(lora_task_id=np.array([[3]], np.uint64)), "lora_task_id"),
     ("penalty", dict(repetition_penalty=np.array([[-1.3]], np.float32)), "repetition_penalty"),

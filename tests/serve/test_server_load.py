@@ -64,8 +64,8 @@ MALFORMED = {
     "negative output": ("request_output_len", lambda v: v.update(request_output_len=np.array([[-1]], np.int32))),
     "oversize prompt": ("input_ids", lambda v: v.update(input_ids=np.ones((1, 200), np.int32),
                                                         input_lengths=np.array([[200]], np.int32))),
-    "outside vocabulary": ("input_ids", lambda v: v.update(input_ids=np.array([[3, VOCAB + 1]], np.int32),
-                                                           input_lengths=np.array([[2]], np.int32))),
+    # (a prompt id outside the vocabulary is served as TensorRT-LLM serves it; an end id outside it is refused)
+    "end id outside vocabulary": ("end_id", lambda v: v.update(end_id=np.array([[VOCAB + 1]], np.int32))),
     "beam 4": ("beam_width", lambda v: v.update(beam_width=np.array([[4]], np.int32))),
 }
 
