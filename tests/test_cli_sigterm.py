@@ -83,6 +83,29 @@ def test_sigterm_inside_an_import_waits_for_the_import_then_leaves_through_final
     assert proc.stderr == ""
 
 
+IN_PROCESS = textwrap.dedent("""
+    import sys, time
+    from trtllm_dasc.cli import run_command
+    sys.path.insert(0, sys.argv[1])
+    rc = run_command("first", "x", lambda p: None, lambda a: __import__("quick_signalled") and 0, [])
+    time.sleep(0.5)
+    print("caller alive after", rc, flush=True)
+    rc2 = run_command("second", "x", lambda p: None, lambda a: time.sleep(0.5), [])
+    print("second ended with", rc2, flush=True)
+""")
+
+
+def test_a_held_back_sigterm_is_not_resent_after_its_command_ended(tmp_path):
+    """A command whose import took a SIGTERM and that ended before the resend came: the resend (a timer) fired
+    later and killed the caller, or ended the next command run in the same process (a test, a notebook).
+    From a review helper; fails without the cancel."""
+    (tmp_path / "quick_signalled.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
+    proc = subprocess.run([sys.executable, "-c", IN_PROCESS, str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout.splitlines() == ["caller alive after 143", "second ended with 0"]
+
+
 def test_a_command_run_in_process_leaves_the_callers_sigterm_as_it_found_it():
     from trtllm_dasc.cli import run_command
     seen = []

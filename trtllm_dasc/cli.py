@@ -40,7 +40,7 @@ def _exit_through_finally_on_sigterm():
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return False
-    _DEFERRED_SIGTERM.clear()
+    _forget_deferred()
     signal.signal(signal.SIGTERM, _sigterm_to_system_exit)
     return True
 
@@ -51,16 +51,24 @@ def _sigterm_to_system_exit(signum, frame):
     and 80 lines of C++ unwinding, seen at dasc-build's start). The signal is sent again 50 ms later, until it
     lands outside the import (a command that ends before it does still exits 143: _execute)."""
     if _inside_import(frame):
-        _DEFERRED_SIGTERM.append(signum)
         again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
         again.daemon = True
+        _DEFERRED_SIGTERM.append(again)
         again.start()
         return
-    _DEFERRED_SIGTERM.clear()
+    _forget_deferred()
     sys.exit(128 + signal.SIGTERM)
 
 
-_DEFERRED_SIGTERM: list = []   # a SIGTERM held back by an import, not yet delivered
+_DEFERRED_SIGTERM: list = []   # the resend timers of a SIGTERM held back by an import, not yet delivered
+
+
+def _forget_deferred() -> None:
+    """Cancel the pending resends: one firing after the command ended would signal its caller (a test, a
+    notebook) or the next command run in the same process."""
+    for timer in _DEFERRED_SIGTERM:
+        timer.cancel()
+    _DEFERRED_SIGTERM.clear()
 
 
 def _inside_import(frame) -> bool:
@@ -76,7 +84,8 @@ def _execute(prog: str, run, args) -> int:
     installed = _exit_through_finally_on_sigterm()
     try:
         rc = run(args) or 0
-        # a SIGTERM held back by an import whose resend had not come when the command ended
+        # a SIGTERM held back by an import whose resend had not come when the command ended (the finally below
+        # cancels the resend)
         return 128 + signal.SIGTERM if installed and _DEFERRED_SIGTERM else rc
     except UserError as e:
         # under mpirun every rank meets the same bad input: rank 0 alone says so
@@ -95,6 +104,7 @@ def _execute(prog: str, run, args) -> int:
     finally:
         # a command run in-process (a test, a notebook) leaves the caller's SIGTERM as it found it
         if installed:
+            _forget_deferred()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
