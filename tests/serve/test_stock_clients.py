@@ -1,5 +1,6 @@
 """TensorRT-LLM's own example client (inflight_batcher_llm_client.py), unchanged, against tensorrt_llm (its
-default model name) and dasc_hybrid (our earlier name, still served).
+default model name) and dasc_hybrid (our earlier name, still served); and its core-model load tool
+(tools/inflight_batcher_llm/benchmark_core_model.py, from the same copy's tools/) with its random-token workload.
 
 Its code is never committed here: the test runs it from a scratch copy of triton-inference-server/
 tensorrtllm_backend (inflight_batcher_llm/client/, commit c2e65b8, the last with the client) named by
@@ -89,3 +90,47 @@ def test_stock_client_stop_without_an_id_is_refused(servers):
     # itself runs to its end (this client then fails its own fewer-tokens check or reports the error)
     proc = run_client(s["decoupled"], tmp, "--request-output-len", 40, "--streaming", "--stop-after-ms", 100)
     assert proc.returncode != 0 and "request id" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+# upstream's core-model load tool, from the same scratch copy (tools/inflight_batcher_llm); its report imports
+# pandas and tabulate, which this environment does not install: two small stand-ins cover what the report uses
+BENCH = CLIENTS.parent.parent / "tools" / "inflight_batcher_llm" / "benchmark_core_model.py"
+PANDAS = '''
+import numpy as np
+class _Column:
+    def __init__(self, values): self.values = list(values)
+    def sum(self): return np.sum(self.values)
+    def mean(self): return np.mean(self.values)
+    def median(self): return np.median(self.values)
+    def std(self): return np.std(self.values)
+    def tolist(self): return list(self.values)
+class DataFrame:
+    def __init__(self, data): self.data = data
+    def __getitem__(self, name): return _Column(self.data[name])
+'''
+TABULATE = "def tabulate(rows, headers=(), **kw):\n    return '\\n'.join(f'{a} {b}' for a, b in rows)\n"
+
+
+@pytest.mark.skipif(not BENCH.is_file(), reason=f"TensorRT-LLM's tools are not here ({BENCH})")
+@pytest.mark.parametrize("mode", ["decoupled", "plain"])
+def test_stock_core_model_benchmark_runs_its_random_token_workload(servers, tmp_path, mode):
+    """tools/inflight_batcher_llm/benchmark_core_model.py token-norm-dist sends random ids in [0, 2^31): every
+    request was refused ("outside the vocabulary") and the tool raised. TensorRT-LLM embeds such ids as zeros;
+    so do we (dasc-build --out-of-vocab-inputs zero, the default), and the tool completes. From a review helper."""
+    s, _, _ = servers
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "pandas.py").write_text(PANDAS)
+    (stubs / "tabulate.py").write_text(TABULATE)
+    server = s[mode]
+    transport = ["-u", server.grpc_url, "-i", "grpc", "--decoupled"] if mode == "decoupled" else \
+        ["-u", server.http_url, "-i", "http"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stubs), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(BENCH), *transport, "--max-input-len", "100", "--num-requests", "10",
+                           "token-norm-dist", "--input-mean", "20", "--input-stdev", "2", "--output-mean", "6",
+                           "--output-stdev", "1"], capture_output=True, text=True, timeout=300, cwd=str(BENCH.parent),
+                          env=env)
+    # it raises on the first request error; the decoupled path reports its stats, the plain one its latency
+    assert proc.returncode == 0 and "Start benchmarking on 10 prompts" in proc.stdout, \
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ("Total requests 10" if mode == "decoupled" else "Total Latency") in proc.stdout, proc.stdout[-2000:]
