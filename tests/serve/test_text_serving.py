@@ -101,6 +101,18 @@ def test_http_generate_refuses_unknown_keys(text_server, model):
     assert status == 200, out
 
 
+def test_tensorrt_llm_bls_names_a_multimodal_input_it_does_not_serve(text_server):
+    """TensorRT-LLM's tensorrt_llm_bls declares image / video inputs (optional); ours did not, so a client sending
+    one got Triton's "unexpected inference input". Declared now, and refused in one line naming it; an empty one
+    (a client that always sends the field) is served. From a review helper."""
+    url = f"http://{text_server.http_url}/v2/models/tensorrt_llm_bls/generate"
+    status, out = post(url, {"text_input": PROMPT, "max_tokens": 3, "image_url_input": "http://x/cat.png"})
+    assert status == 400 and "image_url_input" in out["error"] and "not supported" in out["error"], out
+    assert "unexpected" not in out["error"] and "\n" not in out["error"]
+    status, out = post(url, {"text_input": PROMPT, "max_tokens": 3, "image_url_input": ""})
+    assert status == 200, out
+
+
 @pytest.mark.skipif(not E2E.is_file(), reason=f"TensorRT-LLM's example clients are not here ({E2E}): put a "
                     "scratch copy of tensorrtllm_backend's inflight_batcher_llm/client there or set DASC_TRTLLM_CLIENTS")
 @pytest.mark.parametrize("streaming", [False, True])

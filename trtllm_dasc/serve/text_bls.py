@@ -42,8 +42,10 @@ NAME_MAP = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "temperature": "
             "guided_decoding_guide_type": "guided_decoding_guide_type", "guided_decoding_guide": "guided_decoding_guide",
             # ours, kept from the earlier platform ensemble: tensorrt_llm's own names
             "min_tokens": "min_tokens", "seed": "seed"}
-# inputs with no tensorrt_llm counterpart here: refused unless empty / zero / false
-REFUSED = ("decoder_text_input", "num_draft_tokens", "use_draft_logits")
+# inputs with no tensorrt_llm counterpart here: refused unless empty / zero / false (the multimodal ones are
+# declared by tensorrt_llm_bls as TensorRT-LLM's is, so a client sending one is told why, not "unexpected input")
+REFUSED = ("decoder_text_input", "num_draft_tokens", "use_draft_logits", "image_input", "image_bytes_input",
+           "image_url_input", "video_bytes_input")
 # kept as they are (a per-request matrix), not reshaped to [batch, 1]
 MATRICES = ("prompt_embedding_table", "lora_weights", "lora_config")
 PRE_IN = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
