@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -134,6 +135,29 @@ def _check_ports_free(args) -> None:
                 raise UserError(f"cannot listen on {args.host}:{port} ({flag}): {e.strerror or e}") from None
 
 
+def _engine_to_serve(args, work_dir: str):
+    """The engine directory to serve (built into work_dir when --model is a checkpoint), checked and announced:
+    (engine_dir, its model repository, TP size, the dummy-weights notice or None)."""
+    engine_dir = engine_dir_for(args, work_dir)
+    repo = os.path.join(engine_dir, "model_repo")
+    if not os.path.isdir(repo):
+        raise UserError(f"{engine_dir} has no model_repo/ (the engine directory is incomplete): rebuild it with "
+                        "dasc-build")
+    # lazy: torch / numpy load only when this runs (keeps importing this module light)
+    from trtllm_dasc.serve.host import dummy_notice
+    found = read_engine_dir(engine_dir)
+    cfg = from_engine_fields(found.engine, f"{found.path}/config.json")
+    # dasc's prefix cache is lossy unless W_max 0 with every codec native: say so before anything is served
+    print(f"[dasc serve] prefix cache: {cache_policy(cfg.wmax, cfg.policy, cfg.codec, cfg.precision, cfg.conv_codec)}",
+          file=sys.stderr, flush=True)
+    notice = dummy_notice(found)
+    if notice:
+        print(f"[dasc serve] {notice}", file=sys.stderr, flush=True)
+    if cfg.tp_size > 1:
+        find_mpirun()
+    return engine_dir, repo, cfg.tp_size, notice
+
+
 def run(args) -> int:
 
     for name in ("http_port", "grpc_port", "metrics_port", "openai_port"):
@@ -155,32 +179,23 @@ def run(args) -> int:
         raise UserError(f"--model {args.model} does not exist (an engine directory or a checkpoint directory)")
     # an address or a port that cannot be used is said now, not after a build of minutes (and again below)
     _check_ports_free(args)
+    made_here = args.work_dir is None
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="dasc-serve-")
     try:
         os.makedirs(work_dir, exist_ok=True)
     except OSError as e:
         raise UserError(f"--work-dir {work_dir} cannot be made a directory ({e.strerror or e})") from None
-    engine_dir = engine_dir_for(args, work_dir)
-    repo = os.path.join(engine_dir, "model_repo")
-    if not os.path.isdir(repo):
-        raise UserError(f"{engine_dir} has no model_repo/ (the engine directory is incomplete): rebuild it with "
-                        "dasc-build")
+    try:
+        engine_dir, repo, tp, notice = _engine_to_serve(args, work_dir)
+    except BaseException:
+        # a failed build or a refused engine: the temporary work directory made for this run holds nothing a
+        # user needs (the server's log comes later), so none is left behind in /tmp
+        if made_here:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        raise
     stop = {"signal": None}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, f: stop.update(signal=s))
-    # lazy: torch / numpy load only when this runs (keeps importing this module light)
-    from trtllm_dasc.serve.host import dummy_notice
-    found = read_engine_dir(engine_dir)
-    cfg = from_engine_fields(found.engine, f"{found.path}/config.json")
-    tp = cfg.tp_size
-    # dasc's prefix cache is lossy unless W_max 0 with every codec native: say so before anything is served
-    print(f"[dasc serve] prefix cache: {cache_policy(cfg.wmax, cfg.policy, cfg.codec, cfg.precision, cfg.conv_codec)}",
-          file=sys.stderr, flush=True)
-    notice = dummy_notice(found)
-    if notice:
-        print(f"[dasc serve] {notice}", file=sys.stderr, flush=True)
-    if tp > 1:
-        find_mpirun()
     admin_key = None
     if args.restrict_apis:
         admin_key = new_admin_key()

@@ -218,6 +218,23 @@ def test_dasc_serve_refuses_a_missing_model_a_bad_ready_timeout_and_an_engine_wi
     assert rc == 2 and "has no model_repo/" in err, err
 
 
+def test_a_refused_serve_leaves_no_temporary_work_directory(engine, tmp_path):
+    """Without --work-dir, dasc serve makes one under the temporary directory; a run refused before the server
+    started (an engine without model_repo/, here) left it behind, empty of anything a user needs. From a review
+    helper; fails on the old code."""
+    from trtllm_dasc.parallel.group import free_port
+    partial = tmp_path / "partial"
+    shutil.copytree(engine, partial, symlinks=True)
+    shutil.rmtree(partial / "model_repo")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", str(partial), "--http-port",
+                           str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode == 2 and "has no model_repo/" in proc.stderr, proc.stderr
+    assert list(tmp.iterdir()) == []
+
+
 def test_an_engine_given_as_the_checkpoint_is_one_line(engine, tmp_path):
     """dasc-build / dasc logits --model ENGINE: "unsupported model_type None" (the engine's config.json has none).
     Now one line naming it and where its model is. From a review helper; fails on the old code."""
