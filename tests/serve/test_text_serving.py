@@ -101,6 +101,23 @@ def test_http_generate_refuses_unknown_keys(text_server, model):
     assert status == 200, out
 
 
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_embedding_bias_words_steer_the_output(text_server, reference, model):
+    """embedding_bias_words / _weights (TensorRT-LLM's text names) reach the engine as the bias preprocessing
+    makes (one call with the prompt): a large weight on a one-token word makes greedy output that token every
+    step; the word's token from the model's own tokenizer (AutoTokenizer), the text from its decode."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(ASSET))
+    (word,) = tok.encode(" why", add_special_tokens=False)
+    url = f"http://{text_server.http_url}/v2/models/{model}/generate"
+    status, out = post(url, {"text_input": PROMPT, "max_tokens": 3, "exclude_input_in_output": True,
+                             "embedding_bias_words": [" why"], "embedding_bias_weights": [1000.0]})
+    assert status == 200, out
+    assert out["text_output"] == tok.decode([word] * 3) != reference(PROMPT, 3)
+    status, out = post(url, {"text_input": PROMPT, "max_tokens": 3, "embedding_bias_weights": [1.0]})
+    assert status == 400 and "without embedding_bias_words" in out["error"], out
+
+
 def test_tensorrt_llm_bls_names_a_multimodal_input_it_does_not_serve(text_server):
     """TensorRT-LLM's tensorrt_llm_bls declares image / video inputs (optional); ours did not, so a client sending
     one got Triton's "unexpected inference input". Declared now, and refused in one line naming it; an empty one

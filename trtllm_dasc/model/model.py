@@ -228,14 +228,16 @@ class HybridModel:
         modes = [logits] * len(batch) if isinstance(logits, str) else list(logits)
         if len(modes) != len(batch) or any(m not in LOGITS for m in modes):
             raise UserError(f"logits must be one of {LOGITS} or one per sequence, got {logits!r}")
-        ids, cuts = [], []
+        ids, cuts, self._outside_vocab = [], [], False
         for i, s in enumerate(batch):
             t = torch.as_tensor(s.token_ids, dtype=torch.long).reshape(-1)
             if t.numel() == 0:
                 raise UserError(f"sequence {i} has no tokens")
             lo, hi = torch.aminmax(t)
-            if (lo < 0 or hi >= self.spec.vocab_size) and not self.zero_out_of_vocab:
-                raise UserError(f"token ids of sequence {i} must be in 0..{self.spec.vocab_size - 1}")
+            if lo < 0 or hi >= self.spec.vocab_size:
+                if not self.zero_out_of_vocab:
+                    raise UserError(f"token ids of sequence {i} must be in 0..{self.spec.vocab_size - 1}")
+                self._outside_vocab = True      # _embed zero-fills them
             if not 0 <= s.row < state.num_rows:
                 raise UserError(f"row {s.row} of sequence {i} is outside 0..{state.num_rows - 1}")
             if s.start < 0:
@@ -338,17 +340,17 @@ class HybridModel:
         # memory may wait for the queue, and after the layers that is the whole forward (the H200 sat idle
         # ~0.8 ms at the end of a 16k prefill: `python -m benchmarks model_prefill --arch kda --profile`, its gaps)
         sel = torch.cat(picks).to(dev) if picks else None
-        x = self._embed(torch.cat(ids))
+        x = self._embed(torch.cat(ids), self._outside_vocab)
         return x, cu, cuts, rows, attn_batch, sel, out
 
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """The embedded tokens of host ids [T]; an id outside the vocabulary (let through by _prepare only
-        under zero_out_of_vocab) is a zero vector, as TensorRT-LLM's lookup kernel writes it. The check runs
-        on the host copy: an in-vocabulary batch pays nothing on the device."""
+    def _embed(self, ids: torch.Tensor, outside_vocab: bool) -> torch.Tensor:
+        """The embedded tokens of host ids [T]; with outside_vocab (_prepare found an id outside the vocabulary,
+        let through only under zero_out_of_vocab) such an id is a zero vector, as TensorRT-LLM's lookup kernel
+        writes it. An in-vocabulary batch pays nothing more."""
         table = self.w["embed"]
-        inside = (ids >= 0) & (ids < table.shape[0])
-        if bool(inside.all()):
+        if not outside_vocab:
             return table[ids.to(self.device)]
+        inside = (ids >= 0) & (ids < table.shape[0])
         x = table[torch.where(inside, ids, 0).to(self.device)]
         return x * inside.to(self.device, x.dtype)[:, None]
 

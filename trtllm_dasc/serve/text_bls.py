@@ -9,7 +9,7 @@ With `stream` every token response of tensorrt_llm becomes one text_output of th
 response with the whole text. TensorRT-LLM's text names map to tensorrt_llm's (top_k -> runtime_top_k,
 random_seed -> seed, ...); an input tensorrt_llm does not honour is refused there in one line naming it;
 a neutral value (false) is dropped. embedding_bias_words / _weights become tensorrt_llm's embedding_bias
-(each word's token ids, as preprocessing encodes a word list, get the word's weight added). A request
+(preprocessing's EMBEDDING_BIAS: each word's token ids get the word's weight added, per prompt). A request
 parameter (over HTTP generate: a JSON key that is no input of the model) is refused, never ignored.
 """
 from __future__ import annotations
@@ -49,10 +49,11 @@ REFUSED = ("decoder_text_input", "num_draft_tokens", "use_draft_logits", "image_
 # kept as they are (a per-request matrix), not reshaped to [batch, 1]
 MATRICES = ("prompt_embedding_table", "lora_weights", "lora_config")
 PRE_IN = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
-          "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
+          "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID",
+          "embedding_bias_words": "EMBEDDING_BIAS_WORDS", "embedding_bias_weights": "EMBEDDING_BIAS_WEIGHTS"}
 PRE_OUT = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths", "REQUEST_OUTPUT_LEN": "request_output_len",
            "BAD_WORDS_IDS": "bad_words_list", "STOP_WORDS_IDS": "stop_words_list", "OUT_END_ID": "end_id",
-           "OUT_PAD_ID": "pad_id"}
+           "OUT_PAD_ID": "pad_id", "EMBEDDING_BIAS": "embedding_bias"}
 
 
 def _neutral(value: np.ndarray) -> bool:
@@ -112,51 +113,19 @@ class TextModel:
                 self.threads.discard(threading.current_thread())
 
     def _preprocess(self, given: dict) -> list:
+        """One preprocessing call: the prompt's ids, the word lists, the end / pad ids and the embedding bias."""
+        words, weights = given.get("embedding_bias_words"), given.get("embedding_bias_weights")
+        if (words is None or _neutral(words)) and weights is not None and weights.size:
+            # TensorRT-LLM's preprocessing ignores weights without words; a client meant something by them
+            raise UserError(f"{self.name}: embedding_bias_weights given without embedding_bias_words")
         pre = pb_utils.InferenceRequest(
             model_name="preprocessing", requested_output_names=list(PRE_OUT),
             inputs=[pb_utils.Tensor(PRE_IN[k], v) for k, v in given.items() if k in PRE_IN]).exec()
         if pre.has_error():
             raise UserError(pre.error().message())
-        inputs = [pb_utils.Tensor(PRE_OUT[t.name()], t.as_numpy()) for t in pre.output_tensors()]
-        bias = self._embedding_bias(given)
-        if bias is not None:
-            inputs.append(pb_utils.Tensor("embedding_bias", bias))
-        return inputs
-
-    def _embedding_bias(self, given: dict):
-        """embedding_bias_words + _weights -> tensorrt_llm's embedding_bias [1, max id + 1] (ids past its end
-        get no bias), or None when no word is given."""
-        words = given.get("embedding_bias_words")
-        weights = given.get("embedding_bias_weights")
-        if words is None or _neutral(words):
-            if weights is not None and weights.size:
-                raise UserError(f"{self.name}: embedding_bias_weights given without embedding_bias_words")
-            return None
-        words = words.reshape(-1)
-        weights = np.zeros(0, np.float32) if weights is None else weights.reshape(-1).astype(np.float32)
-        if weights.shape != words.shape:
-            raise UserError(f"{self.name}: embedding_bias_words ({words.size}) and embedding_bias_weights "
-                            f"({weights.size}) must have the same length")
-        # preprocessing encodes a word list (TensorRT-LLM's [2, -1] format: ids, then each word's end offset)
-        pre = pb_utils.InferenceRequest(
-            model_name="preprocessing", requested_output_names=["BAD_WORDS_IDS"],
-            inputs=[pb_utils.Tensor("QUERY", np.array([[b""]], object)),
-                    pb_utils.Tensor("REQUEST_OUTPUT_LEN", np.array([[1]], np.int32)),
-                    pb_utils.Tensor("BAD_WORDS_DICT", words.reshape(1, -1))]).exec()
-        if pre.has_error():
-            raise UserError(f"embedding_bias_words: {pre.error().message()}")
-        flat = pb_utils.get_output_tensor_by_name(pre, "BAD_WORDS_IDS").as_numpy().reshape(2, -1)
-        ids, ends = flat[0], [int(e) for e in flat[1] if e >= 0]
-        pieces, start = [], 0
-        for end in ends:
-            pieces.append(ids[start:end])
-            start = end
-        top = max((int(p.max()) for p in pieces if p.size), default=-1)
-        bias = np.zeros((1, top + 1), np.float32)
-        for piece, weight in zip(pieces, weights):
-            for i in piece:
-                bias[0, int(i)] += weight
-        return bias if top >= 0 else None
+        # EMBEDDING_BIAS is [batch, 0] unless words and weights were both given: then no bias at all
+        return [pb_utils.Tensor(PRE_OUT[t.name()], t.as_numpy()) for t in pre.output_tensors()
+                if t.name() != "EMBEDDING_BIAS" or t.as_numpy().size]
 
     def _generate(self, request, rid, cancelled):
         """The text responses of one request, as lists of pb_utils.Tensor."""
