@@ -101,8 +101,11 @@ def test_observations_on_the_fla_backend_equal_the_reference(tiny):
     prompt = torch.randint(3, 90, (200,), generator=torch.Generator().manual_seed(1)).tolist()
     (ref,) = observe(HybridModel.from_pretrained(path), [prompt])
     (gpu,) = observe(HybridModel.from_pretrained(path, device="cuda", backend="fla"), [prompt])
-    for a, b in zip(ref, gpu):
-        for name in ("g_mean", "state_norm", "readout"):
-            x, y = getattr(a, name), getattr(b, name)
-            # fla's fp32 kernels within test_fla_gpu.py's tolerance; the raw gate recorded as the decay is O(1) off
-            assert np.abs(x - y).max() <= 1e-2 * np.abs(x).max(), name
+    assert len(ref) == len(gpu)
+    # every layer's and signal's error first, then the check: a failure names which signal and layer is off
+    # and by how much (fla's chunk kernels run tl.dot in TF32 for fp32 inputs on Hopper; on the CPU, under
+    # Triton's interpreter in exact fp32, the same comparison agrees to ~3e-7 of the largest value)
+    errors = {(layer, name): float(np.abs(getattr(a, name) - getattr(b, name)).max() / np.abs(getattr(a, name)).max())
+              for layer, (a, b) in enumerate(zip(ref, gpu)) for name in ("g_mean", "state_norm", "readout")}
+    # fla's fp32 kernels within test_fla_gpu.py's tolerance; the raw gate recorded as the decay is O(1) off
+    assert max(errors.values()) <= 1e-2, {k: f"{v:.2e}" for k, v in errors.items()}

@@ -61,3 +61,13 @@ def test_kimi_layer_lists_are_one_indexed_and_checked(tmp_path):
     raw["linear_attn_config"]["kda_layers"] = [0, 1]
     (tmp_path / "config.json").write_text(json.dumps(raw))
     assert_clean_error(*run_dasc("plan", "--model", tmp_path, "--wmax", "0")[::2], "1-indexed")
+
+
+@pytest.mark.parametrize("arm", [("--codec", "int8"), ("--codec", "fp8"), ("--precision", "horizon")])
+def test_float16_state_with_a_scaled_codec(arm):
+    """A checkpoint keeps int8 / fp8 / int4 scales in the temporal dtype, and float16 cannot hold them
+    (tests/state/test_state_layout.py shows the inf a large row would load as); native float16 still plans."""
+    assert_clean_error(*run_dasc("plan", "--model", KIMI_REF, "--wmax", "0", "--temporal-dtype", "float16",
+                                 *arm)[::2], "--temporal-dtype float16", "scales")
+    code, out, err = run_dasc("plan", "--model", KIMI_REF, "--wmax", "0", "--temporal-dtype", "float16", "--json")
+    assert code == 0, err

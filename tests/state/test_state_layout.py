@@ -36,6 +36,30 @@ def test_layout_rejects(bad, match):
         StateLayout.from_retained([[0, 2], [1, 3, 4]], **kw)
 
 
+def test_float16_cannot_hold_scaled_codec_scales():
+    """Why float16 is refused for a scaled codec's scales: Eq. 10's scale of a row whose largest value is
+    1e7 (brute force, numpy) overflows float16 and the row would load as inf and NaN (0 * inf); one of a row
+    at 1e-6 rounds to zero. bfloat16 (fp32's exponent range) holds both."""
+    import numpy as np
+    from trtllm_dasc.state import codec_ops, ops
+    big, small = np.float32(1e7) / np.float32(127), np.float32(1e-6) / np.float32(127)
+    assert np.isinf(np.float16(big)) and np.float16(small) == 0
+    assert np.isfinite(float(torch.tensor(big).to(torch.bfloat16))) and float(torch.tensor(small).to(torch.bfloat16)) > 0
+    for codec in ("int8", "fp8", "int4"):
+        with pytest.raises(LayoutError, match="float16"):
+            StateLayout.from_retained([[0, 2], [1]], units_per_layer=5, unit_elements=8, value_dim=4, codec=codec,
+                                      temporal_dtype=torch.float16)
+        StateLayout.from_retained([[0, 2], [1]], units_per_layer=5, unit_elements=8, value_dim=4, codec=codec,
+                                  temporal_dtype=torch.bfloat16)
+    StateLayout.from_retained([[0, 2], [1]], units_per_layer=5, unit_elements=8, value_dim=4,
+                              temporal_dtype=torch.float16)      # native: no scales
+    rows = torch.ones(2, 4)
+    with pytest.raises(ValueError, match="float16"):
+        ops.quantize_int8(rows, torch.float16, backend="naive")
+    with pytest.raises(ValueError, match="float16"):
+        codec_ops.quantize(rows, "fp8", torch.float16)
+
+
 def test_layout_rejects_unsorted_and_bad_offsets():
     with pytest.raises(UserError, match="sorted"):
         StateLayout.from_retained([[2, 0]], units_per_layer=5, unit_elements=4, value_dim=4)

@@ -96,6 +96,11 @@ def run(args) -> int:
     if args.plot:
         check_output_file(args.plot, "--plot")
         check_plot_format(args.plot)
+    scaled = args.codec != "native" or getattr(args, "precision", "uniform") != "uniform"
+    if scaled and args.temporal_dtype == "float16":
+        # a checkpoint keeps a scaled codec's scales in the temporal dtype (state/codec_naive.check_scale_dtype)
+        raise UserError("--temporal-dtype float16 cannot hold the per-row scales of a scaled codec (int8, fp8, "
+                        "int4 or --precision horizon): use float32 or bfloat16, or --codec native")
     dtypes = {"temporal_dtype": args.temporal_dtype, "conv_dtype": args.conv_dtype}
     reports, horizons = [], None
     for w in wmaxes:

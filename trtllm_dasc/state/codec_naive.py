@@ -28,6 +28,20 @@ INT4_MAX = 7
 QUANT_CODECS = ("fp8", "int4")
 
 
+# the dtypes a scaled codec's (int8, fp8, int4) scales may be kept in: fp32's exponent range. float16 is refused:
+# a row whose largest value is above 127 * 65504 (~8.3e6) would get an infinite INT8 scale and load as inf or NaN
+# (0 * inf), one below 127 * 6e-8 (~7.6e-6) a zero scale, so a checkpoint would not hold what was stored
+SCALE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def check_scale_dtype(dtype: torch.dtype) -> None:
+    """Raise ValueError unless ``dtype`` can hold a scaled codec's scales (SCALE_DTYPES)."""
+    if dtype not in SCALE_DTYPES:
+        raise ValueError(f"a scaled codec keeps its per-row scales in float32 or bfloat16, not {dtype}: float16's "
+                         "range cannot hold them (rows beyond ~8.3e6 would load as inf/NaN, rows below ~7.6e-6 "
+                         "as zeros)")
+
+
 def row_bytes(codec: str, V: int) -> int:
     """Payload bytes of one row of V values."""
     if codec == "fp8":

@@ -59,7 +59,8 @@ def _check_codec(codec: str, V: int) -> int:
 
 
 def quantize(x: torch.Tensor, codec: str, scale_dtype: torch.dtype = torch.float32):
-    """x [..., V] -> (codes uint8 [..., row_bytes], s [...])."""
+    """x [..., V] -> (codes uint8 [..., row_bytes], s [...]); s in float32 or bfloat16."""
+    codec_naive.check_scale_dtype(scale_dtype)
     V = x.shape[-1]
     cid = _check_codec(codec, V)
     VB = row_bytes(codec, V)

@@ -18,6 +18,7 @@ import torch
 
 from trtllm_dasc.config import conv_bytes, unit_byte_parts
 from trtllm_dasc.errors import UserError
+from trtllm_dasc.state import codec_naive
 from trtllm_dasc.spec import CODECS, DEFAULT_CODEC, DEFAULT_LAYOUT, LAYOUTS
 
 
@@ -83,6 +84,11 @@ class StateLayout:
             raise LayoutError(f"conv shape ({self.conv_dim}, {self.conv_width}) must be both zero or both positive")
         if self.temporal_dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise LayoutError(f"temporal_dtype must be a float dtype, got {self.temporal_dtype}")
+        if self.codec != "native":          # the scales of int8 / fp8 / int4 are kept in the temporal dtype
+            try:
+                codec_naive.check_scale_dtype(self.temporal_dtype)
+            except ValueError as e:
+                raise LayoutError(f"codec {self.codec} with temporal_dtype {self.temporal_dtype}: {e}") from None
         self.layer_of_unit = torch.as_tensor(self.layer_of_unit, dtype=torch.int64).flatten().cpu()
         self.unit_in_layer = torch.as_tensor(self.unit_in_layer, dtype=torch.int64).flatten().cpu()
         self.offsets = torch.as_tensor(self.offsets, dtype=torch.int64).flatten().cpu()

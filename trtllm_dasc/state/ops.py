@@ -13,7 +13,7 @@ import torch
 
 from trtllm_dasc.state import naive
 from trtllm_dasc.state.layout import StateLayout
-from trtllm_dasc.state import conv8_naive
+from trtllm_dasc.state import codec_naive, conv8_naive
 
 BACKENDS = ("auto", "naive", "triton")
 
@@ -45,7 +45,8 @@ def replay_merge(scratch, scratch_rows, temporal, rows, layout: StateLayout, *, 
 
 
 def quantize_int8(x: torch.Tensor, scale_dtype: torch.dtype = torch.float32, *, backend: str = "auto"):
-    """x [..., V] -> (q int8 [..., V], s [...]), paper Eq. 10 (one scale per V-row)."""
+    """x [..., V] -> (q int8 [..., V], s [...]), paper Eq. 10 (one scale per V-row); s in float32 or bfloat16."""
+    codec_naive.check_scale_dtype(scale_dtype)
     return _impl(backend, x).quantize_int8(x, scale_dtype)
 
 
