@@ -28,7 +28,7 @@ import urllib.request
 from trtllm_dasc.engine_dir import is_engine_dir
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.serve.tritonserver import start_server
+from trtllm_dasc.serve.tritonserver import LOG_NAME, start_server
 from trtllm_dasc.engine.config import from_engine_fields
 from trtllm_dasc.serve.repository import cache_policy
 from trtllm_dasc.parallel.launch import find_mpirun, rank_that_ended
@@ -58,7 +58,8 @@ def add_arguments(p) -> None:
                    help="on Ctrl-C / SIGTERM: seconds the requests in flight get to finish before they are "
                         "cancelled (default 10; new requests are refused at once)")
     p.add_argument("--work-dir", default=None, help="where the server log (and a built engine) go "
-                                                   "(default: a new temporary directory)")
+                                                   "(default: a new temporary directory, of which only the server "
+                                                   "log is kept when the run ends)")
     p.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for the warm-up")
     # the build options, for a checkpoint given as --model (ignored for an engine directory)
     build = p.add_argument_group("build (when --model is a checkpoint)")
@@ -186,13 +187,38 @@ def run(args) -> int:
     except OSError as e:
         raise UserError(f"--work-dir {work_dir} cannot be made a directory ({e.strerror or e})") from None
     try:
-        engine_dir, repo, tp, notice = _engine_to_serve(args, work_dir)
-    except BaseException:
-        # a failed build or a refused engine: the temporary work directory made for this run holds nothing a
-        # user needs (the server's log comes later), so none is left behind in /tmp
+        return _serve(args, work_dir)
+    finally:
         if made_here:
-            shutil.rmtree(work_dir, ignore_errors=True)
-        raise
+            _tidy_temporary_work_dir(work_dir)
+
+
+def _tidy_temporary_work_dir(work_dir: str) -> None:
+    """What is left of a temporary work directory (one dasc serve made) when the run ends, however it ends:
+    only the server's log, whose path the run printed (a refused run, before any server, leaves nothing). The
+    engine built there from a checkpoint (its model/ a copy of the checkpoint where hard links cannot cross
+    into the temporary directory, weights/ the per-rank shards at TP), the backends copy (~3 MB) and the admin
+    key were left in /tmp by every run before."""
+    log = os.path.join(work_dir, LOG_NAME)
+    if not os.path.isfile(log):
+        shutil.rmtree(work_dir, ignore_errors=True)
+        return
+    for name in os.listdir(work_dir):
+        path = os.path.join(work_dir, name)
+        if name == LOG_NAME:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    print(f"[dasc serve] server log kept: {log} (the rest of the temporary work directory removed)", file=sys.stderr)
+
+
+def _serve(args, work_dir: str) -> int:
+    engine_dir, repo, tp, notice = _engine_to_serve(args, work_dir)
     stop = {"signal": None}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, f: stop.update(signal=s))

@@ -88,11 +88,19 @@ def test_engine_dir_is_self_contained(engine, tmp_path):
         shutil.move(str(moved), str(engine))
 
 
-def _serve_proc(args, tmp_path):
+def _serve_proc(args, tmp_path, work_dir=True):
+    """dasc serve, ready; its work directory tmp_path/work, or (work_dir=False) the temporary one it makes,
+    under tmp_path/work as TMPDIR (so _server_pids finds the server's processes either way)."""
     ports = [free_port() for _ in range(3)]
     cmd = [sys.executable, "-m", "trtllm_dasc.cli", "serve", *map(str, args), "--http-port", ports[0],
-           "--grpc-port", ports[1], "--metrics-port", ports[2], "--work-dir", tmp_path / "work"]
-    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           "--grpc-port", ports[1], "--metrics-port", ports[2]]
+    env = dict(os.environ)
+    if work_dir:
+        cmd += ["--work-dir", tmp_path / "work"]
+    else:
+        (tmp_path / "work").mkdir()
+        env["TMPDIR"] = str(tmp_path / "work")
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 240
     line = ""
     while time.time() < deadline and "ready:" not in line:
@@ -109,8 +117,14 @@ def _server_pids(tmp_path):
 
 
 def test_dasc_serve_builds_a_checkpoint_answers_and_stops_on_sigterm(ckpt, tmp_path):
+    """Without --work-dir: the temporary work directory it made keeps only the server's log after the stop (the
+    engine it built there, a copy of the checkpoint's files beside the rank weights, and the ~3 MB backends
+    copy were left in /tmp by every run: 62 such directories after one day of this suite; fails on the old code)."""
     proc, ports = _serve_proc(["--model", ckpt, "--device", "cpu", "--dtype", "float32", "--wmax", 0,
-                               "--max-batch-size", 2, "--kv-blocks", 128, "--max-context", 128], tmp_path)
+                               "--max-batch-size", 2, "--kv-blocks", 128, "--max-context", 128], tmp_path,
+                              work_dir=False)
+    (made,) = (tmp_path / "work").iterdir()
+    assert (made / "engine" / "model_repo").is_dir() and (made / "backends").is_dir()
     try:
         import tritonclient.grpc as grpc
         client = StreamClient(f"127.0.0.1:{ports[1]}")
@@ -123,6 +137,8 @@ def test_dasc_serve_builds_a_checkpoint_answers_and_stops_on_sigterm(ckpt, tmp_p
         assert proc.wait(60) == 0
     time.sleep(0.5)
     assert not _server_pids(tmp_path), "tritonserver outlived dasc serve"
+    assert [p.name for p in made.iterdir()] == ["tritonserver.log"] and "Started GRPCInferenceService" in (made / "tritonserver.log").read_text()
+    assert f"server log kept: {made / 'tritonserver.log'}" in proc.stderr.read()
 
 
 def test_dasc_serve_exits_when_its_server_dies(engine, tmp_path):

@@ -76,6 +76,10 @@ def backends_dir(dest: str, paths: ServerPaths | None = None) -> str:
     return dest
 
 
+# the server's log in its work directory (dasc serve keeps it when it tidies a temporary one)
+LOG_NAME = "tritonserver.log"
+
+
 # the APIs a restricted server answers only with the admin header: loading models from any path (and so
 # running any model.py) and registering shared memory (a client could map the Python stub's own region)
 RESTRICTED_APIS = "model-repository,shared-memory"
@@ -283,7 +287,7 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
         pin = pinned_paths(run_env)
         cmd = [find_mpirun(), *MPIRUN_FLAGS, "-np", "1", *pin, *cmd, ":", "-np", str(tp[0] - 1), *pin,
                sys.executable, "-m", "trtllm_dasc.serve.worker", "--engine", os.path.abspath(tp[1])]
-    log_path = os.path.join(work_dir, "tritonserver.log")
+    log_path = os.path.join(work_dir, LOG_NAME)
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)
     log.close()
