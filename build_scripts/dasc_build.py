@@ -137,6 +137,18 @@ def warn_replay_cap(opts: dict, plan_window: int) -> None:
               f"behind it too); give --max-num-tokens >= {batch - 1 + window}", file=sys.stderr)
 
 
+def warn_kv_context(opts: dict) -> None:
+    """A KV cache that holds fewer tokens than --max-context: a request is then served with its output cut to
+    what the cache holds (serve/host.py) and a prompt longer than that is refused, so the context the engine
+    advertises is not the one it serves. A warning, not a refusal: a small cache may be deliberate."""
+    tokens = opts["num_kv_blocks"] * opts["block_size"]
+    if tokens < opts["max_context"]:
+        print(f"[dasc-build] warning: --kv-blocks {opts['num_kv_blocks']} x --block-size {opts['block_size']} = "
+              f"{tokens} tokens of KV, fewer than --max-context {opts['max_context']}: longer sequences are refused "
+              f"and outputs cut to what the cache holds; give --kv-blocks >= "
+              f"{-(-opts['max_context'] // opts['block_size'])} for the whole context", file=sys.stderr)
+
+
 def engine_options(args) -> dict:
     """The EngineConfig fields, validated now (EngineConfig checks types and ranges)."""
     from trtllm_dasc.engine.config import EngineConfig
@@ -335,6 +347,7 @@ def build(args) -> str:
                         "does for the ragged layout only: use --layout ragged or --placement off")
     footprint = check_build_memory(args, opts, cfg, plan, is_dummy)
     warn_replay_cap(opts, plan.replay_window)
+    warn_kv_context(opts)
     trained = model_config.get("max_position_embeddings")
     if isinstance(trained, int) and not isinstance(trained, bool) and args.max_context > trained:
         # a warning, not a refusal: a user may extend the context on purpose (NoPE attention, a RoPE the model

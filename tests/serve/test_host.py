@@ -274,3 +274,35 @@ def test_each_sequence_of_a_batch_ends_with_its_own_finish_reason(host):
         if tensors is not None and "finish_reason" in tensors:
             ends[int(tensors["batch_index"].reshape(-1)[0])] = tensors["finish_reason"].reshape(-1)[0]
     assert {i: (r.decode() if isinstance(r, bytes) else r) for i, r in ends.items()} == {0: "stop", 1: "length"}
+
+
+def test_an_output_past_what_the_kv_cache_holds_is_cut_to_fit(tmp_path):
+    """An engine whose KV cache holds fewer tokens than its max context (10 blocks of 8 = 80 tokens, context
+    128): dasc-build warns, and a request whose prompt fits is served with its output cut to what the cache holds
+    (the largest n with ceil((prompt + n - 1) / 8) <= 10), as an output past the context is; it was refused
+    ("needs 16 KV blocks, the cache has 10") for any output that fit the context but not the cache (a review
+    helper's finding; fails on the old code). A prompt past the cache's 80 tokens is still refused."""
+    import subprocess
+    import sys
+    build(tmp_path / "ckpt", "gdn", seed=1)
+    proc = subprocess.run([sys.executable, "-m", "build_scripts.dasc_build", "--model", str(tmp_path / "ckpt"),
+                           "--output", str(tmp_path / "engine"), "--device", "cpu", "--dtype", "float32", "--wmax", "0",
+                           "--block-size", "8", "--kv-blocks", "10", "--max-context", "128", "--max-batch-size", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "80 tokens of KV, fewer than --max-context 128" in proc.stderr and "--kv-blocks >= 16" in proc.stderr
+    h = EngineHost(str(tmp_path / "engine"), warmup=False)
+    try:
+        cases = {"long": (list(range(1, 41)), 2**31 - 1), "edge": (list(range(1, 80)), 5),
+                 "fits": (list(range(1, 41)), 20), "past": (list(range(1, 82)), 1)}
+        sinks = {name: Sink() for name in cases}
+        for name, (prompt, n) in cases.items():
+            h.submit(inputs(prompt, n), name, sinks[name])
+        for s in sinks.values():
+            assert s.done.wait(120)
+        generated = {name: None if s.sent[-1][1] else s.sent[-1][0]["output_ids"].shape[-1] - len(cases[name][0])
+                     for name, s in sinks.items()}
+        assert generated == {"long": 80 - 40 + 1, "edge": 80 - 79 + 1, "fits": 20, "past": None}, sinks["long"].sent[-1][1]
+        assert "KV blocks" in sinks["past"].sent[-1][1]
+    finally:
+        h.shutdown()

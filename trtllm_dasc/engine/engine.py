@@ -79,6 +79,15 @@ class Engine:
     def cache(self):
         return self.scheduler.cache
 
+    def longest_output(self, prompt_len: int) -> tuple[int, str]:
+        """(the largest request_output_len a prompt of prompt_len tokens can be served with, what bounds it):
+        the max context, or the KV cache where it holds fewer tokens than the context (dasc-build warns)."""
+        by_context = self.cfg.max_context - prompt_len
+        by_cache = self.scheduler.longest_output_that_fits(prompt_len)
+        if by_cache < by_context:
+            return by_cache, f"the KV cache ({self.cfg.num_kv_blocks} blocks of {self.cfg.block_size} tokens)"
+        return by_context, f"the max context of {self.cfg.max_context}"
+
     # ---- submission (any thread) ----------------------------------------------------------------------
     def _check(self, req: GenerationRequest) -> None:
         if not isinstance(req, GenerationRequest):

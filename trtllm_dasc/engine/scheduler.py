@@ -82,6 +82,13 @@ class Scheduler:
         return fresh_blocks(0, end, self.cfg.block_size) + (fresh_blocks(0, replay, self.cfg.block_size)
                                                              if replay else 0)
 
+    def longest_output_that_fits(self, prompt_len: int) -> int:
+        """The largest request_output_len whose worst case fits the KV cache (0: the prompt alone does not).
+        worst_case_blocks is ceil((prompt_len + max_new - 1) / bs) plus the replay's blocks."""
+        replay = min(self.replay_window, prompt_len - 1)
+        room = self.cfg.num_kv_blocks - (fresh_blocks(0, replay, self.cfg.block_size) if replay > 0 else 0)
+        return max(0, room * self.cfg.block_size - prompt_len + 1)
+
     def check_fits(self, prompt_len: int, max_new: int) -> None:
         worst = self.worst_case_blocks(prompt_len, max_new)
         if worst > self.cfg.num_kv_blocks:

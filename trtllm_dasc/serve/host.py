@@ -55,18 +55,23 @@ def dummy_notice(engine_dir: str | EngineDir) -> str | None:
             + (f", {w['released_shapes']} shapes" if w.get("released_shapes") else "") + ")")
 
 
-def _cap_output_len(gen, max_context: int) -> None:
+def _cap_output_len(gen, longest_output) -> None:
     """TensorRT-LLM's rule (LlmRequest::validate): a prompt that fits leaves its request_output_len cut to the
     context left, with a warning, rather than refused (clients that send a large max_tokens are served); a
-    prompt that fills the context, or bad values, are left to the engine's one-line refusals."""
+    prompt that fills the context, or bad values, are left to the engine's one-line refusals. An engine whose
+    KV cache holds fewer tokens than its max context (dasc-build warns) cuts to what the cache holds instead:
+    ``longest_output(prompt_len)`` is Engine.longest_output, (the most, what bounds it)."""
     try:
         prompt, asked = len(gen.prompt), int(gen.max_new_tokens)
     except (TypeError, ValueError):
         return
-    if 0 < prompt < max_context and asked > max_context - prompt:
-        log.warning("request_output_len %d with a prompt of %d tokens exceeds the max context of %d: changed to %d",
-                    asked, prompt, max_context, max_context - prompt)
-        gen.max_new_tokens = max_context - prompt
+    if prompt <= 0:
+        return
+    most, bound = longest_output(prompt)
+    if 0 < most < asked:
+        log.warning("request_output_len %d with a prompt of %d tokens exceeds %s: changed to %d",
+                    asked, prompt, bound, most)
+        gen.max_new_tokens = most
 
 
 class EngineHost:
@@ -150,7 +155,7 @@ class EngineHost:
             raise UserError(f"input_ids: a batch of {len(parsed)} sequences needs the decoupled model (build "
                             "without --no-decoupled), or send one request per sequence")
         for sreq in parsed:
-            _cap_output_len(sreq.gen, self.engine.cfg.max_context)
+            _cap_output_len(sreq.gen, self.engine.longest_output)
         group = _Group(len(parsed), sink, self.engine.abort, lambda g: self._unregister(triton_id, g))
         # engine ids are ours: Triton ids may be empty or repeat across clients
         for sreq in parsed:
