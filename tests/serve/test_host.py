@@ -306,3 +306,22 @@ def test_an_output_past_what_the_kv_cache_holds_is_cut_to_fit(tmp_path):
         assert "KV blocks" in sinks["past"].sent[-1][1]
     finally:
         h.shutdown()
+
+
+def test_an_embedding_bias_row_must_span_the_vocabulary(host):
+    """TensorRT-LLM refuses an embedding_bias whose last dimension is not the vocabulary size; ours served a short
+    row (one built for another tokenizer), biasing ids 0..n-1 (a review helper's finding; fails on the old code).
+    A full row and the [batch, 0] 'none' are served."""
+    vocab = host.engine.vocab_size
+    sinks = {"short": Sink(), "full": Sink(), "none": Sink(), "long": Sink()}
+    rows = {"short": np.ones((1, 5), np.float32), "full": np.zeros((1, vocab), np.float32),
+            "none": np.zeros((1, 0), np.float32), "long": np.zeros((1, vocab + 1), np.float32)}
+    for name, row in rows.items():
+        host.submit({**inputs([1, 2, 3], 2), "embedding_bias": row}, name, sinks[name])
+    for s in sinks.values():
+        assert s.done.wait(60)
+    for name in ("short", "long"):
+        err = sinks[name].sent[-1][1]
+        assert err and f"a row of {rows[name].shape[1]} entries" in err and f"vocabulary has {vocab}" in err, err
+    for name in ("full", "none"):
+        assert sinks[name].sent[-1][1] is None and sinks[name].sent[-1][0]["output_ids"].shape == (1, 1, 5)

@@ -6,6 +6,7 @@ stub core model (written here, in a temp repository) that has the core's I/O and
 """
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -130,7 +131,9 @@ def test_embedding_bias_as_trtllms_preprocessing_makes_it(text_server, ref):
     weights = np.array([[1.5, -2.0], [0.25, 4.0]], np.float32)
     got = _pre(text_server, PROMPTS, EMBEDDING_BIAS_WORDS=words, EMBEDDING_BIAS_WEIGHTS=weights) \
         .as_numpy("EMBEDDING_BIAS")
-    want = np.zeros((2, ref.get_vocab_size()), np.float32)
+    # a row of the model's vocabulary (its config.json), which the engine requires as TensorRT-LLM does
+    with open(os.path.join(DEFAULT_MODEL_DIR, "config.json")) as f:
+        want = np.zeros((2, json.load(f)["vocab_size"]), np.float32)
     for b, (row_words, row_weights) in enumerate([(["the passage", " why"], [1.5, -2.0]), ([" why", ""], [0.25, 4.0])]):
         for w, x in zip(row_words, row_weights):
             for t in enc(w):

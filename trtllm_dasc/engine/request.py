@@ -118,6 +118,11 @@ class GenerationRequest:
             if any(not 0 <= t < vocab_size for w in words for t in w):
                 raise UserError(f"{name}: a token id is outside the vocabulary [0, {vocab_size})")
             setattr(self, name, words)
+        width = self.sampling.embedding_bias_width
+        if width is not None and width != vocab_size:
+            # TensorRT-LLM's check ("Expected last dimension to be same as vocab size")
+            raise UserError(f"embedding_bias: a row of {width} entries, but the model's vocabulary has {vocab_size} "
+                            f"(send [batch, {vocab_size}], or [batch, 0] for none)")
         bad = next((t for t, _ in self.sampling.embedding_bias if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise UserError(f"embedding_bias: token id {bad} is outside the vocabulary [0, {vocab_size})")

@@ -31,6 +31,9 @@ class SamplingParams:
     # embedding_bias as its non-zero entries ((token id, value), ...): plain data a plan carries to every
     # rank, and a few entries for the usual sparse bias instead of a vocabulary-sized row per step
     embedding_bias: tuple = ()
+    # the length of the row the client sent (Triton's embedding_bias [batch, vocab]): TensorRT-LLM requires the
+    # model's vocabulary size, and a row of another tokenizer would bias the wrong ids; None: given as pairs
+    embedding_bias_width: int | None = None
 
     def __post_init__(self):
         self.temperature = _real("temperature", self.temperature)
@@ -58,6 +61,8 @@ class SamplingParams:
                                         for t, v in self.embedding_bias)
         except (TypeError, ValueError):
             raise UserError("embedding_bias must be (token id, value) pairs") from None
+        if self.embedding_bias_width is not None:
+            self.embedding_bias_width = _integer("embedding_bias_width", self.embedding_bias_width)
 
     @property
     def greedy(self) -> bool:

@@ -128,7 +128,7 @@ def sampling_params(inputs: dict, b: int) -> SamplingParams:
         value = _scalar(inputs, name, b, float)
         if value is not None:
             penalties[name] = value
-    penalties["embedding_bias"] = _bias(inputs, b)
+    penalties["embedding_bias"], penalties["embedding_bias_width"] = _bias(inputs, b)
     try:
         if top_k == 1 or (top_k == 0 and top_p == 0.0):
             # greedy (top-k 1, as TensorRT-LLM runs it): the temperature still scales the logits the
@@ -142,10 +142,11 @@ def sampling_params(inputs: dict, b: int) -> SamplingParams:
 
 
 def _bias(inputs: dict, b: int) -> tuple:
-    """embedding_bias [vocab] (per batch entry [B, vocab]; empty: none) -> its non-zero (id, value) pairs."""
+    """embedding_bias [vocab] (per batch entry [B, vocab]; empty: none) -> (its non-zero (id, value) pairs, the
+    row's length: the engine checks it is the vocabulary's, or None for none)."""
     arr = inputs.get("embedding_bias")
     if arr is None or np.size(arr) == 0:
-        return ()
+        return (), None
     arr = np.asarray(arr)
     if arr.ndim == 1:
         arr = arr[None]
@@ -155,7 +156,7 @@ def _bias(inputs: dict, b: int) -> tuple:
     if not np.all(np.isfinite(row)):
         raise UserError("input 'embedding_bias' must be finite")
     ids = np.flatnonzero(row)
-    return tuple(zip(ids.tolist(), row[ids].tolist()))
+    return tuple(zip(ids.tolist(), row[ids].tolist())), int(row.shape[0])
 
 
 def _param_input(message: str) -> str:

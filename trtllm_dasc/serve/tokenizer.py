@@ -126,6 +126,11 @@ class TextTokenizer:
         config = {**_read_json(os.path.join(tokenizer_dir, "special_tokens_map.json")),
                   **_read_json(os.path.join(tokenizer_dir, "tokenizer_config.json"))}
         model = _read_json(os.path.join(tokenizer_dir, "config.json"))
+        # the model's vocabulary (its config.json: the LM head's rows), which an embedding_bias row must span
+        # (TensorRT-LLM's check); the tokenizer's own count when there is none
+        vocab = model.get("vocab_size")
+        self.model_vocab_size = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 \
+            else self.vocab_size
         self.end_id = self._special_id(config, model, "eos", tokenizer_dir)
         pad = self._special_id(config, model, "pad", tokenizer_dir, required=False)
         self.pad_id = self.end_id if pad is None else pad

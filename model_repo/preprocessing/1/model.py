@@ -84,7 +84,10 @@ class TritonPythonModel:
         if words.shape[0] != batch or weights.shape[0] != batch:
             raise UserError(f"EMBEDDING_BIAS_WORDS / _WEIGHTS: a row for each of the {batch} prompts, got "
                             f"{words.shape[0]} and {weights.shape[0]}")
-        bias = np.zeros((batch, self.tokenizer.vocab_size), np.float32)
+        # a row of the model's vocabulary, which the engine requires (TensorRT-LLM's check); the tokenizer's
+        # count differs where the LM head is padded past it
+        width = self.tokenizer.model_vocab_size
+        bias = np.zeros((batch, width), np.float32)
         for b in range(batch):
             row_words, row_weights = words[b].reshape(-1), weights[b].reshape(-1).astype(np.float32)
             if row_words.size != row_weights.size:
@@ -94,5 +97,8 @@ class TritonPythonModel:
                 raise UserError("EMBEDDING_BIAS_WEIGHTS must be finite")
             for word, weight in zip(row_words, row_weights):
                 for token in self.tokenizer.encode(as_text(word, "EMBEDDING_BIAS_WORDS"), False):
+                    if not 0 <= token < width:
+                        raise UserError(f"EMBEDDING_BIAS_WORDS: a word encodes to token {token}, outside the "
+                                        f"model's vocabulary of {width}")
                     bias[b, token] += weight
         return bias
