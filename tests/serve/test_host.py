@@ -325,3 +325,22 @@ def test_an_embedding_bias_row_must_span_the_vocabulary(host):
         assert err and f"a row of {rows[name].shape[1]} entries" in err and f"vocabulary has {vocab}" in err, err
     for name in ("full", "none"):
         assert sinks[name].sent[-1][1] is None and sinks[name].sent[-1][0]["output_ids"].shape == (1, 1, 5)
+
+
+def test_stats_count_refused_requests_as_ended_in_error(host):
+    """cache_control's stats (EngineHost.stats) said ended error 0 beside 14 refused requests while the metrics
+    port said 14 (a review helper's finding; fails on the old code): both now count a refusal as an error end."""
+    from trtllm_dasc.serve.metrics import LABELLED
+    before = host.stats()
+    bad = [inputs([1, 2, 3], 0), {**inputs([1, 2, 3], 2), "beam_width": np.array([[2]], np.int32)},
+           {"input_ids": np.array([[1]], np.int32)}]
+    sinks = [Sink() for _ in bad]
+    for i, (request, sink) in enumerate(zip(bad, sinks)):
+        host.submit(request, f"bad{i}", sink)
+    for sink in sinks:
+        assert sink.done.wait(60) and sink.sent[-1][1]
+    after = host.stats()
+    assert after["rejected"] - before["rejected"] == 3
+    assert after["ended"]["error"] - before["ended"]["error"] == 3
+    (ended,) = [read for name, *_, read in LABELLED if name == "dasc_requests_ended_total"]
+    assert ended(after)["error"] == after["ended"]["error"]

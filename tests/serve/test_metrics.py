@@ -77,8 +77,10 @@ def test_trtllm_series_with_their_labels_follow_the_engine(server):
     assert out["error"] is None and len(out["tokens"]) == 3
     again = run(server, PROMPT, 3, "b")
     assert again["cached"] > 0
+    # a scrape taken once both requests' steps are in (a snapshot from between the two passed a weaker
+    # counter bound and then failed the idle and step checks below: seen once under load)
     m = settled(server, lambda m: trt(m, "nv_trt_llm_general_metrics", "general_type", "iteration_counter")
-                >= steps0 + 2)
+                >= steps0 + 2 * 3 and trt(m, "nv_trt_llm_request_metrics", "request_type", "active") == 0)
     req = lambda v: trt(m, "nv_trt_llm_request_metrics", "request_type", v)      # noqa: E731
     kv = lambda v: trt(m, "nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", v)   # noqa: E731
     ifb = lambda v: trt(m, "nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric", v)  # noqa

@@ -293,6 +293,10 @@ class EngineHost:
         s = self.engine.stats()
         s["inflight"] = len(self._inflight)
         s["rejected"] = self.rejected
+        # the server's view, as the metrics port shows it (dasc_requests_ended_total): a request refused before
+        # the engine ran it ended in error too (cache_control's stats said error 0 beside 14 refusals). The
+        # engine's own count of the refusals it made at submit stays rejected_requests (a part of rejected)
+        s["ended"] = {**s["ended"], "error": s["ended"]["error"] + self.rejected}
         s["draining"] = self._drain_deadline is not None
         s["time_ns"] = time.time_ns()
         return s

@@ -92,9 +92,9 @@ LABELLED = [
      "counter", "direction", lambda s: dict((s.get("host_tier") or {}).get("copy_bytes") or _NO_COPIES)),
     ("dasc_checkpoint_loads_total", "checkpoint loads on a hit", "counter", "policy",
      lambda s: dict(s["checkpoint_loads"])),
-    # errors: failed in the engine, or refused before it ran them (counted by the host, see host.py)
+    # errors: failed in the engine, or refused before it ran them (EngineHost.stats counts both)
     ("dasc_requests_ended_total", "requests ended without completing", "counter", "reason",
-     lambda s: {**s["ended"], "error": s["ended"]["error"] + s.get("rejected", 0)}),
+     lambda s: dict(s["ended"])),
     # only where the TP storage balance moves units (the stats' exchange is None otherwise: no series)
     ("dasc_checkpoint_exchange_seconds_total", "seconds in the storage balance's all-to-all (rank 0)", "counter",
      "op", lambda s: {op: v["seconds"] for op, v in (s.get("exchange") or {}).items()}),
