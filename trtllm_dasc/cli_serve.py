@@ -11,7 +11,9 @@ server is shutting down), the requests in flight finish or, after --drain-second
 final response; then the server reports not-ready, the models unload, tritonserver (and at TP every rank) exits, the Python backend's shared-memory regions
 of this server are removed; anything still running 10 s after the drain (at most --drain-seconds + 1 s) is
 killed (a client holding its gRPC stream open keeps Triton 2.51 from unloading the model).
-The exit code is then 0 (also after a kill past the bound, which the log line says).
+The exit code is then 0 (also after a kill past the bound, which the log line says). SIGHUP (a closed
+terminal) drains the same way; a `dasc serve` killed outright (SIGKILL) takes its server along (it gets
+SIGTERM), and a tritonserver gone from under mpirun at TP ends the run (1) even when mpirun did not notice.
 """
 from __future__ import annotations
 
@@ -220,7 +222,9 @@ def _tidy_temporary_work_dir(work_dir: str) -> None:
 def _serve(args, work_dir: str) -> int:
     engine_dir, repo, tp, notice = _engine_to_serve(args, work_dir)
     stop = {"signal": None}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP (a closed terminal, a dropped ssh session) drains as SIGTERM does: the server is in a session of
+    # its own and would not see it
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda s, f: stop.update(signal=s))
     admin_key = None
     if args.restrict_apis:
@@ -234,7 +238,7 @@ def _serve(args, work_dir: str) -> int:
     _check_ports_free(args)
     server = start_server(repo, work_dir, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, tp=(tp, engine_dir), host=args.host, admin_key=admin_key,
-                          drain_seconds=args.drain_seconds)
+                          drain_seconds=args.drain_seconds, die_with_parent=True)
     print(f"[dasc serve] starting tritonserver for {engine_dir} (log: {server.log_path})", file=sys.stderr)
     try:
         deadline = time.time() + args.ready_timeout
@@ -261,6 +265,12 @@ def _serve(args, work_dir: str) -> int:
                 print(f"[dasc serve] tritonserver exited with code {server.proc.returncode}"
                       + (f": {rank}; see {server.log_path}" if rank else ""), file=sys.stderr)
                 return server.proc.returncode or 1
+            if server.tritonserver_pid() is None:
+                # at TP mpirun may outlive a killed tritonserver without noticing (its rank 0 is the server):
+                # nothing listens any more, and the metrics check below reads an unreachable port as alive
+                print(f"[dasc serve] tritonserver is gone (mpirun still running); stopping (see {server.log_path})",
+                      file=sys.stderr)
+                return 1
             if not engine_alive(server.metrics_url):
                 print("[dasc serve] the engine died; stopping the server (see its log)", file=sys.stderr)
                 return 1

@@ -289,3 +289,54 @@ def test_the_tp_timeout_is_the_engines(ckpt, tmp_path):
         proc = dasc_build("--model", ckpt, "--output", out, "--device", "cpu", "--wmax", 0, *flags)
         assert proc.returncode == 0, proc.stderr
         assert engine_config(str(out)).tp_timeout_s == expect
+
+
+def test_a_killed_dasc_serve_takes_its_server_along_and_sighup_drains(engine, tmp_path):
+    """dasc serve killed outright (SIGKILL) left tritonserver serving in its own session with nothing to stop
+    it, and SIGHUP (a closed terminal) killed dasc serve alone the same way (a review helper's finding; fails
+    on the old code): the server now gets SIGTERM when its launcher dies, and SIGHUP drains as SIGTERM does."""
+    proc, _ = _serve_proc(["--model", engine], tmp_path)
+    assert _server_pids(tmp_path)
+    proc.kill()
+    proc.wait(30)
+    deadline = time.time() + 30
+    while _server_pids(tmp_path) and time.time() < deadline:
+        time.sleep(0.5)
+    left = _server_pids(tmp_path)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "tritonserver outlived a killed dasc serve"
+    shutil.rmtree(tmp_path / "work")
+    proc, _ = _serve_proc(["--model", engine], tmp_path)
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(60) == 0 and "draining" in proc.stderr.read()
+    time.sleep(0.5)
+    assert not _server_pids(tmp_path)
+
+
+def test_readiness_is_this_servers_own(engine, tmp_path):
+    """Two servers started at once on the same ports: the second one's wait_ready was answered by the first
+    (dasc serve printed ready), then its own tritonserver failed to bind (a review helper's finding; fails on
+    the old code). Readiness now needs this server's own log to say it listens."""
+    from serve_helpers import serve
+    from trtllm_dasc.serve.tritonserver import start_server
+    first = serve(engine, tmp_path / "a")
+    try:
+        second = start_server(str(engine / "model_repo"), str(tmp_path / "b"), http_port=first.http_port,
+                              grpc_port=first.grpc_port, metrics_port=first.metrics_port)
+        try:
+            with pytest.raises(RuntimeError, match="exited with code"):
+                second.wait_ready(120)
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+
+
+def test_a_model_repository_path_with_whitespace_is_refused(engine, tmp_path):
+    """Triton's Python backend stub cannot take a model.py path with a space: every stub died (std::invalid_argument,
+    stol) and the server was never ready, with nothing said until --ready-timeout (a review helper's finding)."""
+    spaced = tmp_path / "with space" / "engine"
+    shutil.copytree(engine, spaced, symlinks=True)
+    rc, err = _serve_refused(["--model", spaced], tmp_path)
+    assert rc == 2 and "contains whitespace" in err and len(err.strip().splitlines()) <= 3, err

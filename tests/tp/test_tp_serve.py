@@ -3,6 +3,8 @@ ranks. Streamed outputs equal the TP1 engine's for a dasc arm whose checkpoints 
 a rank that dies takes the server down within 30 s (never a hung, half-alive server)."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -150,3 +152,46 @@ def test_dasc_serve_names_the_rank_that_took_the_server_down(model, tmp_path):
         if proc.poll() is None:
             proc.terminate()
             proc.wait(30)
+
+
+def test_dasc_serve_stops_when_tritonserver_is_killed_under_mpirun(model, tmp_path):
+    """SIGKILL of tritonserver itself at TP 2: mpirun did not always notice (its rank 0 is the server), nothing
+    listened any more, and dasc serve waited for good (the metrics check reads an unreachable port as alive; a
+    review helper saw it in 2 of 4 tries). dasc serve now watches the tritonserver process itself."""
+    from trtllm_dasc.serve.tritonserver import find_server
+    engine_dir = build_engine(model, tmp_path / "engine", "--tp", 2, "--wmax", 0, "--max-batch-size", 2,
+                              "--kv-blocks", 100, "--block-size", 4, "--max-context", 64)
+    proc, _ = start_dasc_serve(engine_dir, tmp_path / "work")
+    try:
+        binary = os.path.realpath(find_server().binary)
+        pids = [int(p) for p in subprocess.run(["pgrep", "-f", str(engine_dir / "model_repo")], capture_output=True,
+                                               text=True).stdout.split()]
+        (server,) = [p for p in pids if _exe(p) == binary]
+        # Open MPI's segments live in this run's own folder, which the stop removes: killed TP groups left
+        # 16 MiB a rank in /dev/shm (a review helper's finding)
+        with open(f"/proc/{server}/environ", "rb") as f:
+            env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+        mpi_dir = env[b"OMPI_MCA_btl_sm_backing_directory"].decode()
+        assert any(f.startswith("sm_segment") for f in os.listdir(mpi_dir)), os.listdir(mpi_dir)
+        # mpirun held still stands for the runs where it did not notice: what dasc serve does may not rest on it
+        mpirun = os.getsid(server)
+        os.kill(mpirun, signal.SIGSTOP)
+        os.kill(server, signal.SIGKILL)
+        assert proc.wait(30) != 0
+        assert "tritonserver" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+        subprocess.run(["pkill", "-9", "-f", str(engine_dir)])          # what the old code left
+    time.sleep(1.0)
+    left = subprocess.run(["pgrep", "-f", str(engine_dir)], capture_output=True, text=True).stdout.split()
+    assert not left, left
+    assert not os.path.exists(mpi_dir), os.listdir(mpi_dir)
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.path.realpath(f"/proc/{pid}/exe")
+    except OSError:
+        return None

@@ -10,11 +10,13 @@ the shared libraries the stub links against (in ``nvidia_pytriton.libs``). We us
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -96,6 +98,24 @@ METRICS_INTERVAL_MS = 200
 METRICS_PORT_WAIT_S = 10.0
 
 
+def _terminate_with_parent():
+    """A preexec_fn: the child gets SIGTERM when its parent thread ends (Linux prctl PR_SET_PDEATHSIG; None
+    where there is none). libc and its prctl are found here, before the fork, so the child only calls it."""
+    import ctypes
+    import ctypes.util
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_signal():
+        prctl(1, signal.SIGTERM, 0, 0, 0)      # PR_SET_PDEATHSIG = 1
+        if os.getppid() != parent:             # the parent died before the prctl: nothing will signal us
+            os.kill(os.getpid(), signal.SIGTERM)
+    return set_signal
+
+
 def new_admin_key() -> str:
     """A fresh per-run key for the restricted APIs."""
     import secrets
@@ -127,6 +147,7 @@ class ServerProcess:
     drain_seconds: float = DEFAULT_DRAIN_S
     binary: str | None = None
     shm_prefix: str | None = None
+    mpi_shm_dir: str | None = None      # at TP: Open MPI's shared-memory backing folder of this run
     # what stop() found: the seconds from the signal to the exit, processes killed, regions removed
     stop_report: dict = field(default_factory=dict, repr=False)
     ready: bool = False
@@ -163,6 +184,15 @@ class ServerProcess:
         except OSError:
             return ""
 
+    def listening(self) -> bool:
+        """Whether this server's own log says it listens on its HTTP port (tritonserver's "Started HTTPService
+        at HOST:PORT" line, written once it has bound the port)."""
+        return re.search(rf'Started HTTPService at \S*:{self.http_port}"', self.log()) is not None
+
+    def tritonserver_pid(self) -> int | None:
+        """The tritonserver process of this run (itself at TP1, mpirun's child at TP), None once gone."""
+        return find_tritonserver(self.proc.pid, self.binary) if self.binary else self.proc.pid
+
     def wait_ready(self, timeout: float = 300.0) -> None:
         """Poll /v2/health/ready until the server (and so every model's warm-up) is ready, then until its
         metrics port accepts connections: tritonserver opens that port after the HTTP one (65 ms later on
@@ -175,7 +205,10 @@ class ServerProcess:
                 raise RuntimeError(f"tritonserver exited with code {self.proc.returncode}:\n{self.log()[-4000:]}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
+                    # the answer must be this server's: another one started at once on the same ports answered
+                    # while this one had not bound them yet (it then failed, "already in use", after dasc serve
+                    # had printed ready); this server's own log says when it listens
+                    if r.status == 200 and self.listening():
                         self.ready = True
                         self._wait_metrics_port(min(deadline, time.time() + METRICS_PORT_WAIT_S))
                         return
@@ -204,7 +237,8 @@ class ServerProcess:
         timeout = drain + 1.0 + UNLOAD_S + 2.0 if timeout is None else timeout
         t0 = time.time()
         if self.proc.poll() is None:
-            if self.drain_file and self.ready:
+            # a drain needs the server: with tritonserver gone (killed under mpirun) there is nothing to wait for
+            if self.drain_file and self.ready and self.tritonserver_pid() is not None:
                 # the model first (admission closed, streams ended), then the server: signalled at once,
                 # tritonserver would refuse the ensemble's next steps of the streams still running
                 deadline = request_drain(self.drain_file, drain) + 1.0
@@ -232,6 +266,9 @@ class ServerProcess:
         except (ProcessLookupError, PermissionError):
             pass
         removed = remove_regions(self.shm_prefix) if self.shm_prefix else []
+        if self.mpi_shm_dir:
+            removed += sorted(os.listdir(self.mpi_shm_dir)) if os.path.isdir(self.mpi_shm_dir) else []
+            shutil.rmtree(self.mpi_shm_dir, ignore_errors=True)
         self.stop_report = {"seconds": exited, "killed": killed, "regions_removed": removed}
         return self.proc.returncode
 
@@ -246,7 +283,8 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
                  grpc_port: int | None = None, metrics_port: int | None = None, log_verbose: int = 0,
                  extra_args: list[str] | None = None, env: dict | None = None,
                  tp: tuple[int, str] | None = None, host: str = "127.0.0.1",
-                 admin_key: str | None = None, drain_seconds: float = DEFAULT_DRAIN_S) -> ServerProcess:
+                 admin_key: str | None = None, drain_seconds: float = DEFAULT_DRAIN_S,
+                 die_with_parent: bool = False) -> ServerProcess:
     """Start tritonserver on 127.0.0.1 (or ``host``) for ``model_repository``; ``work_dir`` keeps the
     backends directory and the server log. Returns at once: call ``wait_ready``. With ``admin_key`` the
     repository and shared-memory APIs answer only requests carrying it (restricted_api_args).
@@ -256,7 +294,18 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
     when any rank dies mpirun ends the rest, so the server never outlives its TP group.
 
     ``drain_seconds``: what ServerProcess.stop (and so a SIGTERM to `dasc serve`) gives the requests in
-    flight before cancelling them; tritonserver's own exit timeout is that plus the unload's."""
+    flight before cancelling them; tritonserver's own exit timeout is that plus the unload's.
+
+    ``die_with_parent``: the server (mpirun at TP) gets SIGTERM when the thread that started it ends, so a
+    launcher killed outright (SIGKILL, or a closed terminal) takes its server along: in its own session the
+    server never saw the terminal's signals and kept serving with nothing to stop it. For a process that
+    starts its server from its main thread and runs as long as it (dasc serve)."""
+    if re.search(r"\s", os.path.abspath(model_repository)):
+        # the Python backend's stub splits its arguments on whitespace: a model.py path with a space ends in
+        # std::invalid_argument (stol) in every stub and a server that is never ready, nothing said
+        raise UserError(f"the model repository path {os.path.abspath(model_repository)!r} contains whitespace, "
+                        "which Triton's Python backend cannot take: move the engine directory to a path without "
+                        "spaces")
     paths = find_server()
     os.makedirs(work_dir, exist_ok=True)
     backends = backends_dir(os.path.join(work_dir, "backends"), paths)
@@ -266,6 +315,7 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
     run_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), run_env.get("PATH", "")])
     run_env.update(env or {})
     shm_prefix = new_shm_prefix()
+    mpi_shm_dir = None
     drain_file = os.path.join(os.path.abspath(work_dir), f"drain-{shm_prefix[-9:-1]}")
     if os.path.exists(drain_file):
         os.unlink(drain_file)
@@ -284,12 +334,19 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
         # MPMD: mpirun -np 1 tritonserver ... : -np T-1 python -m trtllm_dasc.serve.worker --engine DIR,
         # each with this PATH (the stub finds its interpreter there) and LD_LIBRARY_PATH
         run_env = mpi_environment(tp[0], run_env)
+        # Open MPI's shared-memory segments (16 MiB a rank) in a folder of this run, which stop() removes: a
+        # TP group that had to be killed left them in /dev/shm (two incidents fill Docker's default 64 MiB)
+        mpi_shm_dir = tempfile.mkdtemp(prefix=f"dasc-mpi-{shm_prefix[-9:-1]}-",
+                                       dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        run_env["OMPI_MCA_btl_sm_backing_directory"] = mpi_shm_dir
         pin = pinned_paths(run_env)
         cmd = [find_mpirun(), *MPIRUN_FLAGS, "-np", "1", *pin, *cmd, ":", "-np", str(tp[0] - 1), *pin,
                sys.executable, "-m", "trtllm_dasc.serve.worker", "--engine", os.path.abspath(tp[1])]
     log_path = os.path.join(work_dir, LOG_NAME)
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True,
+                            preexec_fn=_terminate_with_parent() if die_with_parent else None)
     log.close()
     return ServerProcess(proc, *ports, log_path, run_env, host=host, admin_key=admin_key, drain_file=drain_file,
-                         drain_seconds=drain_seconds, binary=paths.binary, shm_prefix=shm_prefix)
+                         drain_seconds=drain_seconds, binary=paths.binary, shm_prefix=shm_prefix,
+                         mpi_shm_dir=mpi_shm_dir)
