@@ -348,6 +348,11 @@ def build(args) -> str:
     footprint = check_build_memory(args, opts, cfg, plan, is_dummy)
     warn_replay_cap(opts, plan.replay_window)
     warn_kv_context(opts)
+    if any(c.isspace() for c in os.path.abspath(args.output)):
+        # dasc serve refuses such a path (serve/tritonserver.py): said now, not after the build
+        print(f"[dasc-build] warning: the output path {os.path.abspath(args.output)!r} contains whitespace, which "
+              "Triton's Python backend cannot serve from: dasc serve will refuse it until it is moved",
+              file=sys.stderr)
     trained = model_config.get("max_position_embeddings")
     if isinstance(trained, int) and not isinstance(trained, bool) and args.max_context > trained:
         # a warning, not a refusal: a user may extend the context on purpose (NoPE attention, a RoPE the model

@@ -338,5 +338,9 @@ def test_a_model_repository_path_with_whitespace_is_refused(engine, tmp_path):
     stol) and the server was never ready, with nothing said until --ready-timeout (a review helper's finding)."""
     spaced = tmp_path / "with space" / "engine"
     shutil.copytree(engine, spaced, symlinks=True)
+    (tmp_path / "built here").mkdir()
+    built = dasc_build("--model", engine / "model", "--output", tmp_path / "built here" / "engine", "--device", "cpu",
+                       "--max-batch-size", 2, "--kv-blocks", 64, "--block-size", 4, "--max-context", 64)
+    assert built.returncode == 0 and "contains whitespace" in built.stderr, built.stderr
     rc, err = _serve_refused(["--model", spaced], tmp_path)
     assert rc == 2 and "contains whitespace" in err and len(err.strip().splitlines()) <= 3, err
