@@ -37,6 +37,27 @@ def test_the_first_model_error_is_found_in_the_log():
         "tritonserver exited with code 1 (log: /w/log)"
 
 
+# a TP 2 start where mpirun ended the job before rank 0 logged its model's failure: the worker's own line and
+# prterun's report (Open MPI 5.0.11, verbatim but the path), all the log holds about it
+TP_LOG = r"""I1207 21:26:31.101 5857 python_be.cc:2249] "TRITONBACKEND_ModelInstanceInitialize: tensorrt_llm_0_0 (CPU device 0)"
+dasc tp worker: error: TP rank 1 of 2 could not start: rank 1's weights in '/e/weights' cannot be read (Error while deserializing header: invalid header length); rebuild the engine with dasc-build
+--------------------------------------------------------------------------
+prterun detected that one or more processes exited with non-zero status,
+thus causing the job to be terminated. The first process to do so was:
+
+   Process name: [prterun-vm-5854@1,1]
+   Exit code:    2
+--------------------------------------------------------------------------"""
+
+
+def test_a_tp_workers_own_error_is_the_cause():
+    """dasc serve said only 'tritonserver exited with code 2' when mpirun ended the job before rank 0 logged
+    (a review helper's finding; fails on the old code): the worker's line is the cause, the rank is named."""
+    line = start_failure("tritonserver exited with code 2:", TP_LOG, "/w/log")
+    assert line.startswith("TP rank 1 of 2 could not start: rank 1's weights in '/e/weights' cannot be read"), line
+    assert "TP rank 1 exited with code 2" in line and line.endswith("log: /w/log)"), line
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("loaderr")

@@ -195,3 +195,20 @@ def _exe(pid: int) -> str | None:
         return os.path.realpath(f"/proc/{pid}/exe")
     except OSError:
         return None
+
+
+def test_a_rank_that_cannot_start_is_named_by_dasc_serve(model, tmp_path):
+    """A TP engine whose rank 1 weights are truncated: the worker says why in the server log, mpirun ends the job,
+    and dasc serve said only 'tritonserver exited with code 2' (a review helper's finding; fails on the old
+    code). Its error now carries the worker's own line."""
+    from trtllm_dasc.parallel.group import free_port
+    engine_dir = build_engine(model, tmp_path / "engine", "--tp", 2, "--wmax", 0, "--max-batch-size", 2,
+                              "--kv-blocks", 100, "--block-size", 4, "--max-context", 64)
+    weights = engine_dir / "weights" / "rank1.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", str(engine_dir), "--http-port",
+                           str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
+                           "--work-dir", str(tmp_path / "work")], capture_output=True, text=True, timeout=300)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "TP rank 1 of 2 could not start" in last and "rank 1's weights" in last, \
+        proc.stderr[-3000:]

@@ -13,6 +13,8 @@ import re
 _FAILED_LOAD = re.compile(r"failed to load '(?P<model>[^']+)' version \d+: (?P<msg>.*)")
 # backend_model.cc / pb_stub.cc: "ERROR: Failed to create instance: RuntimeError: message\n..."
 _BACKEND_ERROR = re.compile(r"\"ERROR: (?P<msg>.*)")
+# serve/worker.py at TP: a worker rank's own error line (mpirun may end the server before rank 0 logs it)
+_WORKER_ERROR = re.compile(r"^dasc tp worker: error: (?P<msg>.*)")
 # a status code tritonserver puts before the backend's message
 _STATUS = re.compile(r"^(?:Internal|Invalid argument|Unavailable|Not found|Unknown|Already exists|Unsupported): ")
 
@@ -26,17 +28,20 @@ def _first_line(msg: str) -> str:
 
 
 def first_model_error(log: str) -> str | None:
-    """``model 'NAME' failed to load: <its message's first line>`` for the first model that failed, else the
-    first backend error line, else None."""
-    fallback = None
+    """``model 'NAME' failed to load: <its message's first line>`` for the first model that failed, else a TP
+    worker's own error line, else the first backend error line, else None."""
+    fallback = worker = None
     for line in log.splitlines():
         m = _FAILED_LOAD.search(line)
         if m and _first_line(m["msg"]):
             return f"model {m['model']!r} failed to load: {_first_line(m['msg'])}"
+        m = _WORKER_ERROR.search(line)
+        if m and worker is None and m["msg"].strip():
+            worker = m["msg"].strip()
         m = _BACKEND_ERROR.search(line)
         if m and fallback is None and _first_line(m["msg"]):
             fallback = _first_line(m["msg"])
-    return fallback
+    return worker or fallback
 
 
 def start_failure(first_line: str, log: str, log_path: str) -> str:
@@ -44,4 +49,8 @@ def start_failure(first_line: str, log: str, log_path: str) -> str:
     one, then how the server ended and where its log is."""
     ended = first_line.rstrip(":").strip()
     cause = first_model_error(log)
+    from trtllm_dasc.parallel.launch import rank_that_ended
+    rank = rank_that_ended(log)              # at TP: mpirun's report of the rank that ended the job
+    if rank:
+        ended = f"{ended}: {rank}"
     return f"{cause} ({ended}; log: {log_path})" if cause else f"{ended} (log: {log_path})"
