@@ -11,7 +11,8 @@ server is shutting down), the requests in flight finish or, after --drain-second
 final response; then the server reports not-ready, the models unload, tritonserver (and at TP every rank) exits, the Python backend's shared-memory regions
 of this server are removed; anything still running 10 s after the drain (at most --drain-seconds + 1 s) is
 killed (a client holding its gRPC stream open keeps Triton 2.51 from unloading the model).
-The exit code is then 0 (also after a kill past the bound, which the log line says). SIGHUP (a closed
+The exit code is then 0 (also after a kill past the bound, which the log line says). A second Ctrl-C ends the
+drain's wait at once. SIGHUP (a closed
 terminal) drains the same way; a `dasc serve` killed outright (SIGKILL) takes its server along (it gets
 SIGTERM), and a tritonserver gone from under mpirun at TP ends the run (1) even when mpirun did not notice.
 """
@@ -58,7 +59,8 @@ def add_arguments(p) -> None:
                         "run, written to WORK_DIR/admin-key, mode 0600)")
     p.add_argument("--drain-seconds", type=float, default=10.0,
                    help="on Ctrl-C / SIGTERM: seconds the requests in flight get to finish before they are "
-                        "cancelled (default 10; new requests are refused at once)")
+                        "cancelled (default 10; new requests are refused at once; a second Ctrl-C stops without "
+                        "waiting)")
     p.add_argument("--work-dir", default=None, help="where the server log (and a built engine) go "
                                                    "(default: a new temporary directory, of which only the server "
                                                    "log is kept when the run ends)")
@@ -221,11 +223,18 @@ def _tidy_temporary_work_dir(work_dir: str) -> None:
 
 def _serve(args, work_dir: str) -> int:
     engine_dir, repo, tp, notice = _engine_to_serve(args, work_dir)
-    stop = {"signal": None}
+    stop = {"signal": None, "count": 0}
+
+    def on_signal(sig, frame):
+        stop.update(signal=sig, count=stop["count"] + 1)
+        if stop["count"] == 2:
+            # a second Ctrl-C: the user will not wait for the drain (the requests in flight are cancelled)
+            print("[dasc serve] second signal: stopping now, without waiting for the requests in flight",
+                  file=sys.stderr, flush=True)
     # SIGHUP (a closed terminal, a dropped ssh session) drains as SIGTERM does: the server is in a session of
     # its own and would not see it
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: stop.update(signal=s))
+        signal.signal(sig, on_signal)
     admin_key = None
     if args.restrict_apis:
         admin_key = new_admin_key()
@@ -280,7 +289,7 @@ def _serve(args, work_dir: str) -> int:
                 time.sleep(0.02)
         print(f"[dasc serve] draining (at most {args.drain_seconds:g} s for the requests in flight)",
               file=sys.stderr, flush=True)
-        server.stop()
+        server.stop(hurry=lambda: stop["count"] >= 2)
         report = server.stop_report
         killed = f", killed {len(report['killed'])} leftover processes" if report["killed"] else ""
         print(f"[dasc serve] stopped in {report['seconds']:.1f} s{killed}", file=sys.stderr)

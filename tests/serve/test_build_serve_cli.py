@@ -344,3 +344,27 @@ def test_a_model_repository_path_with_whitespace_is_refused(engine, tmp_path):
     assert built.returncode == 0 and "contains whitespace" in built.stderr, built.stderr
     rc, err = _serve_refused(["--model", spaced], tmp_path)
     assert rc == 2 and "contains whitespace" in err and len(err.strip().splitlines()) <= 3, err
+
+
+def test_a_second_ctrl_c_stops_without_waiting_for_the_drain(ckpt, tmp_path):
+    """A second Ctrl-C was ignored: dasc serve drained for the whole --drain-seconds (a review helper's finding;
+    fails on the old code). Here a stream that would run ~40 s (100 ms a step) under a 60-s drain: the second
+    SIGINT stops the server within the unload's bound."""
+    engine = build_engine(ckpt, tmp_path / "slow", "--wmax", 0, "--max-batch-size", 2, "--kv-blocks", 128,
+                          "--block-size", 4, "--max-context", 512, "--ablation-step-delay-ms", 100)
+    proc, ports = _serve_proc(["--model", engine, "--drain-seconds", 60], tmp_path)
+    import tritonclient.grpc as grpc
+    client = StreamClient(f"127.0.0.1:{ports[1]}")
+    try:
+        client.send("long", triton_inputs(grpc, [4, 5, 6], 400, streaming=True))
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        t0 = time.time()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(40) == 0
+        assert time.time() - t0 < 20 and "second signal" in proc.stderr.read()
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()

@@ -228,11 +228,12 @@ class ServerProcess:
             except OSError:
                 time.sleep(0.05)
 
-    def stop(self, timeout: float | None = None, drain_seconds: float | None = None) -> int:
+    def stop(self, timeout: float | None = None, drain_seconds: float | None = None, hurry=None) -> int:
         """Graceful drain (serve/drain.py): admission closes, what is in flight finishes or is cancelled
         within ``drain_seconds``, tritonserver unloads its models and exits; after ``timeout`` (default: the
         drain time plus the unload's) whatever is left of the run is killed. Then no process of the server's
-        session and none of its shared-memory regions remain. Returns the server's (or mpirun's) exit code."""
+        session and none of its shared-memory regions remain. Returns the server's (or mpirun's) exit code.
+        ``hurry()`` true ends the drain's wait at once (dasc serve: a second Ctrl-C)."""
         drain = self.drain_seconds if drain_seconds is None else drain_seconds
         timeout = drain + 1.0 + UNLOAD_S + 2.0 if timeout is None else timeout
         t0 = time.time()
@@ -242,7 +243,8 @@ class ServerProcess:
                 # the model first (admission closed, streams ended), then the server: signalled at once,
                 # tritonserver would refuse the ensemble's next steps of the streams still running
                 deadline = request_drain(self.drain_file, drain) + 1.0
-                while time.time() < deadline and self.proc.poll() is None and not is_drained(self.drain_file):
+                while time.time() < deadline and self.proc.poll() is None and not is_drained(self.drain_file) \
+                        and not (hurry and hurry()):
                     time.sleep(0.02)
             # at TP proc is mpirun: signal tritonserver itself (mpirun would not pass SIGTERM on to it)
             target = (find_tritonserver(self.proc.pid, self.binary) if self.binary else None) or self.proc.pid
