@@ -99,8 +99,8 @@ def add_arguments(p, groups=None) -> None:
                    "as many as its chunks meet); a chunk past it stops before the capture, the next step takes it. "
                    "Bounds the step's tensors in the memory check")
     g.add_argument("--tp-timeout-s", type=float, default=DEFAULT_TP_TIMEOUT_S, help="how long a TP rank waits in "
-                   "a collective for the others before the step fails and every rank aborts (a hung rank holds the "
-                   "server that long; default %(default)g)")
+                   "a collective for the others, and the longest a step may run at TP, before every rank aborts (a "
+                   "hung rank holds the server that long; default %(default)g)")
     g.add_argument("--tensorrt", action="store_true", help="also build the checkpoint codec (store, load, "
                    "wr merge) as TensorRT engines into tensorrt/ (needs tensorrt or tensorrt-rtx; --codec native|int8, "
                    "--precision uniform and --conv-codec native only)")

@@ -155,6 +155,7 @@ def test_a_hung_rank_ends_the_job_after_the_tp_timeout(tmp_path):
         raise AssertionError("the job outlived its TP timeout: rank 0 waited for the hung rank") from None
     ended = time.time()
     assert proc.returncode != 0 and not (tmp_path / "o.json").exists(), out[-2000:] + err[-4000:]
-    assert "step failed; aborting every rank" in err, err[-4000:]
+    # rank 0's all-reduce timing out, or its step watchdog at the same bound (parallel/runner.py): whichever first
+    assert "step failed; aborting every rank" in err or "has not ended in 3 s" in err, err[-4000:]
     submitted = float(err.split("hang job: submitting at ")[1].split()[0])
     assert ended - submitted < 120, ended - submitted       # the hung rank sleeps 600 s

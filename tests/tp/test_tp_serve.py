@@ -212,3 +212,26 @@ def test_a_rank_that_cannot_start_is_named_by_dasc_serve(model, tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode != 0 and "TP rank 1 of 2 could not start" in last and "rank 1's weights" in last, \
         proc.stderr[-3000:]
+
+
+def test_a_stopped_worker_cannot_hold_the_server_past_the_tp_timeout(model, tmp_path):
+    """A worker stopped (SIGSTOP) while idle, then a request whose plan is past Open MPI's eager size: rank 0
+    waited in the plan's broadcast, an MPI call without a timeout, and the server stayed ready for good (a
+    review helper's finding; fails on the old code). The step watchdog aborts the job after --tp-timeout-s."""
+    import tritonclient.grpc as grpc
+    engine_dir = build_engine(model, tmp_path / "engine", "--tp", 2, "--wmax", 0, "--max-batch-size", 2,
+                              "--kv-blocks", 200, "--block-size", 4, "--max-context", 320, "--tp-timeout-s", 4)
+    proc, ports = start_dasc_serve(engine_dir, tmp_path / "work")
+    client = StreamClient(f"127.0.0.1:{ports[1]}")
+    try:
+        (worker,) = subprocess.run(["pgrep", "-f", f"^{sys.executable} -m trtllm_dasc.serve.worker --engine {engine_dir}"],
+                                   capture_output=True, text=True).stdout.split()
+        os.kill(int(worker), signal.SIGSTOP)
+        client.send("big", triton_inputs(grpc, list(range(3, 203)), 2, streaming=True))
+        assert proc.wait(60) != 0
+        assert "has not ended in 4 s" in open(tmp_path / "work" / "tritonserver.log").read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["pkill", "-9", "-f", str(engine_dir)])      # what the old code left, stopped
+        client.close()

@@ -8,11 +8,16 @@ Failure rule (no rank may wait forever on a collective another rank has left):
 - a tier copy that one rank cannot queue fails no step: every rank sums per-copy failure flags (one
   all-reduce in each step with copies, ModelRunner._tier_copies) and rank 0 fails the requests that read it;
 - anything else may have struck one rank halfway through the all-reduces: that rank aborts the whole MPI
-  job (mpirun then stops every rank; a server reports not-ready and exits).
+  job (mpirun then stops every rank; a server reports not-ready and exits);
+- a step that does not end within ``step_timeout_s`` (the engine's tp_timeout_s) on rank 0 aborts the job
+  too: the plan's broadcast is an MPI call without a timeout (gloo's all-reduces have one), and a worker
+  stopped or hung while rank 0 waited in it held the server ready for good.
 """
 from __future__ import annotations
 
 import sys
+import threading
+import time
 import traceback
 
 from trtllm_dasc.errors import UserError
@@ -24,9 +29,14 @@ class DistributedRunner:
     """Rank 0's runner: the scheduler's plans go to every rank, then run here. Everything else (the pool,
     the model, the memory report) is rank 0's own runner's."""
 
-    def __init__(self, runner, group):
+    def __init__(self, runner, group, step_timeout_s: float | None = None):
         self.runner, self.group = runner, group
         self._stopped = False
+        # when the step in progress began (None between steps): two writes a step, read by the watchdog
+        self._step_started: float | None = None
+        if step_timeout_s:
+            threading.Thread(target=self._watch, args=(float(step_timeout_s),), name="dasc-tp-step-watchdog",
+                             daemon=True).start()
 
     def __getattr__(self, name):
         return getattr(self.runner, name)
@@ -34,8 +44,23 @@ class DistributedRunner:
     def execute(self, plan, sample_tokens: bool = True):
         if self._stopped:
             raise RuntimeError("the TP ranks were stopped")
-        self.group.broadcast((STEP, plan))
-        return _guarded(self.group, lambda: self.runner.execute(plan, sample_tokens))
+        self._step_started = time.monotonic()
+        try:
+            self.group.broadcast((STEP, plan))
+            return _guarded(self.group, lambda: self.runner.execute(plan, sample_tokens))
+        finally:
+            self._step_started = None
+
+    def _watch(self, timeout_s: float) -> None:
+        """Abort every rank when a step has run for longer than ``timeout_s`` (module docstring)."""
+        while not self._stopped:
+            time.sleep(min(1.0, timeout_s / 4))
+            started = self._step_started
+            if started is not None and not self._stopped and time.monotonic() - started > timeout_s:
+                print(f"[dasc tp rank 0/{self.group.size}] a step has not ended in {timeout_s:g} s (tp_timeout_s): "
+                      "a rank stopped or hung; aborting every rank", file=sys.stderr, flush=True)
+                self.group.comm.Abort(1)
+                return
 
     def stop(self) -> None:
         """Release the workers (their loops return) and leave the group; idempotent."""
