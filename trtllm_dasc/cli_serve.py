@@ -273,7 +273,9 @@ def _serve(args, work_dir: str) -> int:
                 rank = rank_that_ended(server.log()) if tp > 1 else None
                 print(f"[dasc serve] tritonserver exited with code {server.proc.returncode}"
                       + (f": {rank}; see {server.log_path}" if rank else ""), file=sys.stderr)
-                return server.proc.returncode or 1
+                code = server.proc.returncode
+                # a signal's -N as the shell's 128 + N (sys.exit(-9) exited 247)
+                return 128 - code if code < 0 else (code or 1)
             if server.tritonserver_pid() is None:
                 # at TP mpirun may outlive a killed tritonserver without noticing (its rank 0 is the server):
                 # nothing listens any more, and the metrics check below reads an unreachable port as alive

@@ -121,3 +121,13 @@ def test_an_engine_whose_config_json_was_edited_after_the_build_is_refused(ckpt,
     meta["engine"]["policy"] = "wr"
     open(path, "w").write(json.dumps(meta))
     _assert_says(_serve(engine, tmp_path), "dasc-wr", "dasc_policy 'dasc-nr", "edited after its build")
+
+
+def test_the_rank_in_mpiruns_report():
+    """prterun's report names the rank that ended the job; it gives PID 0 for rank 0 (the server, which it did
+    not start itself), which dasc serve repeated as 'pid 0' (a review helper's finding)."""
+    from trtllm_dasc.parallel.launch import rank_that_ended
+    worker = "prterun noticed that process rank 1 with PID 4242 on node vm exited on\nsignal 9 (Killed)."
+    server = "prterun noticed that process rank 0 with PID 0 on node vm exited on\nsignal 9 (Killed)."
+    assert rank_that_ended(worker) == "TP rank 1 (pid 4242) was killed by signal 9 (Killed)"
+    assert rank_that_ended(server) == "TP rank 0 was killed by signal 9 (Killed)"

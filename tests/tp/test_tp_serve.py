@@ -235,3 +235,20 @@ def test_a_stopped_worker_cannot_hold_the_server_past_the_tp_timeout(model, tmp_
             proc.kill()
         subprocess.run(["pkill", "-9", "-f", str(engine_dir)])      # what the old code left, stopped
         client.close()
+
+
+def test_mpirun_killed_is_exit_code_137(model, tmp_path):
+    """mpirun itself SIGKILLed under dasc serve: it said 'exited with code -9' and exited 247 (sys.exit(-9));
+    now 128 + 9, as a shell reports a killed process (a review helper's finding; fails on the old code)."""
+    engine_dir = build_engine(model, tmp_path / "engine", "--tp", 2, "--wmax", 0, "--max-batch-size", 2,
+                              "--kv-blocks", 100, "--block-size", 4, "--max-context", 64)
+    proc, _ = start_dasc_serve(engine_dir, tmp_path / "work")
+    try:
+        (worker,) = subprocess.run(["pgrep", "-f", f"^{sys.executable} -m trtllm_dasc.serve.worker --engine {engine_dir}"],
+                                   capture_output=True, text=True).stdout.split()
+        os.kill(os.getsid(int(worker)), signal.SIGKILL)          # the session's leader: mpirun
+        assert proc.wait(60) == 137
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["pkill", "-9", "-f", str(engine_dir)])

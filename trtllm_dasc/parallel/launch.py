@@ -98,7 +98,9 @@ def rank_that_ended(report: str) -> str | None:
                   r"(?: \(([^)]*)\))?", report)
     if m:
         rank, pid, sig, name = m.groups()
-        return f"TP rank {rank} (pid {pid}) was killed by signal {sig}" + (f" ({name})" if name else "")
+        # prterun reports PID 0 for a rank it did not start itself (rank 0, the server, killed at TP)
+        return (f"TP rank {rank}" + (f" (pid {pid})" if pid != "0" else "") + f" was killed by signal {sig}"
+                + (f" ({name})" if name else ""))
     m = re.search(r"exited with non-zero status.*?Process name:\s*\[[^\]]*,(\d+)\]\s*Exit code:\s*(\d+)", report,
                   re.S)
     if m:
