@@ -137,16 +137,22 @@ def warn_replay_cap(opts: dict, plan_window: int) -> None:
               f"behind it too); give --max-num-tokens >= {batch - 1 + window}", file=sys.stderr)
 
 
-def warn_kv_context(opts: dict) -> None:
-    """A KV cache that holds fewer tokens than --max-context: a request is then served with its output cut to
-    what the cache holds (serve/host.py) and a prompt longer than that is refused, so the context the engine
-    advertises is not the one it serves. A warning, not a refusal: a small cache may be deliberate."""
-    tokens = opts["num_kv_blocks"] * opts["block_size"]
-    if tokens < opts["max_context"]:
-        print(f"[dasc-build] warning: --kv-blocks {opts['num_kv_blocks']} x --block-size {opts['block_size']} = "
-              f"{tokens} tokens of KV, fewer than --max-context {opts['max_context']}: longer sequences are refused "
-              f"and outputs cut to what the cache holds; give --kv-blocks >= "
-              f"{-(-opts['max_context'] // opts['block_size'])} for the whole context", file=sys.stderr)
+def warn_kv_context(opts: dict, plan_window: int) -> None:
+    """A KV cache that cannot hold one sequence of --max-context (with a wr hit's replay blocks: the scheduler's
+    worst_case_blocks): a request is then served with its output cut to what the cache holds (serve/host.py)
+    and a prompt longer than that is refused, so the context the engine advertises is not the one it serves.
+    A warning, not a refusal: a small cache may be deliberate."""
+    from trtllm_dasc.cache.allocators import fresh_blocks
+    from trtllm_dasc.engine.config import replay_tokens
+    ctx, bs, blocks = opts["max_context"], opts["block_size"], opts["num_kv_blocks"]
+    window = replay_tokens(opts["policy"], plan_window, ctx, opts.get("replay_window"))
+    # the longest sequence writes positions [0, ctx - 1); a hit replays up to min(W, prompt - 1) more
+    need = fresh_blocks(0, ctx - 1, bs) + (fresh_blocks(0, min(window, ctx - 2), bs) if window else 0)
+    if blocks < need:
+        print(f"[dasc-build] warning: --kv-blocks {blocks} of --block-size {bs} cannot hold a sequence of "
+              f"--max-context {ctx}" + (f" with a {window}-token replay" if window else "") + ": longer sequences "
+              f"are refused and outputs cut to what the cache holds; give --kv-blocks >= {need} for the whole "
+              "context", file=sys.stderr)
 
 
 def engine_options(args) -> dict:
@@ -347,7 +353,7 @@ def build(args) -> str:
                         "does for the ragged layout only: use --layout ragged or --placement off")
     footprint = check_build_memory(args, opts, cfg, plan, is_dummy)
     warn_replay_cap(opts, plan.replay_window)
-    warn_kv_context(opts)
+    warn_kv_context(opts, plan.replay_window)
     if any(c.isspace() for c in os.path.abspath(args.output)):
         # dasc serve refuses such a path (serve/tritonserver.py): said now, not after the build
         print(f"[dasc-build] warning: the output path {os.path.abspath(args.output)!r} contains whitespace, which "

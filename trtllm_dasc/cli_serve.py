@@ -12,9 +12,10 @@ final response; then the server reports not-ready, the models unload, tritonserv
 of this server are removed; anything still running 10 s after the drain (at most --drain-seconds + 1 s) is
 killed (a client holding its gRPC stream open keeps Triton 2.51 from unloading the model).
 The exit code is then 0 (also after a kill past the bound, which the log line says). A second Ctrl-C ends the
-drain's wait at once. SIGHUP (a closed
-terminal) drains the same way; a `dasc serve` killed outright (SIGKILL) takes its server along (it gets
-SIGTERM), and a tritonserver gone from under mpirun at TP ends the run (1) even when mpirun did not notice.
+drain's wait at once. SIGHUP (a closed terminal) drains the same way, unless it is ignored (`nohup`). A
+`dasc serve` killed outright (SIGKILL) takes its server along (tritonserver gets SIGTERM; at TP mpirun does
+and ends every rank), and a tritonserver gone from under mpirun at TP ends the run (1) even when mpirun did
+not notice.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -185,16 +187,38 @@ def run(args) -> int:
     # an address or a port that cannot be used is said now, not after a build of minutes (and again below)
     _check_ports_free(args)
     made_here = args.work_dir is None
+    # Triton's Python backend starts each stub through a shell line from the backends folder (in the work dir)
+    # and the model.py path: whitespace in either left every stub dead and the server never ready, said now
+    # (before a build of minutes) rather than by start_server
+    engine_path = args.model if is_engine_dir(args.model) else (args.output or None)
+    for flag, path in (("--work-dir", args.work_dir or tempfile.gettempdir()), ("--model", engine_path)):
+        if path is not None and any(c.isspace() for c in os.path.abspath(path)):
+            raise UserError(f"{flag} {os.path.abspath(path)!r} contains whitespace, which Triton's Python backend "
+                            "cannot take" + (" (the temporary directory: set TMPDIR)" if flag == "--work-dir"
+                                             and not args.work_dir else ": use a path without spaces"))
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="dasc-serve-")
     try:
         os.makedirs(work_dir, exist_ok=True)
     except OSError as e:
         raise UserError(f"--work-dir {work_dir} cannot be made a directory ({e.strerror or e})") from None
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        # a terminal closed during a build ends it through the finally below (the temporary work dir tidied);
+        # _serve's own handler replaces this once the server starts
+        signal.signal(signal.SIGHUP, lambda s, f: sys.exit(128 + signal.SIGHUP))
     try:
         return _serve(args, work_dir)
     finally:
         if made_here:
             _tidy_temporary_work_dir(work_dir)
+
+
+def _ends_within(proc, seconds: float) -> bool:
+    """Whether ``proc`` exits within ``seconds`` (it is then reaped; poll() reports its code)."""
+    try:
+        proc.wait(seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def _tidy_temporary_work_dir(work_dir: str) -> None:
@@ -234,7 +258,9 @@ def _serve(args, work_dir: str) -> int:
     # SIGHUP (a closed terminal, a dropped ssh session) drains as SIGTERM does: the server is in a session of
     # its own and would not see it
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+        # `nohup dasc serve` ignores SIGHUP: it stays ignored (the server outlives the terminal, as asked)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, on_signal)
     admin_key = None
     if args.restrict_apis:
         admin_key = new_admin_key()
@@ -276,9 +302,11 @@ def _serve(args, work_dir: str) -> int:
                 code = server.proc.returncode
                 # a signal's -N as the shell's 128 + N (sys.exit(-9) exited 247)
                 return 128 - code if code < 0 else (code or 1)
-            if server.tritonserver_pid() is None:
+            if tp > 1 and server.tritonserver_pid() is None and not _ends_within(server.proc, 2.0):
                 # at TP mpirun may outlive a killed tritonserver without noticing (its rank 0 is the server):
-                # nothing listens any more, and the metrics check below reads an unreachable port as alive
+                # nothing listens any more, and the metrics check below reads an unreachable port as alive.
+                # When a worker died, mpirun ends tritonserver and then itself ~30 ms later: that exit (above,
+                # next round) names the rank, so it gets its 2 s first
                 print(f"[dasc serve] tritonserver is gone (mpirun still running); stopping (see {server.log_path})",
                       file=sys.stderr)
                 return 1

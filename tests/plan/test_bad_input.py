@@ -68,6 +68,7 @@ def test_float16_state_with_a_scaled_codec(arm):
     """A checkpoint keeps int8 / fp8 / int4 scales in the temporal dtype, and float16 cannot hold them
     (tests/state/test_state_layout.py shows the inf a large row would load as); native float16 still plans."""
     assert_clean_error(*run_dasc("plan", "--model", KIMI_REF, "--wmax", "0", "--temporal-dtype", "float16",
-                                 *arm)[::2], "--temporal-dtype float16", "scales")
+                                 *arm)[::2], "--temporal-dtype float16", "scales",
+                       "--precision uniform" if arm[0] == "--precision" else "--codec native")
     code, out, err = run_dasc("plan", "--model", KIMI_REF, "--wmax", "0", "--temporal-dtype", "float16", "--json")
     assert code == 0, err

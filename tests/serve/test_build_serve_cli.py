@@ -333,6 +333,42 @@ def test_readiness_is_this_servers_own(engine, tmp_path):
         first.stop()
 
 
+def test_sighup_stays_ignored_under_nohup(engine, tmp_path):
+    """`nohup dasc serve`: SIGHUP was ignored as asked until dasc serve took it to drain (a review helper's
+    finding on this session's change): an ignored SIGHUP stays ignored."""
+    ports = [free_port() for _ in range(3)]
+    cmd = ["nohup", sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", str(engine), "--http-port", ports[0],
+           "--grpc-port", ports[1], "--metrics-port", ports[2], "--work-dir", tmp_path / "work"]
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "ready:" not in line:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(3.0)
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_work_dir_with_whitespace_is_refused_before_anything_starts(engine, tmp_path):
+    """The Python backend starts its stubs through a shell line from WORK_DIR/backends: a work dir (or the
+    temporary directory) with a space left every stub dead, never ready (a review helper's finding on this
+    session's change). Refused in one line, as the model path is."""
+    rc, err = _serve_refused(["--model", engine, "--work-dir", tmp_path / "sp ace"], tmp_path, work_dir=False)
+    assert rc == 2 and "--work-dir" in err and "contains whitespace" in err, err
+    spaced_tmp = tmp_path / "t mp"
+    spaced_tmp.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dasc.cli", "serve", "--model", str(engine), "--http-port",
+                           str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(spaced_tmp)})
+    assert proc.returncode == 2 and "set TMPDIR" in proc.stderr and not list(spaced_tmp.iterdir()), proc.stderr
+
+
 def test_a_model_repository_path_with_whitespace_is_refused(engine, tmp_path):
     """Triton's Python backend stub cannot take a model.py path with a space: every stub died (std::invalid_argument,
     stol) and the server was never ready, with nothing said until --ready-timeout (a review helper's finding)."""

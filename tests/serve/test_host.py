@@ -290,7 +290,8 @@ def test_an_output_past_what_the_kv_cache_holds_is_cut_to_fit(tmp_path):
                            "--block-size", "8", "--kv-blocks", "10", "--max-context", "128", "--max-batch-size", "2"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "80 tokens of KV, fewer than --max-context 128" in proc.stderr and "--kv-blocks >= 16" in proc.stderr
+    # positions 0..126 of the longest sequence: ceil(127 / 8) = 16 blocks
+    assert "cannot hold a sequence of --max-context 128" in proc.stderr and "--kv-blocks >= 16" in proc.stderr
     h = EngineHost(str(tmp_path / "engine"), warmup=False)
     try:
         cases = {"long": (list(range(1, 41)), 2**31 - 1), "edge": (list(range(1, 80)), 5),
@@ -344,3 +345,18 @@ def test_stats_count_refused_requests_as_ended_in_error(host):
     assert after["ended"]["error"] - before["ended"]["error"] == 3
     (ended,) = [read for name, *_, read in LABELLED if name == "dasc_requests_ended_total"]
     assert ended(after)["error"] == after["ended"]["error"]
+
+
+def test_the_kv_warning_counts_a_wr_hits_replay_blocks(capsys):
+    """A wr engine needs the replay's blocks beside the sequence's (the scheduler's worst_case_blocks): 16 blocks
+    of 8 hold a 128-token context but not a W=16 replay beside it, which the first warning missed (a review
+    helper's finding): ceil(127 / 8) + ceil(16 / 8) = 18."""
+    from build_scripts.dasc_build import warn_kv_context
+    opts = dict(max_context=128, block_size=8, num_kv_blocks=16, policy="wr", replay_window=None)
+    warn_kv_context(opts, 16)
+    assert "with a 16-token replay" in capsys.readouterr().err
+    warn_kv_context({**opts, "num_kv_blocks": 18}, 16)
+    warn_kv_context({**opts, "policy": "nr"}, 16)
+    assert capsys.readouterr().err == ""
+    warn_kv_context({**opts, "num_kv_blocks": 17}, 16)
+    assert "--kv-blocks >= 18" in capsys.readouterr().err

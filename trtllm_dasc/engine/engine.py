@@ -149,6 +149,10 @@ class Engine:
         if self._thread is not None:
             raise RuntimeError("the engine loop is already running")
         self._stop = False
+        # at TP: the step watchdog (parallel/runner.py) times served steps only, not warm-up's compiles
+        arm = getattr(self.runner, "arm_step_watchdog", None)
+        if callable(arm):
+            arm()
         self._thread = threading.Thread(target=self._loop, name="dasc-engine", daemon=True)
         self._thread.start()
 

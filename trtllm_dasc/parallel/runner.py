@@ -9,9 +9,10 @@ Failure rule (no rank may wait forever on a collective another rank has left):
   all-reduce in each step with copies, ModelRunner._tier_copies) and rank 0 fails the requests that read it;
 - anything else may have struck one rank halfway through the all-reduces: that rank aborts the whole MPI
   job (mpirun then stops every rank; a server reports not-ready and exits);
-- a step that does not end within ``step_timeout_s`` (the engine's tp_timeout_s) on rank 0 aborts the job
-  too: the plan's broadcast is an MPI call without a timeout (gloo's all-reduces have one), and a worker
-  stopped or hung while rank 0 waited in it held the server ready for good.
+- a served step that does not end within ``step_timeout_s`` (the engine's tp_timeout_s) on rank 0 aborts the
+  job too: the plan's broadcast is an MPI call without a timeout (gloo's all-reduces have one), and a worker
+  stopped or hung while rank 0 waited in it held the server ready for good. Armed when the engine starts
+  serving (Engine.start): warm-up's steps compile kernels on a cold cache and may run long on purpose.
 """
 from __future__ import annotations
 
@@ -34,8 +35,13 @@ class DistributedRunner:
         self._stopped = False
         # when the step in progress began (None between steps): two writes a step, read by the watchdog
         self._step_started: float | None = None
-        if step_timeout_s:
-            threading.Thread(target=self._watch, args=(float(step_timeout_s),), name="dasc-tp-step-watchdog",
+        self._step_timeout_s, self._watching = step_timeout_s, False
+
+    def arm_step_watchdog(self) -> None:
+        """Start timing steps (module docstring); idempotent, a no-op without a timeout."""
+        if self._step_timeout_s and not self._watching:
+            self._watching = True
+            threading.Thread(target=self._watch, args=(float(self._step_timeout_s),), name="dasc-tp-step-watchdog",
                              daemon=True).start()
 
     def __getattr__(self, name):

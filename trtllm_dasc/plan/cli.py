@@ -99,8 +99,9 @@ def run(args) -> int:
     scaled = args.codec != "native" or getattr(args, "precision", "uniform") != "uniform"
     if scaled and args.temporal_dtype == "float16":
         # a checkpoint keeps a scaled codec's scales in the temporal dtype (state/codec_naive.check_scale_dtype)
+        fix = "--precision uniform" if args.codec == "native" else "--codec native"
         raise UserError("--temporal-dtype float16 cannot hold the per-row scales of a scaled codec (int8, fp8, "
-                        "int4 or --precision horizon): use float32 or bfloat16, or --codec native")
+                        f"int4 or --precision horizon): use float32 or bfloat16, or {fix}")
     dtypes = {"temporal_dtype": args.temporal_dtype, "conv_dtype": args.conv_dtype}
     reports, horizons = [], None
     for w in wmaxes:
