@@ -119,3 +119,22 @@ def test_sigterm_drains_in_flight_streams_and_leaves_nothing(tmp_path, default_e
                 locals()[s].client.close()
     assert not left, left
     assert not [r for r in regions if os.path.exists(f"/dev/shm/{r}")]
+
+
+def test_the_server_is_found_after_its_binary_was_replaced_on_disk(tmp_path):
+    """A reinstall while a server runs leaves /proc/PID/exe reading 'PATH (deleted)': find_tritonserver missed
+    it, and dasc serve at TP would then stop a healthy server as gone (a review helper's finding)."""
+    import shutil as sh
+    import subprocess
+    from trtllm_dasc.serve.drain import find_tritonserver
+    binary = tmp_path / "tritonserver"
+    sh.copy2(sh.which("sleep"), binary)
+    proc = subprocess.Popen([str(binary), "30"], start_new_session=True)
+    try:
+        assert find_tritonserver(proc.pid, str(binary)) == proc.pid
+        binary.unlink()
+        sh.copy2(sh.which("sleep"), binary)          # the reinstall: a new file at the same path
+        assert find_tritonserver(proc.pid, str(binary)) == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()

@@ -128,7 +128,9 @@ def find_tritonserver(sid: int, binary: str) -> int | None:
     """The tritonserver process of session ``sid`` (itself at TP1, a child of mpirun at TP)."""
     for pid, _ in session_processes(sid):
         try:
-            if os.path.realpath(f"/proc/{pid}/exe") == os.path.realpath(binary):
+            # a binary replaced on disk while it runs (a reinstall) reads as "PATH (deleted)": still the server
+            exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+            if os.path.realpath(exe) == os.path.realpath(binary):
                 return pid
         except OSError:
             continue
