@@ -142,12 +142,12 @@ def warn_kv_context(opts: dict, plan_window: int) -> None:
     worst_case_blocks): a request is then served with its output cut to what the cache holds (serve/host.py)
     and a prompt longer than that is refused, so the context the engine advertises is not the one it serves.
     A warning, not a refusal: a small cache may be deliberate."""
-    from trtllm_dasc.cache.allocators import fresh_blocks
     from trtllm_dasc.engine.config import replay_tokens
+    from trtllm_dasc.engine.scheduler import worst_case_blocks
     ctx, bs, blocks = opts["max_context"], opts["block_size"], opts["num_kv_blocks"]
     window = replay_tokens(opts["policy"], plan_window, ctx, opts.get("replay_window"))
-    # the longest sequence writes positions [0, ctx - 1); a hit replays up to min(W, prompt - 1) more
-    need = fresh_blocks(0, ctx - 1, bs) + (fresh_blocks(0, min(window, ctx - 2), bs) if window else 0)
+    # the worst sequence of the context: a prompt of ctx - 1 tokens (the longest replay) and one output token
+    need = worst_case_blocks(ctx - 1, 1, bs, window)
     if blocks < need:
         print(f"[dasc-build] warning: --kv-blocks {blocks} of --block-size {bs} cannot hold a sequence of "
               f"--max-context {ctx}" + (f" with a {window}-token replay" if window else "") + ": longer sequences "
@@ -354,9 +354,10 @@ def build(args) -> str:
     footprint = check_build_memory(args, opts, cfg, plan, is_dummy)
     warn_replay_cap(opts, plan.replay_window)
     warn_kv_context(opts, plan.replay_window)
-    if any(c.isspace() for c in os.path.abspath(args.output)):
+    from trtllm_dasc.serve.tritonserver import whitespace_in
+    if whitespace_in(args.output):
         # dasc serve refuses such a path (serve/tritonserver.py): said now, not after the build
-        print(f"[dasc-build] warning: the output path {os.path.abspath(args.output)!r} contains whitespace, which "
+        print(f"[dasc-build] warning: the output path {whitespace_in(args.output)!r} contains whitespace, which "
               "Triton's Python backend cannot serve from: dasc serve will refuse it until it is moved",
               file=sys.stderr)
     trained = model_config.get("max_position_embeddings")

@@ -33,7 +33,7 @@ import urllib.request
 from trtllm_dasc.engine_dir import is_engine_dir
 from trtllm_dasc.engine_dir import read as read_engine_dir
 from trtllm_dasc.errors import UserError
-from trtllm_dasc.serve.tritonserver import LOG_NAME, start_server
+from trtllm_dasc.serve.tritonserver import LOG_NAME, start_server, whitespace_in
 from trtllm_dasc.engine.config import from_engine_fields
 from trtllm_dasc.serve.repository import cache_policy
 from trtllm_dasc.parallel.launch import find_mpirun, rank_that_ended
@@ -192,8 +192,8 @@ def run(args) -> int:
     # (before a build of minutes) rather than by start_server
     engine_path = args.model if is_engine_dir(args.model) else (args.output or None)
     for flag, path in (("--work-dir", args.work_dir or tempfile.gettempdir()), ("--model", engine_path)):
-        if path is not None and any(c.isspace() for c in os.path.abspath(path)):
-            raise UserError(f"{flag} {os.path.abspath(path)!r} contains whitespace, which Triton's Python backend "
+        if path is not None and whitespace_in(path):
+            raise UserError(f"{flag} {whitespace_in(path)!r} contains whitespace, which Triton's Python backend "
                             "cannot take" + (" (the temporary directory: set TMPDIR)" if flag == "--work-dir"
                                              and not args.work_dir else ": use a path without spaces"))
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="dasc-serve-")

@@ -62,7 +62,8 @@ def join_ranks(cfg, threads_per_rank: int | None = None):
 
 def rank0_engine(cfg, group, runner, reports):
     """Rank 0's Engine over every rank: its shutdown releases the workers and the group."""
-    engine = Engine(dataclasses.replace(cfg, device=runner.cfg.device), runner=DistributedRunner(runner, group, step_timeout_s=cfg.tp_timeout_s))
+    engine = Engine(dataclasses.replace(cfg, device=runner.cfg.device),
+                    runner=DistributedRunner(runner, group, step_timeout_s=cfg.tp_timeout_s))
     engine.rank_reports = reports
     return engine
 

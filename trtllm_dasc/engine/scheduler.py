@@ -24,6 +24,19 @@ from trtllm_dasc.engine.step import Span, StepOutput, StepPlan
 from trtllm_dasc.errors import UserError
 
 
+
+def replay_blocks(prompt_len: int, block_size: int, replay_window: int) -> int:
+    """KV blocks a cached hit's replay takes beside its sequence's: its min(W, prompt - 1) positions."""
+    replay = min(replay_window, prompt_len - 1)
+    return fresh_blocks(0, replay, block_size) if replay > 0 else 0
+
+
+def worst_case_blocks(prompt_len: int, max_new: int, block_size: int, replay_window: int) -> int:
+    """Blocks a request needs with nothing reused (a hit needs no more: see fresh_blocks). Also dasc-build's
+    check that the KV cache holds a sequence of the max context."""
+    return fresh_blocks(0, prompt_len + max_new - 1, block_size) + replay_blocks(prompt_len, block_size,
+                                                                                 replay_window)
+
 class Scheduler:
     def __init__(self, cfg: EngineConfig, num_slots: int, num_rows: int, replay_window: int,
                  manager: CacheManager | None = None, host_slots: int = 0, slot_bytes: int = 1,
@@ -76,17 +89,12 @@ class Scheduler:
 
     # ---- admission -----------------------------------------------------------------------------------
     def worst_case_blocks(self, prompt_len: int, max_new: int) -> int:
-        """Blocks a request needs with nothing reused (a hit needs no more: see fresh_blocks)."""
-        end = prompt_len + max_new - 1
-        replay = min(self.replay_window, prompt_len - 1)
-        return fresh_blocks(0, end, self.cfg.block_size) + (fresh_blocks(0, replay, self.cfg.block_size)
-                                                             if replay else 0)
+        return worst_case_blocks(prompt_len, max_new, self.cfg.block_size, self.replay_window)
 
     def longest_output_that_fits(self, prompt_len: int) -> int:
-        """The largest request_output_len whose worst case fits the KV cache (0: the prompt alone does not).
-        worst_case_blocks is ceil((prompt_len + max_new - 1) / bs) plus the replay's blocks."""
-        replay = min(self.replay_window, prompt_len - 1)
-        room = self.cfg.num_kv_blocks - (fresh_blocks(0, replay, self.cfg.block_size) if replay > 0 else 0)
+        """The largest request_output_len whose worst case fits the KV cache (0: the prompt alone does not):
+        worst_case_blocks solved for max_new."""
+        room = self.cfg.num_kv_blocks - replay_blocks(prompt_len, self.cfg.block_size, self.replay_window)
         return max(0, room * self.cfg.block_size - prompt_len + 1)
 
     def check_fits(self, prompt_len: int, max_new: int) -> None:

@@ -98,6 +98,14 @@ METRICS_INTERVAL_MS = 200
 METRICS_PORT_WAIT_S = 10.0
 
 
+def whitespace_in(path: str) -> str | None:
+    """The absolute path when it holds whitespace, else None. Triton's Python backend starts each stub through a
+    shell line naming the backends folder (in the work dir) and the model.py path: whitespace in either left
+    every stub dead (stol, or "No such file") and the server never ready, nothing said."""
+    full = os.path.abspath(path)
+    return full if any(c.isspace() for c in full) else None
+
+
 def _terminate_with_parent():
     """A preexec_fn: the child gets SIGTERM when its parent thread ends (Linux prctl PR_SET_PDEATHSIG; None
     where there is none). libc and its prctl are found here, before the fork, so the child only calls it."""
@@ -247,7 +255,7 @@ class ServerProcess:
                         and not (hurry and hurry()):
                     time.sleep(0.02)
             # at TP proc is mpirun: signal tritonserver itself (mpirun would not pass SIGTERM on to it)
-            target = (find_tritonserver(self.proc.pid, self.binary) if self.binary else None) or self.proc.pid
+            target = self.tritonserver_pid() or self.proc.pid
             try:
                 os.kill(target, signal.SIGTERM)
             except ProcessLookupError:
@@ -302,12 +310,10 @@ def start_server(model_repository: str, work_dir: str, *, http_port: int | None 
     launcher killed outright (SIGKILL, or a closed terminal) takes its server along: in its own session the
     server never saw the terminal's signals and kept serving with nothing to stop it. For a process that
     starts its server from its main thread and runs as long as it (dasc serve)."""
-    if re.search(r"\s", os.path.abspath(model_repository)):
-        # the Python backend's stub splits its arguments on whitespace: a model.py path with a space ends in
-        # std::invalid_argument (stol) in every stub and a server that is never ready, nothing said
-        raise UserError(f"the model repository path {os.path.abspath(model_repository)!r} contains whitespace, "
-                        "which Triton's Python backend cannot take: move the engine directory to a path without "
-                        "spaces")
+    for what, path in (("the model repository", model_repository), ("the work directory", work_dir)):
+        if whitespace_in(path):
+            raise UserError(f"{what} {whitespace_in(path)!r} contains whitespace, which Triton's Python backend "
+                            "cannot take: use a path without spaces")
     paths = find_server()
     os.makedirs(work_dir, exist_ok=True)
     backends = backends_dir(os.path.join(work_dir, "backends"), paths)
